@@ -1,0 +1,57 @@
+//! `hcclc`: the hccl compiler command.
+//!
+//! Exit codes: 0 ok; 1 verification or runtime failure; 2 bad input or usage.
+//! Every subcommand takes `--json` and then prints exactly one JSON document on stdout.
+
+mod cli_error;
+mod plan_cmd;
+mod topo_cmd;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "hcclc",
+    version,
+    about = "Compile, verify and inspect collective schedules"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Inspect or generate topology descriptions.
+    #[command(subcommand)]
+    Topo(topo_cmd::TopoCommand),
+    /// Verify a plan file: structure, deadlock freedom and the collective's postcondition.
+    Verify(plan_cmd::VerifyArgs),
+    /// Print a plan file's schedules in readable form.
+    Show(plan_cmd::ShowArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            // --help and --version are successes; everything else is a usage error.
+            let code = if err.use_stderr() { 2 } else { 0 };
+            let _ = err.print();
+            return ExitCode::from(code);
+        }
+    };
+    let result = match cli.command {
+        Command::Topo(cmd) => topo_cmd::run(cmd),
+        Command::Verify(args) => plan_cmd::verify(args),
+        Command::Show(args) => plan_cmd::show(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("hcclc: {err}");
+            ExitCode::from(err.code())
+        }
+    }
+}

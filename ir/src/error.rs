@@ -1,0 +1,58 @@
+//! Errors of the IR crate: reading plan files. Verification failures live in
+//! [`crate::verify`] because they name steps, not file positions.
+
+use thiserror::Error;
+
+/// A position in a text file, 1-based, with the problem found there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Located {
+    pub path: String,
+    pub line: usize,
+    pub col: usize,
+    pub message: String,
+}
+
+impl Located {
+    /// Converts a RON error into a located message.
+    pub fn from_ron(path: &str, err: &ron::error::SpannedError) -> Located {
+        Located {
+            path: path.to_string(),
+            line: err.span.start.line,
+            col: err.span.start.col,
+            message: err.code.to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for Located {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}: {}",
+            self.path, self.line, self.col, self.message
+        )
+    }
+}
+
+/// Why a plan file could not be read.
+#[derive(Debug, Error)]
+pub enum PlanError {
+    #[error("{path}: cannot read plan file: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: not a text file (invalid UTF-8 at byte {offset})")]
+    NotText { path: String, offset: usize },
+    #[error("{0}")]
+    Parse(Located),
+    #[error(
+        "{path}: plan format version {found} is not supported by this build (it reads version {supported}); recompile the plan with a matching hcclc"
+    )]
+    Version {
+        path: String,
+        found: u64,
+        supported: u32,
+    },
+}

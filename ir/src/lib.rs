@@ -1,0 +1,50 @@
+//! The chunk-level IR of hccl: schedules, plan files and the verifier.
+//!
+//! This crate is the contract between the compiler, which writes plans, and the executor,
+//! which trusts them once they verify. It does no topology reasoning and no I/O beyond
+//! reading and writing plan files.
+//!
+//! - [`schedule`]: the data model ([`Schedule`], [`RankProgram`], [`Stream`], [`Step`], [`Op`])
+//!   and its execution semantics;
+//! - [`plan`]: plan files ([`PlanFile`]), their RON form and format versioning;
+//! - [`verify`]: structural checks, deadlock freedom and the symbolic proof that a schedule
+//!   implements its collective.
+
+pub mod error;
+pub mod plan;
+pub mod schedule;
+pub mod verify;
+
+pub use error::{Located, PlanError};
+pub use plan::{CostFit, FORMAT_VERSION, PlanEntry, PlanFile, PlanMeta, Protocol};
+pub use schedule::{
+    Buf, CONNECTION_SLOTS, Collective, CollectiveKind, Dep, Loc, Op, Rank, RankProgram, Schedule,
+    Step, StepRef, Stream,
+};
+
+use std::io::Write;
+use std::path::Path;
+
+/// Writes `bytes` to `path` through a temporary file in the same directory and a rename, so
+/// readers never see a half-written file and a failed write leaves the old file intact.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "out".to_string());
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let result = (|| {
+        let mut file = std::fs::File::create(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}

@@ -1,0 +1,219 @@
+//! Plan files: schedules keyed by collective and message-size range, plus metadata.
+//!
+//! A plan file is RON (human-readable, diffable, checked into a job's repository):
+//!
+//! ```ron
+//! (
+//!     format_version: 1,
+//!     meta: (topology: "dgx1", topology_hash: "…", compiler: "hcclc 0.1.0"),
+//!     entries: [ (min_bytes: 0, max_bytes: Some(262144), algorithm: "ring", …, schedule: (…)) ],
+//! )
+//! ```
+//!
+//! `format_version` comes first so that a reader can refuse a file written for a newer format
+//! with a clear message before it tries to make sense of the rest.
+
+use crate::error::{Located, PlanError};
+use crate::schedule::{Collective, Schedule};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// The plan format this build reads and writes.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// NCCL-style protocol a schedule is tuned for: the executor's transfer granularity and
+/// synchronisation (low-latency flags vs bulk).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Protocol {
+    /// 8-byte flag+data lines: lowest latency, half the bandwidth.
+    LL,
+    /// 128-byte lines with 120 bytes of data.
+    LL128,
+    /// Bulk transfers with separate synchronisation.
+    Simple,
+}
+
+impl Protocol {
+    pub const ALL: [Protocol; 3] = [Protocol::LL, Protocol::LL128, Protocol::Simple];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::LL => "LL",
+            Protocol::LL128 => "LL128",
+            Protocol::Simple => "Simple",
+        }
+    }
+
+    /// Case-insensitive parse of `LL`, `LL128`, `Simple`.
+    pub fn from_name(name: &str) -> Option<Protocol> {
+        Protocol::ALL
+            .into_iter()
+            .find(|p| p.name().eq_ignore_ascii_case(name))
+    }
+}
+
+impl std::fmt::Display for Protocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Who made the plan and for what.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanMeta {
+    /// Name of the topology the plan was compiled for.
+    pub topology: String,
+    /// Content hash of that topology (hex blake3), empty when not compiled from one.
+    #[serde(default)]
+    pub topology_hash: String,
+    /// Producer and version, e.g. `hcclc 0.1.0` or `msccl import`.
+    pub compiler: String,
+}
+
+/// The predicted cost of a schedule as `latency + bytes / bandwidth`, fitted by the compiler
+/// over the entry's size range.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CostFit {
+    pub latency_us: f64,
+    /// Effective algorithm bandwidth in GB/s (1e9 B/s).
+    pub algbw_gbps: f64,
+}
+
+impl CostFit {
+    /// Predicted time in µs for a message of `bytes`.
+    pub fn predict_us(&self, bytes: u64) -> f64 {
+        // 1 GB/s moves 1e3 bytes per µs.
+        self.latency_us + bytes as f64 / (self.algbw_gbps.max(f64::MIN_POSITIVE) * 1e3)
+    }
+}
+
+/// One schedule and the message sizes it is chosen for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanEntry {
+    /// Smallest message size (bytes, nccl-tests convention) this entry serves.
+    pub min_bytes: u64,
+    /// Exclusive upper bound; `None` means unbounded.
+    pub max_bytes: Option<u64>,
+    /// Family name (`ring`, `double_ring`, `hybrid_cube`, …) or the imported algorithm's name.
+    pub algorithm: String,
+    pub protocol: Protocol,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<CostFit>,
+    pub schedule: Schedule,
+}
+
+impl PlanEntry {
+    pub fn covers(&self, bytes: u64) -> bool {
+        self.min_bytes <= bytes && self.max_bytes.is_none_or(|max| bytes < max)
+    }
+}
+
+/// The contents of a plan file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanFile {
+    pub format_version: u32,
+    pub meta: PlanMeta,
+    pub entries: Vec<PlanEntry>,
+}
+
+impl PlanFile {
+    pub fn new(meta: PlanMeta) -> PlanFile {
+        PlanFile {
+            format_version: FORMAT_VERSION,
+            meta,
+            entries: Vec::new(),
+        }
+    }
+
+    /// The entry for `collective` (root included) at `bytes`, preferring one written for the
+    /// requested buffer placement; falls back to the other placement.
+    pub fn lookup(&self, collective: Collective, bytes: u64, in_place: bool) -> Option<&PlanEntry> {
+        let mut candidates = self
+            .entries
+            .iter()
+            .filter(|e| e.schedule.collective == collective && e.covers(bytes));
+        let first = candidates.clone().next()?;
+        Some(
+            candidates
+                .find(|e| e.schedule.in_place == in_place)
+                .unwrap_or(first),
+        )
+    }
+
+    /// Serialises to pretty RON. Output is deterministic for equal values.
+    pub fn to_ron(&self) -> String {
+        let config = ron::ser::PrettyConfig::new()
+            .indentor("  ".to_string())
+            .struct_names(false)
+            .depth_limit(6)
+            .compact_arrays(true);
+        ron::ser::to_string_pretty(self, config).expect("plan values always serialise")
+    }
+
+    /// Parses plan text; `origin` names the source (a path) in errors.
+    pub fn from_ron(text: &str, origin: &str) -> Result<PlanFile, PlanError> {
+        check_version(text, origin)?;
+        let options = ron::Options::default().with_recursion_limit(64);
+        options
+            .from_str::<PlanFile>(text)
+            .map_err(|err| PlanError::Parse(Located::from_ron(origin, &err)))
+    }
+
+    /// Reads and parses a plan file.
+    pub fn load(path: &Path) -> Result<PlanFile, PlanError> {
+        let origin = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|source| PlanError::Io {
+            path: origin.clone(),
+            source,
+        })?;
+        let text = std::str::from_utf8(&bytes).map_err(|err| PlanError::NotText {
+            path: origin.clone(),
+            offset: err.valid_up_to(),
+        })?;
+        PlanFile::from_ron(text, &origin)
+    }
+
+    /// Writes the plan atomically: a temporary file beside `path`, then a rename, so a reader
+    /// never sees half a plan and an existing file survives a failed write.
+    pub fn save(&self, path: &Path) -> Result<(), PlanError> {
+        crate::write_atomic(path, self.to_ron().as_bytes()).map_err(|source| PlanError::Io {
+            path: path.display().to_string(),
+            source,
+        })
+    }
+
+    /// Hex blake3 of the canonical serialisation: equal plans hash equally on every rank.
+    pub fn content_hash(&self) -> String {
+        blake3::hash(self.to_ron().as_bytes()).to_hex().to_string()
+    }
+}
+
+/// Refuses files from a newer format before the full parse, so the user reads "version 7 is
+/// newer than this build's 1" instead of an error about some field that changed meaning.
+fn check_version(text: &str, origin: &str) -> Result<(), PlanError> {
+    let head: String = text.chars().take(4096).collect();
+    let Some(pos) = head.find("format_version") else {
+        return Ok(()); // the full parse reports the missing field with its location
+    };
+    let rest = head[pos + "format_version".len()..].trim_start();
+    let Some(rest) = rest.strip_prefix(':') else {
+        return Ok(());
+    };
+    let digits: String = rest
+        .trim_start()
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
+    match digits.parse::<u64>() {
+        Ok(found) if found != u64::from(FORMAT_VERSION) => Err(PlanError::Version {
+            path: origin.to_string(),
+            found,
+            supported: FORMAT_VERSION,
+        }),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,229 @@
+//! The topology description format (what people write in RON) and the validated machine
+//! graph the compiler reasons over.
+//!
+//! Units everywhere: bandwidth in GB/s (1e9 bytes/s) **per direction** of a full-duplex link,
+//! latency in µs. A link with `count: 2` is two parallel links (e.g. a double NVLink) and
+//! carries twice the bandwidth.
+
+use petgraph::graph::{DiGraph, EdgeIndex, NodeIndex};
+use serde::{Deserialize, Serialize};
+
+/// Kind of a compute device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DeviceKind {
+    Gpu,
+    Npu,
+    /// A CPU rank (a process or thread sharing host memory with others).
+    Cpu,
+}
+
+/// Kind of a switch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum SwitchKind {
+    NvSwitch,
+    Pcie,
+    Leaf,
+    Spine,
+    /// Host memory seen as a switch: CPU ranks of one host talk through it.
+    Memory,
+}
+
+/// Kind of a link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum LinkKind {
+    NvLink,
+    Hccs,
+    Xgmi,
+    Pcie,
+    InfiniBand,
+    Roce,
+    Ethernet,
+    /// Shared memory inside one host.
+    Memory,
+}
+
+impl LinkKind {
+    /// Whether the link leaves the host (network links).
+    pub fn is_network(self) -> bool {
+        matches!(
+            self,
+            LinkKind::InfiniBand | LinkKind::Roce | LinkKind::Ethernet
+        )
+    }
+}
+
+/// A compute device: one rank.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceSpec {
+    pub id: String,
+    pub kind: DeviceKind,
+    #[serde(default)]
+    pub vendor: String,
+    #[serde(default)]
+    pub model: String,
+    /// Rank of this device; when no device of the file gives one, ranks follow file order.
+    #[serde(default)]
+    pub rank: Option<u32>,
+    /// Local memory bandwidth for copies and reductions (GB/s). Defaults per model.
+    #[serde(default)]
+    pub mem_bw: Option<f64>,
+}
+
+/// A network interface of a host.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NicSpec {
+    pub id: String,
+    /// Port bandwidth per direction (GB/s).
+    pub bw: f64,
+}
+
+/// A host (server / node) with its devices and NICs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostSpec {
+    pub id: String,
+    pub devices: Vec<DeviceSpec>,
+    #[serde(default)]
+    pub nics: Vec<NicSpec>,
+}
+
+/// A switch; `host` is set for switches inside a host (NVSwitch, PCIe switch).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SwitchSpec {
+    pub id: String,
+    pub kind: SwitchKind,
+    #[serde(default)]
+    pub host: Option<String>,
+    /// Per-port bandwidth cap per direction (GB/s); `None` = limited by the links only.
+    #[serde(default)]
+    pub port_bw: Option<f64>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// A full-duplex link between two endpoints (device, NIC or switch ids).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkSpec {
+    pub a: String,
+    pub b: String,
+    pub kind: LinkKind,
+    /// Bandwidth per direction of one link (GB/s).
+    pub bw: f64,
+    /// One-hop latency (µs).
+    pub latency: f64,
+    /// Number of parallel links.
+    #[serde(default = "one")]
+    pub count: u32,
+}
+
+/// A topology file as written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopologySpec {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    pub hosts: Vec<HostSpec>,
+    #[serde(default)]
+    pub switches: Vec<SwitchSpec>,
+    pub links: Vec<LinkSpec>,
+}
+
+/// A vertex of the machine graph.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Node {
+    Device {
+        id: String,
+        rank: u32,
+        host: usize,
+        kind: DeviceKind,
+        /// Local memory bandwidth (GB/s).
+        mem_bw: f64,
+    },
+    Nic {
+        id: String,
+        host: usize,
+        bw: f64,
+    },
+    Switch {
+        id: String,
+        kind: SwitchKind,
+        host: Option<usize>,
+        port_bw: Option<f64>,
+    },
+}
+
+impl Node {
+    pub fn id(&self) -> &str {
+        match self {
+            Node::Device { id, .. } | Node::Nic { id, .. } | Node::Switch { id, .. } => id,
+        }
+    }
+}
+
+/// One direction of a link (the graph holds two edges per full-duplex link).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Edge {
+    pub kind: LinkKind,
+    /// Total bandwidth in this direction (GB/s): per-link bandwidth × count.
+    pub bw: f64,
+    pub latency: f64,
+    pub count: u32,
+}
+
+/// A validated topology: the graph plus rank and host indexes.
+#[derive(Debug, Clone)]
+pub struct Topology {
+    pub name: String,
+    pub description: String,
+    /// Hex blake3 of the canonical form of the spec.
+    pub hash: String,
+    /// Directed graph, two edges per full-duplex link.
+    pub graph: DiGraph<Node, Edge>,
+    /// `ranks[r]` is the device node of rank `r`.
+    pub ranks: Vec<NodeIndex>,
+    /// `host_of[r]` is the host index of rank `r`.
+    pub host_of: Vec<usize>,
+    /// Host ids, indexed by host index.
+    pub hosts: Vec<String>,
+    /// The spec it was built from (kept for `topo show` and re-serialisation).
+    pub spec: TopologySpec,
+}
+
+impl Topology {
+    pub fn nranks(&self) -> u32 {
+        self.ranks.len() as u32
+    }
+
+    pub fn nhosts(&self) -> usize {
+        self.hosts.len()
+    }
+
+    /// Ranks of host `host`, in rank order.
+    pub fn ranks_of_host(&self, host: usize) -> Vec<u32> {
+        (0..self.nranks())
+            .filter(|&r| self.host_of[r as usize] == host)
+            .collect()
+    }
+
+    /// The direct edge from rank `a`'s device to rank `b`'s device, if they are wired
+    /// together without a switch.
+    pub fn direct_edge(&self, a: u32, b: u32) -> Option<EdgeIndex> {
+        self.graph
+            .find_edge(self.ranks[a as usize], self.ranks[b as usize])
+    }
+
+    /// Local memory bandwidth of rank `r`'s device (GB/s).
+    pub fn mem_bw(&self, r: u32) -> f64 {
+        match &self.graph[self.ranks[r as usize]] {
+            Node::Device { mem_bw, .. } => *mem_bw,
+            _ => unreachable!("ranks index device nodes"),
+        }
+    }
+}
