@@ -1,1 +1,4 @@
-//! Compiler.
+//! The hccl compiler: schedule families, a contention-aware cost model and the search that
+//! picks the best schedule per collective and message-size range.
+
+pub mod families;

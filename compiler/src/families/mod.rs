@@ -1,0 +1,52 @@
+//! Schedule families: generators that turn a topology and a collective into candidate
+//! schedules (ring, double ring, trees, hybrid cube, mesh, hierarchical, AllToAll variants).
+//!
+//! Interface shared with the search ([`crate::search`]): every family implements [`Family`];
+//! [`all_families`] is the registry the search enumerates. Candidates from outside the
+//! built-in families (imported MSCCL files, an LP synthesizer) enter the search as plain
+//! [`Candidate`] values.
+
+use hccl_ir::{Collective, CollectiveKind, Schedule};
+use hccl_topologies::Topology;
+
+/// Knobs a family is asked to generate for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FamilyParams {
+    /// Parallel channels (independent rings/trees each carrying a share of the data).
+    pub channels: u32,
+    /// Pipelining depth: how many pieces each logical block is cut into.
+    pub pipeline: u32,
+}
+
+/// A schedule offered to the search, with what produced it.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    /// Family (or imported algorithm) name, e.g. `ring`, `double_ring`, `hybrid_cube`.
+    pub algorithm: String,
+    /// Parameters it was generated with.
+    pub params: FamilyParams,
+    pub schedule: Schedule,
+}
+
+/// A family of schedules.
+pub trait Family: Send + Sync {
+    /// Stable name, used in plan files and `--algo`.
+    fn name(&self) -> &'static str;
+    /// Whether the family has a schedule for this collective at all.
+    fn supports(&self, kind: CollectiveKind) -> bool;
+    /// Parameter combinations worth trying on this topology (channels × pipeline depth).
+    fn param_space(&self, topo: &Topology, collective: Collective) -> Vec<FamilyParams>;
+    /// Generates the schedules of this family (possibly several embeddings) for the given
+    /// parameters; an empty vector when the family does not apply to the topology.
+    fn generate(
+        &self,
+        topo: &Topology,
+        collective: Collective,
+        params: FamilyParams,
+    ) -> Vec<Candidate>;
+}
+
+/// Every built-in family, in a fixed order (the search is deterministic).
+pub fn all_families() -> Vec<Box<dyn Family>> {
+    Vec::new()
+}
