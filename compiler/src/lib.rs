@@ -1,4 +1,5 @@
 //! The hccl compiler: schedule families, a contention-aware cost model and the search that
 //! picks the best schedule per collective and message-size range.
 
+pub mod builder;
 pub mod families;

@@ -1,0 +1,771 @@
+//! A builder for writing chunk-level schedules by hand, in the spirit of MSCCLang.
+//!
+//! Ops are recorded per rank in call order. [`ScheduleBuilder::build`] then
+//!
+//! 1. optionally fuses a receive that is immediately forwarded into one op
+//!    (`Recv`+`Send` → `RecvCopySend`, `RecvReduceCopy`+`Send` → `RecvReduceCopySend`, and
+//!    `RecvReduceCopySend` whose stored result is never read again → `RecvReduceSend`);
+//! 2. assigns streams so that on every rank all ops using one connection direction
+//!    `(peer, channel)` share one stream (the IR rule), and ops joined by a fused op share
+//!    one stream — otherwise connections get streams of their own, for concurrency;
+//! 3. derives cross-stream dependencies from read/write hazards (RAW, WAR, WAW) on
+//!    `(rank, chunk)`, honouring in-place buffer aliasing.
+//!
+//! The order in which ops are recorded is the program order of each rank, so write ops
+//! step-major (all ranks' step 0, then step 1, …) to get pipelined schedules.
+//!
+//! ```
+//! use hccl_compiler::builder::ScheduleBuilder;
+//! use hccl_ir::{Collective, Loc};
+//!
+//! // A 3-rank ring AllGather: every rank's block walks around the ring.
+//! let n = 3;
+//! let mut b = ScheduleBuilder::new(Collective::AllGather, n, n, false);
+//! for r in 0..n {
+//!     b.copy((r, Loc::input(0)), (r, Loc::output(r)), 1, 0);
+//! }
+//! for hop in 0..n - 1 {
+//!     for owner in 0..n {
+//!         let from = (owner + hop) % n;
+//!         let to = (from + 1) % n;
+//!         let src = if hop == 0 { Loc::input(0) } else { Loc::output(owner) };
+//!         b.copy((from, src), (to, Loc::output(owner)), 1, 0);
+//!     }
+//! }
+//! let schedule = b.build().unwrap();
+//! assert_eq!(schedule.nranks, 3);
+//! // The middle hop was fused into receive-copy-send.
+//! assert!(schedule.ranks.iter().flat_map(|r| &r.streams).flat_map(|s| &s.steps)
+//!     .any(|s| s.op.mnemonic() == "rcs"));
+//! ```
+
+use hccl_ir::{Buf, Collective, Dep, Loc, Op, Rank, RankProgram, Schedule, Step, Stream};
+use std::collections::{BTreeMap, HashMap};
+use thiserror::Error;
+
+/// Why a builder could not produce a schedule. Op indices count the ops recorded on the rank.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum BuildError {
+    /// The chunk count does not fit the collective (see [`Collective::buffer_chunks`]).
+    #[error("{collective} over {nranks} ranks cannot be cut into {chunks} chunks")]
+    BadChunks {
+        collective: Collective,
+        nranks: u32,
+        chunks: u32,
+    },
+    /// A rank (the op's own or a peer) outside `0..nranks`.
+    #[error("op #{index} on rank {rank}: rank {bad} is out of range (nranks {nranks})")]
+    RankOutOfRange {
+        rank: Rank,
+        index: usize,
+        bad: Rank,
+        nranks: u32,
+    },
+    /// A location plus count beyond its buffer.
+    #[error("op #{index} on rank {rank}: {loc} + {count} chunks exceeds the buffer extent {len}")]
+    OutOfBounds {
+        rank: Rank,
+        index: usize,
+        loc: Loc,
+        count: u32,
+        len: u32,
+    },
+    /// An op that moves no data.
+    #[error("op #{index} on rank {rank}: count must be at least 1")]
+    ZeroCount { rank: Rank, index: usize },
+    /// A send or receive addressed to the rank itself.
+    #[error("op #{index} on rank {rank}: sends to or receives from itself")]
+    SelfPeer { rank: Rank, index: usize },
+}
+
+/// One recorded op.
+#[derive(Debug, Clone, Copy)]
+struct BOp {
+    op: Op,
+    count: u32,
+    channel: u32,
+}
+
+/// Builds a [`Schedule`] from chunk-level ops. See the module docs.
+#[derive(Debug, Clone)]
+pub struct ScheduleBuilder {
+    collective: Collective,
+    nranks: u32,
+    chunks: u32,
+    in_place: bool,
+    input_chunks: u32,
+    output_chunks: u32,
+    ops: Vec<Vec<BOp>>,
+    scratch: Vec<u32>,
+    fusion: bool,
+    error: Option<BuildError>,
+}
+
+impl ScheduleBuilder {
+    /// A builder for `collective` over `nranks` ranks with the buffer cut into `chunks` chunks.
+    /// A `chunks` that does not fit the collective is reported by [`ScheduleBuilder::build`].
+    pub fn new(collective: Collective, nranks: u32, chunks: u32, in_place: bool) -> Self {
+        let (extents, error) = match collective.buffer_chunks(nranks, chunks) {
+            Some(e) => (e, None),
+            None => (
+                (0, 0),
+                Some(BuildError::BadChunks {
+                    collective,
+                    nranks,
+                    chunks,
+                }),
+            ),
+        };
+        ScheduleBuilder {
+            collective,
+            nranks,
+            chunks,
+            in_place,
+            input_chunks: extents.0,
+            output_chunks: extents.1,
+            ops: vec![Vec::new(); nranks as usize],
+            scratch: vec![0; nranks as usize],
+            fusion: true,
+            error,
+        }
+    }
+
+    /// The collective being built.
+    pub fn collective(&self) -> Collective {
+        self.collective
+    }
+
+    /// Number of ranks.
+    pub fn nranks(&self) -> u32 {
+        self.nranks
+    }
+
+    /// Chunks the collective buffer is cut into.
+    pub fn chunks(&self) -> u32 {
+        self.chunks
+    }
+
+    /// Whether the schedule is in-place.
+    pub fn in_place(&self) -> bool {
+        self.in_place
+    }
+
+    /// Input buffer extent in chunks.
+    pub fn input_chunks(&self) -> u32 {
+        self.input_chunks
+    }
+
+    /// Output buffer extent in chunks.
+    pub fn output_chunks(&self) -> u32 {
+        self.output_chunks
+    }
+
+    /// Enables or disables the fusion pass (on by default). Schedules written with the
+    /// explicit fused ops gain nothing from it.
+    pub fn set_fusion(&mut self, on: bool) -> &mut Self {
+        self.fusion = on;
+        self
+    }
+
+    /// Allocates `count` fresh scratch chunks on `rank` and returns their location.
+    pub fn scratch(&mut self, rank: Rank, count: u32) -> Loc {
+        match self.scratch.get_mut(rank as usize) {
+            Some(top) => {
+                let off = *top;
+                *top += count;
+                Loc::scratch(off)
+            }
+            None => {
+                self.fail(BuildError::RankOutOfRange {
+                    rank,
+                    index: 0,
+                    bad: rank,
+                    nranks: self.nranks,
+                });
+                Loc::scratch(0)
+            }
+        }
+    }
+
+    /// Allocates `count` scratch chunks at the same offset on every rank (the offset is the
+    /// highest current scratch top) and returns the offset.
+    pub fn scratch_all(&mut self, count: u32) -> u32 {
+        let off = self.scratch.iter().copied().max().unwrap_or(0);
+        for top in &mut self.scratch {
+            *top = off + count;
+        }
+        off
+    }
+
+    /// The location the caller's data of input chunk `k` lives at for an in-place schedule
+    /// of this collective on `rank` (AllGather: the rank's slice of the output).
+    pub fn input_loc(&self, rank: Rank, k: u32) -> Loc {
+        match (self.in_place, self.collective) {
+            (true, Collective::AllGather) => Loc::output(rank * self.input_chunks + k),
+            _ => Loc::input(k),
+        }
+    }
+
+    /// The location output chunk `k` of `rank` is stored at (in-place ReduceScatter: the
+    /// rank's slice of the input; in-place AllReduce etc.: the input, which is the output).
+    pub fn output_loc(&self, rank: Rank, k: u32) -> Loc {
+        match (self.in_place, self.collective) {
+            (true, Collective::ReduceScatter) => Loc::input(rank * self.output_chunks + k),
+            _ => Loc::output(k),
+        }
+    }
+
+    // ----- chunk-oriented ops -----
+
+    /// Copies `count` chunks from `from` to `to`: a local `Copy` on one rank, else a `Send`
+    /// on the source and a `Recv` on the destination over `channel`.
+    pub fn copy(&mut self, from: (Rank, Loc), to: (Rank, Loc), count: u32, channel: u32) {
+        if from.0 == to.0 {
+            if from.1 != to.1 {
+                self.push(
+                    from.0,
+                    Op::Copy {
+                        src: from.1,
+                        dst: to.1,
+                    },
+                    count,
+                    channel,
+                );
+            }
+        } else {
+            self.send(from.0, to.0, from.1, count, channel);
+            self.recv(to.0, from.0, to.1, count, channel);
+        }
+    }
+
+    /// `dst ← dst ⊕ src`: a local `Reduce`, or a `Send` and a `RecvReduceCopy`.
+    pub fn reduce(&mut self, src: (Rank, Loc), dst: (Rank, Loc), count: u32, channel: u32) {
+        self.reduce_to(src, dst.1, dst, count, channel);
+    }
+
+    /// `dst ← acc ⊕ src` where `acc` and `dst` are locations on the rank `dst.0` (useful for
+    /// out-of-place schedules that must not overwrite their input).
+    pub fn reduce_to(
+        &mut self,
+        src: (Rank, Loc),
+        acc: Loc,
+        dst: (Rank, Loc),
+        count: u32,
+        channel: u32,
+    ) {
+        if src.0 == dst.0 {
+            if acc != dst.1 {
+                self.push(
+                    dst.0,
+                    Op::Copy {
+                        src: acc,
+                        dst: dst.1,
+                    },
+                    count,
+                    channel,
+                );
+            }
+            self.push(
+                dst.0,
+                Op::Reduce {
+                    src: src.1,
+                    dst: dst.1,
+                },
+                count,
+                channel,
+            );
+        } else {
+            self.send(src.0, dst.0, src.1, count, channel);
+            self.push(
+                dst.0,
+                Op::RecvReduceCopy {
+                    from: src.0,
+                    src: acc,
+                    dst: dst.1,
+                },
+                count,
+                channel,
+            );
+        }
+    }
+
+    // ----- connection-level ops (one side of a transfer each) -----
+
+    /// Records an arbitrary op on `rank`.
+    pub fn push(&mut self, rank: Rank, op: Op, count: u32, channel: u32) {
+        let Some(list) = self.ops.get(rank as usize) else {
+            self.fail(BuildError::RankOutOfRange {
+                rank,
+                index: 0,
+                bad: rank,
+                nranks: self.nranks,
+            });
+            return;
+        };
+        let index = list.len();
+        if let Some(err) = self.check(rank, index, &op, count) {
+            self.fail(err);
+            return;
+        }
+        self.ops[rank as usize].push(BOp { op, count, channel });
+    }
+
+    /// `rank` sends `src` to `to`.
+    pub fn send(&mut self, rank: Rank, to: Rank, src: Loc, count: u32, channel: u32) {
+        self.push(rank, Op::Send { to, src }, count, channel);
+    }
+
+    /// `rank` receives from `from` into `dst`.
+    pub fn recv(&mut self, rank: Rank, from: Rank, dst: Loc, count: u32, channel: u32) {
+        self.push(rank, Op::Recv { from, dst }, count, channel);
+    }
+
+    /// `rank`: `dst ← received ⊕ src`.
+    pub fn recv_reduce_copy(
+        &mut self,
+        rank: Rank,
+        from: Rank,
+        src: Loc,
+        dst: Loc,
+        count: u32,
+        channel: u32,
+    ) {
+        self.push(rank, Op::RecvReduceCopy { from, src, dst }, count, channel);
+    }
+
+    /// `rank`: send `received ⊕ src` to `to`, storing nothing.
+    pub fn recv_reduce_send(
+        &mut self,
+        rank: Rank,
+        from: Rank,
+        to: Rank,
+        src: Loc,
+        count: u32,
+        channel: u32,
+    ) {
+        self.push(rank, Op::RecvReduceSend { from, to, src }, count, channel);
+    }
+
+    /// `rank`: `dst ← received ⊕ src`, then send `dst` to `to`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn recv_reduce_copy_send(
+        &mut self,
+        rank: Rank,
+        from: Rank,
+        to: Rank,
+        src: Loc,
+        dst: Loc,
+        count: u32,
+        channel: u32,
+    ) {
+        self.push(
+            rank,
+            Op::RecvReduceCopySend { from, to, src, dst },
+            count,
+            channel,
+        );
+    }
+
+    /// `rank`: `dst ← received`, and forward it to `to`.
+    pub fn recv_copy_send(
+        &mut self,
+        rank: Rank,
+        from: Rank,
+        to: Rank,
+        dst: Loc,
+        count: u32,
+        channel: u32,
+    ) {
+        self.push(rank, Op::RecvCopySend { from, to, dst }, count, channel);
+    }
+
+    /// Number of ops recorded so far on all ranks.
+    pub fn op_count(&self) -> usize {
+        self.ops.iter().map(Vec::len).sum()
+    }
+
+    fn fail(&mut self, err: BuildError) {
+        if self.error.is_none() {
+            self.error = Some(err);
+        }
+    }
+
+    fn extent(&self, rank: Rank, buf: Buf) -> u32 {
+        match buf {
+            Buf::Input => self.input_chunks,
+            Buf::Output => self.output_chunks,
+            Buf::Scratch => self.scratch.get(rank as usize).copied().unwrap_or(0),
+        }
+    }
+
+    fn check(&self, rank: Rank, index: usize, op: &Op, count: u32) -> Option<BuildError> {
+        if count == 0 && !matches!(op, Op::Nop) {
+            return Some(BuildError::ZeroCount { rank, index });
+        }
+        for peer in [op.send_peer(), op.recv_peer()].into_iter().flatten() {
+            if peer >= self.nranks {
+                return Some(BuildError::RankOutOfRange {
+                    rank,
+                    index,
+                    bad: peer,
+                    nranks: self.nranks,
+                });
+            }
+            if peer == rank {
+                return Some(BuildError::SelfPeer { rank, index });
+            }
+        }
+        for loc in [op.src(), op.dst()].into_iter().flatten() {
+            // Scratch grows on demand: bounds are checked against the final extent below.
+            if loc.buf == Buf::Scratch {
+                continue;
+            }
+            let len = self.extent(rank, loc.buf);
+            if u64::from(loc.off) + u64::from(count) > u64::from(len) {
+                return Some(BuildError::OutOfBounds {
+                    rank,
+                    index,
+                    loc,
+                    count,
+                    len,
+                });
+            }
+        }
+        None
+    }
+
+    /// Finishes the schedule: fusion, stream assignment, dependencies.
+    pub fn build(mut self) -> Result<Schedule, BuildError> {
+        if let Some(err) = self.error.take() {
+            return Err(err);
+        }
+        // Scratch used beyond what was allocated grows the scratch buffer.
+        for (r, ops) in self.ops.iter().enumerate() {
+            for b in ops {
+                for loc in [b.op.src(), b.op.dst()].into_iter().flatten() {
+                    if loc.buf == Buf::Scratch {
+                        let top = &mut self.scratch[r];
+                        *top = (*top).max(loc.off.saturating_add(b.count));
+                    }
+                }
+            }
+        }
+        let mut schedule =
+            Schedule::empty(self.collective, self.nranks, self.chunks, self.in_place).ok_or(
+                BuildError::BadChunks {
+                    collective: self.collective,
+                    nranks: self.nranks,
+                    chunks: self.chunks,
+                },
+            )?;
+        let ops = std::mem::take(&mut self.ops);
+        for (r, mut list) in ops.into_iter().enumerate() {
+            let space = AddrSpace::new(&self, r as Rank);
+            if self.fusion {
+                list = fuse(list, &space);
+            }
+            schedule.ranks[r] = RankProgram {
+                scratch_chunks: self.scratch[r],
+                streams: assign_streams(&list, &space),
+            };
+        }
+        Ok(schedule)
+    }
+}
+
+/// Canonical per-rank chunk addresses with in-place aliasing resolved.
+struct AddrSpace {
+    input_base: u32,
+    output_base: u32,
+    scratch_base: u32,
+    len: u32,
+}
+
+impl AddrSpace {
+    fn new(b: &ScheduleBuilder, rank: Rank) -> AddrSpace {
+        let (i, o, s) = (b.input_chunks, b.output_chunks, b.scratch[rank as usize]);
+        let (input_base, output_base, data) = match (b.in_place, b.collective) {
+            (false, _) => (0, i, i + o),
+            (true, Collective::AllGather) => (rank * i, 0, o),
+            (true, Collective::ReduceScatter) => (0, rank * o, i),
+            (true, _) => (0, 0, i.max(o)),
+        };
+        AddrSpace {
+            input_base,
+            output_base,
+            scratch_base: data,
+            len: data + s,
+        }
+    }
+
+    fn addr(&self, loc: Loc) -> u32 {
+        let base = match loc.buf {
+            Buf::Input => self.input_base,
+            Buf::Output => self.output_base,
+            Buf::Scratch => self.scratch_base,
+        };
+        base + loc.off
+    }
+
+    fn is_scratch(&self, addr: u32) -> bool {
+        addr >= self.scratch_base
+    }
+}
+
+/// Canonical ranges an op reads and writes (besides messages).
+fn reads_writes(b: &BOp, space: &AddrSpace) -> ([Option<(u32, u32)>; 2], Option<(u32, u32)>) {
+    let range = |loc: Loc| (space.addr(loc), b.count);
+    let mut reads = [b.op.src().map(range), None];
+    if let Op::Reduce { dst, .. } = b.op {
+        reads[1] = Some(range(dst));
+    }
+    (reads, b.op.dst().map(range))
+}
+
+/// The fusion pass over one rank's ops (see the module docs).
+fn fuse(list: Vec<BOp>, space: &AddrSpace) -> Vec<BOp> {
+    let n = list.len();
+    let mut out: Vec<Option<BOp>> = list.into_iter().map(Some).collect();
+    // Candidate receive op covering each address.
+    let mut cover: Vec<u32> = vec![u32::MAX; space.len as usize];
+    // Whether a candidate's stored data is still intact.
+    let mut valid: Vec<bool> = vec![false; n];
+    // Last op index that sent on each (peer, channel).
+    let mut last_send: HashMap<(Rank, u32), usize> = HashMap::new();
+    let mut any = false;
+    for i in 0..n {
+        let Some(b) = out[i] else { continue };
+        // A plain send that forwards exactly what a candidate receive stored.
+        if let Op::Send { to, src } = b.op {
+            let a = space.addr(src);
+            let cand = cover.get(a as usize).copied().unwrap_or(u32::MAX);
+            if cand != u32::MAX {
+                let j = cand as usize;
+                if let (Some(x), true) = (out[j], valid[j]) {
+                    let dst_ok = x.op.dst().map(|d| space.addr(d)) == Some(a);
+                    let conn_ok = last_send.get(&(to, b.channel)).is_none_or(|&k| k < j);
+                    if dst_ok && x.count == b.count && x.channel == b.channel && conn_ok {
+                        let fused = match x.op {
+                            Op::Recv { from, dst } => Some(Op::RecvCopySend { from, to, dst }),
+                            Op::RecvReduceCopy { from, src, dst } => {
+                                Some(Op::RecvReduceCopySend { from, to, src, dst })
+                            }
+                            _ => None,
+                        };
+                        if let Some(op) = fused {
+                            out[j] = Some(BOp { op, ..x });
+                            out[i] = None;
+                            last_send.insert((to, b.channel), j);
+                            valid[j] = false;
+                            any = true;
+                            continue;
+                        }
+                    }
+                }
+            }
+        }
+        let (_, write) = reads_writes(&b, space);
+        if let Some((a, c)) = write {
+            for k in a..a + c {
+                let j = cover[k as usize];
+                if j != u32::MAX {
+                    valid[j as usize] = false;
+                }
+                cover[k as usize] = u32::MAX;
+            }
+            if matches!(b.op, Op::Recv { .. } | Op::RecvReduceCopy { .. }) {
+                valid[i] = true;
+                for k in a..a + c {
+                    cover[k as usize] = i as u32;
+                }
+            }
+        }
+        if let Some(p) = b.op.send_peer() {
+            last_send.insert((p, b.channel), i);
+        }
+    }
+    let mut list: Vec<BOp> = out.into_iter().flatten().collect();
+    if !any {
+        return list;
+    }
+    // Backward liveness: a stored result nobody reads again need not be stored.
+    // live[a]: the value at a is read before being overwritten (or survives to the end).
+    let mut live: Vec<bool> = (0..space.len).map(|a| !space.is_scratch(a)).collect();
+    for b in list.iter_mut().rev() {
+        if let Op::RecvReduceCopySend { from, to, src, dst } = b.op {
+            let d = space.addr(dst);
+            if (d..d + b.count).all(|a| !live[a as usize]) {
+                b.op = Op::RecvReduceSend { from, to, src };
+            }
+        }
+        let (reads, write) = reads_writes(b, space);
+        if let Some((a, c)) = write {
+            for k in a..a + c {
+                live[k as usize] = false;
+            }
+        }
+        for (a, c) in reads.into_iter().flatten() {
+            for k in a..a + c {
+                live[k as usize] = true;
+            }
+        }
+    }
+    list
+}
+
+/// Union-find root.
+fn find(parent: &mut [usize], mut x: usize) -> usize {
+    while parent[x] != x {
+        parent[x] = parent[parent[x]];
+        x = parent[x];
+    }
+    x
+}
+
+/// Assigns one rank's ops to streams and adds cross-stream hazard dependencies.
+fn assign_streams(list: &[BOp], space: &AddrSpace) -> Vec<Stream> {
+    // Connection directions: (is_send, peer, channel) → union-find node.
+    let mut conn: HashMap<(bool, Rank, u32), usize> = HashMap::new();
+    let mut parent: Vec<usize> = Vec::new();
+    let mut node_of = |key: (bool, Rank, u32), parent: &mut Vec<usize>| -> usize {
+        *conn.entry(key).or_insert_with(|| {
+            parent.push(parent.len());
+            parent.len() - 1
+        })
+    };
+    let mut op_node: Vec<Option<usize>> = vec![None; list.len()];
+    for (i, b) in list.iter().enumerate() {
+        let s =
+            b.op.send_peer()
+                .map(|p| node_of((true, p, b.channel), &mut parent));
+        let r =
+            b.op.recv_peer()
+                .map(|p| node_of((false, p, b.channel), &mut parent));
+        if let (Some(s), Some(r)) = (s, r) {
+            let (a, c) = (find(&mut parent, s), find(&mut parent, r));
+            if a != c {
+                parent[a.max(c)] = a.min(c);
+            }
+        }
+        op_node[i] = s.or(r);
+    }
+    // Stream ids: components and per-channel local streams, ordered by (channel, first op).
+    let mut last_writer_stream: Vec<u32> = vec![u32::MAX; space.len as usize];
+    let mut group_of_op: Vec<usize> = Vec::with_capacity(list.len());
+    // Group keys: component root for comm ops; usize::MAX - channel for local streams.
+    let mut comp_group: HashMap<usize, usize> = HashMap::new();
+    let mut groups: Vec<(u32, usize)> = Vec::new(); // (channel, first op)
+    for (i, b) in list.iter().enumerate() {
+        let (reads, write) = reads_writes(b, space);
+        let g = match op_node[i] {
+            Some(node) => {
+                let root = find(&mut parent, node);
+                *comp_group.entry(root).or_insert_with(|| {
+                    groups.push((b.channel, i));
+                    groups.len() - 1
+                })
+            }
+            None => {
+                // Join the stream that produced the data, else the channel's local stream.
+                let producer = reads[0]
+                    .map(|(a, _)| last_writer_stream[a as usize])
+                    .filter(|&g| g != u32::MAX && groups[g as usize].0 == b.channel);
+                match producer {
+                    Some(g) => g as usize,
+                    None => *comp_group
+                        .entry(usize::MAX - b.channel as usize)
+                        .or_insert_with(|| {
+                            groups.push((b.channel, i));
+                            groups.len() - 1
+                        }),
+                }
+            }
+        };
+        if let Some((a, c)) = write {
+            for k in a..a + c {
+                last_writer_stream[k as usize] = g as u32;
+            }
+        }
+        group_of_op.push(g);
+    }
+    // Order groups by (channel, first op index).
+    let mut order: Vec<usize> = (0..groups.len()).collect();
+    order.sort_by_key(|&g| groups[g]);
+    let mut stream_id = vec![0u32; groups.len()];
+    for (sid, &g) in order.iter().enumerate() {
+        stream_id[g] = sid as u32;
+    }
+    let mut streams: Vec<Stream> = order
+        .iter()
+        .map(|&g| Stream {
+            channel: groups[g].0,
+            steps: Vec::new(),
+        })
+        .collect();
+    // Hazards.
+    let mut writer: Vec<Option<(u32, u32)>> = vec![None; space.len as usize];
+    let mut readers: Vec<Vec<(u32, u32)>> = vec![Vec::new(); space.len as usize];
+    let mut waited: Vec<HashMap<u32, u32>> = vec![HashMap::new(); streams.len()];
+    for (i, b) in list.iter().enumerate() {
+        let sid = stream_id[group_of_op[i]];
+        let step = streams[sid as usize].steps.len() as u32;
+        let mut need: BTreeMap<u32, u32> = BTreeMap::new();
+        let mut want = |d: (u32, u32)| {
+            if d.0 != sid {
+                let e = need.entry(d.0).or_insert(d.1);
+                *e = (*e).max(d.1);
+            }
+        };
+        let (reads, write) = reads_writes(b, space);
+        for (a, c) in reads.iter().flatten() {
+            for k in *a..a + c {
+                if let Some(w) = writer[k as usize] {
+                    want(w);
+                }
+            }
+        }
+        if let Some((a, c)) = write {
+            for k in a..a + c {
+                if let Some(w) = writer[k as usize] {
+                    want(w);
+                }
+                for &rd in &readers[k as usize] {
+                    want(rd);
+                }
+            }
+        }
+        let mut deps = Vec::new();
+        let known = &mut waited[sid as usize];
+        for (s, st) in need {
+            if known.get(&s).is_none_or(|&k| k < st) {
+                known.insert(s, st);
+                deps.push(Dep {
+                    stream: s,
+                    step: st,
+                });
+            }
+        }
+        // Record accesses: reads first, then the write supersedes.
+        for (a, c) in reads.iter().flatten() {
+            for k in *a..a + c {
+                let rs = &mut readers[k as usize];
+                match rs.iter_mut().find(|e| e.0 == sid) {
+                    Some(e) => e.1 = step,
+                    None => rs.push((sid, step)),
+                }
+            }
+        }
+        if let Some((a, c)) = write {
+            for k in a..a + c {
+                writer[k as usize] = Some((sid, step));
+                readers[k as usize].clear();
+            }
+        }
+        streams[sid as usize].steps.push(Step {
+            op: b.op,
+            count: b.count,
+            deps,
+        });
+    }
+    streams
+}
