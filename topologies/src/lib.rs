@@ -2,10 +2,11 @@
 //! machine graph, shipped machines and generators for parametric families.
 //!
 //! Entry points: [`load`] / [`from_ron`] read a file, [`build`] validates a spec,
-//! [`shipped_by_name`] returns a machine shipped with the crate, and [`gen`] builds specs for
+//! [`shipped_by_name`] returns a machine shipped with the crate, and [`generate`] builds specs for
 //! parametric families (rings, tori, fat trees, clusters of boxes, CPU hosts).
 
 pub mod error;
+pub mod generate;
 pub mod model;
 pub mod parse;
 pub mod shipped;

@@ -58,15 +58,15 @@ impl LinkKind {
 pub struct DeviceSpec {
     pub id: String,
     pub kind: DeviceKind,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub vendor: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub model: String,
     /// Rank of this device; when no device of the file gives one, ranks follow file order.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank: Option<u32>,
     /// Local memory bandwidth for copies and reductions (GB/s). Defaults per model.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mem_bw: Option<f64>,
 }
 
@@ -85,7 +85,7 @@ pub struct NicSpec {
 pub struct HostSpec {
     pub id: String,
     pub devices: Vec<DeviceSpec>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nics: Vec<NicSpec>,
 }
 
@@ -95,15 +95,19 @@ pub struct HostSpec {
 pub struct SwitchSpec {
     pub id: String,
     pub kind: SwitchKind,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
     /// Per-port bandwidth cap per direction (GB/s); `None` = limited by the links only.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port_bw: Option<f64>,
 }
 
 fn one() -> u32 {
     1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
 }
 
 /// A full-duplex link between two endpoints (device, NIC or switch ids).
@@ -118,7 +122,7 @@ pub struct LinkSpec {
     /// One-hop latency (µs).
     pub latency: f64,
     /// Number of parallel links.
-    #[serde(default = "one")]
+    #[serde(default = "one", skip_serializing_if = "is_one")]
     pub count: u32,
 }
 
@@ -127,10 +131,10 @@ pub struct LinkSpec {
 #[serde(deny_unknown_fields)]
 pub struct TopologySpec {
     pub name: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub description: String,
     pub hosts: Vec<HostSpec>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub switches: Vec<SwitchSpec>,
     pub links: Vec<LinkSpec>,
 }

@@ -13,6 +13,14 @@ const SHIPPED: &[(&str, &str)] = &[
         "azure-ndv2-2node",
         include_str!("../machines/azure-ndv2-2node.ron"),
     ),
+    (
+        "h100-cluster-2node",
+        include_str!("../machines/h100-cluster-2node.ron"),
+    ),
+    (
+        "h100-cluster-4node",
+        include_str!("../machines/h100-cluster-4node.ron"),
+    ),
 ];
 
 /// Every shipped machine as `(name, RON text)`; the name is the file stem.

@@ -106,3 +106,18 @@ fn default_memory_bandwidths_follow_the_model() {
     assert_eq!(shipped_by_name("dgx-h100").unwrap().mem_bw(7), 3350.0);
     assert_eq!(shipped_by_name("ascend910-8").unwrap().mem_bw(0), 1200.0);
 }
+
+#[test]
+fn shipped_clusters_equal_the_cluster_generator() {
+    let dgx = shipped_by_name("dgx-h100").unwrap().spec;
+    for n in [2u32, 4] {
+        let name = format!("h100-cluster-{n}node");
+        let shipped = shipped_by_name(&name).unwrap();
+        let mut generated = hccl_topologies::generate::cluster(n, &dgx);
+        generated.name = shipped.spec.name.clone();
+        generated.description = shipped.spec.description.clone();
+        assert_eq!(generated, shipped.spec, "{name}");
+        assert_eq!(shipped.nranks(), 8 * n);
+        assert_eq!(shipped.nhosts(), n as usize);
+    }
+}
