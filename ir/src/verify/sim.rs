@@ -1,0 +1,681 @@
+//! The simulation: runs a structurally valid schedule under the executor semantics of
+//! [`crate::schedule`] on symbolic values, finding deadlocks, reads of uninitialised data,
+//! wrong reductions and, at the end, postcondition violations.
+
+use super::structure::{Layout, step_error};
+use super::value::{RankSet, Value};
+use super::{ErrorKind, Sink, VerifyError};
+use crate::schedule::{Buf, CONNECTION_SLOTS, Collective, Loc, Op, Rank, Schedule, StepRef};
+use std::collections::VecDeque;
+
+/// How the caller's buffers overlap (see the module docs of [`crate::schedule`]).
+#[derive(Debug, Clone, Copy)]
+enum Alias {
+    /// Input and output are separate.
+    None,
+    /// Output is input (AllReduce, Broadcast, Reduce, AllToAll in place).
+    OutputIsInput,
+    /// Input is output[`r·k` ..] (AllGather in place).
+    InputInOutput { k: u32 },
+    /// Output is input[`r·k` ..] (ReduceScatter in place).
+    OutputInInput { k: u32 },
+}
+
+const IN: usize = 0;
+const OUT: usize = 1;
+const SCRATCH: usize = 2;
+const NO_WRITER: u32 = u32::MAX;
+
+/// One rank's memory: the storage behind input, output and scratch, and the last writer
+/// (global step index) of every slot.
+struct Mem {
+    vals: [Vec<Value>; 3],
+    writer: [Vec<u32>; 3],
+}
+
+/// What a blocked stream waits on.
+#[derive(Debug, Clone, Copy)]
+enum Blocker {
+    /// Step `step` of global stream `target` (same rank) to complete.
+    Dep { target: usize, step: u32 },
+    /// A message on connection `conn`.
+    Recv { conn: usize },
+    /// A free slot on connection `conn`.
+    Send { conn: usize },
+}
+
+struct StreamState {
+    pc: usize,
+    depth: u32,
+    queued: bool,
+    blocked: Option<Blocker>,
+    /// (pc the waiter needs this stream to reach, waiting global stream).
+    waiters: Vec<(usize, usize)>,
+}
+
+struct Msg {
+    vals: Vec<Value>,
+    depth: u32,
+}
+
+/// Counters gathered while simulating.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct SimStats {
+    pub messages: u64,
+    pub chunks_sent: u64,
+    pub reductions: u64,
+    pub depth: u32,
+}
+
+struct Sim<'a> {
+    s: &'a Schedule,
+    layout: &'a Layout,
+    alias: Alias,
+    mem: Vec<Mem>,
+    streams: Vec<StreamState>,
+    queues: Vec<VecDeque<Msg>>,
+    step_depth: Vec<u32>,
+    work: Vec<usize>,
+    stats: SimStats,
+}
+
+/// Where a step is, for errors: (rank, stream, step, channel).
+type Place = (u32, u32, usize, u32);
+
+pub(crate) fn simulate(s: &Schedule, layout: &Layout, sink: &mut Sink) -> SimStats {
+    let n = s.nranks;
+    let alias = match (s.in_place, s.collective) {
+        (false, _) => Alias::None,
+        (true, Collective::AllGather) => Alias::InputInOutput { k: s.input_chunks },
+        (true, Collective::ReduceScatter) => Alias::OutputInInput { k: s.output_chunks },
+        (true, _) => Alias::OutputIsInput,
+    };
+    let mem = (0..n)
+        .map(|r| {
+            let (ni, no) = match alias {
+                Alias::None => (s.input_chunks, s.output_chunks),
+                Alias::OutputIsInput | Alias::OutputInInput { .. } => (s.input_chunks, 0),
+                Alias::InputInOutput { .. } => (0, s.output_chunks),
+            };
+            let ns = s.ranks[r as usize].scratch_chunks;
+            let mut m = Mem {
+                vals: [
+                    vec![Value::Uninit; ni as usize],
+                    vec![Value::Uninit; no as usize],
+                    vec![Value::Uninit; ns as usize],
+                ],
+                writer: [
+                    vec![NO_WRITER; ni as usize],
+                    vec![NO_WRITER; no as usize],
+                    vec![NO_WRITER; ns as usize],
+                ],
+            };
+            for i in 0..s.input_chunks {
+                let origin = match s.collective {
+                    Collective::AllGather => r * s.input_chunks + i,
+                    _ => i,
+                };
+                let (store, idx) = resolve(alias, r, Buf::Input, i);
+                m.vals[store][idx] = Value::Data {
+                    origin,
+                    ranks: RankSet::One(r),
+                };
+            }
+            m
+        })
+        .collect();
+    let nstreams = layout.stream_owner.len();
+    let mut sim = Sim {
+        s,
+        layout,
+        alias,
+        mem,
+        streams: (0..nstreams)
+            .map(|_| StreamState {
+                pc: 0,
+                depth: 0,
+                queued: true,
+                blocked: None,
+                waiters: Vec::new(),
+            })
+            .collect(),
+        queues: layout.conns.iter().map(|_| VecDeque::new()).collect(),
+        step_depth: vec![0; *layout.step_base.last().unwrap_or(&0)],
+        work: (0..nstreams).rev().collect(),
+        stats: SimStats::default(),
+    };
+    while let Some(gs) = sim.work.pop() {
+        sim.streams[gs].queued = false;
+        sim.run_stream(gs, sink);
+    }
+    if !sim.report_deadlock(sink) {
+        sim.check_postcondition(sink);
+    }
+    sim.stats
+}
+
+fn resolve(alias: Alias, rank: Rank, buf: Buf, i: u32) -> (usize, usize) {
+    match (buf, alias) {
+        (Buf::Scratch, _) => (SCRATCH, i as usize),
+        (Buf::Input, Alias::InputInOutput { k }) => (OUT, (rank * k + i) as usize),
+        (Buf::Output, Alias::OutputIsInput) => (IN, i as usize),
+        (Buf::Output, Alias::OutputInInput { k }) => (IN, (rank * k + i) as usize),
+        (Buf::Input, _) => (IN, i as usize),
+        (Buf::Output, _) => (OUT, i as usize),
+    }
+}
+
+impl Sim<'_> {
+    fn wake(&mut self, gs: usize) {
+        if gs < self.streams.len() && !self.streams[gs].queued {
+            self.streams[gs].queued = true;
+            self.work.push(gs);
+        }
+    }
+
+    fn conn(&self, key: (u32, u32, u32)) -> usize {
+        self.layout
+            .conn_index
+            .get(&key)
+            .map_or(usize::MAX, |&c| c as usize)
+    }
+
+    fn run_stream(&mut self, gs: usize, sink: &mut Sink) {
+        let (rank, ls) = self.layout.stream_owner[gs];
+        let stream = &self.s.ranks[rank as usize].streams[ls as usize];
+        let base = self.layout.stream_base[rank as usize];
+        loop {
+            let pc = self.streams[gs].pc;
+            let Some(step) = stream.steps.get(pc) else {
+                break;
+            };
+            let mut depth = self.streams[gs].depth;
+            // Dependencies.
+            let mut blocker = None;
+            for dep in &step.deps {
+                let target = base + dep.stream as usize;
+                if self.streams[target].pc <= dep.step as usize {
+                    blocker = Some(Blocker::Dep {
+                        target,
+                        step: dep.step,
+                    });
+                    self.streams[target]
+                        .waiters
+                        .push((dep.step as usize + 1, gs));
+                    break;
+                }
+                let g = self.layout.step_base[target] + dep.step as usize;
+                depth = depth.max(self.step_depth[g]);
+            }
+            let recv_conn = step
+                .op
+                .recv_peer()
+                .map(|from| self.conn((from, rank, stream.channel)));
+            let send_conn = step
+                .op
+                .send_peer()
+                .map(|to| self.conn((rank, to, stream.channel)));
+            if blocker.is_none()
+                && let Some(c) = recv_conn
+                && self.queues[c].is_empty()
+            {
+                blocker = Some(Blocker::Recv { conn: c });
+            }
+            if blocker.is_none()
+                && let Some(c) = send_conn
+                && self.queues[c].len() >= CONNECTION_SLOTS
+            {
+                blocker = Some(Blocker::Send { conn: c });
+            }
+            if let Some(b) = blocker {
+                self.streams[gs].blocked = Some(b);
+                return;
+            }
+            self.streams[gs].blocked = None;
+            let gstep = self.layout.step_base[gs] + pc;
+            let place: Place = (rank, ls, pc, stream.channel);
+            let received = recv_conn.map(|c| {
+                let msg = self.queues[c].pop_front().map_or(
+                    Msg {
+                        vals: Vec::new(),
+                        depth: 0,
+                    },
+                    |m| m,
+                );
+                let sender = self.layout.conns[c].sender;
+                self.wake(sender);
+                msg
+            });
+            if let Some(m) = &received {
+                depth = depth.max(m.depth);
+            }
+            depth += 1;
+            let out = self.execute(rank, step.op, step.count, received, gstep, place, sink);
+            if let (Some(c), Some(vals)) = (send_conn, out) {
+                self.stats.messages += 1;
+                self.stats.chunks_sent += u64::from(step.count);
+                self.queues[c].push_back(Msg { vals, depth });
+                let receiver = self.layout.conns[c].receiver;
+                self.wake(receiver);
+            }
+            self.step_depth[gstep] = depth;
+            self.stats.depth = self.stats.depth.max(depth);
+            let st = &mut self.streams[gs];
+            st.depth = depth;
+            st.pc = pc + 1;
+            if !st.waiters.is_empty() {
+                let reached = st.pc;
+                let mut woken = Vec::new();
+                st.waiters.retain(|&(need, w)| {
+                    if need <= reached {
+                        woken.push(w);
+                        false
+                    } else {
+                        true
+                    }
+                });
+                for w in woken {
+                    self.wake(w);
+                }
+            }
+        }
+    }
+
+    /// Reads `count` slots at `loc`, reporting (once) and poisoning uninitialised ones.
+    fn read(&self, rank: Rank, loc: Loc, count: u32, place: Place, sink: &mut Sink) -> Vec<Value> {
+        let m = &self.mem[rank as usize];
+        let mut uninit: Option<(u32, u32)> = None;
+        let vals = (0..count)
+            .map(|i| {
+                let (store, idx) = resolve(self.alias, rank, loc.buf, loc.off + i);
+                match &m.vals[store][idx] {
+                    Value::Uninit => {
+                        let u = uninit.get_or_insert((loc.off + i, 0));
+                        u.1 += 1;
+                        Value::Poison
+                    }
+                    v => v.clone(),
+                }
+            })
+            .collect();
+        if let Some((first, n)) = uninit {
+            let first = Loc::new(loc.buf, first);
+            step_error(
+                sink,
+                place,
+                ErrorKind::Uninitialized,
+                format!(
+                    "reads uninitialised data: {first} was never written ({n} of the {count} chunks read from {loc} are uninitialised)"
+                ),
+            );
+        }
+        vals
+    }
+
+    fn write(&mut self, rank: Rank, loc: Loc, vals: Vec<Value>, gstep: usize) {
+        let alias = self.alias;
+        let m = &mut self.mem[rank as usize];
+        for (i, v) in vals.into_iter().enumerate() {
+            let (store, idx) = resolve(alias, rank, loc.buf, loc.off + i as u32);
+            m.vals[store][idx] = v;
+            m.writer[store][idx] = gstep as u32;
+        }
+    }
+
+    /// `a ⊕ b` element-wise, reporting the first bad pair once.
+    fn reduce(
+        &mut self,
+        received: Vec<Value>,
+        local: Vec<Value>,
+        what: (&str, Loc),
+        place: Place,
+        sink: &mut Sink,
+    ) -> Vec<Value> {
+        self.stats.reductions += 1;
+        let n = self.s.nranks;
+        if !self.s.collective.kind().reduces() {
+            step_error(
+                sink,
+                place,
+                ErrorKind::BadReduction,
+                format!(
+                    "applies the reduction operator, but {} does not reduce",
+                    self.s.collective.kind()
+                ),
+            );
+            return vec![Value::Poison; local.len()];
+        }
+        let mut reported = false;
+        received
+            .into_iter()
+            .zip(local)
+            .enumerate()
+            .map(|(i, (a, b))| match (&a, &b) {
+                (
+                    Value::Data {
+                        origin: oa,
+                        ranks: ra,
+                    },
+                    Value::Data {
+                        origin: ob,
+                        ranks: rb,
+                    },
+                ) => {
+                    let problem = if oa != ob {
+                        Err(format!(
+                            "combines {} with {}: different chunks",
+                            a.describe(n),
+                            b.describe(n)
+                        ))
+                    } else {
+                        ra.disjoint_union(rb, n).map_err(|twice| {
+                            format!(
+                                "counts ranks {twice} twice: combines {} with {}",
+                                a.describe(n),
+                                b.describe(n)
+                            )
+                        })
+                    };
+                    match problem {
+                        Ok(ranks) => Value::Data { origin: *oa, ranks },
+                        Err(msg) => {
+                            if !reported {
+                                reported = true;
+                                let loc = Loc::new(what.1.buf, what.1.off + i as u32);
+                                step_error(
+                                    sink,
+                                    place,
+                                    ErrorKind::BadReduction,
+                                    format!("reduction at {} {loc} {msg}", what.0),
+                                );
+                            }
+                            Value::Poison
+                        }
+                    }
+                }
+                _ => Value::Poison,
+            })
+            .collect()
+    }
+
+    /// Reports a copy or reduction whose source and destination partly overlap.
+    fn check_overlap(
+        &self,
+        rank: Rank,
+        src: Loc,
+        dst: Loc,
+        count: u32,
+        place: Place,
+        sink: &mut Sink,
+    ) {
+        let (ss, si) = resolve(self.alias, rank, src.buf, src.off);
+        let (ds, di) = resolve(self.alias, rank, dst.buf, dst.off);
+        let c = count as usize;
+        if ss == ds && si != di && si < di + c && di < si + c {
+            step_error(
+                sink,
+                place,
+                ErrorKind::Overlap,
+                format!("source {src} and destination {dst} of {count} chunks partly overlap"),
+            );
+        }
+    }
+
+    /// Runs one step's data movement; returns the message to send, if any.
+    #[allow(clippy::too_many_arguments)]
+    fn execute(
+        &mut self,
+        rank: Rank,
+        op: Op,
+        count: u32,
+        received: Option<Msg>,
+        gstep: usize,
+        place: Place,
+        sink: &mut Sink,
+    ) -> Option<Vec<Value>> {
+        let recv = || received.map(|m| m.vals).unwrap_or_default();
+        match op {
+            Op::Send { src, .. } => Some(self.read(rank, src, count, place, sink)),
+            Op::Recv { dst, .. } => {
+                self.write(rank, dst, recv(), gstep);
+                None
+            }
+            Op::RecvReduceCopy { src, dst, .. } => {
+                self.check_overlap(rank, src, dst, count, place, sink);
+                let local = self.read(rank, src, count, place, sink);
+                let vals = self.reduce(recv(), local, ("source", src), place, sink);
+                self.write(rank, dst, vals, gstep);
+                None
+            }
+            Op::RecvReduceSend { src, .. } => {
+                let local = self.read(rank, src, count, place, sink);
+                Some(self.reduce(recv(), local, ("source", src), place, sink))
+            }
+            Op::RecvReduceCopySend { src, dst, .. } => {
+                self.check_overlap(rank, src, dst, count, place, sink);
+                let local = self.read(rank, src, count, place, sink);
+                let vals = self.reduce(recv(), local, ("source", src), place, sink);
+                self.write(rank, dst, vals.clone(), gstep);
+                Some(vals)
+            }
+            Op::RecvCopySend { dst, .. } => {
+                let vals = recv();
+                self.write(rank, dst, vals.clone(), gstep);
+                Some(vals)
+            }
+            Op::Copy { src, dst } => {
+                self.check_overlap(rank, src, dst, count, place, sink);
+                let vals = self.read(rank, src, count, place, sink);
+                self.write(rank, dst, vals, gstep);
+                None
+            }
+            Op::Reduce { src, dst } => {
+                self.check_overlap(rank, src, dst, count, place, sink);
+                let a = self.read(rank, src, count, place, sink);
+                let b = self.read(rank, dst, count, place, sink);
+                let vals = self.reduce(a, b, ("destination", dst), place, sink);
+                self.write(rank, dst, vals, gstep);
+                None
+            }
+            Op::Nop => None,
+        }
+    }
+
+    fn describe_blocker(&self, b: Blocker) -> (String, usize, bool) {
+        let stuck_at = |g: usize| {
+            let (r, st) = self.layout.stream_owner[g];
+            let pc = self.streams[g].pc;
+            let len = self.s.ranks[r as usize].streams[st as usize].steps.len();
+            if pc >= len {
+                format!("rank {r} stream {st} has finished")
+            } else {
+                format!("rank {r} stream {st} is blocked at step {pc}")
+            }
+        };
+        match b {
+            Blocker::Dep { target, step } => {
+                let st = self.layout.stream_owner[target].1;
+                (
+                    format!(
+                        "waits for step {step} of stream {st} of this rank ({})",
+                        stuck_at(target)
+                    ),
+                    target,
+                    true,
+                )
+            }
+            Blocker::Recv { conn } => {
+                let c = &self.layout.conns[conn];
+                let (from, _, ch) = c.key;
+                (
+                    format!(
+                        "waits for a message from rank {from} on channel {ch} ({})",
+                        stuck_at(c.sender)
+                    ),
+                    c.sender,
+                    false,
+                )
+            }
+            Blocker::Send { conn } => {
+                let c = &self.layout.conns[conn];
+                let (_, to, ch) = c.key;
+                (
+                    format!(
+                        "waits for a free slot to rank {to} on channel {ch}: {} messages are unreceived ({})",
+                        self.queues[conn].len(),
+                        stuck_at(c.receiver)
+                    ),
+                    c.receiver,
+                    false,
+                )
+            }
+        }
+    }
+
+    /// Reports a deadlock when some stream did not finish; returns whether one did not.
+    fn report_deadlock(&self, sink: &mut Sink) -> bool {
+        let unfinished = |g: usize| {
+            let (r, st) = self.layout.stream_owner[g];
+            self.streams[g].pc < self.s.ranks[r as usize].streams[st as usize].steps.len()
+        };
+        let stuck: Vec<usize> = (0..self.streams.len()).filter(|&g| unfinished(g)).collect();
+        let Some(&start) = stuck.first() else {
+            return false;
+        };
+        let never_run: usize = stuck
+            .iter()
+            .map(|&g| {
+                let (r, st) = self.layout.stream_owner[g];
+                self.s.ranks[r as usize].streams[st as usize].steps.len() - self.streams[g].pc
+            })
+            .sum();
+        // Follow the wait-for graph from the first stuck stream until it closes a cycle.
+        let mut seen = std::collections::HashMap::new();
+        let mut path = Vec::new();
+        let mut cur = start;
+        let cycle_start = loop {
+            if let Some(&i) = seen.get(&cur) {
+                break Some(i);
+            }
+            if !unfinished(cur) {
+                break None;
+            }
+            let Some(b) = self.streams[cur].blocked else {
+                break None;
+            };
+            seen.insert(cur, path.len());
+            path.push((cur, b));
+            cur = self.describe_blocker(b).1;
+        };
+        let chain = match cycle_start {
+            Some(i) => &path[i..],
+            None => &path[..],
+        };
+        let all_deps = chain.iter().all(|&(_, b)| matches!(b, Blocker::Dep { .. }));
+        let kind = if cycle_start.is_some() && all_deps {
+            ErrorKind::Dependency
+        } else {
+            ErrorKind::Deadlock
+        };
+        sink.push(VerifyError {
+            at: None,
+            channel: None,
+            kind,
+            message: format!(
+                "deadlock: {} of {} streams are blocked and {never_run} steps never run; {}",
+                stuck.len(),
+                self.streams.len(),
+                match cycle_start {
+                    Some(_) if all_deps => format!(
+                        "the dependencies form a cycle of {} steps (listed below)",
+                        chain.len()
+                    ),
+                    Some(_) => format!(
+                        "the steps below wait on each other in a cycle of {}",
+                        chain.len()
+                    ),
+                    None => "the blocked steps below wait on a finished stream".to_string(),
+                }
+            ),
+        });
+        for &(g, b) in chain.iter().take(32) {
+            let (r, st) = self.layout.stream_owner[g];
+            let ch = self.s.ranks[r as usize].streams[st as usize].channel;
+            step_error(
+                sink,
+                (r, st, self.streams[g].pc, ch),
+                kind,
+                format!("blocked: {}", self.describe_blocker(b).0),
+            );
+        }
+        true
+    }
+
+    fn check_postcondition(&self, sink: &mut Sink) {
+        let s = self.s;
+        let n = s.nranks;
+        let c = s.chunks;
+        let k = c / n.max(1);
+        for r in 0..n {
+            for i in 0..s.output_chunks {
+                let expected: Option<(u32, Option<Rank>)> = match s.collective {
+                    Collective::AllReduce => Some((i, None)),
+                    Collective::AllGather => Some((i, Some(i / k.max(1)))),
+                    Collective::ReduceScatter => Some((r * k + i, None)),
+                    Collective::Broadcast { root } => Some((i, Some(root))),
+                    Collective::Reduce { root } => (r == root).then_some((i, None)),
+                    Collective::AllToAll => Some((r * k + i % k.max(1), Some(i / k.max(1)))),
+                };
+                let Some((origin, ranks)) = expected else {
+                    continue;
+                };
+                let (store, idx) = resolve(self.alias, r, Buf::Output, i);
+                let got = &self.mem[r as usize].vals[store][idx];
+                let ok = match got {
+                    Value::Poison => true,
+                    Value::Uninit => false,
+                    Value::Data {
+                        origin: o,
+                        ranks: rs,
+                    } => {
+                        *o == origin
+                            && match ranks {
+                                None => rs.len() == n,
+                                Some(j) => rs.len() == 1 && rs.contains(j),
+                            }
+                    }
+                };
+                if ok {
+                    continue;
+                }
+                let want = match ranks {
+                    None if n > 1 => format!("chunk {origin} reduced over all {n} ranks"),
+                    None => format!("chunk {origin} of rank 0"),
+                    Some(j) => format!("chunk {origin} of rank {j}"),
+                };
+                let writer = self.mem[r as usize].writer[store][idx];
+                let (at, channel, by) = if writer == NO_WRITER {
+                    (None, None, String::new())
+                } else {
+                    let at: StepRef = self.layout.step_ref(writer as usize);
+                    let ch = s.ranks[at.rank as usize].streams[at.stream as usize].channel;
+                    (
+                        Some(at),
+                        Some(ch),
+                        " (last written by this step)".to_string(),
+                    )
+                };
+                sink.push(VerifyError {
+                    at,
+                    channel,
+                    kind: ErrorKind::Postcondition,
+                    message: format!(
+                        "{}: rank {r} output chunk {i} holds {}, expected {want}{by}",
+                        s.collective,
+                        got.describe(n)
+                    ),
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,406 @@
+//! The structural layer: header fields, bounds, peers, dependencies, connection ownership and
+//! send/receive matching. Builds the [`Layout`] the simulation runs on.
+
+use super::{ErrorKind, Sink, VerifyError};
+use crate::schedule::{Buf, Loc, Schedule, Step, StepRef};
+use std::collections::HashMap;
+
+/// Most buffer slots (chunks of input, output and scratch over all ranks) the verifier will
+/// model; larger schedules are refused with [`ErrorKind::Limit`] rather than exhausting memory.
+pub const MAX_SLOTS: u64 = 1 << 25;
+
+/// Most chunk-steps (sum of step counts) the verifier will simulate.
+pub const MAX_WORK: u64 = 1 << 31;
+
+/// Key of a connection: `(from, to, channel)`.
+pub(crate) type ConnKey = (u32, u32, u32);
+
+/// One connection with the streams at its ends (global stream indices).
+#[derive(Debug, Clone)]
+pub(crate) struct ConnInfo {
+    pub key: ConnKey,
+    pub sender: usize,
+    pub receiver: usize,
+}
+
+/// Flattened indices of a structurally valid schedule.
+#[derive(Debug, Default)]
+pub(crate) struct Layout {
+    /// Global index of each rank's first stream; `nranks + 1` entries.
+    pub stream_base: Vec<usize>,
+    /// Global index of each global stream's first step; one more entry than streams.
+    pub step_base: Vec<usize>,
+    /// (rank, local stream) of each global stream.
+    pub stream_owner: Vec<(u32, u32)>,
+    pub conns: Vec<ConnInfo>,
+    pub conn_index: HashMap<ConnKey, u32>,
+}
+
+impl Layout {
+    /// The step with global index `g`.
+    pub(crate) fn step_ref(&self, g: usize) -> StepRef {
+        let s = self.step_base.partition_point(|&b| b <= g) - 1;
+        let (rank, stream) = self.stream_owner[s];
+        StepRef {
+            rank,
+            stream,
+            step: (g - self.step_base[s]) as u32,
+        }
+    }
+}
+
+fn at(rank: u32, stream: u32, step: usize, channel: u32) -> (Option<StepRef>, Option<u32>) {
+    (
+        Some(StepRef {
+            rank,
+            stream,
+            step: step as u32,
+        }),
+        Some(channel),
+    )
+}
+
+pub(crate) fn step_error(
+    sink: &mut Sink,
+    (rank, stream, step, channel): (u32, u32, usize, u32),
+    kind: ErrorKind,
+    message: String,
+) {
+    let (at, channel) = at(rank, stream, step, channel);
+    sink.push(VerifyError {
+        at,
+        channel,
+        kind,
+        message,
+    });
+}
+
+/// Checks the header; on success the per-step checks can trust the extents.
+pub(crate) fn check_header(s: &Schedule, sink: &mut Sink) {
+    let mut header = |message: String| {
+        sink.push(VerifyError {
+            at: None,
+            channel: None,
+            kind: ErrorKind::Header,
+            message,
+        })
+    };
+    if s.nranks == 0 {
+        header("nranks is 0".to_string());
+    }
+    if s.ranks.len() as u64 != u64::from(s.nranks) {
+        header(format!(
+            "nranks is {} but the schedule has {} rank programs",
+            s.nranks,
+            s.ranks.len()
+        ));
+    }
+    if s.chunks == 0 {
+        header("chunks is 0".to_string());
+    }
+    if let Some(root) = s.collective.root()
+        && root >= s.nranks
+    {
+        header(format!(
+            "root {root} is not a rank (nranks is {})",
+            s.nranks
+        ));
+    }
+    match s.collective.buffer_chunks(s.nranks, s.chunks) {
+        None => header(format!(
+            "{} over {} ranks needs chunks to be a multiple of nranks, got {}",
+            s.collective.kind(),
+            s.nranks,
+            s.chunks
+        )),
+        Some((input, output)) => {
+            if (input, output) != (s.input_chunks, s.output_chunks) {
+                header(format!(
+                    "{} with {} chunks over {} ranks has input_chunks {input} and output_chunks {output}, but the schedule says {} and {}",
+                    s.collective.kind(),
+                    s.chunks,
+                    s.nranks,
+                    s.input_chunks,
+                    s.output_chunks
+                ));
+            }
+        }
+    }
+}
+
+/// Refuses schedules too large to model.
+pub(crate) fn check_limits(s: &Schedule, sink: &mut Sink) {
+    let slots: u64 = s
+        .ranks
+        .iter()
+        .map(|r| {
+            u64::from(s.input_chunks) + u64::from(s.output_chunks) + u64::from(r.scratch_chunks)
+        })
+        .sum();
+    let work: u64 = s
+        .ranks
+        .iter()
+        .flat_map(|r| &r.streams)
+        .flat_map(|st| &st.steps)
+        .map(|st| u64::from(st.count).max(1) + st.deps.len() as u64)
+        .sum();
+    if slots > MAX_SLOTS {
+        sink.push(VerifyError {
+            at: None,
+            channel: None,
+            kind: ErrorKind::Limit,
+            message: format!(
+                "the buffers hold {slots} chunks over all ranks, more than the verifier models ({MAX_SLOTS})"
+            ),
+        });
+    }
+    if work > MAX_WORK {
+        sink.push(VerifyError {
+            at: None,
+            channel: None,
+            kind: ErrorKind::Limit,
+            message: format!(
+                "the steps address {work} chunks in total, more than the verifier simulates ({MAX_WORK})"
+            ),
+        });
+    }
+}
+
+fn check_loc(s: &Schedule, rank: u32, what: &str, loc: Loc, count: u32) -> Result<(), String> {
+    let len = s.buffer_len(rank, loc.buf);
+    let end = u64::from(loc.off) + u64::from(count);
+    if end > u64::from(len) {
+        let name = match loc.buf {
+            Buf::Input => "input",
+            Buf::Output => "output",
+            Buf::Scratch => "scratch",
+        };
+        return Err(format!(
+            "{what} {loc} with count {count} ends at chunk {end}, past the {name} buffer of {len} chunks"
+        ));
+    }
+    Ok(())
+}
+
+fn check_step(s: &Schedule, rank: u32, stream: u32, idx: usize, step: &Step, sink: &mut Sink) {
+    let prog = &s.ranks[rank as usize];
+    let channel = prog.streams[stream as usize].channel;
+    let place = (rank, stream, idx, channel);
+    let op = step.op;
+    if step.count == 0 && op != crate::schedule::Op::Nop {
+        step_error(
+            sink,
+            place,
+            ErrorKind::Bounds,
+            format!("{} with count 0", op.mnemonic()),
+        );
+    }
+    for (what, loc) in [("source", op.src()), ("destination", op.dst())] {
+        if let Some(loc) = loc
+            && let Err(message) = check_loc(s, rank, what, loc, step.count)
+        {
+            step_error(sink, place, ErrorKind::Bounds, message);
+        }
+    }
+    for (what, peer) in [
+        ("receives from", op.recv_peer()),
+        ("sends to", op.send_peer()),
+    ] {
+        if let Some(peer) = peer {
+            if peer >= s.nranks {
+                step_error(
+                    sink,
+                    place,
+                    ErrorKind::Peer,
+                    format!(
+                        "{what} rank {peer}, which does not exist (nranks is {})",
+                        s.nranks
+                    ),
+                );
+            } else if peer == rank {
+                step_error(
+                    sink,
+                    place,
+                    ErrorKind::Peer,
+                    format!("{what} its own rank {peer}"),
+                );
+            }
+        }
+    }
+    for dep in &step.deps {
+        let target = prog.streams.get(dep.stream as usize);
+        let message = match target {
+            None => Some(format!(
+                "depends on stream {} step {}, but rank {rank} has {} streams",
+                dep.stream,
+                dep.step,
+                prog.streams.len()
+            )),
+            Some(_) if dep.stream == stream => Some(format!(
+                "depends on step {} of its own stream (program order already orders a stream)",
+                dep.step
+            )),
+            Some(t) if dep.step as usize >= t.steps.len() => Some(format!(
+                "depends on stream {} step {}, but that stream has {} steps",
+                dep.stream,
+                dep.step,
+                t.steps.len()
+            )),
+            Some(_) => None,
+        };
+        if let Some(message) = message {
+            step_error(sink, place, ErrorKind::Dependency, message);
+        }
+    }
+}
+
+/// Per-connection list of (global stream, step index, count) in program order.
+type Ends = Vec<(usize, usize, u32)>;
+
+/// Runs every structural check after the header passed; returns the layout when clean.
+pub(crate) fn check_structure(s: &Schedule, sink: &mut Sink) -> Option<Layout> {
+    let before = sink.total();
+    let mut layout = Layout::default();
+    let mut g = 0usize;
+    let mut gstep = 0usize;
+    for (rank, prog) in s.ranks.iter().enumerate() {
+        layout.stream_base.push(g);
+        for (si, st) in prog.streams.iter().enumerate() {
+            layout.step_base.push(gstep);
+            layout.stream_owner.push((rank as u32, si as u32));
+            gstep += st.steps.len();
+            g += 1;
+        }
+    }
+    layout.stream_base.push(g);
+    layout.step_base.push(gstep);
+
+    // Per-step checks.
+    for (rank, prog) in s.ranks.iter().enumerate() {
+        for (si, st) in prog.streams.iter().enumerate() {
+            for (idx, step) in st.steps.iter().enumerate() {
+                check_step(s, rank as u32, si as u32, idx, step, sink);
+            }
+        }
+    }
+
+    // Connection ownership and the ends of each connection.
+    let mut sends: Vec<Ends> = Vec::new();
+    let mut recvs: Vec<Ends> = Vec::new();
+    let mut sender_of: Vec<Option<usize>> = Vec::new();
+    let mut receiver_of: Vec<Option<usize>> = Vec::new();
+    let valid = |rank: u32, peer: u32| peer < s.nranks && peer != rank;
+    for (rank, prog) in s.ranks.iter().enumerate() {
+        let rank = rank as u32;
+        for (si, st) in prog.streams.iter().enumerate() {
+            let gs = layout.stream_base[rank as usize] + si;
+            for (idx, step) in st.steps.iter().enumerate() {
+                let place = (rank, si as u32, idx, st.channel);
+                let ends = [
+                    (step.op.send_peer().map(|to| (rank, to)), true),
+                    (step.op.recv_peer().map(|from| (from, rank)), false),
+                ];
+                for (key, is_send) in ends {
+                    let Some((from, to)) = key else { continue };
+                    let peer = if is_send { to } else { from };
+                    if !valid(rank, peer) {
+                        continue;
+                    }
+                    let key = (from, to, st.channel);
+                    let next = layout.conns.len() as u32;
+                    let ci = *layout.conn_index.entry(key).or_insert(next) as usize;
+                    if ci == layout.conns.len() {
+                        layout.conns.push(ConnInfo {
+                            key,
+                            sender: usize::MAX,
+                            receiver: usize::MAX,
+                        });
+                        sends.push(Vec::new());
+                        recvs.push(Vec::new());
+                        sender_of.push(None);
+                        receiver_of.push(None);
+                    }
+                    let (owner, list) = if is_send {
+                        (&mut sender_of[ci], &mut sends[ci])
+                    } else {
+                        (&mut receiver_of[ci], &mut recvs[ci])
+                    };
+                    match *owner {
+                        Some(o) if o != gs => {
+                            let other = layout.stream_owner[o].1;
+                            let verb = if is_send { "sends to" } else { "receives from" };
+                            step_error(
+                                sink,
+                                place,
+                                ErrorKind::Connection,
+                                format!(
+                                    "{verb} rank {peer} on channel {}, but stream {other} of this rank already does (one stream per connection direction)",
+                                    st.channel
+                                ),
+                            );
+                            continue;
+                        }
+                        _ => *owner = Some(gs),
+                    }
+                    list.push((gs, idx, step.count));
+                }
+            }
+        }
+    }
+
+    // Matching: the k-th send pairs with the k-th receive, with equal counts.
+    for (ci, conn) in layout.conns.iter_mut().enumerate() {
+        let (from, to, channel) = conn.key;
+        let (ss, rs) = (&sends[ci], &recvs[ci]);
+        let place = |&(gs, idx, _): &(usize, usize, u32)| {
+            let (r, st) = layout.stream_owner[gs];
+            (r, st, idx, channel)
+        };
+        let name = |&(gs, idx, _): &(usize, usize, u32)| {
+            let (r, st) = layout.stream_owner[gs];
+            format!("rank {r} stream {st} step {idx}")
+        };
+        if let Some(k) = ss.iter().zip(rs).position(|(a, b)| a.2 != b.2) {
+            step_error(
+                sink,
+                place(&rs[k]),
+                ErrorKind::Matching,
+                format!(
+                    "receive #{k} from rank {from} on channel {channel} takes {} chunks, but the matching send ({}) sends {}",
+                    rs[k].2,
+                    name(&ss[k]),
+                    ss[k].2
+                ),
+            );
+        }
+        if ss.len() > rs.len() {
+            let k = rs.len();
+            step_error(
+                sink,
+                place(&ss[k]),
+                ErrorKind::Matching,
+                format!(
+                    "send #{k} to rank {to} on channel {channel} is never received: rank {to} receives {} messages from rank {from} on channel {channel}, rank {from} sends {}",
+                    rs.len(),
+                    ss.len()
+                ),
+            );
+        } else if rs.len() > ss.len() {
+            let k = ss.len();
+            step_error(
+                sink,
+                place(&rs[k]),
+                ErrorKind::Matching,
+                format!(
+                    "receive #{k} from rank {from} on channel {channel} is never sent: rank {from} sends {} messages to rank {to} on channel {channel}, rank {to} receives {}",
+                    ss.len(),
+                    rs.len()
+                ),
+            );
+        }
+        conn.sender = sender_of[ci].unwrap_or(usize::MAX);
+        conn.receiver = receiver_of[ci].unwrap_or(usize::MAX);
+    }
+
+    (sink.total() == before).then_some(layout)
+}
