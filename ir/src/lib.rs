@@ -11,6 +11,7 @@
 //!   implements its collective.
 
 pub mod error;
+pub mod msccl;
 pub mod plan;
 pub mod schedule;
 pub mod verify;

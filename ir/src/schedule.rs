@@ -152,7 +152,7 @@ impl Collective {
     /// buffer into `chunks` chunks over `nranks` ranks: `None` when `chunks` is not a multiple
     /// of `nranks` where the collective needs it (AllGather, ReduceScatter, AllToAll).
     pub fn buffer_chunks(self, nranks: u32, chunks: u32) -> Option<(u32, u32)> {
-        let per_rank = || (nranks > 0 && chunks % nranks == 0).then(|| chunks / nranks);
+        let per_rank = || (nranks > 0 && chunks.is_multiple_of(nranks)).then(|| chunks / nranks);
         match self {
             Collective::AllReduce | Collective::Broadcast { .. } | Collective::Reduce { .. } => {
                 Some((chunks, chunks))
