@@ -4,6 +4,7 @@
 //! Every subcommand takes `--json` and then prints exactly one JSON document on stdout.
 
 mod cli_error;
+mod msccl_cmd;
 mod plan_cmd;
 mod topo_cmd;
 
@@ -30,6 +31,10 @@ enum Command {
     Verify(plan_cmd::VerifyArgs),
     /// Print a plan file's schedules in readable form.
     Show(plan_cmd::ShowArgs),
+    /// Import an MSCCL XML algorithm as a verified plan file.
+    Import(msccl_cmd::ImportArgs),
+    /// Export a plan file to another format (MSCCL XML).
+    Export(msccl_cmd::ExportArgs),
 }
 
 fn main() -> ExitCode {
@@ -46,6 +51,8 @@ fn main() -> ExitCode {
         Command::Topo(cmd) => topo_cmd::run(cmd),
         Command::Verify(args) => plan_cmd::verify(args),
         Command::Show(args) => plan_cmd::show(args),
+        Command::Import(args) => msccl_cmd::import(args),
+        Command::Export(args) => msccl_cmd::export(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
