@@ -5,12 +5,17 @@
 //! [`shipped_by_name`] returns a machine shipped with the crate, and [`generate`] builds specs for
 //! parametric families (rings, tori, fat trees, clusters of boxes, CPU hosts).
 
+pub mod analysis;
 pub mod error;
 pub mod generate;
 pub mod model;
 pub mod parse;
 pub mod shipped;
 
+pub use analysis::{
+    Bisection, Summary, bandwidth_matrix, bisection, hop_diameter, hosts, injection_bw, max_flow,
+    summarize,
+};
 pub use error::{Pos, Problem, TopologyError};
 pub use model::{
     DeviceKind, DeviceSpec, Edge, HostSpec, LinkKind, LinkSpec, NicSpec, Node, SwitchKind,
