@@ -198,9 +198,9 @@ pub fn injection_bw(topo: &Topology, r: u32) -> f64 {
 pub fn bandwidth_matrix(topo: &Topology) -> Vec<Vec<f64>> {
     let n = topo.ranks.len();
     let mut m = vec![vec![0.0; n]; n];
-    for a in 0..n {
-        for b in a + 1..n {
-            let f = max_flow(topo, &[topo.ranks[a]], &[topo.ranks[b]]);
+    for (a, &va) in topo.ranks.iter().enumerate() {
+        for (b, &vb) in topo.ranks.iter().enumerate().skip(a + 1) {
+            let f = max_flow(topo, &[va], &[vb]);
             m[a][b] = f;
             m[b][a] = f;
         }
@@ -261,7 +261,7 @@ pub fn bisection(topo: &Topology) -> Option<Bisection> {
     let method;
     if exact {
         method = format!("exact: all balanced bipartitions of {n} ranks");
-        let sizes: Vec<usize> = if n % 2 == 0 {
+        let sizes: Vec<usize> = if n.is_multiple_of(2) {
             vec![n / 2]
         } else {
             vec![n / 2, n / 2 + 1]
