@@ -1,29 +1,343 @@
-//! `hcclc topo show|gen`.
+//! `hcclc topo show|gen`: summarise a topology, or generate one of a parametric family.
 
-use crate::cli_error::CliError;
+use crate::cli_error::{CliError, print_json};
 use clap::{Args, Subcommand};
-use std::path::PathBuf;
+use hccl_topologies::{Summary, Topology, TopologySpec, generate, summarize};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 
 #[derive(Subcommand, Debug)]
 pub enum TopoCommand {
     /// Summarise a topology: devices, links, bandwidth matrix, bisection and injection bandwidth.
     Show(ShowArgs),
+    /// Generate a topology description (RON) of a parametric family.
+    #[command(subcommand)]
+    Gen(GenCommand),
 }
 
 #[derive(Args, Debug)]
 pub struct ShowArgs {
-    /// Topology file (RON).
-    pub file: PathBuf,
+    /// Topology file (RON) or the name of a shipped machine (e.g. dgx1-v100).
+    pub file: String,
     /// Print one JSON document instead of text.
     #[arg(long)]
     pub json: bool,
 }
 
+/// Output options shared by every generator.
+#[derive(Args, Debug)]
+pub struct GenOut {
+    /// Write the RON here (atomically) instead of printing it.
+    #[arg(short = 'o', long = "output")]
+    pub output: Option<PathBuf>,
+    /// Print one JSON document (the spec, and where it was written) instead of RON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum GenCommand {
+    /// A ring of GPUs.
+    Ring {
+        #[arg(long)]
+        ranks: u32,
+        /// Per-link bandwidth per direction (GB/s).
+        #[arg(long)]
+        bw: f64,
+        /// Per-hop latency (µs).
+        #[arg(long)]
+        latency: f64,
+        #[command(flatten)]
+        out: GenOut,
+    },
+    /// A 2-D or 3-D torus of GPUs with wraparound links.
+    Torus {
+        /// Dimension sizes, e.g. 4x4 or 2x4x4.
+        #[arg(long)]
+        dims: String,
+        #[arg(long)]
+        bw: f64,
+        #[arg(long)]
+        latency: f64,
+        #[command(flatten)]
+        out: GenOut,
+    },
+    /// K copies of a box joined by a rail-optimised leaf/spine network.
+    Cluster {
+        #[arg(long)]
+        nodes: u32,
+        /// Shipped machine name or topology file of one box.
+        #[arg(long = "box")]
+        box_: String,
+        #[command(flatten)]
+        out: GenOut,
+    },
+    /// A two-level non-blocking fat tree of single-GPU hosts.
+    FatTree {
+        #[arg(long)]
+        ranks: u32,
+        /// Hosts per leaf switch (also the number of spines).
+        #[arg(long, default_value_t = 8)]
+        per_leaf: u32,
+        #[arg(long)]
+        bw: f64,
+        #[arg(long)]
+        latency: f64,
+        #[command(flatten)]
+        out: GenOut,
+    },
+    /// CPU ranks sharing one host's memory (what the CPU executor runs on).
+    Host {
+        #[arg(long)]
+        ranks: u32,
+        /// Per-rank memory bandwidth (GB/s).
+        #[arg(long, default_value_t = generate::CPU_MEM_BW)]
+        mem_bw: f64,
+        #[command(flatten)]
+        out: GenOut,
+    },
+}
+
+/// Largest generated topology accepted (ranks), so a typo cannot ask for billions of nodes.
+const MAX_GEN_RANKS: u64 = 1 << 16;
+
 pub fn run(cmd: TopoCommand) -> Result<(), CliError> {
     match cmd {
-        TopoCommand::Show(args) => Err(CliError::Input(format!(
-            "{}: topology support is being built",
-            args.file.display()
-        ))),
+        TopoCommand::Show(args) => show(args),
+        TopoCommand::Gen(cmd) => generate_cmd(cmd),
     }
+}
+
+/// Loads a topology given as a file path or a shipped machine name (a path that exists wins).
+pub fn load_topology(arg: &str) -> Result<Topology, CliError> {
+    let path = Path::new(arg);
+    if path.exists() || hccl_topologies::shipped_text(arg).is_none() {
+        hccl_topologies::load(path).map_err(CliError::input)
+    } else {
+        hccl_topologies::shipped_or_err(arg).map_err(CliError::input)
+    }
+}
+
+fn show(args: ShowArgs) -> Result<(), CliError> {
+    let topo = load_topology(&args.file)?;
+    let summary = summarize(&topo);
+    if args.json {
+        let value = serde_json::to_value(&summary)
+            .map_err(|e| CliError::Input(format!("cannot encode summary: {e}")))?;
+        print_json(&value);
+    } else {
+        print!("{}", render(&summary));
+    }
+    Ok(())
+}
+
+fn gbps(x: f64) -> String {
+    if x.is_infinite() {
+        "inf".to_string()
+    } else if x == x.round() {
+        format!("{x:.0}")
+    } else {
+        format!("{x:.2}")
+    }
+}
+
+/// The text form of `topo show`.
+pub fn render(s: &Summary) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "topology {}", s.name);
+    if !s.description.is_empty() {
+        let _ = writeln!(o, "  {}", s.description);
+    }
+    let _ = writeln!(o, "hash      {}", s.hash);
+    let _ = writeln!(o, "ranks     {}", s.nranks);
+    let _ = writeln!(o, "hosts     {}", s.hosts.len());
+    for h in &s.hosts {
+        let ranks: Vec<String> = h.ranks.iter().map(|r| r.to_string()).collect();
+        let _ = writeln!(o, "  {:<20} ranks {}", h.id, ranks.join(","));
+    }
+    let _ = writeln!(o, "devices");
+    for (label, n) in &s.devices {
+        let _ = writeln!(o, "  {n:>4} × {label}");
+    }
+    let _ = writeln!(o, "nics      {}", s.nics);
+    if !s.switches.is_empty() {
+        let _ = writeln!(o, "switches");
+        for (kind, n) in &s.switches {
+            let _ = writeln!(o, "  {n:>4} × {kind}");
+        }
+    }
+    let _ = writeln!(
+        o,
+        "links (entries, physical links, total GB/s per direction)"
+    );
+    for l in &s.links {
+        let _ = writeln!(
+            o,
+            "  {:<12} {:>5} {:>6} {:>10}",
+            l.kind,
+            l.entries,
+            l.links,
+            gbps(l.total_bw)
+        );
+    }
+    let inj: Vec<String> = s.injection_bw.iter().map(|&x| gbps(x)).collect();
+    let _ = writeln!(o, "injection bandwidth per rank (GB/s): {}", inj.join(" "));
+    let _ = writeln!(o, "bandwidth matrix (GB/s, max-flow rank -> rank)");
+    let cells: Vec<Vec<String>> = s
+        .bw_matrix
+        .iter()
+        .map(|row| row.iter().map(|&x| gbps(x)).collect())
+        .collect();
+    let width = cells
+        .iter()
+        .flatten()
+        .map(String::len)
+        .chain(std::iter::once(s.nranks.to_string().len()))
+        .max()
+        .unwrap_or(1);
+    let head: Vec<String> = (0..s.nranks).map(|r| format!("{r:>width$}")).collect();
+    let _ = writeln!(o, "  {:>4} {}", "", head.join(" "));
+    for (r, row) in cells.iter().enumerate() {
+        let row: Vec<String> = row.iter().map(|c| format!("{c:>width$}")).collect();
+        let _ = writeln!(o, "  {r:>4} {}", row.join(" "));
+    }
+    match &s.bisection {
+        Some(b) => {
+            let side: Vec<String> = b.side.iter().map(|r| r.to_string()).collect();
+            let _ = writeln!(
+                o,
+                "bisection {} GB/s ({}); weakest cut: ranks {{{}}} vs the rest",
+                gbps(b.bw),
+                b.method,
+                side.join(",")
+            );
+        }
+        None => {
+            let _ = writeln!(o, "bisection n/a (one rank)");
+        }
+    }
+    let _ = writeln!(o, "hop diameter {}", s.hop_diameter);
+    o
+}
+
+fn check_positive(flag: &str, x: f64) -> Result<(), CliError> {
+    if x.is_finite() && x > 0.0 {
+        Ok(())
+    } else {
+        Err(CliError::Input(format!(
+            "--{flag} must be a finite number > 0, got {x}"
+        )))
+    }
+}
+
+fn check_ranks(flag: &str, n: u64) -> Result<(), CliError> {
+    if (1..=MAX_GEN_RANKS).contains(&n) {
+        Ok(())
+    } else {
+        Err(CliError::Input(format!(
+            "--{flag} must give between 1 and {MAX_GEN_RANKS} ranks, got {n}"
+        )))
+    }
+}
+
+/// Parses `AxB[xC]` into dimension sizes.
+fn parse_dims(text: &str) -> Result<Vec<u32>, CliError> {
+    let bad = || {
+        CliError::Input(format!(
+            "--dims {text:?}: expected 2 or 3 sizes >= 1 joined by 'x', e.g. 4x4 or 2x4x4"
+        ))
+    };
+    let dims = text
+        .split(['x', 'X'])
+        .map(|p| p.trim().parse::<u32>().map_err(|_| bad()))
+        .collect::<Result<Vec<u32>, CliError>>()?;
+    if !(2..=3).contains(&dims.len()) || dims.contains(&0) {
+        return Err(bad());
+    }
+    Ok(dims)
+}
+
+fn generate_cmd(cmd: GenCommand) -> Result<(), CliError> {
+    let (spec, out) = match cmd {
+        GenCommand::Ring {
+            ranks,
+            bw,
+            latency,
+            out,
+        } => {
+            check_ranks("ranks", u64::from(ranks))?;
+            check_positive("bw", bw)?;
+            check_positive("latency", latency)?;
+            (generate::ring(ranks, bw, latency), out)
+        }
+        GenCommand::Torus {
+            dims,
+            bw,
+            latency,
+            out,
+        } => {
+            let dims = parse_dims(&dims)?;
+            check_ranks("dims", dims.iter().map(|&d| u64::from(d)).product())?;
+            check_positive("bw", bw)?;
+            check_positive("latency", latency)?;
+            (generate::torus(&dims, bw, latency), out)
+        }
+        GenCommand::Cluster { nodes, box_, out } => {
+            let boxed = load_topology(&box_)?;
+            if boxed.spec.hosts.iter().all(|h| h.nics.is_empty()) {
+                return Err(CliError::Input(format!(
+                    "--box {box_}: the box has no NICs, so copies of it cannot be networked"
+                )));
+            }
+            check_ranks("nodes", u64::from(nodes) * u64::from(boxed.nranks()))?;
+            (generate::cluster(nodes, &boxed.spec), out)
+        }
+        GenCommand::FatTree {
+            ranks,
+            per_leaf,
+            bw,
+            latency,
+            out,
+        } => {
+            check_ranks("ranks", u64::from(ranks))?;
+            if per_leaf == 0 || per_leaf > 1024 {
+                return Err(CliError::Input(format!(
+                    "--per-leaf must be between 1 and 1024, got {per_leaf}"
+                )));
+            }
+            check_positive("bw", bw)?;
+            check_positive("latency", latency)?;
+            (generate::fat_tree(ranks, per_leaf, bw, latency), out)
+        }
+        GenCommand::Host { ranks, mem_bw, out } => {
+            check_ranks("ranks", u64::from(ranks))?;
+            check_positive("mem-bw", mem_bw)?;
+            (generate::host(ranks, mem_bw), out)
+        }
+    };
+    emit(spec, out)
+}
+
+fn emit(spec: TopologySpec, out: GenOut) -> Result<(), CliError> {
+    // Every generated spec must build; a failure here is a bad parameter combination.
+    let topo = hccl_topologies::build(spec, "<generated>").map_err(CliError::input)?;
+    let text = hccl_topologies::to_ron(&topo.spec);
+    if let Some(path) = &out.output {
+        hccl_ir::write_atomic(path, text.as_bytes())
+            .map_err(|e| CliError::Input(format!("{}: cannot write: {e}", path.display())))?;
+    }
+    if out.json {
+        let value = serde_json::json!({
+            "name": topo.name,
+            "hash": topo.hash,
+            "nranks": topo.nranks(),
+            "nhosts": topo.nhosts(),
+            "output": out.output.as_ref().map(|p| p.display().to_string()),
+            "ron": text,
+        });
+        print_json(&value);
+    } else if out.output.is_none() {
+        print!("{text}");
+    }
+    Ok(())
 }
