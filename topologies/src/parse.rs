@@ -162,12 +162,13 @@ fn locate(text: Option<&str>, at: Where<'_>) -> Option<Pos> {
 }
 
 fn pos_of(text: &str, offset: usize) -> Pos {
-    let before = &text[..offset];
+    // Offsets come from searches, so they are char boundaries; `get` keeps this panic-free.
+    let before = text.get(..offset).unwrap_or("");
     let line = before.matches('\n').count() + 1;
     let line_start = before.rfind('\n').map(|i| i + 1).unwrap_or(0);
     Pos {
         line,
-        col: text[line_start..offset].chars().count() + 1,
+        col: before.get(line_start..).unwrap_or("").chars().count() + 1,
     }
 }
 
@@ -223,10 +224,11 @@ fn link_offsets(text: &str) -> Vec<usize> {
             _ => {
                 if depth == 1
                     && in_links.is_none()
-                    && text[i..].starts_with("links")
+                    && bytes[i..].starts_with(b"links")
                     && (i == 0 || !is_ident(bytes[i - 1]))
                 {
-                    let rest = text[i + 5..].trim_start();
+                    // `links` is ASCII, so i + 5 is a char boundary.
+                    let rest = text.get(i + 5..).unwrap_or("").trim_start();
                     if let Some(rest) = rest.strip_prefix(':')
                         && rest.trim_start().starts_with('[')
                     {
