@@ -1,0 +1,228 @@
+//! `hcclc topo show|gen`: text snapshots, JSON, exit codes on bad input, generated files.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn hcclc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hcclc"))
+        .args(args)
+        .output()
+        .expect("hcclc runs")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+fn topologies_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../topologies")
+}
+
+#[test]
+fn show_dgx1_text() {
+    let out = hcclc(&["topo", "show", "dgx1-v100"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    insta::assert_snapshot!(stdout(&out));
+}
+
+#[test]
+fn show_h100_cluster_text() {
+    let path = topologies_dir().join("machines/h100-cluster-2node.ron");
+    let out = hcclc(&["topo", "show", path.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    insta::assert_snapshot!(stdout(&out));
+}
+
+#[test]
+fn every_shipped_machine_shows_as_one_json_document() {
+    let dir = topologies_dir().join("machines");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert!(files.len() >= 7);
+    for f in files {
+        let out = hcclc(&["topo", "show", f.to_str().unwrap(), "--json"]);
+        assert!(out.status.success(), "{}", f.display());
+        let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+        let n = v["nranks"].as_u64().unwrap() as usize;
+        assert_eq!(v["bw_matrix"].as_array().unwrap().len(), n);
+        assert_eq!(v["injection_bw"].as_array().unwrap().len(), n);
+        assert!(v["bisection"]["bw"].as_f64().unwrap() > 0.0);
+    }
+}
+
+#[test]
+fn bad_files_exit_with_code_2_and_a_message() {
+    let dir = topologies_dir().join("tests/bad");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert!(files.len() >= 20);
+    for f in files {
+        let out = hcclc(&["topo", "show", f.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{}: {err}", f.display());
+        assert!(!err.contains("panicked"), "{err}");
+        let name = f.file_name().unwrap().to_string_lossy();
+        assert!(err.contains(name.as_ref()), "{err}");
+    }
+    let out = hcclc(&["topo", "show", "no-such-machine-or-file"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn bad_generator_parameters_exit_with_code_2() {
+    for args in [
+        &[
+            "topo",
+            "gen",
+            "ring",
+            "--ranks",
+            "0",
+            "--bw",
+            "1",
+            "--latency",
+            "1",
+        ][..],
+        &[
+            "topo",
+            "gen",
+            "ring",
+            "--ranks",
+            "4",
+            "--bw",
+            "-1",
+            "--latency",
+            "1",
+        ],
+        &[
+            "topo",
+            "gen",
+            "ring",
+            "--ranks",
+            "4",
+            "--bw",
+            "NaN",
+            "--latency",
+            "1",
+        ],
+        &[
+            "topo",
+            "gen",
+            "torus",
+            "--dims",
+            "4",
+            "--bw",
+            "1",
+            "--latency",
+            "1",
+        ],
+        &[
+            "topo",
+            "gen",
+            "torus",
+            "--dims",
+            "4x0",
+            "--bw",
+            "1",
+            "--latency",
+            "1",
+        ],
+        &[
+            "topo",
+            "gen",
+            "torus",
+            "--dims",
+            "99999x99999",
+            "--bw",
+            "1",
+            "--latency",
+            "1",
+        ],
+        &["topo", "gen", "cluster", "--nodes", "2", "--box", "nope"],
+        &["topo", "gen", "host", "--ranks", "4", "--mem-bw", "0"],
+        &[
+            "topo",
+            "gen",
+            "fat-tree",
+            "--ranks",
+            "4",
+            "--per-leaf",
+            "0",
+            "--bw",
+            "1",
+            "--latency",
+            "1",
+        ],
+        &["topo", "gen", "ring", "--ranks", "4"],
+    ] {
+        let out = hcclc(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+    }
+}
+
+#[test]
+fn generated_files_load_and_match_the_request() {
+    let dir = std::env::temp_dir().join(format!("hcclc-topo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cases: &[(&[&str], u64)] = &[
+        (
+            &["ring", "--ranks", "5", "--bw", "20", "--latency", "0.5"],
+            5,
+        ),
+        (
+            &["torus", "--dims", "2x3x4", "--bw", "20", "--latency", "0.5"],
+            24,
+        ),
+        (&["cluster", "--nodes", "3", "--box", "dgx1-v100"], 24),
+        (
+            &[
+                "fat-tree",
+                "--ranks",
+                "12",
+                "--per-leaf",
+                "4",
+                "--bw",
+                "25",
+                "--latency",
+                "1",
+            ],
+            12,
+        ),
+        (&["host", "--ranks", "4"], 4),
+    ];
+    for (i, (args, ranks)) in cases.iter().enumerate() {
+        let file = dir.join(format!("t{i}.ron"));
+        let mut full = vec!["topo", "gen"];
+        full.extend_from_slice(args);
+        // To stdout: RON that parses.
+        let out = hcclc(&full);
+        assert!(out.status.success(), "{args:?}");
+        let topo = hccl_topologies::from_ron(&stdout(&out), "stdout").unwrap();
+        assert_eq!(u64::from(topo.nranks()), *ranks);
+        // To a file, with --json.
+        full.extend_from_slice(&["-o", file.to_str().unwrap(), "--json"]);
+        let out = hcclc(&full);
+        assert!(out.status.success(), "{args:?}");
+        let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+        assert_eq!(v["nranks"].as_u64(), Some(*ranks));
+        let loaded = hccl_topologies::load(&file).unwrap();
+        assert_eq!(loaded.hash, topo.hash);
+        assert_eq!(v["hash"].as_str(), Some(topo.hash.as_str()));
+        let shown = hcclc(&["topo", "show", file.to_str().unwrap()]);
+        assert!(shown.status.success());
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
