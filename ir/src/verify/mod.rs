@@ -54,7 +54,17 @@
 //! - a copy or reduction whose source and destination runs partly overlap (after aliasing) is
 //!   [`ErrorKind::Overlap`]; identical runs (an in-place no-op copy) are fine.
 //!
-//! Values derived from a reported error are poisoned and not reported again.
+//! - two streams of one rank touching the same chunk (after aliasing), at least one writing,
+//!   must be ordered by the *intra-rank* happens-before relation: program order plus
+//!   dependencies, transitively ([`ErrorKind::Race`]). Orderings that exist only through
+//!   messages to and from other ranks do not count: executors run the streams of a rank
+//!   concurrently and only dependencies synchronise them locally. The check uses vector
+//!   clocks over the streams of each rank and finds a race whenever one exists, since the
+//!   relation does not depend on the interleaving.
+//!
+//! Values derived from a reported error are poisoned and not reported again. Without races,
+//! the outcome of every step is the same in every interleaving, so this one run proves the
+//! schedule for all of them.
 //!
 //! # 4. Postcondition (after a deadlock-free run)
 //! With `k = chunks / nranks`, every rank's output chunk must hold:
@@ -69,10 +79,6 @@
 //! the step that last wrote the chunk (or unlocated if nothing wrote it).
 //!
 //! # Not checked
-//! - Data races between streams of one rank (two streams touching a chunk, one writing,
-//!   without a happens-before order through program order, dependencies or messages): the
-//!   simulation picks one interleaving, so a racy schedule can verify. Executors run streams
-//!   of a rank concurrently, so compilers must order such accesses with dependencies.
 //! - Scratch contents at the end, and whether outputs of non-root ranks of Reduce are touched.
 
 mod sim;
@@ -125,6 +131,8 @@ pub enum ErrorKind {
     Postcondition,
     /// A copy or reduction whose source and destination partly overlap.
     Overlap,
+    /// Two streams of a rank touch a chunk, one writing, with no ordering between them.
+    Race,
     /// The schedule is too large for the verifier to model (see [`MAX_SLOTS`], [`MAX_WORK`]).
     Limit,
     /// Not an error of its own: more errors were found than [`MAX_ERRORS`].
@@ -146,6 +154,7 @@ impl ErrorKind {
             ErrorKind::BadReduction => "bad_reduction",
             ErrorKind::Postcondition => "postcondition",
             ErrorKind::Overlap => "overlap",
+            ErrorKind::Race => "race",
             ErrorKind::Limit => "limit",
             ErrorKind::Truncated => "truncated",
         }

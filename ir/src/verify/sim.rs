@@ -31,6 +31,26 @@ const NO_WRITER: u32 = u32::MAX;
 struct Mem {
     vals: [Vec<Value>; 3],
     writer: [Vec<u32>; 3],
+    /// Access history for the race check; empty on ranks with a single stream.
+    acc: [Vec<Access>; 3],
+}
+
+/// Who touched a slot last: the last write and the reads since, as (local stream, epoch),
+/// where the epoch of step `k` is `k + 1` (0: never).
+#[derive(Debug, Clone, Default)]
+struct Access {
+    write: (u32, u32),
+    reads: Vec<(u32, u32)>,
+}
+
+/// The step being executed, for the race check.
+#[derive(Debug, Clone, Copy, Default)]
+struct Cur {
+    gs: usize,
+    ls: u32,
+    epoch: u32,
+    /// Whether a race was already reported for this step.
+    raced: bool,
 }
 
 /// What a blocked stream waits on.
@@ -77,6 +97,12 @@ struct Sim<'a> {
     step_depth: Vec<u32>,
     work: Vec<usize>,
     stats: SimStats,
+    /// Vector clock (over the streams of its rank) of each global stream; empty on ranks with
+    /// a single stream.
+    vc: Vec<Vec<u32>>,
+    /// Global steps that some dependency names, with their clocks once they ran.
+    snapshots: std::collections::HashMap<usize, Option<Vec<u32>>>,
+    cur: Cur,
 }
 
 /// Where a step is, for errors: (rank, stream, step, channel).
@@ -98,7 +124,16 @@ pub(crate) fn simulate(s: &Schedule, layout: &Layout, sink: &mut Sink) -> SimSta
                 Alias::InputInOutput { .. } => (0, s.output_chunks),
             };
             let ns = s.ranks[r as usize].scratch_chunks;
+            let tracked = s.ranks[r as usize].streams.len() > 1;
+            let acc = |len: u32| {
+                if tracked {
+                    vec![Access::default(); len as usize]
+                } else {
+                    Vec::new()
+                }
+            };
             let mut m = Mem {
+                acc: [acc(ni), acc(no), acc(ns)],
                 vals: [
                     vec![Value::Uninit; ni as usize],
                     vec![Value::Uninit; no as usize],
@@ -143,6 +178,34 @@ pub(crate) fn simulate(s: &Schedule, layout: &Layout, sink: &mut Sink) -> SimSta
         step_depth: vec![0; *layout.step_base.last().unwrap_or(&0)],
         work: (0..nstreams).rev().collect(),
         stats: SimStats::default(),
+        vc: layout
+            .stream_owner
+            .iter()
+            .map(|&(r, _)| {
+                let streams = s.ranks[r as usize].streams.len();
+                if streams > 1 {
+                    vec![0; streams]
+                } else {
+                    Vec::new()
+                }
+            })
+            .collect(),
+        snapshots: s
+            .ranks
+            .iter()
+            .enumerate()
+            .flat_map(|(r, p)| {
+                p.streams.iter().flat_map(move |st| {
+                    st.steps.iter().flat_map(move |step| {
+                        step.deps.iter().map(move |d| {
+                            let g = layout.stream_base[r] + d.stream as usize;
+                            (layout.step_base[g] + d.step as usize, None)
+                        })
+                    })
+                })
+            })
+            .collect(),
+        cur: Cur::default(),
     };
     while let Some(gs) = sim.work.pop() {
         sim.streams[gs].queued = false;
@@ -234,6 +297,23 @@ impl Sim<'_> {
             self.streams[gs].blocked = None;
             let gstep = self.layout.step_base[gs] + pc;
             let place: Place = (rank, ls, pc, stream.channel);
+            self.cur = Cur {
+                gs,
+                ls,
+                epoch: pc as u32 + 1,
+                raced: false,
+            };
+            if !self.vc[gs].is_empty() {
+                self.vc[gs][ls as usize] = pc as u32 + 1;
+                for dep in &step.deps {
+                    let g = self.layout.step_base[base + dep.stream as usize] + dep.step as usize;
+                    if let Some(Some(snap)) = self.snapshots.get(&g) {
+                        for (mine, theirs) in self.vc[gs].iter_mut().zip(snap) {
+                            *mine = (*mine).max(*theirs);
+                        }
+                    }
+                }
+            }
             let received = recv_conn.map(|c| {
                 let msg = self.queues[c].pop_front().map_or(
                     Msg {
@@ -259,6 +339,9 @@ impl Sim<'_> {
                 self.wake(receiver);
             }
             self.step_depth[gstep] = depth;
+            if let Some(snap) = self.snapshots.get_mut(&gstep) {
+                *snap = Some(self.vc[gs].clone());
+            }
             self.stats.depth = self.stats.depth.max(depth);
             let st = &mut self.streams[gs];
             st.depth = depth;
@@ -282,7 +365,15 @@ impl Sim<'_> {
     }
 
     /// Reads `count` slots at `loc`, reporting (once) and poisoning uninitialised ones.
-    fn read(&self, rank: Rank, loc: Loc, count: u32, place: Place, sink: &mut Sink) -> Vec<Value> {
+    fn read(
+        &mut self,
+        rank: Rank,
+        loc: Loc,
+        count: u32,
+        place: Place,
+        sink: &mut Sink,
+    ) -> Vec<Value> {
+        self.track(rank, loc, count, false, place, sink);
         let m = &self.mem[rank as usize];
         let mut uninit: Option<(u32, u32)> = None;
         let vals = (0..count)
@@ -312,7 +403,76 @@ impl Sim<'_> {
         vals
     }
 
-    fn write(&mut self, rank: Rank, loc: Loc, vals: Vec<Value>, gstep: usize) {
+    /// The race check: the access must be ordered after the slot's last write (and, for a
+    /// write, after the reads since) by program order or dependencies.
+    fn track(
+        &mut self,
+        rank: Rank,
+        loc: Loc,
+        count: u32,
+        write: bool,
+        place: Place,
+        sink: &mut Sink,
+    ) {
+        let cur = self.cur;
+        let vc = &self.vc[cur.gs];
+        if vc.is_empty() {
+            return;
+        }
+        let ordered = |(st, epoch): (u32, u32)| {
+            epoch == 0 || st == cur.ls || vc.get(st as usize).is_some_and(|&e| e >= epoch)
+        };
+        let mut race: Option<(u32, (u32, u32), bool)> = None;
+        let m = &mut self.mem[rank as usize];
+        for i in 0..count {
+            let (store, idx) = resolve(self.alias, rank, loc.buf, loc.off + i);
+            let Some(a) = m.acc[store].get_mut(idx) else {
+                continue;
+            };
+            if race.is_none() {
+                if !ordered(a.write) {
+                    race = Some((loc.off + i, a.write, true));
+                } else if write && let Some(&r) = a.reads.iter().find(|&&r| !ordered(r)) {
+                    race = Some((loc.off + i, r, false));
+                }
+            }
+            if write {
+                a.write = (cur.ls, cur.epoch);
+                a.reads.clear();
+            } else {
+                a.reads.retain(|&(st, _)| st != cur.ls);
+                a.reads.push((cur.ls, cur.epoch));
+            }
+        }
+        if let Some((chunk, (st, epoch), other_wrote)) = race
+            && !self.cur.raced
+        {
+            self.cur.raced = true;
+            let here = Loc::new(loc.buf, chunk);
+            step_error(
+                sink,
+                place,
+                ErrorKind::Race,
+                format!(
+                    "{} {here}, which stream {st} step {} of this rank {} with no dependency ordering the two",
+                    if write { "writes" } else { "reads" },
+                    epoch - 1,
+                    if other_wrote { "writes" } else { "reads" }
+                ),
+            );
+        }
+    }
+
+    fn write(
+        &mut self,
+        rank: Rank,
+        loc: Loc,
+        vals: Vec<Value>,
+        gstep: usize,
+        place: Place,
+        sink: &mut Sink,
+    ) {
+        self.track(rank, loc, vals.len() as u32, true, place, sink);
         let alias = self.alias;
         let m = &mut self.mem[rank as usize];
         for (i, v) in vals.into_iter().enumerate() {
@@ -437,14 +597,14 @@ impl Sim<'_> {
         match op {
             Op::Send { src, .. } => Some(self.read(rank, src, count, place, sink)),
             Op::Recv { dst, .. } => {
-                self.write(rank, dst, recv(), gstep);
+                self.write(rank, dst, recv(), gstep, place, sink);
                 None
             }
             Op::RecvReduceCopy { src, dst, .. } => {
                 self.check_overlap(rank, src, dst, count, place, sink);
                 let local = self.read(rank, src, count, place, sink);
                 let vals = self.reduce(recv(), local, ("source", src), place, sink);
-                self.write(rank, dst, vals, gstep);
+                self.write(rank, dst, vals, gstep, place, sink);
                 None
             }
             Op::RecvReduceSend { src, .. } => {
@@ -455,18 +615,18 @@ impl Sim<'_> {
                 self.check_overlap(rank, src, dst, count, place, sink);
                 let local = self.read(rank, src, count, place, sink);
                 let vals = self.reduce(recv(), local, ("source", src), place, sink);
-                self.write(rank, dst, vals.clone(), gstep);
+                self.write(rank, dst, vals.clone(), gstep, place, sink);
                 Some(vals)
             }
             Op::RecvCopySend { dst, .. } => {
                 let vals = recv();
-                self.write(rank, dst, vals.clone(), gstep);
+                self.write(rank, dst, vals.clone(), gstep, place, sink);
                 Some(vals)
             }
             Op::Copy { src, dst } => {
                 self.check_overlap(rank, src, dst, count, place, sink);
                 let vals = self.read(rank, src, count, place, sink);
-                self.write(rank, dst, vals, gstep);
+                self.write(rank, dst, vals, gstep, place, sink);
                 None
             }
             Op::Reduce { src, dst } => {
@@ -474,7 +634,7 @@ impl Sim<'_> {
                 let a = self.read(rank, src, count, place, sink);
                 let b = self.read(rank, dst, count, place, sink);
                 let vals = self.reduce(a, b, ("destination", dst), place, sink);
-                self.write(rank, dst, vals, gstep);
+                self.write(rank, dst, vals, gstep, place, sink);
                 None
             }
             Op::Nop => None,
