@@ -9,6 +9,13 @@
 use hccl_ir::{Collective, CollectiveKind, Schedule};
 use hccl_topologies::Topology;
 
+pub mod common;
+pub mod ring;
+pub mod tree;
+
+pub use ring::{DoubleRing, Ring};
+pub use tree::{DoubleBinaryTree, KaryTree};
+
 /// Knobs a family is asked to generate for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FamilyParams {
@@ -48,5 +55,29 @@ pub trait Family: Send + Sync {
 
 /// Every built-in family, in a fixed order (the search is deterministic).
 pub fn all_families() -> Vec<Box<dyn Family>> {
-    Vec::new()
+    vec![
+        Box::new(Ring),
+        Box::new(DoubleRing),
+        Box::new(DoubleBinaryTree),
+        Box::new(KaryTree),
+    ]
+}
+
+/// Generates the schedules of the family called `name` for either buffer arrangement
+/// ([`Family::generate`] produces out-of-place schedules); `None` for an unknown name.
+pub fn generate_with(
+    name: &str,
+    topo: &Topology,
+    collective: Collective,
+    params: FamilyParams,
+    in_place: bool,
+) -> Option<Vec<Candidate>> {
+    let out = match name {
+        "ring" => Ring.schedules(topo, collective, params, in_place),
+        "double_ring" => DoubleRing.schedules(topo, collective, params, in_place),
+        "tree" => DoubleBinaryTree.schedules(topo, collective, params, in_place),
+        "kary_tree" => KaryTree.schedules(topo, collective, params, in_place),
+        _ => return None,
+    };
+    Some(out)
 }

@@ -1,0 +1,185 @@
+//! Every family × collective × rank count × parameters × buffer arrangement produces
+//! schedules that pass the verifier (structure, deadlock freedom, postcondition).
+
+use hccl_compiler::families::{FamilyParams, all_families, generate_with};
+use hccl_ir::verify::verify;
+use hccl_ir::{Collective, CollectiveKind};
+use hccl_topologies::{Topology, from_ron, generate};
+
+/// `hosts` hosts of `per_host` GPUs on an NVSwitch each, one NIC per host to a leaf switch.
+fn switched(hosts: u32, per_host: u32) -> Topology {
+    let mut hs = String::new();
+    let mut sw = String::from("(id: \"leaf\", kind: Leaf),");
+    let mut links = String::new();
+    for h in 0..hosts {
+        let devs: String = (0..per_host)
+            .map(|g| format!("(id: \"h{h}g{g}\", kind: Gpu),"))
+            .collect();
+        hs += &format!("(id: \"h{h}\", devices: [{devs}], nics: [(id: \"h{h}nic\", bw: 25.0)]),");
+        sw += &format!("(id: \"h{h}sw\", kind: NvSwitch, host: Some(\"h{h}\")),");
+        for g in 0..per_host {
+            links += &format!(
+                "(a: \"h{h}g{g}\", b: \"h{h}sw\", kind: NvLink, bw: 150.0, latency: 0.5),"
+            );
+        }
+        links += &format!("(a: \"h{h}nic\", b: \"h{h}sw\", kind: Pcie, bw: 32.0, latency: 0.5),");
+        links +=
+            &format!("(a: \"h{h}nic\", b: \"leaf\", kind: InfiniBand, bw: 25.0, latency: 1.3),");
+    }
+    let text = format!(
+        "(name: \"sw{hosts}x{per_host}\", hosts: [{hs}], switches: [{sw}], links: [{links}])"
+    );
+    from_ron(&text, "test").expect("test topology")
+}
+
+fn topologies() -> Vec<(String, Topology)> {
+    let mut out = Vec::new();
+    for n in [2u32, 3, 4, 5, 8, 16] {
+        out.push((
+            format!("host{n}"),
+            hccl_topologies::build(generate::host(n, 10.0), "t").unwrap(),
+        ));
+    }
+    for n in [3u32, 4, 5, 8] {
+        out.push((
+            format!("ring{n}"),
+            hccl_topologies::build(generate::ring(n, 25.0, 0.3), "t").unwrap(),
+        ));
+    }
+    for (h, g) in [(2u32, 2u32), (3, 2), (2, 3), (4, 4), (2, 1)] {
+        out.push((format!("sw{h}x{g}"), switched(h, g)));
+    }
+    for name in ["dgx1-v100", "azure-ndv2-2node"] {
+        out.push((
+            name.to_string(),
+            hccl_topologies::shipped_by_name(name).unwrap(),
+        ));
+    }
+    out
+}
+
+fn collectives(n: u32) -> Vec<Collective> {
+    let mut c = vec![
+        Collective::AllReduce,
+        Collective::AllGather,
+        Collective::ReduceScatter,
+        Collective::AllToAll,
+    ];
+    for root in [0, n - 1, n / 2] {
+        c.push(Collective::Broadcast { root });
+        c.push(Collective::Reduce { root });
+    }
+    c.dedup();
+    c
+}
+
+#[test]
+fn every_family_schedule_verifies() {
+    let mut failures = Vec::new();
+    let mut checked = 0usize;
+    for (tname, topo) in topologies() {
+        let n = topo.nranks();
+        for fam in all_families() {
+            for coll in collectives(n) {
+                if !fam.supports(coll.kind()) {
+                    assert!(
+                        fam.generate(
+                            &topo,
+                            coll,
+                            FamilyParams {
+                                channels: 1,
+                                pipeline: 1
+                            }
+                        )
+                        .is_empty()
+                    );
+                    continue;
+                }
+                let space = fam.param_space(&topo, coll);
+                assert!(
+                    !space.is_empty(),
+                    "{} on {tname}: empty param space",
+                    fam.name()
+                );
+                assert!(
+                    space.len() <= 24,
+                    "{} on {tname}: {} params",
+                    fam.name(),
+                    space.len()
+                );
+                for params in space {
+                    for in_place in [false, true] {
+                        let cands = generate_with(fam.name(), &topo, coll, params, in_place)
+                            .expect("registered family");
+                        for cand in cands {
+                            checked += 1;
+                            let s = &cand.schedule;
+                            assert_eq!(s.in_place, in_place);
+                            assert_eq!(s.collective, coll);
+                            assert_eq!(s.nranks, n);
+                            if let Err(errs) = verify(s) {
+                                failures.push(format!(
+                                    "{} {tname} {coll} {params:?} in_place={in_place}: {}",
+                                    fam.name(),
+                                    errs.iter()
+                                        .take(3)
+                                        .map(|e| e.to_string())
+                                        .collect::<Vec<_>>()
+                                        .join(" | ")
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 500, "only {checked} schedules checked");
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures
+            .iter()
+            .take(30)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+/// Which families must produce something for a collective on a topology.
+#[test]
+fn families_apply_where_expected() {
+    let p = FamilyParams {
+        channels: 1,
+        pipeline: 1,
+    };
+    for (tname, topo) in topologies() {
+        let n = topo.nranks();
+        let multi_host =
+            topo.nhosts() > 1 && (0..topo.nhosts()).all(|h| topo.ranks_of_host(h).len() > 1);
+        for fam in all_families() {
+            for kind in CollectiveKind::ALL {
+                let coll = match kind {
+                    CollectiveKind::Broadcast => Collective::Broadcast { root: n - 1 },
+                    CollectiveKind::Reduce => Collective::Reduce { root: n - 1 },
+                    CollectiveKind::AllReduce => Collective::AllReduce,
+                    CollectiveKind::AllGather => Collective::AllGather,
+                    CollectiveKind::ReduceScatter => Collective::ReduceScatter,
+                    CollectiveKind::AllToAll => Collective::AllToAll,
+                };
+                if !fam.supports(kind) {
+                    continue;
+                }
+                let needs = match fam.name() {
+                    "hierarchical" | "two_phase" => multi_host,
+                    "double_ring" => n >= 3,
+                    _ => true,
+                };
+                let got = fam.generate(&topo, coll, p);
+                assert_eq!(!got.is_empty(), needs, "{} {kind} on {tname}", fam.name());
+            }
+        }
+    }
+}
