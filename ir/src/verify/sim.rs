@@ -123,7 +123,7 @@ pub(crate) fn simulate(s: &Schedule, layout: &Layout, sink: &mut Sink) -> SimSta
                 Alias::OutputIsInput | Alias::OutputInInput { .. } => (s.input_chunks, 0),
                 Alias::InputInOutput { .. } => (0, s.output_chunks),
             };
-            let ns = s.ranks[r as usize].scratch_chunks;
+            let ns = super::structure::scratch_used(&s.ranks[r as usize]);
             let tracked = s.ranks[r as usize].streams.len() > 1;
             let acc = |len: u32| {
                 if tracked {

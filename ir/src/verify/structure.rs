@@ -5,9 +5,10 @@ use super::{ErrorKind, Sink, VerifyError};
 use crate::schedule::{Buf, Loc, Schedule, Step, StepRef};
 use std::collections::HashMap;
 
-/// Most buffer slots (chunks of input, output and scratch over all ranks) the verifier will
-/// model; larger schedules are refused with [`ErrorKind::Limit`] rather than exhausting memory.
-pub const MAX_SLOTS: u64 = 1 << 25;
+/// Most buffer slots (chunks of input, output and the used part of scratch over all ranks)
+/// the verifier will model; larger schedules are refused with [`ErrorKind::Limit`] rather
+/// than exhausting memory.
+pub const MAX_SLOTS: u64 = 1 << 24;
 
 /// Most chunk-steps (sum of step counts) the verifier will simulate.
 pub const MAX_WORK: u64 = 1 << 31;
@@ -128,13 +129,31 @@ pub(crate) fn check_header(s: &Schedule, sink: &mut Sink) {
     }
 }
 
+/// The part of the scratch buffer any step addresses (at most its declared extent).
+pub(crate) fn scratch_used(prog: &crate::schedule::RankProgram) -> u32 {
+    let used = prog
+        .streams
+        .iter()
+        .flat_map(|st| &st.steps)
+        .flat_map(|st| {
+            [st.op.src(), st.op.dst()]
+                .into_iter()
+                .flatten()
+                .filter(|l| l.buf == Buf::Scratch)
+                .map(|l| u64::from(l.off) + u64::from(st.count))
+        })
+        .max()
+        .unwrap_or(0);
+    used.min(u64::from(prog.scratch_chunks)) as u32
+}
+
 /// Refuses schedules too large to model.
 pub(crate) fn check_limits(s: &Schedule, sink: &mut Sink) {
     let slots: u64 = s
         .ranks
         .iter()
         .map(|r| {
-            u64::from(s.input_chunks) + u64::from(s.output_chunks) + u64::from(r.scratch_chunks)
+            u64::from(s.input_chunks) + u64::from(s.output_chunks) + u64::from(scratch_used(r))
         })
         .sum();
     let work: u64 = s
