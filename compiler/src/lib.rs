@@ -2,4 +2,5 @@
 //! picks the best schedule per collective and message-size range.
 
 pub mod builder;
+pub mod cost;
 pub mod families;

@@ -1,0 +1,140 @@
+//! The cost model: a contention-aware discrete-event simulator of schedules on a topology,
+//! lower bounds on what any schedule can reach, and the NCCL baseline.
+//!
+//! - [`model`]: the constants ([`CostModel`]), NCCL's protocol latencies and efficiencies;
+//! - [`network`]: the topology as capacity-limited resources with routes ([`Network`]);
+//! - [`sim`]: the simulator ([`Simulator`], [`Estimate`]);
+//! - [`bounds`]: lower bounds ([`Bound`]);
+//! - [`baseline`]: what NCCL would pick and how fast that is in our model ([`Baseline`]).
+//!
+//! One-shot entry points: [`simulate`], [`bounds`](fn@bounds), [`baseline`](fn@baseline).
+//! For many evaluations on one topology build a [`Simulator`] once and reuse it (routes are
+//! cached there).
+
+pub mod baseline;
+pub mod bounds;
+pub mod model;
+pub mod network;
+pub mod sim;
+
+pub use baseline::{Baseline, NcclAlgo, NcclChoice, NcclTopo};
+pub use bounds::Bound;
+pub use model::{CostModel, LinkClass};
+pub use network::{Network, Route};
+pub use sim::{Estimate, Prepared, Simulator};
+
+use crate::families::{Candidate, all_families};
+use hccl_ir::{Collective, Protocol, Rank, Schedule, StepRef};
+use hccl_topologies::Topology;
+
+/// Why a schedule could not be costed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CostError {
+    /// The schedule is for a different number of ranks than the topology has.
+    #[error("schedule has {schedule} ranks but the topology has {topology}")]
+    RankMismatch { schedule: u32, topology: u32 },
+    /// The schedule cuts the buffer into zero chunks.
+    #[error("schedule has zero chunks")]
+    NoChunks,
+    /// A step addresses a peer out of range or itself.
+    #[error("transfer from rank {from} to rank {to}: peer out of range or equal to the rank")]
+    BadPeer { from: Rank, to: Rank },
+    /// A dependency names a step that does not exist.
+    #[error("{at}: dependency on a step that does not exist")]
+    BadDep { at: StepRef },
+    /// The topology has no path between two ranks.
+    #[error("no route from rank {from} to rank {to} in the topology")]
+    NoRoute { from: Rank, to: Rank },
+    /// No step can make progress; names the first step that never completed.
+    #[error("{at}: never completes (deadlock or unmatched receive)")]
+    Deadlock { at: StepRef },
+    /// More steps than the simulator indexes.
+    #[error("schedule has {steps} steps, more than the simulator supports")]
+    TooLarge { steps: usize },
+}
+
+/// Simulates `schedule` on `topo` for a collective of `bytes` (nccl-tests size) under
+/// `protocol`. Builds the resource network each call; see [`Simulator`] to reuse it.
+pub fn simulate(
+    topo: &Topology,
+    schedule: &Schedule,
+    bytes: u64,
+    protocol: Protocol,
+    model: &CostModel,
+) -> Result<Estimate, CostError> {
+    Simulator::new(Network::new(topo), model.clone()).simulate(schedule, bytes, protocol)
+}
+
+/// Lower bound on any schedule's time for `collective` of `bytes` on `topo` under the default
+/// cost model.
+pub fn bounds(topo: &Topology, collective: Collective, bytes: u64) -> Bound {
+    bounds::bound(
+        &Network::new(topo),
+        &CostModel::default(),
+        collective,
+        bytes,
+    )
+}
+
+/// Device model names of a topology, in rank order (for NCCL's architecture row).
+pub fn device_models(topo: &Topology) -> Vec<String> {
+    topo.spec
+        .hosts
+        .iter()
+        .flat_map(|h| &h.devices)
+        .map(|d| d.model.clone())
+        .collect()
+}
+
+/// The channel count NCCL would use: the most channels the `ring` family offers.
+pub fn nccl_channels(topo: &Topology, collective: Collective) -> u32 {
+    all_families()
+        .iter()
+        .find(|f| f.name() == "ring")
+        .and_then(|f| {
+            f.param_space(topo, collective)
+                .iter()
+                .map(|p| p.channels)
+                .max()
+        })
+        .unwrap_or(1)
+}
+
+/// What NCCL would run for `collective` of `bytes` on `topo`, costed in our simulator at its
+/// best channel/pipeline parameters. `None` when the family NCCL would use is not available
+/// or generates nothing for this topology.
+pub fn baseline(
+    topo: &Topology,
+    collective: Collective,
+    bytes: u64,
+) -> Result<Option<Baseline>, CostError> {
+    let sim = Simulator::new(Network::new(topo), CostModel::default());
+    let families = all_families();
+    let ntopo = NcclTopo::new(&sim.network, &device_models(topo));
+    let channels = nccl_channels(topo, collective);
+    let Some(choice) = ntopo.choose(collective.kind(), bytes, channels, |name| {
+        families
+            .iter()
+            .any(|f| f.name() == name && f.supports(collective.kind()))
+    }) else {
+        return Ok(None);
+    };
+    let name = choice.algo.family();
+    let Some(family) = families.iter().find(|f| f.name() == name) else {
+        return Ok(None);
+    };
+    let mut best: Option<f64> = None;
+    for params in family.param_space(topo, collective) {
+        for Candidate { schedule, .. } in family.generate(topo, collective, params) {
+            let est = sim.simulate(&schedule, bytes, choice.protocol)?;
+            if best.is_none_or(|b| est.time_us < b) {
+                best = Some(est.time_us);
+            }
+        }
+    }
+    Ok(best.map(|time_us| Baseline {
+        algorithm: name.to_string(),
+        protocol: choice.protocol,
+        time_us,
+    }))
+}

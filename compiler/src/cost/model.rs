@@ -1,0 +1,153 @@
+//! The cost model's constants: protocol efficiencies and latencies, taken from NCCL's tuning
+//! tables (`src/graph/tuning.cc`, `ncclTunerConstantsDefaults`, NCCL 2.30) so that our
+//! predictions and NCCL's own choice speak the same units.
+//!
+//! | protocol | link efficiency | base (per launch) | per message: NVLink | PCIe | network |
+//! |----------|-----------------|-------------------|---------------------|------|---------|
+//! | LL       | 0.5 (8 B flag per 8 B data)   | 6.6 µs | 0.6 µs | 1.0 µs | 2.7 µs |
+//! | LL128    | 120/128 (15 of 16 words data) | 14.0 µs | 1.9 µs | 2.5 µs | 4.0 µs |
+//! | Simple   | 1.0                           | 8.4 µs | 3.4 µs | 5.7 µs | 14.0 µs |
+//!
+//! The base latency is NCCL's ring base latency (paid once per collective: launch and
+//! setup); the per-message latency is NCCL's per-step "hardware latency" of the ring
+//! algorithm for the slowest class of link on a transfer's route. The route's physical
+//! latency (sum of the hop latencies of the topology) is added on top of it.
+
+use hccl_ir::Protocol;
+use hccl_topologies::LinkKind;
+
+/// Class of link for latency purposes, as NCCL distinguishes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum LinkClass {
+    /// NVLink and its peers (HCCS, xGMI) and shared memory inside a host.
+    NvLink,
+    /// PCIe.
+    Pci,
+    /// Anything that leaves the host (InfiniBand, RoCE, Ethernet).
+    Net,
+}
+
+impl LinkClass {
+    /// All classes, in increasing order of latency.
+    pub const ALL: [LinkClass; 3] = [LinkClass::NvLink, LinkClass::Pci, LinkClass::Net];
+
+    /// The class of a topology link kind.
+    pub fn of(kind: LinkKind) -> LinkClass {
+        match kind {
+            LinkKind::NvLink | LinkKind::Hccs | LinkKind::Xgmi | LinkKind::Memory => {
+                LinkClass::NvLink
+            }
+            LinkKind::Pcie => LinkClass::Pci,
+            LinkKind::InfiniBand | LinkKind::Roce | LinkKind::Ethernet => LinkClass::Net,
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            LinkClass::NvLink => 0,
+            LinkClass::Pci => 1,
+            LinkClass::Net => 2,
+        }
+    }
+}
+
+fn proto_index(p: Protocol) -> usize {
+    match p {
+        Protocol::LL => 0,
+        Protocol::LL128 => 1,
+        Protocol::Simple => 2,
+    }
+}
+
+/// Every constant the simulator uses. [`CostModel::default`] is the NCCL-derived table of
+/// the module documentation; tests and experiments may build their own.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CostModel {
+    /// Fraction of a link's bandwidth that carries payload, per protocol (LL, LL128, Simple).
+    pub efficiency: [f64; 3],
+    /// Latency paid once per collective, per protocol (µs).
+    pub base_us: [f64; 3],
+    /// Per-message synchronisation latency, `[class][protocol]` (µs).
+    pub message_us: [[f64; 3]; 3],
+    /// Memory traffic of a local copy, in multiples of the chunk bytes (read + write).
+    pub copy_passes: f64,
+    /// Memory traffic of a local reduction `dst ← dst ⊕ src` (two reads, one write).
+    pub reduce_passes: f64,
+    /// Memory traffic of a reduction fused into a receive: the local operand is read and
+    /// the result written; the received data streams in with the transfer.
+    pub fused_reduce_passes: f64,
+}
+
+impl Default for CostModel {
+    fn default() -> CostModel {
+        CostModel {
+            efficiency: [0.5, 120.0 / 128.0, 1.0],
+            base_us: [6.6, 14.0, 8.4],
+            message_us: [[0.6, 1.9, 3.4], [1.0, 2.5, 5.7], [2.7, 4.0, 14.0]],
+            copy_passes: 2.0,
+            reduce_passes: 3.0,
+            fused_reduce_passes: 2.0,
+        }
+    }
+}
+
+impl CostModel {
+    /// Payload fraction of link bandwidth under `protocol`.
+    pub fn efficiency(&self, protocol: Protocol) -> f64 {
+        self.efficiency[proto_index(protocol)]
+    }
+
+    /// Once-per-collective latency under `protocol` (µs).
+    pub fn base_us(&self, protocol: Protocol) -> f64 {
+        self.base_us[proto_index(protocol)]
+    }
+
+    /// Per-message latency of a transfer whose slowest link is of `class` (µs).
+    pub fn message_us(&self, class: LinkClass, protocol: Protocol) -> f64 {
+        self.message_us[class.index()][proto_index(protocol)]
+    }
+
+    /// The smallest efficiency over protocols' complement: the best payload fraction.
+    pub fn best_efficiency(&self) -> f64 {
+        self.efficiency.iter().copied().fold(0.0, f64::max)
+    }
+
+    /// Smallest base latency over protocols (µs).
+    pub fn min_base_us(&self) -> f64 {
+        self.base_us.iter().copied().fold(f64::INFINITY, f64::min)
+    }
+
+    /// Smallest per-message latency over protocols and link classes (µs).
+    pub fn min_message_us(&self) -> f64 {
+        self.message_us
+            .iter()
+            .flatten()
+            .copied()
+            .fold(f64::INFINITY, f64::min)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_table_matches_nccl_ring_numbers() {
+        let m = CostModel::default();
+        assert_eq!(m.message_us(LinkClass::NvLink, Protocol::Simple), 3.4);
+        assert_eq!(m.message_us(LinkClass::Net, Protocol::LL), 2.7);
+        assert_eq!(m.base_us(Protocol::LL128), 14.0);
+        assert_eq!(m.efficiency(Protocol::LL128), 0.9375);
+        assert_eq!(m.min_message_us(), 0.6);
+        assert_eq!(m.min_base_us(), 6.6);
+        assert_eq!(m.best_efficiency(), 1.0);
+    }
+
+    #[test]
+    fn link_classes() {
+        assert_eq!(LinkClass::of(LinkKind::Hccs), LinkClass::NvLink);
+        assert_eq!(LinkClass::of(LinkKind::Pcie), LinkClass::Pci);
+        assert_eq!(LinkClass::of(LinkKind::Roce), LinkClass::Net);
+        assert!(LinkClass::Net > LinkClass::Pci);
+    }
+}

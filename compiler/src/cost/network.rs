@@ -1,0 +1,439 @@
+//! The resource network the simulator and the lower bounds share: the topology graph with
+//! equivalent switches merged, every directed link and every NIC direction turned into a
+//! capacity-limited *resource*, and routes between ranks.
+//!
+//! - **Switch merging.** Switches of the same host and kind with exactly the same neighbours
+//!   (the four NVSwitch chips of a DGX H100, the spines of a rail-optimised cluster) are one
+//!   switch for routing: traffic spreads over them evenly, which is what equal-cost
+//!   multipath and NVSwitch link striping do. Their links to a common neighbour add up.
+//! - **Capacities.** A directed link carries its bandwidth (per-link bandwidth × count),
+//!   capped by the switch port bandwidth at either end (× count). A NIC adds two resources
+//!   with its bandwidth: *tx* for traffic it sends onto the network, *rx* for traffic it
+//!   hands to the host.
+//! - **Routes.** A transfer from rank `a` to rank `b` takes the path of least latency and,
+//!   among those, the widest bottleneck, through switches and NICs only (devices do not
+//!   forward in hardware). Only when no such path exists may it pass through other devices
+//!   (e.g. GPUs without a common switch): that models a runtime relaying through them.
+
+use super::CostError;
+use super::model::LinkClass;
+use hccl_topologies::{Node, Topology};
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::sync::{Arc, Mutex};
+
+/// What a vertex of the resource network is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum VertexKind {
+    /// The device of a rank.
+    Device { rank: u32 },
+    /// A NIC with its per-direction bandwidth (GB/s).
+    Nic { bw: f64 },
+    /// A switch (possibly several merged ones).
+    Switch,
+}
+
+/// A directed, aggregated link.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Link {
+    pub from: u32,
+    pub to: u32,
+    /// Capacity in GB/s (per direction).
+    pub cap: f64,
+    /// Hop latency in µs.
+    pub latency: f64,
+    pub class: LinkClass,
+    /// Whether the link leaves the host (network kind).
+    pub network: bool,
+}
+
+/// A route between two ranks: the resources it occupies and what it costs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Route {
+    /// Resource ids, in path order (links interleaved with NIC directions).
+    pub resources: Vec<u32>,
+    /// Sum of the hop latencies (µs).
+    pub latency_us: f64,
+    /// The slowest class of link on the route.
+    pub class: LinkClass,
+    /// Smallest capacity along the route (GB/s).
+    pub bottleneck: f64,
+    /// Number of links.
+    pub hops: u32,
+}
+
+/// The resource network of a topology; build once, use for many simulations.
+#[derive(Debug)]
+pub struct Network {
+    /// Vertex kinds.
+    pub vertices: Vec<VertexKind>,
+    /// Aggregated directed links; resource `i < links.len()` is link `i`.
+    pub links: Vec<Link>,
+    /// Outgoing link ids per vertex, in a deterministic order.
+    pub out: Vec<Vec<u32>>,
+    /// Capacity of every resource (GB/s).
+    pub capacity: Vec<f64>,
+    /// Resource of the NIC's transmit direction, per vertex (NICs only).
+    pub nic_tx: Vec<Option<u32>>,
+    /// Resource of the NIC's receive direction, per vertex (NICs only).
+    pub nic_rx: Vec<Option<u32>>,
+    /// Vertex of each rank.
+    pub rank_vertex: Vec<u32>,
+    /// Host of each rank.
+    pub host_of: Vec<usize>,
+    /// Host of each vertex, when it belongs to one.
+    pub vertex_host: Vec<Option<usize>>,
+    /// Memory bandwidth of each rank (GB/s).
+    pub mem_bw: Vec<f64>,
+    /// Number of hosts.
+    pub nhosts: usize,
+    routes: Mutex<HashMap<(u32, u32), Arc<Route>>>,
+}
+
+/// Dijkstra label: least latency first, then the widest bottleneck, then fewer hops.
+#[derive(Debug, Clone, Copy)]
+struct Label {
+    latency: f64,
+    width: f64,
+    hops: u32,
+}
+
+impl Label {
+    fn better(&self, other: &Label) -> bool {
+        match self.latency.total_cmp(&other.latency) {
+            Ordering::Less => true,
+            Ordering::Greater => false,
+            Ordering::Equal => match self.width.total_cmp(&other.width) {
+                Ordering::Greater => true,
+                Ordering::Less => false,
+                Ordering::Equal => self.hops < other.hops,
+            },
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct HeapItem {
+    label: Label,
+    vertex: u32,
+}
+
+impl PartialEq for HeapItem {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for HeapItem {}
+impl PartialOrd for HeapItem {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for HeapItem {
+    // Reversed: BinaryHeap is a max-heap and we want the best label first.
+    fn cmp(&self, other: &Self) -> Ordering {
+        other
+            .label
+            .latency
+            .total_cmp(&self.label.latency)
+            .then(self.label.width.total_cmp(&other.label.width))
+            .then(other.label.hops.cmp(&self.label.hops))
+            .then(other.vertex.cmp(&self.vertex))
+    }
+}
+
+impl Network {
+    /// Builds the resource network of `topo`.
+    pub fn new(topo: &Topology) -> Network {
+        let g = &topo.graph;
+        let n = g.node_count();
+        // Merge switches with identical (host, kind, neighbour set).
+        let mut neighbours: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for e in g.edge_indices() {
+            if let Some((a, b)) = g.edge_endpoints(e) {
+                neighbours[a.index()].push(b.index());
+                neighbours[b.index()].push(a.index());
+            }
+        }
+        for list in &mut neighbours {
+            list.sort_unstable();
+            list.dedup();
+        }
+        let mut rep: Vec<usize> = (0..n).collect();
+        let mut groups: BTreeMap<(String, Vec<usize>), usize> = BTreeMap::new();
+        for (i, node) in g.node_indices().map(|ix| (ix.index(), &g[ix])) {
+            if let Node::Switch { kind, host, .. } = node {
+                let key = (format!("{kind:?}/{host:?}"), neighbours[i].clone());
+                rep[i] = *groups.entry(key).or_insert(i);
+            }
+        }
+        // Dense vertex numbering over representatives, in node order.
+        let mut vid = vec![u32::MAX; n];
+        let mut vertices = Vec::new();
+        let mut vertex_host = Vec::new();
+        for i in 0..n {
+            if rep[i] != i {
+                continue;
+            }
+            vid[i] = vertices.len() as u32;
+            let node = &g[petgraph::graph::NodeIndex::new(i)];
+            vertices.push(match node {
+                Node::Device { rank, .. } => VertexKind::Device { rank: *rank },
+                Node::Nic { bw, .. } => VertexKind::Nic { bw: *bw },
+                Node::Switch { .. } => VertexKind::Switch,
+            });
+            vertex_host.push(match node {
+                Node::Device { host, .. } | Node::Nic { host, .. } => Some(*host),
+                Node::Switch { host, .. } => *host,
+            });
+        }
+        for i in 0..n {
+            vid[i] = vid[rep[i]];
+        }
+        let port_bw = |i: usize| match &g[petgraph::graph::NodeIndex::new(i)] {
+            Node::Switch { port_bw, .. } => *port_bw,
+            _ => None,
+        };
+        // Aggregate directed edges by (from, to).
+        let mut agg: BTreeMap<(u32, u32), Link> = BTreeMap::new();
+        for e in g.edge_indices() {
+            let Some((a, b)) = g.edge_endpoints(e) else {
+                continue;
+            };
+            let (va, vb) = (vid[a.index()], vid[b.index()]);
+            if va == vb {
+                continue;
+            }
+            let w = &g[e];
+            let mut cap = w.bw;
+            for end in [a.index(), b.index()] {
+                if let Some(p) = port_bw(end) {
+                    cap = cap.min(p * f64::from(w.count.max(1)));
+                }
+            }
+            if !(cap > 0.0) || !cap.is_finite() {
+                continue;
+            }
+            let latency = if w.latency.is_finite() && w.latency > 0.0 {
+                w.latency
+            } else {
+                0.0
+            };
+            let class = LinkClass::of(w.kind);
+            agg.entry((va, vb))
+                .and_modify(|l| {
+                    l.cap += cap;
+                    l.latency = l.latency.min(latency);
+                    l.class = l.class.max(class);
+                })
+                .or_insert(Link {
+                    from: va,
+                    to: vb,
+                    cap,
+                    latency,
+                    class,
+                    network: w.kind.is_network(),
+                });
+        }
+        let links: Vec<Link> = agg.into_values().collect();
+        let mut out = vec![Vec::new(); vertices.len()];
+        for (i, l) in links.iter().enumerate() {
+            out[l.from as usize].push(i as u32);
+        }
+        let mut capacity: Vec<f64> = links.iter().map(|l| l.cap).collect();
+        let mut nic_tx = vec![None; vertices.len()];
+        let mut nic_rx = vec![None; vertices.len()];
+        for (v, kind) in vertices.iter().enumerate() {
+            if let VertexKind::Nic { bw } = kind {
+                // A NIC without a usable bandwidth is limited by its links only.
+                if !(*bw > 0.0 && bw.is_finite()) {
+                    continue;
+                }
+                let bw = *bw;
+                nic_tx[v] = Some(capacity.len() as u32);
+                capacity.push(bw);
+                nic_rx[v] = Some(capacity.len() as u32);
+                capacity.push(bw);
+            }
+        }
+        let rank_vertex = topo.ranks.iter().map(|ix| vid[ix.index()]).collect();
+        let mem_bw = (0..topo.nranks()).map(|r| topo.mem_bw(r)).collect();
+        Network {
+            vertices,
+            links,
+            out,
+            capacity,
+            nic_tx,
+            nic_rx,
+            rank_vertex,
+            host_of: topo.host_of.clone(),
+            vertex_host,
+            mem_bw,
+            nhosts: topo.nhosts(),
+            routes: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Number of ranks.
+    pub fn nranks(&self) -> u32 {
+        self.rank_vertex.len() as u32
+    }
+
+    /// The NIC direction resource a flow leaving `link`'s source uses, if it is a NIC.
+    pub fn nic_resource(&self, link: u32) -> Option<u32> {
+        let l = &self.links[link as usize];
+        if l.network {
+            self.nic_tx[l.from as usize]
+        } else {
+            self.nic_rx[l.from as usize]
+        }
+    }
+
+    /// Routes for every pair in `pairs` (same order), computing missing ones.
+    pub fn routes(&self, pairs: &[(u32, u32)]) -> Result<Vec<Arc<Route>>, CostError> {
+        let n = self.nranks();
+        let mut cache = self
+            .routes
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut missing: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for &(a, b) in pairs {
+            if a >= n || b >= n || a == b {
+                return Err(CostError::BadPeer { from: a, to: b });
+            }
+            if !cache.contains_key(&(a, b)) {
+                missing.entry(a).or_default().push(b);
+            }
+        }
+        for (src, mut dsts) in missing {
+            dsts.sort_unstable();
+            dsts.dedup();
+            let found = self.dijkstra(src, &dsts, false);
+            let found = match found {
+                Some(found) => found,
+                None => self
+                    .dijkstra(src, &dsts, true)
+                    .ok_or_else(|| CostError::NoRoute {
+                        from: src,
+                        to: dsts[0],
+                    })?,
+            };
+            for (dst, route) in found {
+                cache.insert((src, dst), Arc::new(route));
+            }
+        }
+        Ok(pairs.iter().map(|p| Arc::clone(&cache[p])).collect())
+    }
+
+    /// Shortest routes from rank `src` to each of `dsts`; `None` when one is unreachable.
+    fn dijkstra(&self, src: u32, dsts: &[u32], through_devices: bool) -> Option<Vec<(u32, Route)>> {
+        let nv = self.vertices.len();
+        let start = self.rank_vertex[src as usize];
+        let mut best: Vec<Option<Label>> = vec![None; nv];
+        let mut pred: Vec<u32> = vec![u32::MAX; nv];
+        let mut done = vec![false; nv];
+        let mut targets: Vec<bool> = vec![false; nv];
+        let mut remaining = 0usize;
+        for &d in dsts {
+            let v = self.rank_vertex[d as usize] as usize;
+            if !targets[v] {
+                targets[v] = true;
+                remaining += 1;
+            }
+        }
+        let mut heap = BinaryHeap::new();
+        let first = Label {
+            latency: 0.0,
+            width: f64::INFINITY,
+            hops: 0,
+        };
+        best[start as usize] = Some(first);
+        heap.push(HeapItem {
+            label: first,
+            vertex: start,
+        });
+        while let Some(HeapItem { label, vertex }) = heap.pop() {
+            let v = vertex as usize;
+            if done[v] {
+                continue;
+            }
+            done[v] = true;
+            if targets[v] {
+                remaining -= 1;
+                if remaining == 0 {
+                    break;
+                }
+            }
+            let transit_ok = v == start as usize
+                || through_devices
+                || !matches!(self.vertices[v], VertexKind::Device { .. });
+            if !transit_ok {
+                continue;
+            }
+            for &li in &self.out[v] {
+                let l = &self.links[li as usize];
+                let mut width = label.width.min(l.cap);
+                if let Some(r) = self.nic_resource(li) {
+                    width = width.min(self.capacity[r as usize]);
+                }
+                let next = Label {
+                    latency: label.latency + l.latency,
+                    width,
+                    hops: label.hops + 1,
+                };
+                let t = l.to as usize;
+                if done[t] {
+                    continue;
+                }
+                if best[t].is_none_or(|b| next.better(&b)) {
+                    best[t] = Some(next);
+                    pred[t] = li;
+                    heap.push(HeapItem {
+                        label: next,
+                        vertex: l.to,
+                    });
+                }
+            }
+        }
+        if remaining > 0 {
+            return None;
+        }
+        let mut result = Vec::with_capacity(dsts.len());
+        for &d in dsts {
+            let mut v = self.rank_vertex[d as usize];
+            let mut path = Vec::new();
+            while v != start {
+                let li = pred[v as usize];
+                path.push(li);
+                v = self.links[li as usize].from;
+            }
+            path.reverse();
+            let mut resources = Vec::with_capacity(path.len() * 2);
+            let mut class = LinkClass::NvLink;
+            let mut latency = 0.0;
+            let mut bottleneck = f64::INFINITY;
+            for &li in &path {
+                let l = &self.links[li as usize];
+                resources.push(li);
+                bottleneck = bottleneck.min(l.cap);
+                if let Some(r) = self.nic_resource(li) {
+                    resources.push(r);
+                    bottleneck = bottleneck.min(self.capacity[r as usize]);
+                }
+                class = class.max(l.class);
+                latency += l.latency;
+            }
+            result.push((
+                d,
+                Route {
+                    resources,
+                    latency_us: latency,
+                    class,
+                    bottleneck,
+                    hops: path.len() as u32,
+                },
+            ));
+        }
+        Some(result)
+    }
+}

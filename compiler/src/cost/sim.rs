@@ -1,0 +1,847 @@
+//! Discrete-event simulation of a schedule on a [`Network`].
+//!
+//! Semantics follow `hccl_ir::schedule`: the steps of a stream run in order, a step also waits
+//! for its dependencies, and the `(from, to, channel)` connections are FIFOs where the k-th
+//! send pairs with the k-th receive and at most [`CONNECTION_SLOTS`] messages may be sent but
+//! not yet received.
+//!
+//! Timing of one message of `b` payload bytes under protocol `p`:
+//! 1. it *starts* when its send step (or the send half of a relaying receive) is ready and a
+//!    slot is free;
+//! 2. it *streams* over its route as a fluid flow: every resource (link, NIC direction) gives
+//!    its flows a max-min fair share of `capacity × efficiency(p)`, recomputed whenever a flow
+//!    starts or ends (only over the flows that share resources with it, transitively);
+//! 3. when the last byte has left, the send step is done; the message *arrives*
+//!    `message_us(class, p) + route latency` later, and the matching receive may consume it.
+//!
+//! Local work costs memory bandwidth of the rank: a copy `copy_passes × b / mem_bw`, a reduce
+//! `reduce_passes × b / mem_bw`, a reduction fused into a receive `fused_reduce_passes × b /
+//! mem_bw`, overlapped with the transfer (it may start once the data starts streaming and the
+//! step is ready); a relaying receive starts its outgoing message as soon as it consumes the
+//! incoming one, and neither the step nor that message ends before the local work does.
+//! Receiving without reducing costs nothing beyond the transfer. The
+//! collective's time is `base_us(p)` plus the time the last step completes.
+
+use super::CostError;
+use super::model::CostModel;
+use super::network::{Network, Route};
+use hccl_ir::{CONNECTION_SLOTS, Op, Protocol, Schedule, StepRef};
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::Arc;
+
+const NONE: u32 = u32::MAX;
+
+/// What a simulation predicts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Estimate {
+    /// Predicted time of the whole collective (µs), base latency included.
+    pub time_us: f64,
+    /// The protocol's once-per-collective latency included in `time_us`.
+    pub base_us: f64,
+    /// Number of messages transferred.
+    pub messages: usize,
+    /// Payload bytes moved over all messages.
+    pub payload_bytes: f64,
+    /// Payload bytes that crossed each resource, indexed by resource id (see [`Network`]).
+    pub resource_bytes: Vec<f64>,
+}
+
+impl Estimate {
+    /// Busy fraction of resource `r` over the collective: bytes / (capacity × time).
+    pub fn utilisation(&self, network: &Network, r: u32) -> f64 {
+        let cap = network.capacity.get(r as usize).copied().unwrap_or(0.0);
+        let bytes = self.resource_bytes.get(r as usize).copied().unwrap_or(0.0);
+        if cap.is_finite() && cap > 0.0 && self.time_us > 0.0 {
+            bytes / (cap * 1e3 * self.time_us)
+        } else {
+            0.0
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kind {
+    Nop,
+    /// Local copy or reduce: memory passes over `count` chunks.
+    Local {
+        passes: f64,
+    },
+    Send {
+        msg: u32,
+    },
+    /// A receive of `msg`, with `passes` of fused local work, optionally forwarding as `out`.
+    Recv {
+        msg: u32,
+        passes: f64,
+        out: u32,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct FlatStep {
+    rank: u32,
+    count: u32,
+    kind: Kind,
+}
+
+/// A schedule flattened for repeated simulation (at several sizes and protocols).
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    steps: Vec<FlatStep>,
+    step_ref: Vec<StepRef>,
+    /// Dependents of each step (CSR).
+    succ_start: Vec<u32>,
+    succ: Vec<u32>,
+    /// Unmet predecessors of each step at the start.
+    pending: Vec<u32>,
+    /// Per message: connection, chunk count, send step, receive step (or NONE).
+    msg_conn: Vec<u32>,
+    msg_count: Vec<u32>,
+    msg_send: Vec<u32>,
+    msg_recv: Vec<u32>,
+    /// Per connection: first message id, number of messages, route.
+    conn_base: Vec<u32>,
+    conn_len: Vec<u32>,
+    conn_route: Vec<Arc<Route>>,
+    chunks: u32,
+}
+
+impl Prepared {
+    /// Number of steps.
+    pub fn step_count(&self) -> usize {
+        self.steps.len()
+    }
+}
+
+/// Simulates schedules on one topology; reuses routes between runs.
+#[derive(Debug)]
+pub struct Simulator {
+    /// The resource network.
+    pub network: Network,
+    /// The cost constants.
+    pub model: CostModel,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum EventKind {
+    /// A local step (or a receive's fused work) finished.
+    StepDone(u32),
+    /// A flow may have finished (valid if the version matches).
+    FlowDone(u32, u32),
+    /// A message arrived at the receiver.
+    Arrive(u32),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Event {
+    time: f64,
+    seq: u64,
+    kind: EventKind,
+}
+
+impl PartialEq for Event {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Event {}
+impl PartialOrd for Event {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Event {
+    fn cmp(&self, other: &Self) -> Ordering {
+        other
+            .time
+            .total_cmp(&self.time)
+            .then(other.seq.cmp(&self.seq))
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Share {
+    share: f64,
+    res: u32,
+    stamp: u32,
+}
+impl PartialEq for Share {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Share {}
+impl PartialOrd for Share {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Share {
+    fn cmp(&self, other: &Self) -> Ordering {
+        other
+            .share
+            .total_cmp(&self.share)
+            .then(other.res.cmp(&self.res))
+    }
+}
+
+impl Simulator {
+    /// A simulator for `network` with `model`.
+    pub fn new(network: Network, model: CostModel) -> Simulator {
+        Simulator { network, model }
+    }
+
+    /// Flattens `schedule`: checks peers and dependencies, pairs sends with receives and
+    /// looks up routes.
+    pub fn prepare(&self, schedule: &Schedule) -> Result<Prepared, CostError> {
+        let n = self.network.nranks();
+        if schedule.nranks != n || schedule.ranks.len() != n as usize {
+            return Err(CostError::RankMismatch {
+                schedule: schedule.nranks,
+                topology: n,
+            });
+        }
+        if schedule.chunks == 0 {
+            return Err(CostError::NoChunks);
+        }
+        let m = &self.model;
+        // Stream offsets.
+        let mut stream_base: Vec<Vec<u32>> = Vec::with_capacity(n as usize);
+        let mut total = 0usize;
+        for prog in &schedule.ranks {
+            let mut bases = Vec::with_capacity(prog.streams.len());
+            for s in &prog.streams {
+                bases.push(total as u32);
+                total += s.steps.len();
+            }
+            stream_base.push(bases);
+        }
+        if total >= NONE as usize {
+            return Err(CostError::TooLarge { steps: total });
+        }
+        let mut steps = Vec::with_capacity(total);
+        let mut step_ref = Vec::with_capacity(total);
+        let mut pending = vec![0u32; total];
+        let mut edges: Vec<(u32, u32)> = Vec::with_capacity(total * 2);
+        let mut conn_index: HashMap<(u32, u32, u32), u32> = HashMap::new();
+        let mut conn_keys: Vec<(u32, u32, u32)> = Vec::new();
+        let mut conn_sends: Vec<Vec<u32>> = Vec::new();
+        let mut conn_recvs: Vec<Vec<u32>> = Vec::new();
+        // Per step: (connection, position) of its send half and its receive half.
+        let mut send_pos: Vec<(u32, u32)> = Vec::with_capacity(total);
+        let mut recv_pos: Vec<(u32, u32)> = Vec::with_capacity(total);
+        let mut conn_of = |key: (u32, u32, u32),
+                           conn_keys: &mut Vec<(u32, u32, u32)>,
+                           conn_sends: &mut Vec<Vec<u32>>,
+                           conn_recvs: &mut Vec<Vec<u32>>| {
+            *conn_index.entry(key).or_insert_with(|| {
+                conn_keys.push(key);
+                conn_sends.push(Vec::new());
+                conn_recvs.push(Vec::new());
+                (conn_keys.len() - 1) as u32
+            })
+        };
+        for (r, prog) in schedule.ranks.iter().enumerate() {
+            let r = r as u32;
+            for (si, stream) in prog.streams.iter().enumerate() {
+                for (ti, step) in stream.steps.iter().enumerate() {
+                    let id = stream_base[r as usize][si] + ti as u32;
+                    let at = StepRef {
+                        rank: r,
+                        stream: si as u32,
+                        step: ti as u32,
+                    };
+                    if ti > 0 {
+                        edges.push((id - 1, id));
+                        pending[id as usize] += 1;
+                    }
+                    for dep in &step.deps {
+                        let target = prog
+                            .streams
+                            .get(dep.stream as usize)
+                            .filter(|s| (dep.step as usize) < s.steps.len())
+                            .map(|_| stream_base[r as usize][dep.stream as usize] + dep.step);
+                        let Some(target) = target else {
+                            return Err(CostError::BadDep { at });
+                        };
+                        edges.push((target, id));
+                        pending[id as usize] += 1;
+                    }
+                    let mut sp = (NONE, NONE);
+                    let mut rp = (NONE, NONE);
+                    if let Some(to) = step.op.send_peer() {
+                        if to >= n || to == r {
+                            return Err(CostError::BadPeer { from: r, to });
+                        }
+                        let c = conn_of(
+                            (r, to, stream.channel),
+                            &mut conn_keys,
+                            &mut conn_sends,
+                            &mut conn_recvs,
+                        );
+                        sp = (c, conn_sends[c as usize].len() as u32);
+                        conn_sends[c as usize].push(id);
+                    }
+                    if let Some(from) = step.op.recv_peer() {
+                        if from >= n || from == r {
+                            return Err(CostError::BadPeer { from, to: r });
+                        }
+                        let c = conn_of(
+                            (from, r, stream.channel),
+                            &mut conn_keys,
+                            &mut conn_sends,
+                            &mut conn_recvs,
+                        );
+                        rp = (c, conn_recvs[c as usize].len() as u32);
+                        conn_recvs[c as usize].push(id);
+                    }
+                    send_pos.push(sp);
+                    recv_pos.push(rp);
+                    let kind = match step.op {
+                        Op::Nop => Kind::Nop,
+                        Op::Copy { .. } => Kind::Local {
+                            passes: m.copy_passes,
+                        },
+                        Op::Reduce { .. } => Kind::Local {
+                            passes: m.reduce_passes,
+                        },
+                        // Message ids are filled in below, once connections are numbered.
+                        Op::Send { .. } => Kind::Send { msg: NONE },
+                        Op::Recv { .. } | Op::RecvCopySend { .. } => Kind::Recv {
+                            msg: NONE,
+                            passes: 0.0,
+                            out: NONE,
+                        },
+                        Op::RecvReduceCopy { .. }
+                        | Op::RecvReduceSend { .. }
+                        | Op::RecvReduceCopySend { .. } => Kind::Recv {
+                            msg: NONE,
+                            passes: m.fused_reduce_passes,
+                            out: NONE,
+                        },
+                    };
+                    steps.push(FlatStep {
+                        rank: r,
+                        count: step.count,
+                        kind,
+                    });
+                    step_ref.push(at);
+                }
+            }
+        }
+        // Messages: one per send, numbered by connection.
+        let nconn = conn_keys.len();
+        let mut conn_base = Vec::with_capacity(nconn);
+        let mut conn_len = Vec::with_capacity(nconn);
+        let mut nmsg = 0u32;
+        for sends in &conn_sends {
+            conn_base.push(nmsg);
+            conn_len.push(sends.len() as u32);
+            nmsg += sends.len() as u32;
+        }
+        let mut msg_conn = vec![0u32; nmsg as usize];
+        let mut msg_count = vec![0u32; nmsg as usize];
+        let mut msg_send = vec![NONE; nmsg as usize];
+        let mut msg_recv = vec![NONE; nmsg as usize];
+        for (c, sends) in conn_sends.iter().enumerate() {
+            for (k, &s) in sends.iter().enumerate() {
+                let msg = conn_base[c] + k as u32;
+                msg_conn[msg as usize] = c as u32;
+                msg_count[msg as usize] = steps[s as usize].count;
+                msg_send[msg as usize] = s;
+            }
+            for (k, &rs) in conn_recvs[c].iter().enumerate() {
+                if k < sends.len() {
+                    msg_recv[(conn_base[c] + k as u32) as usize] = rs;
+                }
+            }
+        }
+        for id in 0..total {
+            let (sc, sk) = send_pos[id];
+            let (rc, rk) = recv_pos[id];
+            let out = if sc == NONE {
+                NONE
+            } else {
+                conn_base[sc as usize] + sk
+            };
+            let inc = if rc == NONE || rk >= conn_len[rc as usize] {
+                NONE
+            } else {
+                conn_base[rc as usize] + rk
+            };
+            match &mut steps[id].kind {
+                Kind::Send { msg } => *msg = out,
+                Kind::Recv { msg, out: o, .. } => {
+                    *msg = inc;
+                    *o = out;
+                }
+                Kind::Nop | Kind::Local { .. } => {}
+            }
+        }
+        // Dependents in CSR form.
+        let mut succ_start = vec![0u32; total + 1];
+        for &(a, _) in &edges {
+            succ_start[a as usize + 1] += 1;
+        }
+        for i in 0..total {
+            succ_start[i + 1] += succ_start[i];
+        }
+        let mut fill = succ_start.clone();
+        let mut succ = vec![0u32; edges.len()];
+        for &(a, b) in &edges {
+            succ[fill[a as usize] as usize] = b;
+            fill[a as usize] += 1;
+        }
+        let pairs: Vec<(u32, u32)> = conn_keys.iter().map(|&(a, b, _)| (a, b)).collect();
+        let conn_route = self.network.routes(&pairs)?;
+        Ok(Prepared {
+            steps,
+            step_ref,
+            succ_start,
+            succ,
+            pending,
+            msg_conn,
+            msg_count,
+            msg_send,
+            msg_recv,
+            conn_base,
+            conn_len,
+            conn_route,
+            chunks: schedule.chunks,
+        })
+    }
+
+    /// Simulates a prepared schedule for a collective of `bytes` under `protocol`.
+    pub fn run(
+        &self,
+        prepared: &Prepared,
+        bytes: u64,
+        protocol: Protocol,
+    ) -> Result<Estimate, CostError> {
+        Run::new(self, prepared, bytes, protocol).execute()
+    }
+
+    /// Prepares and simulates in one go.
+    pub fn simulate(
+        &self,
+        schedule: &Schedule,
+        bytes: u64,
+        protocol: Protocol,
+    ) -> Result<Estimate, CostError> {
+        let prepared = self.prepare(schedule)?;
+        self.run(&prepared, bytes, protocol)
+    }
+}
+
+/// The mutable state of one simulation.
+struct Run<'a> {
+    sim: &'a Simulator,
+    p: &'a Prepared,
+    protocol: Protocol,
+    chunk_bytes: f64,
+    now: f64,
+    seq: u64,
+    events: BinaryHeap<Event>,
+    pending: Vec<u32>,
+    ready_at: Vec<f64>,
+    /// When a relaying step's fused local work ends.
+    local_until: Vec<f64>,
+    recv_ready: Vec<bool>,
+    done: Vec<bool>,
+    completed: usize,
+    worklist: Vec<u32>,
+    // messages
+    msg_ready: Vec<bool>,
+    msg_arrived: Vec<bool>,
+    data_start: Vec<f64>,
+    // connections
+    next_start: Vec<u32>,
+    consumed: Vec<u32>,
+    // flows (indexed by message)
+    rate: Vec<f64>,
+    remaining: Vec<f64>,
+    last: Vec<f64>,
+    version: Vec<u32>,
+    active: Vec<bool>,
+    res_flows: Vec<Vec<u32>>,
+    cap: Vec<f64>,
+    resource_bytes: Vec<f64>,
+    dirty: Vec<u32>,
+    // scratch for rate recomputation
+    res_stamp: Vec<u32>,
+    flow_stamp: Vec<u32>,
+    frozen_stamp: Vec<u32>,
+    epoch: u32,
+    rem: Vec<f64>,
+    cnt: Vec<u32>,
+    new_rate: Vec<f64>,
+    messages: usize,
+    payload: f64,
+}
+
+impl<'a> Run<'a> {
+    fn new(sim: &'a Simulator, p: &'a Prepared, bytes: u64, protocol: Protocol) -> Run<'a> {
+        let nsteps = p.steps.len();
+        let nmsg = p.msg_conn.len();
+        let nconn = p.conn_base.len();
+        let nres = sim.network.capacity.len();
+        let eff = sim.model.efficiency(protocol);
+        // GB/s × 1e3 = bytes per µs.
+        let cap = sim.network.capacity.iter().map(|c| c * eff * 1e3).collect();
+        Run {
+            sim,
+            p,
+            protocol,
+            chunk_bytes: bytes as f64 / f64::from(p.chunks),
+            now: 0.0,
+            seq: 0,
+            events: BinaryHeap::new(),
+            pending: p.pending.clone(),
+            ready_at: vec![0.0; nsteps],
+            local_until: vec![0.0; nsteps],
+            recv_ready: vec![false; nsteps],
+            done: vec![false; nsteps],
+            completed: 0,
+            worklist: Vec::new(),
+            msg_ready: vec![false; nmsg],
+            msg_arrived: vec![false; nmsg],
+            data_start: vec![0.0; nmsg],
+            next_start: vec![0; nconn],
+            consumed: vec![0; nconn],
+            rate: vec![0.0; nmsg],
+            remaining: vec![0.0; nmsg],
+            last: vec![0.0; nmsg],
+            version: vec![0; nmsg],
+            active: vec![false; nmsg],
+            res_flows: vec![Vec::new(); nres],
+            cap,
+            resource_bytes: vec![0.0; nres],
+            dirty: Vec::new(),
+            res_stamp: vec![0; nres],
+            flow_stamp: vec![0; nmsg],
+            frozen_stamp: vec![0; nmsg],
+            epoch: 0,
+            rem: vec![0.0; nres],
+            cnt: vec![0; nres],
+            new_rate: vec![0.0; nmsg],
+            messages: 0,
+            payload: 0.0,
+        }
+    }
+
+    fn push(&mut self, time: f64, kind: EventKind) {
+        self.seq += 1;
+        self.events.push(Event {
+            time,
+            seq: self.seq,
+            kind,
+        });
+    }
+
+    fn mem_us(&self, step: u32, passes: f64) -> f64 {
+        let s = &self.p.steps[step as usize];
+        let bw = self.sim.network.mem_bw[s.rank as usize];
+        if passes <= 0.0 || !(bw > 0.0) {
+            return 0.0;
+        }
+        passes * f64::from(s.count) * self.chunk_bytes / (bw * 1e3)
+    }
+
+    fn execute(mut self) -> Result<Estimate, CostError> {
+        for id in 0..self.p.steps.len() as u32 {
+            if self.pending[id as usize] == 0 {
+                self.worklist.push(id);
+            }
+        }
+        self.drain_ready();
+        loop {
+            let next_time = self.events.peek().map(|e| e.time);
+            if !self.dirty.is_empty() && next_time.is_none_or(|t| t > self.now) {
+                self.recompute();
+                continue;
+            }
+            let Some(ev) = self.events.pop() else {
+                break;
+            };
+            if let EventKind::FlowDone(m, v) = ev.kind
+                && !(self.active[m as usize] && self.version[m as usize] == v)
+            {
+                continue; // superseded by a rate change
+            }
+            self.now = self.now.max(ev.time);
+            match ev.kind {
+                EventKind::StepDone(s) => self.complete(s),
+                EventKind::FlowDone(m, _) => self.finish_flow(m),
+                EventKind::Arrive(m) => {
+                    self.msg_arrived[m as usize] = true;
+                    let r = self.p.msg_recv[m as usize];
+                    if r != NONE && self.recv_ready[r as usize] {
+                        self.consume(r);
+                    }
+                }
+            }
+            self.drain_ready();
+        }
+        if self.completed < self.p.steps.len() {
+            let stuck = (0..self.p.steps.len())
+                .find(|&i| !self.done[i])
+                .map(|i| self.p.step_ref[i]);
+            return Err(CostError::Deadlock {
+                at: stuck.unwrap_or(StepRef {
+                    rank: 0,
+                    stream: 0,
+                    step: 0,
+                }),
+            });
+        }
+        let base = self.sim.model.base_us(self.protocol);
+        Ok(Estimate {
+            time_us: base + self.now,
+            base_us: base,
+            messages: self.messages,
+            payload_bytes: self.payload,
+            resource_bytes: self.resource_bytes,
+        })
+    }
+
+    /// Processes steps whose predecessors are all done.
+    fn drain_ready(&mut self) {
+        while let Some(s) = self.worklist.pop() {
+            self.ready(s);
+        }
+    }
+
+    fn ready(&mut self, s: u32) {
+        self.ready_at[s as usize] = self.now;
+        match self.p.steps[s as usize].kind {
+            Kind::Nop => self.complete(s),
+            Kind::Local { passes } => {
+                let t = self.mem_us(s, passes);
+                if t > 0.0 {
+                    self.push(self.now + t, EventKind::StepDone(s));
+                } else {
+                    self.complete(s);
+                }
+            }
+            Kind::Send { msg } => self.send_ready(msg),
+            Kind::Recv { msg, .. } => {
+                self.recv_ready[s as usize] = true;
+                if msg != NONE && self.msg_arrived[msg as usize] {
+                    self.consume(s);
+                }
+            }
+        }
+    }
+
+    fn complete(&mut self, s: u32) {
+        if self.done[s as usize] {
+            return;
+        }
+        self.done[s as usize] = true;
+        self.completed += 1;
+        let (a, b) = (
+            self.p.succ_start[s as usize] as usize,
+            self.p.succ_start[s as usize + 1] as usize,
+        );
+        for i in a..b {
+            let t = self.p.succ[i];
+            self.pending[t as usize] -= 1;
+            if self.pending[t as usize] == 0 {
+                self.worklist.push(t);
+            }
+        }
+    }
+
+    fn send_ready(&mut self, msg: u32) {
+        if msg == NONE {
+            return;
+        }
+        self.msg_ready[msg as usize] = true;
+        self.try_start(self.p.msg_conn[msg as usize]);
+    }
+
+    fn try_start(&mut self, c: u32) {
+        let ci = c as usize;
+        while self.next_start[ci] < self.p.conn_len[ci]
+            && (self.next_start[ci] as usize) < self.consumed[ci] as usize + CONNECTION_SLOTS
+        {
+            let msg = self.p.conn_base[ci] + self.next_start[ci];
+            if !self.msg_ready[msg as usize] {
+                break;
+            }
+            self.next_start[ci] += 1;
+            self.start_flow(msg);
+        }
+    }
+
+    fn start_flow(&mut self, m: u32) {
+        let mi = m as usize;
+        self.data_start[mi] = self.now;
+        let bytes = f64::from(self.p.msg_count[mi]) * self.chunk_bytes;
+        self.messages += 1;
+        self.payload += bytes;
+        let route = Arc::clone(&self.p.conn_route[self.p.msg_conn[mi] as usize]);
+        if bytes <= 0.0 || route.resources.is_empty() {
+            self.flow_finished(m);
+            return;
+        }
+        for &r in &route.resources {
+            self.res_flows[r as usize].push(m);
+            self.resource_bytes[r as usize] += bytes;
+        }
+        self.active[mi] = true;
+        self.remaining[mi] = bytes;
+        self.rate[mi] = 0.0;
+        self.last[mi] = self.now;
+        self.dirty.extend_from_slice(&route.resources);
+    }
+
+    fn finish_flow(&mut self, m: u32) {
+        let mi = m as usize;
+        self.active[mi] = false;
+        let route = Arc::clone(&self.p.conn_route[self.p.msg_conn[mi] as usize]);
+        for &r in &route.resources {
+            let list = &mut self.res_flows[r as usize];
+            if let Some(pos) = list.iter().position(|&f| f == m) {
+                list.swap_remove(pos);
+            }
+        }
+        self.dirty.extend_from_slice(&route.resources);
+        self.flow_finished(m);
+    }
+
+    /// The last byte left: the sender's step is done; the message arrives after the latency.
+    fn flow_finished(&mut self, m: u32) {
+        let mi = m as usize;
+        let s = self.p.msg_send[mi];
+        let end = self.local_until[s as usize];
+        let route = &self.p.conn_route[self.p.msg_conn[mi] as usize];
+        let latency = self.sim.model.message_us(route.class, self.protocol) + route.latency_us;
+        if end > self.now {
+            self.push(end, EventKind::StepDone(s));
+            self.push(end + latency, EventKind::Arrive(m));
+        } else {
+            self.complete(s);
+            self.push(self.now + latency, EventKind::Arrive(m));
+        }
+    }
+
+    /// Receive step `s` takes its (arrived) message.
+    fn consume(&mut self, s: u32) {
+        let Kind::Recv { msg, passes, out } = self.p.steps[s as usize].kind else {
+            return;
+        };
+        self.recv_ready[s as usize] = false;
+        let c = self.p.msg_conn[msg as usize];
+        self.consumed[c as usize] += 1;
+        self.try_start(c);
+        let work = self.mem_us(s, passes);
+        let start = self.data_start[msg as usize].max(self.ready_at[s as usize]);
+        let finish = self.now.max(start + work);
+        if out != NONE {
+            // Relays stream the result on as it is produced: the outgoing message starts
+            // now; the step (and the message's arrival) cannot end before the local work.
+            self.local_until[s as usize] = finish;
+            self.send_ready(out);
+        } else if finish > self.now {
+            self.push(finish, EventKind::StepDone(s));
+        } else {
+            self.complete(s);
+        }
+    }
+
+    /// Max-min fair rates for the flows connected to the dirty resources.
+    fn recompute(&mut self) {
+        self.epoch = self.epoch.wrapping_add(1);
+        if self.epoch == 0 {
+            self.res_stamp.iter_mut().for_each(|x| *x = 0);
+            self.flow_stamp.iter_mut().for_each(|x| *x = 0);
+            self.frozen_stamp.iter_mut().for_each(|x| *x = 0);
+            self.epoch = 1;
+        }
+        let epoch = self.epoch;
+        let mut stack: Vec<u32> = std::mem::take(&mut self.dirty);
+        let mut comp_res: Vec<u32> = Vec::new();
+        let mut comp_flows: Vec<u32> = Vec::new();
+        while let Some(r) = stack.pop() {
+            if self.res_stamp[r as usize] == epoch {
+                continue;
+            }
+            self.res_stamp[r as usize] = epoch;
+            comp_res.push(r);
+            for &f in &self.res_flows[r as usize] {
+                if self.flow_stamp[f as usize] != epoch {
+                    self.flow_stamp[f as usize] = epoch;
+                    comp_flows.push(f);
+                    let route = &self.p.conn_route[self.p.msg_conn[f as usize] as usize];
+                    for &r2 in &route.resources {
+                        if self.res_stamp[r2 as usize] != epoch {
+                            stack.push(r2);
+                        }
+                    }
+                }
+            }
+        }
+        // Progressive filling.
+        let mut heap = BinaryHeap::with_capacity(comp_res.len());
+        for &r in &comp_res {
+            let ri = r as usize;
+            self.rem[ri] = self.cap[ri];
+            self.cnt[ri] = self.res_flows[ri].len() as u32;
+            if self.cnt[ri] > 0 {
+                heap.push(Share {
+                    share: self.rem[ri] / f64::from(self.cnt[ri]),
+                    res: r,
+                    stamp: self.cnt[ri],
+                });
+            }
+        }
+        while let Some(Share { share, res, stamp }) = heap.pop() {
+            let ri = res as usize;
+            if self.cnt[ri] == 0 || self.cnt[ri] != stamp {
+                continue;
+            }
+            let share = share.max(0.0);
+            for j in 0..self.res_flows[ri].len() {
+                let f = self.res_flows[ri][j];
+                if self.frozen_stamp[f as usize] == epoch {
+                    continue;
+                }
+                self.frozen_stamp[f as usize] = epoch;
+                self.new_rate[f as usize] = share;
+                let route = &self.p.conn_route[self.p.msg_conn[f as usize] as usize];
+                for &r2 in &route.resources {
+                    let r2i = r2 as usize;
+                    self.rem[r2i] = (self.rem[r2i] - share).max(0.0);
+                    self.cnt[r2i] -= 1;
+                    if self.cnt[r2i] > 0 && r2 != res {
+                        heap.push(Share {
+                            share: self.rem[r2i] / f64::from(self.cnt[r2i]),
+                            res: r2,
+                            stamp: self.cnt[r2i],
+                        });
+                    }
+                }
+            }
+        }
+        for &f in &comp_flows {
+            let fi = f as usize;
+            let new = self.new_rate[fi];
+            if new != self.rate[fi] || self.rate[fi] == 0.0 {
+                let elapsed = self.now - self.last[fi];
+                self.remaining[fi] = (self.remaining[fi] - self.rate[fi] * elapsed).max(0.0);
+                self.last[fi] = self.now;
+                self.rate[fi] = new;
+                self.version[fi] = self.version[fi].wrapping_add(1);
+                let finish = if new > 0.0 {
+                    self.now + self.remaining[fi] / new
+                } else {
+                    // No capacity at all: the flow never ends (reported as a deadlock).
+                    continue;
+                };
+                self.push(finish, EventKind::FlowDone(f, self.version[fi]));
+            }
+        }
+    }
+}
