@@ -78,6 +78,9 @@ pub enum BuildError {
     SelfPeer { rank: Rank, index: usize },
 }
 
+/// Channel marker of a fence (a `Nop` that is not emitted).
+const FENCE: u32 = u32::MAX;
+
 /// One recorded op.
 #[derive(Debug, Clone, Copy)]
 struct BOp {
@@ -379,6 +382,18 @@ impl ScheduleBuilder {
         self.push(rank, Op::RecvCopySend { from, to, dst }, count, channel);
     }
 
+    /// Orders `rank`: every op recorded on it after the fence waits for every op recorded
+    /// before it (used to run rounds one after another, e.g. pairwise exchanges).
+    pub fn fence(&mut self, rank: Rank) {
+        if let Some(list) = self.ops.get_mut(rank as usize) {
+            list.push(BOp {
+                op: Op::Nop,
+                count: 0,
+                channel: FENCE,
+            });
+        }
+    }
+
     /// Number of ops recorded so far on all ranks.
     pub fn op_count(&self) -> usize {
         self.ops.iter().map(Vec::len).sum()
@@ -535,6 +550,10 @@ fn fuse(list: Vec<BOp>, space: &AddrSpace) -> Vec<BOp> {
     let mut any = false;
     for i in 0..n {
         let Some(b) = out[i] else { continue };
+        if b.channel == FENCE {
+            valid.fill(false);
+            continue;
+        }
         // A plain send that forwards exactly what a candidate receive stored.
         if let Op::Send { to, src } = b.op {
             let a = space.addr(src);
@@ -657,6 +676,10 @@ fn assign_streams(list: &[BOp], space: &AddrSpace) -> Vec<Stream> {
     let mut groups: Vec<(u32, usize)> = Vec::new(); // (channel, first op)
     for (i, b) in list.iter().enumerate() {
         let (reads, write) = reads_writes(b, space);
+        if b.channel == FENCE {
+            group_of_op.push(usize::MAX);
+            continue;
+        }
         let g = match op_node[i] {
             Some(node) => {
                 let root = find(&mut parent, node);
@@ -706,7 +729,19 @@ fn assign_streams(list: &[BOp], space: &AddrSpace) -> Vec<Stream> {
     let mut writer: Vec<Option<(u32, u32)>> = vec![None; space.len as usize];
     let mut readers: Vec<Vec<(u32, u32)>> = vec![Vec::new(); space.len as usize];
     let mut waited: Vec<HashMap<u32, u32>> = vec![HashMap::new(); streams.len()];
+    let mut fences: Vec<Vec<(u32, u32)>> = Vec::new();
+    let mut applied: Vec<usize> = vec![0; streams.len()];
     for (i, b) in list.iter().enumerate() {
+        if b.channel == FENCE {
+            let snapshot = streams
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| !s.steps.is_empty())
+                .map(|(sid, s)| (sid as u32, s.steps.len() as u32 - 1))
+                .collect();
+            fences.push(snapshot);
+            continue;
+        }
         let sid = stream_id[group_of_op[i]];
         let step = streams[sid as usize].steps.len() as u32;
         let mut need: BTreeMap<u32, u32> = BTreeMap::new();
@@ -716,6 +751,12 @@ fn assign_streams(list: &[BOp], space: &AddrSpace) -> Vec<Stream> {
                 *e = (*e).max(d.1);
             }
         };
+        for fence in &fences[applied[sid as usize]..] {
+            for &d in fence {
+                want(d);
+            }
+        }
+        applied[sid as usize] = fences.len();
         let (reads, write) = reads_writes(b, space);
         for (a, c) in reads.iter().flatten() {
             for k in *a..a + c {

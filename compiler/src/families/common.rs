@@ -173,7 +173,7 @@ pub type LocFn<'a> = &'a dyn Fn(Rank, u32) -> Loc;
 /// Ring reduce-scatter along `ring`: block `i` (runs `blocks[i]`) ends reduced on `ring[i]`.
 /// Contributions are read from `contrib`, the result written to `result` on the owner;
 /// intermediate hops use receive-reduce-send.
-pub fn ring_reduce_scatter(
+fn ring_reduce_scatter_pass(
     b: &mut ScheduleBuilder,
     ring: &[Rank],
     blocks: &[Vec<Run>],
@@ -220,7 +220,7 @@ pub fn ring_reduce_scatter(
 
 /// Ring all-gather along `ring`: block `i` starts at `ring[i]` in `have` and is stored at
 /// `put` on every other rank.
-pub fn ring_all_gather(
+fn ring_all_gather_pass(
     b: &mut ScheduleBuilder,
     ring: &[Rank],
     blocks: &[Vec<Run>],
@@ -300,4 +300,46 @@ pub fn grid(
         }
     }
     out
+}
+
+/// The `u`-th run of every block (blocks without one get none): rings move one run per
+/// block at a time, so that no rank queues more than one message ahead of its forwards.
+fn run_pass(blocks: &[Vec<Run>], u: usize) -> Vec<Vec<Run>> {
+    blocks
+        .iter()
+        .map(|r| r.get(u).into_iter().copied().collect())
+        .collect()
+}
+
+/// Ring reduce-scatter along `ring`: block `i` (runs `blocks[i]`) ends reduced on `ring[i]`.
+/// Contributions are read from `contrib`, the result written to `result` on the owner;
+/// intermediate hops use receive-reduce-send.
+pub fn ring_reduce_scatter(
+    b: &mut ScheduleBuilder,
+    ring: &[Rank],
+    blocks: &[Vec<Run>],
+    channel: u32,
+    contrib: LocFn<'_>,
+    result: LocFn<'_>,
+) {
+    let passes = blocks.iter().map(Vec::len).max().unwrap_or(0);
+    for u in 0..passes {
+        ring_reduce_scatter_pass(b, ring, &run_pass(blocks, u), channel, contrib, result);
+    }
+}
+
+/// Ring all-gather along `ring`: block `i` starts at `ring[i]` in `have` and is stored at
+/// `put` on every other rank.
+pub fn ring_all_gather(
+    b: &mut ScheduleBuilder,
+    ring: &[Rank],
+    blocks: &[Vec<Run>],
+    channel: u32,
+    have: LocFn<'_>,
+    put: LocFn<'_>,
+) {
+    let passes = blocks.iter().map(Vec::len).max().unwrap_or(0);
+    for u in 0..passes {
+        ring_all_gather_pass(b, ring, &run_pass(blocks, u), channel, have, put);
+    }
 }

@@ -10,9 +10,13 @@ use hccl_ir::{Collective, CollectiveKind, Schedule};
 use hccl_topologies::Topology;
 
 pub mod common;
+pub mod hier;
+pub mod mesh;
 pub mod ring;
 pub mod tree;
 
+pub use hier::Hierarchical;
+pub use mesh::{Bruck, Mesh, Pairwise, TwoPhase};
 pub use ring::{DoubleRing, Ring};
 pub use tree::{DoubleBinaryTree, KaryTree};
 
@@ -60,6 +64,11 @@ pub fn all_families() -> Vec<Box<dyn Family>> {
         Box::new(DoubleRing),
         Box::new(DoubleBinaryTree),
         Box::new(KaryTree),
+        Box::new(Mesh),
+        Box::new(Hierarchical),
+        Box::new(Pairwise),
+        Box::new(Bruck),
+        Box::new(TwoPhase),
     ]
 }
 
@@ -77,6 +86,11 @@ pub fn generate_with(
         "double_ring" => DoubleRing.schedules(topo, collective, params, in_place),
         "tree" => DoubleBinaryTree.schedules(topo, collective, params, in_place),
         "kary_tree" => KaryTree.schedules(topo, collective, params, in_place),
+        "mesh" => Mesh.schedules(topo, collective, params, in_place),
+        "hierarchical" => Hierarchical.schedules(topo, collective, params, in_place),
+        "pairwise" => Pairwise.schedules(topo, collective, params, in_place),
+        "bruck" => Bruck.schedules(topo, collective, params, in_place),
+        "two_phase" => TwoPhase.schedules(topo, collective, params, in_place),
         _ => return None,
     };
     Some(out)
