@@ -1,7 +1,16 @@
 //! `hcclc verify` and `hcclc show`.
+//!
+//! `verify` exits 0 when every entry verifies, 1 when some entry does not (every error is
+//! listed, located as `entry I (COLLECTIVE SIZES ALGORITHM): rank R stream S (channel C)
+//! step K: …`), and 2 when the file cannot be read or parsed. `show` prints each entry's
+//! header and its steps in a compact form such as `rrcs from 3 to 5 i[4]->i[4] x1 deps [s1:2]`.
 
-use crate::cli_error::CliError;
+use crate::cli_error::{CliError, print_json};
 use clap::Args;
+use hccl_ir::verify::{Report, VerifyError, verify_report};
+use hccl_ir::{PlanEntry, PlanFile, Step};
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]
@@ -22,14 +31,279 @@ pub struct ShowArgs {
     pub json: bool,
 }
 
+/// `1024` → `1K`; sizes that are not a whole number of K/M/G stay in bytes.
+fn fmt_bytes(bytes: u64) -> String {
+    const UNITS: [(u64, &str); 3] = [(1 << 30, "G"), (1 << 20, "M"), (1 << 10, "K")];
+    for (unit, suffix) in UNITS {
+        if bytes >= unit && bytes % unit == 0 {
+            return format!("{}{suffix}", bytes / unit);
+        }
+    }
+    bytes.to_string()
+}
+
+/// `1K..4K`, or `1K..` when unbounded.
+fn fmt_range(entry: &PlanEntry) -> String {
+    match entry.max_bytes {
+        Some(max) => format!("{}..{}", fmt_bytes(entry.min_bytes), fmt_bytes(max)),
+        None => format!("{}..", fmt_bytes(entry.min_bytes)),
+    }
+}
+
+/// `allreduce 1K..4K ring`.
+fn entry_label(entry: &PlanEntry) -> String {
+    format!(
+        "{} {} {}",
+        entry.schedule.collective,
+        fmt_range(entry),
+        entry.algorithm
+    )
+}
+
+fn entry_json(index: usize, entry: &PlanEntry) -> serde_json::Map<String, Value> {
+    let s = &entry.schedule;
+    let mut m = serde_json::Map::new();
+    m.insert("index".into(), json!(index));
+    m.insert("collective".into(), json!(s.collective.kind().name()));
+    m.insert("root".into(), json!(s.collective.root()));
+    m.insert("min_bytes".into(), json!(entry.min_bytes));
+    m.insert("max_bytes".into(), json!(entry.max_bytes));
+    m.insert("algorithm".into(), json!(entry.algorithm));
+    m.insert("protocol".into(), json!(entry.protocol.name()));
+    m.insert("in_place".into(), json!(s.in_place));
+    m.insert("ranks".into(), json!(s.nranks));
+    m.insert("chunks".into(), json!(s.chunks));
+    m.insert("channels".into(), json!(s.channel_count()));
+    m.insert("steps".into(), json!(s.step_count()));
+    m
+}
+
+fn error_json(e: &VerifyError) -> Value {
+    json!({
+        "kind": e.kind.name(),
+        "rank": e.at.map(|a| a.rank),
+        "stream": e.at.map(|a| a.stream),
+        "step": e.at.map(|a| a.step),
+        "channel": e.channel,
+        "message": e.message,
+        "text": e.to_string(),
+    })
+}
+
+fn report_json(r: &Report) -> Value {
+    json!({
+        "streams": r.streams,
+        "connections": r.connections,
+        "messages": r.messages,
+        "chunks_sent": r.chunks_sent,
+        "reductions": r.reductions,
+        "depth": r.depth,
+    })
+}
+
 pub fn verify(args: VerifyArgs) -> Result<(), CliError> {
-    let plan = hccl_ir::PlanFile::load(&args.plan).map_err(CliError::input)?;
-    let _ = (plan, args.json);
-    Ok(())
+    let plan = PlanFile::load(&args.plan).map_err(CliError::input)?;
+    let path = args.plan.display().to_string();
+    let results: Vec<Result<Report, Vec<VerifyError>>> = plan
+        .entries
+        .iter()
+        .map(|e| verify_report(&e.schedule))
+        .collect();
+    let steps: usize = plan.entries.iter().map(|e| e.schedule.step_count()).sum();
+    let collectives: BTreeSet<&str> = plan
+        .entries
+        .iter()
+        .map(|e| e.schedule.collective.kind().name())
+        .collect();
+    let failed = results.iter().filter(|r| r.is_err()).count();
+    let errors: usize = results
+        .iter()
+        .map(|r| r.as_ref().err().map_or(0, Vec::len))
+        .sum();
+
+    if args.json {
+        let entries: Vec<Value> = plan
+            .entries
+            .iter()
+            .zip(&results)
+            .enumerate()
+            .map(|(i, (entry, result))| {
+                let mut m = entry_json(i, entry);
+                m.insert("ok".into(), json!(result.is_ok()));
+                match result {
+                    Ok(report) => {
+                        m.insert("report".into(), report_json(report));
+                        m.insert("errors".into(), json!([]));
+                    }
+                    Err(errs) => {
+                        m.insert(
+                            "errors".into(),
+                            Value::Array(errs.iter().map(error_json).collect()),
+                        );
+                    }
+                }
+                Value::Object(m)
+            })
+            .collect();
+        print_json(&json!({
+            "plan": path,
+            "ok": failed == 0,
+            "entries": entries,
+            "summary": {
+                "entries": plan.entries.len(),
+                "failed_entries": failed,
+                "errors": errors,
+                "steps": steps,
+                "collectives": collectives,
+            },
+        }));
+    } else if failed == 0 {
+        println!(
+            "{path}: ok: {} entries, {steps} steps, collectives: {}",
+            plan.entries.len(),
+            collectives.into_iter().collect::<Vec<_>>().join(", ")
+        );
+        for (i, (entry, result)) in plan.entries.iter().zip(&results).enumerate() {
+            if let Ok(r) = result {
+                println!(
+                    "  entry {i} ({}): {} ranks, {} streams, {} steps, {} messages, depth {}",
+                    entry_label(entry),
+                    entry.schedule.nranks,
+                    r.streams,
+                    entry.schedule.step_count(),
+                    r.messages,
+                    r.depth
+                );
+            }
+        }
+    } else {
+        for (i, (entry, result)) in plan.entries.iter().zip(&results).enumerate() {
+            if let Err(errs) = result {
+                for e in errs {
+                    println!("entry {i} ({}): {e}", entry_label(entry));
+                }
+            }
+        }
+    }
+    if failed == 0 {
+        Ok(())
+    } else {
+        Err(CliError::Failed(format!(
+            "{path}: {failed} of {} entries do not verify ({errors} errors)",
+            plan.entries.len()
+        )))
+    }
+}
+
+/// The compact text form of a step: `rrcs from 3 to 5 i[4]->i[4] x1 deps [s1:2]`.
+fn step_text(step: &Step) -> String {
+    let op = step.op;
+    let mut out = op.mnemonic().to_string();
+    if let Some(from) = op.recv_peer() {
+        out.push_str(&format!(" from {from}"));
+    }
+    if let Some(to) = op.send_peer() {
+        out.push_str(&format!(" to {to}"));
+    }
+    match (op.src(), op.dst()) {
+        (Some(src), Some(dst)) => out.push_str(&format!(" {src}->{dst}")),
+        (Some(src), None) => out.push_str(&format!(" {src}->")),
+        (None, Some(dst)) => out.push_str(&format!(" ->{dst}")),
+        (None, None) => {}
+    }
+    out.push_str(&format!(" x{}", step.count));
+    if !step.deps.is_empty() {
+        let deps: Vec<String> = step
+            .deps
+            .iter()
+            .map(|d| format!("s{}:{}", d.stream, d.step))
+            .collect();
+        out.push_str(&format!(" deps [{}]", deps.join(", ")));
+    }
+    out
 }
 
 pub fn show(args: ShowArgs) -> Result<(), CliError> {
-    let plan = hccl_ir::PlanFile::load(&args.plan).map_err(CliError::input)?;
-    let _ = (plan, args.json);
+    let plan = PlanFile::load(&args.plan).map_err(CliError::input)?;
+    let path = args.plan.display().to_string();
+    if args.json {
+        let entries: Vec<Value> = plan
+            .entries
+            .iter()
+            .enumerate()
+            .map(|(i, entry)| {
+                let mut m = entry_json(i, entry);
+                let programs: Vec<Value> = entry
+                    .schedule
+                    .ranks
+                    .iter()
+                    .enumerate()
+                    .map(|(r, prog)| {
+                        json!({
+                            "rank": r,
+                            "scratch_chunks": prog.scratch_chunks,
+                            "streams": prog.streams.iter().enumerate().map(|(si, st)| json!({
+                                "stream": si,
+                                "channel": st.channel,
+                                "steps": st.steps.iter().map(step_text).collect::<Vec<_>>(),
+                            })).collect::<Vec<_>>(),
+                        })
+                    })
+                    .collect();
+                m.insert("programs".into(), Value::Array(programs));
+                Value::Object(m)
+            })
+            .collect();
+        print_json(&json!({
+            "plan": path,
+            "format_version": plan.format_version,
+            "meta": {
+                "topology": plan.meta.topology,
+                "topology_hash": plan.meta.topology_hash,
+                "compiler": plan.meta.compiler,
+            },
+            "entries": entries,
+        }));
+        return Ok(());
+    }
+    println!(
+        "plan {path}: format {}, topology {}, compiler {}, {} entries",
+        plan.format_version,
+        plan.meta.topology,
+        plan.meta.compiler,
+        plan.entries.len()
+    );
+    for (i, entry) in plan.entries.iter().enumerate() {
+        let s = &entry.schedule;
+        println!(
+            "entry {i}: {} {} {} {}: {} ranks, {} chunks, {} channels, {} steps, {}",
+            s.collective,
+            fmt_range(entry),
+            entry.algorithm,
+            entry.protocol,
+            s.nranks,
+            s.chunks,
+            s.channel_count(),
+            s.step_count(),
+            if s.in_place {
+                "in place"
+            } else {
+                "out of place"
+            }
+        );
+        for (r, prog) in s.ranks.iter().enumerate() {
+            if prog.scratch_chunks > 0 {
+                println!("  rank {r} (scratch {} chunks):", prog.scratch_chunks);
+            } else {
+                println!("  rank {r}:");
+            }
+            for (si, st) in prog.streams.iter().enumerate() {
+                println!("    stream {si} (channel {}):", st.channel);
+                for (k, step) in st.steps.iter().enumerate() {
+                    println!("      {k}: {}", step_text(step));
+                }
+            }
+        }
+    }
     Ok(())
 }
