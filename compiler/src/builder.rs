@@ -528,7 +528,10 @@ impl AddrSpace {
 }
 
 /// Canonical ranges an op reads and writes (besides messages).
-fn reads_writes(b: &BOp, space: &AddrSpace) -> ([Option<(u32, u32)>; 2], Option<(u32, u32)>) {
+/// A canonical address range `(start, count)`.
+type Range = (u32, u32);
+
+fn reads_writes(b: &BOp, space: &AddrSpace) -> ([Option<Range>; 2], Option<Range>) {
     let range = |loc: Loc| (space.addr(loc), b.count);
     let mut reads = [b.op.src().map(range), None];
     if let Op::Reduce { dst, .. } = b.op {

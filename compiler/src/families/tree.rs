@@ -79,7 +79,7 @@ pub fn btree_parents(n: usize) -> Vec<Option<usize>> {
 /// shifted by one for odd `n`. Returns (parents, root).
 pub fn dtree_second(n: usize) -> (Vec<Option<usize>>, usize) {
     let first = btree_parents(n);
-    if n % 2 == 0 {
+    if n.is_multiple_of(2) {
         let p = (0..n)
             .map(|v| first[n - 1 - v].map(|u| n - 1 - u))
             .collect();
@@ -155,7 +155,7 @@ pub fn tree_schedule(
     in_place: bool,
 ) -> Vec<Candidate> {
     let n = trees.first().map_or(0, |t| t.parent.len()) as u32;
-    if n == 0 || !collective.kind().is_tree_kind() {
+    if n == 0 || !collective.kind().tree_capable() {
         return Vec::new();
     }
     if n == 1 {
@@ -164,10 +164,8 @@ pub fn tree_schedule(
     let pp = params.pipeline.max(1);
     let chunks = trees.len() as u32 * pp;
     let mut b = ScheduleBuilder::new(collective, n, chunks, in_place);
-    if let Collective::Broadcast { root } = collective {
-        if !in_place {
-            b.copy((root, Loc::input(0)), (root, Loc::output(0)), chunks, 0);
-        }
+    if let (Collective::Broadcast { root }, false) = (collective, in_place) {
+        b.copy((root, Loc::input(0)), (root, Loc::output(0)), chunks, 0);
     }
     for q in 0..pp {
         for (t, tree) in trees.iter().enumerate() {
@@ -179,11 +177,11 @@ pub fn tree_schedule(
 }
 
 trait TreeKind {
-    fn is_tree_kind(self) -> bool;
+    fn tree_capable(self) -> bool;
 }
 
 impl TreeKind for CollectiveKind {
-    fn is_tree_kind(self) -> bool {
+    fn tree_capable(self) -> bool {
         matches!(
             self,
             CollectiveKind::AllReduce | CollectiveKind::Broadcast | CollectiveKind::Reduce
@@ -255,7 +253,7 @@ impl Family for DoubleBinaryTree {
         "tree"
     }
     fn supports(&self, kind: CollectiveKind) -> bool {
-        kind.is_tree_kind()
+        kind.tree_capable()
     }
     fn param_space(&self, _topo: &Topology, _collective: Collective) -> Vec<FamilyParams> {
         grid(&[1, 2], &[1, 2, 4, 8], 1, u32::MAX)
@@ -358,7 +356,7 @@ impl Family for KaryTree {
         "kary_tree"
     }
     fn supports(&self, kind: CollectiveKind) -> bool {
-        kind.is_tree_kind()
+        kind.tree_capable()
     }
     fn param_space(&self, _topo: &Topology, _collective: Collective) -> Vec<FamilyParams> {
         grid(&[1, 2], &[1, 4, 8], 1, u32::MAX)

@@ -1,0 +1,116 @@
+//! RON snapshots of small schedules, for review and to pin determinism; plus builder checks.
+
+use hccl_compiler::builder::{BuildError, ScheduleBuilder};
+use hccl_compiler::families::{FamilyParams, generate_with};
+use hccl_ir::verify::verify;
+use hccl_ir::{Collective, Loc, Op};
+use hccl_topologies::{build, generate};
+
+fn ron_of(name: &str, n: u32) -> String {
+    let topo = build(generate::host(n, 10.0), "t").unwrap();
+    let p = FamilyParams {
+        channels: 1,
+        pipeline: 1,
+    };
+    let cands = generate_with(name, &topo, Collective::AllReduce, p, false).unwrap();
+    let s = &cands[0].schedule;
+    verify(s).unwrap();
+    let cfg = ron::ser::PrettyConfig::new().struct_names(false);
+    ron::ser::to_string_pretty(s, cfg).unwrap()
+}
+
+#[test]
+fn ring_allreduce_4_ranks() {
+    let text = ron_of("ring", 4);
+    // The reduce-scatter / all-gather junction is one fused receive-reduce-copy-send.
+    assert!(text.contains("RecvReduceCopySend"));
+    assert!(text.contains("RecvReduceSend"));
+    insta::assert_snapshot!(text);
+}
+
+#[test]
+fn double_binary_tree_allreduce_8_ranks() {
+    insta::assert_snapshot!(ron_of("tree", 8));
+}
+
+#[test]
+fn generation_is_deterministic() {
+    assert_eq!(ron_of("kary_tree", 8), ron_of("kary_tree", 8));
+}
+
+#[test]
+fn builder_fuses_forwarding_and_tracks_hazards() {
+    // Chain reduce 0 → 1 → 2 written with chunk-level ops; rank 1's partial is dead.
+    let mut b = ScheduleBuilder::new(Collective::Reduce { root: 2 }, 3, 1, false);
+    b.reduce_to(
+        (0, Loc::input(0)),
+        Loc::input(0),
+        (1, Loc::scratch(0)),
+        1,
+        0,
+    );
+    b.reduce_to(
+        (1, Loc::scratch(0)),
+        Loc::input(0),
+        (2, Loc::output(0)),
+        1,
+        0,
+    );
+    let s = b.build().unwrap();
+    verify(&s).unwrap();
+    let ops: Vec<&str> = s.ranks[1]
+        .streams
+        .iter()
+        .flat_map(|st| &st.steps)
+        .map(|st| st.op.mnemonic())
+        .collect();
+    assert_eq!(ops, ["rrs"]);
+    // Without fusion: recv-reduce-copy then a send in one stream (no cross-stream deps).
+    let mut b = ScheduleBuilder::new(Collective::Reduce { root: 2 }, 3, 1, false);
+    b.set_fusion(false);
+    b.reduce_to(
+        (0, Loc::input(0)),
+        Loc::input(0),
+        (1, Loc::scratch(0)),
+        1,
+        0,
+    );
+    b.reduce_to(
+        (1, Loc::scratch(0)),
+        Loc::input(0),
+        (2, Loc::output(0)),
+        1,
+        0,
+    );
+    let s = b.build().unwrap();
+    verify(&s).unwrap();
+    assert_eq!(s.ranks[1].scratch_chunks, 1);
+    assert_eq!(s.ranks[1].streams.len(), 2);
+    let send = &s.ranks[1].streams[1].steps[0];
+    assert!(matches!(send.op, Op::Send { to: 2, .. }));
+    assert_eq!(send.deps.len(), 1, "RAW dependency on the receive");
+}
+
+#[test]
+fn builder_reports_bad_ops() {
+    let mut b = ScheduleBuilder::new(Collective::AllReduce, 2, 2, false);
+    b.copy((0, Loc::input(1)), (1, Loc::output(1)), 2, 0);
+    assert!(matches!(
+        b.build(),
+        Err(BuildError::OutOfBounds { rank: 0, .. })
+    ));
+    let mut b = ScheduleBuilder::new(Collective::AllReduce, 2, 2, false);
+    b.send(0, 5, Loc::input(0), 1, 0);
+    assert!(matches!(
+        b.build(),
+        Err(BuildError::RankOutOfRange { bad: 5, .. })
+    ));
+    let b = ScheduleBuilder::new(Collective::AllGather, 3, 4, false);
+    assert!(matches!(b.build(), Err(BuildError::BadChunks { .. })));
+    let mut b = ScheduleBuilder::new(Collective::AllReduce, 2, 2, false);
+    b.send(1, 1, Loc::input(0), 1, 0);
+    assert!(matches!(
+        b.build(),
+        Err(BuildError::SelfPeer { rank: 1, .. })
+    ));
+}
