@@ -4,3 +4,4 @@
 pub mod builder;
 pub mod cost;
 pub mod families;
+pub mod search;

@@ -4,6 +4,7 @@
 //! Every subcommand takes `--json` and then prints exactly one JSON document on stdout.
 
 mod cli_error;
+mod compile_cmd;
 mod msccl_cmd;
 mod plan_cmd;
 mod topo_cmd;
@@ -35,6 +36,10 @@ enum Command {
     Import(msccl_cmd::ImportArgs),
     /// Export a plan file to another format (MSCCL XML).
     Export(msccl_cmd::ExportArgs),
+    /// Compile a topology into a plan: the fastest verified schedule per collective and size.
+    Compile(compile_cmd::CompileArgs),
+    /// Explain a plan: predicted time, bandwidth, NCCL baseline and lower bound per size.
+    Explain(compile_cmd::ExplainArgs),
 }
 
 fn main() -> ExitCode {
@@ -53,6 +58,8 @@ fn main() -> ExitCode {
         Command::Show(args) => plan_cmd::show(args),
         Command::Import(args) => msccl_cmd::import(args),
         Command::Export(args) => msccl_cmd::export(args),
+        Command::Compile(args) => compile_cmd::compile(args),
+        Command::Explain(args) => compile_cmd::explain(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

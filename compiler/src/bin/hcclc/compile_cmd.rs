@@ -1,0 +1,329 @@
+//! `hcclc compile` and `hcclc explain`: compile a topology into a plan, or explain an existing
+//! plan, as a table (or JSON) of predicted time, bandwidth, NCCL baseline and lower bound.
+
+use crate::cli_error::{CliError, print_json};
+use clap::Args;
+use hccl_compiler::search::{
+    self, CompiledPlan, DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES, Options, Progress, Row, SearchError,
+};
+use hccl_ir::{CollectiveKind, PlanFile};
+use hccl_topologies::Topology;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+#[derive(Args, Debug)]
+pub struct CompileArgs {
+    /// Topology file (RON) or the name of a shipped machine (e.g. dgx1-v100).
+    pub topo: String,
+    /// Collectives to compile, comma-separated (allreduce,allgather,reducescatter,broadcast,
+    /// reduce,alltoall); default all.
+    #[arg(short = 'c', long = "collectives", value_name = "LIST")]
+    pub collectives: Option<String>,
+    /// Size range MIN..MAX (bytes; K, M, G = powers of 1024), factor 2; default 1K..4G.
+    #[arg(long, value_name = "MIN..MAX")]
+    pub sizes: Option<String>,
+    /// Only consider these algorithms (comma-separated family names).
+    #[arg(long, value_name = "NAME")]
+    pub algo: Option<String>,
+    /// Output plan file; default `<topology stem>.plan.ron` in the current directory.
+    #[arg(short = 'o', long = "output", value_name = "PLAN")]
+    pub output: Option<PathBuf>,
+    /// Print one JSON document instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ExplainArgs {
+    /// Plan file (RON) or MSCCL algorithm (.xml).
+    pub plan: PathBuf,
+    /// Topology (file or shipped name); default: the plan's topology among shipped machines.
+    #[arg(long, value_name = "TOPO")]
+    pub topo: Option<String>,
+    /// Size range MIN..MAX (bytes; K, M, G = powers of 1024), factor 2; default 1K..4G.
+    #[arg(long, value_name = "MIN..MAX")]
+    pub sizes: Option<String>,
+    /// Print one JSON document instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Parses `1024`, `4K`, `16M`, `1G` (powers of 1024).
+pub fn parse_size(text: &str) -> Result<u64, CliError> {
+    let t = text.trim();
+    let (digits, mult) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('M') => (&t[..t.len() - 1], 1 << 20),
+        Some('G') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|v| v.checked_mul(mult))
+        .ok_or_else(|| {
+            CliError::Input(format!(
+                "bad size `{text}` (expected e.g. 4096, 64K, 1M, 2G)"
+            ))
+        })
+}
+
+/// Parses `MIN..MAX` (or a single size) into the bucket edges, factor 2.
+pub fn parse_sizes(text: Option<&str>) -> Result<Vec<u64>, CliError> {
+    let (min, max) = match text {
+        None => (DEFAULT_MIN_BYTES, DEFAULT_MAX_BYTES),
+        Some(t) => match t.split_once("..") {
+            Some((a, b)) => (parse_size(a)?, parse_size(b)?),
+            None => {
+                let v = parse_size(t)?;
+                (v, v)
+            }
+        },
+    };
+    if min == 0 || min > max {
+        return Err(CliError::Input(format!(
+            "bad size range {min}..{max}: need 0 < MIN <= MAX"
+        )));
+    }
+    Ok(search::geometric_sizes(min, max, 2))
+}
+
+fn parse_collectives(text: Option<&str>) -> Result<Vec<CollectiveKind>, CliError> {
+    let Some(text) = text else {
+        return Ok(CollectiveKind::ALL.to_vec());
+    };
+    let mut out = Vec::new();
+    for name in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let kind = CollectiveKind::from_name(name).ok_or_else(|| {
+            CliError::Input(format!(
+                "unknown collective `{name}` (known: allreduce, allgather, reducescatter, \
+                 broadcast, reduce, alltoall)"
+            ))
+        })?;
+        if !out.contains(&kind) {
+            out.push(kind);
+        }
+    }
+    if out.is_empty() {
+        return Err(CliError::Input("no collective given to -c".into()));
+    }
+    Ok(out)
+}
+
+/// A topology from a file path, or a shipped machine's name.
+fn load_topology(spec: &str) -> Result<Topology, CliError> {
+    let path = Path::new(spec);
+    if path.exists() {
+        return hccl_topologies::load(path).map_err(CliError::input);
+    }
+    if let Some(t) = hccl_topologies::shipped_by_name(spec) {
+        return Ok(t);
+    }
+    hccl_topologies::shipped_or_err(spec)
+        .map_err(|err| CliError::Input(format!("{spec}: no such file, and {err}")))
+}
+
+fn search_error(err: SearchError) -> CliError {
+    match err {
+        SearchError::BadOptions(_) => CliError::Input(err.to_string()),
+        SearchError::NoCandidate { .. } => CliError::Failed(err.to_string()),
+    }
+}
+
+/// A progress bar on stderr when it is a terminal.
+fn progress_bar() -> Option<indicatif::ProgressBar> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(0);
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("{prefix:>14} [{bar:30}] {pos}/{len} {msg}")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    Some(bar)
+}
+
+pub fn compile(args: CompileArgs) -> Result<(), CliError> {
+    let topo = load_topology(&args.topo)?;
+    let options = Options {
+        collectives: parse_collectives(args.collectives.as_deref())?,
+        sizes: parse_sizes(args.sizes.as_deref())?,
+        algorithms: args.algo.as_deref().map(|a| {
+            a.split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect()
+        }),
+        ..Options::default()
+    };
+    let bar = progress_bar();
+    let mut on_progress = |p: Progress| {
+        if let Some(bar) = &bar {
+            bar.set_prefix(p.collective.name().to_string());
+            bar.set_length(p.total as u64);
+            bar.set_position(p.done as u64);
+            bar.set_message(format!(
+                "collective {}/{}",
+                (p.collectives_done + 1).min(p.collectives_total),
+                p.collectives_total
+            ));
+        }
+    };
+    let result = search::compile_with_progress(&topo, &options, &mut on_progress);
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    let CompiledPlan { plan, rows } = result.map_err(search_error)?;
+    let out = args.output.unwrap_or_else(|| {
+        let stem = Path::new(&args.topo)
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| topo.name.clone());
+        PathBuf::from(format!("{stem}.plan.ron"))
+    });
+    plan.save(&out).map_err(CliError::input)?;
+    report(&out, &topo, &rows, args.json);
+    Ok(())
+}
+
+pub fn explain(args: ExplainArgs) -> Result<(), CliError> {
+    let is_xml = args
+        .plan
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("xml"));
+    let plan = if is_xml {
+        hccl_ir::msccl::load_xml(&args.plan)
+            .map_err(CliError::input)?
+            .into_plan(&args.plan.display().to_string())
+    } else {
+        PlanFile::load(&args.plan).map_err(CliError::input)?
+    };
+    let topo = match &args.topo {
+        Some(t) => load_topology(t)?,
+        None => hccl_topologies::shipped_by_name(&plan.meta.topology).ok_or_else(|| {
+            CliError::Input(format!(
+                "{}: plan topology `{}` is not a shipped machine; pass --topo",
+                args.plan.display(),
+                plan.meta.topology
+            ))
+        })?,
+    };
+    let options = Options {
+        sizes: parse_sizes(args.sizes.as_deref())?,
+        ..Options::default()
+    };
+    let rows = search::evaluate_plan(&topo, &plan, &options).map_err(search_error)?;
+    report(&args.plan, &topo, &rows, args.json);
+    Ok(())
+}
+
+fn report(plan_path: &Path, topo: &Topology, rows: &[Row], json: bool) {
+    if json {
+        let rows: Vec<serde_json::Value> = rows.iter().map(row_json).collect();
+        print_json(&serde_json::json!({
+            "plan": plan_path.display().to_string(),
+            "topology": topo.name,
+            "rows": rows,
+        }));
+    } else {
+        print!("{}", table(plan_path, topo, rows));
+    }
+}
+
+fn row_json(r: &Row) -> serde_json::Value {
+    serde_json::json!({
+        "collective": r.collective.name(),
+        "bytes": r.bytes,
+        "algorithm": r.algorithm,
+        "channels": r.channels,
+        "chunks": r.chunks,
+        "protocol": r.protocol.name(),
+        "predicted_us": round3(r.predicted_us),
+        "algbw_gbps": round3(r.algbw_gbps()),
+        "busbw_gbps": round3(r.busbw_gbps()),
+        "baseline_algorithm": r.baseline_algorithm,
+        "baseline_protocol": r.baseline_protocol.map(|p| p.name()),
+        "baseline_us": r.baseline_us.map(round3),
+        "speedup": r.speedup().map(round3),
+        "bound_us": round3(r.bound_us),
+        "bound_ratio": round3(r.bound_ratio()),
+    })
+}
+
+/// Three decimals: keeps JSON stable and readable.
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// Human-readable size: `4K`, `1M`, or bytes.
+pub fn human(bytes: u64) -> String {
+    const UNITS: [(u64, &str); 3] = [(1 << 30, "G"), (1 << 20, "M"), (1 << 10, "K")];
+    for (unit, suffix) in UNITS {
+        if bytes >= unit && bytes % unit == 0 {
+            return format!("{}{suffix}", bytes / unit);
+        }
+    }
+    bytes.to_string()
+}
+
+/// The text table: one block per collective, one line per size.
+pub fn table(plan_path: &Path, topo: &Topology, rows: &[Row]) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "plan {} for {} ({} ranks)",
+        plan_path.display(),
+        topo.name,
+        topo.nranks()
+    );
+    let mut i = 0;
+    while i < rows.len() {
+        let kind = rows[i].collective;
+        let _ = writeln!(out, "\n{kind}");
+        let _ = writeln!(
+            out,
+            "{:>6} {:<13} {:>3} {:>6} {:<6} {:>11} {:>8} {:>8} {:<19} {:>11} {:>7} {:>11} {:>6}",
+            "size",
+            "algorithm",
+            "ch",
+            "chunks",
+            "proto",
+            "time_us",
+            "algbw",
+            "busbw",
+            "nccl",
+            "nccl_us",
+            "speedup",
+            "bound_us",
+            "/bound"
+        );
+        while i < rows.len() && rows[i].collective == kind {
+            let r = &rows[i];
+            let nccl = match (&r.baseline_algorithm, r.baseline_protocol) {
+                (Some(a), Some(p)) => format!("{a}/{p}"),
+                _ => "-".into(),
+            };
+            let _ = writeln!(
+                out,
+                "{:>6} {:<13} {:>3} {:>6} {:<6} {:>11.2} {:>8.2} {:>8.2} {:<19} {:>11} {:>7} {:>11.2} {:>6.2}",
+                human(r.bytes),
+                r.algorithm,
+                r.channels,
+                r.chunks,
+                r.protocol.name(),
+                r.predicted_us,
+                r.algbw_gbps(),
+                r.busbw_gbps(),
+                nccl,
+                r.baseline_us.map_or("-".into(), |b| format!("{b:.2}")),
+                r.speedup().map_or("-".into(), |s| format!("{s:.2}x")),
+                r.bound_us,
+                r.bound_ratio(),
+            );
+            i += 1;
+        }
+    }
+    out
+}
