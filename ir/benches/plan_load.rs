@@ -1,0 +1,78 @@
+//! Parse and verify large plans.
+//!
+//! - `verify/ring_allreduce_1024`: a ring AllReduce over 1024 ranks with one chunk per rank
+//!   (2047 steps per rank, 2 096 128 steps, 1024 chunks per buffer), verified in memory.
+//! - `parse+verify/ring_allreduce_128`: the same construction over 128 ranks with two
+//!   channels (32 512 steps), parsed from RON text and verified.
+//! - `parse+verify/chain_broadcast_1024`: a pipelined chain Broadcast over 1024 ranks, two
+//!   channels, 8 pieces each (16 384 steps), parsed and verified.
+//! - `parse+verify/direct_alltoall_64_in_place`: all-pairs AllToAll over 64 ranks, two
+//!   channels with dependencies on a scratch copy (16 192 steps), parsed and verified.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use hccl_ir::verify::verify_report;
+use hccl_ir::{PlanEntry, PlanFile, PlanMeta, Protocol, Schedule};
+use std::hint::black_box;
+use std::time::Duration;
+
+fn plan_text(schedule: Schedule) -> String {
+    let mut plan = PlanFile::new(PlanMeta {
+        topology: "bench".to_string(),
+        topology_hash: String::new(),
+        compiler: "bench".to_string(),
+    });
+    plan.entries.push(PlanEntry {
+        min_bytes: 0,
+        max_bytes: None,
+        algorithm: "bench".to_string(),
+        protocol: Protocol::Simple,
+        cost: None,
+        schedule,
+    });
+    plan.to_ron()
+}
+
+fn bench(c: &mut Criterion) {
+    let mut group = c.benchmark_group("verify");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(20));
+    let ring = common::ring_allreduce(1024, 1, 1, false);
+    assert_eq!(ring.step_count(), 1024 * 2047);
+    group.bench_function("ring_allreduce_1024", |b| {
+        b.iter(|| verify_report(black_box(&ring)).expect("verifies"))
+    });
+    group.finish();
+
+    let mut group = c.benchmark_group("parse+verify");
+    group.sample_size(10);
+    for (name, schedule) in [
+        (
+            "ring_allreduce_128",
+            common::ring_allreduce(128, 1, 2, false),
+        ),
+        (
+            "chain_broadcast_1024",
+            common::ring_broadcast(1024, 0, 1, 2, 8, false),
+        ),
+        (
+            "direct_alltoall_64_in_place",
+            common::direct_alltoall(64, 1, 2, true),
+        ),
+    ] {
+        let text = plan_text(schedule);
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let plan = PlanFile::from_ron(black_box(&text), name).expect("parses");
+                hccl_ir::verify::verify_plan(&plan).expect("verifies");
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
