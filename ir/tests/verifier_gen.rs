@@ -73,18 +73,18 @@ fn mutation_sweep_catches_most() {
                     in_place,
                 };
                 let base = generate(p);
-                for kind in 0..MUTATIONS.len() {
+                for (kind, counts) in per_kind.iter_mut().enumerate() {
                     for _ in 0..3 {
                         let mut s = base.clone();
                         let Some(what) = mutate(&mut s, kind, &mut rng) else {
                             continue;
                         };
                         tried += 1;
-                        per_kind[kind].0 += 1;
+                        counts.0 += 1;
                         match verify(&s) {
                             Err(errors) => {
                                 caught += 1;
-                                per_kind[kind].1 += 1;
+                                counts.1 += 1;
                                 assert!(!errors.is_empty());
                             }
                             Ok(()) => {

@@ -55,7 +55,7 @@ fn md(a: i64, n: u32) -> u32 {
 
 /// Ring direction of a channel: even channels go up, odd ones down (a double ring).
 fn dir(ch: u32) -> i64 {
-    if ch % 2 == 0 { 1 } else { -1 }
+    if ch.is_multiple_of(2) { 1 } else { -1 }
 }
 
 /// Ring AllReduce: `n` segments of `nch * q` chunks; channel `c` runs its own ring over
@@ -822,7 +822,8 @@ pub fn oracle(s: &Schedule, seed: u64) -> Result<(), String> {
                         .collect::<Vec<_>>()
                 };
                 let recv = || received.clone().unwrap_or_default();
-                let (store, send): (Option<(Loc, Vec<u64>)>, Option<Vec<u64>>) = match step.op {
+                type Effect = (Option<(Loc, Vec<u64>)>, Option<Vec<u64>>);
+                let (store, send): Effect = match step.op {
                     Op::Send { src, .. } => (None, Some(get(&mem, src))),
                     Op::Recv { dst, .. } => (Some((dst, recv())), None),
                     Op::RecvReduceCopy { src, dst, .. } => {
@@ -864,7 +865,7 @@ pub fn oracle(s: &Schedule, seed: u64) -> Result<(), String> {
         return Err("unreceived messages".into());
     }
     let sum = |c: usize| (0..n).fold(0u64, |acc, r| acc.wrapping_add(input(r, c)));
-    for r in 0..n {
+    for (r, rank_mem) in mem.iter().enumerate() {
         for i in 0..oc as usize {
             let want = match s.collective {
                 Collective::AllReduce => sum(i),
@@ -876,7 +877,7 @@ pub fn oracle(s: &Schedule, seed: u64) -> Result<(), String> {
                 Collective::AllToAll => input(i / k, r * k + i % k),
             };
             let (b, j) = place(r, Buf::Output, i);
-            if mem[r][b][j] != want {
+            if rank_mem[b][j] != want {
                 return Err(format!("rank {r} output chunk {i} is wrong"));
             }
         }
