@@ -114,3 +114,20 @@ fn show_json() {
     let out = hcclc(&["show", "--json", "tests/data/pair_allreduce.plan.ron"]);
     insta::assert_json_snapshot!(json(&out));
 }
+
+#[test]
+fn verify_msccl_xml() {
+    let out = hcclc(&[
+        "verify",
+        "ir/tests/data/msccl/allgather_ring_r8_ch1_i1_ll128.xml",
+    ]);
+    insta::assert_snapshot!(transcript(&out));
+    assert_eq!(out.status.code(), Some(0));
+    let out = hcclc(&[
+        "show",
+        "--json",
+        "ir/tests/data/msccl/allgather_ring_r8_ch1_i1_ll128.xml",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(json(&out)["entries"][0]["collective"], "allgather");
+}

@@ -1,5 +1,8 @@
 //! `hcclc verify` and `hcclc show`.
 //!
+//! Both read a plan file (RON) or an MSCCL algorithm (a path ending in `.xml`, imported with
+//! [`hccl_ir::msccl`]; import warnings go to stderr).
+//!
 //! `verify` exits 0 when every entry verifies, 1 when some entry does not (every error is
 //! listed, located as `entry I (COLLECTIVE SIZES ALGORITHM): rank R stream S (channel C)
 //! step K: …`), and 2 when the file cannot be read or parsed. `show` prints each entry's
@@ -15,7 +18,7 @@ use std::path::PathBuf;
 
 #[derive(Args, Debug)]
 pub struct VerifyArgs {
-    /// Plan file (RON).
+    /// Plan file (RON), or an MSCCL algorithm (`.xml`).
     pub plan: PathBuf,
     /// Print one JSON document instead of text.
     #[arg(long)]
@@ -24,11 +27,35 @@ pub struct VerifyArgs {
 
 #[derive(Args, Debug)]
 pub struct ShowArgs {
-    /// Plan file (RON).
+    /// Plan file (RON), or an MSCCL algorithm (`.xml`).
     pub plan: PathBuf,
     /// Print one JSON document instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Loads a plan file, or imports an MSCCL XML algorithm as a plan.
+fn load_plan(path: &std::path::Path) -> Result<PlanFile, CliError> {
+    let is_xml = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("xml"));
+    if !is_xml {
+        return PlanFile::load(path).map_err(CliError::input);
+    }
+    let imported = hccl_ir::msccl::load_xml(path).map_err(CliError::input)?;
+    for warning in &imported.warnings {
+        eprintln!("hcclc: warning: {}: {warning}", path.display());
+    }
+    Ok(imported.into_plan(&path.display().to_string()))
+}
+
+/// `1 entry`, `2 entries`.
+fn entries_text(n: usize) -> String {
+    if n == 1 {
+        "1 entry".to_string()
+    } else {
+        format!("{n} entries")
+    }
 }
 
 /// `1024` → `1K`; sizes that are not a whole number of K/M/G stay in bytes.
@@ -102,7 +129,7 @@ fn report_json(r: &Report) -> Value {
 }
 
 pub fn verify(args: VerifyArgs) -> Result<(), CliError> {
-    let plan = PlanFile::load(&args.plan).map_err(CliError::input)?;
+    let plan = load_plan(&args.plan)?;
     let path = args.plan.display().to_string();
     let results: Vec<Result<Report, Vec<VerifyError>>> = plan
         .entries
@@ -159,8 +186,8 @@ pub fn verify(args: VerifyArgs) -> Result<(), CliError> {
         }));
     } else if failed == 0 {
         println!(
-            "{path}: ok: {} entries, {steps} steps, collectives: {}",
-            plan.entries.len(),
+            "{path}: ok: {}, {steps} steps, collectives: {}",
+            entries_text(plan.entries.len()),
             collectives.into_iter().collect::<Vec<_>>().join(", ")
         );
         for (i, (entry, result)) in plan.entries.iter().zip(&results).enumerate() {
@@ -224,7 +251,7 @@ fn step_text(step: &Step) -> String {
 }
 
 pub fn show(args: ShowArgs) -> Result<(), CliError> {
-    let plan = PlanFile::load(&args.plan).map_err(CliError::input)?;
+    let plan = load_plan(&args.plan)?;
     let path = args.plan.display().to_string();
     if args.json {
         let entries: Vec<Value> = plan
@@ -267,11 +294,11 @@ pub fn show(args: ShowArgs) -> Result<(), CliError> {
         return Ok(());
     }
     println!(
-        "plan {path}: format {}, topology {}, compiler {}, {} entries",
+        "plan {path}: format {}, topology {}, compiler {}, {}",
         plan.format_version,
         plan.meta.topology,
         plan.meta.compiler,
-        plan.entries.len()
+        entries_text(plan.entries.len())
     );
     for (i, entry) in plan.entries.iter().enumerate() {
         let s = &entry.schedule;
