@@ -28,14 +28,24 @@ fn corrupted_ring_plan_is_rejected_with_located_errors() {
     // Rank 5 reduces the chunk it should only store in the allgather phase.
     let step = &mut plan.entries[0].schedule.ranks[5].streams[1].steps[9];
     let hccl::ir::Op::Recv { from, dst } = step.op else {
-        panic!("rank 5 stream 1 step 9 is an allgather receive, found {:?}", step.op)
+        panic!(
+            "rank 5 stream 1 step 9 is an allgather receive, found {:?}",
+            step.op
+        )
     };
-    step.op = hccl::ir::Op::RecvReduceCopy { from, src: dst, dst };
+    step.op = hccl::ir::Op::RecvReduceCopy {
+        from,
+        src: dst,
+        dst,
+    };
     let failures = verify_plan(&plan).expect_err("a double reduction must be caught");
     assert_eq!(failures.len(), 1);
     let (entry, errors) = &failures[0];
     assert_eq!(*entry, 0);
     let first = &errors[0];
     assert_eq!(first.kind, ErrorKind::BadReduction);
-    assert_eq!(first.to_string().split(':').next(), Some("rank 5 stream 1 (channel 0) step 9"));
+    assert_eq!(
+        first.to_string().split(':').next(),
+        Some("rank 5 stream 1 (channel 0) step 9")
+    );
 }
