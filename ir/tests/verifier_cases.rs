@@ -275,6 +275,18 @@ fn cases() -> Vec<Case> {
     s.output_chunks = 1 << 30;
     cases.push(("too large to model", s, ErrorKind::Limit, None));
 
+    let mut s = ring();
+    s.ranks[0].streams.extend((0..9000).map(|_| Stream {
+        channel: 0,
+        steps: Vec::new(),
+    }));
+    cases.push((
+        "too many streams for the race check",
+        s,
+        ErrorKind::Limit,
+        None,
+    ));
+
     let mut s = ring_allreduce(16, 1, 1, false);
     for p in &mut s.ranks {
         for st in &mut p.streams {
@@ -333,4 +345,35 @@ fn valid_single_rank_and_empty_schedules() {
     let errors = verify(&Schedule::empty(Collective::AllGather, 2, 2, true).unwrap()).unwrap_err();
     assert!(errors.iter().all(|e| e.kind == ErrorKind::Postcondition));
     assert_eq!(errors.len(), 2);
+}
+
+#[test]
+fn rank_sets_beyond_one_word() {
+    // 130 ranks: rank sets span three 64-bit words.
+    let s = ring_allreduce(130, 1, 2, true);
+    let report = hccl_ir::verify::verify_report(&s).expect("the big ring verifies");
+    assert_eq!(report.ranks, 130);
+    assert_eq!(common::oracle(&s, 5), Ok(()));
+    let mut bad = s.clone();
+    // Rank 100 reduces its own contribution in a second time on channel 1.
+    let st = &mut bad.ranks[100].streams[1].steps;
+    let first = st[1].clone();
+    st.insert(
+        2,
+        Step::new(
+            Op::Reduce {
+                src: Loc::input(0),
+                dst: Loc::input(0),
+            },
+            1,
+        ),
+    );
+    assert!(matches!(first.op, Op::RecvReduceCopySend { .. }));
+    let errors = verify(&bad).unwrap_err();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.kind == ErrorKind::BadReduction && e.at == at(100, 1, 2)),
+        "{errors:#?}"
+    );
 }

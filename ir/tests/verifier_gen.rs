@@ -29,7 +29,7 @@ fn params() -> impl Strategy<Value = Params> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(200))]
+    #![proptest_config(ProptestConfig::with_cases(500))]
 
     #[test]
     fn generated_schedules_verify(p in params()) {

@@ -7,8 +7,9 @@
 //! - `nranks > 0`, `nranks == ranks.len()`, `chunks > 0`; `root < nranks` for rooted
 //!   collectives; `(input_chunks, output_chunks)` equal [`crate::Collective::buffer_chunks`]
 //!   (which also demands `chunks % nranks == 0` for AllGather, ReduceScatter, AllToAll).
-//! - The model fits: at most [`MAX_SLOTS`] buffer chunks over all ranks and at most
-//!   [`MAX_WORK`] chunk-steps ([`ErrorKind::Limit`]), so no input exhausts memory or time.
+//! - The model fits: at most [`MAX_SLOTS`] buffer chunks over all ranks (scratch counted as
+//!   far as steps address it), at most [`MAX_WORK`] chunk-steps and at most [`MAX_CLOCKS`]
+//!   vector-clock entries ([`ErrorKind::Limit`]), so no input exhausts memory or time.
 //!
 //! # 2. Structure (every error names rank, stream, channel and step)
 //! - `count > 0` for every op but `Nop`; every `src`/`dst` run `off..off+count` lies inside
@@ -85,7 +86,7 @@ mod sim;
 mod structure;
 mod value;
 
-pub use structure::{MAX_SLOTS, MAX_WORK};
+pub use structure::{MAX_CLOCKS, MAX_SLOTS, MAX_WORK};
 
 use crate::plan::PlanFile;
 use crate::schedule::{Schedule, StepRef};
@@ -133,7 +134,8 @@ pub enum ErrorKind {
     Overlap,
     /// Two streams of a rank touch a chunk, one writing, with no ordering between them.
     Race,
-    /// The schedule is too large for the verifier to model (see [`MAX_SLOTS`], [`MAX_WORK`]).
+    /// The schedule is too large for the verifier to model (see [`MAX_SLOTS`], [`MAX_WORK`],
+    /// [`MAX_CLOCKS`]).
     Limit,
     /// Not an error of its own: more errors were found than [`MAX_ERRORS`].
     Truncated,

@@ -10,8 +10,12 @@ use std::collections::HashMap;
 /// than exhausting memory.
 pub const MAX_SLOTS: u64 = 1 << 24;
 
-/// Most chunk-steps (sum of step counts) the verifier will simulate.
+/// Most chunk-steps (sum of step counts and dependencies) the verifier will simulate.
 pub const MAX_WORK: u64 = 1 << 31;
+
+/// Most vector-clock entries the race check may keep: per rank, its streams times (its
+/// streams plus its dependencies).
+pub const MAX_CLOCKS: u64 = 1 << 26;
 
 /// Key of a connection: `(from, to, channel)`.
 pub(crate) type ConnKey = (u32, u32, u32);
@@ -163,6 +167,34 @@ pub(crate) fn check_limits(s: &Schedule, sink: &mut Sink) {
         .flat_map(|st| &st.steps)
         .map(|st| u64::from(st.count).max(1) + st.deps.len() as u64)
         .sum();
+    let clocks: u64 = s
+        .ranks
+        .iter()
+        .map(|r| {
+            let streams = r.streams.len() as u64;
+            let deps: u64 = r
+                .streams
+                .iter()
+                .flat_map(|st| &st.steps)
+                .map(|st| st.deps.len() as u64)
+                .sum();
+            if streams > 1 {
+                streams * (streams + deps)
+            } else {
+                0
+            }
+        })
+        .sum();
+    if clocks > MAX_CLOCKS {
+        sink.push(VerifyError {
+            at: None,
+            channel: None,
+            kind: ErrorKind::Limit,
+            message: format!(
+                "the race check would keep {clocks} clock entries (streams per rank times streams and dependencies), more than the verifier allows ({MAX_CLOCKS})"
+            ),
+        });
+    }
     if slots > MAX_SLOTS {
         sink.push(VerifyError {
             at: None,
