@@ -1,1 +1,45 @@
-//! Executor.
+//! hccl-executor: loads plan files and replays their schedules.
+//!
+//! # Overview
+//!
+//! A [`Communicator`] is one rank's handle on a group. It is built from a plan (a
+//! [`hccl_ir::PlanFile`], a plan file, a directory of them, or the built-in
+//! [`fallback`] plans), a rank and a world size; before any data moves the plan is verified
+//! ([`hccl_ir::verify::verify`]), its world size checked, and — across processes — its content
+//! hash compared between all ranks. Calls take typed buffers ([`Element`]: `f32`, `f64`,
+//! `f16`, `bf16`, `i8`, `u8`, `i32`, `u32`, `i64`, `u64`) and an operator ([`ReduceOp`]), in
+//! place or out of place, blocking ([`Communicator::run`] and the named methods) or not
+//! ([`Communicator::start`]).
+//!
+//! # Design
+//!
+//! - [`engine`] is the replay engine shared by all backends: how streams map to threads, how
+//!   signalling works, how chunks map to elements and what scratch holds (see its docs).
+//! - [`arena`] is the shared region a backend provides: per-connection message rings and
+//!   counters. A backend only moves bytes and signals: [`threads`] keeps the region on the
+//!   heap, [`process`] in `/dev/shm` after a TCP rendezvous.
+//! - [`dtype`] holds the reduction kernels, monomorphised per element type × operator.
+//! - [`comm`] maps a call onto a plan entry: buffer checks, placement adaptation (an in-place
+//!   call on an out-of-place schedule and vice versa), segmenting, the `avg` finishing pass.
+//!
+//! Failures never hang or panic: a rank that waits longer than the timeout reports the peer it
+//! waits for and raises the shared abort word, so every other rank returns an error naming
+//! the culprit; a dead process is detected through its pid.
+
+pub mod arena;
+pub mod comm;
+pub mod config;
+pub mod dtype;
+pub mod engine;
+pub mod error;
+pub mod fallback;
+pub mod process;
+pub mod program;
+pub mod threads;
+
+pub use comm::{Buffers, Communicator, EntryInfo, OwnedBuffers, Request};
+pub use config::{Config, PlanSource};
+pub use dtype::{DataType, Element, ReduceOp};
+pub use error::{ExecError, Result};
+pub use process::{Bootstrap, ProcessGroup};
+pub use threads::ThreadGroup;

@@ -1,0 +1,170 @@
+//! The shared region every backend exchanges data and signals through.
+//!
+//! Layout (all offsets multiples of 64 bytes, so every counter owns a cache line):
+//!
+//! ```text
+//! header  : magic | abort word | per rank: { pid, gone } (one line each)
+//! control : per connection: { sent (line) | consumed (line) }
+//! data    : per connection: CONNECTION_SLOTS slots of `slot_bytes`
+//! ```
+//!
+//! A connection is a single-producer single-consumer ring of [`CONNECTION_SLOTS`] message
+//! slots. `sent` counts messages the sender published (written only by the sender) and
+//! `consumed` those the receiver finished reading (written only by the receiver); message `k`
+//! lives in slot `k % CONNECTION_SLOTS`. The sender may fill a slot when
+//! `sent - consumed < CONNECTION_SLOTS` (Acquire on `consumed`), writes the data and
+//! publishes with a Release store of `sent`; the receiver sees `sent > consumed` (Acquire),
+//! reads and releases the slot with a Release store of `consumed`. The threads backend keeps
+//! the region on the heap, the process backend in a file in `/dev/shm` mapped by every rank.
+
+use hccl_ir::CONNECTION_SLOTS;
+use std::sync::atomic::AtomicU64;
+
+const LINE: usize = 64;
+/// Magic value at offset 0 (checked by ranks that map a region made by another).
+pub(crate) const MAGIC: u64 = 0x4843_434c_4152_4e31; // "HCCLARN1"
+
+/// Offsets of everything in the region.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Layout {
+    pub slot_bytes: usize,
+    control: usize,
+    data: usize,
+    pub total: usize,
+}
+
+impl Layout {
+    /// Computes the layout; `slot_bytes` is rounded up to a multiple of 64.
+    pub(crate) fn new(nranks: usize, nconns: usize, slot_bytes: usize) -> Layout {
+        let slot_bytes = slot_bytes.div_ceil(LINE).max(1) * LINE;
+        let control = 2 * LINE + nranks * LINE;
+        let data = control + nconns * 2 * LINE;
+        let total = data + nconns * CONNECTION_SLOTS * slot_bytes;
+        Layout {
+            slot_bytes,
+            control,
+            data,
+            total,
+        }
+    }
+}
+
+/// A mapped region plus whatever keeps it alive.
+pub(crate) struct Arena {
+    base: *mut u8,
+    pub layout: Layout,
+    _owner: Box<dyn Send + Sync>,
+}
+
+// SAFETY: the region is only accessed through atomics and through the connection protocol
+// above, which gives each byte a single writer at a time with Release/Acquire hand-over.
+unsafe impl Send for Arena {}
+// SAFETY: as above.
+unsafe impl Sync for Arena {}
+
+/// Zeroed, 4096-aligned heap memory (the threads backend's region).
+struct HeapRegion {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+// SAFETY: plain memory, see Arena.
+unsafe impl Send for HeapRegion {}
+// SAFETY: plain memory, see Arena.
+unsafe impl Sync for HeapRegion {}
+impl Drop for HeapRegion {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `Arena::heap` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+    }
+}
+
+impl Arena {
+    /// A zeroed heap region for ranks that share an address space.
+    pub(crate) fn heap(layout: Layout) -> Option<Arena> {
+        let alloc_layout =
+            std::alloc::Layout::from_size_align(layout.total.max(LINE), 4096).ok()?;
+        // SAFETY: non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(alloc_layout) };
+        if ptr.is_null() {
+            return None;
+        }
+        let arena = Arena {
+            base: ptr,
+            layout,
+            _owner: Box::new(HeapRegion {
+                ptr,
+                layout: alloc_layout,
+            }),
+        };
+        arena
+            .word(0)
+            .store(MAGIC, std::sync::atomic::Ordering::Relaxed);
+        Some(arena)
+    }
+
+    /// Wraps memory mapped elsewhere (the process backend).
+    ///
+    /// # Safety
+    /// `base` must be valid for `layout.total` bytes, 64-aligned, zero-initialised or laid
+    /// out by another rank, and stay mapped while `owner` lives.
+    pub(crate) unsafe fn from_raw(
+        base: *mut u8,
+        layout: Layout,
+        owner: Box<dyn Send + Sync>,
+    ) -> Arena {
+        Arena {
+            base,
+            layout,
+            _owner: owner,
+        }
+    }
+
+    fn word(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off + 8 <= self.layout.total && off.is_multiple_of(8));
+        // SAFETY: in bounds, aligned, and the region outlives &self.
+        unsafe { &*(self.base.add(off).cast::<AtomicU64>()) }
+    }
+
+    /// Magic word.
+    pub(crate) fn magic(&self) -> &AtomicU64 {
+        self.word(0)
+    }
+
+    /// The abort word: 0, or `1 + (reporter << 32 | culprit)`.
+    pub(crate) fn abort(&self) -> &AtomicU64 {
+        self.word(LINE)
+    }
+
+    /// Process id of `rank` (process backend).
+    pub(crate) fn pid(&self, rank: usize) -> &AtomicU64 {
+        self.word(2 * LINE + rank * LINE)
+    }
+
+    /// Set when `rank` left (its communicator was dropped).
+    pub(crate) fn gone(&self, rank: usize) -> &AtomicU64 {
+        self.word(2 * LINE + rank * LINE + 8)
+    }
+
+    /// Messages published on connection `c`.
+    #[inline]
+    pub(crate) fn sent(&self, c: u32) -> &AtomicU64 {
+        self.word(self.layout.control + c as usize * 2 * LINE)
+    }
+
+    /// Messages consumed on connection `c`.
+    #[inline]
+    pub(crate) fn consumed(&self, c: u32) -> &AtomicU64 {
+        self.word(self.layout.control + c as usize * 2 * LINE + LINE)
+    }
+
+    /// Start of slot `seq % CONNECTION_SLOTS` of connection `c`.
+    #[inline]
+    pub(crate) fn slot(&self, c: u32, seq: u64) -> *mut u8 {
+        let idx = c as usize * CONNECTION_SLOTS + (seq % CONNECTION_SLOTS as u64) as usize;
+        // SAFETY: in bounds of the region by the layout.
+        unsafe {
+            self.base
+                .add(self.layout.data + idx * self.layout.slot_bytes)
+        }
+    }
+}

@@ -1,0 +1,799 @@
+//! Communicators: plan checks, buffer validation, placement adaptation, segmenting, and the
+//! typed blocking and non-blocking collective calls.
+
+use crate::arena::Arena;
+use crate::config::Config;
+use crate::dtype::{Element, Kernels, ReduceOp};
+use crate::engine::{AlignedBuf, Bufs, Ctx, EngineState, Geometry, raise_abort};
+use crate::error::{ExecError, Result};
+use crate::program::{self, ConnTable, Entry};
+use hccl_ir::{Collective, CollectiveKind, PlanFile, Protocol};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+
+/// What every rank of a group shares.
+pub(crate) struct Shared {
+    pub arena: Arena,
+    pub world: u32,
+    pub config: Config,
+    pub plan_hash: String,
+    /// Whether ranks are processes whose liveness can be checked through their pid.
+    pub check_pids: bool,
+}
+
+/// Checks the plan and prepares it for `rank`: verification, world size, entry filters.
+pub(crate) fn prepare_plan(
+    plan: &PlanFile,
+    world: u32,
+    config: &Config,
+) -> Result<(Vec<usize>, ConnTable)> {
+    if world == 0 {
+        return Err(ExecError::Invalid("world size must be at least 1".into()));
+    }
+    for (i, e) in plan.entries.iter().enumerate() {
+        if e.schedule.nranks != world {
+            return Err(ExecError::WorldSize {
+                entry: i,
+                plan: e.schedule.nranks,
+                world,
+            });
+        }
+    }
+    if let Err(failures) = hccl_ir::verify::verify_plan(plan) {
+        let (i, errs) = &failures[0];
+        let message = errs
+            .iter()
+            .take(3)
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join("; ");
+        return Err(ExecError::Verify {
+            entry: *i,
+            collective: plan.entries[*i].schedule.collective,
+            message,
+        });
+    }
+    let keep = filter_entries(plan, config);
+    let conns = ConnTable::build(keep.iter().map(|&i| &plan.entries[i].schedule));
+    Ok((keep, conns))
+}
+
+/// Applies `HCCL_ALGO` / `HCCL_PROTO`: per collective, keep only matching entries when the
+/// plan has any.
+fn filter_entries(plan: &PlanFile, config: &Config) -> Vec<usize> {
+    let mut keep: Vec<usize> = (0..plan.entries.len()).collect();
+    let mut apply = |pred: &dyn Fn(usize) -> bool, what: &str| {
+        let mut colls: Vec<Collective> = keep
+            .iter()
+            .map(|&i| plan.entries[i].schedule.collective)
+            .collect();
+        colls.sort();
+        colls.dedup();
+        for coll in colls {
+            let of = |i: &usize| plan.entries[*i].schedule.collective == coll;
+            if keep.iter().filter(|i| of(i)).any(|&i| pred(i)) {
+                keep.retain(|i| !of(i) || pred(*i));
+            } else {
+                tracing::warn!("{what} is not in the plan for {coll}; using all its entries");
+            }
+        }
+    };
+    if let Some(algo) = &config.algo {
+        apply(
+            &|i| plan.entries[i].algorithm.eq_ignore_ascii_case(algo),
+            &format!("HCCL_ALGO={algo}"),
+        );
+    }
+    if let Some(proto) = config.proto {
+        apply(
+            &|i| plan.entries[i].protocol == proto,
+            &format!("HCCL_PROTO={proto}"),
+        );
+    }
+    keep
+}
+
+/// One rank's private state.
+pub(crate) struct RankState {
+    entries: Vec<Entry>,
+    engine: EngineState,
+    scratch: AlignedBuf,
+    stage: AlignedBuf,
+}
+
+impl RankState {
+    pub(crate) fn new(
+        plan: &PlanFile,
+        keep: &[usize],
+        conns: &ConnTable,
+        rank: u32,
+        config: &Config,
+    ) -> Result<RankState> {
+        let mut entries = Vec::with_capacity(keep.len());
+        let mut scratch_bytes = 0usize;
+        let mut engine = EngineState::new(conns.len());
+        for &i in keep {
+            let e = program::compile(i, &plan.entries[i], rank, conns)?;
+            let per_chunk = config.slot_bytes / e.max_count.max(1) as usize;
+            scratch_bytes = scratch_bytes.max(e.program.scratch_chunks as usize * per_chunk);
+            engine.prepare(&e.program, config.slot_bytes);
+            entries.push(e);
+        }
+        let mut scratch = AlignedBuf::default();
+        scratch.reserve(scratch_bytes);
+        Ok(RankState {
+            entries,
+            engine,
+            scratch,
+            stage: AlignedBuf::default(),
+        })
+    }
+}
+
+/// The caller's buffers for one call.
+#[derive(Debug)]
+pub enum Buffers<'a, T> {
+    /// One buffer is both input and output (NCCL's in-place convention, see
+    /// [`hccl_ir::schedule`]).
+    InPlace(&'a mut [T]),
+    /// Separate input and output.
+    OutOfPlace { input: &'a [T], output: &'a mut [T] },
+}
+
+/// Owned buffers for a non-blocking call, handed back by [`Request::wait`].
+#[derive(Debug)]
+pub enum OwnedBuffers<T> {
+    /// One buffer is both input and output.
+    InPlace(Vec<T>),
+    /// Separate input and output.
+    OutOfPlace { input: Vec<T>, output: Vec<T> },
+}
+
+/// What the plan chose for a call (for tools and logs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EntryInfo {
+    /// Index of the entry in the plan file.
+    pub index: usize,
+    pub algorithm: String,
+    pub protocol: Protocol,
+    pub chunks: u32,
+    pub in_place: bool,
+}
+
+/// A raw call: pointers and element counts.
+#[derive(Clone, Copy)]
+struct Call {
+    collective: Collective,
+    kernels: Kernels,
+    input: *const u8,
+    in_len: usize,
+    output: *mut u8,
+    out_len: usize,
+    in_place: bool,
+}
+
+// SAFETY: the pointers refer to buffers the call's owner keeps alive and exclusively lent
+// until the call completes (borrowed for the blocking call, owned by the request otherwise).
+unsafe impl Send for Call {}
+
+fn lookup(entries: &[Entry], coll: Collective, bytes: u64, in_place: bool) -> Option<usize> {
+    let mut first = None;
+    for (i, e) in entries.iter().enumerate() {
+        if e.collective == coll && e.covers(bytes) {
+            if e.in_place == in_place {
+                return Some(i);
+            }
+            first.get_or_insert(i);
+        }
+    }
+    first
+}
+
+/// Runs one call on `rank`. Errors leave the caller's output undefined but reported.
+fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Result<()> {
+    let n = shared.world as usize;
+    let coll = call.collective;
+    let es = call.kernels.esize;
+    let bad = |message: String| ExecError::BadBuffers {
+        rank,
+        collective: coll,
+        message,
+    };
+    if let Some(root) = coll.root()
+        && root >= shared.world
+    {
+        return Err(ExecError::Invalid(format!(
+            "{coll}: root {root} is not a rank of this {}-rank communicator",
+            shared.world
+        )));
+    }
+    let kind = coll.kind();
+    let blocked = matches!(
+        kind,
+        CollectiveKind::AllGather | CollectiveKind::ReduceScatter | CollectiveKind::AllToAll
+    );
+    // N: elements of the whole collective buffer; count: elements of one block.
+    let total = if call.in_place {
+        call.out_len
+    } else {
+        match kind {
+            CollectiveKind::AllGather => {
+                if call.out_len != call.in_len * n {
+                    return Err(bad(format!(
+                        "output has {} elements, expected input ({}) × {n} ranks",
+                        call.out_len, call.in_len
+                    )));
+                }
+                call.out_len
+            }
+            CollectiveKind::ReduceScatter => {
+                if call.in_len != call.out_len * n {
+                    return Err(bad(format!(
+                        "input has {} elements, expected output ({}) × {n} ranks",
+                        call.in_len, call.out_len
+                    )));
+                }
+                call.in_len
+            }
+            _ => {
+                if call.in_len != call.out_len {
+                    return Err(bad(format!(
+                        "input has {} elements but output {}",
+                        call.in_len, call.out_len
+                    )));
+                }
+                call.in_len
+            }
+        }
+    };
+    if blocked && total % n != 0 {
+        return Err(bad(format!(
+            "buffer of {total} elements does not divide into {n} ranks"
+        )));
+    }
+    if total == 0 {
+        return Ok(());
+    }
+    let count = if blocked { total / n } else { total };
+    let bytes = (total * es) as u64;
+    let Some(ei) = lookup(&st.entries, coll, bytes, call.in_place) else {
+        return Err(ExecError::NoEntry {
+            collective: coll,
+            bytes,
+            filter: String::new(),
+        });
+    };
+    let RankState {
+        entries,
+        engine,
+        scratch,
+        stage,
+    } = st;
+    let entry = &entries[ei];
+    let cpb = u64::from(if blocked {
+        entry.chunks / shared.world
+    } else {
+        entry.chunks
+    })
+    .max(1);
+    let cap = shared.config.slot_bytes / (es * entry.max_count.max(1) as usize);
+    if cap == 0 {
+        return Err(ExecError::Invalid(format!(
+            "plan entry {}: steps of {} chunks do not fit a {}-byte slot",
+            entry.index, entry.max_count, shared.config.slot_bytes
+        )));
+    }
+    let stride = count as u64;
+    let segmax = cap as u64 * cpb;
+    let segs = stride.div_ceil(segmax).max(1);
+    let seglen = stride.div_ceil(segs);
+
+    // Placement adaptation: point the schedule's Input/Output at the right memory.
+    let r_off = rank as usize * count * es;
+    let input = call.input.cast_mut();
+    let output = call.output;
+    let mut post_copy: Option<(*const u8, *mut u8, usize)> = None;
+    // SAFETY: all pointer arithmetic stays inside the caller's buffers (lengths checked
+    // above) or the stage buffer reserved right before it is used.
+    let (in_ptr, out_ptr) = unsafe {
+        match (call.in_place, entry.in_place) {
+            (false, false) => {
+                if entry.program.writes_input {
+                    stage.reserve(call.in_len * es);
+                    std::ptr::copy_nonoverlapping(call.input, stage.ptr(), call.in_len * es);
+                    (stage.ptr(), output)
+                } else {
+                    (input, output)
+                }
+            }
+            (true, true) => match kind {
+                CollectiveKind::AllGather => (output.add(r_off), output),
+                CollectiveKind::ReduceScatter => (output, output.add(r_off)),
+                _ => (output, output),
+            },
+            (false, true) => match kind {
+                CollectiveKind::AllGather => {
+                    std::ptr::copy_nonoverlapping(call.input, output.add(r_off), count * es);
+                    (output.add(r_off), output)
+                }
+                CollectiveKind::ReduceScatter => {
+                    stage.reserve(total * es);
+                    std::ptr::copy_nonoverlapping(call.input, stage.ptr(), total * es);
+                    post_copy = Some((stage.ptr().add(r_off), output, count * es));
+                    (stage.ptr(), stage.ptr().add(r_off))
+                }
+                _ => {
+                    std::ptr::copy_nonoverlapping(call.input, output, total * es);
+                    (output, output)
+                }
+            },
+            (true, false) => match kind {
+                CollectiveKind::AllGather => {
+                    stage.reserve(count * es);
+                    std::ptr::copy_nonoverlapping(output.add(r_off), stage.ptr(), count * es);
+                    (stage.ptr(), output)
+                }
+                CollectiveKind::ReduceScatter => {
+                    stage.reserve(total * es);
+                    std::ptr::copy_nonoverlapping(output, stage.ptr(), total * es);
+                    (stage.ptr(), output.add(r_off))
+                }
+                _ => {
+                    stage.reserve(total * es);
+                    std::ptr::copy_nonoverlapping(output, stage.ptr(), total * es);
+                    (stage.ptr(), output)
+                }
+            },
+        }
+    };
+    let bufs = Bufs {
+        input: in_ptr,
+        output: out_ptr,
+        scratch: scratch.ptr(),
+    };
+    let alive = |p: u32| peer_alive(shared, p);
+    let ctx = Ctx {
+        rank,
+        arena: &shared.arena,
+        timeout: shared.config.timeout,
+        alive: &alive,
+    };
+    tracing::trace!(
+        rank,
+        %coll,
+        bytes,
+        entry = entry.index,
+        algorithm = %entry.algorithm,
+        segments = segs,
+        "collective start"
+    );
+    for s in 0..segs {
+        let lo = s * seglen;
+        let len = seglen.min(stride - lo);
+        let geo = Geometry {
+            esize: es,
+            cpb,
+            stride,
+            lo,
+            len,
+            maxc: len.div_ceil(cpb) as usize,
+        };
+        engine.run_segment(&ctx, &entry.program, &geo, &bufs, &call.kernels)?;
+    }
+    // SAFETY: as above.
+    unsafe {
+        if let Some((src, dst, len)) = post_copy {
+            std::ptr::copy_nonoverlapping(src, dst, len);
+        }
+        if let Some(div) = call.kernels.finish {
+            let final_out = if call.in_place && kind == CollectiveKind::ReduceScatter {
+                output.add(r_off)
+            } else {
+                output
+            };
+            match coll {
+                Collective::AllReduce => div(final_out, total, shared.world),
+                Collective::ReduceScatter => div(final_out, count, shared.world),
+                Collective::Reduce { root } if root == rank => div(final_out, total, shared.world),
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+fn peer_alive(shared: &Shared, p: u32) -> bool {
+    if shared.arena.gone(p as usize).load(Ordering::Acquire) != 0 {
+        return false;
+    }
+    if shared.check_pids {
+        let pid = shared.arena.pid(p as usize).load(Ordering::Acquire);
+        if pid != 0 {
+            return crate::process::pid_alive(pid);
+        }
+    }
+    true
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+struct Worker {
+    tx: Option<mpsc::Sender<Job>>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// One rank's handle on a group: runs collectives over typed buffers.
+///
+/// Use each communicator from one thread at a time (`&mut self`); ranks of a group run
+/// concurrently. After a failed call the communicator is poisoned: later calls return
+/// [`ExecError::Poisoned`].
+pub struct Communicator {
+    rank: u32,
+    shared: Arc<Shared>,
+    state: Option<Box<RankState>>,
+    poisoned: Option<String>,
+    worker: Option<Worker>,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("rank", &self.rank)
+            .field("world", &self.shared.world)
+            .field("plan_hash", &self.shared.plan_hash)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Communicator {
+    pub(crate) fn new(rank: u32, shared: Arc<Shared>, state: RankState) -> Communicator {
+        Communicator {
+            rank,
+            shared,
+            state: Some(Box::new(state)),
+            poisoned: None,
+            worker: None,
+        }
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> u32 {
+        self.shared.world
+    }
+
+    /// Content hash of the plan all ranks agreed on.
+    pub fn plan_hash(&self) -> &str {
+        &self.shared.plan_hash
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.shared.config
+    }
+
+    /// The entry a call of `bytes` would use.
+    pub fn entry_for(
+        &self,
+        collective: Collective,
+        bytes: u64,
+        in_place: bool,
+    ) -> Option<EntryInfo> {
+        let st = self.state.as_ref()?;
+        let i = lookup(&st.entries, collective, bytes, in_place)?;
+        let e = &st.entries[i];
+        Some(EntryInfo {
+            index: e.index,
+            algorithm: e.algorithm.clone(),
+            protocol: e.protocol,
+            chunks: e.chunks,
+            in_place: e.in_place,
+        })
+    }
+
+    /// Marks the communicator failed and tells the other ranks.
+    pub fn abort(&mut self) {
+        raise_abort(&self.shared.arena, self.rank, self.rank);
+        self.poisoned = Some("aborted by the caller".into());
+    }
+
+    fn take_state(&mut self) -> Result<Box<RankState>> {
+        if let Some(reason) = &self.poisoned {
+            return Err(ExecError::Poisoned {
+                rank: self.rank,
+                reason: reason.clone(),
+            });
+        }
+        self.state.take().ok_or_else(|| ExecError::Poisoned {
+            rank: self.rank,
+            reason: "a non-blocking request was leaked".into(),
+        })
+    }
+
+    fn finish(&mut self, state: Box<RankState>, res: Result<()>) -> Result<()> {
+        self.state = Some(state);
+        if let Err(e) = &res
+            && !matches!(
+                e,
+                ExecError::BadBuffers { .. } | ExecError::Invalid(_) | ExecError::NoEntry { .. }
+            )
+        {
+            self.poisoned = Some(e.to_string());
+        }
+        res
+    }
+
+    /// Runs `collective` over `buffers`; `op` is ignored by collectives that do not reduce.
+    pub fn run<T: Element>(
+        &mut self,
+        collective: Collective,
+        op: ReduceOp,
+        mut buffers: Buffers<'_, T>,
+    ) -> Result<()> {
+        let call = make_call(collective, op, &mut buffers);
+        let mut state = self.take_state()?;
+        let res = execute(&self.shared, self.rank, &mut state, &call);
+        self.finish(state, res)
+    }
+
+    /// Starts `collective` on a worker thread; the buffers come back from [`Request::wait`].
+    pub fn start<T: Element>(
+        &mut self,
+        collective: Collective,
+        op: ReduceOp,
+        mut buffers: OwnedBuffers<T>,
+    ) -> Result<Request<'_, T>> {
+        let mut state = self.take_state()?;
+        if self.worker.is_none() {
+            let (tx, rx) = mpsc::channel::<Job>();
+            let handle = std::thread::Builder::new()
+                .name(format!("hccl-rank{}", self.rank))
+                .spawn(move || {
+                    while let Ok(job) = rx.recv() {
+                        job();
+                    }
+                })
+                .map_err(|source| ExecError::Io {
+                    rank: self.rank,
+                    what: "spawning the non-blocking worker".into(),
+                    source,
+                });
+            let handle = match handle {
+                Ok(h) => h,
+                Err(e) => {
+                    self.state = Some(state);
+                    return Err(e);
+                }
+            };
+            self.worker = Some(Worker {
+                tx: Some(tx),
+                handle: Some(handle),
+            });
+        }
+        let (done_tx, done_rx) = mpsc::channel();
+        let shared = Arc::clone(&self.shared);
+        let rank = self.rank;
+        let job: Job = Box::new(move || {
+            let mut borrowed = match &mut buffers {
+                OwnedBuffers::InPlace(b) => Buffers::InPlace(b.as_mut_slice()),
+                OwnedBuffers::OutOfPlace { input, output } => Buffers::OutOfPlace {
+                    input: input.as_slice(),
+                    output: output.as_mut_slice(),
+                },
+            };
+            let call = make_call(collective, op, &mut borrowed);
+            let res = execute(&shared, rank, &mut state, &call);
+            let _ = done_tx.send((state, res, buffers));
+        });
+        let sent = self
+            .worker
+            .as_ref()
+            .and_then(|w| w.tx.as_ref())
+            .map(|tx| tx.send(job));
+        if !matches!(sent, Some(Ok(()))) {
+            self.poisoned = Some("the non-blocking worker stopped".into());
+            return Err(ExecError::Internal {
+                rank: self.rank,
+                message: "the non-blocking worker stopped".into(),
+            });
+        }
+        Ok(Request {
+            comm: self,
+            rx: Some(done_rx),
+        })
+    }
+}
+
+fn make_call<T: Element>(collective: Collective, op: ReduceOp, b: &mut Buffers<'_, T>) -> Call {
+    let op = if collective.kind().reduces() {
+        op
+    } else {
+        ReduceOp::Sum
+    };
+    let kernels = Kernels::new(T::DTYPE, op);
+    match b {
+        Buffers::InPlace(buf) => Call {
+            collective,
+            kernels,
+            input: buf.as_ptr().cast(),
+            in_len: buf.len(),
+            output: buf.as_mut_ptr().cast(),
+            out_len: buf.len(),
+            in_place: true,
+        },
+        Buffers::OutOfPlace { input, output } => Call {
+            collective,
+            kernels,
+            input: input.as_ptr().cast(),
+            in_len: input.len(),
+            output: output.as_mut_ptr().cast(),
+            out_len: output.len(),
+            in_place: false,
+        },
+    }
+}
+
+type Done<T> = (Box<RankState>, Result<()>, OwnedBuffers<T>);
+
+/// A collective in flight; [`Request::wait`] returns its buffers. Dropping it waits too.
+pub struct Request<'c, T> {
+    comm: &'c mut Communicator,
+    rx: Option<mpsc::Receiver<Done<T>>>,
+}
+
+impl<T> std::fmt::Debug for Request<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request")
+            .field("rank", &self.comm.rank)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T> Request<'_, T> {
+    fn complete(&mut self) -> Result<OwnedBuffers<T>> {
+        let rank = self.comm.rank;
+        let rx = self.rx.take().ok_or_else(|| ExecError::Internal {
+            rank,
+            message: "request already completed".into(),
+        })?;
+        match rx.recv() {
+            Ok((state, res, bufs)) => self.comm.finish(state, res).map(|()| bufs),
+            Err(_) => {
+                self.comm.poisoned = Some("the non-blocking worker stopped".into());
+                Err(ExecError::Internal {
+                    rank,
+                    message: "the non-blocking worker stopped".into(),
+                })
+            }
+        }
+    }
+
+    /// Waits for completion and hands the buffers back.
+    pub fn wait(mut self) -> Result<OwnedBuffers<T>> {
+        self.complete()
+    }
+}
+
+impl<T> Drop for Request<'_, T> {
+    fn drop(&mut self) {
+        if self.rx.is_some() {
+            let _ = self.complete();
+        }
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        self.worker.take();
+        self.shared
+            .arena
+            .gone(self.rank as usize)
+            .store(1, Ordering::Release);
+    }
+}
+
+macro_rules! typed {
+    ($(#[$m:meta])* $name:ident, $name_ip:ident, $coll:expr, reduce) => {
+        $(#[$m])*
+        pub fn $name<T: Element>(&mut self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<()> {
+            self.run($coll, op, Buffers::OutOfPlace { input, output })
+        }
+        /// In-place variant (see [`Buffers::InPlace`]).
+        pub fn $name_ip<T: Element>(&mut self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+            self.run($coll, op, Buffers::InPlace(buf))
+        }
+    };
+    ($(#[$m:meta])* $name:ident, $name_ip:ident, $coll:expr, plain) => {
+        $(#[$m])*
+        pub fn $name<T: Element>(&mut self, input: &[T], output: &mut [T]) -> Result<()> {
+            self.run($coll, ReduceOp::Sum, Buffers::OutOfPlace { input, output })
+        }
+        /// In-place variant (see [`Buffers::InPlace`]).
+        pub fn $name_ip<T: Element>(&mut self, buf: &mut [T]) -> Result<()> {
+            self.run($coll, ReduceOp::Sum, Buffers::InPlace(buf))
+        }
+    };
+}
+
+impl Communicator {
+    typed!(
+        /// AllReduce: every output is `⊕` over the ranks' inputs (equal lengths).
+        all_reduce, all_reduce_in_place, Collective::AllReduce, reduce
+    );
+    typed!(
+        /// ReduceScatter: the input holds `n` blocks; rank `r` gets the reduction of block `r`.
+        /// In place, the result lands in block `r` of the buffer.
+        reduce_scatter, reduce_scatter_in_place, Collective::ReduceScatter, reduce
+    );
+    typed!(
+        /// AllGather: the output is the concatenation of every rank's input. In place, the
+        /// buffer's block `r` is this rank's input.
+        all_gather, all_gather_in_place, Collective::AllGather, plain
+    );
+    typed!(
+        /// AllToAll: block `b` of this rank's input goes to block `r` of rank `b`'s output.
+        all_to_all, all_to_all_in_place, Collective::AllToAll, plain
+    );
+
+    /// Broadcast: every output becomes the root's input (which only the root reads).
+    pub fn broadcast<T: Element>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+        root: u32,
+    ) -> Result<()> {
+        self.run(
+            Collective::Broadcast { root },
+            ReduceOp::Sum,
+            Buffers::OutOfPlace { input, output },
+        )
+    }
+
+    /// In-place Broadcast.
+    pub fn broadcast_in_place<T: Element>(&mut self, buf: &mut [T], root: u32) -> Result<()> {
+        self.run(
+            Collective::Broadcast { root },
+            ReduceOp::Sum,
+            Buffers::InPlace(buf),
+        )
+    }
+
+    /// Reduce: the root's output becomes `⊕` over the inputs; other outputs are unspecified.
+    pub fn reduce<T: Element>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+        root: u32,
+    ) -> Result<()> {
+        self.run(
+            Collective::Reduce { root },
+            op,
+            Buffers::OutOfPlace { input, output },
+        )
+    }
+
+    /// In-place Reduce.
+    pub fn reduce_in_place<T: Element>(
+        &mut self,
+        buf: &mut [T],
+        op: ReduceOp,
+        root: u32,
+    ) -> Result<()> {
+        self.run(Collective::Reduce { root }, op, Buffers::InPlace(buf))
+    }
+}

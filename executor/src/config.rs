@@ -1,0 +1,155 @@
+//! Configuration: timeouts, slot size, entry filters, and where plans come from — with the
+//! environment overrides `HCCL_PLAN`, `HCCL_ALGO`, `HCCL_PROTO`, `HCCL_DEBUG`, `HCCL_TIMEOUT`.
+
+use crate::error::{ExecError, Result};
+use hccl_ir::{PlanFile, Protocol};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Default `HCCL_TIMEOUT`.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+/// Default bytes per connection slot (a message; larger calls run in segments).
+pub const DEFAULT_SLOT_BYTES: usize = 256 * 1024;
+
+/// Runtime settings of a communicator.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// How long a rank waits without progress before it reports the peer it waits for.
+    pub timeout: Duration,
+    /// Capacity of one connection slot in bytes.
+    pub slot_bytes: usize,
+    /// Use only entries of this algorithm family where the plan has one for the collective.
+    pub algo: Option<String>,
+    /// Use only entries of this protocol where the plan has one for the collective.
+    pub proto: Option<Protocol>,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            timeout: DEFAULT_TIMEOUT,
+            slot_bytes: DEFAULT_SLOT_BYTES,
+            algo: None,
+            proto: None,
+        }
+    }
+}
+
+impl Config {
+    /// Defaults overridden by `HCCL_TIMEOUT` (seconds, fractional allowed), `HCCL_ALGO`,
+    /// `HCCL_PROTO` and `HCCL_SLOT_BYTES`; also installs the `HCCL_DEBUG` log subscriber.
+    pub fn from_env() -> Result<Config> {
+        init_tracing();
+        let mut cfg = Config::default();
+        if let Some(v) = env("HCCL_TIMEOUT") {
+            let secs: f64 = v
+                .parse()
+                .ok()
+                .filter(|s: &f64| s.is_finite() && *s > 0.0)
+                .ok_or_else(|| {
+                    ExecError::Invalid(format!("HCCL_TIMEOUT={v}: expected positive seconds"))
+                })?;
+            cfg.timeout = Duration::from_secs_f64(secs.min(1e9));
+        }
+        if let Some(v) = env("HCCL_SLOT_BYTES") {
+            cfg.slot_bytes = v.parse().ok().filter(|b| *b >= 64).ok_or_else(|| {
+                ExecError::Invalid(format!("HCCL_SLOT_BYTES={v}: expected bytes >= 64"))
+            })?;
+        }
+        if let Some(v) = env("HCCL_ALGO") {
+            cfg.algo = Some(v);
+        }
+        if let Some(v) = env("HCCL_PROTO") {
+            cfg.proto = Some(Protocol::from_name(&v).ok_or_else(|| {
+                ExecError::Invalid(format!("HCCL_PROTO={v}: expected LL, LL128 or Simple"))
+            })?);
+        }
+        Ok(cfg)
+    }
+
+    /// Sets the timeout.
+    pub fn with_timeout(mut self, timeout: Duration) -> Config {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets the slot size.
+    pub fn with_slot_bytes(mut self, bytes: usize) -> Config {
+        self.slot_bytes = bytes;
+        self
+    }
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// Installs a `tracing` subscriber at the level `HCCL_DEBUG` names (`WARN`, `INFO`,
+/// `TRACE`, …), once; does nothing when unset or when the program installed its own.
+pub fn init_tracing() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if let Some(level) = env("HCCL_DEBUG") {
+            let filter = tracing_subscriber::EnvFilter::new(format!(
+                "hccl_executor={}",
+                level.to_ascii_lowercase()
+            ));
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_writer(std::io::stderr)
+                .try_init();
+        }
+    });
+}
+
+/// Where a communicator's plan comes from.
+#[derive(Debug, Clone)]
+pub enum PlanSource {
+    /// The built-in fallback plans ([`crate::fallback`]).
+    Builtin,
+    /// A plan file, or a directory whose `*.ron` files are merged (in name order).
+    Path(PathBuf),
+    /// A plan already in memory.
+    Plan(PlanFile),
+}
+
+impl PlanSource {
+    /// Resolves the source to a plan for `world` ranks; `HCCL_PLAN` overrides it.
+    pub fn load(self, world: u32) -> Result<PlanFile> {
+        let source = match env("HCCL_PLAN") {
+            Some(path) => PlanSource::Path(PathBuf::from(path)),
+            None => self,
+        };
+        match source {
+            PlanSource::Builtin => Ok(crate::fallback::plan(world)),
+            PlanSource::Plan(plan) => Ok(plan),
+            PlanSource::Path(path) => load_path(&path),
+        }
+    }
+}
+
+/// Loads a plan file or merges a directory of them.
+pub fn load_path(path: &Path) -> Result<PlanFile> {
+    if !path.is_dir() {
+        return Ok(PlanFile::load(path)?);
+    }
+    let dir_err = |message: String| ExecError::PlanDir {
+        path: path.display().to_string(),
+        message,
+    };
+    let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+        .map_err(|e| dir_err(format!("cannot list directory: {e}")))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "ron") && p.is_file())
+        .collect();
+    files.sort();
+    let mut merged: Option<PlanFile> = None;
+    for file in files {
+        let plan = PlanFile::load(&file)?;
+        match &mut merged {
+            None => merged = Some(plan),
+            Some(m) => m.entries.extend(plan.entries),
+        }
+    }
+    merged.ok_or_else(|| dir_err("no *.ron plan files in directory".to_string()))
+}

@@ -1,0 +1,977 @@
+//! Lowering of one call (a plan entry, a buffer size, a placement) for all ranks of a group to
+//! one ordered list of device commands.
+//!
+//! This part is pure Rust and runs without a GPU: the tests replay the commands on host
+//! memory in random interleavings that respect only what the device would respect (queue
+//! order and event waits), which checks the ordering as well as the data movement.
+//!
+//! # From steps to commands
+//!
+//! Every IR stream of every rank becomes one *queue* (a CUDA stream). Every step becomes a
+//! node of a dependency graph whose edges are: stream order; the step's [`hccl_ir::Dep`]s; and,
+//! for each message (the k-th send of rank `a` to `b` on a channel pairs with the k-th receive
+//! of `b` from `a` on it), sender step → receiver step. The receiver reads the message
+//! *directly* where the sender keeps it (its source chunk, or the destination chunk of a
+//! forwarding step), so the recv, reduce and copy of a chunk are one fused operation that
+//! reads each input once. Because a message is then not a snapshot, any later step of the
+//! sender that overwrites that memory must wait for the receiver: such write-after-read edges
+//! are added; if they would close a cycle, the messages concerned are *staged* (copied at the
+//! send into memory of their own) instead. `rrs` (receive-reduce-send) writes its result to
+//! memory of its own per message. Messages between ranks on different devices without peer
+//! access are staged onto the receiver's device (`cuMemcpyPeer`, which goes through host
+//! memory when the devices cannot reach each other).
+//!
+//! Commands are issued in a topological order of that graph; an edge between two queues
+//! becomes an event record after the producer and a wait before the consumer, and a wait is
+//! always issued after its record (CUDA waits on the last *issued* record).
+//!
+//! # Chunks
+//!
+//! The whole call runs as one segment: chunk `k` of the `N`-element collective buffer covers
+//! `[k·N/C, (k+1)·N/C)`; for the rank-blocked collectives (AllGather, ReduceScatter,
+//! AllToAll) block `b` of `N/n` elements holds chunks `b·C/n..` cut the same way — exactly the
+//! element ranges of the CPU engine with one segment. Scratch chunk `i` starts at
+//! `i·maxc` elements (the largest chunk); an operation on a chunk moves the length of its
+//! shortest user-buffer side.
+
+use crate::cuda::CudaError;
+use crate::dtype::ReduceOp;
+use crate::program::{Entry, Kind};
+use hccl_ir::{Buf, Collective, CollectiveKind, Loc};
+use std::collections::{BTreeMap, VecDeque};
+
+/// A device allocation of the group, by role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Mem {
+    /// Rank's send buffer (the caller's input of an out-of-place call).
+    Send(u32),
+    /// Rank's receive buffer (the caller's output; input too when in place).
+    Recv(u32),
+    /// Rank's scratch buffer.
+    Scratch(u32),
+    /// Rank's temporary copy of its input (placement adaptation).
+    Temp(u32),
+    /// Message staging area `i` of [`Lowered::staging`].
+    Staging(u32),
+}
+
+/// A byte range of one allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Span {
+    pub mem: Mem,
+    /// Offset in bytes.
+    pub off: usize,
+    /// Length in bytes.
+    pub len: usize,
+}
+
+impl Span {
+    fn overlaps(&self, o: &Span) -> bool {
+        self.mem == o.mem
+            && self.len > 0
+            && o.len > 0
+            && self.off < o.off + o.len
+            && o.off < self.off + self.len
+    }
+
+    fn with_len(self, len: usize) -> Span {
+        Span { len, ..self }
+    }
+
+    fn at(self, off: usize) -> Span {
+        Span {
+            off: self.off + off,
+            ..self
+        }
+    }
+}
+
+/// One device command. Queues are indices into [`Lowered::queues`], events into
+/// `0..Lowered::events`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Cmd {
+    /// `queue` waits for the last issued record of `event`.
+    Wait { queue: u32, event: u32 },
+    /// `event` records the work issued to `queue` so far.
+    Record { queue: u32, event: u32 },
+    /// `dst ← src` (`dst.len == src.len`; the spans do not overlap).
+    Copy { queue: u32, dst: Span, src: Span },
+    /// `dst[i] ← a[i] ⊕ b[i]` elementwise (equal lengths; `dst` is either equal to one input
+    /// or overlaps neither).
+    Reduce {
+        queue: u32,
+        dst: Span,
+        a: Span,
+        b: Span,
+    },
+    /// `x[i] ← x[i] / nranks` (the finishing pass of [`ReduceOp::Avg`]).
+    Divide { queue: u32, span: Span },
+}
+
+impl Cmd {
+    /// The queue the command is issued to.
+    pub fn queue(&self) -> u32 {
+        match *self {
+            Cmd::Wait { queue, .. }
+            | Cmd::Record { queue, .. }
+            | Cmd::Copy { queue, .. }
+            | Cmd::Reduce { queue, .. }
+            | Cmd::Divide { queue, .. } => queue,
+        }
+    }
+}
+
+/// Where a rank's plan streams run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Queue {
+    pub rank: u32,
+    /// The IR stream (an extra queue for ranks without streams has index 0).
+    pub stream: u32,
+}
+
+/// The sizes of one call, as the lowering needs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallShape {
+    pub collective: Collective,
+    pub op: ReduceOp,
+    /// Element size in bytes.
+    pub esize: usize,
+    /// `N`: elements of the whole collective buffer (nccl-tests "size" / element size).
+    pub total: usize,
+    pub in_place: bool,
+}
+
+impl CallShape {
+    /// Whether the collective is cut into one block per rank.
+    pub fn blocked(&self) -> bool {
+        matches!(
+            self.collective.kind(),
+            CollectiveKind::AllGather | CollectiveKind::ReduceScatter | CollectiveKind::AllToAll
+        )
+    }
+
+    /// Elements of the caller's input and output buffers for `nranks` ranks.
+    pub fn extents(&self, nranks: u32) -> (usize, usize) {
+        let blk = self.total / nranks.max(1) as usize;
+        match self.collective.kind() {
+            CollectiveKind::AllGather => (blk, self.total),
+            CollectiveKind::ReduceScatter => (self.total, blk),
+            _ => (self.total, self.total),
+        }
+    }
+}
+
+/// A call lowered to device commands for every rank.
+#[derive(Debug, Clone)]
+pub struct Lowered {
+    pub queues: Vec<Queue>,
+    pub events: u32,
+    /// Commands in issue order.
+    pub cmds: Vec<Cmd>,
+    /// Message staging areas: the rank whose device holds each, and its size in bytes.
+    pub staging: Vec<(u32, usize)>,
+    /// Bytes needed per rank: send, receive, scratch, temp buffers.
+    pub send_bytes: usize,
+    pub recv_bytes: usize,
+    pub scratch_bytes: Vec<usize>,
+    pub temp_bytes: usize,
+    /// Messages that had to be staged because direct reads would have closed a cycle.
+    pub staged_for_order: usize,
+}
+
+impl Lowered {
+    /// Number of copy and reduce commands (what a replay launches).
+    pub fn work_commands(&self) -> usize {
+        self.cmds
+            .iter()
+            .filter(|c| matches!(c, Cmd::Copy { .. } | Cmd::Reduce { .. } | Cmd::Divide { .. }))
+            .count()
+    }
+}
+
+/// What the lowering needs to know about where ranks live.
+pub trait Placement {
+    /// Whether rank `reader`'s device can access rank `owner`'s memory directly (always true
+    /// for ranks on the same device).
+    fn direct(&self, reader: u32, owner: u32) -> bool;
+}
+
+/// Every rank on one device.
+#[derive(Debug, Clone, Copy)]
+pub struct OneDevice;
+
+impl Placement for OneDevice {
+    fn direct(&self, _reader: u32, _owner: u32) -> bool {
+        true
+    }
+}
+
+/// Element geometry of a call.
+#[derive(Debug, Clone, Copy)]
+struct Geo {
+    esize: usize,
+    cpb: u64,
+    stride: u64,
+    maxc: usize,
+}
+
+impl Geo {
+    fn range(&self, k: u32) -> (usize, usize) {
+        let k = u64::from(k);
+        let (b, j) = (k / self.cpb, k % self.cpb);
+        let base = b * self.stride;
+        let cut = |j: u64| (u128::from(j) * u128::from(self.stride) / u128::from(self.cpb)) as u64;
+        ((base + cut(j)) as usize, (base + cut(j + 1)) as usize)
+    }
+}
+
+/// The memory one rank's Input and Output locations start at.
+#[derive(Debug, Clone, Copy)]
+struct Bases {
+    input: (Mem, usize),
+    output: (Mem, usize),
+}
+
+type NodeId = usize;
+
+struct Node {
+    rank: u32,
+    queue: u32,
+    /// Position in its queue.
+    pos: u32,
+    stream: u32,
+    step: u32,
+}
+
+/// Per-chunk operands of a step, resolved to spans (full lengths).
+fn span_of(geo: &Geo, bases: &Bases, rank: u32, loc: Loc, i: u32) -> Span {
+    let k = loc.off + i;
+    match loc.buf {
+        Buf::Scratch => Span {
+            mem: Mem::Scratch(rank),
+            off: k as usize * geo.maxc * geo.esize,
+            len: geo.maxc * geo.esize,
+        },
+        Buf::Input | Buf::Output => {
+            let (mem, base) = if loc.buf == Buf::Input {
+                bases.input
+            } else {
+                bases.output
+            };
+            let (s, e) = geo.range(k);
+            Span {
+                mem,
+                off: base + s * geo.esize,
+                len: (e - s) * geo.esize,
+            }
+        }
+    }
+}
+
+/// Lowers `entries[r]` (entry compiled for rank `r`, all of the same plan entry) for a call of
+/// `shape`.
+pub(crate) fn lower(
+    entries: &[Entry],
+    shape: &CallShape,
+    place: &dyn Placement,
+) -> Result<Lowered, CudaError> {
+    let n = entries.len() as u32;
+    let first = entries
+        .first()
+        .ok_or_else(|| CudaError::Invalid("a group needs at least one rank".into()))?;
+    let es = shape.esize;
+    if shape.blocked() && !shape.total.is_multiple_of(n as usize) {
+        return Err(CudaError::Invalid(format!(
+            "{}: {} elements do not divide into {n} ranks",
+            shape.collective, shape.total
+        )));
+    }
+    let blk = if shape.blocked() {
+        shape.total / n as usize
+    } else {
+        shape.total
+    };
+    let cpb = u64::from(if shape.blocked() {
+        first.chunks / n
+    } else {
+        first.chunks
+    })
+    .max(1);
+    let geo = Geo {
+        esize: es,
+        cpb,
+        stride: blk as u64,
+        maxc: (blk as u64).div_ceil(cpb) as usize,
+    };
+    let kind = shape.collective.kind();
+    let (in_elems, _) = shape.extents(n);
+    let total_bytes = shape.total * es;
+
+    // ---- queues and nodes ----
+    let mut queues = Vec::new();
+    let mut first_queue = Vec::with_capacity(n as usize);
+    let mut nodes: Vec<Node> = Vec::new();
+    // node index of (rank, stream, step)
+    let mut node_of: Vec<Vec<Vec<NodeId>>> = Vec::with_capacity(n as usize);
+    for (r, e) in entries.iter().enumerate() {
+        first_queue.push(queues.len() as u32);
+        let mut per_stream = Vec::new();
+        for (s, steps) in e.program.streams.iter().enumerate() {
+            let q = queues.len() as u32;
+            queues.push(Queue {
+                rank: r as u32,
+                stream: s as u32,
+            });
+            let mut ids = Vec::with_capacity(steps.len());
+            for t in 0..steps.len() {
+                ids.push(nodes.len());
+                nodes.push(Node {
+                    rank: r as u32,
+                    queue: q,
+                    pos: t as u32,
+                    stream: s as u32,
+                    step: t as u32,
+                });
+            }
+            per_stream.push(ids);
+        }
+        if e.program.streams.is_empty() {
+            queues.push(Queue {
+                rank: r as u32,
+                stream: 0,
+            });
+        }
+        node_of.push(per_stream);
+    }
+    let instr = |id: NodeId| {
+        let nd = &nodes[id];
+        &entries[nd.rank as usize].program.streams[nd.stream as usize][nd.step as usize]
+    };
+
+    // ---- placement: where Input/Output live, prologue/epilogue copies ----
+    let writes_input = entries.iter().any(|e| e.program.writes_input);
+    let mut temp_bytes = 0usize;
+    let mut send_bytes = 0usize;
+    let mut prologue: Vec<Vec<(Span, Span)>> = vec![Vec::new(); n as usize];
+    let mut epilogue: Vec<Vec<(Span, Span)>> = vec![Vec::new(); n as usize];
+    let mut bases = Vec::with_capacity(n as usize);
+    for r in 0..n {
+        let r_off = r as usize * blk * es;
+        let recv = Mem::Recv(r);
+        let send = Mem::Send(r);
+        let temp = Mem::Temp(r);
+        let sp = |mem, off, len| Span { mem, off, len };
+        let b = match (shape.in_place, first.in_place) {
+            (false, false) => {
+                send_bytes = in_elems * es;
+                if writes_input {
+                    temp_bytes = temp_bytes.max(in_elems * es);
+                    prologue[r as usize]
+                        .push((sp(temp, 0, in_elems * es), sp(send, 0, in_elems * es)));
+                    Bases {
+                        input: (temp, 0),
+                        output: (recv, 0),
+                    }
+                } else {
+                    Bases {
+                        input: (send, 0),
+                        output: (recv, 0),
+                    }
+                }
+            }
+            (true, true) => match kind {
+                CollectiveKind::AllGather => Bases {
+                    input: (recv, r_off),
+                    output: (recv, 0),
+                },
+                CollectiveKind::ReduceScatter => Bases {
+                    input: (recv, 0),
+                    output: (recv, r_off),
+                },
+                _ => Bases {
+                    input: (recv, 0),
+                    output: (recv, 0),
+                },
+            },
+            (false, true) => {
+                send_bytes = in_elems * es;
+                match kind {
+                    CollectiveKind::AllGather => {
+                        prologue[r as usize]
+                            .push((sp(recv, r_off, blk * es), sp(send, 0, blk * es)));
+                        Bases {
+                            input: (recv, r_off),
+                            output: (recv, 0),
+                        }
+                    }
+                    CollectiveKind::ReduceScatter => {
+                        temp_bytes = temp_bytes.max(total_bytes);
+                        prologue[r as usize]
+                            .push((sp(temp, 0, total_bytes), sp(send, 0, total_bytes)));
+                        epilogue[r as usize]
+                            .push((sp(recv, 0, blk * es), sp(temp, r_off, blk * es)));
+                        Bases {
+                            input: (temp, 0),
+                            output: (temp, r_off),
+                        }
+                    }
+                    _ => {
+                        prologue[r as usize]
+                            .push((sp(recv, 0, total_bytes), sp(send, 0, total_bytes)));
+                        Bases {
+                            input: (recv, 0),
+                            output: (recv, 0),
+                        }
+                    }
+                }
+            }
+            (true, false) => match kind {
+                CollectiveKind::AllGather => {
+                    temp_bytes = temp_bytes.max(blk * es);
+                    prologue[r as usize].push((sp(temp, 0, blk * es), sp(recv, r_off, blk * es)));
+                    Bases {
+                        input: (temp, 0),
+                        output: (recv, 0),
+                    }
+                }
+                CollectiveKind::ReduceScatter => {
+                    temp_bytes = temp_bytes.max(total_bytes);
+                    prologue[r as usize]
+                        .push((sp(temp, 0, total_bytes), sp(recv, 0, total_bytes)));
+                    Bases {
+                        input: (temp, 0),
+                        output: (recv, r_off),
+                    }
+                }
+                _ => {
+                    temp_bytes = temp_bytes.max(total_bytes);
+                    prologue[r as usize]
+                        .push((sp(temp, 0, total_bytes), sp(recv, 0, total_bytes)));
+                    Bases {
+                        input: (temp, 0),
+                        output: (recv, 0),
+                    }
+                }
+            },
+        };
+        bases.push(b);
+    }
+
+    // ---- message pairing ----
+    // Connection index (one per (from, to, channel)) -> FIFO of sender nodes, then matched by
+    // receivers in stream order.
+    let mut sends: BTreeMap<u32, VecDeque<NodeId>> = BTreeMap::new();
+    for (id, nd) in nodes.iter().enumerate() {
+        let ins = instr(id);
+        if matches!(
+            ins.kind,
+            Kind::Send | Kind::RecvCopySend | Kind::RecvReduceCopySend | Kind::RecvReduceSend
+        ) {
+            sends.entry(ins.sconn).or_default().push_back(id);
+        }
+    }
+    // incoming message of each receiving node: the sender node.
+    let mut incoming: Vec<Option<NodeId>> = vec![None; nodes.len()];
+    // receiver of each sending node.
+    let mut outgoing: Vec<Option<NodeId>> = vec![None; nodes.len()];
+    // Visit receivers in stream order so the k-th receive meets the k-th send.
+    for (id, nd) in nodes.iter().enumerate() {
+        let ins = instr(id);
+        if matches!(
+            ins.kind,
+            Kind::Recv
+                | Kind::RecvReduceCopy
+                | Kind::RecvReduceSend
+                | Kind::RecvReduceCopySend
+                | Kind::RecvCopySend
+        ) {
+            let s = sends
+                .get_mut(&ins.rconn).and_then(|q| q.pop_front()).ok_or_else(|| {
+                bad_step(nd, "receives a message that no step of the peer sends".into())
+            })?;
+            if instr(s).count != ins.count {
+                return Err(bad_step(
+                    nd,
+                    format!(
+                        "receives {} chunks but the matching send carries {}",
+                        ins.count,
+                        instr(s).count
+                    ),
+                ));
+            }
+            incoming[id] = Some(s);
+            outgoing[s] = Some(id);
+        }
+    }
+    if let Some(&s) = sends.values().find_map(|q| q.front()) {
+        return Err(bad_step(
+            &nodes[s],
+            format!(
+                "sends a message to rank {} that it never receives",
+                instr(s).send_peer
+            ),
+        ));
+    }
+
+    // ---- base edges: stream order, deps, messages ----
+    let mut preds: Vec<Vec<NodeId>> = vec![Vec::new(); nodes.len()];
+    for (id, nd) in nodes.iter().enumerate() {
+        if nd.step > 0 {
+            preds[id].push(id - 1);
+        }
+        let ins = instr(id);
+        let prog = &entries[nd.rank as usize].program;
+        for &(ds, dt) in &prog.deps[ins.deps.0 as usize..ins.deps.1 as usize] {
+            preds[id].push(node_of[nd.rank as usize][ds as usize][dt as usize]);
+        }
+        if let Some(s) = incoming[id] {
+            preds[id].push(s);
+        }
+    }
+
+    // Spans written by a node (for write-after-read analysis).
+    let writes = |id: NodeId| -> Vec<Span> {
+        let ins = instr(id);
+        let nd = &nodes[id];
+        let b = &bases[nd.rank as usize];
+        match ins.kind {
+            Kind::Recv
+            | Kind::RecvReduceCopy
+            | Kind::RecvReduceCopySend
+            | Kind::RecvCopySend
+            | Kind::Copy
+            | Kind::Reduce => (0..ins.count)
+                .map(|i| span_of(&geo, b, nd.rank, ins.dst, i))
+                .collect(),
+            _ => Vec::new(),
+        }
+    };
+    // Spans a message is read from when read directly (None: the sender makes its own copy).
+    let direct_src = |id: NodeId| -> Option<Vec<Span>> {
+        let ins = instr(id);
+        let nd = &nodes[id];
+        let b = &bases[nd.rank as usize];
+        let loc = match ins.kind {
+            Kind::Send => ins.src,
+            Kind::RecvCopySend | Kind::RecvReduceCopySend => ins.dst,
+            _ => return None,
+        };
+        Some(
+            (0..ins.count)
+                .map(|i| span_of(&geo, b, nd.rank, loc, i))
+                .collect(),
+        )
+    };
+
+    // Which messages are staged by the sender: cross-device without peer access.
+    let mut staged: Vec<bool> = vec![false; nodes.len()];
+    for (s, recv) in outgoing.iter().enumerate() {
+        if let Some(v) = *recv
+            && !place.direct(nodes[v].rank, nodes[s].rank)
+        {
+            staged[s] = true;
+        }
+    }
+
+    // Write-after-read edges for direct messages.
+    let by_rank: Vec<Vec<NodeId>> = (0..n)
+        .map(|r| (0..nodes.len()).filter(|&i| nodes[i].rank == r).collect())
+        .collect();
+    let mut war: Vec<(NodeId, NodeId, NodeId)> = Vec::new(); // (sender, reader, writer)
+    {
+        let succs = successors(&preds);
+        for (s, recv) in outgoing.iter().enumerate() {
+            let Some(v) = *recv else { continue };
+            if staged[s] {
+                continue;
+            }
+            let Some(src) = direct_src(s) else { continue };
+            let reach = reachable(&succs, s);
+            for &w in &by_rank[nodes[s].rank as usize] {
+                if w == s || !reach[w] {
+                    continue;
+                }
+                if writes(w).iter().any(|ws| src.iter().any(|x| x.overlaps(ws))) {
+                    war.push((s, v, w));
+                }
+            }
+        }
+    }
+    let mut staged_for_order = 0;
+    let order = {
+        let mut with_war = preds.clone();
+        for &(_, v, w) in &war {
+            with_war[w].push(v);
+        }
+        match topo(&with_war) {
+            Some(o) => o,
+            None => {
+                for &(s, _, _) in &war {
+                    if !staged[s] {
+                        staged[s] = true;
+                        staged_for_order += 1;
+                    }
+                }
+                topo(&preds).ok_or_else(|| {
+                    CudaError::Invalid(
+                        "the plan entry's steps wait on each other in a cycle".into(),
+                    )
+                })?
+            }
+        }
+    };
+    let mut all_preds = preds;
+    for &(s, v, w) in &war {
+        if !staged[s] {
+            all_preds[w].push(v);
+        }
+    }
+
+    // ---- emission ----
+    let mut em = Emitter {
+        cmds: Vec::new(),
+        events: 0,
+        queue_len: vec![0; queues.len()],
+        waited: vec![BTreeMap::new(); queues.len()],
+    };
+    // Start: prologue copies on each rank's first queue, then its other queues wait.
+    for r in 0..n as usize {
+        let q0 = first_queue[r];
+        for &(dst, src) in &prologue[r] {
+            em.copy(q0, dst, src);
+        }
+        let nq = entries[r].program.streams.len().max(1) as u32;
+        if !prologue[r].is_empty() && nq > 1 {
+            let e = em.record(q0);
+            for q in q0 + 1..q0 + nq {
+                em.wait(q, e, q0, u32::MAX);
+            }
+        }
+    }
+    let mut node_event: Vec<Option<(u32, u32)>> = vec![None; nodes.len()]; // (event, pos)
+    let needs_event = {
+        let mut v = vec![false; nodes.len()];
+        for (id, ps) in all_preds.iter().enumerate() {
+            for &p in ps {
+                if nodes[p].queue != nodes[id].queue {
+                    v[p] = true;
+                }
+            }
+        }
+        v
+    };
+    let mut msg: Vec<Option<Vec<Span>>> = vec![None; nodes.len()];
+    let mut staging: Vec<(u32, usize)> = Vec::new();
+    let mut scratch_bytes = vec![0usize; n as usize];
+    for (r, e) in entries.iter().enumerate() {
+        scratch_bytes[r] = e.program.scratch_chunks as usize * geo.maxc * es;
+    }
+    for &id in &order {
+        let nd = &nodes[id];
+        let q = nd.queue;
+        for &p in &all_preds[id] {
+            if nodes[p].queue != q {
+                let (ev, pos) = node_event[p].ok_or_else(|| {
+                    CudaError::Internal("a producer was issued after its consumer".into())
+                })?;
+                em.wait(q, ev, nodes[p].queue, pos);
+            }
+        }
+        let ins = instr(id);
+        let b = &bases[nd.rank as usize];
+        let span = |loc: Loc, i: u32| span_of(&geo, b, nd.rank, loc, i);
+        let message = incoming[id].map(|s| msg[s].clone().unwrap_or_default());
+        let mut produced: Option<Vec<Span>> = None;
+        match ins.kind {
+            Kind::Nop | Kind::Send => {}
+            Kind::Copy => {
+                for i in 0..ins.count {
+                    let (s, d) = (span(ins.src, i), span(ins.dst, i));
+                    let len = s.len.min(d.len);
+                    em.copy(q, d.with_len(len), s.with_len(len));
+                }
+            }
+            Kind::Reduce => {
+                for i in 0..ins.count {
+                    let (s, d) = (span(ins.src, i), span(ins.dst, i));
+                    let len = s.len.min(d.len);
+                    em.reduce(q, d.with_len(len), d.with_len(len), s.with_len(len));
+                }
+            }
+            Kind::Recv | Kind::RecvCopySend => {
+                let m = message.unwrap_or_default();
+                let mut out = Vec::new();
+                for i in 0..ins.count {
+                    let d = span(ins.dst, i);
+                    let len = m.get(i as usize).map_or(0, |x| x.len).min(d.len);
+                    if let Some(x) = m.get(i as usize) {
+                        em.copy(q, d.with_len(len), x.with_len(len));
+                    }
+                    out.push(d.with_len(len));
+                }
+                produced = Some(out);
+            }
+            Kind::RecvReduceCopy | Kind::RecvReduceCopySend => {
+                let m = message.unwrap_or_default();
+                let mut out = Vec::new();
+                for i in 0..ins.count {
+                    let (s, d) = (span(ins.src, i), span(ins.dst, i));
+                    let len = m
+                        .get(i as usize)
+                        .map_or(0, |x| x.len)
+                        .min(d.len)
+                        .min(s.len);
+                    if let Some(x) = m.get(i as usize) {
+                        em.reduce(q, d.with_len(len), x.with_len(len), s.with_len(len));
+                    }
+                    out.push(d.with_len(len));
+                }
+                produced = Some(out);
+            }
+            Kind::RecvReduceSend => {
+                let m = message.unwrap_or_default();
+                let chunk = geo.maxc * es;
+                let area = Mem::Staging(staging.len() as u32);
+                staging.push((nd.rank, (ins.count as usize * chunk).max(1)));
+                let mut out = Vec::new();
+                for i in 0..ins.count {
+                    let s = span(ins.src, i);
+                    let len = m.get(i as usize).map_or(0, |x| x.len).min(s.len);
+                    let d = Span {
+                        mem: area,
+                        off: i as usize * chunk,
+                        len,
+                    };
+                    if let Some(x) = m.get(i as usize) {
+                        em.reduce(q, d, x.with_len(len), s.with_len(len));
+                    }
+                    out.push(d);
+                }
+                produced = Some(out);
+            }
+        }
+        // The message this node sends, if any.
+        if let Some(v) = outgoing[id] {
+            let mut spans = match ins.kind {
+                Kind::Send => (0..ins.count).map(|i| span(ins.src, i)).collect(),
+                _ => produced.unwrap_or_default(),
+            };
+            if staged[id] {
+                let owner = nodes[v].rank;
+                let area = Mem::Staging(staging.len() as u32);
+                let total: usize = spans.iter().map(|s| s.len).sum();
+                staging.push((owner, total.max(1)));
+                let mut off = 0;
+                let mut copies = Vec::with_capacity(spans.len());
+                for s in &spans {
+                    let d = Span {
+                        mem: area,
+                        off,
+                        len: s.len,
+                    };
+                    em.copy(q, d, *s);
+                    copies.push(d);
+                    off += s.len;
+                }
+                spans = copies;
+            }
+            msg[id] = Some(spans);
+        }
+        if needs_event[id] {
+            let ev = em.record(q);
+            node_event[id] = Some((ev, em.queue_len[q as usize]));
+        }
+    }
+
+    // ---- finish: epilogue copies and the avg division, after every queue is done ----
+    let divide = shape.op == ReduceOp::Avg && kind.reduces();
+    let has_tail = divide || epilogue.iter().any(|e| !e.is_empty());
+    if has_tail {
+        // Every queue records; every rank's first queue waits on all of them, because other
+        // ranks may still read this rank's output directly.
+        let ends: Vec<(u32, u32)> = (0..queues.len() as u32)
+            .map(|q| (q, em.record(q)))
+            .collect();
+        for r in 0..n as usize {
+            let tail_needed = divide || !epilogue[r].is_empty();
+            if !tail_needed {
+                continue;
+            }
+            let q0 = first_queue[r];
+            for &(q, ev) in &ends {
+                if q != q0 {
+                    em.wait(q0, ev, q, u32::MAX);
+                }
+            }
+            for &(dst, src) in &epilogue[r] {
+                em.copy(q0, dst, src);
+            }
+            if divide {
+                let (mem, off) = if !epilogue[r].is_empty() {
+                    (Mem::Recv(r as u32), 0)
+                } else {
+                    bases[r].output
+                };
+                let len = match shape.collective {
+                    Collective::AllReduce => total_bytes,
+                    Collective::ReduceScatter => blk * es,
+                    Collective::Reduce { root } if root == r as u32 => total_bytes,
+                    _ => 0,
+                };
+                if len > 0 {
+                    em.cmds.push(Cmd::Divide {
+                        queue: q0,
+                        span: Span { mem, off, len },
+                    });
+                }
+            }
+        }
+    }
+    Ok(Lowered {
+        queues,
+        events: em.events,
+        cmds: em.cmds,
+        staging,
+        send_bytes,
+        recv_bytes: total_bytes,
+        scratch_bytes,
+        temp_bytes,
+        staged_for_order,
+    })
+}
+
+fn bad_step(nd: &Node, message: String) -> CudaError {
+    CudaError::Invalid(format!(
+        "rank {} stream {} step {}: {message}",
+        nd.rank, nd.stream, nd.step
+    ))
+}
+
+fn successors(preds: &[Vec<NodeId>]) -> Vec<Vec<NodeId>> {
+    let mut succs = vec![Vec::new(); preds.len()];
+    for (v, ps) in preds.iter().enumerate() {
+        for &p in ps {
+            succs[p].push(v);
+        }
+    }
+    succs
+}
+
+fn reachable(succs: &[Vec<NodeId>], from: NodeId) -> Vec<bool> {
+    let mut seen = vec![false; succs.len()];
+    let mut stack = vec![from];
+    seen[from] = true;
+    while let Some(u) = stack.pop() {
+        for &v in &succs[u] {
+            if !seen[v] {
+                seen[v] = true;
+                stack.push(v);
+            }
+        }
+    }
+    seen
+}
+
+/// Kahn's algorithm, smallest ready node first (deterministic); `None` on a cycle.
+fn topo(preds: &[Vec<NodeId>]) -> Option<Vec<NodeId>> {
+    let succs = successors(preds);
+    let mut indeg: Vec<usize> = preds.iter().map(Vec::len).collect();
+    let mut ready: std::collections::BTreeSet<NodeId> =
+        (0..preds.len()).filter(|&v| indeg[v] == 0).collect();
+    let mut order = Vec::with_capacity(preds.len());
+    while let Some(u) = ready.pop_first() {
+        order.push(u);
+        for &v in &succs[u] {
+            indeg[v] -= 1;
+            if indeg[v] == 0 {
+                ready.insert(v);
+            }
+        }
+    }
+    (order.len() == preds.len()).then_some(order)
+}
+
+struct Emitter {
+    cmds: Vec<Cmd>,
+    events: u32,
+    /// Work commands issued per queue so far (positions for wait deduplication).
+    queue_len: Vec<u32>,
+    /// Per queue: for each other queue, the highest position already waited for.
+    waited: Vec<BTreeMap<u32, u32>>,
+}
+
+impl Emitter {
+    fn record(&mut self, q: u32) -> u32 {
+        let e = self.events;
+        self.events += 1;
+        self.cmds.push(Cmd::Record { queue: q, event: e });
+        e
+    }
+
+    /// `q` waits on event `ev` recorded on `src` at position `pos` (`u32::MAX`: never skip).
+    fn wait(&mut self, q: u32, ev: u32, src: u32, pos: u32) {
+        let w = &mut self.waited[q as usize];
+        if pos != u32::MAX && w.get(&src).is_some_and(|&p| p >= pos) {
+            return;
+        }
+        if pos != u32::MAX {
+            w.insert(src, pos);
+        }
+        self.cmds.push(Cmd::Wait { queue: q, event: ev });
+    }
+
+    fn copy(&mut self, q: u32, dst: Span, src: Span) {
+        if dst.len == 0 || dst == src {
+            return;
+        }
+        // Merge with the previous copy on the same queue when both sides continue it.
+        if let Some(Cmd::Copy {
+            queue,
+            dst: pd,
+            src: ps,
+        }) = self.cmds.last_mut()
+            && *queue == q
+            && pd.mem == dst.mem
+            && ps.mem == src.mem
+            && pd.off + pd.len == dst.off
+            && ps.off + ps.len == src.off
+            && !Span { len: pd.len + dst.len, ..*pd }.overlaps(&Span { len: ps.len + src.len, ..*ps })
+        {
+            pd.len += dst.len;
+            ps.len += src.len;
+            return;
+        }
+        self.cmds.push(Cmd::Copy { queue: q, dst, src });
+        self.queue_len[q as usize] += 1;
+    }
+
+    fn reduce(&mut self, q: u32, dst: Span, a: Span, b: Span) {
+        if dst.len == 0 {
+            return;
+        }
+        if let Some(Cmd::Reduce {
+            queue,
+            dst: pd,
+            a: pa,
+            b: pb,
+        }) = self.cmds.last_mut()
+            && *queue == q
+            && [(&*pd, &dst), (&*pa, &a), (&*pb, &b)]
+                .iter()
+                .all(|(p, c)| p.mem == c.mem && p.off + p.len == c.off)
+        {
+            let (nd, na, nb) = (pd.at(0), pa.at(0), pb.at(0));
+            let grow = |s: Span, by: usize| Span { len: s.len + by, ..s };
+            let (gd, ga, gb) = (grow(nd, dst.len), grow(na, a.len), grow(nb, b.len));
+            let ok = |x: &Span| *x == gd || !x.overlaps(&gd);
+            if ok(&ga) && ok(&gb) {
+                *pd = gd;
+                *pa = ga;
+                *pb = gb;
+                return;
+            }
+        }
+        self.cmds.push(Cmd::Reduce { queue: q, dst, a, b });
+        self.queue_len[q as usize] += 1;
+    }
+}

@@ -1,0 +1,576 @@
+//! The replay engine, shared by every backend.
+//!
+//! # Streams and threads
+//!
+//! Each rank replays its own program on one thread (the caller's thread, or a worker for
+//! non-blocking calls). The streams of the rank are interleaved cooperatively: the engine
+//! sweeps over the streams, and on each one runs steps in order for as long as the next step
+//! can complete without blocking (its dependencies are done, its incoming message has
+//! arrived, a slot on its outgoing connection is free). Steps that both receive and send
+//! (`rcs`, `rrcs`, `rrs`) run in two phases, receive then send, exactly as two concurrent
+//! threads would, so the connection semantics of the IR (FIFO per connection,
+//! [`hccl_ir::CONNECTION_SLOTS`] buffered messages) hold and a schedule the verifier proves
+//! deadlock-free cannot deadlock here. This keeps one runnable thread per rank, which is what
+//! a 2-core machine running 8 ranks needs, and no thread is ever created per call.
+//!
+//! # Signalling
+//!
+//! Connections are the single-producer single-consumer rings of [`crate::arena`]: one
+//! Release store publishes a message, one Release store frees a slot, and each side caches
+//! the other's counter so that polling touches the peer's cache line only when the cached
+//! value says "blocked". When a sweep makes no progress the engine backs off: a few hundred
+//! spin-loop hints, then `yield_now` (so oversubscribed ranks hand the core to the peer they
+//! wait for), then short sleeps after a couple of milliseconds. While waiting it watches the
+//! abort word (another rank failed), the timeout, and whether the peer it waits for is still
+//! alive.
+//!
+//! # Chunks, elements and segments
+//!
+//! A call of `N` elements is replayed in one or more *segments*. Rank-blocked collectives
+//! (AllGather, ReduceScatter, AllToAll) have `n` blocks of `N/n` elements with `C/n` chunks
+//! each; the others one block of `N` elements and `C` chunks. A segment covers the same
+//! element range `[lo, lo+len)` of every block, and chunk `k` (block `b = k / cpb`, index
+//! `j = k % cpb`) covers `b·stride + lo + [j·len/cpb, (j+1)·len/cpb)`. With one segment this
+//! is exactly the IR's `[k·N/C, (k+1)·N/C)`; more segments are used when one chunk would not
+//! fit a connection slot (`count · max_chunk · elem_size ≤ slot_bytes`), so slots and scratch
+//! stay small (cache-resident) and memory does not grow with the message size. Scratch chunks
+//! are sized to the largest chunk of the segment; messages lay chunk `i` at `i · max_chunk`
+//! elements of the slot, and a step moves as many elements as its user-buffer side holds
+//! (the full padded chunk between scratch locations).
+
+use crate::arena::Arena;
+use crate::dtype::Kernels;
+use crate::error::{ExecError, Result};
+use crate::program::{Instr, Kind, Program};
+use hccl_ir::{Buf, CONNECTION_SLOTS, Loc};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// Element geometry of one segment.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Geometry {
+    pub esize: usize,
+    /// Chunks per block.
+    pub cpb: u64,
+    /// Elements between blocks.
+    pub stride: u64,
+    pub lo: u64,
+    pub len: u64,
+    /// Largest chunk of the segment, in elements.
+    pub maxc: usize,
+}
+
+impl Geometry {
+    #[inline]
+    fn range(&self, k: u32) -> (usize, usize) {
+        let k = u64::from(k);
+        let (b, j) = (k / self.cpb, k % self.cpb);
+        let base = b * self.stride + self.lo;
+        let cut = |j: u64| (u128::from(j) * u128::from(self.len) / u128::from(self.cpb)) as u64;
+        ((base + cut(j)) as usize, (base + cut(j + 1)) as usize)
+    }
+}
+
+/// Base pointers of one rank's three buffers for a call.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bufs {
+    pub input: *mut u8,
+    pub output: *mut u8,
+    pub scratch: *mut u8,
+}
+
+/// How a rank checks on its peers while waiting.
+pub(crate) struct Ctx<'a> {
+    pub rank: u32,
+    pub arena: &'a Arena,
+    pub timeout: Duration,
+    /// Returns false when the peer is known dead.
+    pub alive: &'a dyn Fn(u32) -> bool,
+}
+
+/// Memory aligned for every element type.
+#[derive(Debug, Default)]
+pub(crate) struct AlignedBuf {
+    words: Vec<u128>,
+}
+
+impl AlignedBuf {
+    /// Grows to at least `bytes` (zero-filled); never shrinks.
+    pub(crate) fn reserve(&mut self, bytes: usize) {
+        let words = bytes.div_ceil(16);
+        if self.words.len() < words {
+            self.words.resize(words, 0);
+        }
+    }
+    pub(crate) fn ptr(&mut self) -> *mut u8 {
+        self.words.as_mut_ptr().cast()
+    }
+}
+
+/// Per-rank replay state that persists across calls (connection sequence numbers).
+pub(crate) struct EngineState {
+    send_seq: Vec<u64>,
+    recv_seq: Vec<u64>,
+    peer_consumed: Vec<u64>,
+    peer_sent: Vec<u64>,
+    pc: Vec<u32>,
+    phase: Vec<u8>,
+    hold: Vec<AlignedBuf>,
+    progressed: bool,
+}
+
+/// Why a step cannot run now: the peer and what it waits for.
+type Blocked = (u32, &'static str);
+
+fn overlaps(a: *const u8, la: usize, b: *const u8, lb: usize) -> bool {
+    let (a, b) = (a as usize, b as usize);
+    la > 0 && lb > 0 && a < b + lb && b < a + la
+}
+
+/// `dst ← a ⊕ b`, `a` being a message slot (never overlapping `dst` or `b`).
+///
+/// # Safety
+/// Pointers valid for `n` elements.
+#[inline]
+unsafe fn reduce_msg(k: &Kernels, dst: *mut u8, a: *const u8, b: *const u8, n: usize) {
+    if n == 0 {
+        return;
+    }
+    let bytes = n * k.esize;
+    // SAFETY: forwarded contract; the overlap checks pick a kernel whose contract holds.
+    unsafe {
+        if std::ptr::eq(dst, b) {
+            (k.in_place)(dst, a, n);
+        } else if !overlaps(dst, bytes, b, bytes) {
+            (k.three_way)(dst, a, b, n);
+        } else {
+            (k.scalar)(dst, a, b, n);
+        }
+    }
+}
+
+impl EngineState {
+    /// State for `nconns` connections and programs of at most `nstreams` streams.
+    pub(crate) fn new(nconns: usize) -> EngineState {
+        EngineState {
+            send_seq: vec![0; nconns],
+            recv_seq: vec![0; nconns],
+            peer_consumed: vec![0; nconns],
+            peer_sent: vec![0; nconns],
+            pc: Vec::new(),
+            phase: Vec::new(),
+            hold: Vec::new(),
+            progressed: false,
+        }
+    }
+
+    /// Sizes per-stream state for `prog` (allocates only the first time a program is run).
+    pub(crate) fn prepare(&mut self, prog: &Program, slot_bytes: usize) {
+        let ns = prog.streams.len();
+        if self.pc.len() < ns {
+            self.pc.resize(ns, 0);
+            self.phase.resize(ns, 0);
+        }
+        if self.hold.len() < ns {
+            self.hold.resize_with(ns, AlignedBuf::default);
+        }
+        for (s, need) in prog.needs_hold.iter().enumerate() {
+            if *need {
+                self.hold[s].reserve(slot_bytes);
+            }
+        }
+    }
+
+    #[inline]
+    fn can_send(&mut self, arena: &Arena, c: u32) -> bool {
+        let c_ = c as usize;
+        if self.send_seq[c_] - self.peer_consumed[c_] < CONNECTION_SLOTS as u64 {
+            return true;
+        }
+        self.peer_consumed[c_] = arena.consumed(c).load(Ordering::Acquire);
+        self.send_seq[c_] - self.peer_consumed[c_] < CONNECTION_SLOTS as u64
+    }
+
+    #[inline]
+    fn can_recv(&mut self, arena: &Arena, c: u32) -> bool {
+        let c_ = c as usize;
+        if self.recv_seq[c_] < self.peer_sent[c_] {
+            return true;
+        }
+        self.peer_sent[c_] = arena.sent(c).load(Ordering::Acquire);
+        self.recv_seq[c_] < self.peer_sent[c_]
+    }
+
+    #[inline]
+    fn publish(&mut self, arena: &Arena, c: u32) {
+        let c_ = c as usize;
+        self.send_seq[c_] += 1;
+        arena.sent(c).store(self.send_seq[c_], Ordering::Release);
+        self.progressed = true;
+    }
+
+    #[inline]
+    fn consume(&mut self, arena: &Arena, c: u32) {
+        let c_ = c as usize;
+        self.recv_seq[c_] += 1;
+        arena
+            .consumed(c)
+            .store(self.recv_seq[c_], Ordering::Release);
+        self.progressed = true;
+    }
+
+    /// Replays `prog` once over the segment `geo`.
+    pub(crate) fn run_segment(
+        &mut self,
+        ctx: &Ctx<'_>,
+        prog: &Program,
+        geo: &Geometry,
+        bufs: &Bufs,
+        k: &Kernels,
+    ) -> Result<()> {
+        let ns = prog.streams.len();
+        let mut remaining = 0usize;
+        for s in 0..ns {
+            self.pc[s] = 0;
+            self.phase[s] = 0;
+            if !prog.streams[s].is_empty() {
+                remaining += 1;
+            }
+        }
+        let mut waiter = Waiter::new();
+        while remaining > 0 {
+            self.progressed = false;
+            let mut blocked: Option<(u32, u32, u32, &'static str)> = None;
+            for s in 0..ns {
+                let steps = &prog.streams[s];
+                loop {
+                    let pc = self.pc[s] as usize;
+                    let Some(ins) = steps.get(pc) else { break };
+                    let (d0, d1) = ins.deps;
+                    let dep_wait = prog.deps[d0 as usize..d1 as usize]
+                        .iter()
+                        .find(|&&(ds, dt)| self.pc[ds as usize] <= dt);
+                    if let Some(&(ds, _)) = dep_wait {
+                        if blocked.is_none() {
+                            blocked = Some((s as u32, pc as u32, ctx.rank, dep_what(ds)));
+                        }
+                        break;
+                    }
+                    // SAFETY: the program was bounds-checked against the buffer extents and
+                    // `bufs`/`geo` describe buffers of those extents.
+                    match unsafe { self.try_step(ctx.arena, s, ins, geo, bufs, k) } {
+                        None => {
+                            self.pc[s] += 1;
+                            self.phase[s] = 0;
+                            self.progressed = true;
+                            if self.pc[s] as usize == steps.len() {
+                                remaining -= 1;
+                            }
+                        }
+                        Some((peer, what)) => {
+                            let better = blocked.is_none_or(|(_, _, p, _)| p == ctx.rank);
+                            if better {
+                                blocked = Some((s as u32, pc as u32, peer, what));
+                            }
+                            break;
+                        }
+                    }
+                }
+            }
+            if remaining == 0 {
+                break;
+            }
+            if self.progressed {
+                waiter.reset();
+            } else {
+                waiter.pause(ctx, blocked.unwrap_or((0, 0, ctx.rank, "nothing")))?;
+            }
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn loc(geo: &Geometry, bufs: &Bufs, loc: Loc, i: u32) -> (*mut u8, usize) {
+        let k = loc.off + i;
+        match loc.buf {
+            Buf::Scratch => (
+                bufs.scratch.wrapping_add(k as usize * geo.maxc * geo.esize),
+                geo.maxc,
+            ),
+            Buf::Input | Buf::Output => {
+                let base = if loc.buf == Buf::Input {
+                    bufs.input
+                } else {
+                    bufs.output
+                };
+                let (s, e) = geo.range(k);
+                (base.wrapping_add(s * geo.esize), e - s)
+            }
+        }
+    }
+
+    /// Runs what of step `ins` can run now; `None` when the step completed.
+    ///
+    /// # Safety
+    /// `ins` is in bounds of the buffers `bufs` describes under `geo`, and slot capacity
+    /// covers `ins.count · geo.maxc` elements.
+    unsafe fn try_step(
+        &mut self,
+        arena: &Arena,
+        s: usize,
+        ins: &Instr,
+        geo: &Geometry,
+        bufs: &Bufs,
+        k: &Kernels,
+    ) -> Option<Blocked> {
+        let es = geo.esize;
+        let stride = geo.maxc * es;
+        let n = ins.count;
+        const SEND: &str = "a free slot on its connection to";
+        const RECV: &str = "a message from";
+        // SAFETY (whole body): every pointer comes from `loc` (in bounds by the caller's
+        // contract) or from a slot/hold buffer of at least `n · stride` bytes.
+        unsafe {
+            match ins.kind {
+                Kind::Nop => None,
+                Kind::Copy => {
+                    for i in 0..n {
+                        let (sp, sl) = Self::loc(geo, bufs, ins.src, i);
+                        let (dp, dl) = Self::loc(geo, bufs, ins.dst, i);
+                        std::ptr::copy(sp, dp, sl.min(dl) * es);
+                    }
+                    None
+                }
+                Kind::Reduce => {
+                    for i in 0..n {
+                        let (sp, sl) = Self::loc(geo, bufs, ins.src, i);
+                        let (dp, dl) = Self::loc(geo, bufs, ins.dst, i);
+                        let len = sl.min(dl);
+                        if len == 0 {
+                            continue;
+                        }
+                        if overlaps(dp, len * es, sp, len * es) {
+                            (k.scalar)(dp, dp, sp, len);
+                        } else {
+                            (k.in_place)(dp, sp, len);
+                        }
+                    }
+                    None
+                }
+                Kind::Send => {
+                    if !self.can_send(arena, ins.sconn) {
+                        return Some((ins.send_peer, SEND));
+                    }
+                    let slot = arena.slot(ins.sconn, self.send_seq[ins.sconn as usize]);
+                    for i in 0..n {
+                        let (sp, sl) = Self::loc(geo, bufs, ins.src, i);
+                        std::ptr::copy_nonoverlapping(sp, slot.add(i as usize * stride), sl * es);
+                    }
+                    self.publish(arena, ins.sconn);
+                    None
+                }
+                Kind::Recv | Kind::RecvReduceCopy => {
+                    if !self.can_recv(arena, ins.rconn) {
+                        return Some((ins.recv_peer, RECV));
+                    }
+                    self.recv_into(arena, ins, geo, bufs, k);
+                    None
+                }
+                Kind::RecvCopySend | Kind::RecvReduceCopySend => {
+                    if self.phase[s] == 0 {
+                        if !self.can_recv(arena, ins.rconn) {
+                            return Some((ins.recv_peer, RECV));
+                        }
+                        self.recv_into(arena, ins, geo, bufs, k);
+                        self.phase[s] = 1;
+                    }
+                    if !self.can_send(arena, ins.sconn) {
+                        return Some((ins.send_peer, SEND));
+                    }
+                    let slot = arena.slot(ins.sconn, self.send_seq[ins.sconn as usize]);
+                    for i in 0..n {
+                        let (dp, mut dl) = Self::loc(geo, bufs, ins.dst, i);
+                        if ins.kind == Kind::RecvReduceCopySend {
+                            dl = dl.min(Self::loc(geo, bufs, ins.src, i).1);
+                        }
+                        std::ptr::copy_nonoverlapping(dp, slot.add(i as usize * stride), dl * es);
+                    }
+                    self.publish(arena, ins.sconn);
+                    None
+                }
+                Kind::RecvReduceSend => {
+                    if self.phase[s] == 0 {
+                        if !self.can_recv(arena, ins.rconn) {
+                            return Some((ins.recv_peer, RECV));
+                        }
+                        let direct = self.can_send(arena, ins.sconn);
+                        let out = if direct {
+                            arena.slot(ins.sconn, self.send_seq[ins.sconn as usize])
+                        } else {
+                            self.hold[s].ptr()
+                        };
+                        let msg = arena.slot(ins.rconn, self.recv_seq[ins.rconn as usize]);
+                        for i in 0..n {
+                            let (sp, sl) = Self::loc(geo, bufs, ins.src, i);
+                            let off = i as usize * stride;
+                            reduce_msg(k, out.add(off), msg.add(off), sp, sl);
+                        }
+                        self.consume(arena, ins.rconn);
+                        if direct {
+                            self.publish(arena, ins.sconn);
+                            return None;
+                        }
+                        self.phase[s] = 1;
+                    }
+                    if !self.can_send(arena, ins.sconn) {
+                        return Some((ins.send_peer, SEND));
+                    }
+                    let slot = arena.slot(ins.sconn, self.send_seq[ins.sconn as usize]);
+                    std::ptr::copy_nonoverlapping(self.hold[s].ptr(), slot, n as usize * stride);
+                    self.publish(arena, ins.sconn);
+                    None
+                }
+            }
+        }
+    }
+
+    /// Receives the next message of `ins.rconn` into `ins.dst` (reducing with `ins.src` for
+    /// the reducing kinds) and frees the slot.
+    ///
+    /// # Safety
+    /// As [`EngineState::try_step`], and a message is available.
+    unsafe fn recv_into(
+        &mut self,
+        arena: &Arena,
+        ins: &Instr,
+        geo: &Geometry,
+        bufs: &Bufs,
+        k: &Kernels,
+    ) {
+        let es = geo.esize;
+        let stride = geo.maxc * es;
+        let msg = arena.slot(ins.rconn, self.recv_seq[ins.rconn as usize]);
+        let reduces = matches!(ins.kind, Kind::RecvReduceCopy | Kind::RecvReduceCopySend);
+        for i in 0..ins.count {
+            let (dp, dl) = Self::loc(geo, bufs, ins.dst, i);
+            // SAFETY: per the caller's contract.
+            unsafe {
+                let m = msg.add(i as usize * stride);
+                if reduces {
+                    let (sp, sl) = Self::loc(geo, bufs, ins.src, i);
+                    reduce_msg(k, dp, m, sp, dl.min(sl));
+                } else {
+                    std::ptr::copy_nonoverlapping(m, dp, dl * es);
+                }
+            }
+        }
+        self.consume(arena, ins.rconn);
+    }
+}
+
+fn dep_what(_stream: u32) -> &'static str {
+    "a step of another stream of its own"
+}
+
+/// Encodes an abort record.
+pub(crate) fn abort_word(reporter: u32, culprit: u32) -> u64 {
+    1 + ((u64::from(reporter) << 32) | u64::from(culprit))
+}
+
+/// Turns a non-zero abort word into the error this rank reports.
+pub(crate) fn abort_error(rank: u32, word: u64) -> ExecError {
+    let v = word - 1;
+    let (reporter, culprit) = ((v >> 32) as u32, v as u32);
+    ExecError::PeerFailed {
+        rank,
+        failed: culprit,
+        reason: if reporter == culprit {
+            "it aborted the communicator".to_string()
+        } else {
+            format!("reported by rank {reporter}")
+        },
+    }
+}
+
+/// Records a failure in the abort word (first writer wins) and returns it.
+pub(crate) fn raise_abort(arena: &Arena, reporter: u32, culprit: u32) {
+    let _ = arena.abort().compare_exchange(
+        0,
+        abort_word(reporter, culprit),
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    );
+}
+
+const SPIN_POLLS: u32 = 256;
+const YIELD_FOR: Duration = Duration::from_millis(2);
+const SLEEP: Duration = Duration::from_micros(50);
+const LIVENESS_EVERY: Duration = Duration::from_millis(5);
+
+/// Backoff and failure detection while a rank cannot make progress.
+struct Waiter {
+    polls: u32,
+    since: Option<Instant>,
+    last_liveness: Option<Instant>,
+}
+
+impl Waiter {
+    fn new() -> Waiter {
+        Waiter {
+            polls: 0,
+            since: None,
+            last_liveness: None,
+        }
+    }
+
+    fn reset(&mut self) {
+        self.polls = 0;
+        self.since = None;
+    }
+
+    fn pause(&mut self, ctx: &Ctx<'_>, blocked: (u32, u32, u32, &'static str)) -> Result<()> {
+        let word = ctx.arena.abort().load(Ordering::Acquire);
+        if word != 0 {
+            return Err(abort_error(ctx.rank, word));
+        }
+        self.polls = self.polls.saturating_add(1);
+        if self.polls < SPIN_POLLS {
+            std::hint::spin_loop();
+            return Ok(());
+        }
+        let now = Instant::now();
+        let since = *self.since.get_or_insert(now);
+        let waited = now - since;
+        let (stream, step, peer, what) = blocked;
+        if self.last_liveness.is_none_or(|t| now - t >= LIVENESS_EVERY) {
+            self.last_liveness = Some(now);
+            if peer != ctx.rank && !(ctx.alive)(peer) {
+                raise_abort(ctx.arena, ctx.rank, peer);
+                return Err(ExecError::PeerFailed {
+                    rank: ctx.rank,
+                    failed: peer,
+                    reason: format!(
+                        "it died or left while stream {stream} step {step} waited for {what} it"
+                    ),
+                });
+            }
+        }
+        if waited >= ctx.timeout {
+            raise_abort(ctx.arena, ctx.rank, peer);
+            return Err(ExecError::Timeout {
+                rank: ctx.rank,
+                peer,
+                stream,
+                step,
+                secs: waited.as_secs_f64(),
+                what,
+            });
+        }
+        if waited < YIELD_FOR {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(SLEEP);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,101 @@
+//! Typed errors of the executor. Every runtime error names the rank that reports it and,
+//! where one is involved, the peer, stream and step.
+
+use hccl_ir::{Collective, PlanError};
+use thiserror::Error;
+
+/// Result type of the executor.
+pub type Result<T, E = ExecError> = std::result::Result<T, E>;
+
+/// Everything that can go wrong building a communicator or running a collective.
+#[derive(Debug, Error)]
+pub enum ExecError {
+    /// The plan file could not be read.
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    /// A plan directory could not be listed or held no plan files.
+    #[error("{path}: {message}")]
+    PlanDir { path: String, message: String },
+    /// An entry of the plan failed verification.
+    #[error("plan entry {entry} ({collective}) failed verification: {message}")]
+    Verify {
+        entry: usize,
+        collective: Collective,
+        message: String,
+    },
+    /// An entry is structurally unusable (bounds, peers, dependencies) for this executor.
+    #[error("plan entry {entry}: rank {rank} stream {stream} step {step}: {message}")]
+    BadStep {
+        entry: usize,
+        rank: u32,
+        stream: u32,
+        step: u32,
+        message: String,
+    },
+    /// The plan was compiled for another number of ranks.
+    #[error("plan entry {entry} is for {plan} ranks but the job has {world}")]
+    WorldSize { entry: usize, plan: u32, world: u32 },
+    /// Ranks hold different plans.
+    #[error(
+        "rank {rank} holds plan {theirs} but rank {me} holds plan {mine}: all ranks must use the same plan file"
+    )]
+    PlanMismatch {
+        me: u32,
+        mine: String,
+        rank: u32,
+        theirs: String,
+    },
+    /// No entry of the plan implements the requested call.
+    #[error("the plan has no entry for {collective} at {bytes} bytes{filter}")]
+    NoEntry {
+        collective: Collective,
+        bytes: u64,
+        filter: String,
+    },
+    /// The caller's buffers do not fit the collective.
+    #[error("rank {rank}: {collective}: {message}")]
+    BadBuffers {
+        rank: u32,
+        collective: Collective,
+        message: String,
+    },
+    /// Invalid arguments (rank out of range, bad root, bad configuration).
+    #[error("{0}")]
+    Invalid(String),
+    /// This rank waited longer than the timeout for a peer.
+    #[error(
+        "rank {rank}: timed out after {secs:.1} s at stream {stream} step {step} waiting for rank {peer} ({what})"
+    )]
+    Timeout {
+        rank: u32,
+        peer: u32,
+        stream: u32,
+        step: u32,
+        secs: f64,
+        what: &'static str,
+    },
+    /// A peer died, left the communicator, or another rank aborted because of it.
+    #[error("rank {rank}: rank {failed} failed ({reason}); collective aborted")]
+    PeerFailed {
+        rank: u32,
+        failed: u32,
+        reason: String,
+    },
+    /// The communicator is unusable after an earlier failure or a lost non-blocking request.
+    #[error("rank {rank}: communicator unusable: {reason}")]
+    Poisoned { rank: u32, reason: String },
+    /// Bootstrap (rendezvous, shared memory) failed.
+    #[error("rank {rank}: bootstrap failed: {message}")]
+    Bootstrap { rank: u32, message: String },
+    /// An operating-system error with what was being done.
+    #[error("rank {rank}: {what}: {source}")]
+    Io {
+        rank: u32,
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// An internal invariant failed (a bug); reported instead of panicking.
+    #[error("rank {rank}: internal error: {message}")]
+    Internal { rank: u32, message: String },
+}

@@ -1,0 +1,511 @@
+//! The process backend: ranks as OS processes on one host.
+//!
+//! # Bootstrap
+//!
+//! Rank 0 listens on `MASTER_ADDR:MASTER_PORT`; every other rank connects (retrying until the
+//! timeout) and sends a hello: a magic, the job token (`HCCL_JOB_TOKEN`), its rank, the world
+//! size and its plan's content hash. Rank 0 closes any connection whose magic or token is
+//! wrong, or whose rank is out of range or taken, and keeps accepting. Once all ranks are in,
+//! it compares world sizes and plan hashes; on a mismatch every rank receives (and returns)
+//! an error naming the disagreeing ranks. Otherwise rank 0 creates the shared region as a
+//! file in `/dev/shm`, sends its name, waits until every rank has mapped it, unlinks it (so a
+//! crashed job leaves nothing behind) and releases everyone.
+//!
+//! # Data and liveness
+//!
+//! The region holds the same connection rings as the threads backend, so the replay engine
+//! is unchanged. Each rank writes its pid into the region; a rank that waits checks from time
+//! to time that the peer it waits for is still alive (`/proc/PID/stat`, zombies count as
+//! dead) and raises the abort word if it is not, so every rank names the dead one.
+//!
+//! Rank and world size come from `RANK`/`WORLD_SIZE` (torchrun),
+//! `OMPI_COMM_WORLD_RANK`/`OMPI_COMM_WORLD_SIZE` (mpirun), `PMI_RANK`/`PMI_SIZE` or
+//! `SLURM_PROCID`/`SLURM_NTASKS`.
+
+use crate::arena::{Arena, Layout, MAGIC};
+use crate::comm::{Communicator, RankState, Shared, prepare_plan};
+use crate::config::{Config, PlanSource};
+use crate::error::{ExecError, Result};
+use hccl_ir::PlanFile;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+const HELLO_MAGIC: &[u8; 8] = b"HCCLBOOT";
+const PROTOCOL: u32 = 1;
+const MAX_FIELD: u32 = 4096;
+const STEP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where and how to rendezvous.
+#[derive(Debug, Clone)]
+pub struct Bootstrap {
+    /// Rank 0's listening address (`MASTER_ADDR:MASTER_PORT`).
+    pub addr: String,
+    /// Shared secret every rank must present.
+    pub token: String,
+}
+
+impl Bootstrap {
+    /// From `MASTER_ADDR` (default `127.0.0.1`), `MASTER_PORT` (default 29500) and
+    /// `HCCL_JOB_TOKEN` (default empty).
+    pub fn from_env() -> Bootstrap {
+        let host = std::env::var("MASTER_ADDR").unwrap_or_else(|_| "127.0.0.1".into());
+        let port = std::env::var("MASTER_PORT").unwrap_or_else(|_| "29500".into());
+        Bootstrap {
+            addr: format!("{host}:{port}"),
+            token: std::env::var("HCCL_JOB_TOKEN").unwrap_or_default(),
+        }
+    }
+}
+
+/// Rank and world size from the launcher's environment.
+pub fn rank_world_from_env() -> Result<(u32, u32)> {
+    const PAIRS: [(&str, &str); 4] = [
+        ("RANK", "WORLD_SIZE"),
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+        ("PMI_RANK", "PMI_SIZE"),
+        ("SLURM_PROCID", "SLURM_NTASKS"),
+    ];
+    for (r, w) in PAIRS {
+        if let (Ok(rv), Ok(wv)) = (std::env::var(r), std::env::var(w)) {
+            let parse = |name: &str, v: &str| {
+                v.trim().parse::<u32>().map_err(|_| {
+                    ExecError::Invalid(format!("{name}={v}: expected a non-negative integer"))
+                })
+            };
+            let (rank, world) = (parse(r, &rv)?, parse(w, &wv)?);
+            if world == 0 || rank >= world {
+                return Err(ExecError::Invalid(format!(
+                    "{r}={rank} is not a rank of {w}={world}"
+                )));
+            }
+            return Ok((rank, world));
+        }
+    }
+    Err(ExecError::Invalid(
+        "no rank/world size in the environment (RANK/WORLD_SIZE, OMPI_COMM_WORLD_RANK/_SIZE, PMI_RANK/PMI_SIZE or SLURM_PROCID/SLURM_NTASKS)".into(),
+    ))
+}
+
+/// Builds communicators whose ranks are processes.
+#[derive(Debug, Clone, Copy)]
+pub struct ProcessGroup;
+
+impl ProcessGroup {
+    /// Everything from the environment: rank, world size, rendezvous, configuration.
+    pub fn init(source: PlanSource) -> Result<Communicator> {
+        let config = Config::from_env()?;
+        let (rank, world) = rank_world_from_env()?;
+        let plan = source.load(world)?;
+        ProcessGroup::init_with(plan, rank, world, &Bootstrap::from_env(), config)
+    }
+
+    /// Explicit rank, world size, rendezvous and configuration.
+    pub fn init_with(
+        plan: PlanFile,
+        rank: u32,
+        world: u32,
+        boot: &Bootstrap,
+        config: Config,
+    ) -> Result<Communicator> {
+        if world == 0 || rank >= world {
+            return Err(ExecError::Invalid(format!(
+                "rank {rank} is not a rank of a {world}-rank job"
+            )));
+        }
+        let hash = plan.content_hash();
+        let mut config = config;
+        let deadline = Instant::now() + config.timeout;
+        let boot_err = |message: String| ExecError::Bootstrap { rank, message };
+        let addr: SocketAddr = boot
+            .addr
+            .to_socket_addrs()
+            .map_err(|e| boot_err(format!("bad rendezvous address {}: {e}", boot.addr)))?
+            .next()
+            .ok_or_else(|| boot_err(format!("{} resolves to no address", boot.addr)))?;
+        // Check the plan locally first, but finish the rendezvous either way so that every
+        // rank learns why the job cannot start.
+        let local = prepare_plan(&plan, world, &config);
+        let local_err = local.as_ref().err().map(|e| e.to_string());
+        let total = local
+            .as_ref()
+            .ok()
+            .map(|(_, conns)| Layout::new(world as usize, conns.len(), config.slot_bytes).total);
+        let (region, slot_bytes, mut socks) = if rank == 0 {
+            lead(
+                rank, world, addr, boot, &hash, &config, local_err, total, deadline,
+            )?
+        } else {
+            follow(rank, world, addr, boot, &hash, local_err, deadline)?
+        };
+        config.slot_bytes = slot_bytes;
+        let (keep, conns) = local?;
+        let layout = Layout::new(world as usize, conns.len(), config.slot_bytes);
+        let mapped = map_region(rank, &region, layout);
+        if rank == 0 {
+            // Everyone has mapped (or failed) once all acks are in; then nothing needs the
+            // name any more.
+            let acks = socks.iter_mut().map(|s| {
+                let mut b = [0u8; 1];
+                s.read_exact(&mut b).map(|()| b[0])
+            });
+            let all_ok = acks.fold(mapped.is_ok(), |ok, a| ok & matches!(a, Ok(1)));
+            let _ = std::fs::remove_file(&region);
+            for s in &mut socks {
+                let _ = s.write_all(&[u8::from(all_ok)]);
+            }
+            if !all_ok {
+                return Err(match mapped {
+                    Err(e) => e,
+                    Ok(_) => ExecError::Bootstrap {
+                        rank,
+                        message: "a rank could not map the shared region".into(),
+                    },
+                });
+            }
+        } else {
+            let sock = &mut socks[0];
+            let _ = sock.write_all(&[u8::from(mapped.is_ok())]);
+            let mut go = [0u8; 1];
+            sock.read_exact(&mut go)
+                .map_err(io_err(rank, "waiting for rank 0 to release the job"))?;
+            if go[0] != 1 {
+                return Err(match mapped {
+                    Err(e) => e,
+                    Ok(_) => ExecError::Bootstrap {
+                        rank,
+                        message: "another rank could not map the shared region".into(),
+                    },
+                });
+            }
+        }
+        let arena = mapped?;
+        arena
+            .pid(rank as usize)
+            .store(u64::from(std::process::id()), Ordering::Release);
+        let state = RankState::new(&plan, &keep, &conns, rank, &config)?;
+        tracing::info!(rank, world, plan = %hash, region = %region, "process group ready");
+        let shared = Arc::new(Shared {
+            arena,
+            world,
+            config,
+            plan_hash: hash,
+            check_pids: true,
+        });
+        Ok(Communicator::new(rank, shared, state))
+    }
+}
+
+fn io_err(rank: u32, what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ExecError {
+    let what = what.into();
+    move |source| ExecError::Io { rank, what, source }
+}
+
+fn write_u32(buf: &mut Vec<u8>, v: u32) {
+    buf.extend_from_slice(&v.to_le_bytes());
+}
+
+fn write_str(buf: &mut Vec<u8>, s: &str) {
+    write_u32(buf, s.len() as u32);
+    buf.extend_from_slice(s.as_bytes());
+}
+
+fn read_u32(s: &mut TcpStream) -> std::io::Result<u32> {
+    let mut b = [0u8; 4];
+    s.read_exact(&mut b)?;
+    Ok(u32::from_le_bytes(b))
+}
+
+fn read_str(s: &mut TcpStream) -> std::io::Result<String> {
+    let len = read_u32(s)?;
+    if len > MAX_FIELD {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "field too long",
+        ));
+    }
+    let mut b = vec![0u8; len as usize];
+    s.read_exact(&mut b)?;
+    String::from_utf8(b)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8"))
+}
+
+struct Hello {
+    rank: u32,
+    world: u32,
+    hash: String,
+    error: String,
+}
+
+fn read_hello(s: &mut TcpStream, token: &str) -> std::io::Result<Option<Hello>> {
+    let mut magic = [0u8; 8];
+    s.read_exact(&mut magic)?;
+    if &magic != HELLO_MAGIC || read_u32(s)? != PROTOCOL {
+        return Ok(None);
+    }
+    let theirs = read_str(s)?;
+    // Compare without an early exit on the first differing byte.
+    let same = theirs.len() == token.len()
+        && theirs
+            .bytes()
+            .zip(token.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0;
+    if !same {
+        return Ok(None);
+    }
+    Ok(Some(Hello {
+        rank: read_u32(s)?,
+        world: read_u32(s)?,
+        hash: read_str(s)?,
+        error: read_str(s)?,
+    }))
+}
+
+type Lead = (String, usize, Vec<TcpStream>);
+
+#[allow(clippy::too_many_arguments)]
+fn lead(
+    rank: u32,
+    world: u32,
+    addr: SocketAddr,
+    boot: &Bootstrap,
+    hash: &str,
+    config: &Config,
+    local_err: Option<String>,
+    total: Option<usize>,
+    deadline: Instant,
+) -> Result<Lead> {
+    let boot_err = |message: String| ExecError::Bootstrap { rank, message };
+    let listener = TcpListener::bind(addr).map_err(io_err(rank, format!("listening on {addr}")))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(io_err(rank, "configuring the listener"))?;
+    let mut peers: Vec<Option<(TcpStream, Hello)>> = (0..world).map(|_| None).collect();
+    let mut joined = 1;
+    while joined < world {
+        match listener.accept() {
+            Ok((mut sock, from)) => {
+                let _ = sock.set_nonblocking(false);
+                let _ = sock.set_read_timeout(Some(STEP_TIMEOUT));
+                let _ = sock.set_nodelay(true);
+                match read_hello(&mut sock, &boot.token) {
+                    Ok(Some(h))
+                        if h.rank > 0 && h.rank < world && peers[h.rank as usize].is_none() =>
+                    {
+                        let r = h.rank as usize;
+                        peers[r] = Some((sock, h));
+                        joined += 1;
+                    }
+                    Ok(Some(h)) => {
+                        tracing::warn!(%from, rank = h.rank, "refused a connection: rank out of range or taken");
+                    }
+                    Ok(None) => tracing::warn!(%from, "refused a connection without the job token"),
+                    Err(e) => tracing::warn!(%from, "refused a connection: {e}"),
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    let missing: Vec<u32> = (1..world)
+                        .filter(|&r| peers[r as usize].is_none())
+                        .collect();
+                    return Err(boot_err(format!(
+                        "timed out waiting for ranks {missing:?} to join at {addr}"
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(io_err(rank, "accepting a connection")(e)),
+        }
+    }
+    // Agreement: world sizes, plan hashes, local plan checks.
+    let mut problem: Option<String> = local_err.map(|e| format!("rank 0: {e}"));
+    for (r, p) in peers.iter().enumerate().skip(1) {
+        let Some((_, h)) = p else { continue };
+        if problem.is_some() {
+            break;
+        }
+        if h.world != world {
+            problem = Some(format!(
+                "rank {r} was started for {} ranks but rank 0 for {world}",
+                h.world
+            ));
+        } else if h.hash != hash {
+            problem = Some(format!(
+                "rank {r} holds plan {} but rank 0 holds plan {hash}: all ranks must use the same plan file",
+                h.hash
+            ));
+        } else if !h.error.is_empty() {
+            problem = Some(format!("rank {r}: {}", h.error));
+        }
+    }
+    let mut socks: Vec<TcpStream> = peers.into_iter().flatten().map(|(s, _)| s).collect();
+    if let Some(problem) = problem {
+        for s in &mut socks {
+            let mut msg = vec![1u8];
+            write_str(&mut msg, &problem);
+            let _ = s.write_all(&msg);
+        }
+        return Err(boot_err(problem));
+    }
+    // The shared region.
+    let name = format!(
+        "/dev/shm/hccl-{}-{}-{}",
+        addr.port(),
+        std::process::id(),
+        rand_word()
+    );
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&name)
+        .map_err(io_err(rank, format!("creating {name}")))?;
+    // Without a local error the layout is known (the slot size is rank 0's for everyone).
+    if let Err(e) = file.set_len(total.unwrap_or(0) as u64) {
+        let _ = std::fs::remove_file(&name);
+        return Err(io_err(rank, format!("sizing {name}"))(e));
+    }
+    drop(file);
+    let mut ok = vec![0u8];
+    write_str(&mut ok, &name);
+    ok.extend_from_slice(&(config.slot_bytes as u64).to_le_bytes());
+    let result = (|| -> Result<()> {
+        for s in &mut socks {
+            s.write_all(&ok)
+                .map_err(io_err(rank, "sending the region name"))?;
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&name);
+        return Err(e);
+    }
+    Ok((name, config.slot_bytes, socks))
+}
+
+fn rand_word() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(u64::from(std::process::id()));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    h.write_u128(now.as_nanos());
+    h.finish()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn follow(
+    rank: u32,
+    world: u32,
+    addr: SocketAddr,
+    boot: &Bootstrap,
+    hash: &str,
+    local_err: Option<String>,
+    deadline: Instant,
+) -> Result<Lead> {
+    let boot_err = |message: String| ExecError::Bootstrap { rank, message };
+    let mut sock = loop {
+        match TcpStream::connect_timeout(&addr, STEP_TIMEOUT) {
+            Ok(s) => break s,
+            Err(e) => {
+                if Instant::now() >= deadline {
+                    return Err(boot_err(format!("cannot reach rank 0 at {addr}: {e}")));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    };
+    let _ = sock.set_nodelay(true);
+    let mut hello = HELLO_MAGIC.to_vec();
+    write_u32(&mut hello, PROTOCOL);
+    write_str(&mut hello, &boot.token);
+    write_u32(&mut hello, rank);
+    write_u32(&mut hello, world);
+    write_str(&mut hello, hash);
+    write_str(&mut hello, local_err.as_deref().unwrap_or(""));
+    sock.write_all(&hello)
+        .map_err(io_err(rank, "sending the hello"))?;
+    // Wait for the verdict as long as the job may take to assemble.
+    let remaining = deadline
+        .saturating_duration_since(Instant::now())
+        .max(STEP_TIMEOUT);
+    let _ = sock.set_read_timeout(Some(remaining));
+    let mut status = [0u8; 1];
+    sock.read_exact(&mut status).map_err(|e| {
+        boot_err(format!(
+            "rank 0 refused or dropped the connection (wrong job token?): {e}"
+        ))
+    })?;
+    let text = read_str(&mut sock).map_err(io_err(rank, "reading rank 0's reply"))?;
+    if status[0] != 0 {
+        return Err(boot_err(text));
+    }
+    let mut slot = [0u8; 8];
+    sock.read_exact(&mut slot)
+        .map_err(io_err(rank, "reading rank 0's reply"))?;
+    let slot_bytes = usize::try_from(u64::from_le_bytes(slot)).unwrap_or(usize::MAX);
+    if !(64..=1 << 30).contains(&slot_bytes) {
+        return Err(boot_err(format!(
+            "rank 0 sent an invalid slot size {slot_bytes}"
+        )));
+    }
+    Ok((text, slot_bytes, vec![sock]))
+}
+
+/// Maps the region file rank 0 created and sized.
+fn map_region(rank: u32, name: &str, layout: Layout) -> Result<Arena> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(name)
+        .map_err(io_err(rank, format!("opening {name}")))?;
+    let len = file
+        .metadata()
+        .map_err(io_err(rank, format!("inspecting {name}")))?
+        .len();
+    if len < layout.total as u64 {
+        return Err(ExecError::Bootstrap {
+            rank,
+            message: format!(
+                "{name} holds {len} bytes but the plan's layout needs {}",
+                layout.total
+            ),
+        });
+    }
+    // SAFETY: the file is private to this job (unguessable name, created exclusively) and
+    // only accessed through the arena protocol.
+    let mut map = unsafe { memmap2::MmapMut::map_mut(&file) }
+        .map_err(io_err(rank, format!("mapping {name}")))?;
+    if map.len() < layout.total {
+        return Err(ExecError::Bootstrap {
+            rank,
+            message: format!("{name} is smaller than the layout needs"),
+        });
+    }
+    let base = map.as_mut_ptr();
+    // SAFETY: `map` is page-aligned, at least `layout.total` bytes, zero-filled by the kernel
+    // on creation, and moves into the owner box (the mapping itself does not move).
+    let arena = unsafe { Arena::from_raw(base, layout, Box::new(map)) };
+    let _ = arena
+        .magic()
+        .compare_exchange(0, MAGIC, Ordering::AcqRel, Ordering::Acquire);
+    Ok(arena)
+}
+
+/// Whether process `pid` is alive (not gone and not a zombie).
+pub(crate) fn pid_alive(pid: u64) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            // The state follows the parenthesised command name.
+            let state = stat
+                .rfind(')')
+                .and_then(|i| stat[i + 1..].trim_start().chars().next());
+            !matches!(state, Some('Z') | Some('X') | Some('x'))
+        }
+        Err(_) => false,
+    }
+}

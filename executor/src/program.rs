@@ -1,0 +1,280 @@
+//! Plans compiled for execution: each entry's program for one rank, flattened into
+//! instructions with resolved connection indices and dependency lists.
+//!
+//! Compilation also re-checks everything memory safety depends on (buffer bounds, peers,
+//! dependency targets), so a plan that slipped past the verifier can make a call fail or time
+//! out but never read or write outside a buffer.
+
+use crate::error::{ExecError, Result};
+use hccl_ir::{Buf, Collective, Loc, Op, PlanEntry, Protocol, Schedule};
+use std::collections::BTreeMap;
+
+/// A connection `(from, to, channel)`.
+pub(crate) type ConnKey = (u32, u32, u32);
+
+/// Every connection any entry of the plan uses, numbered densely (the arena layout index).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ConnTable {
+    index: BTreeMap<ConnKey, u32>,
+}
+
+impl ConnTable {
+    /// Collects the connections of every schedule (identical on all ranks for the same plan).
+    pub(crate) fn build<'a>(schedules: impl IntoIterator<Item = &'a Schedule>) -> ConnTable {
+        let mut index = BTreeMap::new();
+        for sched in schedules {
+            for (rank, prog) in sched.ranks.iter().enumerate() {
+                for stream in &prog.streams {
+                    for step in &stream.steps {
+                        if let Some(to) = step.op.send_peer() {
+                            index.insert((rank as u32, to, stream.channel), 0);
+                        }
+                        if let Some(from) = step.op.recv_peer() {
+                            index.insert((from, rank as u32, stream.channel), 0);
+                        }
+                    }
+                }
+            }
+        }
+        for (i, v) in index.values_mut().enumerate() {
+            *v = i as u32;
+        }
+        ConnTable { index }
+    }
+
+    /// Number of connections.
+    pub(crate) fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    fn get(&self, key: ConnKey) -> Option<u32> {
+        self.index.get(&key).copied()
+    }
+}
+
+/// What an instruction does (the IR op without its operands).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Send,
+    Recv,
+    RecvReduceCopy,
+    RecvReduceSend,
+    RecvReduceCopySend,
+    RecvCopySend,
+    Copy,
+    Reduce,
+    Nop,
+}
+
+/// One step, ready to run.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Instr {
+    pub kind: Kind,
+    pub count: u32,
+    pub src: Loc,
+    pub dst: Loc,
+    /// Incoming connection index (valid when the op receives).
+    pub rconn: u32,
+    /// Outgoing connection index (valid when the op sends).
+    pub sconn: u32,
+    pub recv_peer: u32,
+    pub send_peer: u32,
+    /// Range into [`Program::deps`].
+    pub deps: (u32, u32),
+}
+
+/// One rank's program of one entry.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Program {
+    pub streams: Vec<Vec<Instr>>,
+    /// Dependencies as `(stream, step)`.
+    pub deps: Vec<(u32, u32)>,
+    pub scratch_chunks: u32,
+    /// Per stream: whether it holds a receive-reduce-send (needs a holding buffer).
+    pub needs_hold: Vec<bool>,
+    /// Whether any step writes the input buffer (then an out-of-place call stages the
+    /// caller's input, which it must not modify).
+    pub writes_input: bool,
+}
+
+/// A plan entry prepared for one rank.
+#[derive(Debug, Clone)]
+pub(crate) struct Entry {
+    pub index: usize,
+    pub collective: Collective,
+    pub min_bytes: u64,
+    pub max_bytes: Option<u64>,
+    pub in_place: bool,
+    pub chunks: u32,
+    pub algorithm: String,
+    pub protocol: Protocol,
+    /// Largest step count over all ranks (identical everywhere: it sizes the segments).
+    pub max_count: u32,
+    pub program: Program,
+}
+
+impl Entry {
+    /// Whether the entry serves `bytes`.
+    pub(crate) fn covers(&self, bytes: u64) -> bool {
+        self.min_bytes <= bytes && self.max_bytes.is_none_or(|m| bytes < m)
+    }
+}
+
+const NO_CONN: u32 = u32::MAX;
+
+/// Compiles entry `index` of a plan for `rank`.
+pub(crate) fn compile(
+    index: usize,
+    entry: &PlanEntry,
+    rank: u32,
+    conns: &ConnTable,
+) -> Result<Entry> {
+    let s = &entry.schedule;
+    let n = s.nranks;
+    let bad = |stream: usize, step: usize, message: String| ExecError::BadStep {
+        entry: index,
+        rank,
+        stream: stream as u32,
+        step: step as u32,
+        message,
+    };
+    let header = |message: String| bad(0, 0, message);
+    if s.ranks.len() != n as usize {
+        return Err(header(format!(
+            "schedule lists {} rank programs for {n} ranks",
+            s.ranks.len()
+        )));
+    }
+    match s.collective.buffer_chunks(n, s.chunks) {
+        Some((i, o)) if i == s.input_chunks && o == s.output_chunks && s.chunks > 0 => {}
+        _ => {
+            return Err(header(format!(
+                "buffer extents {}/{} do not fit {} with {} chunks",
+                s.input_chunks, s.output_chunks, s.collective, s.chunks
+            )));
+        }
+    }
+    if let Some(root) = s.collective.root()
+        && root >= n
+    {
+        return Err(header(format!("root {root} out of range")));
+    }
+    let max_count = s
+        .ranks
+        .iter()
+        .flat_map(|r| &r.streams)
+        .flat_map(|st| &st.steps)
+        .map(|st| st.count)
+        .max()
+        .unwrap_or(0);
+    let prog = &s.ranks[rank as usize];
+    let mut out = Program {
+        scratch_chunks: prog.scratch_chunks,
+        ..Program::default()
+    };
+    for (si, stream) in prog.streams.iter().enumerate() {
+        let mut instrs = Vec::with_capacity(stream.steps.len());
+        let mut hold = false;
+        for (ti, step) in stream.steps.iter().enumerate() {
+            let check_loc = |loc: Loc| -> Result<()> {
+                let len = s.buffer_len(rank, loc.buf);
+                if u64::from(loc.off) + u64::from(step.count) > u64::from(len) {
+                    return Err(bad(
+                        si,
+                        ti,
+                        format!(
+                            "{loc} with count {} is outside the {}-chunk buffer",
+                            step.count, len
+                        ),
+                    ));
+                }
+                Ok(())
+            };
+            let check_peer = |p: u32| -> Result<()> {
+                if p >= n || p == rank {
+                    return Err(bad(si, ti, format!("invalid peer {p}")));
+                }
+                Ok(())
+            };
+            let (kind, src, dst) = match step.op {
+                Op::Send { src, .. } => (Kind::Send, Some(src), None),
+                Op::Recv { dst, .. } => (Kind::Recv, None, Some(dst)),
+                Op::RecvReduceCopy { src, dst, .. } => (Kind::RecvReduceCopy, Some(src), Some(dst)),
+                Op::RecvReduceSend { src, .. } => (Kind::RecvReduceSend, Some(src), None),
+                Op::RecvReduceCopySend { src, dst, .. } => {
+                    (Kind::RecvReduceCopySend, Some(src), Some(dst))
+                }
+                Op::RecvCopySend { dst, .. } => (Kind::RecvCopySend, None, Some(dst)),
+                Op::Copy { src, dst } => (Kind::Copy, Some(src), Some(dst)),
+                Op::Reduce { src, dst } => (Kind::Reduce, Some(src), Some(dst)),
+                Op::Nop => (Kind::Nop, None, None),
+            };
+            if kind == Kind::RecvReduceSend {
+                hold = true;
+            }
+            if dst.is_some_and(|d| d.buf == Buf::Input) {
+                out.writes_input = true;
+            }
+            for loc in src.iter().chain(dst.iter()) {
+                check_loc(*loc)?;
+            }
+            let mut rconn = NO_CONN;
+            let mut sconn = NO_CONN;
+            let recv_peer = step.op.recv_peer().unwrap_or(rank);
+            let send_peer = step.op.send_peer().unwrap_or(rank);
+            if let Some(p) = step.op.recv_peer() {
+                check_peer(p)?;
+                rconn = conns
+                    .get((p, rank, stream.channel))
+                    .ok_or_else(|| bad(si, ti, "connection missing".into()))?;
+            }
+            if let Some(p) = step.op.send_peer() {
+                check_peer(p)?;
+                sconn = conns
+                    .get((rank, p, stream.channel))
+                    .ok_or_else(|| bad(si, ti, "connection missing".into()))?;
+            }
+            let start = out.deps.len() as u32;
+            for d in &step.deps {
+                let ok = prog
+                    .streams
+                    .get(d.stream as usize)
+                    .is_some_and(|st| (d.step as usize) < st.steps.len());
+                if !ok {
+                    return Err(bad(
+                        si,
+                        ti,
+                        format!("dependency on missing step {}:{}", d.stream, d.step),
+                    ));
+                }
+                out.deps.push((d.stream, d.step));
+            }
+            let unused = Loc::new(Buf::Scratch, 0);
+            instrs.push(Instr {
+                kind,
+                count: step.count,
+                src: src.unwrap_or(unused),
+                dst: dst.unwrap_or(unused),
+                rconn,
+                sconn,
+                recv_peer,
+                send_peer,
+                deps: (start, out.deps.len() as u32),
+            });
+        }
+        out.streams.push(instrs);
+        out.needs_hold.push(hold);
+    }
+    Ok(Entry {
+        index,
+        collective: s.collective,
+        min_bytes: entry.min_bytes,
+        max_bytes: entry.max_bytes,
+        in_place: s.in_place,
+        chunks: s.chunks,
+        algorithm: entry.algorithm.clone(),
+        protocol: entry.protocol,
+        max_count,
+        program: out,
+    })
+}

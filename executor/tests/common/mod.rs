@@ -1,0 +1,242 @@
+//! Test support: deterministic inputs, a plain sequential reference, and a driver that runs
+//! a list of calls on every rank of a thread group (one thread per rank, spawned once).
+
+#![allow(dead_code)]
+
+use half::{bf16, f16};
+use hccl_executor::dtype::combine_slices;
+use hccl_executor::{Buffers, Communicator, Config, DataType, Element, ReduceOp, ThreadGroup};
+use hccl_ir::{Collective, CollectiveKind, PlanFile};
+use std::time::Duration;
+
+/// One call to make on every rank.
+#[derive(Debug, Clone, Copy)]
+pub struct Case {
+    pub collective: Collective,
+    pub dtype: DataType,
+    pub op: ReduceOp,
+    pub in_place: bool,
+    /// Elements of the whole collective buffer (nccl-tests "size" in elements).
+    pub count: usize,
+    pub seed: u64,
+}
+
+/// A small-integer input value that keeps every reduction exact (also in f16/bf16).
+fn value(case: &Case, rank: u32, i: usize) -> i64 {
+    let mut h =
+        case.seed ^ (u64::from(rank) << 40) ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    h ^= h >> 29;
+    h = h.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    h ^= h >> 32;
+    match case.op {
+        ReduceOp::Prod => [1, 2, 1, -1][(h % 4) as usize],
+        _ => (h % 7) as i64 - 3,
+    }
+}
+
+fn unsigned(d: DataType) -> bool {
+    matches!(d, DataType::U8 | DataType::U32 | DataType::U64)
+}
+
+/// The rank's input buffer (for in-place calls: the buffer's initial contents).
+pub fn input<T: Element>(case: &Case, n: u32, rank: u32) -> Vec<T> {
+    let len = input_len(case, n);
+    let make = |r: u32, i: usize| {
+        let v = value(case, r, i);
+        T::from_i64(if unsigned(case.dtype) { v.abs() } else { v })
+    };
+    match (case.collective.kind(), case.in_place) {
+        (CollectiveKind::AllGather, true) => {
+            // The rank's block holds its input; the rest is garbage to be overwritten.
+            let block = case.count / n as usize;
+            (0..len)
+                .map(|i| {
+                    if i / block.max(1) == rank as usize {
+                        make(rank, i - rank as usize * block)
+                    } else {
+                        T::from_i64(99)
+                    }
+                })
+                .collect()
+        }
+        _ => (0..len).map(|i| make(rank, i)).collect(),
+    }
+}
+
+fn input_len(case: &Case, n: u32) -> usize {
+    match case.collective.kind() {
+        CollectiveKind::AllGather if !case.in_place => case.count / n as usize,
+        _ => case.count,
+    }
+}
+
+fn output_len(case: &Case, n: u32) -> usize {
+    match case.collective.kind() {
+        CollectiveKind::ReduceScatter if !case.in_place => case.count / n as usize,
+        _ => case.count,
+    }
+}
+
+/// The logical inputs of every rank (AllGather: the rank's block).
+fn logical_inputs<T: Element>(case: &Case, n: u32) -> Vec<Vec<T>> {
+    (0..n)
+        .map(|r| {
+            let v = input::<T>(case, n, r);
+            if case.collective.kind() == CollectiveKind::AllGather && case.in_place {
+                let b = case.count / n as usize;
+                v[r as usize * b..(r as usize + 1) * b].to_vec()
+            } else {
+                v
+            }
+        })
+        .collect()
+}
+
+/// What `rank` must hold afterwards, as (offset in its output-side buffer, values).
+pub fn expected<T: Element>(case: &Case, n: u32, rank: u32) -> Option<(usize, Vec<T>)> {
+    let ins = logical_inputs::<T>(case, n);
+    let reduce_all = || {
+        let mut acc = ins[0].clone();
+        for x in &ins[1..] {
+            combine_slices(case.op, &mut acc, x);
+        }
+        if case.op == ReduceOp::Avg {
+            for v in &mut acc {
+                *v = v.div_count(n);
+            }
+        }
+        acc
+    };
+    let block = case.count / n as usize;
+    let r = rank as usize;
+    Some(match case.collective {
+        Collective::AllReduce => (0, reduce_all()),
+        Collective::AllGather => (0, ins.concat()),
+        Collective::ReduceScatter => {
+            let all = reduce_all();
+            let part = all[r * block..(r + 1) * block].to_vec();
+            (if case.in_place { r * block } else { 0 }, part)
+        }
+        Collective::Broadcast { root } => (0, ins[root as usize].clone()),
+        Collective::Reduce { root } => {
+            if root != rank {
+                return None;
+            }
+            (0, reduce_all())
+        }
+        Collective::AllToAll => (
+            0,
+            (0..n as usize)
+                .flat_map(|b| ins[b][r * block..(r + 1) * block].to_vec())
+                .collect(),
+        ),
+    })
+}
+
+/// Runs `case` on `comm` and checks the result; returns a description of the first mismatch.
+pub fn check_typed<T: Element + std::fmt::Debug>(
+    comm: &mut Communicator,
+    case: &Case,
+) -> Result<(), String> {
+    let n = comm.world_size();
+    let rank = comm.rank();
+    let mut inp = input::<T>(case, n, rank);
+    let mut out = vec![T::from_i64(77); output_len(case, n)];
+    let res = if case.in_place {
+        comm.run(case.collective, case.op, Buffers::InPlace(&mut inp))
+    } else {
+        comm.run(
+            case.collective,
+            case.op,
+            Buffers::OutOfPlace {
+                input: &inp,
+                output: &mut out,
+            },
+        )
+    };
+    res.map_err(|e| format!("{case:?} rank {rank}: {e}"))?;
+    let got = if case.in_place { &inp } else { &out };
+    if let Some((off, want)) = expected::<T>(case, n, rank) {
+        let slice = &got[off..off + want.len()];
+        if let Some(i) =
+            (0..want.len()).find(|&i| slice[i].to_f64().to_bits() != want[i].to_f64().to_bits())
+        {
+            return Err(format!(
+                "{case:?} rank {rank}: element {i}: got {:?}, want {:?}",
+                slice[i], want[i]
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Dispatches [`check_typed`] on the case's data type.
+pub fn check(comm: &mut Communicator, case: &Case) -> Result<(), String> {
+    match case.dtype {
+        DataType::F32 => check_typed::<f32>(comm, case),
+        DataType::F64 => check_typed::<f64>(comm, case),
+        DataType::F16 => check_typed::<f16>(comm, case),
+        DataType::BF16 => check_typed::<bf16>(comm, case),
+        DataType::I8 => check_typed::<i8>(comm, case),
+        DataType::U8 => check_typed::<u8>(comm, case),
+        DataType::I32 => check_typed::<i32>(comm, case),
+        DataType::U32 => check_typed::<u32>(comm, case),
+        DataType::I64 => check_typed::<i64>(comm, case),
+        DataType::U64 => check_typed::<u64>(comm, case),
+    }
+}
+
+/// Test configuration: a timeout long enough for slow CI machines.
+pub fn config() -> Config {
+    Config::default().with_timeout(Duration::from_secs(60))
+}
+
+/// Runs every case on every rank of a fresh group; returns all mismatches.
+pub fn run_cases(plan: PlanFile, n: u32, cfg: Config, cases: &[Case]) -> Vec<String> {
+    let comms = ThreadGroup::with_config(plan, n, cfg).expect("group");
+    let errors = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for mut comm in comms {
+            let errors = &errors;
+            s.spawn(move || {
+                for case in cases {
+                    if let Err(e) = check(&mut comm, case) {
+                        errors.lock().unwrap().push(e);
+                        // The group may be poisoned now; stop this rank.
+                        comm.abort();
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    errors.into_inner().unwrap()
+}
+
+/// Element counts for a collective on `n` ranks: `base` scaled so that rank-blocked
+/// collectives get whole blocks.
+pub fn count_for(coll: Collective, n: u32, base: usize) -> usize {
+    match coll.kind() {
+        CollectiveKind::AllGather | CollectiveKind::ReduceScatter | CollectiveKind::AllToAll => {
+            base * n as usize
+        }
+        _ => base,
+    }
+}
+
+/// Every collective for `n` ranks (rooted ones at rank 0 and rank n-1).
+pub fn collectives(n: u32) -> Vec<Collective> {
+    let mut v = vec![
+        Collective::AllReduce,
+        Collective::AllGather,
+        Collective::ReduceScatter,
+        Collective::AllToAll,
+        Collective::Broadcast { root: 0 },
+        Collective::Reduce { root: 0 },
+    ];
+    if n > 1 {
+        v.push(Collective::Broadcast { root: n - 1 });
+        v.push(Collective::Reduce { root: n - 1 });
+    }
+    v
+}

@@ -1,0 +1,317 @@
+//! The threads backend against a sequential reference: every collective × dtype × op ×
+//! placement over a range of element counts and rank counts, plus segmenting, non-blocking
+//! calls, plan checks and failure reporting.
+
+mod common;
+
+use common::{Case, collectives, config, count_for, run_cases};
+use hccl_executor::{
+    Communicator, Config, DataType, ExecError, OwnedBuffers, ReduceOp, ThreadGroup, fallback,
+};
+use hccl_ir::{Collective, PlanFile};
+use std::time::Duration;
+
+const COUNTS: [usize; 6] = [0, 1, 2, 7, 13, 1000];
+
+fn cases_for(n: u32, counts: &[usize], dtypes: &[DataType]) -> Vec<Case> {
+    let mut cases = Vec::new();
+    let mut seed = 1u64;
+    for coll in collectives(n) {
+        let ops: &[ReduceOp] = if coll.kind().reduces() {
+            &ReduceOp::ALL
+        } else {
+            &[ReduceOp::Sum]
+        };
+        for &dtype in dtypes {
+            for &op in ops {
+                for in_place in [false, true] {
+                    for &base in counts {
+                        seed += 1;
+                        cases.push(Case {
+                            collective: coll,
+                            dtype,
+                            op,
+                            in_place,
+                            count: count_for(coll, n, base),
+                            seed,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    cases
+}
+
+fn full_matrix(n: u32) {
+    let mut cases = cases_for(n, &COUNTS, &DataType::ALL);
+    if n <= 4 {
+        cases.extend(cases_for(n, &[65537], &[DataType::F32, DataType::I32]));
+    } else {
+        for in_place in [false, true] {
+            cases.push(Case {
+                collective: Collective::AllReduce,
+                dtype: DataType::F32,
+                op: ReduceOp::Sum,
+                in_place,
+                count: 65537,
+                seed: 7,
+            });
+        }
+    }
+    let errors = run_cases(fallback::plan(n), n, config(), &cases);
+    assert!(
+        errors.is_empty(),
+        "{} failures: {:#?}",
+        errors.len(),
+        &errors[..errors.len().min(5)]
+    );
+}
+
+#[test]
+fn matrix_1_rank() {
+    full_matrix(1);
+}
+
+#[test]
+fn matrix_2_ranks() {
+    full_matrix(2);
+}
+
+#[test]
+fn matrix_3_ranks() {
+    full_matrix(3);
+}
+
+#[test]
+fn matrix_4_ranks() {
+    full_matrix(4);
+}
+
+#[test]
+fn matrix_8_ranks() {
+    full_matrix(8);
+}
+
+/// Other schedule shapes: more channels and pipelined parts, chunk counts that do not divide
+/// the element counts, and tiny slots that force many segments.
+#[test]
+fn shapes_and_segments() {
+    let shapes = [
+        (3u32, 1u32, 1usize << 20),
+        (1, 3, 1 << 20),
+        (2, 2, 256),
+        (3, 2, 64 * 5),
+    ];
+    for n in [2u32, 3, 4] {
+        for (channels, parts, slot) in shapes {
+            let cases = cases_for(n, &[1, 5, 13, 100, 1001], &[DataType::F32, DataType::U8]);
+            let cfg = config().with_slot_bytes(slot);
+            let errors = run_cases(fallback::plan_with(n, channels, parts), n, cfg, &cases);
+            assert!(
+                errors.is_empty(),
+                "n={n} channels={channels} parts={parts} slot={slot}: {:#?}",
+                &errors[..errors.len().min(5)]
+            );
+        }
+    }
+}
+
+#[test]
+fn large_counts() {
+    for n in [2u32, 4] {
+        let mut cases = Vec::new();
+        for (coll, count) in [
+            (Collective::AllReduce, 2_000_003usize),
+            (Collective::AllGather, 1_048_576 * n as usize),
+            (
+                Collective::ReduceScatter,
+                3_000_000 / n as usize * n as usize,
+            ),
+        ] {
+            for in_place in [false, true] {
+                cases.push(Case {
+                    collective: coll,
+                    dtype: DataType::F32,
+                    op: ReduceOp::Sum,
+                    in_place,
+                    count,
+                    seed: 42,
+                });
+            }
+        }
+        let errors = run_cases(fallback::plan(n), n, config(), &cases);
+        assert!(errors.is_empty(), "n={n}: {errors:#?}");
+    }
+}
+
+/// Plans whose entries only exist for the other placement still work (the executor adapts).
+#[test]
+fn placement_adaptation() {
+    for n in [1u32, 2, 3] {
+        for only_in_place in [false, true] {
+            let mut plan = fallback::plan(n);
+            plan.entries
+                .retain(|e| e.schedule.in_place == only_in_place);
+            let cases = cases_for(n, &[1, 6, 100], &[DataType::I64]);
+            let errors = run_cases(plan, n, config(), &cases);
+            assert!(
+                errors.is_empty(),
+                "n={n} in_place={only_in_place}: {errors:#?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn non_blocking_calls() {
+    let n = 3;
+    let comms = ThreadGroup::with_config(fallback::plan(n), n, config()).unwrap();
+    std::thread::scope(|s| {
+        for mut comm in comms {
+            s.spawn(move || {
+                let r = comm.rank();
+                for round in 0..3 {
+                    let input: Vec<i32> = (0..1000).map(|i| i + r as i32 * round).collect();
+                    let output = vec![0i32; 1000];
+                    let req = comm
+                        .start(
+                            Collective::AllReduce,
+                            ReduceOp::Sum,
+                            OwnedBuffers::OutOfPlace { input, output },
+                        )
+                        .unwrap();
+                    let OwnedBuffers::OutOfPlace { output, .. } = req.wait().unwrap() else {
+                        panic!("placement changed");
+                    };
+                    let want: Vec<i32> = (0..1000).map(|i| 3 * i + 3 * round).collect();
+                    assert_eq!(output, want);
+                }
+                // Blocking calls still work after non-blocking ones.
+                let mut buf = vec![1u8; 10];
+                comm.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap();
+                assert_eq!(buf, vec![3u8; 10]);
+            });
+        }
+    });
+}
+
+#[test]
+fn plan_checks() {
+    // World size mismatch.
+    let err = ThreadGroup::with_config(fallback::plan(2), 3, config()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ExecError::WorldSize {
+                plan: 2,
+                world: 3,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // Different plans on different ranks: every rank gets an error.
+    let mut other = fallback::plan(3);
+    other.meta.topology = "elsewhere".into();
+    let plans: Vec<PlanFile> = vec![fallback::plan(3), fallback::plan(3), other];
+    let results = ThreadGroup::with_plans(plans, config());
+    assert_eq!(results.len(), 3);
+    for (r, res) in results.into_iter().enumerate() {
+        match res {
+            Err(ExecError::PlanMismatch { me, .. }) => assert_eq!(me, r as u32),
+            other => panic!("rank {r}: expected a plan mismatch, got {other:?}"),
+        }
+    }
+    // A structurally broken entry is refused before any data moves.
+    let mut bad = fallback::plan(2);
+    if let hccl_ir::Op::Send { src, .. } =
+        &mut bad.entries[0].schedule.ranks[0].streams[0].steps[0].op
+    {
+        src.off = 1000;
+    }
+    let err = ThreadGroup::with_config(bad, 2, config()).unwrap_err();
+    assert!(
+        matches!(err, ExecError::BadStep { .. } | ExecError::Verify { .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_buffers_and_roots_are_errors() {
+    let mut comms = ThreadGroup::with_config(fallback::plan(1), 1, config()).unwrap();
+    let c = &mut comms[0];
+    let err = c
+        .all_reduce(&[1.0f32; 3], &mut [0.0f32; 4], ReduceOp::Sum)
+        .unwrap_err();
+    assert!(matches!(err, ExecError::BadBuffers { .. }), "{err}");
+    let err = c.broadcast_in_place(&mut [0u8; 4], 5).unwrap_err();
+    assert!(matches!(err, ExecError::Invalid(_)), "{err}");
+    // The communicator still works after argument errors.
+    let mut buf = [2u8; 4];
+    c.all_reduce_in_place(&mut buf, ReduceOp::Prod).unwrap();
+    assert_eq!(buf, [2u8; 4]);
+}
+
+fn short() -> Config {
+    Config::default().with_timeout(Duration::from_millis(300))
+}
+
+/// A rank that never calls: the others report it after the timeout (or because a peer did).
+#[test]
+fn absent_rank_is_reported() {
+    let n = 3;
+    let comms = ThreadGroup::with_config(fallback::plan(n), n, short()).unwrap();
+    let mut absent: Option<Communicator> = None;
+    let results: Vec<(u32, ExecError)> = std::thread::scope(|s| {
+        let mut handles = Vec::new();
+        for comm in comms {
+            if comm.rank() == 2 {
+                absent = Some(comm);
+                continue;
+            }
+            handles.push(s.spawn(move || {
+                let mut comm = comm;
+                let mut buf = vec![1.0f32; 100_000];
+                let err = comm
+                    .all_reduce_in_place(&mut buf, ReduceOp::Sum)
+                    .unwrap_err();
+                // Poisoned afterwards.
+                let again = comm
+                    .all_reduce_in_place(&mut buf, ReduceOp::Sum)
+                    .unwrap_err();
+                assert!(matches!(again, ExecError::Poisoned { .. }), "{again}");
+                (comm.rank(), err)
+            }));
+        }
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (rank, err) in results {
+        let named = match &err {
+            ExecError::Timeout { peer, .. } => *peer,
+            ExecError::PeerFailed { failed, .. } => *failed,
+            other => panic!("rank {rank}: unexpected {other}"),
+        };
+        // Rank 1 waits on rank 2 directly; rank 0 waits on 2 or learns through the abort word.
+        assert!(
+            named == 2 || (rank == 0 && named == 1),
+            "rank {rank}: {err}"
+        );
+    }
+    drop(absent);
+}
+
+/// A rank whose communicator is dropped (its thread ended) is reported as failed.
+#[test]
+fn departed_rank_is_reported() {
+    let n = 2;
+    let mut comms = ThreadGroup::with_config(fallback::plan(n), n, Config::default()).unwrap();
+    drop(comms.pop());
+    let mut c0 = comms.pop().unwrap();
+    let mut buf = vec![1i32; 64];
+    let err = c0.all_gather_in_place(&mut buf).unwrap_err();
+    assert!(
+        matches!(err, ExecError::PeerFailed { failed: 1, .. }),
+        "{err}"
+    );
+}
