@@ -3,9 +3,9 @@
 //! - `verify/ring_allreduce_1024`: a ring AllReduce over 1024 ranks with one chunk per rank
 //!   (2047 steps per rank, 2 096 128 steps, 1024 chunks per buffer), verified in memory.
 //! - `parse+verify/ring_allreduce_128`: the same construction over 128 ranks with two
-//!   channels (32 512 steps), parsed from RON text and verified.
+//!   channels (65 280 steps), parsed from RON text and verified.
 //! - `parse+verify/chain_broadcast_1024`: a pipelined chain Broadcast over 1024 ranks, two
-//!   channels, 8 pieces each (16 384 steps), parsed and verified.
+//!   channels, 8 pieces each (16 400 steps), parsed and verified.
 //! - `parse+verify/direct_alltoall_64_in_place`: all-pairs AllToAll over 64 ranks, two
 //!   channels with dependencies on a scratch copy (16 192 steps), parsed and verified.
 
@@ -63,6 +63,15 @@ fn bench(c: &mut Criterion) {
             common::direct_alltoall(64, 1, 2, true),
         ),
     ] {
+        let steps = schedule.step_count();
+        assert_eq!(
+            steps,
+            match name {
+                "ring_allreduce_128" => 65_280,
+                "chain_broadcast_1024" => 16_400,
+                _ => 16_192,
+            }
+        );
         let text = plan_text(schedule);
         group.bench_function(name, |b| {
             b.iter(|| {
