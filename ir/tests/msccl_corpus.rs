@@ -185,3 +185,29 @@ fn damaged_files_are_rejected_with_located_errors() {
         assert!(import_xml(&input, "hostile.xml").is_err());
     }
 }
+#[test]
+fn a_dependency_cut_is_caught_by_the_verifier() {
+    // The all-pairs allreduce relies on cross-tb dependencies; cutting one races or reads
+    // unwritten scratch, which the verifier must notice.
+    let text =
+        std::fs::read_to_string(corpus_dir().join("allreduce_allpairs_r8_i1_ll.xml")).unwrap();
+    let imported = import_xml(&text, "ap.xml").unwrap();
+    let mut caught = 0;
+    let mut tried = 0;
+    let schedule = &imported.entries[0].schedule;
+    for (s, stream) in schedule.ranks[0].streams.iter().enumerate() {
+        for (i, step) in stream.steps.iter().enumerate() {
+            if step.deps.is_empty() || !matches!(step.op, hccl_ir::Op::Reduce { .. }) {
+                continue;
+            }
+            let mut cut = schedule.clone();
+            cut.ranks[0].streams[s].steps[i].deps.clear();
+            tried += 1;
+            if verify(&cut).is_err() {
+                caught += 1;
+            }
+        }
+    }
+    assert!(tried > 0);
+    assert_eq!(caught, tried, "cut dependencies that went unnoticed");
+}
