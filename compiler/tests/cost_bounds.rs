@@ -1,0 +1,151 @@
+//! Lower bounds: no schedule beats them, and good schedules get close to them.
+
+mod cost_common;
+
+use cost_common::*;
+use hccl_compiler::cost::{
+    self, CostModel, Network, Simulator, baseline, bounds::bound, bounds::max_flow,
+};
+use hccl_compiler::families::all_families;
+use hccl_compiler::search::collective_of;
+use hccl_ir::{Collective, CollectiveKind, Protocol};
+use hccl_topologies::{Topology, generate as tgen};
+
+const SIZES: [u64; 4] = [1 << 10, 1 << 16, 1 << 22, 1 << 28];
+
+fn topologies() -> Vec<Topology> {
+    let mut out: Vec<Topology> = hccl_topologies::shipped()
+        .iter()
+        .map(|(name, _)| hccl_topologies::shipped_by_name(name).expect("shipped builds"))
+        .collect();
+    out.push(hccl_topologies::build(tgen::ring(6, 25.0, 0.7), "ring6").unwrap());
+    out.push(hccl_topologies::build(tgen::torus(&[2, 3], 20.0, 0.5), "torus").unwrap());
+    out
+}
+
+#[test]
+fn no_builtin_candidate_beats_the_bound() {
+    let model = CostModel::default();
+    let mut checked = 0usize;
+    for topo in topologies() {
+        let sim = Simulator::new(Network::new(&topo), model.clone());
+        for kind in CollectiveKind::ALL {
+            let collective = collective_of(kind);
+            let bounds: Vec<f64> = SIZES
+                .iter()
+                .map(|&b| bound(&sim.network, &model, collective, b).total_us)
+                .collect();
+            for family in all_families().iter().filter(|f| f.supports(kind)) {
+                for params in family.param_space(&topo, collective) {
+                    for cand in family.generate(&topo, collective, params) {
+                        let Ok(prepared) = sim.prepare(&cand.schedule) else {
+                            continue;
+                        };
+                        for p in Protocol::ALL {
+                            for (i, &bytes) in SIZES.iter().enumerate() {
+                                let t = sim.run(&prepared, bytes, p).unwrap().time_us;
+                                assert!(
+                                    t >= bounds[i] * (1.0 - 1e-9),
+                                    "{} {kind} {} {params:?} {p} at {bytes} B: {t} µs < bound {} µs",
+                                    topo.name,
+                                    cand.algorithm,
+                                    bounds[i]
+                                );
+                                checked += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 1000, "only {checked} checks ran");
+}
+
+#[test]
+fn ring_on_two_gpus_reaches_the_bound_at_large_sizes() {
+    // Two GPUs, one 25 GB/s link: ring AllReduce moves M/2 each way twice = M / 25 GB/s,
+    // exactly the gossip bound 2(N-1)M / ΣB_in.
+    let t = topo(2, &[], &[("g0", "g1", 25.0, 0.7)]);
+    let s = ring_allreduce(2, 8);
+    let bytes = 1u64 << 30;
+    let est = cost::simulate(&t, &s, bytes, Protocol::Simple, &CostModel::default()).unwrap();
+    let b = cost::bounds(&t, Collective::AllReduce, bytes);
+    assert!((b.bandwidth_us - bytes as f64 / 25e3).abs() < 1e-6);
+    let ratio = est.time_us / b.total_us;
+    assert!((1.0..1.02).contains(&ratio), "ratio {ratio}");
+}
+
+#[test]
+fn cut_bounds_by_collective() {
+    // Uniform ring of 4, 25 GB/s links: every GPU has 50 GB/s in and out.
+    let t = ring_topo(4, 25.0, 1.0);
+    let m = 1u64 << 30;
+    let mf = m as f64;
+    let ag = cost::bounds(&t, Collective::AllGather, m);
+    // Complement of a singleton: 3/4 M must enter one GPU through 50 GB/s.
+    assert!((ag.bandwidth_us - 0.75 * mf / 50e3).abs() < 1e-6, "{ag:?}");
+    let rs = cost::bounds(&t, Collective::ReduceScatter, m);
+    assert!((rs.bandwidth_us - ag.bandwidth_us).abs() < 1e-6);
+    let ar = cost::bounds(&t, Collective::AllReduce, m);
+    // Gossip: 2·3·M over 4 × 50 GB/s = 1.5 M / 50 GB/s; the cut M / 50 GB/s is weaker.
+    assert!((ar.bandwidth_us - 1.5 * mf / 50e3).abs() < 1e-6, "{ar:?}");
+    let bc = cost::bounds(&t, Collective::Broadcast { root: 0 }, m);
+    assert!((bc.bandwidth_us - mf / 50e3).abs() < 1e-6, "{bc:?}");
+    let a2a = cost::bounds(&t, Collective::AllToAll, m);
+    // One GPU sends 1·3·M/4 through its 50 GB/s.
+    assert!(
+        (a2a.bandwidth_us - 0.75 * mf / 50e3).abs() < 1e-6,
+        "{a2a:?}"
+    );
+    // Latency grows with distance; the total is at least both terms.
+    assert!(ar.total_us >= ar.latency_us && ar.total_us >= ar.bandwidth_us);
+}
+
+#[test]
+fn max_flow_counts_parallel_paths() {
+    let t = ring_topo(4, 25.0, 1.0);
+    let net = Network::new(&t);
+    assert!((max_flow(&net, 0, 2) - 50.0).abs() < 1e-9);
+    let h = hccl_topologies::shipped_by_name("dgx-h100").unwrap();
+    let net = Network::new(&h);
+    // 18 NVLink4 × 25 GB/s to the (merged) NVSwitch plane.
+    assert!(
+        (max_flow(&net, 0, 5) - 450.0).abs() < 1e-6,
+        "{}",
+        max_flow(&net, 0, 5)
+    );
+}
+
+#[test]
+fn bounds_for_one_rank_are_the_launch_latency() {
+    let t = topo(1, &[], &[]);
+    let b = cost::bounds(&t, Collective::AllReduce, 1 << 20);
+    assert_eq!(b.bandwidth_us, 0.0);
+    assert_eq!(b.total_us, CostModel::default().min_base_us());
+}
+
+#[test]
+fn baseline_is_ring_or_tree_and_costed() {
+    let t = hccl_topologies::shipped_by_name("dgx1-v100").unwrap();
+    for (bytes, coll) in [
+        (1u64 << 10, Collective::AllReduce),
+        (1 << 28, Collective::AllReduce),
+        (1 << 20, Collective::AllGather),
+    ] {
+        let b = baseline(&t, coll, bytes)
+            .unwrap()
+            .expect("ring family exists");
+        assert!(["ring", "tree"].contains(&b.algorithm.as_str()), "{b:?}");
+        let lb = cost::bounds(&t, coll, bytes);
+        assert!(b.time_us >= lb.total_us, "{b:?} vs {lb:?}");
+    }
+    let large = baseline(&t, Collective::AllReduce, 1 << 28)
+        .unwrap()
+        .unwrap();
+    assert_eq!(large.protocol, Protocol::Simple);
+    let small = baseline(&t, Collective::AllReduce, 1 << 10)
+        .unwrap()
+        .unwrap();
+    assert_eq!(small.protocol, Protocol::LL);
+}
