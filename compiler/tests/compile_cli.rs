@@ -1,0 +1,175 @@
+//! `hcclc compile` and `hcclc explain` end to end: tables, JSON contract, exit codes.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn hcclc(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hcclc"))
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .expect("hcclc runs")
+}
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("hcclc-compile-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn dgx1_allreduce_table() {
+    let dir = scratch("table");
+    let out = hcclc(
+        &[
+            "compile",
+            "dgx1-v100",
+            "-c",
+            "allreduce",
+            "--sizes",
+            "1K..1G",
+        ],
+        &dir,
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Default output: <topology stem>.plan.ron in the current directory.
+    assert!(dir.join("dgx1-v100.plan.ron").exists());
+    insta::assert_snapshot!(stdout(&out));
+    // Progress bars only go to terminals: stderr stays empty here.
+    assert!(out.stderr.is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn json_rows_follow_the_contract_and_explain_agrees() {
+    let dir = scratch("json");
+    let out = hcclc(
+        &[
+            "compile",
+            "dgx-h100",
+            "-c",
+            "allgather,broadcast",
+            "--sizes",
+            "4K..64K",
+            "-o",
+            "h.plan.ron",
+            "--json",
+        ],
+        &dir,
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["plan"], "h.plan.ron");
+    let rows = doc["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2 * 5);
+    let keys = [
+        "collective",
+        "bytes",
+        "algorithm",
+        "channels",
+        "chunks",
+        "protocol",
+        "predicted_us",
+        "algbw_gbps",
+        "busbw_gbps",
+        "baseline_algorithm",
+        "baseline_us",
+        "bound_us",
+    ];
+    for row in rows {
+        for key in keys {
+            assert!(row.get(key).is_some(), "row lacks {key}: {row}");
+        }
+    }
+    assert_eq!(rows[0]["collective"], "allgather");
+    assert_eq!(rows[0]["bytes"], 4096);
+    assert_eq!(rows[9]["collective"], "broadcast");
+
+    let ex = hcclc(
+        &["explain", "h.plan.ron", "--sizes", "4K..64K", "--json"],
+        &dir,
+    );
+    assert_eq!(
+        ex.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&ex.stderr)
+    );
+    let ex: serde_json::Value = serde_json::from_slice(&ex.stdout).unwrap();
+    let ex_rows = ex["rows"].as_array().unwrap();
+    assert_eq!(ex_rows.len(), rows.len());
+    for (a, b) in ex_rows.iter().zip(rows) {
+        for key in [
+            "collective",
+            "bytes",
+            "algorithm",
+            "protocol",
+            "predicted_us",
+            "bound_us",
+        ] {
+            assert_eq!(a[key], b[key], "{key}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_input_exits_2() {
+    let dir = scratch("bad");
+    for args in [
+        &["compile", "no-such-machine"][..],
+        &["compile", "dgx1-v100", "-c", "gather"],
+        &["compile", "dgx1-v100", "--sizes", "1G..1K"],
+        &["compile", "dgx1-v100", "--sizes", "lots"],
+        &[
+            "compile",
+            "dgx1-v100",
+            "--algo",
+            "warp_drive",
+            "-c",
+            "allreduce",
+        ],
+        &["explain", "missing.plan.ron"],
+    ] {
+        let out = hcclc(args, &dir);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stdout(&out));
+        assert!(!out.stderr.is_empty());
+    }
+    // A plan for 8 ranks explained against a 16-rank machine is bad input too.
+    let out = hcclc(
+        &[
+            "compile",
+            "dgx1-v100",
+            "-c",
+            "reduce",
+            "--sizes",
+            "1K",
+            "-o",
+            "p.ron",
+        ],
+        &dir,
+    );
+    assert_eq!(out.status.code(), Some(0));
+    std::fs::write(
+        dir.join("c.ron"),
+        hccl_topologies::to_ron(&hccl_topologies::generate::ring(16, 25.0, 1.0)),
+    )
+    .unwrap();
+    let out = hcclc(&["explain", "p.ron", "--topo", "c.ron"], &dir);
+    assert_eq!(out.status.code(), Some(2));
+    let _ = std::fs::remove_dir_all(&dir);
+}
