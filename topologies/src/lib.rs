@@ -10,6 +10,7 @@ pub mod error;
 pub mod generate;
 pub mod model;
 pub mod parse;
+pub mod probe;
 pub mod shipped;
 
 pub use analysis::{

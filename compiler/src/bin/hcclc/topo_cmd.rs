@@ -90,9 +90,10 @@ pub enum GenCommand {
     Host {
         #[arg(long)]
         ranks: u32,
-        /// Per-rank memory bandwidth (GB/s).
-        #[arg(long, default_value_t = generate::CPU_MEM_BW)]
-        mem_bw: f64,
+        /// Per-rank memory bandwidth (GB/s); default: measured on this machine (a memory-copy
+        /// probe, shared among ranks when there are more ranks than cores).
+        #[arg(long)]
+        mem_bw: Option<f64>,
         #[command(flatten)]
         out: GenOut,
     },
@@ -311,6 +312,10 @@ fn generate_cmd(cmd: GenCommand) -> Result<(), CliError> {
         }
         GenCommand::Host { ranks, mem_bw, out } => {
             check_ranks("ranks", u64::from(ranks))?;
+            let mem_bw = match mem_bw {
+                Some(bw) => bw,
+                None => hccl_topologies::probe::probe_host().per_rank_gbps(ranks),
+            };
             check_positive("mem-bw", mem_bw)?;
             (generate::host(ranks, mem_bw), out)
         }
