@@ -10,11 +10,13 @@ use hccl_ir::{Collective, CollectiveKind, Schedule};
 use hccl_topologies::Topology;
 
 pub mod common;
+pub mod cube;
 pub mod hier;
 pub mod mesh;
 pub mod ring;
 pub mod tree;
 
+pub use cube::HybridCube;
 pub use hier::Hierarchical;
 pub use mesh::{Bruck, Mesh, Pairwise, TwoPhase};
 pub use ring::{DoubleRing, Ring};
@@ -64,6 +66,7 @@ pub fn all_families() -> Vec<Box<dyn Family>> {
         Box::new(DoubleRing),
         Box::new(DoubleBinaryTree),
         Box::new(KaryTree),
+        Box::new(HybridCube),
         Box::new(Mesh),
         Box::new(Hierarchical),
         Box::new(Pairwise),
@@ -86,6 +89,7 @@ pub fn generate_with(
         "double_ring" => DoubleRing.schedules(topo, collective, params, in_place),
         "tree" => DoubleBinaryTree.schedules(topo, collective, params, in_place),
         "kary_tree" => KaryTree.schedules(topo, collective, params, in_place),
+        "hybrid_cube" => HybridCube.schedules(topo, collective, params, in_place),
         "mesh" => Mesh.schedules(topo, collective, params, in_place),
         "hierarchical" => Hierarchical.schedules(topo, collective, params, in_place),
         "pairwise" => Pairwise.schedules(topo, collective, params, in_place),
