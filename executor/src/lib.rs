@@ -29,6 +29,8 @@
 pub mod arena;
 pub mod comm;
 pub mod config;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod dtype;
 pub mod engine;
 pub mod error;

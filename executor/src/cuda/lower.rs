@@ -74,6 +74,11 @@ impl Span {
             && o.off < self.off + self.len
     }
 
+    /// Whether the two spans share a byte of the same allocation.
+    pub fn overlaps_pub(&self, o: &Span) -> bool {
+        self.overlaps(o)
+    }
+
     fn with_len(self, len: usize) -> Span {
         Span { len, ..self }
     }
@@ -184,7 +189,12 @@ impl Lowered {
     pub fn work_commands(&self) -> usize {
         self.cmds
             .iter()
-            .filter(|c| matches!(c, Cmd::Copy { .. } | Cmd::Reduce { .. } | Cmd::Divide { .. }))
+            .filter(|c| {
+                matches!(
+                    c,
+                    Cmd::Copy { .. } | Cmd::Reduce { .. } | Cmd::Divide { .. }
+                )
+            })
             .count()
     }
 }
@@ -237,8 +247,6 @@ type NodeId = usize;
 struct Node {
     rank: u32,
     queue: u32,
-    /// Position in its queue.
-    pos: u32,
     stream: u32,
     step: u32,
 }
@@ -328,7 +336,6 @@ pub(crate) fn lower(
                 nodes.push(Node {
                     rank: r as u32,
                     queue: q,
-                    pos: t as u32,
                     stream: s as u32,
                     step: t as u32,
                 });
@@ -436,8 +443,7 @@ pub(crate) fn lower(
                 }
                 CollectiveKind::ReduceScatter => {
                     temp_bytes = temp_bytes.max(total_bytes);
-                    prologue[r as usize]
-                        .push((sp(temp, 0, total_bytes), sp(recv, 0, total_bytes)));
+                    prologue[r as usize].push((sp(temp, 0, total_bytes), sp(recv, 0, total_bytes)));
                     Bases {
                         input: (temp, 0),
                         output: (recv, r_off),
@@ -445,8 +451,7 @@ pub(crate) fn lower(
                 }
                 _ => {
                     temp_bytes = temp_bytes.max(total_bytes);
-                    prologue[r as usize]
-                        .push((sp(temp, 0, total_bytes), sp(recv, 0, total_bytes)));
+                    prologue[r as usize].push((sp(temp, 0, total_bytes), sp(recv, 0, total_bytes)));
                     Bases {
                         input: (temp, 0),
                         output: (recv, 0),
@@ -461,7 +466,7 @@ pub(crate) fn lower(
     // Connection index (one per (from, to, channel)) -> FIFO of sender nodes, then matched by
     // receivers in stream order.
     let mut sends: BTreeMap<u32, VecDeque<NodeId>> = BTreeMap::new();
-    for (id, nd) in nodes.iter().enumerate() {
+    for id in 0..nodes.len() {
         let ins = instr(id);
         if matches!(
             ins.kind,
@@ -486,9 +491,14 @@ pub(crate) fn lower(
                 | Kind::RecvCopySend
         ) {
             let s = sends
-                .get_mut(&ins.rconn).and_then(|q| q.pop_front()).ok_or_else(|| {
-                bad_step(nd, "receives a message that no step of the peer sends".into())
-            })?;
+                .get_mut(&ins.rconn)
+                .and_then(|q| q.pop_front())
+                .ok_or_else(|| {
+                    bad_step(
+                        nd,
+                        "receives a message that no step of the peer sends".into(),
+                    )
+                })?;
             if instr(s).count != ins.count {
                 return Err(bad_step(
                     nd,
@@ -591,7 +601,10 @@ pub(crate) fn lower(
                 if w == s || !reach[w] {
                     continue;
                 }
-                if writes(w).iter().any(|ws| src.iter().any(|x| x.overlaps(ws))) {
+                if writes(w)
+                    .iter()
+                    .any(|ws| src.iter().any(|x| x.overlaps(ws)))
+                {
                     war.push((s, v, w));
                 }
             }
@@ -716,11 +729,7 @@ pub(crate) fn lower(
                 let mut out = Vec::new();
                 for i in 0..ins.count {
                     let (s, d) = (span(ins.src, i), span(ins.dst, i));
-                    let len = m
-                        .get(i as usize)
-                        .map_or(0, |x| x.len)
-                        .min(d.len)
-                        .min(s.len);
+                    let len = m.get(i as usize).map_or(0, |x| x.len).min(d.len).min(s.len);
                     if let Some(x) = m.get(i as usize) {
                         em.reduce(q, d.with_len(len), x.with_len(len), s.with_len(len));
                     }
@@ -917,7 +926,10 @@ impl Emitter {
         if pos != u32::MAX {
             w.insert(src, pos);
         }
-        self.cmds.push(Cmd::Wait { queue: q, event: ev });
+        self.cmds.push(Cmd::Wait {
+            queue: q,
+            event: ev,
+        });
     }
 
     fn copy(&mut self, q: u32, dst: Span, src: Span) {
@@ -935,7 +947,7 @@ impl Emitter {
             && ps.mem == src.mem
             && pd.off + pd.len == dst.off
             && ps.off + ps.len == src.off
-            && !Span { len: pd.len + dst.len, ..*pd }.overlaps(&Span { len: ps.len + src.len, ..*ps })
+            && !(pd.with_len(pd.len + dst.len)).overlaps(&ps.with_len(ps.len + src.len))
         {
             pd.len += dst.len;
             ps.len += src.len;
@@ -961,7 +973,10 @@ impl Emitter {
                 .all(|(p, c)| p.mem == c.mem && p.off + p.len == c.off)
         {
             let (nd, na, nb) = (pd.at(0), pa.at(0), pb.at(0));
-            let grow = |s: Span, by: usize| Span { len: s.len + by, ..s };
+            let grow = |s: Span, by: usize| Span {
+                len: s.len + by,
+                ..s
+            };
             let (gd, ga, gb) = (grow(nd, dst.len), grow(na, a.len), grow(nb, b.len));
             let ok = |x: &Span| *x == gd || !x.overlaps(&gd);
             if ok(&ga) && ok(&gb) {
@@ -971,7 +986,15 @@ impl Emitter {
                 return;
             }
         }
-        self.cmds.push(Cmd::Reduce { queue: q, dst, a, b });
+        self.cmds.push(Cmd::Reduce {
+            queue: q,
+            dst,
+            a,
+            b,
+        });
         self.queue_len[q as usize] += 1;
     }
 }
+
+#[cfg(test)]
+mod tests;

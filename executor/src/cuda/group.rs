@@ -1,0 +1,998 @@
+//! [`CudaGroup`]: all ranks of a group in this process, on one or several GPUs.
+
+use super::kernels::{self, THREADS};
+use super::lower::{self, Cmd, Lowered, Mem, Placement, Span};
+use super::{CudaError, drv, probe};
+use crate::config::Config;
+use crate::dtype::{DataType, Element, ReduceOp};
+use crate::program::{self, ConnTable, Entry};
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaModule, CudaStream, LaunchConfig,
+    PushKernelArg, result, sys,
+};
+use hccl_ir::{Collective, CollectiveKind, PlanFile};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Which device (CUDA ordinal) each rank runs on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceMap {
+    ordinals: Vec<usize>,
+}
+
+impl DeviceMap {
+    /// `nranks` ranks sharing device `ordinal`.
+    pub fn single(ordinal: usize, nranks: u32) -> DeviceMap {
+        DeviceMap {
+            ordinals: vec![ordinal; nranks as usize],
+        }
+    }
+
+    /// Rank `r` on device `r`.
+    pub fn one_per_device(nranks: u32) -> DeviceMap {
+        DeviceMap {
+            ordinals: (0..nranks as usize).collect(),
+        }
+    }
+
+    /// An explicit device per rank.
+    pub fn per_rank(ordinals: Vec<usize>) -> DeviceMap {
+        DeviceMap { ordinals }
+    }
+
+    /// The device of every rank.
+    pub fn ordinals(&self) -> &[usize] {
+        &self.ordinals
+    }
+}
+
+/// One collective call of a group: what the plan is looked up with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Call {
+    pub collective: Collective,
+    pub dtype: DataType,
+    /// Ignored by collectives that do not reduce.
+    pub op: ReduceOp,
+    /// `N`: elements of the whole collective buffer (nccl-tests size / element size):
+    /// AllGather's whole output, ReduceScatter's whole input, what one rank sends in AllToAll.
+    pub count: usize,
+    pub in_place: bool,
+}
+
+impl Call {
+    /// Bytes of the collective buffer (the plan's size key).
+    pub fn bytes(&self) -> u64 {
+        (self.count * self.dtype.size()) as u64
+    }
+
+    fn shape(&self) -> lower::CallShape {
+        lower::CallShape {
+            collective: self.collective,
+            op: if self.collective.kind().reduces() {
+                self.op
+            } else {
+                ReduceOp::Sum
+            },
+            esize: self.dtype.size(),
+            total: self.count,
+            in_place: self.in_place,
+        }
+    }
+
+    /// Element offsets and lengths of `rank`'s input and output inside its buffers:
+    /// `(input in recv buffer?, input offset, input len, output offset, output len)`.
+    fn layout(&self, rank: u32, nranks: u32) -> (bool, usize, usize, usize, usize) {
+        let shape = self.shape();
+        let (inl, outl) = shape.extents(nranks);
+        let blk = self.count / nranks.max(1) as usize;
+        let r_off = rank as usize * blk;
+        match (self.in_place, self.collective.kind()) {
+            (true, CollectiveKind::AllGather) => (true, r_off, inl, 0, outl),
+            (true, CollectiveKind::ReduceScatter) => (true, 0, inl, r_off, outl),
+            (true, _) => (true, 0, inl, 0, outl),
+            (false, _) => (false, 0, inl, 0, outl),
+        }
+    }
+}
+
+/// Device memory from `cuMemAlloc` (plain allocations, so peers can map them).
+struct DeviceBuf {
+    ptr: sys::CUdeviceptr,
+    bytes: usize,
+    ctx: Arc<CudaContext>,
+}
+
+impl DeviceBuf {
+    fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<DeviceBuf, CudaError> {
+        drv(|| "binding the context".into(), ctx.bind_to_thread())?;
+        let size = bytes.max(16);
+        // SAFETY: plain allocation of `size` bytes in the current context, owned by the
+        // returned value and freed in its Drop.
+        let ptr = drv(
+            || format!("allocating {size} bytes on device {}", ctx.ordinal()),
+            unsafe { result::malloc_sync(size) },
+        )?;
+        let buf = DeviceBuf {
+            ptr,
+            bytes,
+            ctx: ctx.clone(),
+        };
+        // SAFETY: `ptr` is valid for `size` bytes.
+        drv(|| "clearing a new buffer".into(), unsafe {
+            sys::cuMemsetD8_v2(ptr, 0, size).result()
+        })?;
+        Ok(buf)
+    }
+}
+
+impl Drop for DeviceBuf {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: allocated by `malloc_sync` in this context and freed once; the group
+            // synchronizes its devices before dropping buffers that work may still use.
+            let _ = unsafe { result::free_sync(self.ptr) };
+        }
+    }
+}
+
+/// The compiled kernels of one context.
+struct KernelSet {
+    _module: Arc<CudaModule>,
+    funcs: HashMap<String, CudaFunction>,
+}
+
+/// PTX per target architecture, compiled once per process.
+fn ptx_for(arch: &str) -> Result<cudarc::nvrtc::Ptx, CudaError> {
+    static CACHE: OnceLock<Mutex<HashMap<String, cudarc::nvrtc::Ptx>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut map = cache
+        .lock()
+        .map_err(|_| CudaError::Internal("kernel cache lock poisoned".into()))?;
+    if let Some(p) = map.get(arch) {
+        return Ok(p.clone());
+    }
+    let opts = cudarc::nvrtc::CompileOptions {
+        options: vec![
+            format!("--gpu-architecture={arch}"),
+            "-default-device".into(),
+        ],
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(kernels::source(), opts).map_err(|e| {
+        let message = match &e {
+            cudarc::nvrtc::CompileError::CompileError { log, .. } => {
+                log.to_string_lossy().into_owned()
+            }
+            other => format!("{other:?}"),
+        };
+        CudaError::Compile {
+            arch: arch.to_string(),
+            message,
+        }
+    })?;
+    map.insert(arch.to_string(), ptx.clone());
+    Ok(ptx)
+}
+
+/// One device of the group.
+struct Dev {
+    ctx: Arc<CudaContext>,
+    /// The stream calls are launched, forked and joined on, and graphs captured from.
+    main: Arc<CudaStream>,
+    sms: u32,
+    arch: String,
+    kernels: OnceLock<Result<Arc<KernelSet>, String>>,
+}
+
+impl Dev {
+    fn kernels(&self) -> Result<Arc<KernelSet>, CudaError> {
+        let got = self.kernels.get_or_init(|| {
+            let load = || -> Result<Arc<KernelSet>, CudaError> {
+                let ptx = ptx_for(&self.arch)?;
+                let module = drv(
+                    || "loading the kernel module".into(),
+                    self.ctx.load_module(ptx),
+                )?;
+                let mut funcs = HashMap::new();
+                for name in kernels::all_names() {
+                    let f = drv(
+                        || format!("looking up kernel {name}"),
+                        module.load_function(&name),
+                    )?;
+                    funcs.insert(name, f);
+                }
+                Ok(Arc::new(KernelSet {
+                    _module: module,
+                    funcs,
+                }))
+            };
+            load().map_err(|e| e.to_string())
+        });
+        got.clone().map_err(CudaError::Invalid)
+    }
+}
+
+/// A lowered call with everything its replay needs.
+struct Prepared {
+    lowered: Lowered,
+    staging: Vec<DeviceBuf>,
+    events: Vec<CudaEvent>,
+    fork: CudaEvent,
+    joins: Vec<CudaEvent>,
+    graph: Option<CudaGraph>,
+    /// Device buffer pointers, resolved per command, checked in bounds.
+    dtype: DataType,
+    op: ReduceOp,
+}
+
+#[derive(Default)]
+struct RankBufs {
+    send: Option<DeviceBuf>,
+    recv: Option<DeviceBuf>,
+    scratch: Option<DeviceBuf>,
+    temp: Option<DeviceBuf>,
+}
+
+/// Direct access between the group's devices (by device index).
+struct Access<'a> {
+    rank_dev: &'a [usize],
+    direct: &'a [Vec<bool>],
+}
+
+impl Placement for Access<'_> {
+    fn direct(&self, reader: u32, owner: u32) -> bool {
+        let (a, b) = (
+            self.rank_dev[reader as usize],
+            self.rank_dev[owner as usize],
+        );
+        a == b || self.direct[a][b]
+    }
+}
+
+/// Every rank of a group in this process, each with device buffers, replaying a plan.
+///
+/// Typical use: [`CudaGroup::new`], then per call [`CudaGroup::write_input`] for each rank,
+/// [`CudaGroup::run`], [`CudaGroup::read_output`].
+pub struct CudaGroup {
+    nranks: u32,
+    plan: PlanFile,
+    keep: Vec<usize>,
+    conns: ConnTable,
+    compiled: HashMap<usize, Vec<Entry>>,
+    devs: Vec<Dev>,
+    rank_dev: Vec<usize>,
+    direct: Vec<Vec<bool>>,
+    rank_streams: Vec<Vec<Arc<CudaStream>>>,
+    bufs: Vec<RankBufs>,
+    cache: HashMap<Call, Prepared>,
+}
+
+impl CudaGroup {
+    /// A group of `nranks` ranks placed by `devices`, replaying `plan` (verified first; the
+    /// `HCCL_ALGO`/`HCCL_PROTO` filters of [`Config::from_env`] apply).
+    pub fn new(plan: &PlanFile, nranks: u32, devices: DeviceMap) -> Result<CudaGroup, CudaError> {
+        Self::with_config(plan, nranks, devices, &Config::default())
+    }
+
+    /// As [`CudaGroup::new`] with explicit entry filters.
+    pub fn with_config(
+        plan: &PlanFile,
+        nranks: u32,
+        devices: DeviceMap,
+        config: &Config,
+    ) -> Result<CudaGroup, CudaError> {
+        if devices.ordinals.len() != nranks as usize {
+            return Err(CudaError::Invalid(format!(
+                "device map names {} devices for {nranks} ranks",
+                devices.ordinals.len()
+            )));
+        }
+        let info = probe()?;
+        let (keep, conns) = crate::comm::prepare_plan(plan, nranks, config)?;
+        let mut devs: Vec<Dev> = Vec::new();
+        let mut ordinal_dev: HashMap<usize, usize> = HashMap::new();
+        let mut rank_dev = Vec::with_capacity(nranks as usize);
+        for &ord in &devices.ordinals {
+            if ord >= info.count {
+                return Err(CudaError::Invalid(format!(
+                    "device {ord} does not exist ({} devices)",
+                    info.count
+                )));
+            }
+            let idx = match ordinal_dev.get(&ord) {
+                Some(&i) => i,
+                None => {
+                    let ctx = drv(
+                        || format!("creating the context of device {ord}"),
+                        CudaContext::new(ord),
+                    )?;
+                    // SAFETY: the group orders all its work itself with events (see `lower`)
+                    // and synchronizes before freeing memory, which is what cudarc's tracking
+                    // would otherwise provide.
+                    unsafe { ctx.disable_event_tracking() };
+                    let main = drv(|| "creating a stream".into(), ctx.new_stream())?;
+                    let (maj, min) = drv(|| "compute capability".into(), ctx.compute_capability())?;
+                    let sms = drv(
+                        || "multiprocessor count".into(),
+                        ctx.attribute(
+                            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                        ),
+                    )?;
+                    devs.push(Dev {
+                        ctx,
+                        main,
+                        sms: sms.max(1) as u32,
+                        arch: format!("compute_{maj}{min}"),
+                        kernels: OnceLock::new(),
+                    });
+                    ordinal_dev.insert(ord, devs.len() - 1);
+                    devs.len() - 1
+                }
+            };
+            rank_dev.push(idx);
+        }
+        let direct = enable_peer_access(&devs)?;
+        Ok(CudaGroup {
+            nranks,
+            plan: plan.clone(),
+            keep,
+            conns,
+            compiled: HashMap::new(),
+            devs,
+            rank_dev,
+            direct,
+            rank_streams: vec![Vec::new(); nranks as usize],
+            bufs: (0..nranks).map(|_| RankBufs::default()).collect(),
+            cache: HashMap::new(),
+        })
+    }
+
+    /// Number of ranks.
+    pub fn nranks(&self) -> u32 {
+        self.nranks
+    }
+
+    /// Names of the devices in use, by device index.
+    pub fn device_names(&self) -> Vec<String> {
+        self.devs
+            .iter()
+            .map(|d| d.ctx.name().unwrap_or_else(|_| "?".into()))
+            .collect()
+    }
+
+    /// Compiles (once) and loads the kernels on every device; returns the time it took.
+    pub fn warm_kernels(&self) -> Result<std::time::Duration, CudaError> {
+        let t = std::time::Instant::now();
+        for d in &self.devs {
+            d.kernels()?;
+        }
+        Ok(t.elapsed())
+    }
+
+    fn entry_for(&mut self, call: &Call) -> Result<&Vec<Entry>, CudaError> {
+        let bytes = call.bytes();
+        let mut found = None;
+        for &i in &self.keep {
+            let e = &self.plan.entries[i];
+            if e.schedule.collective == call.collective && e.covers(bytes) {
+                if e.schedule.in_place == call.in_place {
+                    found = Some(i);
+                    break;
+                }
+                found.get_or_insert(i);
+            }
+        }
+        let i = found.ok_or(crate::error::ExecError::NoEntry {
+            collective: call.collective,
+            bytes,
+            filter: String::new(),
+        })?;
+        if !self.compiled.contains_key(&i) {
+            let per_rank = (0..self.nranks)
+                .map(|r| program::compile(i, &self.plan.entries[i], r, &self.conns))
+                .collect::<Result<Vec<_>, _>>()?;
+            self.compiled.insert(i, per_rank);
+        }
+        self.compiled
+            .get(&i)
+            .ok_or_else(|| CudaError::Internal("compiled entry vanished".into()))
+    }
+
+    fn synchronize_all(&self) -> Result<(), CudaError> {
+        for d in &self.devs {
+            drv(|| "synchronizing the device".into(), d.ctx.synchronize())?;
+        }
+        Ok(())
+    }
+
+    /// Lowers `call`, sizes buffers and streams for it, and caches the result. Growing a
+    /// buffer drops every cached call (their pointers change) and clears the buffers.
+    pub fn prepare(&mut self, call: &Call) -> Result<(), CudaError> {
+        if self.cache.contains_key(call) {
+            return Ok(());
+        }
+        if let Some(root) = call.collective.root()
+            && root >= self.nranks
+        {
+            return Err(CudaError::Invalid(format!(
+                "{}: root {root} is not a rank of this {}-rank group",
+                call.collective, self.nranks
+            )));
+        }
+        if call.count == 0 {
+            return Err(CudaError::Invalid(
+                "a call needs at least one element".into(),
+            ));
+        }
+        let shape = call.shape();
+        let entries = self.entry_for(call)?.clone();
+        let access = Access {
+            rank_dev: &self.rank_dev,
+            direct: &self.direct,
+        };
+        let lowered = lower::lower(&entries, &shape, &access)?;
+        // buffers
+        let mut grow = false;
+        for r in 0..self.nranks as usize {
+            let b = &self.bufs[r];
+            let need = [
+                (&b.send, lowered.send_bytes),
+                (&b.recv, lowered.recv_bytes),
+                (&b.scratch, lowered.scratch_bytes[r]),
+                (&b.temp, lowered.temp_bytes),
+            ];
+            grow |= need
+                .iter()
+                .any(|(have, want)| *want > 0 && have.as_ref().is_none_or(|h| h.bytes < *want));
+        }
+        if grow {
+            self.synchronize_all()?;
+            self.cache.clear();
+            for r in 0..self.nranks as usize {
+                let ctx = self.devs[self.rank_dev[r]].ctx.clone();
+                let b = &mut self.bufs[r];
+                let fit = |slot: &mut Option<DeviceBuf>, want: usize| -> Result<(), CudaError> {
+                    if want > 0 && slot.as_ref().is_none_or(|h| h.bytes < want) {
+                        *slot = None;
+                        *slot = Some(DeviceBuf::new(&ctx, want)?);
+                    }
+                    Ok(())
+                };
+                fit(&mut b.send, lowered.send_bytes)?;
+                fit(&mut b.recv, lowered.recv_bytes)?;
+                fit(&mut b.scratch, lowered.scratch_bytes[r])?;
+                fit(&mut b.temp, lowered.temp_bytes)?;
+            }
+        }
+        // streams
+        for q in &lowered.queues {
+            let r = q.rank as usize;
+            while self.rank_streams[r].len() <= q.stream as usize {
+                let ctx = &self.devs[self.rank_dev[r]].ctx;
+                let s = drv(
+                    || format!("creating a stream for rank {r}"),
+                    ctx.new_stream(),
+                )?;
+                self.rank_streams[r].push(s);
+            }
+        }
+        let mut staging = Vec::with_capacity(lowered.staging.len());
+        for &(owner, bytes) in &lowered.staging {
+            let ctx = &self.devs[self.rank_dev[owner as usize]].ctx;
+            staging.push(DeviceBuf::new(ctx, bytes)?);
+        }
+        let mut events = Vec::with_capacity(lowered.events as usize);
+        let event_queue = event_queues(&lowered);
+        for e in 0..lowered.events as usize {
+            let q = event_queue[e];
+            let ctx = self.queue_ctx(&lowered, q);
+            events.push(drv(|| "creating an event".into(), ctx.new_event(None))?);
+        }
+        let origin = &self.devs[self.rank_dev[0]];
+        let fork = drv(|| "creating an event".into(), origin.ctx.new_event(None))?;
+        let mut joins = Vec::with_capacity(lowered.queues.len());
+        for q in 0..lowered.queues.len() as u32 {
+            let ctx = self.queue_ctx(&lowered, q);
+            joins.push(drv(|| "creating an event".into(), ctx.new_event(None))?);
+        }
+        tracing::debug!(
+            call = ?call,
+            queues = lowered.queues.len(),
+            commands = lowered.cmds.len(),
+            staged_for_order = lowered.staged_for_order,
+            "cuda: lowered call"
+        );
+        self.cache.insert(
+            *call,
+            Prepared {
+                lowered,
+                staging,
+                events,
+                fork,
+                joins,
+                graph: None,
+                dtype: call.dtype,
+                op: shape.op,
+            },
+        );
+        Ok(())
+    }
+
+    fn queue_ctx(&self, lowered: &Lowered, q: u32) -> Arc<CudaContext> {
+        let r = lowered.queues[q as usize].rank as usize;
+        self.devs[self.rank_dev[r]].ctx.clone()
+    }
+
+    fn stream_of(&self, lowered: &Lowered, q: u32) -> &Arc<CudaStream> {
+        let qq = lowered.queues[q as usize];
+        &self.rank_streams[qq.rank as usize][qq.stream as usize]
+    }
+
+    /// Device pointer and device index of a span, checked against its allocation.
+    fn resolve(&self, prep: &Prepared, s: &Span) -> Result<(sys::CUdeviceptr, usize), CudaError> {
+        let (buf, dev) = match s.mem {
+            Mem::Send(r) => (
+                self.bufs[r as usize].send.as_ref(),
+                self.rank_dev[r as usize],
+            ),
+            Mem::Recv(r) => (
+                self.bufs[r as usize].recv.as_ref(),
+                self.rank_dev[r as usize],
+            ),
+            Mem::Scratch(r) => (
+                self.bufs[r as usize].scratch.as_ref(),
+                self.rank_dev[r as usize],
+            ),
+            Mem::Temp(r) => (
+                self.bufs[r as usize].temp.as_ref(),
+                self.rank_dev[r as usize],
+            ),
+            Mem::Staging(i) => (
+                prep.staging.get(i as usize),
+                prep.lowered
+                    .staging
+                    .get(i as usize)
+                    .map_or(0, |&(o, _)| self.rank_dev[o as usize]),
+            ),
+        };
+        let buf =
+            buf.ok_or_else(|| CudaError::Internal(format!("{:?} is not allocated", s.mem)))?;
+        if s.off.checked_add(s.len).is_none_or(|end| end > buf.bytes) {
+            return Err(CudaError::Internal(format!(
+                "{:?} bytes {}..+{} outside its {}-byte buffer",
+                s.mem, s.off, s.len, buf.bytes
+            )));
+        }
+        Ok((buf.ptr + s.off as u64, dev))
+    }
+
+    /// Issues the commands of a prepared call: fork from the origin stream, every command,
+    /// join back.
+    fn issue(&self, prep: &Prepared) -> Result<(), CudaError> {
+        let low = &prep.lowered;
+        let origin = &self.devs[self.rank_dev[0]].main;
+        let d = |what: &'static str| move || what.to_string();
+        drv(d("recording the fork event"), prep.fork.record(origin))?;
+        for q in 0..low.queues.len() as u32 {
+            drv(
+                d("waiting on the fork event"),
+                self.stream_of(low, q).wait(&prep.fork),
+            )?;
+        }
+        let es = prep.dtype.size();
+        for cmd in &low.cmds {
+            let q = cmd.queue();
+            let stream = self.stream_of(low, q);
+            match *cmd {
+                Cmd::Wait { event, .. } => {
+                    let ev = prep
+                        .events
+                        .get(event as usize)
+                        .ok_or_else(|| CudaError::Internal("event out of range".into()))?;
+                    drv(d("waiting on an event"), stream.wait(ev))?;
+                }
+                Cmd::Record { event, .. } => {
+                    let ev = prep
+                        .events
+                        .get(event as usize)
+                        .ok_or_else(|| CudaError::Internal("event out of range".into()))?;
+                    drv(d("recording an event"), ev.record(stream))?;
+                }
+                Cmd::Copy { dst, src, .. } => {
+                    if dst.len != src.len || (dst.mem == src.mem && dst.overlaps_pub(&src)) {
+                        return Err(CudaError::Internal(format!("bad copy {dst:?} <- {src:?}")));
+                    }
+                    let (dp, dd) = self.resolve(prep, &dst)?;
+                    let (sp, sd) = self.resolve(prep, &src)?;
+                    drv(d("binding the context"), stream.context().bind_to_thread())?;
+                    if dd == sd {
+                        // SAFETY: both ranges were checked inside live allocations of this
+                        // group and do not overlap; ordering is the lowering's.
+                        drv(d("cuMemcpyDtoDAsync"), unsafe {
+                            result::memcpy_dtod_async(dp, sp, dst.len, stream.cu_stream())
+                        })?;
+                    } else {
+                        // SAFETY: as above, across two contexts.
+                        drv(d("cuMemcpyPeerAsync"), unsafe {
+                            result::memcpy_peer_async(
+                                self.devs[dd].ctx.cu_ctx(),
+                                dp,
+                                self.devs[sd].ctx.cu_ctx(),
+                                sp,
+                                dst.len,
+                                stream.cu_stream(),
+                            )
+                        })?;
+                    }
+                }
+                Cmd::Reduce { dst, a, b, .. } => {
+                    for x in [&a, &b] {
+                        if x.len != dst.len || (*x != dst && x.overlaps_pub(&dst)) {
+                            return Err(CudaError::Internal(format!("bad reduce {dst:?}")));
+                        }
+                    }
+                    let (dp, _) = self.resolve(prep, &dst)?;
+                    let (ap, _) = self.resolve(prep, &a)?;
+                    let (bp, _) = self.resolve(prep, &b)?;
+                    let dev = &self.devs[self.rank_dev[low.queues[q as usize].rank as usize]];
+                    let ks = dev.kernels()?;
+                    let name = kernels::reduce_name(prep.dtype, prep.op);
+                    let f = ks
+                        .funcs
+                        .get(&name)
+                        .ok_or_else(|| CudaError::Internal(format!("kernel {name} missing")))?;
+                    let n = (dst.len / es) as u64;
+                    let cfg = LaunchConfig {
+                        grid_dim: (kernels::blocks_for(n as usize, es, dev.sms), 1, 1),
+                        block_dim: (THREADS, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
+                    let mut lb = stream.launch_builder(f);
+                    lb.arg(&dp).arg(&ap).arg(&bp).arg(&n);
+                    // SAFETY: the kernel takes (T*, const T*, const T*, u64) and touches
+                    // `n` elements of each pointer, all checked inside live allocations; the
+                    // output equals an input or overlaps neither (checked above).
+                    drv(d("launching a reduce kernel"), unsafe { lb.launch(cfg) })?;
+                }
+                Cmd::Divide { span, .. } => {
+                    let (xp, _) = self.resolve(prep, &span)?;
+                    let dev = &self.devs[self.rank_dev[low.queues[q as usize].rank as usize]];
+                    let ks = dev.kernels()?;
+                    let name = kernels::divide_name(prep.dtype);
+                    let f = ks
+                        .funcs
+                        .get(&name)
+                        .ok_or_else(|| CudaError::Internal(format!("kernel {name} missing")))?;
+                    let n = (span.len / es) as u64;
+                    let cfg = LaunchConfig {
+                        grid_dim: (kernels::blocks_for(n as usize, es, dev.sms), 1, 1),
+                        block_dim: (THREADS, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
+                    let nranks = self.nranks;
+                    let mut lb = stream.launch_builder(f);
+                    lb.arg(&xp).arg(&n).arg(&nranks);
+                    // SAFETY: (T*, u64, u32) over `n` checked elements.
+                    drv(d("launching the avg kernel"), unsafe { lb.launch(cfg) })?;
+                }
+            }
+        }
+        for q in 0..low.queues.len() as u32 {
+            let j = &prep.joins[q as usize];
+            drv(
+                d("recording a join event"),
+                j.record(self.stream_of(low, q)),
+            )?;
+            drv(d("joining a stream"), origin.wait(j))?;
+        }
+        Ok(())
+    }
+
+    /// Enqueues `call` on the origin stream (device of rank 0) without waiting for it. With
+    /// `graph`, the replay is captured into a CUDA Graph the first time and relaunched after
+    /// (all ranks must share one device).
+    pub fn launch(&mut self, call: &Call, graph: bool) -> Result<(), CudaError> {
+        self.prepare(call)?;
+        if graph && self.devs.len() > 1 {
+            return Err(CudaError::Invalid(
+                "CUDA graphs are supported when all ranks share one device".into(),
+            ));
+        }
+        let prep = self
+            .cache
+            .get(call)
+            .ok_or_else(|| CudaError::Internal("prepared call vanished".into()))?;
+        if !graph {
+            return self.issue(prep);
+        }
+        if let Some(g) = &prep.graph {
+            return drv(|| "launching the graph".into(), g.launch());
+        }
+        let origin = self.devs[self.rank_dev[0]].main.clone();
+        drv(
+            || "beginning the capture".into(),
+            origin.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+        )?;
+        let issued = self.issue(prep);
+        let ended = origin.end_capture(CUgraphInstantiate_flags(0));
+        issued?;
+        let g = drv(|| "ending the capture".into(), ended)?
+            .ok_or_else(|| CudaError::Internal("the capture produced no graph".into()))?;
+        drv(|| "uploading the graph".into(), g.upload())?;
+        drv(|| "launching the graph".into(), g.launch())?;
+        if let Some(p) = self.cache.get_mut(call) {
+            p.graph = Some(g);
+        }
+        Ok(())
+    }
+
+    /// Waits for everything launched so far.
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        for d in &self.devs {
+            drv(
+                || "synchronizing the main stream".into(),
+                d.main.synchronize(),
+            )?;
+        }
+        self.synchronize_all()
+    }
+
+    /// Runs `call` to completion (see [`CudaGroup::launch`]).
+    pub fn run(&mut self, call: &Call, graph: bool) -> Result<(), CudaError> {
+        self.launch(call, graph)?;
+        self.synchronize()
+    }
+
+    /// Copies `data` into `rank`'s input of `call` (sized for it first).
+    pub fn write_input<T: Element>(
+        &mut self,
+        call: &Call,
+        rank: u32,
+        data: &[T],
+    ) -> Result<(), CudaError> {
+        self.check_type::<T>(call, rank)?;
+        self.prepare(call)?;
+        let (in_recv, off, len, _, _) = call.layout(rank, self.nranks);
+        if data.len() != len {
+            return Err(CudaError::Invalid(format!(
+                "rank {rank}: input has {} elements, the call needs {len}",
+                data.len()
+            )));
+        }
+        let es = call.dtype.size();
+        let span = Span {
+            mem: if in_recv {
+                Mem::Recv(rank)
+            } else {
+                Mem::Send(rank)
+            },
+            off: off * es,
+            len: len * es,
+        };
+        let ptr = self.plain_ptr(&span)?;
+        self.synchronize()?;
+        let ctx = &self.devs[self.rank_dev[rank as usize]].ctx;
+        drv(|| "binding the context".into(), ctx.bind_to_thread())?;
+        // SAFETY: `ptr` is valid for `len·es` bytes (checked), and `T` is a plain number type
+        // (sealed `Element`), so its bytes can be copied as they are.
+        drv(|| "copying input to the device".into(), unsafe {
+            result::memcpy_htod_sync(ptr, data)
+        })
+    }
+
+    /// Reads `rank`'s output of the last `call`.
+    pub fn read_output<T: Element>(&mut self, call: &Call, rank: u32) -> Result<Vec<T>, CudaError> {
+        self.check_type::<T>(call, rank)?;
+        self.prepare(call)?;
+        let (_, _, _, off, len) = call.layout(rank, self.nranks);
+        let es = call.dtype.size();
+        let span = Span {
+            mem: Mem::Recv(rank),
+            off: off * es,
+            len: len * es,
+        };
+        let ptr = self.plain_ptr(&span)?;
+        self.synchronize()?;
+        let mut out = vec![T::default(); len];
+        let ctx = &self.devs[self.rank_dev[rank as usize]].ctx;
+        drv(|| "binding the context".into(), ctx.bind_to_thread())?;
+        // SAFETY: as in `write_input`, in the other direction.
+        drv(|| "copying output from the device".into(), unsafe {
+            result::memcpy_dtoh_sync(&mut out, ptr)
+        })?;
+        Ok(out)
+    }
+
+    /// Sets every byte of every rank's input of `call` to `byte` on the device (fast fill
+    /// for benchmarks).
+    pub fn fill_inputs(&mut self, call: &Call, byte: u8) -> Result<(), CudaError> {
+        self.prepare(call)?;
+        self.synchronize()?;
+        let es = call.dtype.size();
+        for rank in 0..self.nranks {
+            let (in_recv, off, len, _, _) = call.layout(rank, self.nranks);
+            let span = Span {
+                mem: if in_recv {
+                    Mem::Recv(rank)
+                } else {
+                    Mem::Send(rank)
+                },
+                off: off * es,
+                len: len * es,
+            };
+            let ptr = self.plain_ptr(&span)?;
+            let ctx = &self.devs[self.rank_dev[rank as usize]].ctx;
+            drv(|| "binding the context".into(), ctx.bind_to_thread())?;
+            // SAFETY: `ptr` is valid for `span.len` bytes (checked).
+            drv(|| "filling input".into(), unsafe {
+                sys::cuMemsetD8_v2(ptr, byte, span.len).result()
+            })?;
+        }
+        self.synchronize_all()
+    }
+
+    /// Mean time per call in microseconds over `iters` back-to-back launches, measured
+    /// with CUDA events on the origin stream after one warm-up launch.
+    pub fn time_call(&mut self, call: &Call, graph: bool, iters: u32) -> Result<f64, CudaError> {
+        self.run(call, graph)?;
+        let origin = self.devs[self.rank_dev[0]].main.clone();
+        let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
+        let ctx = self.devs[self.rank_dev[0]].ctx.clone();
+        let start = drv(|| "creating a timing event".into(), ctx.new_event(flags))?;
+        let end = drv(|| "creating a timing event".into(), ctx.new_event(flags))?;
+        drv(|| "recording".into(), start.record(&origin))?;
+        for _ in 0..iters.max(1) {
+            self.launch(call, graph)?;
+        }
+        drv(|| "recording".into(), end.record(&origin))?;
+        drv(|| "waiting for the timed calls".into(), end.synchronize())?;
+        let ms = drv(|| "reading the timer".into(), start.elapsed_ms(&end))?;
+        Ok(f64::from(ms) * 1e3 / f64::from(iters.max(1)))
+    }
+
+    /// The lowered form of `call` (commands, queues, staging), for tools and tests.
+    pub fn lowered(&mut self, call: &Call) -> Result<&Lowered, CudaError> {
+        self.prepare(call)?;
+        self.cache
+            .get(call)
+            .map(|p| &p.lowered)
+            .ok_or_else(|| CudaError::Internal("prepared call vanished".into()))
+    }
+
+    fn check_type<T: Element>(&self, call: &Call, rank: u32) -> Result<(), CudaError> {
+        if T::DTYPE != call.dtype {
+            return Err(CudaError::Invalid(format!(
+                "element type {} does not match the call's {}",
+                T::DTYPE,
+                call.dtype
+            )));
+        }
+        if rank >= self.nranks {
+            return Err(CudaError::Invalid(format!(
+                "rank {rank} is not in this {}-rank group",
+                self.nranks
+            )));
+        }
+        Ok(())
+    }
+
+    fn plain_ptr(&self, span: &Span) -> Result<sys::CUdeviceptr, CudaError> {
+        let buf = match span.mem {
+            Mem::Send(r) => self.bufs[r as usize].send.as_ref(),
+            Mem::Recv(r) => self.bufs[r as usize].recv.as_ref(),
+            _ => None,
+        }
+        .ok_or_else(|| CudaError::Internal(format!("{:?} is not allocated", span.mem)))?;
+        if span.off + span.len > buf.bytes {
+            return Err(CudaError::Internal(format!(
+                "{:?} {}..+{} outside the buffer",
+                span.mem, span.off, span.len
+            )));
+        }
+        Ok(buf.ptr + span.off as u64)
+    }
+}
+
+impl Drop for CudaGroup {
+    fn drop(&mut self) {
+        // Work in flight may still use the buffers freed below.
+        let _ = self.synchronize();
+        self.cache.clear();
+    }
+}
+
+/// The queue each event is recorded on (events belong to that queue's context).
+fn event_queues(low: &Lowered) -> Vec<u32> {
+    let mut v = vec![0; low.events as usize];
+    for c in &low.cmds {
+        if let Cmd::Record { queue, event } = *c
+            && let Some(slot) = v.get_mut(event as usize)
+        {
+            *slot = queue;
+        }
+    }
+    v
+}
+
+/// Enables peer access between every pair of devices that supports it; returns the matrix
+/// of direct access (by device index).
+fn enable_peer_access(devs: &[Dev]) -> Result<Vec<Vec<bool>>, CudaError> {
+    let n = devs.len();
+    let mut direct = vec![vec![false; n]; n];
+    for a in 0..n {
+        direct[a][a] = true;
+        for b in 0..n {
+            if a == b {
+                continue;
+            }
+            let mut can = 0i32;
+            // SAFETY: plain query on two valid device handles.
+            let ok = unsafe {
+                sys::cuDeviceCanAccessPeer(
+                    &mut can,
+                    devs[a].ctx.cu_device(),
+                    devs[b].ctx.cu_device(),
+                )
+            }
+            .result()
+            .is_ok();
+            if !ok || can == 0 {
+                continue;
+            }
+            drv(
+                || "binding the context".into(),
+                devs[a].ctx.bind_to_thread(),
+            )?;
+            // SAFETY: enables access from the current context (a) to b's context; both live
+            // as long as the group.
+            let r = unsafe { sys::cuCtxEnablePeerAccess(devs[b].ctx.cu_ctx(), 0) };
+            if r == sys::CUresult::CUDA_SUCCESS
+                || r == sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+            {
+                direct[a][b] = true;
+            } else {
+                tracing::warn!(a, b, ?r, "cuda: peer access not enabled; staging copies");
+            }
+        }
+    }
+    Ok(direct)
+}
+
+/// Device-to-device copy bandwidth on device `ordinal`: copies `bytes` `iters` times
+/// between two buffers and returns `(seconds per copy, GB/s counting bytes copied)`;
+/// double the rate to count bytes read plus written.
+pub fn memcpy_bandwidth(ordinal: usize, bytes: usize, iters: u32) -> Result<(f64, f64), CudaError> {
+    probe()?;
+    let ctx = drv(
+        || format!("creating the context of device {ordinal}"),
+        CudaContext::new(ordinal),
+    )?;
+    let stream = drv(|| "creating a stream".into(), ctx.new_stream())?;
+    let a = DeviceBuf::new(&ctx, bytes)?;
+    let b = DeviceBuf::new(&ctx, bytes)?;
+    let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
+    let start = drv(|| "creating an event".into(), ctx.new_event(flags))?;
+    let end = drv(|| "creating an event".into(), ctx.new_event(flags))?;
+    let copy = |dst: &DeviceBuf, src: &DeviceBuf| {
+        // SAFETY: two distinct live allocations of `bytes` bytes each.
+        drv(|| "cuMemcpyDtoDAsync".into(), unsafe {
+            result::memcpy_dtod_async(dst.ptr, src.ptr, bytes, stream.cu_stream())
+        })
+    };
+    copy(&b, &a)?;
+    drv(|| "recording".into(), start.record(&stream))?;
+    for i in 0..iters.max(1) {
+        if i % 2 == 0 {
+            copy(&b, &a)?
+        } else {
+            copy(&a, &b)?
+        }
+    }
+    drv(|| "recording".into(), end.record(&stream))?;
+    drv(|| "synchronizing".into(), end.synchronize())?;
+    let ms = drv(|| "reading the timer".into(), start.elapsed_ms(&end))?;
+    let secs = f64::from(ms) * 1e-3 / f64::from(iters.max(1));
+    drv(|| "synchronizing".into(), stream.synchronize())?;
+    Ok((secs, bytes as f64 / secs / 1e9))
+}
