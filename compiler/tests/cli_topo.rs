@@ -201,7 +201,7 @@ fn generated_files_load_and_match_the_request() {
             ],
             12,
         ),
-        (&["host", "--ranks", "4"], 4),
+        (&["host", "--ranks", "4", "--mem-bw", "10"], 4),
     ];
     for (i, (args, ranks)) in cases.iter().enumerate() {
         let file = dir.join(format!("t{i}.ron"));
