@@ -484,8 +484,7 @@ impl CudaGroup {
         }
         let mut events = Vec::with_capacity(lowered.events as usize);
         let event_queue = event_queues(&lowered);
-        for e in 0..lowered.events as usize {
-            let q = event_queue[e];
+        for &q in &event_queue {
             let ctx = self.queue_ctx(&lowered, q);
             events.push(drv(|| "creating an event".into(), ctx.new_event(None))?);
         }

@@ -33,7 +33,7 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum CudaError {
     /// No usable CUDA installation or device; the message says which part is missing.
-    #[error("no CUDA device: {0}")]
+    #[error("no CUDA device ({0})")]
     Unavailable(String),
     /// A driver call failed.
     #[error("CUDA driver error in {what}: {source}")]

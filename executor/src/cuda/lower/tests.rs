@@ -53,7 +53,10 @@ fn execute(host: &mut Host, low: &Lowered, k: &Kernels, es: usize, nranks: u32) 
             Cmd::Reduce { dst, a, b, .. } => {
                 assert!(a.len == dst.len && b.len == dst.len);
                 for x in [&a, &b] {
-                    assert!(*x == dst || !x.overlaps(&dst), "partial overlap {dst:?} {x:?}");
+                    assert!(
+                        *x == dst || !x.overlaps(&dst),
+                        "partial overlap {dst:?} {x:?}"
+                    );
                 }
                 let (d, pa, pb) = (host.ptr(&dst), host.ptr(&a), host.ptr(&b));
                 // SAFETY: in bounds, element-aligned (u64 backing, offsets multiples of es).
@@ -76,7 +79,9 @@ fn check_races(low: &Lowered) {
     let nq = low.queues.len();
     let mut clock = vec![vec![0u32; nq]; nq];
     let mut ev: HashMap<u32, Vec<u32>> = HashMap::new();
-    let mut acc: Vec<(usize, Vec<u32>, Vec<Span>, Vec<Span>)> = Vec::new();
+    // (queue, vector clock, spans read, spans written) per work command
+    type Access = (usize, Vec<u32>, Vec<Span>, Vec<Span>);
+    let mut acc: Vec<Access> = Vec::new();
     for c in &low.cmds {
         let q = c.queue() as usize;
         match *c {
@@ -110,7 +115,9 @@ fn check_races(low: &Lowered) {
             if qi == qj {
                 continue;
             }
-            let conflict = wi.iter().any(|w| wj.iter().chain(rj).any(|x| w.overlaps(x)))
+            let conflict = wi
+                .iter()
+                .any(|w| wj.iter().chain(rj).any(|x| w.overlaps(x)))
                 || wj.iter().any(|w| ri.iter().any(|x| w.overlaps(x)));
             let ordered = ci[*qi] <= cj[*qi];
             assert!(
@@ -441,7 +448,13 @@ fn messages_whose_direct_read_would_deadlock_are_staged() {
         // SAFETY: in bounds.
         unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), p, 40) };
     }
-    execute(&mut host, &low, &Kernels::new(DataType::I32, ReduceOp::Sum), 4, 2);
+    execute(
+        &mut host,
+        &low,
+        &Kernels::new(DataType::I32, ReduceOp::Sum),
+        4,
+        2,
+    );
     let p = host.ptr(&Span {
         mem: Mem::Recv(1),
         off: 0,
@@ -449,7 +462,11 @@ fn messages_whose_direct_read_would_deadlock_are_staged() {
     });
     // SAFETY: in bounds.
     let got = unsafe { std::slice::from_raw_parts(p.cast::<i32>(), 10) };
-    assert_eq!(got, &inputs[0][..], "rank 1 receives rank 0's original input");
+    assert_eq!(
+        got,
+        &inputs[0][..],
+        "rank 1 receives rank 0's original input"
+    );
 }
 
 #[test]
