@@ -1,0 +1,297 @@
+//! The process backend: real OS processes (this test executable re-executed with
+//! `HCCL_TEST_ROLE` set) rendezvousing over TCP and exchanging data through `/dev/shm`, plus
+//! in-process checks of the bootstrap (token refusal, plan mismatch).
+
+mod common;
+
+use common::{Case, collectives, count_for};
+use hccl_executor::{
+    Bootstrap, Communicator, Config, DataType, ExecError, PlanSource, ProcessGroup, ReduceOp,
+    fallback,
+};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const ROLE: &str = "HCCL_TEST_ROLE";
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn spawn_ranks(role: &str, n: u32, extra: &[(&str, &str)]) -> Vec<Child> {
+    let exe = std::env::current_exe().expect("test executable");
+    let port = free_port().to_string();
+    (0..n)
+        .map(|r| {
+            let mut cmd = Command::new(&exe);
+            cmd.args([
+                "process_child",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(ROLE, role)
+            .env("RANK", r.to_string())
+            .env("WORLD_SIZE", n.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", &port)
+            .env("HCCL_JOB_TOKEN", "secret-test-token")
+            .env_remove("HCCL_PLAN")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+            for (k, v) in extra {
+                cmd.env(k, v);
+            }
+            cmd.spawn().expect("spawn a rank")
+        })
+        .collect()
+}
+
+/// Waits for a child, killing it if it outlives `limit` (so a bug cannot hang the suite).
+fn wait_output(mut child: Child, limit: Duration) -> (Option<i32>, String) {
+    let mut out = child.stdout.take().expect("piped stdout");
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let code = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status.code(),
+            Ok(None) if start.elapsed() < limit => std::thread::sleep(Duration::from_millis(20)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+        }
+    };
+    (code, reader.join().unwrap_or_default())
+}
+
+fn child_cases(n: u32) -> Vec<Case> {
+    let mut cases = Vec::new();
+    let mut seed = 100;
+    for coll in collectives(n) {
+        for (dtype, op) in [
+            (DataType::F32, ReduceOp::Sum),
+            (DataType::BF16, ReduceOp::Max),
+            (DataType::I64, ReduceOp::Avg),
+            (DataType::U8, ReduceOp::Prod),
+        ] {
+            for in_place in [false, true] {
+                for base in [0usize, 1, 13, 1000, 70_001] {
+                    seed += 1;
+                    cases.push(Case {
+                        collective: coll,
+                        dtype,
+                        op,
+                        in_place,
+                        count: count_for(coll, n, base),
+                        seed,
+                    });
+                }
+            }
+        }
+    }
+    cases
+}
+
+fn child(role: &str) -> ! {
+    let mut comm = match ProcessGroup::init(PlanSource::Builtin) {
+        Ok(c) => c,
+        Err(e) => {
+            println!("ERROR: {e}");
+            std::process::exit(2);
+        }
+    };
+    match role {
+        "all" => {
+            for case in child_cases(comm.world_size()) {
+                if let Err(e) = common::check(&mut comm, &case) {
+                    println!("FAIL: {e}");
+                    std::process::exit(1);
+                }
+            }
+            println!("DONE rank {}", comm.rank());
+            std::process::exit(0);
+        }
+        "kill" => {
+            // Bounded, so that a failing parent cannot leave ranks running for long.
+            let start = Instant::now();
+            let mut buf = vec![1.0f32; 1 << 20];
+            for i in 0.. {
+                if start.elapsed() > Duration::from_secs(150) {
+                    break;
+                }
+                if let Err(e) = comm.all_reduce_in_place(&mut buf, ReduceOp::Max) {
+                    println!("ERROR: {e}");
+                    std::process::exit(3);
+                }
+                if i == 0 {
+                    println!("READY");
+                    let _ = std::io::stdout().flush();
+                }
+            }
+            std::process::exit(0);
+        }
+        other => {
+            println!("ERROR: unknown role {other}");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// In a child process: the rank's role. Run directly: a one-rank process group.
+#[test]
+fn process_child() {
+    if let Ok(role) = std::env::var(ROLE) {
+        child(&role);
+    }
+    let boot = Bootstrap {
+        addr: format!("127.0.0.1:{}", free_port()),
+        token: String::new(),
+    };
+    let mut comm = ProcessGroup::init_with(fallback::plan(1), 0, 1, &boot, Config::default())
+        .expect("one-rank group");
+    let mut buf = vec![3i32; 17];
+    comm.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap();
+    assert_eq!(buf, vec![3; 17]);
+}
+
+#[test]
+fn four_processes_run_all_collectives() {
+    let children = spawn_ranks("all", 4, &[("HCCL_TIMEOUT", "60")]);
+    for (r, c) in children.into_iter().enumerate() {
+        let (code, out) = wait_output(c, Duration::from_secs(180));
+        assert_eq!(code, Some(0), "rank {r} failed:\n{out}");
+        assert!(out.contains(&format!("DONE rank {r}")), "rank {r}:\n{out}");
+    }
+}
+
+#[test]
+fn killed_rank_is_named_by_the_others() {
+    let mut children = spawn_ranks("kill", 4, &[("HCCL_TIMEOUT", "30")]);
+    let mut victim = children.pop().expect("rank 3");
+    let mut lines = BufReader::new(victim.stdout.take().expect("piped"));
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let read = lines.read_line(&mut line).unwrap_or(0);
+        assert!(read > 0, "rank 3 ended before its first collective");
+        // The harness may print "test process_child ... " before it on the same line.
+        if line.contains("READY") {
+            break;
+        }
+    }
+    victim.kill().expect("kill rank 3");
+    let _ = victim.wait();
+    for (r, c) in children.into_iter().enumerate() {
+        let (code, out) = wait_output(c, Duration::from_secs(120));
+        assert_eq!(code, Some(3), "rank {r} should report an error:\n{out}");
+        let err = out
+            .lines()
+            .find(|l| l.starts_with("ERROR:"))
+            .unwrap_or_default();
+        assert!(err.contains("rank 3 failed"), "rank {r}: {err}");
+    }
+}
+
+fn in_process_group(
+    plans: Vec<hccl_ir::PlanFile>,
+    token: &str,
+) -> Vec<Result<Communicator, ExecError>> {
+    let boot = Bootstrap {
+        addr: format!("127.0.0.1:{}", free_port()),
+        token: token.into(),
+    };
+    let n = plans.len() as u32;
+    let cfg = Config::default().with_timeout(Duration::from_secs(30));
+    std::thread::scope(|s| {
+        let handles: Vec<_> = plans
+            .into_iter()
+            .enumerate()
+            .map(|(r, plan)| {
+                let (boot, cfg) = (boot.clone(), cfg.clone());
+                s.spawn(move || ProcessGroup::init_with(plan, r as u32, n, &boot, cfg))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    })
+}
+
+#[test]
+fn mismatched_plans_fail_on_every_rank() {
+    let mut other = fallback::plan(2);
+    other.meta.topology = "elsewhere".into();
+    let results = in_process_group(vec![fallback::plan(2), other], "t");
+    for (r, res) in results.into_iter().enumerate() {
+        let err = res.expect_err("mismatch must fail");
+        assert!(err.to_string().contains("same plan"), "rank {r}: {err}");
+    }
+}
+
+#[test]
+fn connection_without_token_is_refused() {
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let boot = Bootstrap {
+        addr: addr.clone(),
+        token: "right".into(),
+    };
+    let cfg = Config::default().with_timeout(Duration::from_secs(30));
+    std::thread::scope(|s| {
+        let (b0, c0) = (boot.clone(), cfg.clone());
+        let lead = s.spawn(move || ProcessGroup::init_with(fallback::plan(2), 0, 2, &b0, c0));
+        // An intruder with the wrong token: rank 0 must close its connection.
+        let mut intruder = loop {
+            match TcpStream::connect(&addr) {
+                Ok(sock) => break sock,
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        };
+        let mut hello = b"HCCLBOOT".to_vec();
+        hello.extend_from_slice(&1u32.to_le_bytes());
+        hello.extend_from_slice(&5u32.to_le_bytes());
+        hello.extend_from_slice(b"wrong");
+        hello.extend_from_slice(&[0u8; 16]);
+        intruder.write_all(&hello).unwrap();
+        intruder
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let mut reply = Vec::new();
+        let _ = intruder.read_to_end(&mut reply);
+        assert!(reply.is_empty(), "the intruder got a reply: {reply:?}");
+        // The real rank 1 still joins and the group works.
+        let (b1, c1) = (boot.clone(), cfg.clone());
+        let follow = s.spawn(move || ProcessGroup::init_with(fallback::plan(2), 1, 2, &b1, c1));
+        let comms = [lead.join().unwrap(), follow.join().unwrap()];
+        let results: Vec<Vec<u64>> = std::thread::scope(|s2| {
+            let hs: Vec<_> = comms
+                .into_iter()
+                .map(|c| {
+                    s2.spawn(move || {
+                        let mut c = c.expect("rank joins");
+                        let r = u64::from(c.rank());
+                        let mut buf = vec![r + 1; 5000];
+                        c.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap();
+                        buf
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for buf in results {
+            assert_eq!(buf, vec![3u64; 5000]);
+        }
+    });
+}
