@@ -211,7 +211,7 @@ impl Network {
                     cap = cap.min(p * f64::from(w.count.max(1)));
                 }
             }
-            if !(cap > 0.0) || !cap.is_finite() {
+            if cap.is_nan() || cap <= 0.0 || !cap.is_finite() {
                 continue;
             }
             let latency = if w.latency.is_finite() && w.latency > 0.0 {

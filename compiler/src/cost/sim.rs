@@ -32,6 +32,9 @@ use std::sync::Arc;
 
 const NONE: u32 = u32::MAX;
 
+/// Largest set of interacting flows whose rates are recomputed exactly at every change.
+pub const EXACT_COMPONENT: usize = 256;
+
 /// What a simulation predicts.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Estimate {
@@ -468,6 +471,15 @@ struct Run<'a> {
     cap: Vec<f64>,
     resource_bytes: Vec<f64>,
     dirty: Vec<u32>,
+    /// Flows started since the last recomputation.
+    fresh: Vec<u32>,
+    /// Capacity currently allocated on each resource (bytes/µs).
+    used: Vec<f64>,
+    active_count: usize,
+    /// Flows finished since the last recomputation.
+    released: usize,
+    /// Approximate allocations since the last full recomputation.
+    pending_changes: usize,
     // scratch for rate recomputation
     res_stamp: Vec<u32>,
     flow_stamp: Vec<u32>,
@@ -518,6 +530,11 @@ impl<'a> Run<'a> {
             cap,
             resource_bytes: vec![0.0; nres],
             dirty: Vec::new(),
+            fresh: Vec::new(),
+            used: vec![0.0; nres],
+            active_count: 0,
+            released: 0,
+            pending_changes: 0,
             res_stamp: vec![0; nres],
             flow_stamp: vec![0; nmsg],
             frozen_stamp: vec![0; nmsg],
@@ -542,7 +559,7 @@ impl<'a> Run<'a> {
     fn mem_us(&self, step: u32, passes: f64) -> f64 {
         let s = &self.p.steps[step as usize];
         let bw = self.sim.network.mem_bw[s.rank as usize];
-        if passes <= 0.0 || !(bw > 0.0) {
+        if passes <= 0.0 || bw.is_nan() || bw <= 0.0 {
             return 0.0;
         }
         passes * f64::from(s.count) * self.chunk_bytes / (bw * 1e3)
@@ -562,6 +579,11 @@ impl<'a> Run<'a> {
                 continue;
             }
             let Some(ev) = self.events.pop() else {
+                if self.active_count > 0 && self.pending_changes + self.released > 0 {
+                    // Flows left without capacity by approximate allocation: re-balance.
+                    self.full_recompute();
+                    continue;
+                }
                 break;
             };
             if let EventKind::FlowDone(m, v) = ev.kind
@@ -691,6 +713,8 @@ impl<'a> Run<'a> {
             self.resource_bytes[r as usize] += bytes;
         }
         self.active[mi] = true;
+        self.active_count += 1;
+        self.fresh.push(m);
         self.remaining[mi] = bytes;
         self.rate[mi] = 0.0;
         self.last[mi] = self.now;
@@ -700,8 +724,11 @@ impl<'a> Run<'a> {
     fn finish_flow(&mut self, m: u32) {
         let mi = m as usize;
         self.active[mi] = false;
+        self.active_count -= 1;
+        self.released += 1;
         let route = Arc::clone(&self.p.conn_route[self.p.msg_conn[mi] as usize]);
         for &r in &route.resources {
+            self.used[r as usize] = (self.used[r as usize] - self.rate[mi]).max(0.0);
             let list = &mut self.res_flows[r as usize];
             if let Some(pos) = list.iter().position(|&f| f == m) {
                 list.swap_remove(pos);
@@ -751,20 +778,21 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// Max-min fair rates for the flows connected to the dirty resources.
+    /// Max-min fair rates for the flows connected to the dirty resources. Components of at
+    /// most [`EXACT_COMPONENT`] flows are recomputed exactly at every change. In larger ones
+    /// (all-to-all traffic through shared switches) a new flow takes the capacity its route
+    /// has left and a finished flow's capacity is released, and the whole network is
+    /// re-balanced after every `max(EXACT_COMPONENT / 4, active / 4)` such changes: rates stay
+    /// feasible (no resource is ever over capacity), so lower bounds remain valid, and the
+    /// cost per event stays bounded.
     fn recompute(&mut self) {
-        self.epoch = self.epoch.wrapping_add(1);
-        if self.epoch == 0 {
-            self.res_stamp.iter_mut().for_each(|x| *x = 0);
-            self.flow_stamp.iter_mut().for_each(|x| *x = 0);
-            self.frozen_stamp.iter_mut().for_each(|x| *x = 0);
-            self.epoch = 1;
-        }
-        let epoch = self.epoch;
+        let epoch = self.next_epoch();
         let mut stack: Vec<u32> = std::mem::take(&mut self.dirty);
+        let fresh = std::mem::take(&mut self.fresh);
         let mut comp_res: Vec<u32> = Vec::new();
         let mut comp_flows: Vec<u32> = Vec::new();
-        while let Some(r) = stack.pop() {
+        let mut big = false;
+        'bfs: while let Some(r) = stack.pop() {
             if self.res_stamp[r as usize] == epoch {
                 continue;
             }
@@ -774,6 +802,10 @@ impl<'a> Run<'a> {
                 if self.flow_stamp[f as usize] != epoch {
                     self.flow_stamp[f as usize] = epoch;
                     comp_flows.push(f);
+                    if comp_flows.len() > EXACT_COMPONENT {
+                        big = true;
+                        break 'bfs;
+                    }
                     let route = &self.p.conn_route[self.p.msg_conn[f as usize] as usize];
                     for &r2 in &route.resources {
                         if self.res_stamp[r2 as usize] != epoch {
@@ -783,9 +815,93 @@ impl<'a> Run<'a> {
                 }
             }
         }
+        if !big {
+            self.fill(&comp_res, &comp_flows);
+            return;
+        }
+        // Large component: give new flows what their route has left.
+        let mut changes = self.released;
+        self.released = 0;
+        for f in fresh {
+            if !self.active[f as usize] || self.rate[f as usize] > 0.0 {
+                continue;
+            }
+            changes += 1;
+            let route = Arc::clone(&self.p.conn_route[self.p.msg_conn[f as usize] as usize]);
+            let rate = route
+                .resources
+                .iter()
+                .map(|&r| (self.cap[r as usize] - self.used[r as usize]).max(0.0))
+                .fold(f64::INFINITY, f64::min);
+            if rate > 0.0 && rate.is_finite() {
+                for &r in &route.resources {
+                    self.used[r as usize] += rate;
+                }
+                self.set_rate(f, rate);
+            }
+        }
+        self.pending_changes += changes;
+        let threshold = (EXACT_COMPONENT / 4).max(self.active_count / 4);
+        if self.pending_changes >= threshold {
+            self.full_recompute();
+        }
+    }
+
+    fn next_epoch(&mut self) -> u32 {
+        self.epoch = self.epoch.wrapping_add(1);
+        if self.epoch == 0 {
+            self.res_stamp.iter_mut().for_each(|x| *x = 0);
+            self.flow_stamp.iter_mut().for_each(|x| *x = 0);
+            self.frozen_stamp.iter_mut().for_each(|x| *x = 0);
+            self.epoch = 1;
+        }
+        self.epoch
+    }
+
+    /// Exact max-min rates over every active flow.
+    fn full_recompute(&mut self) {
+        self.pending_changes = 0;
+        self.released = 0;
+        self.fresh.clear();
+        self.dirty.clear();
+        let epoch = self.next_epoch();
+        let mut comp_res = Vec::new();
+        let mut comp_flows = Vec::new();
+        for r in 0..self.res_flows.len() {
+            if self.res_flows[r].is_empty() {
+                continue;
+            }
+            comp_res.push(r as u32);
+            for &f in &self.res_flows[r] {
+                if self.flow_stamp[f as usize] != epoch {
+                    self.flow_stamp[f as usize] = epoch;
+                    comp_flows.push(f);
+                }
+            }
+        }
+        self.fill(&comp_res, &comp_flows);
+    }
+
+    /// Sets a flow's rate, settling its progress and scheduling its end.
+    fn set_rate(&mut self, f: u32, new: f64) {
+        let fi = f as usize;
+        let elapsed = self.now - self.last[fi];
+        self.remaining[fi] = (self.remaining[fi] - self.rate[fi] * elapsed).max(0.0);
+        self.last[fi] = self.now;
+        self.rate[fi] = new;
+        self.version[fi] = self.version[fi].wrapping_add(1);
+        if new > 0.0 {
+            let finish = self.now + self.remaining[fi] / new;
+            self.push(finish, EventKind::FlowDone(f, self.version[fi]));
+        }
+    }
+
+    /// Progressive filling over a closed set of resources and the flows on them.
+    fn fill(&mut self, comp_res: &[u32], comp_flows: &[u32]) {
+        let epoch = self.epoch;
         // Progressive filling.
         let mut heap = BinaryHeap::with_capacity(comp_res.len());
-        for &r in &comp_res {
+        for &r in comp_res {
             let ri = r as usize;
             self.rem[ri] = self.cap[ri];
             self.cnt[ri] = self.res_flows[ri].len() as u32;
@@ -825,22 +941,17 @@ impl<'a> Run<'a> {
                 }
             }
         }
-        for &f in &comp_flows {
-            let fi = f as usize;
-            let new = self.new_rate[fi];
-            if new != self.rate[fi] || self.rate[fi] == 0.0 {
-                let elapsed = self.now - self.last[fi];
-                self.remaining[fi] = (self.remaining[fi] - self.rate[fi] * elapsed).max(0.0);
-                self.last[fi] = self.now;
-                self.rate[fi] = new;
-                self.version[fi] = self.version[fi].wrapping_add(1);
-                let finish = if new > 0.0 {
-                    self.now + self.remaining[fi] / new
-                } else {
-                    // No capacity at all: the flow never ends (reported as a deadlock).
-                    continue;
-                };
-                self.push(finish, EventKind::FlowDone(f, self.version[fi]));
+        for &r in comp_res {
+            self.used[r as usize] = 0.0;
+        }
+        for &f in comp_flows {
+            let new = self.new_rate[f as usize];
+            let route = Arc::clone(&self.p.conn_route[self.p.msg_conn[f as usize] as usize]);
+            for &r in &route.resources {
+                self.used[r as usize] += new;
+            }
+            if new != self.rate[f as usize] || self.rate[f as usize] == 0.0 {
+                self.set_rate(f, new);
             }
         }
     }
