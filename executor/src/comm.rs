@@ -20,6 +20,18 @@ pub(crate) struct Shared {
     pub plan_hash: String,
     /// Whether ranks are processes whose liveness can be checked through their pid.
     pub check_pids: bool,
+    /// See [`Ctx::spin_polls`].
+    pub spin_polls: u32,
+}
+
+/// Spin budget for `ranks` busy ranks on this host.
+pub(crate) fn spin_polls_for(ranks: u32) -> u32 {
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    if ranks as usize > cores {
+        2
+    } else {
+        crate::engine::SPIN_POLLS
+    }
 }
 
 /// Checks the plan and prepares it for `rank`: verification, world size, entry filters.
@@ -219,7 +231,7 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
     } else {
         match kind {
             CollectiveKind::AllGather => {
-                if call.out_len != call.in_len * n {
+                if call.in_len.checked_mul(n) != Some(call.out_len) {
                     return Err(bad(format!(
                         "output has {} elements, expected input ({}) × {n} ranks",
                         call.out_len, call.in_len
@@ -228,7 +240,7 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
                 call.out_len
             }
             CollectiveKind::ReduceScatter => {
-                if call.in_len != call.out_len * n {
+                if call.out_len.checked_mul(n) != Some(call.in_len) {
                     return Err(bad(format!(
                         "input has {} elements, expected output ({}) × {n} ranks",
                         call.in_len, call.out_len
@@ -258,10 +270,18 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
     let count = if blocked { total / n } else { total };
     let bytes = (total * es) as u64;
     let Some(ei) = lookup(&st.entries, coll, bytes, call.in_place) else {
+        let cfg = &shared.config;
+        let mut filter = String::new();
+        if let Some(algo) = &cfg.algo {
+            filter += &format!(" (HCCL_ALGO={algo})");
+        }
+        if let Some(proto) = cfg.proto {
+            filter += &format!(" (HCCL_PROTO={proto})");
+        }
         return Err(ExecError::NoEntry {
             collective: coll,
             bytes,
-            filter: String::new(),
+            filter,
         });
     };
     let RankState {
@@ -358,6 +378,7 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
         arena: &shared.arena,
         timeout: shared.config.timeout,
         alive: &alive,
+        spin_polls: shared.spin_polls,
     };
     tracing::trace!(
         rank,
@@ -548,6 +569,19 @@ impl Communicator {
         let mut state = self.take_state()?;
         let res = execute(&self.shared, self.rank, &mut state, &call);
         self.finish(state, res)
+    }
+
+    /// Runs `collective` like [`Communicator::run`] and returns how long this rank spent in
+    /// it (for perf tools; the clock starts when this rank enters the call).
+    pub fn run_timed<T: Element>(
+        &mut self,
+        collective: Collective,
+        op: ReduceOp,
+        buffers: Buffers<'_, T>,
+    ) -> Result<std::time::Duration> {
+        let start = std::time::Instant::now();
+        self.run(collective, op, buffers)?;
+        Ok(start.elapsed())
     }
 
     /// Starts `collective` on a worker thread; the buffers come back from [`Request::wait`].

@@ -86,6 +86,9 @@ pub(crate) struct Ctx<'a> {
     pub timeout: Duration,
     /// Returns false when the peer is known dead.
     pub alive: &'a dyn Fn(u32) -> bool,
+    /// Polls to spin before yielding: many when every rank has a core, few when ranks
+    /// outnumber cores (spinning would only burn the time slice the peer needs).
+    pub spin_polls: u32,
 }
 
 /// Memory aligned for every element type.
@@ -502,7 +505,8 @@ pub(crate) fn raise_abort(arena: &Arena, reporter: u32, culprit: u32) {
     );
 }
 
-const SPIN_POLLS: u32 = 256;
+/// Spin polls when every rank has a core of its own.
+pub(crate) const SPIN_POLLS: u32 = 256;
 const YIELD_FOR: Duration = Duration::from_millis(2);
 const SLEEP: Duration = Duration::from_micros(50);
 const LIVENESS_EVERY: Duration = Duration::from_millis(5);
@@ -534,7 +538,7 @@ impl Waiter {
             return Err(abort_error(ctx.rank, word));
         }
         self.polls = self.polls.saturating_add(1);
-        if self.polls < SPIN_POLLS {
+        if self.polls < ctx.spin_polls {
             std::hint::spin_loop();
             return Ok(());
         }

@@ -193,6 +193,7 @@ impl ProcessGroup {
             config,
             plan_hash: hash,
             check_pids: true,
+            spin_polls: crate::comm::spin_polls_for(world),
         });
         Ok(Communicator::new(rank, shared, state))
     }

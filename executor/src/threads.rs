@@ -24,6 +24,13 @@ impl ThreadGroup {
         ThreadGroup::with_config(plan, n, Config::from_env()?)
     }
 
+    /// `n` communicators over a plan from `source` (`HCCL_PLAN` overrides it) with the
+    /// configuration from the environment.
+    pub fn from_source(source: crate::config::PlanSource, n: u32) -> Result<Vec<Communicator>> {
+        let config = Config::from_env()?;
+        ThreadGroup::with_config(source.load(n)?, n, config)
+    }
+
     /// `n` communicators over `plan` with an explicit configuration.
     pub fn with_config(plan: PlanFile, n: u32, config: Config) -> Result<Vec<Communicator>> {
         let hash = plan.content_hash();
@@ -92,6 +99,7 @@ fn build(plan: &PlanFile, hash: String, n: u32, config: Config) -> Result<Vec<Co
         config,
         plan_hash: hash,
         check_pids: false,
+        spin_polls: crate::comm::spin_polls_for(n),
     });
     Ok(states
         .into_iter()
