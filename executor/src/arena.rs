@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! header  : magic | abort word | per rank: { pid, gone } (one line each)
-//! control : per connection: { sent (line) | consumed (line) }
+//! control : per connection: { sent (line) | consumed (line) | slot descriptors (line) }
 //! data    : per connection: CONNECTION_SLOTS slots of `slot_bytes`
 //! ```
 //!
@@ -14,13 +14,34 @@
 //! lives in slot `k % CONNECTION_SLOTS`. The sender may fill a slot when
 //! `sent - consumed < CONNECTION_SLOTS` (Acquire on `consumed`), writes the data and
 //! publishes with a Release store of `sent`; the receiver sees `sent > consumed` (Acquire),
-//! reads and releases the slot with a Release store of `consumed`. The threads backend keeps
+//! reads and releases the slot with a Release store of `consumed`.
+//!
+//! In the threads backend a large single-chunk message may travel by pointer instead: the
+//! slot descriptor says `POINTER` and holds the address and length of the sender's data, and
+//! the receiver reads it in place (one copy instead of two). The sender then owes the
+//! receiver that memory unchanged until `consumed` passes the message; before it writes
+//! there itself, or when its call ends, it either sees the message consumed or
+//! *materializes* it: it wins `POINTER → MATERIALIZING` by compare-and-swap, copies the data
+//! into the slot and stores `INLINE`. A receiver wins `POINTER → READING` instead and the
+//! sender then waits for its (bounded) read. Either way the IR's buffered-send semantics
+//! hold exactly: a send never waits for its receiver. The threads backend keeps
 //! the region on the heap, the process backend in a file in `/dev/shm` mapped by every rank.
 
 use hccl_ir::CONNECTION_SLOTS;
 use std::sync::atomic::AtomicU64;
 
 const LINE: usize = 64;
+/// Control bytes per connection: `sent`, `consumed`, slot descriptors (one line each).
+const CTRL: usize = 3 * LINE;
+
+/// Slot descriptor state: the data is in the slot.
+pub(crate) const INLINE: u64 = 0;
+/// The descriptor points at the sender's memory (threads backend, single copy).
+pub(crate) const POINTER: u64 = 1;
+/// The receiver is reading through the pointer.
+pub(crate) const READING: u64 = 2;
+/// The sender is copying the pointed-to data into the slot.
+pub(crate) const MATERIALIZING: u64 = 3;
 /// Magic value at offset 0 (checked by ranks that map a region made by another).
 pub(crate) const MAGIC: u64 = 0x4843_434c_4152_4e31; // "HCCLARN1"
 
@@ -38,7 +59,7 @@ impl Layout {
     pub(crate) fn new(nranks: usize, nconns: usize, slot_bytes: usize) -> Layout {
         let slot_bytes = slot_bytes.div_ceil(LINE).max(1) * LINE;
         let control = 2 * LINE + nranks * LINE;
-        let data = control + nconns * 2 * LINE;
+        let data = control + nconns * CTRL;
         let total = data + nconns * CONNECTION_SLOTS * slot_bytes;
         Layout {
             slot_bytes,
@@ -148,13 +169,23 @@ impl Arena {
     /// Messages published on connection `c`.
     #[inline]
     pub(crate) fn sent(&self, c: u32) -> &AtomicU64 {
-        self.word(self.layout.control + c as usize * 2 * LINE)
+        self.word(self.layout.control + c as usize * CTRL)
     }
 
     /// Messages consumed on connection `c`.
     #[inline]
     pub(crate) fn consumed(&self, c: u32) -> &AtomicU64 {
-        self.word(self.layout.control + c as usize * 2 * LINE + LINE)
+        self.word(self.layout.control + c as usize * CTRL + LINE)
+    }
+
+    /// Descriptor of slot `seq % CONNECTION_SLOTS` of connection `c`: state, pointer, bytes.
+    #[inline]
+    pub(crate) fn desc(&self, c: u32, seq: u64) -> (&AtomicU64, &AtomicU64, &AtomicU64) {
+        let base = self.layout.control
+            + c as usize * CTRL
+            + 2 * LINE
+            + (seq % CONNECTION_SLOTS as u64) as usize * 24;
+        (self.word(base), self.word(base + 8), self.word(base + 16))
     }
 
     /// Start of slot `seq % CONNECTION_SLOTS` of connection `c`.

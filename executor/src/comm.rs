@@ -379,6 +379,7 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
         timeout: shared.config.timeout,
         alive: &alive,
         spin_polls: shared.spin_polls,
+        single_copy: !shared.check_pids,
     };
     tracing::trace!(
         rank,
@@ -400,8 +401,14 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
             len,
             maxc: len.div_ceil(cpb) as usize,
         };
-        engine.run_segment(&ctx, &entry.program, &geo, &bufs, &call.kernels)?;
+        if let Err(e) = engine.run_segment(&ctx, &entry.program, &geo, &bufs, &call.kernels) {
+            engine.settle_all(&shared.arena);
+            return Err(e);
+        }
     }
+    // Peers may still read this rank's buffers through pointer messages: settle them
+    // before the buffers go back to the caller.
+    engine.settle_all(&shared.arena);
     // SAFETY: as above.
     unsafe {
         if let Some((src, dst, len)) = post_copy {

@@ -38,7 +38,7 @@
 //! elements of the slot, and a step moves as many elements as its user-buffer side holds
 //! (the full padded chunk between scratch locations).
 
-use crate::arena::Arena;
+use crate::arena::{Arena, INLINE, MATERIALIZING, POINTER, READING};
 use crate::dtype::Kernels;
 use crate::error::{ExecError, Result};
 use crate::program::{Instr, Kind, Program};
@@ -89,6 +89,8 @@ pub(crate) struct Ctx<'a> {
     /// Polls to spin before yielding: many when every rank has a core, few when ranks
     /// outnumber cores (spinning would only burn the time slice the peer needs).
     pub spin_polls: u32,
+    /// Whether large messages may travel by pointer (ranks share an address space).
+    pub single_copy: bool,
 }
 
 /// Memory aligned for every element type.
@@ -119,6 +121,7 @@ pub(crate) struct EngineState {
     pc: Vec<u32>,
     phase: Vec<u8>,
     hold: Vec<AlignedBuf>,
+    outstanding: Vec<Outstanding>,
     progressed: bool,
 }
 
@@ -163,6 +166,7 @@ impl EngineState {
             pc: Vec::new(),
             phase: Vec::new(),
             hold: Vec::new(),
+            outstanding: Vec::with_capacity(64),
             progressed: false,
         }
     }
@@ -261,7 +265,8 @@ impl EngineState {
                     }
                     // SAFETY: the program was bounds-checked against the buffer extents and
                     // `bufs`/`geo` describe buffers of those extents.
-                    match unsafe { self.try_step(ctx.arena, s, ins, geo, bufs, k) } {
+                    match unsafe { self.try_step(ctx.arena, ctx.single_copy, s, ins, geo, bufs, k) }
+                    {
                         None => {
                             self.pc[s] += 1;
                             self.phase[s] = 0;
@@ -317,9 +322,11 @@ impl EngineState {
     /// # Safety
     /// `ins` is in bounds of the buffers `bufs` describes under `geo`, and slot capacity
     /// covers `ins.count · geo.maxc` elements.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn try_step(
         &mut self,
         arena: &Arena,
+        sc: bool,
         s: usize,
         ins: &Instr,
         geo: &Geometry,
@@ -331,8 +338,23 @@ impl EngineState {
         let n = ins.count;
         const SEND: &str = "a free slot on its connection to";
         const RECV: &str = "a message from";
+        let writes = matches!(
+            ins.kind,
+            Kind::Recv
+                | Kind::RecvReduceCopy
+                | Kind::RecvCopySend
+                | Kind::RecvReduceCopySend
+                | Kind::Copy
+                | Kind::Reduce
+        );
+        if writes && self.phase[s] == 0 && !self.outstanding.is_empty() && n > 0 {
+            let (first, _) = Self::loc(geo, bufs, ins.dst, 0);
+            let (last, len) = Self::loc(geo, bufs, ins.dst, n - 1);
+            self.clear_hazards(arena, first as usize, last as usize + len * es);
+        }
         // SAFETY (whole body): every pointer comes from `loc` (in bounds by the caller's
-        // contract) or from a slot/hold buffer of at least `n · stride` bytes.
+        // contract), from a slot/hold buffer of at least `n · stride` bytes, or from a
+        // pointer message of the advertised length.
         unsafe {
             match ins.kind {
                 Kind::Nop => None,
@@ -364,12 +386,7 @@ impl EngineState {
                     if !self.can_send(arena, ins.sconn) {
                         return Some((ins.send_peer, SEND));
                     }
-                    let slot = arena.slot(ins.sconn, self.send_seq[ins.sconn as usize]);
-                    for i in 0..n {
-                        let (sp, sl) = Self::loc(geo, bufs, ins.src, i);
-                        std::ptr::copy_nonoverlapping(sp, slot.add(i as usize * stride), sl * es);
-                    }
-                    self.publish(arena, ins.sconn);
+                    self.send_from(arena, sc, ins, ins.src, None, geo, bufs);
                     None
                 }
                 Kind::Recv | Kind::RecvReduceCopy => {
@@ -390,15 +407,8 @@ impl EngineState {
                     if !self.can_send(arena, ins.sconn) {
                         return Some((ins.send_peer, SEND));
                     }
-                    let slot = arena.slot(ins.sconn, self.send_seq[ins.sconn as usize]);
-                    for i in 0..n {
-                        let (dp, mut dl) = Self::loc(geo, bufs, ins.dst, i);
-                        if ins.kind == Kind::RecvReduceCopySend {
-                            dl = dl.min(Self::loc(geo, bufs, ins.src, i).1);
-                        }
-                        std::ptr::copy_nonoverlapping(dp, slot.add(i as usize * stride), dl * es);
-                    }
-                    self.publish(arena, ins.sconn);
+                    let clamp = (ins.kind == Kind::RecvReduceCopySend).then_some(ins.src);
+                    self.send_from(arena, sc, ins, ins.dst, clamp, geo, bufs);
                     None
                 }
                 Kind::RecvReduceSend => {
@@ -412,15 +422,15 @@ impl EngineState {
                         } else {
                             self.hold[s].ptr()
                         };
-                        let msg = arena.slot(ins.rconn, self.recv_seq[ins.rconn as usize]);
+                        let (msg, avail) = self.message(arena, ins.rconn, es);
                         for i in 0..n {
                             let (sp, sl) = Self::loc(geo, bufs, ins.src, i);
                             let off = i as usize * stride;
-                            reduce_msg(k, out.add(off), msg.add(off), sp, sl);
+                            reduce_msg(k, out.add(off), msg.add(off), sp, sl.min(avail));
                         }
                         self.consume(arena, ins.rconn);
                         if direct {
-                            self.publish(arena, ins.sconn);
+                            self.publish_inline(arena, ins.sconn);
                             return None;
                         }
                         self.phase[s] = 1;
@@ -430,10 +440,121 @@ impl EngineState {
                     }
                     let slot = arena.slot(ins.sconn, self.send_seq[ins.sconn as usize]);
                     std::ptr::copy_nonoverlapping(self.hold[s].ptr(), slot, n as usize * stride);
-                    self.publish(arena, ins.sconn);
+                    self.publish_inline(arena, ins.sconn);
                     None
                 }
             }
+        }
+    }
+
+    /// Publishes the chunks at `from` (clamped to the sizes at `clamp`) on `ins.sconn`: by
+    /// pointer when allowed and worth it, else copied into the slot.
+    ///
+    /// # Safety
+    /// As [`EngineState::try_step`], and the connection has a free slot.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn send_from(
+        &mut self,
+        arena: &Arena,
+        sc: bool,
+        ins: &Instr,
+        from: Loc,
+        clamp: Option<Loc>,
+        geo: &Geometry,
+        bufs: &Bufs,
+    ) {
+        let es = geo.esize;
+        let c = ins.sconn;
+        let seq = self.send_seq[c as usize];
+        let chunk = |i: u32| {
+            let (p, mut l) = Self::loc(geo, bufs, from, i);
+            if let Some(other) = clamp {
+                l = l.min(Self::loc(geo, bufs, other, i).1);
+            }
+            (p, l)
+        };
+        if sc && ins.count == 1 {
+            let (p, l) = chunk(0);
+            if l * es >= SINGLE_COPY_MIN {
+                let (state, ptr, len) = arena.desc(c, seq);
+                ptr.store(p as u64, Ordering::Relaxed);
+                len.store((l * es) as u64, Ordering::Relaxed);
+                state.store(POINTER, Ordering::Relaxed);
+                self.outstanding.push(Outstanding {
+                    conn: c,
+                    seq,
+                    ptr: p as usize,
+                    bytes: l * es,
+                });
+                self.publish(arena, c);
+                return;
+            }
+        }
+        let slot = arena.slot(c, seq);
+        for i in 0..ins.count {
+            let (p, l) = chunk(i);
+            // SAFETY: per the caller's contract.
+            unsafe {
+                std::ptr::copy_nonoverlapping(p, slot.add(i as usize * geo.maxc * es), l * es)
+            };
+        }
+        self.publish_inline(arena, c);
+    }
+
+    /// Marks the next message of `c` as held in its slot and publishes it.
+    #[inline]
+    fn publish_inline(&mut self, arena: &Arena, c: u32) {
+        let (state, _, _) = arena.desc(c, self.send_seq[c as usize]);
+        state.store(INLINE, Ordering::Relaxed);
+        self.publish(arena, c);
+    }
+
+    /// Where the next message of `c` can be read, and how many elements it holds at most
+    /// (`usize::MAX` for a padded slot).
+    fn message(&self, arena: &Arena, c: u32, es: usize) -> (*const u8, usize) {
+        let seq = self.recv_seq[c as usize];
+        let (state, ptr, len) = arena.desc(c, seq);
+        let mut spins = 0u32;
+        loop {
+            match state.load(Ordering::Acquire) {
+                INLINE => return (arena.slot(c, seq), usize::MAX),
+                POINTER => {
+                    if state
+                        .compare_exchange(POINTER, READING, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                    {
+                        let p = ptr.load(Ordering::Relaxed) as usize as *const u8;
+                        return (p, len.load(Ordering::Relaxed) as usize / es);
+                    }
+                }
+                // The sender is moving the data into the slot: a bounded copy.
+                _ => backoff(&mut spins),
+            }
+        }
+    }
+
+    /// Settles every outstanding pointer message overlapping `[lo, hi)` (and forgets those
+    /// already consumed) so that this rank may write there.
+    fn clear_hazards(&mut self, arena: &Arena, lo: usize, hi: usize) {
+        let mut i = 0;
+        while i < self.outstanding.len() {
+            let o = self.outstanding[i];
+            if arena.consumed(o.conn).load(Ordering::Acquire) > o.seq {
+                self.outstanding.swap_remove(i);
+            } else if o.ptr < hi && lo < o.ptr + o.bytes {
+                settle(arena, o);
+                self.outstanding.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Settles every outstanding pointer message (at the end of a call, also a failed one),
+    /// after which the caller's buffers are free again.
+    pub(crate) fn settle_all(&mut self, arena: &Arena) {
+        for o in self.outstanding.drain(..) {
+            settle(arena, o);
         }
     }
 
@@ -452,7 +573,7 @@ impl EngineState {
     ) {
         let es = geo.esize;
         let stride = geo.maxc * es;
-        let msg = arena.slot(ins.rconn, self.recv_seq[ins.rconn as usize]);
+        let (msg, avail) = self.message(arena, ins.rconn, es);
         let reduces = matches!(ins.kind, Kind::RecvReduceCopy | Kind::RecvReduceCopySend);
         for i in 0..ins.count {
             let (dp, dl) = Self::loc(geo, bufs, ins.dst, i);
@@ -461,13 +582,61 @@ impl EngineState {
                 let m = msg.add(i as usize * stride);
                 if reduces {
                     let (sp, sl) = Self::loc(geo, bufs, ins.src, i);
-                    reduce_msg(k, dp, m, sp, dl.min(sl));
+                    reduce_msg(k, dp, m, sp, dl.min(sl).min(avail));
                 } else {
-                    std::ptr::copy_nonoverlapping(m, dp, dl * es);
+                    std::ptr::copy_nonoverlapping(m, dp, dl.min(avail) * es);
                 }
             }
         }
         self.consume(arena, ins.rconn);
+    }
+}
+
+/// Pointer messages smaller than this are copied into the slot (the bookkeeping would cost
+/// more than the copy).
+const SINGLE_COPY_MIN: usize = 16 * 1024;
+
+/// A pointer message this rank published and whose memory it must not change yet.
+#[derive(Debug, Clone, Copy)]
+struct Outstanding {
+    conn: u32,
+    seq: u64,
+    ptr: usize,
+    bytes: usize,
+}
+
+/// Makes sure `o`'s memory is no longer needed: consumed, or materialized into its slot, or
+/// (when the receiver is reading it right now) consumed after a bounded wait.
+fn settle(arena: &Arena, o: Outstanding) {
+    if arena.consumed(o.conn).load(Ordering::Acquire) > o.seq {
+        return;
+    }
+    let (state, _, _) = arena.desc(o.conn, o.seq);
+    if state
+        .compare_exchange(POINTER, MATERIALIZING, Ordering::AcqRel, Ordering::Acquire)
+        .is_ok()
+    {
+        // SAFETY: the receiver has not started reading; the slot is reserved for this
+        // message and holds at least `bytes` (one chunk of at most `maxc` elements).
+        unsafe {
+            std::ptr::copy_nonoverlapping(o.ptr as *const u8, arena.slot(o.conn, o.seq), o.bytes)
+        };
+        state.store(INLINE, Ordering::Release);
+        return;
+    }
+    let mut spins = 0u32;
+    while arena.consumed(o.conn).load(Ordering::Acquire) <= o.seq {
+        backoff(&mut spins);
+    }
+}
+
+/// Waits a little while another thread finishes a bounded copy.
+fn backoff(spins: &mut u32) {
+    *spins = spins.saturating_add(1);
+    if *spins < 64 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
     }
 }
 

@@ -315,3 +315,48 @@ fn departed_rank_is_reported() {
         "{err}"
     );
 }
+
+/// Large single-chunk messages travel by pointer in this backend; ranks that arrive late
+/// make senders finish while their messages are unread, so the data must be materialized
+/// or waited for before the caller gets its buffers back (buffers are freed right after
+/// each call here, so a premature return would corrupt a peer's result).
+#[test]
+fn single_copy_with_late_ranks() {
+    let n = 3;
+    let plan = fallback::plan_with(n, 1, 1);
+    let comms = ThreadGroup::with_config(plan, n, config()).unwrap();
+    let errors = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for mut comm in comms {
+            let errors = &errors;
+            s.spawn(move || {
+                let mut seed = 0;
+                for round in 0..4u32 {
+                    for coll in common::collectives(n) {
+                        for in_place in [false, true] {
+                            seed += 1;
+                            if (round + seed as u32) % n == comm.rank() {
+                                std::thread::sleep(Duration::from_millis(2));
+                            }
+                            let case = Case {
+                                collective: coll,
+                                dtype: DataType::F64,
+                                op: ReduceOp::Sum,
+                                in_place,
+                                count: count_for(coll, n, 40_000),
+                                seed,
+                            };
+                            if let Err(e) = common::check(&mut comm, &case) {
+                                errors.lock().unwrap().push(e);
+                                comm.abort();
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let errors = errors.into_inner().unwrap();
+    assert!(errors.is_empty(), "{errors:#?}");
+}
