@@ -238,6 +238,20 @@ fn bandwidth_bound(network: &Network, collective: Collective, m: f64) -> f64 {
             j += step;
         }
     }
+    if let Some(caps) = route_caps(network) {
+        for cut in &caps.cuts {
+            let root_in = collective.root().is_some_and(|r| cut.contains(r));
+            let (out_bytes, in_bytes) =
+                crossing(collective, f64::from(n), f64::from(cut.k), root_in, m);
+            best = best
+                .max(time_us(out_bytes, cut.cap_out))
+                .max(time_us(in_bytes, cut.cap_in));
+        }
+        if collective == Collective::AllReduce {
+            let total = 2.0 * (f64::from(n) - 1.0) * m;
+            best = best.max(time_us(total, caps.gossip));
+        }
+    }
     if collective == Collective::AllReduce {
         // Gossip bound: 2(N-1)·M bytes enter (and leave) devices in total.
         let mut ejection = 0.0;
@@ -508,4 +522,364 @@ fn eccentricity(network: &Network, src: u32, reverse: bool) -> f64 {
         .map(|&v| dist[v as usize])
         .filter(|d| d.is_finite())
         .fold(0.0, f64::max)
+}
+
+// ---------------------------------------------------------------------------------------
+// Route-aware cuts.
+//
+// The simulator moves bytes between ranks only as messages along the network's fixed routes
+// (see `network.rs`): least latency, then widest, through switches and NICs only; through
+// other devices only for a source with some rank it cannot reach otherwise. So the rate at
+// which bytes can cross from a rank set `A` to its complement is at most the optimum of the
+// packing LP `max Σ x_ab` (`a ∈ A, b ∉ A`) with `Σ_{routes through r} x ≤ cap(r)` for every
+// resource `r`; and any *cover* `C` (a set of resources meeting every such route) bounds it
+// by LP duality: `Σ x_ab ≤ Σ_{r ∈ C} cap(r)`. A link no route uses (a GPU's PCIe link to a
+// NIC that leads nowhere on a single host) is in no cover; a link every cross-group route
+// shares (the PCIe bridge between two HCCS meshes, a QPI link) is a cheap one.
+// The same argument over all routes bounds the total rate at which devices can receive,
+// which the AllReduce gossip bound divides `2(N−1)·M` by.
+// ---------------------------------------------------------------------------------------
+
+/// Route-aware cut bounds are computed up to this many ranks.
+pub const MAX_ROUTE_RANKS: u32 = 64;
+/// Every rank subset is evaluated up to this many ranks (else singletons and hosts).
+pub const MAX_EXHAUSTIVE_RANKS: u32 = 12;
+
+/// A rank set with the capacity of covers of the routes leaving and entering it.
+#[derive(Debug, Clone)]
+struct RouteCut {
+    /// Bitset of the ranks in the set.
+    ranks: Vec<u64>,
+    /// Number of ranks in it.
+    k: u32,
+    /// Cover capacity of the routes leaving it (GB/s).
+    cap_out: f64,
+    /// Cover capacity of the routes entering it (GB/s).
+    cap_in: f64,
+}
+
+impl RouteCut {
+    fn contains(&self, r: u32) -> bool {
+        self.ranks
+            .get(r as usize / 64)
+            .is_some_and(|w| w >> (r % 64) & 1 == 1)
+    }
+}
+
+/// Size-independent route-aware capacities of a network.
+#[derive(Debug)]
+struct RouteCaps {
+    cuts: Vec<RouteCut>,
+    /// Cover capacity of every route: the most bytes per µs·1e-3 devices can receive.
+    gossip: f64,
+}
+
+type CapsCache = std::sync::Mutex<
+    std::collections::HashMap<u64, std::sync::Arc<RouteCaps>>,
+>;
+
+fn caps_cache() -> &'static CapsCache {
+    static CACHE: std::sync::OnceLock<CapsCache> = std::sync::OnceLock::new();
+    CACHE.get_or_init(Default::default)
+}
+
+/// A fingerprint of everything the route-aware capacities depend on.
+fn fingerprint(network: &Network) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    network.vertices.len().hash(&mut h);
+    for v in &network.vertices {
+        match v {
+            VertexKind::Device { rank } => (0u8, *rank).hash(&mut h),
+            VertexKind::Nic { bw } => (1u8, bw.to_bits()).hash(&mut h),
+            VertexKind::Switch => 2u8.hash(&mut h),
+        }
+    }
+    for l in &network.links {
+        (l.from, l.to, l.cap.to_bits(), l.latency.to_bits(), l.network).hash(&mut h);
+    }
+    for c in &network.capacity {
+        c.to_bits().hash(&mut h);
+    }
+    network.nic_tx.hash(&mut h);
+    network.nic_rx.hash(&mut h);
+    network.rank_vertex.hash(&mut h);
+    network.host_of.hash(&mut h);
+    h.finish()
+}
+
+fn route_caps(network: &Network) -> Option<std::sync::Arc<RouteCaps>> {
+    let n = network.nranks();
+    if !(2..=MAX_ROUTE_RANKS).contains(&n) {
+        return None;
+    }
+    let key = fingerprint(network);
+    let cache = caps_cache();
+    if let Some(c) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        return Some(std::sync::Arc::clone(c));
+    }
+    let caps = std::sync::Arc::new(compute_route_caps(network));
+    cache
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(key, std::sync::Arc::clone(&caps));
+    Some(caps)
+}
+
+/// Every route the simulator may give each ordered pair of ranks: `(from, to, resources)`.
+/// A pair may have two (switch-only and device-relayed, depending on what else its source
+/// asked for at the same time); both are listed.
+pub fn possible_routes(network: &Network) -> Vec<(u32, u32, Vec<u32>)> {
+    let n = network.nranks();
+    let mut out = Vec::new();
+    for a in 0..n {
+        let direct = route_tree(network, a, false);
+        let all_reachable = (0..n).all(|b| b == a || direct[b as usize].is_some());
+        let relayed = if all_reachable {
+            None
+        } else {
+            Some(route_tree(network, a, true))
+        };
+        for b in (0..n).filter(|&b| b != a) {
+            let mut seen: Vec<&Vec<u32>> = Vec::new();
+            for tree in std::iter::once(&direct).chain(relayed.as_ref()) {
+                if let Some(r) = &tree[b as usize]
+                    && !seen.contains(&r)
+                {
+                    seen.push(r);
+                    out.push((a, b, r.clone()));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Mirror of the simulator's route search (`Network::dijkstra`): the resources of the route
+/// from rank `src` to every rank (`None` when unreachable in this mode).
+fn route_tree(network: &Network, src: u32, through_devices: bool) -> Vec<Option<Vec<u32>>> {
+    #[derive(Clone, Copy)]
+    struct Label {
+        latency: f64,
+        width: f64,
+        hops: u32,
+    }
+    fn better(a: &Label, b: &Label) -> bool {
+        match a.latency.total_cmp(&b.latency) {
+            Ordering::Less => true,
+            Ordering::Greater => false,
+            Ordering::Equal => match a.width.total_cmp(&b.width) {
+                Ordering::Greater => true,
+                Ordering::Less => false,
+                Ordering::Equal => a.hops < b.hops,
+            },
+        }
+    }
+    struct Item(Label, u32);
+    impl PartialEq for Item {
+        fn eq(&self, other: &Self) -> bool {
+            self.cmp(other) == Ordering::Equal
+        }
+    }
+    impl Eq for Item {}
+    impl PartialOrd for Item {
+        fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+            Some(self.cmp(other))
+        }
+    }
+    impl Ord for Item {
+        fn cmp(&self, other: &Self) -> Ordering {
+            other
+                .0
+                .latency
+                .total_cmp(&self.0.latency)
+                .then(self.0.width.total_cmp(&other.0.width))
+                .then(other.0.hops.cmp(&self.0.hops))
+                .then(other.1.cmp(&self.1))
+        }
+    }
+    let nv = network.vertices.len();
+    let start = network.rank_vertex[src as usize];
+    let mut best: Vec<Option<Label>> = vec![None; nv];
+    let mut pred = vec![u32::MAX; nv];
+    let mut done = vec![false; nv];
+    let first = Label {
+        latency: 0.0,
+        width: f64::INFINITY,
+        hops: 0,
+    };
+    best[start as usize] = Some(first);
+    let mut heap = BinaryHeap::from([Item(first, start)]);
+    while let Some(Item(label, vertex)) = heap.pop() {
+        let v = vertex as usize;
+        if done[v] {
+            continue;
+        }
+        done[v] = true;
+        let transit_ok = v == start as usize
+            || through_devices
+            || !matches!(network.vertices[v], VertexKind::Device { .. });
+        if !transit_ok {
+            continue;
+        }
+        for &li in &network.out[v] {
+            let l = &network.links[li as usize];
+            let mut width = label.width.min(l.cap);
+            if let Some(r) = network.nic_resource(li) {
+                width = width.min(network.capacity[r as usize]);
+            }
+            let next = Label {
+                latency: label.latency + l.latency,
+                width,
+                hops: label.hops + 1,
+            };
+            let t = l.to as usize;
+            if done[t] {
+                continue;
+            }
+            if best[t].is_none_or(|b| better(&next, &b)) {
+                best[t] = Some(next);
+                pred[t] = li;
+                heap.push(Item(next, l.to));
+            }
+        }
+    }
+    (0..network.nranks())
+        .map(|d| {
+            let mut v = network.rank_vertex[d as usize];
+            if d == src || !done[v as usize] {
+                return None;
+            }
+            let mut path = Vec::new();
+            while v != start {
+                let li = pred[v as usize];
+                if li == u32::MAX {
+                    return None;
+                }
+                path.push(li);
+                v = network.links[li as usize].from;
+            }
+            path.reverse();
+            let mut resources = Vec::with_capacity(path.len() * 2);
+            for li in path {
+                resources.push(li);
+                if let Some(r) = network.nic_resource(li) {
+                    resources.push(r);
+                }
+            }
+            Some(resources)
+        })
+        .collect()
+}
+
+/// Capacity of a greedy cover of `routes` (each a resource list): repeatedly takes the
+/// resource with the least capacity per route it still meets. Any cover is a valid bound on
+/// the rate those routes can carry together; greedy keeps it small.
+fn cover_capacity(routes: &[&[u32]], capacity: &[f64]) -> f64 {
+    if routes.is_empty() {
+        return 0.0;
+    }
+    let mut through: std::collections::BTreeMap<u32, Vec<usize>> = Default::default();
+    for (i, r) in routes.iter().enumerate() {
+        for &res in r.iter() {
+            let list = through.entry(res).or_default();
+            if list.last() != Some(&i) {
+                list.push(i);
+            }
+        }
+    }
+    let mut covered = vec![false; routes.len()];
+    let mut left = routes.len();
+    let mut total = 0.0;
+    let mut count: std::collections::BTreeMap<u32, usize> =
+        through.iter().map(|(&r, l)| (r, l.len())).collect();
+    while left > 0 {
+        let pick = count
+            .iter()
+            .filter(|&(_, &c)| c > 0)
+            .map(|(&r, &c)| (r, capacity[r as usize] / c as f64))
+            .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+        let Some((res, _)) = pick else {
+            // A route with no resources: nothing limits it.
+            return f64::INFINITY;
+        };
+        total += capacity[res as usize];
+        for &i in &through[&res] {
+            if !covered[i] {
+                covered[i] = true;
+                left -= 1;
+                for &other in routes[i].iter() {
+                    if let Some(c) = count.get_mut(&other) {
+                        *c = c.saturating_sub(1);
+                    }
+                }
+            }
+        }
+        count.insert(res, 0);
+    }
+    total
+}
+
+fn compute_route_caps(network: &Network) -> RouteCaps {
+    let n = network.nranks();
+    let routes = possible_routes(network);
+    let all: Vec<&[u32]> = routes.iter().map(|(_, _, r)| r.as_slice()).collect();
+    let gossip = cover_capacity(&all, &network.capacity);
+    let words = (n as usize).div_ceil(64);
+    let mut sets: Vec<Vec<u64>> = Vec::new();
+    let bits = |members: &mut dyn Iterator<Item = u32>| {
+        let mut w = vec![0u64; words];
+        for r in members {
+            w[r as usize / 64] |= 1 << (r % 64);
+        }
+        w
+    };
+    if n <= MAX_EXHAUSTIVE_RANKS {
+        for mask in 1u64..(1u64 << n) - 1 {
+            sets.push(vec![mask]);
+        }
+    } else {
+        for r in 0..n {
+            sets.push(bits(&mut std::iter::once(r)));
+        }
+        let hosts = network.nhosts;
+        if hosts > 1 {
+            for h in 0..hosts {
+                sets.push(bits(&mut (0..n).filter(|&r| network.host_of[r as usize] == h)));
+            }
+            let step = (hosts - 1).div_ceil(MAX_PREFIX_CUTS).max(1);
+            let mut j = 1;
+            while j < hosts {
+                sets.push(bits(&mut (0..n).filter(|&r| network.host_of[r as usize] < j)));
+                j += step;
+            }
+        }
+    }
+    let member = |set: &[u64], r: u32| set[r as usize / 64] >> (r % 64) & 1 == 1;
+    let cuts = sets
+        .into_iter()
+        .filter_map(|set| {
+            let k = (0..n).filter(|&r| member(&set, r)).count() as u32;
+            if k == 0 || k == n {
+                return None;
+            }
+            let leaving: Vec<&[u32]> = routes
+                .iter()
+                .filter(|(a, b, _)| member(&set, *a) && !member(&set, *b))
+                .map(|(_, _, r)| r.as_slice())
+                .collect();
+            let entering: Vec<&[u32]> = routes
+                .iter()
+                .filter(|(a, b, _)| !member(&set, *a) && member(&set, *b))
+                .map(|(_, _, r)| r.as_slice())
+                .collect();
+            Some(RouteCut {
+                k,
+                cap_out: cover_capacity(&leaving, &network.capacity),
+                cap_in: cover_capacity(&entering, &network.capacity),
+                ranks: set,
+            })
+        })
+        .collect();
+    RouteCaps { cuts, gossip }
 }
