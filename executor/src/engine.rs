@@ -24,6 +24,17 @@
 //! abort word (another rank failed), the timeout, and whether the peer it waits for is still
 //! alive.
 //!
+//! # Single copy
+//!
+//! Where ranks share an address space (the threads backend), a single-chunk message of at
+//! least 16 KiB is published as a pointer to the sender's memory and the receiver copies or
+//! reduces straight out of it — one memory pass instead of two. The sender keeps a list of
+//! such outstanding messages; before it writes memory one of them covers, and before a call
+//! returns, it settles each: consumed already, or copied into its slot (materialized) when
+//! the receiver has not started, or awaited when the receiver is reading it right now (see
+//! [`crate::arena`]). So a send still never waits for its receiver, and the caller's
+//! buffers are never read after the call returns.
+//!
 //! # Chunks, elements and segments
 //!
 //! A call of `N` elements is replayed in one or more *segments*. Rank-blocked collectives

@@ -11,6 +11,26 @@
 //! place or out of place, blocking ([`Communicator::run`] and the named methods) or not
 //! ([`Communicator::start`]).
 //!
+//! ```
+//! use hccl_executor::{ReduceOp, ThreadGroup, fallback};
+//!
+//! // Two ranks in this process, each driven by its own thread.
+//! let comms = ThreadGroup::new(fallback::plan(2), 2)?;
+//! std::thread::scope(|s| {
+//!     for mut comm in comms {
+//!         s.spawn(move || {
+//!             let mut grads = vec![comm.rank() as f32 + 1.0; 1000];
+//!             comm.all_reduce_in_place(&mut grads, ReduceOp::Sum).unwrap();
+//!             assert!(grads.iter().all(|&g| g == 3.0));
+//!         });
+//!     }
+//! });
+//! # Ok::<(), hccl_executor::ExecError>(())
+//! ```
+//!
+//! Processes use [`ProcessGroup::init`] instead (rank, world size and rendezvous from the
+//! launcher's environment); everything else is the same.
+//!
 //! # Design
 //!
 //! - [`engine`] is the replay engine shared by all backends: how streams map to threads, how
