@@ -189,17 +189,28 @@ struct Call {
 // until the call completes (borrowed for the blocking call, owned by the request otherwise).
 unsafe impl Send for Call {}
 
+/// The entry for a call: one whose size range covers `bytes` (preferring the requested
+/// placement); failing that, the entry of the collective whose range lies nearest (a
+/// schedule is correct at any size; ranges only say where it is fastest).
 fn lookup(entries: &[Entry], coll: Collective, bytes: u64, in_place: bool) -> Option<usize> {
-    let mut first = None;
+    let mut best: Option<(u64, bool, usize)> = None;
     for (i, e) in entries.iter().enumerate() {
-        if e.collective == coll && e.covers(bytes) {
-            if e.in_place == in_place {
-                return Some(i);
-            }
-            first.get_or_insert(i);
+        if e.collective != coll {
+            continue;
+        }
+        let distance = if e.covers(bytes) {
+            0
+        } else if bytes < e.min_bytes {
+            e.min_bytes - bytes
+        } else {
+            bytes - e.max_bytes.unwrap_or(u64::MAX).saturating_sub(1)
+        };
+        let key = (distance, e.in_place != in_place, i);
+        if best.is_none_or(|b| key < b) {
+            best = Some(key);
         }
     }
-    first
+    best.map(|(_, _, i)| i)
 }
 
 /// Runs one call on `rank`. Errors leave the caller's output undefined but reported.

@@ -360,3 +360,40 @@ fn single_copy_with_late_ranks() {
     let errors = errors.into_inner().unwrap();
     assert!(errors.is_empty(), "{errors:#?}");
 }
+
+/// `HCCL_ALGO` restricts the entries used; sizes outside the remaining entries' ranges use
+/// the nearest one (and still compute the right result).
+#[test]
+fn algorithm_filter_and_nearest_entry() {
+    for algo in ["ring", "allpairs"] {
+        let cfg = Config {
+            algo: Some(algo.to_string()),
+            ..config()
+        };
+        let comms = ThreadGroup::with_config(fallback::plan(2), 2, cfg).unwrap();
+        for bytes in [8u64, 1 << 20] {
+            let info = comms[0]
+                .entry_for(Collective::AllReduce, bytes, false)
+                .unwrap();
+            assert_eq!(info.algorithm, algo, "{bytes} bytes");
+        }
+        let cases: Vec<Case> = [2usize, 70_000]
+            .into_iter()
+            .map(|count| Case {
+                collective: Collective::AllReduce,
+                dtype: DataType::I32,
+                op: ReduceOp::Sum,
+                in_place: false,
+                count,
+                seed: 3,
+            })
+            .collect();
+        drop(comms);
+        let cfg = Config {
+            algo: Some(algo.to_string()),
+            ..config()
+        };
+        let errors = run_cases(fallback::plan(2), 2, cfg, &cases);
+        assert!(errors.is_empty(), "{algo}: {errors:#?}");
+    }
+}
