@@ -247,10 +247,7 @@ fn bandwidth_bound(network: &Network, collective: Collective, m: f64) -> f64 {
                 .max(time_us(out_bytes, cut.cap_out))
                 .max(time_us(in_bytes, cut.cap_in));
         }
-        if collective == Collective::AllReduce {
-            let total = 2.0 * (f64::from(n) - 1.0) * m;
-            best = best.max(time_us(total, caps.gossip));
-        }
+        best = best.max(time_us(received_bytes(collective, n, m), caps.gossip));
     }
     if collective == Collective::AllReduce {
         // Gossip bound: 2(N-1)·M bytes enter (and leave) devices in total.
@@ -537,7 +534,8 @@ fn eccentricity(network: &Network, src: u32, reverse: bool) -> f64 {
 // NIC that leads nowhere on a single host) is in no cover; a link every cross-group route
 // shares (the PCIe bridge between two HCCS meshes, a QPI link) is a cheap one.
 // The same argument over all routes bounds the total rate at which devices can receive,
-// which the AllReduce gossip bound divides `2(N−1)·M` by.
+// which the bytes every schedule must deliver (`received_bytes`: `2(N−1)·M` for AllReduce,
+// `(N−1)·M` otherwise) are divided by.
 // ---------------------------------------------------------------------------------------
 
 /// Route-aware cut bounds are computed up to this many ranks.
@@ -770,6 +768,18 @@ fn route_tree(network: &Network, src: u32, through_devices: bool) -> Vec<Option<
             Some(resources)
         })
         .collect()
+}
+
+/// Bytes that devices must receive in total, whatever the schedule: every rank receives the
+/// `(N−1)/N·M` it lacks (AllGather, AllToAll), every non-root the whole buffer (Broadcast),
+/// and without in-network reduction every element of a reduction needs `N−1` transmissions
+/// (each merges two partial values: ReduceScatter, Reduce), `2(N−1)` for AllReduce.
+fn received_bytes(collective: Collective, n: u32, m: f64) -> f64 {
+    let others = f64::from(n.saturating_sub(1));
+    match collective {
+        Collective::AllReduce => 2.0 * others * m,
+        _ => others * m,
+    }
 }
 
 /// Capacity of a greedy cover of `routes` (each a resource list): repeatedly takes the

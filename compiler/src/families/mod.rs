@@ -1,5 +1,6 @@
 //! Schedule families: generators that turn a topology and a collective into candidate
-//! schedules (ring, double ring, trees, hybrid cube, mesh, hierarchical, AllToAll variants).
+//! schedules (ring, double ring, trees, hybrid cube, mesh, hierarchical, link groups,
+//! AllToAll variants).
 //!
 //! Interface shared with the search ([`crate::search`]): every family implements [`Family`];
 //! [`all_families`] is the registry the search enumerates. Candidates from outside the
@@ -11,12 +12,14 @@ use hccl_topologies::Topology;
 
 pub mod common;
 pub mod cube;
+pub mod groups;
 pub mod hier;
 pub mod mesh;
 pub mod ring;
 pub mod tree;
 
 pub use cube::HybridCube;
+pub use groups::Groups;
 pub use hier::Hierarchical;
 pub use mesh::{Bruck, Mesh, Pairwise, TwoPhase};
 pub use ring::{DoubleRing, Ring};
@@ -69,6 +72,7 @@ pub fn all_families() -> Vec<Box<dyn Family>> {
         Box::new(HybridCube),
         Box::new(Mesh),
         Box::new(Hierarchical),
+        Box::new(Groups),
         Box::new(Pairwise),
         Box::new(Bruck),
         Box::new(TwoPhase),
@@ -92,6 +96,7 @@ pub fn generate_with(
         "hybrid_cube" => HybridCube.schedules(topo, collective, params, in_place),
         "mesh" => Mesh.schedules(topo, collective, params, in_place),
         "hierarchical" => Hierarchical.schedules(topo, collective, params, in_place),
+        "groups" => Groups.schedules(topo, collective, params, in_place),
         "pairwise" => Pairwise.schedules(topo, collective, params, in_place),
         "bruck" => Bruck.schedules(topo, collective, params, in_place),
         "two_phase" => TwoPhase.schedules(topo, collective, params, in_place),

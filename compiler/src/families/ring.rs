@@ -4,7 +4,8 @@
 //! from / to the root along the ring.
 
 use super::common::{
-    Run, candidate, grid, ring_all_gather, ring_orders, ring_reduce_scatter, rotate_to, single_rank,
+    Run, candidate, direct_bw, grid, ring_all_gather, ring_orders, ring_reduce_scatter, rotate_to,
+    single_rank,
 };
 use super::{Candidate, Family, FamilyParams};
 use crate::builder::ScheduleBuilder;
@@ -13,6 +14,164 @@ use hccl_topologies::Topology;
 
 /// Most chunks a ring schedule may use (bounds plan size for large rank counts).
 const MAX_RING_CHUNKS: u32 = 4096;
+/// Link-disjoint ring packings are searched exhaustively up to this many ranks.
+const MAX_PACKING_RANKS: usize = 10;
+/// Search budget (DFS expansions) for enumerating Hamiltonian cycles and packing them.
+const PACKING_BUDGET: u32 = 400_000;
+
+/// Parallel physical links between every pair of ranks joined by a direct device link
+/// (`count` of the topology link; 0 without one), and the per-link bandwidth.
+fn link_units(topo: &Topology) -> (Vec<Vec<u32>>, Vec<Vec<f64>>) {
+    let n = topo.nranks() as usize;
+    let mut units = vec![vec![0u32; n]; n];
+    let mut bw = vec![vec![0.0f64; n]; n];
+    for a in 0..n {
+        for b in 0..n {
+            if a == b {
+                continue;
+            }
+            if let Some(e) = topo.direct_edge(a as Rank, b as Rank) {
+                let w = &topo.graph[e];
+                units[a][b] = w.count.max(1);
+                bw[a][b] = direct_bw(topo, a as Rank, b as Rank) / f64::from(w.count.max(1));
+            }
+        }
+    }
+    (units, bw)
+}
+
+/// Every undirected Hamiltonian cycle over direct links (starting at rank 0, second rank
+/// below the last), within the budget.
+fn hamiltonian_cycles(units: &[Vec<u32>], budget: &mut u32) -> Vec<Vec<Rank>> {
+    let n = units.len();
+    let mut out = Vec::new();
+    let mut path = vec![0usize];
+    let mut on = vec![false; n];
+    on[0] = true;
+    fn dfs(
+        units: &[Vec<u32>],
+        path: &mut Vec<usize>,
+        on: &mut [bool],
+        out: &mut Vec<Vec<Rank>>,
+        budget: &mut u32,
+    ) {
+        let n = units.len();
+        let last = *path.last().unwrap_or(&0);
+        if path.len() == n {
+            if units[last][0] > 0 && path[1] < last {
+                out.push(path.iter().map(|&r| r as Rank).collect());
+            }
+            return;
+        }
+        for next in 0..n {
+            if on[next] || units[last][next] == 0 || *budget == 0 {
+                continue;
+            }
+            *budget -= 1;
+            on[next] = true;
+            path.push(next);
+            dfs(units, path, on, out, budget);
+            path.pop();
+            on[next] = false;
+        }
+    }
+    dfs(units, &mut path, &mut on, &mut out, budget);
+    out
+}
+
+/// The largest set of undirected Hamiltonian cycles that together use every pair's parallel
+/// links at most `count` times (a cycle uses one link of each pair it joins), preferring
+/// cycles whose slowest link is fastest. Deterministic; bounded search.
+fn cycle_packing(topo: &Topology) -> Vec<Vec<Rank>> {
+    let n = topo.nranks() as usize;
+    if !(3..=MAX_PACKING_RANKS).contains(&n) {
+        return Vec::new();
+    }
+    let (units, bw) = link_units(topo);
+    let mut budget = PACKING_BUDGET;
+    let mut cycles = hamiltonian_cycles(&units, &mut budget);
+    let slowest = |c: &Vec<Rank>| {
+        (0..n)
+            .map(|i| bw[c[i] as usize][c[(i + 1) % n] as usize])
+            .fold(f64::INFINITY, f64::min)
+    };
+    cycles.sort_by(|a, b| slowest(b).total_cmp(&slowest(a)));
+    // Upper limit on the packing: every rank's links / 2.
+    let limit = (0..n)
+        .map(|a| units[a].iter().sum::<u32>() / 2)
+        .min()
+        .unwrap_or(0) as usize;
+    let mut best: Vec<usize> = Vec::new();
+    let mut chosen: Vec<usize> = Vec::new();
+    let mut left = units.clone();
+    fn pack(
+        i: usize,
+        cycles: &[Vec<Rank>],
+        left: &mut Vec<Vec<u32>>,
+        chosen: &mut Vec<usize>,
+        best: &mut Vec<usize>,
+        limit: usize,
+        budget: &mut u32,
+    ) {
+        if chosen.len() > best.len() {
+            *best = chosen.clone();
+        }
+        if best.len() >= limit || *budget == 0 {
+            return;
+        }
+        let n = left.len();
+        for j in i..cycles.len() {
+            if best.len() >= limit || *budget == 0 {
+                return;
+            }
+            *budget -= 1;
+            let c = &cycles[j];
+            let fits = (0..n).all(|k| left[c[k] as usize][c[(k + 1) % n] as usize] > 0);
+            if !fits {
+                continue;
+            }
+            for k in 0..n {
+                let (a, b) = (c[k] as usize, c[(k + 1) % n] as usize);
+                left[a][b] -= 1;
+                left[b][a] -= 1;
+            }
+            chosen.push(j);
+            pack(j + 1, cycles, left, chosen, best, limit, budget);
+            chosen.pop();
+            for k in 0..n {
+                let (a, b) = (c[k] as usize, c[(k + 1) % n] as usize);
+                left[a][b] += 1;
+                left[b][a] += 1;
+            }
+        }
+    }
+    pack(0, &cycles, &mut left, &mut chosen, &mut best, limit, &mut budget);
+    best.into_iter().map(|j| cycles[j].clone()).collect()
+}
+
+/// Directed rings for `want` channels: every cycle of the link packing in both directions
+/// (so each physical link carries one ring per direction), repeated when more channels are
+/// asked for; the edge-disjoint rings of [`ring_orders`] when no packing exists.
+pub fn link_rings(topo: &Topology, want: usize) -> Vec<Vec<Rank>> {
+    let cycles = cycle_packing(topo);
+    if cycles.is_empty() {
+        return ring_orders(topo, want);
+    }
+    let mut directed = Vec::new();
+    for c in &cycles {
+        let mut rev = c.clone();
+        rev[1..].reverse();
+        directed.push(c.clone());
+        directed.push(rev);
+    }
+    let found = directed.len();
+    (0..want.max(1)).map(|i| directed[i % found].clone()).collect()
+}
+
+/// Directed rings a full packing gives (0 without one).
+fn packed_rings(topo: &Topology) -> u32 {
+    2 * cycle_packing(topo).len() as u32
+}
 
 /// Generates ring schedules over the given rings (one per channel). Every ring carries an
 /// equal share of the data, cut into `pipeline` pieces.
@@ -135,6 +294,12 @@ fn chains(b: &mut ScheduleBuilder, rings: &[Vec<Rank>], root: Rank, pp: u32) {
 
 fn ring_params(topo: &Topology, collective: Collective, channels: &[u32]) -> Vec<FamilyParams> {
     let n = topo.nranks().max(1);
+    let packed = packed_rings(topo);
+    let mut channels = channels.to_vec();
+    if packed > 0 && !channels.contains(&packed) {
+        channels.push(packed);
+    }
+    let channels = channels.as_slice();
     match collective.kind() {
         CollectiveKind::Broadcast | CollectiveKind::Reduce => {
             grid(channels, &[1, 2, 4, 8], 1, MAX_RING_CHUNKS)
@@ -156,7 +321,7 @@ impl Ring {
         params: FamilyParams,
         in_place: bool,
     ) -> Vec<Candidate> {
-        let rings = ring_orders(topo, params.channels.max(1) as usize);
+        let rings = link_rings(topo, params.channels.max(1) as usize);
         ring_schedule(self.name(), &rings, collective, params, in_place)
     }
 }
