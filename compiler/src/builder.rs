@@ -9,7 +9,10 @@
 //!    `(peer, channel)` share one stream (the IR rule), and ops joined by a fused op share
 //!    one stream — otherwise connections get streams of their own, for concurrency;
 //! 3. derives cross-stream dependencies from read/write hazards (RAW, WAR, WAW) on
-//!    `(rank, chunk)`, honouring in-place buffer aliasing.
+//!    `(rank, chunk)`, honouring in-place buffer aliasing;
+//! 4. turns every [`ScheduleBuilder::fence`] that follows some op into a `Nop` step of one
+//!    fence stream that waits for the streams used since the previous fence; later steps
+//!    wait for that `Nop` (one dependency each, so fenced rounds stay linear in size).
 //!
 //! The order in which ops are recorded is the program order of each rank, so write ops
 //! step-major (all ranks' step 0, then step 1, …) to get pipelined schedules.
@@ -546,15 +549,18 @@ fn fuse(list: Vec<BOp>, space: &AddrSpace) -> Vec<BOp> {
     let mut out: Vec<Option<BOp>> = list.into_iter().map(Some).collect();
     // Candidate receive op covering each address.
     let mut cover: Vec<u32> = vec![u32::MAX; space.len as usize];
-    // Whether a candidate's stored data is still intact.
+    // Whether a candidate's stored data is still intact, and the fence epoch it was made
+    // valid in (a fence invalidates every candidate by starting a new epoch).
     let mut valid: Vec<bool> = vec![false; n];
+    let mut valid_epoch: Vec<u32> = vec![0; n];
+    let mut epoch = 0u32;
     // Last op index that sent on each (peer, channel).
     let mut last_send: HashMap<(Rank, u32), usize> = HashMap::new();
     let mut any = false;
     for i in 0..n {
         let Some(b) = out[i] else { continue };
         if b.channel == FENCE {
-            valid.fill(false);
+            epoch += 1;
             continue;
         }
         // A plain send that forwards exactly what a candidate receive stored.
@@ -563,7 +569,7 @@ fn fuse(list: Vec<BOp>, space: &AddrSpace) -> Vec<BOp> {
             let cand = cover.get(a as usize).copied().unwrap_or(u32::MAX);
             if cand != u32::MAX {
                 let j = cand as usize;
-                if let (Some(x), true) = (out[j], valid[j]) {
+                if let (Some(x), true) = (out[j], valid[j] && valid_epoch[j] == epoch) {
                     let dst_ok = x.op.dst().map(|d| space.addr(d)) == Some(a);
                     let conn_ok = last_send.get(&(to, b.channel)).is_none_or(|&k| k < j);
                     if dst_ok && x.count == b.count && x.channel == b.channel && conn_ok {
@@ -597,6 +603,7 @@ fn fuse(list: Vec<BOp>, space: &AddrSpace) -> Vec<BOp> {
             }
             if matches!(b.op, Op::Recv { .. } | Op::RecvReduceCopy { .. }) {
                 valid[i] = true;
+                valid_epoch[i] = epoch;
                 for k in a..a + c {
                     cover[k as usize] = i as u32;
                 }
@@ -677,12 +684,25 @@ fn assign_streams(list: &[BOp], space: &AddrSpace) -> Vec<Stream> {
     // Group keys: component root for comm ops; usize::MAX - channel for local streams.
     let mut comp_group: HashMap<usize, usize> = HashMap::new();
     let mut groups: Vec<(u32, usize)> = Vec::new(); // (channel, first op)
+    // Fences that follow some op become `Nop` steps of one fence stream (on channel 0).
+    let mut fence_group: Option<usize> = None;
+    let mut since_fence = false;
     for (i, b) in list.iter().enumerate() {
         let (reads, write) = reads_writes(b, space);
         if b.channel == FENCE {
-            group_of_op.push(usize::MAX);
+            let g = if since_fence {
+                *fence_group.get_or_insert_with(|| {
+                    groups.push((0, i));
+                    groups.len() - 1
+                })
+            } else {
+                usize::MAX
+            };
+            since_fence = false;
+            group_of_op.push(g);
             continue;
         }
+        since_fence = true;
         let g = match op_node[i] {
             Some(node) => {
                 let root = find(&mut parent, node);
@@ -732,20 +752,45 @@ fn assign_streams(list: &[BOp], space: &AddrSpace) -> Vec<Stream> {
     let mut writer: Vec<Option<(u32, u32)>> = vec![None; space.len as usize];
     let mut readers: Vec<Vec<(u32, u32)>> = vec![Vec::new(); space.len as usize];
     let mut waited: Vec<HashMap<u32, u32>> = vec![HashMap::new(); streams.len()];
-    let mut fences: Vec<Vec<(u32, u32)>> = Vec::new();
-    let mut applied: Vec<usize> = vec![0; streams.len()];
+    // The latest fence's `Nop` step, and the streams that got steps since it.
+    let mut fence: Option<(u32, u32)> = None;
+    let mut touched: Vec<u32> = Vec::new();
+    let mut is_touched: Vec<bool> = vec![false; streams.len()];
     for (i, b) in list.iter().enumerate() {
         if b.channel == FENCE {
-            let snapshot = streams
+            // The `Nop` waits for the last step of every stream used since the previous
+            // fence (earlier steps are covered through that fence's `Nop`).
+            let Some(&g) = group_of_op.get(i).filter(|&&g| g != usize::MAX) else {
+                continue;
+            };
+            let sid = stream_id[g];
+            let mut deps: Vec<Dep> = touched
                 .iter()
-                .enumerate()
-                .filter(|(_, s)| !s.steps.is_empty())
-                .map(|(sid, s)| (sid as u32, s.steps.len() as u32 - 1))
+                .filter(|&&s| s != sid)
+                .map(|&s| Dep {
+                    stream: s,
+                    step: streams[s as usize].steps.len() as u32 - 1,
+                })
                 .collect();
-            fences.push(snapshot);
+            deps.sort_unstable();
+            for &s in &touched {
+                is_touched[s as usize] = false;
+            }
+            touched.clear();
+            let step = streams[sid as usize].steps.len() as u32;
+            streams[sid as usize].steps.push(Step {
+                op: Op::Nop,
+                count: 0,
+                deps,
+            });
+            fence = Some((sid, step));
             continue;
         }
         let sid = stream_id[group_of_op[i]];
+        if !is_touched[sid as usize] {
+            is_touched[sid as usize] = true;
+            touched.push(sid);
+        }
         let step = streams[sid as usize].steps.len() as u32;
         let mut need: BTreeMap<u32, u32> = BTreeMap::new();
         let mut want = |d: (u32, u32)| {
@@ -754,12 +799,9 @@ fn assign_streams(list: &[BOp], space: &AddrSpace) -> Vec<Stream> {
                 *e = (*e).max(d.1);
             }
         };
-        for fence in &fences[applied[sid as usize]..] {
-            for &d in fence {
-                want(d);
-            }
+        if let Some(f) = fence {
+            want(f);
         }
-        applied[sid as usize] = fences.len();
         let (reads, write) = reads_writes(b, space);
         for (a, c) in reads.iter().flatten() {
             for k in *a..a + c {
