@@ -10,7 +10,8 @@ fn main() {
     let n = *args.first().unwrap_or(&2) as u32;
     let elems = *args.get(1).unwrap_or(&2);
     let iters = *args.get(2).unwrap_or(&10000);
-    let comms = ThreadGroup::with_config(fallback::plan(n), n, Config::default()).unwrap();
+    let comms =
+        ThreadGroup::with_config(fallback::plan(n), n, Config::from_env().unwrap()).unwrap();
     let t = std::thread::scope(|s| {
         let hs: Vec<_> = comms
             .into_iter()
