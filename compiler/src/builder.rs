@@ -43,7 +43,8 @@
 //! ```
 
 use hccl_ir::{Buf, Collective, Dep, Loc, Op, Rank, RankProgram, Schedule, Step, Stream};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use thiserror::Error;
 
 /// Why a builder could not produce a schedule. Op indices count the ops recorded on the rank.
@@ -80,6 +81,43 @@ pub enum BuildError {
     #[error("op #{index} on rank {rank}: sends to or receives from itself")]
     SelfPeer { rank: Rank, index: usize },
 }
+
+/// A small, fast, deterministic hasher for the builder's integer-keyed maps (the `FxHash`
+/// mixing step); the default SipHash dominated generation time on large schedules.
+#[derive(Debug, Default, Clone, Copy)]
+struct FxHasher(u64);
+
+impl FxHasher {
+    fn add(&mut self, w: u64) {
+        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+impl Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.add(u64::from(b));
+        }
+    }
+    fn write_u8(&mut self, i: u8) {
+        self.add(u64::from(i));
+    }
+    fn write_u32(&mut self, i: u32) {
+        self.add(u64::from(i));
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A hash map with [`FxHasher`].
+type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
 /// Channel marker of a fence (a `Nop` that is not emitted).
 const FENCE: u32 = u32::MAX;
@@ -477,18 +515,36 @@ impl ScheduleBuilder {
                 },
             )?;
         let ops = std::mem::take(&mut self.ops);
+        let mut bufs = Buffers::default();
         for (r, mut list) in ops.into_iter().enumerate() {
             let space = AddrSpace::new(&self, r as Rank);
             if self.fusion {
-                list = fuse(list, &space);
+                list = fuse(list, &space, &mut bufs);
             }
             schedule.ranks[r] = RankProgram {
                 scratch_chunks: self.scratch[r],
-                streams: assign_streams(&list, &space),
+                streams: assign_streams(&list, &space, &mut bufs),
             };
         }
         Ok(schedule)
     }
+}
+
+/// Per-address work arrays, reused from rank to rank (allocating them per rank dominated
+/// the build time of large schedules).
+#[derive(Debug, Default)]
+struct Buffers {
+    cover: Vec<u32>,
+    live: Vec<bool>,
+    last_writer_stream: Vec<u32>,
+    writer: Vec<Option<(u32, u32)>>,
+    readers: Vec<Vec<(u32, u32)>>,
+}
+
+/// Clears `v` and fills it with `len` copies of `val`, keeping its allocation.
+fn reset<T: Clone>(v: &mut Vec<T>, len: u32, val: T) {
+    v.clear();
+    v.resize(len as usize, val);
 }
 
 /// Canonical per-rank chunk addresses with in-place aliasing resolved.
@@ -544,18 +600,19 @@ fn reads_writes(b: &BOp, space: &AddrSpace) -> ([Option<Range>; 2], Option<Range
 }
 
 /// The fusion pass over one rank's ops (see the module docs).
-fn fuse(list: Vec<BOp>, space: &AddrSpace) -> Vec<BOp> {
+fn fuse(list: Vec<BOp>, space: &AddrSpace, bufs: &mut Buffers) -> Vec<BOp> {
     let n = list.len();
     let mut out: Vec<Option<BOp>> = list.into_iter().map(Some).collect();
     // Candidate receive op covering each address.
-    let mut cover: Vec<u32> = vec![u32::MAX; space.len as usize];
+    let cover = &mut bufs.cover;
+    reset(cover, space.len, u32::MAX);
     // Whether a candidate's stored data is still intact, and the fence epoch it was made
     // valid in (a fence invalidates every candidate by starting a new epoch).
     let mut valid: Vec<bool> = vec![false; n];
     let mut valid_epoch: Vec<u32> = vec![0; n];
     let mut epoch = 0u32;
     // Last op index that sent on each (peer, channel).
-    let mut last_send: HashMap<(Rank, u32), usize> = HashMap::new();
+    let mut last_send: FastMap<(Rank, u32), usize> = FastMap::default();
     let mut any = false;
     for i in 0..n {
         let Some(b) = out[i] else { continue };
@@ -619,7 +676,9 @@ fn fuse(list: Vec<BOp>, space: &AddrSpace) -> Vec<BOp> {
     }
     // Backward liveness: a stored result nobody reads again need not be stored.
     // live[a]: the value at a is read before being overwritten (or survives to the end).
-    let mut live: Vec<bool> = (0..space.len).map(|a| !space.is_scratch(a)).collect();
+    let live = &mut bufs.live;
+    live.clear();
+    live.extend((0..space.len).map(|a| !space.is_scratch(a)));
     for b in list.iter_mut().rev() {
         if let Op::RecvReduceCopySend { from, to, src, dst } = b.op {
             let d = space.addr(dst);
@@ -652,9 +711,9 @@ fn find(parent: &mut [usize], mut x: usize) -> usize {
 }
 
 /// Assigns one rank's ops to streams and adds cross-stream hazard dependencies.
-fn assign_streams(list: &[BOp], space: &AddrSpace) -> Vec<Stream> {
+fn assign_streams(list: &[BOp], space: &AddrSpace, bufs: &mut Buffers) -> Vec<Stream> {
     // Connection directions: (is_send, peer, channel) → union-find node.
-    let mut conn: HashMap<(bool, Rank, u32), usize> = HashMap::new();
+    let mut conn: FastMap<(bool, Rank, u32), usize> = FastMap::default();
     let mut parent: Vec<usize> = Vec::new();
     let mut node_of = |key: (bool, Rank, u32), parent: &mut Vec<usize>| -> usize {
         *conn.entry(key).or_insert_with(|| {
@@ -679,10 +738,11 @@ fn assign_streams(list: &[BOp], space: &AddrSpace) -> Vec<Stream> {
         op_node[i] = s.or(r);
     }
     // Stream ids: components and per-channel local streams, ordered by (channel, first op).
-    let mut last_writer_stream: Vec<u32> = vec![u32::MAX; space.len as usize];
+    let last_writer_stream = &mut bufs.last_writer_stream;
+    reset(last_writer_stream, space.len, u32::MAX);
     let mut group_of_op: Vec<usize> = Vec::with_capacity(list.len());
     // Group keys: component root for comm ops; usize::MAX - channel for local streams.
-    let mut comp_group: HashMap<usize, usize> = HashMap::new();
+    let mut comp_group: FastMap<usize, usize> = FastMap::default();
     let mut groups: Vec<(u32, usize)> = Vec::new(); // (channel, first op)
     // Fences that follow some op become `Nop` steps of one fence stream (on channel 0).
     let mut fence_group: Option<usize> = None;
@@ -749,12 +809,20 @@ fn assign_streams(list: &[BOp], space: &AddrSpace) -> Vec<Stream> {
         })
         .collect();
     // Hazards.
-    let mut writer: Vec<Option<(u32, u32)>> = vec![None; space.len as usize];
-    let mut readers: Vec<Vec<(u32, u32)>> = vec![Vec::new(); space.len as usize];
-    let mut waited: Vec<HashMap<u32, u32>> = vec![HashMap::new(); streams.len()];
+    let writer = &mut bufs.writer;
+    reset(writer, space.len, None);
+    let readers = &mut bufs.readers;
+    if readers.len() < space.len as usize {
+        readers.resize_with(space.len as usize, Vec::new);
+    }
+    for r in readers.iter_mut() {
+        r.clear();
+    }
+    let mut waited: Vec<FastMap<u32, u32>> = vec![FastMap::default(); streams.len()];
     // The latest fence's `Nop` step, and the streams that got steps since it.
     let mut fence: Option<(u32, u32)> = None;
     let mut touched: Vec<u32> = Vec::new();
+    let mut need: Vec<(u32, u32)> = Vec::new();
     let mut is_touched: Vec<bool> = vec![false; streams.len()];
     for (i, b) in list.iter().enumerate() {
         if b.channel == FENCE {
@@ -792,11 +860,10 @@ fn assign_streams(list: &[BOp], space: &AddrSpace) -> Vec<Stream> {
             touched.push(sid);
         }
         let step = streams[sid as usize].steps.len() as u32;
-        let mut need: BTreeMap<u32, u32> = BTreeMap::new();
+        need.clear();
         let mut want = |d: (u32, u32)| {
             if d.0 != sid {
-                let e = need.entry(d.0).or_insert(d.1);
-                *e = (*e).max(d.1);
+                need.push(d);
             }
         };
         if let Some(f) = fence {
@@ -820,9 +887,14 @@ fn assign_streams(list: &[BOp], space: &AddrSpace) -> Vec<Stream> {
                 }
             }
         }
+        // The latest step wanted of each other stream, in stream order.
+        need.sort_unstable();
         let mut deps = Vec::new();
         let known = &mut waited[sid as usize];
-        for (s, st) in need {
+        for (i, &(s, st)) in need.iter().enumerate() {
+            if need.get(i + 1).is_some_and(|next| next.0 == s) {
+                continue;
+            }
             if known.get(&s).is_none_or(|&k| k < st) {
                 known.insert(s, st);
                 deps.push(Dep {
@@ -834,10 +906,13 @@ fn assign_streams(list: &[BOp], space: &AddrSpace) -> Vec<Stream> {
         // Record accesses: reads first, then the write supersedes.
         for (a, c) in reads.iter().flatten() {
             for k in *a..a + c {
+                // Repeated reads by one stream update its entry when it is the latest one
+                // (a full search would be quadratic when many streams read one chunk);
+                // duplicates are harmless, the latest step per stream wins above.
                 let rs = &mut readers[k as usize];
-                match rs.iter_mut().find(|e| e.0 == sid) {
-                    Some(e) => e.1 = step,
-                    None => rs.push((sid, step)),
+                match rs.last_mut() {
+                    Some(e) if e.0 == sid => e.1 = step,
+                    _ => rs.push((sid, step)),
                 }
             }
         }
