@@ -128,9 +128,19 @@ impl PlanSource {
     }
 }
 
-/// Loads a plan file or merges a directory of them.
+/// Loads a plan file (RON, or MSCCL XML by its `.xml` extension) or merges a directory of
+/// plan files.
 pub fn load_path(path: &Path) -> Result<PlanFile> {
     if !path.is_dir() {
+        if path
+            .extension()
+            .is_some_and(|x| x.eq_ignore_ascii_case("xml"))
+        {
+            // An MSCCL algorithm: imported (and verified later, like every plan).
+            let imported =
+                hccl_ir::msccl::load_xml(path).map_err(|e| ExecError::Invalid(e.to_string()))?;
+            return Ok(imported.into_plan(&path.display().to_string()));
+        }
         return Ok(PlanFile::load(path)?);
     }
     let dir_err = |message: String| ExecError::PlanDir {

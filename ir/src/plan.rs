@@ -144,6 +144,48 @@ impl PlanFile {
         )
     }
 
+    /// Adds entries for `collective` (a Broadcast or Reduce with its root) derived from the
+    /// entries of another root by [`Schedule::with_root`], when the plan has none for it.
+    /// Returns how many entries were added.
+    pub fn ensure_root(&mut self, collective: Collective) -> usize {
+        let Some(root) = collective.root() else {
+            return 0;
+        };
+        if self
+            .entries
+            .iter()
+            .any(|e| e.schedule.collective == collective)
+        {
+            return 0;
+        }
+        let Some(source_root) = self
+            .entries
+            .iter()
+            .filter(|e| e.schedule.collective.kind() == collective.kind())
+            .filter_map(|e| e.schedule.collective.root())
+            .min()
+        else {
+            return 0;
+        };
+        let derived: Vec<PlanEntry> = self
+            .entries
+            .iter()
+            .filter(|e| {
+                e.schedule.collective.kind() == collective.kind()
+                    && e.schedule.collective.root() == Some(source_root)
+            })
+            .filter_map(|e| {
+                Some(PlanEntry {
+                    schedule: e.schedule.with_root(root)?,
+                    ..e.clone()
+                })
+            })
+            .collect();
+        let added = derived.len();
+        self.entries.extend(derived);
+        added
+    }
+
     /// Serialises to pretty RON. Output is deterministic for equal values.
     pub fn to_ron(&self) -> String {
         let config = ron::ser::PrettyConfig::new()

@@ -463,6 +463,82 @@ impl Schedule {
     }
 }
 
+impl Op {
+    /// The same op with every peer rank mapped through `map`.
+    pub fn map_peers(self, map: impl Fn(Rank) -> Rank) -> Op {
+        match self {
+            Op::Send { to, src } => Op::Send { to: map(to), src },
+            Op::Recv { from, dst } => Op::Recv {
+                from: map(from),
+                dst,
+            },
+            Op::RecvReduceCopy { from, src, dst } => Op::RecvReduceCopy {
+                from: map(from),
+                src,
+                dst,
+            },
+            Op::RecvReduceSend { from, to, src } => Op::RecvReduceSend {
+                from: map(from),
+                to: map(to),
+                src,
+            },
+            Op::RecvReduceCopySend { from, to, src, dst } => Op::RecvReduceCopySend {
+                from: map(from),
+                to: map(to),
+                src,
+                dst,
+            },
+            Op::RecvCopySend { from, to, dst } => Op::RecvCopySend {
+                from: map(from),
+                to: map(to),
+                dst,
+            },
+            Op::Copy { .. } | Op::Reduce { .. } | Op::Nop => self,
+        }
+    }
+}
+
+impl Schedule {
+    /// The same Broadcast or Reduce for another root: ranks `root` and the current root swap
+    /// programs (with every peer renamed), which is correct whenever the original is, since
+    /// only the root's role depends on its number. `None` for collectives without a root.
+    /// On a symmetric topology it is also as fast; elsewhere, compile for that root instead.
+    pub fn with_root(&self, root: Rank) -> Option<Schedule> {
+        let old = self.collective.root()?;
+        if root >= self.nranks {
+            return None;
+        }
+        let swap = |r: Rank| {
+            if r == old {
+                root
+            } else if r == root {
+                old
+            } else {
+                r
+            }
+        };
+        let mut ranks = self.ranks.clone();
+        ranks.swap(old as usize, root as usize);
+        for program in &mut ranks {
+            for stream in &mut program.streams {
+                for step in &mut stream.steps {
+                    step.op = step.op.map_peers(swap);
+                }
+            }
+        }
+        let collective = match self.collective {
+            Collective::Broadcast { .. } => Collective::Broadcast { root },
+            Collective::Reduce { .. } => Collective::Reduce { root },
+            _ => return None,
+        };
+        Some(Schedule {
+            collective,
+            ranks,
+            ..self.clone()
+        })
+    }
+}
+
 /// Where something is in a schedule: the unit every verifier and runtime error names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct StepRef {

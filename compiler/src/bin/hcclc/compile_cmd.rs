@@ -50,22 +50,11 @@ pub struct ExplainArgs {
 
 /// Parses `1024`, `4K`, `16M`, `1G` (powers of 1024).
 pub fn parse_size(text: &str) -> Result<u64, CliError> {
-    let t = text.trim();
-    let (digits, mult) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
-        Some('K') => (&t[..t.len() - 1], 1u64 << 10),
-        Some('M') => (&t[..t.len() - 1], 1 << 20),
-        Some('G') => (&t[..t.len() - 1], 1 << 30),
-        _ => (t, 1),
-    };
-    digits
-        .parse::<u64>()
-        .ok()
-        .and_then(|v| v.checked_mul(mult))
-        .ok_or_else(|| {
-            CliError::Input(format!(
-                "bad size `{text}` (expected e.g. 4096, 64K, 1M, 2G)"
-            ))
-        })
+    hccl_ir::units::parse_bytes(text).ok_or_else(|| {
+        CliError::Input(format!(
+            "bad size `{text}` (expected e.g. 4096, 64K, 1M, 2G)"
+        ))
+    })
 }
 
 /// Parses `MIN..MAX` (or a single size) into the bucket edges, factor 2.
@@ -258,13 +247,7 @@ fn round3(x: f64) -> f64 {
 
 /// Human-readable size: `4K`, `1M`, or bytes.
 pub fn human(bytes: u64) -> String {
-    const UNITS: [(u64, &str); 3] = [(1 << 30, "G"), (1 << 20, "M"), (1 << 10, "K")];
-    for (unit, suffix) in UNITS {
-        if bytes >= unit && bytes.is_multiple_of(unit) {
-            return format!("{}{suffix}", bytes / unit);
-        }
-    }
-    bytes.to_string()
+    hccl_ir::units::format_bytes(bytes)
 }
 
 /// The text table: one block per collective, one line per size.

@@ -1,0 +1,1012 @@
+//! `hccl-perf`: an nccl-tests-style benchmark of the executor.
+//!
+//! ```text
+//! hccl-perf -b 8 -e 256M -f 4 -g 8 -c allreduce -d float -o sum --backend threads|process
+//!           [--plan PLAN|ALGO.xml] [-n ITERS] [-w WARMUP] [-T SECONDS] [--check] [--json]
+//! ```
+//!
+//! Sizes follow nccl-tests: AllReduce, Broadcast, Reduce: the buffer; AllGather: the whole
+//! output; ReduceScatter: the whole input; AllToAll: what one rank sends. Each row shows the
+//! measured time (mean over ranks of each rank's average per call), algbw, busbw, the number
+//! of wrong elements (with `--check`) and the plan's predicted time, so the cost model's error
+//! on this machine is visible.
+//!
+//! Without `--plan` a plan is compiled for this machine: a `host` topology whose per-rank
+//! bandwidth comes from a memory-copy probe. With `--backend process`, `-g N` starts N rank
+//! processes; under a launcher (`mpirun`, torchrun, srun) the rank and world size come from
+//! the environment instead and every process is one rank.
+//!
+//! Exit codes: 0 ok; 1 wrong results or a runtime failure; 2 bad usage or input.
+
+use clap::{Parser, ValueEnum};
+use half::{bf16, f16};
+use hccl::compiler::search;
+use hccl::executor::{
+    Bootstrap, Buffers, Communicator, Config, DataType, Element, ExecError, ProcessGroup, ReduceOp,
+    ThreadGroup,
+};
+use hccl::ir::{Collective, CollectiveKind, PlanFile};
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Backend {
+    /// All ranks as threads of this process.
+    Threads,
+    /// Ranks as processes on this host (shared memory, TCP rendezvous).
+    Process,
+}
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "hccl-perf",
+    version,
+    about = "nccl-tests-style benchmark of hccl's executor (threads or processes)"
+)]
+struct Args {
+    /// Smallest size (bytes; K, M, G are powers of 1024).
+    #[arg(short = 'b', long = "minbytes", default_value = "8", value_parser = parse_size)]
+    min_bytes: u64,
+    /// Largest size.
+    #[arg(short = 'e', long = "maxbytes", default_value = "32M", value_parser = parse_size)]
+    max_bytes: u64,
+    /// Multiplicative step between sizes.
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
+    factor: u64,
+    /// Ranks (threads, or processes started by hccl-perf).
+    #[arg(short = 'g', long = "ranks", default_value_t = 2)]
+    ranks: u32,
+    /// Collective: allreduce, allgather, reducescatter, broadcast, reduce, alltoall.
+    #[arg(short = 'c', long = "collective", default_value = "allreduce")]
+    collective: String,
+    /// Data type (nccl-tests names: float, half, bfloat16, double, int8, uint8, int32, uint32,
+    /// int64, uint64).
+    #[arg(short = 'd', long = "datatype", default_value = "float")]
+    dtype: String,
+    /// Reduction: sum, prod, min, max, avg.
+    #[arg(short = 'o', long = "op", default_value = "sum")]
+    op: String,
+    /// Root of broadcast and reduce.
+    #[arg(short = 'r', long = "root", default_value_t = 0)]
+    root: u32,
+    /// Backend.
+    #[arg(long, value_enum, default_value = "threads")]
+    backend: Backend,
+    /// Plan file (RON) or MSCCL algorithm (XML); default: compiled for this machine.
+    #[arg(long)]
+    plan: Option<PathBuf>,
+    /// Timed iterations per size (ignored when -T is given).
+    #[arg(short = 'n', long = "iters", default_value_t = 20)]
+    iters: u64,
+    /// Warm-up iterations per size.
+    #[arg(short = 'w', long = "warmup", default_value_t = 5)]
+    warmup: u64,
+    /// Time budget per size in seconds: the iteration count is calibrated to fill it.
+    #[arg(short = 'T', long = "target")]
+    target: Option<f64>,
+    /// Run in place (one buffer) instead of out of place.
+    #[arg(long)]
+    in_place: bool,
+    /// Check every result against a sequential reference.
+    #[arg(long)]
+    check: bool,
+    /// Print one JSON document instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_size(text: &str) -> Result<u64, String> {
+    hccl::ir::units::parse_bytes(text).ok_or_else(|| format!("bad size `{text}` (e.g. 8, 64K, 1M)"))
+}
+
+/// A failure, with the exit code it maps to.
+#[derive(Debug)]
+enum Failure {
+    Usage(String),
+    Runtime(String),
+}
+
+impl From<ExecError> for Failure {
+    fn from(err: ExecError) -> Failure {
+        Failure::Runtime(err.to_string())
+    }
+}
+
+/// What one call looks like for a given nominal size.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    /// Bytes in the nccl-tests sense (after rounding to whole elements).
+    bytes: u64,
+    /// Elements of the input and output buffers (in-place: the one buffer is the larger).
+    in_len: usize,
+    out_len: usize,
+    /// The count nccl-tests prints.
+    count: usize,
+}
+
+fn shape(kind: CollectiveKind, nominal: u64, elem: usize, n: u32) -> Shape {
+    let n = n as usize;
+    let total = (nominal as usize / elem).max(1);
+    match kind {
+        CollectiveKind::AllReduce | CollectiveKind::Broadcast | CollectiveKind::Reduce => Shape {
+            bytes: (total * elem) as u64,
+            in_len: total,
+            out_len: total,
+            count: total,
+        },
+        CollectiveKind::AllGather => {
+            let per = (total / n).max(1);
+            Shape {
+                bytes: (per * n * elem) as u64,
+                in_len: per,
+                out_len: per * n,
+                count: per * n,
+            }
+        }
+        CollectiveKind::ReduceScatter => {
+            let per = (total / n).max(1);
+            Shape {
+                bytes: (per * n * elem) as u64,
+                in_len: per * n,
+                out_len: per,
+                count: per * n,
+            }
+        }
+        CollectiveKind::AllToAll => {
+            let per = (total / n).max(1);
+            Shape {
+                bytes: (per * n * elem) as u64,
+                in_len: per * n,
+                out_len: per * n,
+                count: per * n,
+            }
+        }
+    }
+}
+
+/// Test data: small integers, so every reduction order gives the same exact result.
+fn value<T: Element>(op: ReduceOp, rank: u32, index: usize) -> T {
+    let mix = (rank as usize)
+        .wrapping_mul(7)
+        .wrapping_add(index.wrapping_mul(3));
+    match op {
+        ReduceOp::Prod => T::from_i64(1 + i64::from(mix.is_multiple_of(4))),
+        _ => T::from_i64((mix % 5) as i64 + 1),
+    }
+}
+
+fn fold<T: Element>(op: ReduceOp, n: u32, mut item: impl FnMut(u32) -> T) -> T {
+    let mut acc = item(0);
+    for r in 1..n {
+        let x = item(r);
+        acc = match op {
+            ReduceOp::Sum | ReduceOp::Avg => T::add(acc, x),
+            ReduceOp::Prod => T::mul(acc, x),
+            ReduceOp::Min => {
+                if x < acc {
+                    x
+                } else {
+                    acc
+                }
+            }
+            ReduceOp::Max => {
+                if x > acc {
+                    x
+                } else {
+                    acc
+                }
+            }
+        };
+    }
+    if op == ReduceOp::Avg {
+        acc.div_count(n)
+    } else {
+        acc
+    }
+}
+
+/// What rank `rank`'s output element `i` must hold; `None` where nothing is promised.
+fn expected<T: Element>(
+    coll: Collective,
+    op: ReduceOp,
+    n: u32,
+    rank: u32,
+    per: usize,
+    i: usize,
+) -> Option<T> {
+    Some(match coll {
+        Collective::AllReduce => fold(op, n, |r| value(op, r, i)),
+        Collective::Reduce { root } => {
+            if rank != root {
+                return None;
+            }
+            fold(op, n, |r| value(op, r, i))
+        }
+        Collective::Broadcast { root } => value(op, root, i),
+        Collective::AllGather => value(op, (i / per) as u32, i % per),
+        Collective::ReduceScatter => fold(op, n, |r| value(op, r, rank as usize * per + i)),
+        Collective::AllToAll => value(op, (i / per) as u32, rank as usize * per + i % per),
+    })
+}
+
+/// One rank's buffers for one size, filled with test data.
+struct RankBuffers<T> {
+    input: Vec<T>,
+    output: Vec<T>,
+}
+
+fn fill<T: Element>(
+    buffers: &mut RankBuffers<T>,
+    coll: Collective,
+    op: ReduceOp,
+    rank: u32,
+    s: &Shape,
+    in_place: bool,
+) {
+    let n_in = s.in_len;
+    if in_place {
+        // One buffer of the larger extent; the input sits where NCCL puts it.
+        let len = s.in_len.max(s.out_len);
+        buffers.output.clear();
+        buffers.output.resize(len, T::default());
+        let base = match coll.kind() {
+            CollectiveKind::AllGather => rank as usize * n_in,
+            _ => 0,
+        };
+        for i in 0..n_in {
+            buffers.output[base + i] = value(op, rank, i);
+        }
+    } else {
+        buffers.input.clear();
+        buffers
+            .input
+            .extend((0..n_in).map(|i| value::<T>(op, rank, i)));
+        buffers.output.clear();
+        buffers.output.resize(s.out_len, T::default());
+    }
+}
+
+fn call<T: Element>(
+    comm: &mut Communicator,
+    coll: Collective,
+    op: ReduceOp,
+    b: &mut RankBuffers<T>,
+    in_place: bool,
+) -> Result<(), ExecError> {
+    let buffers = if in_place {
+        Buffers::InPlace(&mut b.output)
+    } else {
+        Buffers::OutOfPlace {
+            input: &b.input,
+            output: &mut b.output,
+        }
+    };
+    comm.run(coll, op, buffers)
+}
+
+fn count_wrong<T: Element>(
+    b: &RankBuffers<T>,
+    coll: Collective,
+    op: ReduceOp,
+    n: u32,
+    rank: u32,
+    s: &Shape,
+    in_place: bool,
+) -> u64 {
+    let per = match coll.kind() {
+        CollectiveKind::AllGather => s.in_len,
+        CollectiveKind::ReduceScatter => s.out_len,
+        CollectiveKind::AllToAll => s.in_len / n as usize,
+        _ => s.out_len,
+    };
+    let (data, offset) = match (in_place, coll.kind()) {
+        (true, CollectiveKind::ReduceScatter) => (&b.output[..], rank as usize * s.out_len),
+        _ => (&b.output[..], 0),
+    };
+    let mut wrong = 0;
+    for i in 0..s.out_len {
+        if let Some(want) = expected::<T>(coll, op, n, rank, per, i)
+            && data[offset + i].to_f64().to_bits() != want.to_f64().to_bits()
+            && !(data[offset + i].to_f64().is_nan() && want.to_f64().is_nan())
+        {
+            wrong += 1;
+        }
+    }
+    wrong
+}
+
+/// Synchronisation among the ranks: a barrier that also combines one number (sum and max).
+trait RankSync {
+    /// Contributes `x` and waits for every rank; returns (sum, max) over ranks.
+    fn combine(&mut self, comm: &mut Communicator, x: f64) -> Result<(f64, f64), Failure>;
+    /// Tells the others this rank failed, so nobody waits for it.
+    fn abort(&mut self);
+}
+
+struct Round {
+    arrived: u32,
+    generation: u64,
+    aborted: bool,
+    sum: f64,
+    max: f64,
+    last: (f64, f64),
+}
+
+/// A barrier for the threads backend that a failing rank can break.
+struct ThreadSync {
+    state: Mutex<Round>,
+    cv: Condvar,
+    n: u32,
+}
+
+impl ThreadSync {
+    fn new(n: u32) -> ThreadSync {
+        ThreadSync {
+            state: Mutex::new(Round {
+                arrived: 0,
+                generation: 0,
+                aborted: false,
+                sum: 0.0,
+                max: f64::MIN,
+                last: (0.0, 0.0),
+            }),
+            cv: Condvar::new(),
+            n,
+        }
+    }
+}
+
+impl RankSync for Arc<ThreadSync> {
+    fn combine(&mut self, _comm: &mut Communicator, x: f64) -> Result<(f64, f64), Failure> {
+        let broken = || Failure::Runtime("another rank failed".into());
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.aborted {
+            return Err(broken());
+        }
+        let generation = st.generation;
+        st.sum += x;
+        st.max = st.max.max(x);
+        st.arrived += 1;
+        if st.arrived == self.n {
+            st.last = (st.sum, st.max);
+            st.arrived = 0;
+            st.sum = 0.0;
+            st.max = f64::MIN;
+            st.generation += 1;
+            self.cv.notify_all();
+            return Ok(st.last);
+        }
+        while st.generation == generation && !st.aborted {
+            st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        if st.generation == generation {
+            return Err(broken());
+        }
+        Ok(st.last)
+    }
+
+    fn abort(&mut self) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.aborted = true;
+        self.cv.notify_all();
+    }
+}
+
+/// Across processes the communicator itself synchronises: two small AllReduces.
+struct CommSync;
+
+impl RankSync for CommSync {
+    fn combine(&mut self, comm: &mut Communicator, x: f64) -> Result<(f64, f64), Failure> {
+        let mut v = [x];
+        comm.run(
+            Collective::AllReduce,
+            ReduceOp::Sum,
+            Buffers::InPlace(&mut v),
+        )?;
+        let mut m = [x];
+        comm.run(
+            Collective::AllReduce,
+            ReduceOp::Max,
+            Buffers::InPlace(&mut m),
+        )?;
+        Ok((v[0], m[0]))
+    }
+
+    fn abort(&mut self) {}
+}
+
+/// One measured row.
+#[derive(Debug, Clone)]
+struct Row {
+    shape: Shape,
+    iters: u64,
+    time_us: f64,
+    time_max_us: f64,
+    wrong: Option<u64>,
+}
+
+/// Everything a rank needs to run the sweep.
+struct Sweep {
+    coll: Collective,
+    op: ReduceOp,
+    dtype: DataType,
+    sizes: Vec<u64>,
+    args: Args,
+    n: u32,
+}
+
+/// Runs the whole sweep on one rank; returns the rows (identical on every rank).
+fn sweep<T: Element>(
+    sw: &Sweep,
+    rank: u32,
+    comm: &mut Communicator,
+    sync: &mut dyn RankSync,
+    mut on_row: impl FnMut(&Row),
+) -> Result<Vec<Row>, Failure> {
+    let mut rows = Vec::new();
+    let mut b = RankBuffers::<T> {
+        input: Vec::new(),
+        output: Vec::new(),
+    };
+    let in_place = sw.args.in_place;
+    for &nominal in &sw.sizes {
+        let s = shape(sw.coll.kind(), nominal, sw.dtype.size(), sw.n);
+        fill(&mut b, sw.coll, sw.op, rank, &s, in_place);
+        for _ in 0..sw.args.warmup {
+            call(comm, sw.coll, sw.op, &mut b, in_place)?;
+        }
+        // Iteration count: fixed, or calibrated to the time budget (agreed on by all ranks).
+        let iters = match sw.args.target {
+            None => sw.args.iters.max(1),
+            Some(target) => {
+                sync.combine(comm, 0.0)?;
+                let probe = 3;
+                let start = Instant::now();
+                for _ in 0..probe {
+                    call(comm, sw.coll, sw.op, &mut b, in_place)?;
+                }
+                let per_call = start.elapsed().as_secs_f64() / probe as f64;
+                let (_, slowest) = sync.combine(comm, per_call)?;
+                ((target / slowest.max(1e-9)).ceil() as u64).clamp(1, 10_000_000)
+            }
+        };
+        sync.combine(comm, 0.0)?;
+        let start = Instant::now();
+        for _ in 0..iters {
+            call(comm, sw.coll, sw.op, &mut b, in_place)?;
+        }
+        let mine = start.elapsed().as_secs_f64() / iters as f64;
+        let (sum, max) = sync.combine(comm, mine)?;
+        let wrong = if sw.args.check {
+            fill(&mut b, sw.coll, sw.op, rank, &s, in_place);
+            call(comm, sw.coll, sw.op, &mut b, in_place)?;
+            let local = count_wrong(&b, sw.coll, sw.op, sw.n, rank, &s, in_place);
+            let (total, _) = sync.combine(comm, local as f64)?;
+            Some(total as u64)
+        } else {
+            None
+        };
+        let row = Row {
+            shape: s,
+            iters,
+            time_us: sum / f64::from(sw.n) * 1e6,
+            time_max_us: max * 1e6,
+            wrong,
+        };
+        on_row(&row);
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+fn run_typed<T: Element>(
+    sw: &Sweep,
+    rank: u32,
+    comm: &mut Communicator,
+    sync: &mut dyn RankSync,
+    on_row: impl FnMut(&Row),
+) -> Result<Vec<Row>, Failure> {
+    let res = sweep::<T>(sw, rank, comm, sync, on_row);
+    if res.is_err() {
+        sync.abort();
+        comm.abort();
+    }
+    res
+}
+
+fn dispatch(
+    sw: &Sweep,
+    rank: u32,
+    comm: &mut Communicator,
+    sync: &mut dyn RankSync,
+    on_row: impl FnMut(&Row),
+) -> Result<Vec<Row>, Failure> {
+    match sw.dtype {
+        DataType::F32 => run_typed::<f32>(sw, rank, comm, sync, on_row),
+        DataType::F64 => run_typed::<f64>(sw, rank, comm, sync, on_row),
+        DataType::F16 => run_typed::<f16>(sw, rank, comm, sync, on_row),
+        DataType::BF16 => run_typed::<bf16>(sw, rank, comm, sync, on_row),
+        DataType::I8 => run_typed::<i8>(sw, rank, comm, sync, on_row),
+        DataType::U8 => run_typed::<u8>(sw, rank, comm, sync, on_row),
+        DataType::I32 => run_typed::<i32>(sw, rank, comm, sync, on_row),
+        DataType::U32 => run_typed::<u32>(sw, rank, comm, sync, on_row),
+        DataType::I64 => run_typed::<i64>(sw, rank, comm, sync, on_row),
+        DataType::U64 => run_typed::<u64>(sw, rank, comm, sync, on_row),
+    }
+}
+
+/// Prints rows as they come (text) and collects them for JSON.
+struct Printer {
+    json: bool,
+    plan: PlanFile,
+    sw_coll: Collective,
+    dtype: DataType,
+    op: ReduceOp,
+    n: u32,
+    in_place: bool,
+    rows: Vec<serde_json::Value>,
+}
+
+impl Printer {
+    fn header(&self, label: &str) {
+        if self.json {
+            return;
+        }
+        println!(
+            "# hccl-perf: {} {} ranks, {} {}, {}, plan: {label}",
+            self.sw_coll,
+            self.n,
+            self.dtype.name(),
+            if self.sw_coll.kind().reduces() {
+                self.op.name()
+            } else {
+                "none"
+            },
+            if self.in_place {
+                "in-place"
+            } else {
+                "out-of-place"
+            }
+        );
+        println!(
+            "# {:>12} {:>12} {:>8} {:>6} {:>5} {:>9} {:>11} {:>8} {:>8} {:>7} {:>11}  algorithm",
+            "size",
+            "count",
+            "type",
+            "redop",
+            "root",
+            "iters",
+            "time(us)",
+            "algbw",
+            "busbw",
+            "#wrong",
+            "pred(us)"
+        );
+    }
+
+    fn row(&mut self, row: &Row) {
+        let s = &row.shape;
+        let algbw = s.bytes as f64 / (row.time_us * 1e-6) / 1e9;
+        let busbw = algbw * self.sw_coll.kind().busbw_factor(self.n);
+        let entry = self.plan.lookup(self.sw_coll, s.bytes, self.in_place);
+        let predicted = entry.and_then(|e| e.cost).map(|c| c.predict_us(s.bytes));
+        let algorithm = entry.map_or("-".to_string(), |e| {
+            format!("{}/{}", e.algorithm, e.protocol)
+        });
+        let redop = if self.sw_coll.kind().reduces() {
+            self.op.name()
+        } else {
+            "none"
+        };
+        let root = self.sw_coll.root().map_or(-1, i64::from);
+        if self.json {
+            self.rows.push(serde_json::json!({
+                "bytes": s.bytes,
+                "count": s.count,
+                "dtype": self.dtype.name(),
+                "op": redop,
+                "root": root,
+                "iters": row.iters,
+                "time_us": row.time_us,
+                "time_max_us": row.time_max_us,
+                "algbw_gbps": algbw,
+                "busbw_gbps": busbw,
+                "wrong": row.wrong,
+                "predicted_us": predicted,
+                "algorithm": algorithm,
+            }));
+            return;
+        }
+        let wrong = row.wrong.map_or("N/A".to_string(), |w| w.to_string());
+        let pred = predicted.map_or("-".to_string(), |p| format!("{p:.2}"));
+        println!(
+            "  {:>12} {:>12} {:>8} {:>6} {:>5} {:>9} {:>11.2} {:>8.3} {:>8.3} {:>7} {:>11}  {algorithm}",
+            s.bytes,
+            s.count,
+            self.dtype.name(),
+            redop,
+            root,
+            row.iters,
+            row.time_us,
+            algbw,
+            busbw,
+            wrong,
+            pred
+        );
+    }
+}
+
+fn nominal_sizes(args: &Args) -> Result<Vec<u64>, Failure> {
+    if args.min_bytes == 0 || args.min_bytes > args.max_bytes || args.factor < 2 {
+        return Err(Failure::Usage(format!(
+            "need 0 < -b ({}) <= -e ({}) and -f >= 2 ({})",
+            args.min_bytes, args.max_bytes, args.factor
+        )));
+    }
+    let mut sizes = Vec::new();
+    let mut s = args.min_bytes;
+    loop {
+        sizes.push(s);
+        if s >= args.max_bytes {
+            break;
+        }
+        s = s.saturating_mul(args.factor).min(args.max_bytes);
+    }
+    Ok(sizes)
+}
+
+/// The plan: given, or compiled for this machine.
+fn obtain_plan(
+    args: &Args,
+    kind: CollectiveKind,
+    n: u32,
+    probe: bool,
+) -> Result<(PlanFile, String), Failure> {
+    if let Some(path) = &args.plan {
+        let plan =
+            hccl::executor::config::load_path(path).map_err(|e| Failure::Usage(e.to_string()))?;
+        return Ok((plan, path.display().to_string()));
+    }
+    let mem_bw = if probe {
+        hccl::topologies::probe::probe_host().per_rank_gbps(n)
+    } else {
+        hccl::topologies::generate::CPU_MEM_BW
+    };
+    let spec = hccl::topologies::generate::host(n, mem_bw);
+    let topo =
+        hccl::topologies::build(spec, "this machine").map_err(|e| Failure::Usage(e.to_string()))?;
+    let mut kinds = vec![kind];
+    if args.backend == Backend::Process && kind != CollectiveKind::AllReduce {
+        // The process backend synchronises ranks with small AllReduces.
+        kinds.push(CollectiveKind::AllReduce);
+    }
+    let options = search::Options {
+        collectives: kinds,
+        sizes: search::geometric_sizes(8.min(args.min_bytes), args.max_bytes.max(8), 2),
+        ..search::Options::default()
+    };
+    let compiled = search::compile(&topo, &options).map_err(|e| Failure::Runtime(e.to_string()))?;
+    Ok((
+        compiled.plan,
+        format!("compiled for {} ({mem_bw} GB/s per rank)", topo.name),
+    ))
+}
+
+fn parse_choice(args: &Args) -> Result<(Collective, DataType, ReduceOp), Failure> {
+    let kind = CollectiveKind::from_name(&args.collective).ok_or_else(|| {
+        Failure::Usage(format!(
+            "unknown collective `{}` (allreduce, allgather, reducescatter, broadcast, reduce, alltoall)",
+            args.collective
+        ))
+    })?;
+    let coll = match kind {
+        CollectiveKind::AllReduce => Collective::AllReduce,
+        CollectiveKind::AllGather => Collective::AllGather,
+        CollectiveKind::ReduceScatter => Collective::ReduceScatter,
+        CollectiveKind::AllToAll => Collective::AllToAll,
+        CollectiveKind::Broadcast => Collective::Broadcast { root: args.root },
+        CollectiveKind::Reduce => Collective::Reduce { root: args.root },
+    };
+    let dtype = DataType::from_name(&args.dtype)
+        .ok_or_else(|| Failure::Usage(format!("unknown data type `{}`", args.dtype)))?;
+    let op = ReduceOp::from_name(&args.op).ok_or_else(|| {
+        Failure::Usage(format!(
+            "unknown op `{}` (sum, prod, min, max, avg)",
+            args.op
+        ))
+    })?;
+    Ok((coll, dtype, op))
+}
+
+fn finish(printer: Printer, label: &str, rows: &[Row]) -> Result<(), Failure> {
+    let wrong: u64 = rows.iter().filter_map(|r| r.wrong).sum();
+    if printer.json {
+        let doc = serde_json::json!({
+            "collective": printer.sw_coll.kind().name(),
+            "ranks": printer.n,
+            "plan": label,
+            "rows": printer.rows,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+    } else if printer.rows.is_empty() {
+        let checked = rows.iter().any(|r| r.wrong.is_some());
+        if checked {
+            println!(
+                "# Out of bounds values : {wrong} {}",
+                if wrong == 0 { "OK" } else { "FAILED" }
+            );
+        }
+        let avg = rows
+            .iter()
+            .map(|r| {
+                r.shape.bytes as f64 / (r.time_us * 1e-6) / 1e9
+                    * printer.sw_coll.kind().busbw_factor(printer.n)
+            })
+            .sum::<f64>()
+            / rows.len().max(1) as f64;
+        println!("# Avg bus bandwidth    : {avg:.3}");
+    }
+    if wrong > 0 {
+        return Err(Failure::Runtime(format!("{wrong} wrong element(s)")));
+    }
+    Ok(())
+}
+
+fn run_threads(args: &Args) -> Result<(), Failure> {
+    let (coll, dtype, op) = parse_choice(args)?;
+    let n = args.ranks;
+    if n == 0 || coll.root().is_some_and(|r| r >= n) {
+        return Err(Failure::Usage(format!("need -g >= 1 and root < {n}")));
+    }
+    let sizes = nominal_sizes(args)?;
+    let (mut plan, label) = obtain_plan(args, coll.kind(), n, true)?;
+    plan.ensure_root(coll);
+    let config = Config::from_env()?;
+    let comms = ThreadGroup::with_config(plan.clone(), n, config)
+        .map_err(|e| Failure::Usage(e.to_string()))?;
+    let sw = Arc::new(Sweep {
+        coll,
+        op,
+        dtype,
+        sizes,
+        args: args.clone(),
+        n,
+    });
+    let sync = Arc::new(ThreadSync::new(n));
+    let printer = Printer {
+        json: args.json,
+        plan,
+        sw_coll: coll,
+        dtype,
+        op,
+        n,
+        in_place: args.in_place,
+        rows: Vec::new(),
+    };
+    printer.header(&label);
+    let printer = Mutex::new(printer);
+    let results: Vec<Result<Vec<Row>, Failure>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .enumerate()
+            .map(|(rank, mut comm)| {
+                let sw = Arc::clone(&sw);
+                let mut sync = Arc::clone(&sync);
+                let printer = &printer;
+                scope.spawn(move || {
+                    dispatch(&sw, rank as u32, &mut comm, &mut sync, |row| {
+                        if rank == 0 {
+                            printer.lock().unwrap_or_else(|e| e.into_inner()).row(row);
+                        }
+                    })
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Failure::Runtime("a rank panicked".into())))
+            })
+            .collect()
+    });
+    let printer = printer.into_inner().unwrap_or_else(|e| e.into_inner());
+    let mut rows = None;
+    for res in results {
+        match res {
+            Ok(r) => rows = rows.or(Some(r)),
+            Err(e) => return Err(e),
+        }
+    }
+    finish(printer, &label, &rows.unwrap_or_default())
+}
+
+fn under_launcher() -> bool {
+    ["RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some())
+}
+
+/// One rank of a process job (started by us or by a launcher).
+fn run_process_rank(args: &Args) -> Result<(), Failure> {
+    let (coll, dtype, op) = parse_choice(args)?;
+    let (rank, world) = hccl::executor::process::rank_world_from_env()?;
+    if coll.root().is_some_and(|r| r >= world) {
+        return Err(Failure::Usage(format!("root must be < {world}")));
+    }
+    let sizes = nominal_sizes(args)?;
+    // Every rank must hold the same plan: a plan handed down by the parent (HCCL_PLAN), the
+    // user's, or one compiled without the machine probe (whose numbers differ per process).
+    let (plan, label) = match std::env::var_os("HCCL_PLAN") {
+        Some(path) => {
+            let plan = hccl::executor::config::load_path(Path::new(&path))
+                .map_err(|e| Failure::Usage(e.to_string()))?;
+            (
+                plan,
+                args.plan.as_ref().map_or_else(
+                    || "compiled for this machine".to_string(),
+                    |p| p.display().to_string(),
+                ),
+            )
+        }
+        None => obtain_plan(args, coll.kind(), world, false)?,
+    };
+    let mut plan = with_control_entries(plan, world);
+    plan.ensure_root(coll);
+    let config = Config::from_env()?;
+    let mut comm =
+        ProcessGroup::init_with(plan.clone(), rank, world, &Bootstrap::from_env(), config)?;
+    let sw = Sweep {
+        coll,
+        op,
+        dtype,
+        sizes,
+        args: args.clone(),
+        n: world,
+    };
+    let mut printer = Printer {
+        json: args.json,
+        plan,
+        sw_coll: coll,
+        dtype,
+        op,
+        n: world,
+        in_place: args.in_place,
+        rows: Vec::new(),
+    };
+    if rank == 0 {
+        printer.header(&label);
+    }
+    let rows = dispatch(&sw, rank, &mut comm, &mut CommSync, |row| {
+        if rank == 0 {
+            printer.row(row);
+        }
+    })?;
+    if rank == 0 {
+        finish(printer, &label, &rows)
+    } else {
+        let wrong: u64 = rows.iter().filter_map(|r| r.wrong).sum();
+        if wrong > 0 {
+            Err(Failure::Runtime(format!("{wrong} wrong element(s)")))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// Makes sure the plan can synchronise ranks: adds the built-in AllReduce entries when the
+/// plan has none (e.g. an imported AllGather).
+fn with_control_entries(mut plan: PlanFile, world: u32) -> PlanFile {
+    let has_allreduce = plan
+        .entries
+        .iter()
+        .any(|e| e.schedule.collective == Collective::AllReduce);
+    if !has_allreduce {
+        let builtin = hccl::executor::fallback::plan(world);
+        plan.entries.extend(
+            builtin
+                .entries
+                .into_iter()
+                .filter(|e| e.schedule.collective == Collective::AllReduce),
+        );
+    }
+    plan
+}
+
+/// Starts `-g N` rank processes of this program and waits for them.
+fn launch_processes(args: &Args) -> Result<(), Failure> {
+    let (coll, _, _) = parse_choice(args)?;
+    let n = args.ranks;
+    if n == 0 {
+        return Err(Failure::Usage("need -g >= 1".into()));
+    }
+    nominal_sizes(args)?;
+    // Compile (with the probe) once here and hand the same plan to every rank.
+    let (plan, _) = obtain_plan(args, coll.kind(), n, true)?;
+    let mut plan = with_control_entries(plan, n);
+    plan.ensure_root(coll);
+    let dir = std::env::temp_dir();
+    let random = RandomState::new().build_hasher().finish();
+    let plan_path = dir.join(format!(
+        "hccl-perf-{}-{random:016x}.plan.ron",
+        std::process::id()
+    ));
+    plan.save(&plan_path)
+        .map_err(|e| Failure::Runtime(e.to_string()))?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| Failure::Runtime(format!("no free port for the rendezvous: {e}")))?
+        .port();
+    let exe = std::env::current_exe().map_err(|e| Failure::Runtime(e.to_string()))?;
+    let token = format!("{:016x}", RandomState::new().build_hasher().finish());
+    let mut children = Vec::new();
+    for rank in 0..n {
+        let child = std::process::Command::new(&exe)
+            .args(std::env::args_os().skip(1))
+            .env("RANK", rank.to_string())
+            .env("WORLD_SIZE", n.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .env("HCCL_JOB_TOKEN", &token)
+            .env("HCCL_PLAN", &plan_path)
+            .spawn()
+            .map_err(|e| Failure::Runtime(format!("cannot start rank {rank}: {e}")));
+        match child {
+            Ok(c) => children.push(c),
+            Err(e) => {
+                for mut c in children {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+                let _ = std::fs::remove_file(&plan_path);
+                return Err(e);
+            }
+        }
+    }
+    let mut worst = 0;
+    for (rank, mut child) in children.into_iter().enumerate() {
+        let code = child.wait().map(|s| s.code().unwrap_or(1)).unwrap_or(1);
+        if code != 0 {
+            eprintln!("hccl-perf: rank {rank} exited with code {code}");
+        }
+        worst = worst.max(code);
+    }
+    let _ = std::fs::remove_file(&plan_path);
+    match worst {
+        0 => Ok(()),
+        2 => Err(Failure::Usage("a rank rejected its input".into())),
+        _ => Err(Failure::Runtime("a rank failed".into())),
+    }
+}
+
+fn main() -> ExitCode {
+    let args = match Args::try_parse() {
+        Ok(args) => args,
+        Err(err) => {
+            let code = if err.use_stderr() { 2 } else { 0 };
+            let _ = err.print();
+            return ExitCode::from(code);
+        }
+    };
+    hccl::executor::config::init_tracing();
+    let res = match args.backend {
+        Backend::Threads => run_threads(&args),
+        Backend::Process if under_launcher() => run_process_rank(&args),
+        Backend::Process => launch_processes(&args),
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Usage(msg)) => {
+            eprintln!("hccl-perf: {msg}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Runtime(msg)) => {
+            eprintln!("hccl-perf: {msg}");
+            ExitCode::from(1)
+        }
+    }
+}

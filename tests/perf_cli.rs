@@ -1,0 +1,291 @@
+//! `hccl-perf` end to end: every collective checked against the reference on the threads and
+//! process backends, imported MSCCL algorithms, a launcher (`mpirun`) when one is installed,
+//! the JSON contract and usage errors.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn perf(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hccl-perf"))
+        .args(args)
+        .env_remove("HCCL_PLAN")
+        .env("HCCL_TIMEOUT", "60")
+        .output()
+        .expect("hccl-perf runs")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(out)))
+}
+
+/// Runs a checked sweep and asserts every row is present and has no wrong element.
+fn assert_correct(args: &[&str], rows: usize) {
+    let mut full = args.to_vec();
+    full.extend_from_slice(&["--check", "--json", "-n", "1", "-w", "0"]);
+    let out = perf(&full);
+    assert_eq!(out.status.code(), Some(0), "{args:?}: {}", text(&out));
+    let doc = json(&out);
+    let got = doc["rows"].as_array().unwrap();
+    assert_eq!(got.len(), rows, "{args:?}");
+    for row in got {
+        for key in [
+            "bytes",
+            "count",
+            "dtype",
+            "op",
+            "time_us",
+            "algbw_gbps",
+            "busbw_gbps",
+            "wrong",
+        ] {
+            assert!(row.get(key).is_some(), "{key} missing in {row}");
+        }
+        assert_eq!(row["wrong"], 0, "{args:?}: {row}");
+    }
+}
+
+#[test]
+fn every_collective_is_correct_on_threads() {
+    for coll in [
+        "allreduce",
+        "allgather",
+        "reducescatter",
+        "broadcast",
+        "reduce",
+        "alltoall",
+    ] {
+        for ranks in ["1", "3", "4"] {
+            assert_correct(
+                &[
+                    "-c", coll, "-g", ranks, "-b", "8", "-e", "70000", "-f", "31",
+                ],
+                4,
+            );
+        }
+    }
+    // Every data type and operator on one collective, in place and with a non-zero root.
+    for dtype in [
+        "float", "double", "half", "bfloat16", "int8", "uint8", "int32", "uint32", "int64",
+        "uint64",
+    ] {
+        for op in ["sum", "prod", "min", "max", "avg"] {
+            assert_correct(
+                &[
+                    "-c",
+                    "allreduce",
+                    "-g",
+                    "3",
+                    "-d",
+                    dtype,
+                    "-o",
+                    op,
+                    "-b",
+                    "100",
+                    "-e",
+                    "100",
+                ],
+                1,
+            );
+        }
+    }
+    assert_correct(
+        &[
+            "-c",
+            "reduce",
+            "-r",
+            "2",
+            "-g",
+            "4",
+            "-b",
+            "1000",
+            "-e",
+            "1000",
+            "--in-place",
+        ],
+        1,
+    );
+    assert_correct(
+        &[
+            "-c",
+            "allgather",
+            "-g",
+            "4",
+            "-b",
+            "1000",
+            "-e",
+            "1000",
+            "--in-place",
+        ],
+        1,
+    );
+    assert_correct(
+        &[
+            "-c",
+            "reducescatter",
+            "-g",
+            "4",
+            "-b",
+            "1000",
+            "-e",
+            "1000",
+            "--in-place",
+        ],
+        1,
+    );
+}
+
+#[test]
+fn every_collective_is_correct_on_processes() {
+    for coll in [
+        "allreduce",
+        "allgather",
+        "reducescatter",
+        "broadcast",
+        "reduce",
+        "alltoall",
+    ] {
+        assert_correct(
+            &[
+                "--backend",
+                "process",
+                "-c",
+                coll,
+                "-g",
+                "4",
+                "-b",
+                "8",
+                "-e",
+                "64K",
+                "-f",
+                "64",
+            ],
+            4,
+        );
+    }
+}
+
+fn msccl_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("ir/tests/data/msccl")
+}
+
+fn attr(xml: &str, name: &str) -> String {
+    let key = format!("{name}=\"");
+    let start = xml.find(&key).unwrap() + key.len();
+    xml[start..].split('"').next().unwrap().to_string()
+}
+
+/// Every MSCCL file runs correctly on the threads backend at sizes that are and are not
+/// multiples of its chunk count, in the placement it allows.
+#[test]
+fn imported_msccl_algorithms_run_correctly() {
+    let mut files = Vec::new();
+    for dir in [msccl_dir(), msccl_dir().join("prebuilt")] {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "xml") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    assert_eq!(files.len(), 27);
+    for file in files {
+        let xml = std::fs::read_to_string(&file).unwrap();
+        let ranks = attr(&xml, "ngpus");
+        let chunks: u64 = attr(&xml, "nchunksperloop").parse().unwrap();
+        let coll = attr(&xml, "coll");
+        // One size a multiple of the chunk count (in floats), one not.
+        let even = (chunks * 4 * 8).to_string();
+        let odd = (chunks * 4 * 8 + 12).to_string();
+        for size in [even, odd] {
+            assert_correct(
+                &[
+                    "--plan",
+                    file.to_str().unwrap(),
+                    "-g",
+                    &ranks,
+                    "-c",
+                    &coll,
+                    "-b",
+                    &size,
+                    "-e",
+                    &size,
+                ],
+                1,
+            );
+        }
+    }
+}
+
+#[test]
+fn under_mpirun_when_installed() {
+    let Ok(probe) = Command::new("mpirun").arg("--version").output() else {
+        eprintln!("skipped: mpirun is not installed (apt-get install openmpi-bin)");
+        return;
+    };
+    assert!(probe.status.success());
+    let out = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "4"])
+        .arg(env!("CARGO_BIN_EXE_hccl-perf"))
+        .args([
+            "--backend",
+            "process",
+            "-c",
+            "allreduce",
+            "-b",
+            "8",
+            "-e",
+            "1M",
+            "-f",
+            "32",
+            "--check",
+            "-n",
+            "2",
+            "-w",
+            "1",
+        ])
+        .env("MASTER_PORT", "29517")
+        .env("HCCL_TIMEOUT", "60")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        text(&out).contains("Out of bounds values : 0 OK"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn bad_usage_exits_with_2() {
+    for args in [
+        &["-c", "gather"][..],
+        &["-b", "1M", "-e", "1K"],
+        &["-d", "float128"],
+        &["-o", "xor"],
+        &["--plan", "/nonexistent/plan.ron"],
+        &["-g", "0"],
+        &["--bogus-flag"],
+    ] {
+        let out = perf(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
+        assert!(!text(&out).contains("panicked"), "{}", text(&out));
+    }
+    let dir = std::env::temp_dir().join(format!("perf-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let garbage = dir.join("garbage.plan.ron");
+    std::fs::write(&garbage, b"\x00\x01not a plan").unwrap();
+    let out = perf(&["--plan", garbage.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("garbage.plan.ron"), "{}", text(&out));
+    let out = perf(&["--help"]);
+    assert_eq!(out.status.code(), Some(0));
+}
