@@ -93,11 +93,9 @@ fn cut_bounds_by_collective() {
     let bc = cost::bounds(&t, Collective::Broadcast { root: 0 }, m);
     assert!((bc.bandwidth_us - mf / 50e3).abs() < 1e-6, "{bc:?}");
     let a2a = cost::bounds(&t, Collective::AllToAll, m);
-    // One GPU sends 1·3·M/4 through its 50 GB/s.
-    assert!(
-        (a2a.bandwidth_us - 0.75 * mf / 50e3).abs() < 1e-6,
-        "{a2a:?}"
-    );
+    // Two neighbours send 2·2·M/4 = M to the other two through the 2 × 25 GB/s leaving
+    // them (a single GPU's 3M/4 through 50 GB/s is weaker).
+    assert!((a2a.bandwidth_us - mf / 50e3).abs() < 1e-6, "{a2a:?}");
     // Latency grows with distance; the total is at least both terms.
     assert!(ar.total_us >= ar.latency_us && ar.total_us >= ar.bandwidth_us);
 }
@@ -148,4 +146,57 @@ fn baseline_is_ring_or_tree_and_costed() {
         .unwrap()
         .unwrap();
     assert_eq!(small.protocol, Protocol::LL);
+}
+
+#[test]
+fn mirrored_routes_match_the_simulator_routes() {
+    // The route-aware bounds enumerate the routes the simulator may use; they must be the
+    // simulator's own, whether a source asks for one peer at a time or all at once.
+    for topo in topologies() {
+        let n = topo.nranks();
+        let possible = hccl_compiler::cost::bounds::possible_routes(&Network::new(&topo));
+        let one_by_one = Network::new(&topo);
+        let all_at_once = Network::new(&topo);
+        let pairs: Vec<(u32, u32)> = (0..n)
+            .flat_map(|a| (0..n).filter(move |&b| b != a).map(move |b| (a, b)))
+            .collect();
+        let batch = all_at_once.routes(&pairs).unwrap();
+        for (i, &(a, b)) in pairs.iter().enumerate() {
+            let single = one_by_one.routes(&[(a, b)]).unwrap();
+            for route in [&single[0], &batch[i]] {
+                assert!(
+                    possible
+                        .iter()
+                        .any(|(x, y, r)| (*x, *y) == (a, b) && *r == route.resources),
+                    "{}: route {a}->{b} {:?} not enumerated",
+                    topo.name,
+                    route.resources
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn route_aware_bounds_on_shipped_machines() {
+    let gib = 1u64 << 30;
+    let mf = gib as f64;
+    let close = |got: f64, want: f64| (got - want).abs() < 1e-6 * want;
+    // DGX H100: the GPU's PCIe link to its NIC leads nowhere on one host, so a GPU receives
+    // at its 18 × 25 GB/s NVLink only: (7/8)·M / 450 GB/s.
+    let h100 = hccl_topologies::shipped_by_name("dgx-h100").unwrap();
+    let ag = cost::bounds(&h100, Collective::AllGather, gib);
+    assert!(close(ag.bandwidth_us, 0.875 * mf / 450e3), "{ag:?}");
+    // Atlas 800: everything between the two HCCS meshes crosses one 31.5 GB/s PCIe bridge;
+    // AllReduce moves M each way over it, AllGather half of that.
+    let ascend = hccl_topologies::shipped_by_name("ascend910-8").unwrap();
+    let ar = cost::bounds(&ascend, Collective::AllReduce, gib);
+    assert!(close(ar.bandwidth_us, mf / 31.5e3), "{ar:?}");
+    let ag = cost::bounds(&ascend, Collective::AllGather, gib);
+    assert!(close(ag.bandwidth_us, 0.5 * mf / 31.5e3), "{ag:?}");
+    // DGX-1: GPUs receive over 8 × 6 NVLink2 (1200 GB/s) plus PCIe routes, all of which
+    // cross the four 15.75 GB/s switch uplinks: AllReduce delivers 2·7·M over 1263 GB/s.
+    let dgx1 = hccl_topologies::shipped_by_name("dgx1-v100").unwrap();
+    let ar = cost::bounds(&dgx1, Collective::AllReduce, gib);
+    assert!(close(ar.bandwidth_us, 14.0 * mf / 1263e3), "{ar:?}");
 }

@@ -174,6 +174,8 @@ fn families_apply_where_expected() {
                 }
                 let needs = match fam.name() {
                     "hierarchical" | "two_phase" => multi_host,
+                    // Needs two or more equal groups of directly linked devices.
+                    "groups" => hccl_compiler::families::groups::link_groups(&topo).is_some(),
                     "double_ring" => n >= 3,
                     // A 5- or 8-ring holds no 4-cycle or 3-cube over direct links.
                     "hybrid_cube" => !matches!(tname.as_str(), "ring5" | "ring8"),

@@ -572,9 +572,7 @@ struct RouteCaps {
     gossip: f64,
 }
 
-type CapsCache = std::sync::Mutex<
-    std::collections::HashMap<u64, std::sync::Arc<RouteCaps>>,
->;
+type CapsCache = std::sync::Mutex<std::collections::HashMap<u64, std::sync::Arc<RouteCaps>>>;
 
 fn caps_cache() -> &'static CapsCache {
     static CACHE: std::sync::OnceLock<CapsCache> = std::sync::OnceLock::new();
@@ -594,7 +592,14 @@ fn fingerprint(network: &Network) -> u64 {
         }
     }
     for l in &network.links {
-        (l.from, l.to, l.cap.to_bits(), l.latency.to_bits(), l.network).hash(&mut h);
+        (
+            l.from,
+            l.to,
+            l.cap.to_bits(),
+            l.latency.to_bits(),
+            l.network,
+        )
+            .hash(&mut h);
     }
     for c in &network.capacity {
         c.to_bits().hash(&mut h);
@@ -855,12 +860,16 @@ fn compute_route_caps(network: &Network) -> RouteCaps {
         let hosts = network.nhosts;
         if hosts > 1 {
             for h in 0..hosts {
-                sets.push(bits(&mut (0..n).filter(|&r| network.host_of[r as usize] == h)));
+                sets.push(bits(
+                    &mut (0..n).filter(|&r| network.host_of[r as usize] == h),
+                ));
             }
             let step = (hosts - 1).div_ceil(MAX_PREFIX_CUTS).max(1);
             let mut j = 1;
             while j < hosts {
-                sets.push(bits(&mut (0..n).filter(|&r| network.host_of[r as usize] < j)));
+                sets.push(bits(
+                    &mut (0..n).filter(|&r| network.host_of[r as usize] < j),
+                ));
                 j += step;
             }
         }

@@ -158,14 +158,7 @@ impl Groups {
                         let group_blocks: Vec<Vec<Run>> =
                             (0..g).map(|l| vec![(base + l * ng, ng)]).collect();
                         for grp in &groups {
-                            direct_reduce_scatter(
-                                &mut b,
-                                grp,
-                                &group_blocks,
-                                rs,
-                                &input,
-                                &output,
-                            );
+                            direct_reduce_scatter(&mut b, grp, &group_blocks, rs, &input, &output);
                         }
                         for (l, rail) in rails.iter().enumerate() {
                             let blocks: Vec<Vec<Run>> = (0..ng)
@@ -244,9 +237,6 @@ impl Family for Groups {
         )
     }
     fn param_space(&self, topo: &Topology, _collective: Collective) -> Vec<FamilyParams> {
-        if link_groups(topo).is_none() {
-            return Vec::new();
-        }
         grid(
             &[1, 2],
             &[1, 2, 4, 8, 16, 32],

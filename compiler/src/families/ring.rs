@@ -145,7 +145,15 @@ fn cycle_packing(topo: &Topology) -> Vec<Vec<Rank>> {
             }
         }
     }
-    pack(0, &cycles, &mut left, &mut chosen, &mut best, limit, &mut budget);
+    pack(
+        0,
+        &cycles,
+        &mut left,
+        &mut chosen,
+        &mut best,
+        limit,
+        &mut budget,
+    );
     best.into_iter().map(|j| cycles[j].clone()).collect()
 }
 
@@ -165,7 +173,9 @@ pub fn link_rings(topo: &Topology, want: usize) -> Vec<Vec<Rank>> {
         directed.push(rev);
     }
     let found = directed.len();
-    (0..want.max(1)).map(|i| directed[i % found].clone()).collect()
+    (0..want.max(1))
+        .map(|i| directed[i % found].clone())
+        .collect()
 }
 
 /// Directed rings a full packing gives (0 without one).
