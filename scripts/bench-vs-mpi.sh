@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark: hccl-perf against OpenMPI's collectives (../shared/bench), run back
+# to back on the same machine, repeated, and reported as median busbw ratios per size.
+#
+#   scripts/bench-vs-mpi.sh                       # allreduce, 2 4 8 ranks, 8 B .. 256 MiB
+#   RANKS="2 4" COLL=allgather MAXB=64M REPS=5 scripts/bench-vs-mpi.sh
+#
+# Env: RANKS ("2 4 8"), COLL (allreduce), MINB (8), MAXB (256M), FACTOR (4), REPS (3),
+#      TARGET (0.2 s per size), BACKEND (process: ranks as processes, like MPI; or threads),
+#      BENCH_DIR (peer sources, default ../shared/bench), OUT (results dir, default target/bench-vs-mpi).
+# Needs OpenMPI (installs openmpi-bin and libopenmpi-dev with apt-get if missing).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+RANKS="${RANKS:-2 4 8}"
+COLL="${COLL:-allreduce}"
+MINB="${MINB:-8}"
+MAXB="${MAXB:-256M}"
+FACTOR="${FACTOR:-4}"
+REPS="${REPS:-3}"
+TARGET="${TARGET:-0.2}"
+BACKEND="${BACKEND:-process}"
+BENCH_DIR="${BENCH_DIR:-$ROOT/../shared/bench}"
+OUT="${OUT:-$ROOT/target/bench-vs-mpi}"
+mkdir -p "$OUT"
+
+if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
+  echo "installing OpenMPI (openmpi-bin libopenmpi-dev)" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
+fi
+[[ -f "$BENCH_DIR/mpi_coll_bench.c" ]] || { echo "no $BENCH_DIR/mpi_coll_bench.c (set BENCH_DIR)" >&2; exit 2; }
+mpicc -O2 -o "$OUT/mpi_coll_bench" "$BENCH_DIR/mpi_coll_bench.c" -lm
+cargo build --release -q -p hccl --bin hccl-perf
+PERF="$ROOT/target/release/hccl-perf"
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe)
+
+rm -f "$OUT"/*.csv
+for n in $RANKS; do
+  for rep in $(seq 1 "$REPS"); do
+    # Alternate who goes first so drift in machine load hits both sides alike.
+    for side in $([[ $((rep % 2)) == 1 ]] && echo "hccl mpi" || echo "mpi hccl"); do
+      if [[ $side == hccl ]]; then
+        "$PERF" --backend "$BACKEND" -g "$n" -c "$COLL" -b "$MINB" -e "$MAXB" -f "$FACTOR" \
+          -T "$TARGET" -w 5 --json > "$OUT/hccl_n${n}_r${rep}.json"
+      else
+        "${MPIRUN[@]}" -np "$n" "$OUT/mpi_coll_bench" -b "$MINB" -e "$MAXB" -f "$FACTOR" \
+          -T "$TARGET" -o "$COLL" -C "$OUT/mpi_n${n}_r${rep}.csv" > /dev/null
+      fi
+    done
+  done
+done
+
+python3 - "$OUT" "$RANKS" "$REPS" <<'PY'
+import csv, json, statistics, sys, os
+out, ranks, reps = sys.argv[1], sys.argv[2].split(), int(sys.argv[3])
+print(f"# hccl-perf vs OpenMPI, busbw medians over {reps} back-to-back pairs; ratio = median of per-pair ratios")
+for n in ranks:
+    pairs = {}
+    for r in range(1, reps + 1):
+        h = json.load(open(os.path.join(out, f"hccl_n{n}_r{r}.json")))
+        hb = {row["bytes"]: (row["busbw_gbps"], row["time_us"]) for row in h["rows"]}
+        with open(os.path.join(out, f"mpi_n{n}_r{r}.csv")) as f:
+            for row in csv.DictReader(f):
+                size = int(row["size_bytes"])
+                # hccl rounds nominal sizes the same way for allreduce; match on the nearest size.
+                key = min(hb, key=lambda b: abs(b - size)) if hb else None
+                if key is None:
+                    continue
+                pairs.setdefault(size, []).append((hb[key], (float(row["busbw_GBps"]), float(row["time_us"]))))
+    print(f"\n## {n} ranks")
+    print(f"| size (B) | hccl busbw | mpi busbw | busbw ratio | hccl us | mpi us | time ratio (mpi/hccl) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for size in sorted(pairs):
+        p = pairs[size]
+        hb = statistics.median(x[0][0] for x in p); mb = statistics.median(x[1][0] for x in p)
+        ht = statistics.median(x[0][1] for x in p); mt = statistics.median(x[1][1] for x in p)
+        ratio = statistics.median(x[0][0] / x[1][0] if x[1][0] > 0 else float("nan") for x in p)
+        tratio = statistics.median(x[1][1] / x[0][1] for x in p)
+        print(f"| {size} | {hb:.3f} | {mb:.3f} | {ratio:.2f} | {ht:.2f} | {mt:.2f} | {tratio:.2f} |")
+PY
