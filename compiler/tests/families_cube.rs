@@ -182,8 +182,13 @@ fn tori_and_rings() {
             &[params(1, 1), params(2, 2)],
         );
     }
+    // 64-rank tori that are 6-cubes: found without backtracking.
+    for dims in [&[4u32, 4, 4][..], &[4, 4, 2, 2]] {
+        let emb = embed(&torus(dims)).unwrap_or_else(|| panic!("torus {dims:?}"));
+        assert_eq!((emb.core.len(), emb.dim_bw.clone()), (64, vec![25.0; 6]));
+    }
     // Non-powers of two that embed: the extras fold into a neighbour.
-    for dims in [&[3u32, 2][..], &[3, 4]] {
+    for dims in [&[3u32, 2][..], &[3, 4], &[2, 2, 3]] {
         let topo = torus(dims);
         let emb = embed(&topo).unwrap_or_else(|| panic!("torus {dims:?}"));
         for (x, e) in emb.extra.iter().enumerate() {
@@ -197,11 +202,14 @@ fn tori_and_rings() {
             &[params(1, 1), params(2, 2)],
         );
     }
-    // No embedding: a 5-ring has no 4-cycle, an 8-ring or 8x2 torus no 3-/4-cube.
+    // No embedding: a 5-ring has no 4-cycle, an 8-ring or 8x2 torus no 3-/4-cube, a 3x3
+    // or 5x2 torus no 3-cube with the extra ranks next to distinct cube ranks.
     for topo in [
         build(generate::ring(5, 25.0, 0.3), "t").unwrap(),
         build(generate::ring(8, 25.0, 0.3), "t").unwrap(),
         torus(&[8, 2]),
+        torus(&[3, 3]),
+        torus(&[5, 2]),
     ] {
         assert!(embed(&topo).is_none(), "{}", topo.name);
         for coll in COLLECTIVES {
