@@ -240,3 +240,112 @@ fn import_then_export_round_trips_through_files() {
     assert_eq!(out.status.code(), Some(1));
     assert!(!target.exists());
 }
+
+#[test]
+fn imported_algorithms_join_the_search_and_are_explained_beside_ours() {
+    let ring = corpus().join("allreduce_ring_r8_ch1_i1_ll128.xml");
+    let pairs = corpus().join("allreduce_allpairs_r8_i1_ll.xml");
+    let dir = std::env::temp_dir().join(format!("hcclc-with-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plan = dir.join("with.plan.ron");
+
+    // Forced to the imported algorithm, the plan holds it (and it verifies).
+    let out = hcclc(&[
+        "compile",
+        "dgx1-v100",
+        "-c",
+        "allreduce",
+        "--sizes",
+        "64K..256K",
+        "--with",
+        pairs.to_str().unwrap(),
+        "--algo",
+        "allreduce_pairs",
+        "-o",
+        plan.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for row in doc["rows"].as_array().unwrap() {
+        assert_eq!(row["algorithm"], "allreduce_pairs");
+    }
+    assert_eq!(
+        hcclc(&["verify", plan.to_str().unwrap()]).status.code(),
+        Some(0)
+    );
+
+    // In open competition every row is the faster of ours and theirs: never slower than
+    // without the extra candidates.
+    let with = hcclc(&[
+        "compile",
+        "dgx1-v100",
+        "-c",
+        "allreduce",
+        "--sizes",
+        "1K..1M",
+        "--with",
+        ring.to_str().unwrap(),
+        "--with",
+        pairs.to_str().unwrap(),
+        "-o",
+        plan.to_str().unwrap(),
+        "--json",
+    ]);
+    let without = hcclc(&[
+        "compile",
+        "dgx1-v100",
+        "-c",
+        "allreduce",
+        "--sizes",
+        "1K..1M",
+        "-o",
+        plan.to_str().unwrap(),
+        "--json",
+    ]);
+    let rows = |o: &Output| -> Vec<f64> {
+        let d: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        d["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["predicted_us"].as_f64().unwrap())
+            .collect()
+    };
+    for (a, b) in rows(&with).iter().zip(rows(&without)) {
+        assert!(*a <= b + 1e-9, "{a} > {b}");
+    }
+
+    // A file for another rank count is refused as bad input.
+    let r16 = corpus().join("allgather_ring_r16_ch2_i2_simple.xml");
+    let out = hcclc(&[
+        "compile",
+        "dgx1-v100",
+        "-c",
+        "allgather",
+        "--with",
+        r16.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("16 ranks"), "{}", stderr(&out));
+
+    // explain ALGO.xml --topo: its rows and hcclc's own, in one JSON document.
+    let out = hcclc(&[
+        "explain",
+        ring.to_str().unwrap(),
+        "--topo",
+        "dgx1-v100",
+        "--sizes",
+        "1M..4M",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["rows"].as_array().unwrap().len(), 3);
+    assert_eq!(doc["compiler_rows"].as_array().unwrap().len(), 3);
+    assert_eq!(
+        doc["rows"][0]["algorithm"],
+        "allreduce_ring_1channelsperring"
+    );
+    assert!(doc["rows"][0]["bound_us"].as_f64().unwrap() > 0.0);
+}

@@ -3,6 +3,7 @@
 
 use crate::cli_error::{CliError, print_json};
 use clap::Args;
+use hccl_compiler::families::{Candidate, FamilyParams};
 use hccl_compiler::search::{
     self, CompiledPlan, DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES, Options, Progress, Row, SearchError,
 };
@@ -28,9 +29,62 @@ pub struct CompileArgs {
     /// Output plan file; default `<topology stem>.plan.ron` in the current directory.
     #[arg(short = 'o', long = "output", value_name = "PLAN")]
     pub output: Option<PathBuf>,
+    /// MSCCL algorithms (XML) or plan files that join the search as candidates (repeatable).
+    #[arg(long = "with", value_name = "ALGO.xml")]
+    pub with: Vec<PathBuf>,
     /// Print one JSON document instead of the table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Loads a plan file or imports an MSCCL algorithm (by its `.xml` extension).
+fn load_plan_or_xml(path: &Path) -> Result<PlanFile, CliError> {
+    let is_xml = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("xml"));
+    if is_xml {
+        Ok(hccl_ir::msccl::load_xml(path)
+            .map_err(CliError::input)?
+            .into_plan(&path.display().to_string()))
+    } else {
+        PlanFile::load(path).map_err(CliError::input)
+    }
+}
+
+/// External candidates from `--with` files: each must fit the topology's rank count and
+/// verify, or the command stops with the reason.
+fn external_candidates(paths: &[PathBuf], topo: &Topology) -> Result<Vec<Candidate>, CliError> {
+    let mut out = Vec::new();
+    for path in paths {
+        let plan = load_plan_or_xml(path)?;
+        for (i, entry) in plan.entries.into_iter().enumerate() {
+            if entry.schedule.nranks != topo.nranks() {
+                return Err(CliError::Input(format!(
+                    "{}: entry {i} is for {} ranks but {} has {}",
+                    path.display(),
+                    entry.schedule.nranks,
+                    topo.name,
+                    topo.nranks()
+                )));
+            }
+            if let Err(errors) = hccl_ir::verify::verify(&entry.schedule) {
+                return Err(CliError::Failed(format!(
+                    "{}: entry {i} does not verify: {}",
+                    path.display(),
+                    errors[0]
+                )));
+            }
+            out.push(Candidate {
+                algorithm: entry.algorithm,
+                params: FamilyParams {
+                    channels: entry.schedule.channel_count().max(1),
+                    pipeline: 1,
+                },
+                schedule: entry.schedule,
+            });
+        }
+    }
+    Ok(out)
 }
 
 #[derive(Args, Debug)]
@@ -144,6 +198,7 @@ pub fn compile(args: CompileArgs) -> Result<(), CliError> {
                 .filter(|s| !s.is_empty())
                 .collect()
         }),
+        extra: external_candidates(&args.with, &topo)?,
         ..Options::default()
     };
     let bar = progress_bar();
@@ -181,13 +236,7 @@ pub fn explain(args: ExplainArgs) -> Result<(), CliError> {
         .plan
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("xml"));
-    let plan = if is_xml {
-        hccl_ir::msccl::load_xml(&args.plan)
-            .map_err(CliError::input)?
-            .into_plan(&args.plan.display().to_string())
-    } else {
-        PlanFile::load(&args.plan).map_err(CliError::input)?
-    };
+    let plan = load_plan_or_xml(&args.plan)?;
     let topo = match &args.topo {
         Some(t) => load_topology(t)?,
         None => hccl_topologies::shipped_by_name(&plan.meta.topology).ok_or_else(|| {
@@ -203,7 +252,62 @@ pub fn explain(args: ExplainArgs) -> Result<(), CliError> {
         ..Options::default()
     };
     let rows = search::evaluate_plan(&topo, &plan, &options).map_err(search_error)?;
-    report(&args.plan, &topo, &rows, args.json);
+    if !is_xml {
+        report(&args.plan, &topo, &rows, args.json);
+        return Ok(());
+    }
+    // An imported algorithm is shown beside what hcclc itself picks for the same topology,
+    // collectives and sizes.
+    let mut collectives: Vec<CollectiveKind> = Vec::new();
+    for entry in &plan.entries {
+        let kind = entry.schedule.collective.kind();
+        if !collectives.contains(&kind) {
+            collectives.push(kind);
+        }
+    }
+    let ours = search::compile(
+        &topo,
+        &Options {
+            collectives,
+            sizes: options.sizes.clone(),
+            ..Options::default()
+        },
+    )
+    .map_err(search_error)?;
+    if args.json {
+        let rows: Vec<serde_json::Value> = rows.iter().map(row_json).collect();
+        let compiler_rows: Vec<serde_json::Value> = ours.rows.iter().map(row_json).collect();
+        print_json(&serde_json::json!({
+            "plan": args.plan.display().to_string(),
+            "topology": topo.name,
+            "rows": rows,
+            "compiler_rows": compiler_rows,
+        }));
+    } else {
+        print!("{}", table(&args.plan, &topo, &rows));
+        println!();
+        print!(
+            "{}",
+            table(
+                Path::new("(hcclc's own choice, not written)"),
+                &topo,
+                &ours.rows
+            )
+        );
+        for (theirs, mine) in rows.iter().zip(&ours.rows) {
+            if theirs.bytes == mine.bytes && mine.predicted_us > 0.0 {
+                println!(
+                    "  {:>5}: {} {:.2} us vs hcclc {} {:.2} us ({:.2}x)",
+                    human(theirs.bytes),
+                    theirs.algorithm,
+                    theirs.predicted_us,
+                    mine.algorithm,
+                    mine.predicted_us,
+                    theirs.predicted_us / mine.predicted_us
+                );
+            }
+        }
+    }
     Ok(())
 }
 
