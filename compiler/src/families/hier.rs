@@ -227,9 +227,6 @@ impl Family for Hierarchical {
         )
     }
     fn param_space(&self, topo: &Topology, _collective: Collective) -> Vec<FamilyParams> {
-        if uniform_hosts(topo).is_none() {
-            return Vec::new();
-        }
         let n = topo.nranks();
         let mut out: Vec<FamilyParams> =
             grid(&[2, 4, 8], &[1, 2, 4, 8, 16], n, MAX_HIER_CHUNKS.max(n))
