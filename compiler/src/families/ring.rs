@@ -5,7 +5,7 @@
 
 use super::common::{
     Run, candidate, direct_bw, grid, ring_all_gather, ring_orders, ring_reduce_scatter, rotate_to,
-    single_rank,
+    single_rank, uniform_hosts,
 };
 use super::{Candidate, Family, FamilyParams};
 use crate::builder::ScheduleBuilder;
@@ -178,6 +178,23 @@ pub fn link_rings(topo: &Topology, want: usize) -> Vec<Vec<Rank>> {
         .collect()
 }
 
+/// Rings over several hosts of equal size, one per channel, as NCCL builds them on
+/// rail-optimised clusters: ring `c` visits every host's ranks in local order rotated to
+/// start after local rank `c`, so it leaves each host from local rank `c` (over that rank's
+/// NIC) and enters the next at local rank `c + 1`; `g` channels use every NIC of a host once
+/// per direction.
+pub fn rail_rings(hosts: &[Vec<Rank>], want: usize) -> Vec<Vec<Rank>> {
+    let g = hosts.first().map_or(0, Vec::len);
+    (0..want.max(1))
+        .map(|c| {
+            hosts
+                .iter()
+                .flat_map(|h| (0..g).map(move |i| h[(c + 1 + i) % g]))
+                .collect()
+        })
+        .collect()
+}
+
 /// Directed rings a full packing gives (0 without one).
 fn packed_rings(topo: &Topology) -> u32 {
     2 * cycle_packing(topo).len() as u32
@@ -309,6 +326,13 @@ fn ring_params(topo: &Topology, collective: Collective, channels: &[u32]) -> Vec
     if packed > 0 && !channels.contains(&packed) {
         channels.push(packed);
     }
+    // Multi-host: one ring per local rank (NCCL's one channel per NIC / rail).
+    if let Some(hosts) = uniform_hosts(topo) {
+        let g = hosts[0].len() as u32;
+        if g > 1 && !channels.contains(&g) {
+            channels.push(g);
+        }
+    }
     let channels = channels.as_slice();
     match collective.kind() {
         CollectiveKind::Broadcast | CollectiveKind::Reduce => {
@@ -331,7 +355,10 @@ impl Ring {
         params: FamilyParams,
         in_place: bool,
     ) -> Vec<Candidate> {
-        let rings = link_rings(topo, params.channels.max(1) as usize);
+        let rings = match uniform_hosts(topo) {
+            Some(hosts) => rail_rings(&hosts, params.channels.max(1) as usize),
+            None => link_rings(topo, params.channels.max(1) as usize),
+        };
         ring_schedule(self.name(), &rings, collective, params, in_place)
     }
 }
