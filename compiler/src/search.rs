@@ -288,9 +288,14 @@ pub fn compile_with_progress(
             }
         }
         let total = candidates.len();
+        let keep = screen(&sim, &candidates, &sizes, options, &baseline_names);
         let mut costed = Vec::with_capacity(total);
         for (i, (candidate, selectable)) in candidates.into_iter().enumerate() {
-            let times = cost_candidate(&sim, &candidate.schedule, &sizes, options);
+            let times = if keep[i] {
+                cost_candidate(&sim, &candidate.schedule, &sizes, options)
+            } else {
+                vec![None; options.protocols.len()]
+            };
             costed.push(Costed {
                 candidate,
                 selectable,
@@ -522,6 +527,62 @@ fn pick_winners(
                 }
             }
             best.map(|(_, c, p)| (c, p))
+        })
+        .collect()
+}
+
+/// Rank count above which candidates are screened before they are fully costed.
+pub const SCREEN_RANKS: u32 = 16;
+/// A screened candidate is fully costed when it is within this factor of the best at one of
+/// the probe sizes.
+const SCREEN_FACTOR: f64 = 1.5;
+
+/// Which candidates to cost at every size and protocol. On more than [`SCREEN_RANKS`] ranks
+/// every candidate is first simulated at two probes (the smallest size under the first
+/// protocol, the largest under the last: LL and Simple by default), and only those within
+/// [`SCREEN_FACTOR`] of the best at a probe are kept; the NCCL baseline's families are always
+/// kept (the baseline needs them). Large schedules of families that cannot win (all-pairs
+/// meshes on many ranks) then cost two simulations instead of one per size and protocol.
+fn screen(
+    sim: &Simulator,
+    candidates: &[(Candidate, bool)],
+    sizes: &[u64],
+    options: &Options,
+    always: &[&str],
+) -> Vec<bool> {
+    let n = candidates.len();
+    if sim.network.nranks() <= SCREEN_RANKS || n == 0 {
+        return vec![true; n];
+    }
+    let (Some(&small), Some(&large)) = (sizes.first(), sizes.last()) else {
+        return vec![true; n];
+    };
+    let (Some(&p_small), Some(&p_large)) = (options.protocols.first(), options.protocols.last())
+    else {
+        return vec![true; n];
+    };
+    let probes: Vec<[f64; 2]> = candidates
+        .iter()
+        .map(|(c, _)| {
+            let Ok(prep) = sim.prepare(&c.schedule) else {
+                return [f64::INFINITY; 2];
+            };
+            let at = |bytes, p| {
+                sim.run(&prep, bytes, p)
+                    .map_or(f64::INFINITY, |e| e.time_us)
+            };
+            [at(small, p_small), at(large, p_large)]
+        })
+        .collect();
+    let best = |k: usize| probes.iter().map(|p| p[k]).fold(f64::INFINITY, f64::min);
+    let (b0, b1) = (best(0), best(1));
+    candidates
+        .iter()
+        .zip(&probes)
+        .map(|((c, _), p)| {
+            always.contains(&c.algorithm.as_str())
+                || p[0] <= b0 * SCREEN_FACTOR
+                || p[1] <= b1 * SCREEN_FACTOR
         })
         .collect()
 }
