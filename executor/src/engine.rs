@@ -134,6 +134,8 @@ pub(crate) struct EngineState {
     hold: Vec<AlignedBuf>,
     outstanding: Vec<Outstanding>,
     progressed: bool,
+    /// Adaptive spin budget (polls before yielding), see [`Waiter`]; 0 until first used.
+    spin: u32,
 }
 
 /// Why a step cannot run now: the peer and what it waits for.
@@ -179,6 +181,7 @@ impl EngineState {
             hold: Vec::new(),
             outstanding: Vec::with_capacity(64),
             progressed: false,
+            spin: 0,
         }
     }
 
@@ -255,7 +258,10 @@ impl EngineState {
                 remaining += 1;
             }
         }
-        let mut waiter = Waiter::new();
+        if self.spin == 0 || (self.spin != SPIN_ONLY && self.spin > ctx.spin_polls) {
+            self.spin = ctx.spin_polls.max(MIN_SPIN);
+        }
+        let mut waiter = Waiter::new(self.spin);
         while remaining > 0 {
             self.progressed = false;
             let mut blocked: Option<(u32, u32, u32, &'static str)> = None;
@@ -300,11 +306,15 @@ impl EngineState {
                 break;
             }
             if self.progressed {
-                waiter.reset();
+                waiter.reset(&mut self.spin, ctx.spin_polls);
             } else {
-                waiter.pause(ctx, blocked.unwrap_or((0, 0, ctx.rank, "nothing")))?;
+                if let Err(e) = waiter.pause(ctx, blocked.unwrap_or((0, 0, ctx.rank, "nothing"))) {
+                    self.spin = waiter.budget;
+                    return Err(e);
+                }
             }
         }
+        waiter.reset(&mut self.spin, ctx.spin_polls);
         Ok(())
     }
 
@@ -687,28 +697,77 @@ pub(crate) fn raise_abort(arena: &Arena, reporter: u32, culprit: u32) {
 
 /// Spin polls when every rank has a core of its own.
 pub(crate) const SPIN_POLLS: u32 = 256;
-const YIELD_FOR: Duration = Duration::from_millis(2);
+const YIELD_FOR: Duration = Duration::from_millis(10);
 const SLEEP: Duration = Duration::from_micros(50);
 const LIVENESS_EVERY: Duration = Duration::from_millis(5);
+/// A yield that takes longer than this ran another thread.
+const SWITCHED: Duration = Duration::from_micros(3);
+/// A yield that takes longer than this ran a thread for a whole time slice: not a peer
+/// doing its part of the collective, but other work sharing the core.
+const HOGGED: Duration = Duration::from_micros(200);
+/// In spin-only mode, how long a wait spins before it yields after all.
+const SPIN_FOR: Duration = Duration::from_micros(50);
+/// Smallest adaptive spin budget.
+const MIN_SPIN: u32 = 2;
+/// Budget value meaning "spin-only mode".
+const SPIN_ONLY: u32 = u32::MAX;
 
 /// Backoff and failure detection while a rank cannot make progress.
+///
+/// A waiting rank spins (polls) for a while, then yields its core, and after
+/// [`YIELD_FOR`] sleeps between polls. How long it spins adapts per rank, across calls, to
+/// what the last yield showed:
+///
+/// - the wait ended while spinning, or the yield returned at once (nothing else wanted the
+///   core): spinning is cheap here, so the budget doubles (up to [`Ctx::spin_polls`]);
+/// - the yield ran another thread briefly (the peer shares this core and did its part):
+///   spinning only delays the peer, so the budget halves;
+/// - the yield ran another thread for a whole time slice (unrelated work shares this core,
+///   the peer is elsewhere): yielding gives this rank's share of the core away, so the rank
+///   switches to spin-only mode, spinning for up to [`SPIN_FOR`] before it yields.
+///
+/// Where ranks outnumber cores the budget stays at a couple of polls (spinning would burn
+/// the slice a peer needs) and spin-only mode is never entered.
 struct Waiter {
     polls: u32,
+    budget: u32,
+    /// The longest yield of this wait ran another thread briefly / for a whole slice.
+    switched: bool,
+    hogged: bool,
     since: Option<Instant>,
     last_liveness: Option<Instant>,
 }
 
 impl Waiter {
-    fn new() -> Waiter {
+    fn new(budget: u32) -> Waiter {
         Waiter {
             polls: 0,
+            budget,
+            switched: false,
+            hogged: false,
             since: None,
             last_liveness: None,
         }
     }
 
-    fn reset(&mut self) {
+    /// Progress was made: adapt the budget to how this wait ended and start afresh.
+    fn reset(&mut self, spin: &mut u32, max: u32) {
+        let max = max.max(MIN_SPIN);
+        if self.hogged {
+            self.budget = if max >= SPIN_POLLS { SPIN_ONLY } else { max };
+        } else if self.switched {
+            self.budget = if self.budget == SPIN_ONLY {
+                max
+            } else {
+                (self.budget / 2).max(MIN_SPIN)
+            };
+        } else if self.polls > 0 && self.budget != SPIN_ONLY {
+            self.budget = self.budget.saturating_mul(2).min(max);
+        }
+        *spin = self.budget;
         self.polls = 0;
+        self.switched = false;
+        self.hogged = false;
         self.since = None;
     }
 
@@ -718,15 +777,22 @@ impl Waiter {
             return Err(abort_error(ctx.rank, word));
         }
         self.polls = self.polls.saturating_add(1);
-        if self.polls < ctx.spin_polls {
+        if self.polls < self.budget.min(SPIN_POLLS) {
             std::hint::spin_loop();
             return Ok(());
         }
         let now = Instant::now();
         let since = *self.since.get_or_insert(now);
         let waited = now - since;
+        if self.budget == SPIN_ONLY && waited < SPIN_FOR {
+            std::hint::spin_loop();
+            return Ok(());
+        }
         let (stream, step, peer, what) = blocked;
-        if self.last_liveness.is_none_or(|t| now - t >= LIVENESS_EVERY) {
+        // The first liveness check comes one period into the wait: it costs a file read
+        // in the process backend, far more than a short wait itself.
+        let last = *self.last_liveness.get_or_insert(now);
+        if now - last >= LIVENESS_EVERY {
             self.last_liveness = Some(now);
             if peer != ctx.rank && !(ctx.alive)(peer) {
                 raise_abort(ctx.arena, ctx.rank, peer);
@@ -752,6 +818,12 @@ impl Waiter {
         }
         if waited < YIELD_FOR {
             std::thread::yield_now();
+            let took = now.elapsed();
+            if took >= HOGGED {
+                self.hogged = true;
+            } else if took >= SWITCHED {
+                self.switched = true;
+            }
         } else {
             std::thread::sleep(SLEEP);
         }

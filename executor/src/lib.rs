@@ -46,6 +46,7 @@
 //! waits for and raises the shared abort word, so every other rank returns an error naming
 //! the culprit; a dead process is detected through its pid.
 
+pub mod affinity;
 pub mod arena;
 pub mod comm;
 pub mod config;

@@ -97,6 +97,10 @@ struct Args {
     /// Print one JSON document instead of the table.
     #[arg(long)]
     json: bool,
+    /// Leave ranks unbound. By default, when ranks do not outnumber the cores, rank `r` is
+    /// bound to the `r`-th core (as `mpirun` binds to cores for up to two ranks).
+    #[arg(long)]
+    no_bind: bool,
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
@@ -463,15 +467,25 @@ fn sweep<T: Element>(
         let iters = match sw.args.target {
             None => sw.args.iters.max(1),
             Some(target) => {
-                sync.combine(comm, 0.0)?;
-                let probe = 3;
-                let start = Instant::now();
-                for _ in 0..probe {
-                    call(comm, sw.coll, sw.op, &mut b, in_place)?;
-                }
-                let per_call = start.elapsed().as_secs_f64() / probe as f64;
-                let (_, slowest) = sync.combine(comm, per_call)?;
-                ((target / slowest.max(1e-9)).ceil() as u64).clamp(1, 10_000_000)
+                // Calibrate on rounds of growing length until one fills a tenth of the
+                // budget (a few cold calls would overestimate small sizes by 10-100x and
+                // leave the timed loop too short to average out a single preemption).
+                let mut probe = 1u64;
+                let per_call = loop {
+                    sync.combine(comm, 0.0)?;
+                    let start = Instant::now();
+                    for _ in 0..probe {
+                        call(comm, sw.coll, sw.op, &mut b, in_place)?;
+                    }
+                    let (_, slowest) = sync.combine(comm, start.elapsed().as_secs_f64())?;
+                    if slowest >= target / 10.0 || probe >= 1 << 24 {
+                        break slowest / probe as f64;
+                    }
+                    // Aim straight at the tenth (at most 16x longer per round).
+                    let want = (target / 10.0 / slowest.max(1e-9) * probe as f64).ceil() as u64;
+                    probe = want.clamp(probe * 2, probe * 16);
+                };
+                ((target / per_call.max(1e-9)).ceil() as u64).clamp(1, 50_000_000)
             }
         };
         sync.combine(comm, 0.0)?;
@@ -789,6 +803,7 @@ fn run_threads(args: &Args) -> Result<(), Failure> {
     };
     printer.header(&label);
     let printer = Mutex::new(printer);
+    let binding = should_bind(args, n);
     let results: Vec<Result<Vec<Row>, Failure>> = std::thread::scope(|scope| {
         let handles: Vec<_> = comms
             .into_iter()
@@ -798,6 +813,9 @@ fn run_threads(args: &Args) -> Result<(), Failure> {
                 let mut sync = Arc::clone(&sync);
                 let printer = &printer;
                 scope.spawn(move || {
+                    if binding {
+                        bind(rank as u32);
+                    }
                     dispatch(&sw, rank as u32, &mut comm, &mut sync, |row| {
                         if rank == 0 {
                             printer.lock().unwrap_or_else(|e| e.into_inner()).row(row);
@@ -823,6 +841,21 @@ fn run_threads(args: &Args) -> Result<(), Failure> {
         }
     }
     finish(printer, &label, &rows.unwrap_or_default())
+}
+
+/// Set by `hccl-perf` for the rank processes it starts when they should bind to cores.
+const BIND_ENV: &str = "HCCL_PERF_BIND";
+
+/// Whether `n` ranks get a core each.
+fn should_bind(args: &Args, n: u32) -> bool {
+    !args.no_bind && n as usize <= hccl::executor::affinity::allowed_cpus().len()
+}
+
+/// Binds this thread to the core of `rank`; failure only costs speed, so it is a warning.
+fn bind(rank: u32) {
+    if let Err(e) = hccl::executor::affinity::bind_current_thread(rank as usize) {
+        eprintln!("hccl-perf: rank {rank}: {e}; running unbound");
+    }
 }
 
 fn under_launcher() -> bool {
@@ -857,6 +890,9 @@ fn run_process_rank(args: &Args) -> Result<(), Failure> {
     };
     let mut plan = with_control_entries(plan, world);
     plan.ensure_root(coll);
+    if std::env::var_os(BIND_ENV).is_some() {
+        bind(rank);
+    }
     let config = Config::from_env()?;
     let mut comm =
         ProcessGroup::init_with(plan.clone(), rank, world, &Bootstrap::from_env(), config)?;
@@ -944,8 +980,15 @@ fn launch_processes(args: &Args) -> Result<(), Failure> {
     let exe = std::env::current_exe().map_err(|e| Failure::Runtime(e.to_string()))?;
     let token = format!("{:016x}", RandomState::new().build_hasher().finish());
     let mut children = Vec::new();
+    let binding = should_bind(args, n);
     for rank in 0..n {
-        let child = std::process::Command::new(&exe)
+        let mut command = std::process::Command::new(&exe);
+        if binding {
+            command.env(BIND_ENV, "1");
+        } else {
+            command.env_remove(BIND_ENV);
+        }
+        let child = command
             .args(std::env::args_os().skip(1))
             .env("RANK", rank.to_string())
             .env("WORLD_SIZE", n.to_string())
