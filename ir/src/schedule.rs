@@ -13,8 +13,12 @@
 //! `count`. On one rank at most one stream may send to a given `(peer, channel)` and at most
 //! one stream may receive from it, so the order on every connection is the program order of
 //! one stream. A connection buffers [`CONNECTION_SLOTS`] messages: a send blocks while that
-//! many of its messages are unreceived. Executors must provide at least that many slots; the
-//! verifier proves freedom from deadlock under exactly that many, which implies it under more.
+//! many of its messages are unreceived. A step that both receives and sends (`rcs`, `rrs`,
+//! `rrcs`) starts only when its message has arrived *and* its outgoing connection has a free
+//! slot, then runs as one unit (as MSCCL's primitives do). Executors must provide at least
+//! that many slots; the verifier proves freedom from deadlock under exactly these rules, which
+//! implies it under more slots and under executors that split a fused step into a receive
+//! followed by a send (they can only make progress where this model does).
 //!
 //! # Chunks and bytes
 //!
