@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Regenerates the compiler tables shown in README.md (DGX-1 and a 2-node DGX-H100 cluster),
+# straight from `hcclc compile`, so the README never quotes numbers the tool does not print.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release -q -p hccl-compiler --bin hcclc
+out="$(mktemp -d)"
+for machine in dgx1-v100 h100-cluster-2node; do
+  echo "### $machine"
+  echo '```'
+  ./target/release/hcclc compile "topologies/machines/$machine.ron" -c allreduce \
+    -o "$out/$machine.plan.ron" | tail -n +3
+  echo '```'
+done
+rm -rf "$out"
