@@ -14,7 +14,7 @@
 //! latency (sum of the hop latencies of the topology) is added on top of it.
 
 use hccl_ir::Protocol;
-use hccl_topologies::LinkKind;
+use hccl_topologies::{DeviceKind, LinkKind, Node, Topology};
 
 /// Class of link for latency purposes, as NCCL distinguishes them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -92,6 +92,41 @@ impl Default for CostModel {
 }
 
 impl CostModel {
+    /// The model for CPU ranks sharing a host's memory (the executor's threads and process
+    /// backends). NCCL's GPU latencies do not apply there: a message is a flag store and a
+    /// poll on a shared cache line, and the protocols move the same bytes. Latencies are this
+    /// workspace's own measurements on a 2-core x86-64 host (`hccl-perf`, 2 ranks, 8 B:
+    /// about 0.3 µs per AllReduce of one message each way), split evenly between the
+    /// per-collective and per-message terms; bandwidth comes from the topology (the `host`
+    /// generator's memory-copy probe).
+    pub fn cpu_host() -> CostModel {
+        CostModel {
+            efficiency: [1.0, 1.0, 1.0],
+            base_us: [0.15, 0.15, 0.15],
+            message_us: [[0.15; 3], [0.15; 3], [0.15; 3]],
+            ..CostModel::default()
+        }
+    }
+
+    /// The model that fits `topo`: [`CostModel::cpu_host`] when every rank is a CPU, else
+    /// the NCCL-derived default.
+    pub fn for_topology(topo: &Topology) -> CostModel {
+        let all_cpu = topo.ranks.iter().all(|&node| {
+            matches!(
+                topo.graph[node],
+                Node::Device {
+                    kind: DeviceKind::Cpu,
+                    ..
+                }
+            )
+        });
+        if all_cpu && !topo.ranks.is_empty() {
+            CostModel::cpu_host()
+        } else {
+            CostModel::default()
+        }
+    }
+
     /// Payload fraction of link bandwidth under `protocol`.
     pub fn efficiency(&self, protocol: Protocol) -> f64 {
         self.efficiency[proto_index(protocol)]
@@ -130,6 +165,14 @@ impl CostModel {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_hosts_get_the_cpu_model_and_gpus_the_nccl_table() {
+        let host = hccl_topologies::build(hccl_topologies::generate::host(4, 10.0), "h").unwrap();
+        assert_eq!(CostModel::for_topology(&host), CostModel::cpu_host());
+        let dgx = hccl_topologies::shipped_by_name("dgx-h100").unwrap();
+        assert_eq!(CostModel::for_topology(&dgx), CostModel::default());
+    }
 
     #[test]
     fn default_table_matches_nccl_ring_numbers() {

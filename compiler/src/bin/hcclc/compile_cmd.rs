@@ -199,6 +199,7 @@ pub fn compile(args: CompileArgs) -> Result<(), CliError> {
                 .collect()
         }),
         extra: external_candidates(&args.with, &topo)?,
+        model: hccl_compiler::cost::CostModel::for_topology(&topo),
         ..Options::default()
     };
     let bar = progress_bar();
@@ -249,6 +250,7 @@ pub fn explain(args: ExplainArgs) -> Result<(), CliError> {
     };
     let options = Options {
         sizes: parse_sizes(args.sizes.as_deref())?,
+        model: hccl_compiler::cost::CostModel::for_topology(&topo),
         ..Options::default()
     };
     let rows = search::evaluate_plan(&topo, &plan, &options).map_err(search_error)?;
@@ -270,6 +272,7 @@ pub fn explain(args: ExplainArgs) -> Result<(), CliError> {
         &Options {
             collectives,
             sizes: options.sizes.clone(),
+            model: options.model.clone(),
             ..Options::default()
         },
     )
