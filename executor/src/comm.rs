@@ -25,7 +25,15 @@ pub(crate) struct Shared {
 }
 
 /// Spin budget for `ranks` busy ranks on this host.
+///
+/// A rank whose thread is bound to a single CPU was placed by a launcher that gives each
+/// rank a core of its own (as `mpirun` binds only when ranks do not outnumber cores), so it
+/// spins; otherwise ranks are compared with the CPUs this thread may use.
 pub(crate) fn spin_polls_for(ranks: u32) -> u32 {
+    let allowed = crate::affinity::allowed_cpus().len();
+    if allowed == 1 {
+        return crate::engine::SPIN_POLLS;
+    }
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     if ranks as usize > cores {
         2
