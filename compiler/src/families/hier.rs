@@ -4,41 +4,63 @@
 //! AllGather and ReduceScatter use the inter-host and intra-host halves. Needs more than one
 //! host, all of the same size.
 //!
-//! The buffer is cut into `channels × pipeline` pieces that flow through the phases as a
-//! software pipeline. Every phase (intra-host reduce-scatter, inter-host ring, intra-host
-//! all-gather) runs on channel ids of its own, so the builder neither puts two phases in one
-//! stream nor fuses a phase's last receive with the next phase's first send: the
-//! reduce-scatter of later pieces never waits behind the rail exchange or all-gather of
-//! earlier ones, and NVLink and NIC phases of different pieces overlap. The intra-host
-//! phases of the `channels` run concurrently (hiding each other's per-message latency); the
-//! inter-host exchange takes the pieces in pipeline order over two alternating connections,
-//! so the first piece reaches the all-gather after `1/pieces` of the NIC time rather than
-//! `1/pipeline` of it. Channels are
-//! independent pipelines that hide each other's per-message latency.
+//! Every phase is a *direct* exchange: a rank sends each peer of its host (or of its rail)
+//! the part that peer owns, and the owner folds the contributions in as they arrive. No
+//! piece waits on a relay chain (a ring pays `g − 1` message latencies per piece, and with
+//! all rings in lock-step the links idle during every one of them); a sender streams piece
+//! after piece on each connection, limited only by the connection slots.
 //!
-//! Size: every rank takes part in one intra-host ring of `g` ranks and one rail ring of
-//! `hosts` ranks per piece, so a schedule has `O(nranks · (g + hosts) · pieces)` steps.
+//! The buffer is cut into `channels × pipeline` pieces that flow through the phases in order,
+//! as a software pipeline: piece `s` of every phase runs on connection `s mod channels` of
+//! that phase's own channel ids, so phases never share a stream (the rail exchange of piece
+//! `s` overlaps the intra-host work of piece `s + 1`), and the last piece to leave the
+//! NVLink phase is one piece, so the drain after it is one piece's rail exchange.
+//!
+//! Chunk layout: AllReduce puts piece `s` on chunks `s·n ..` with local rank `l` owning the
+//! contiguous `s·n + l·hosts ..` (one message per peer and piece) and rail host `j` owning
+//! chunk `j` of that. AllGather and ReduceScatter have their layout fixed by the output (rank
+//! `r` owns chunks `r·m ..`); piece `s` is chunk `r·m + s` of every rank `r`, so local rank
+//! `l` owns the `hosts` chunks of its rail (one message each).
+//!
+//! Size: per piece every rank exchanges `O(g + hosts)` messages (AllReduce) or
+//! `O(nranks)` (AllGather, ReduceScatter: one per chunk of its rail and local peer).
 
-use super::common::{
-    LocFn, Run, candidate, grid, ring_all_gather, ring_reduce_scatter, runs_of, uniform_hosts,
-};
+use super::common::{candidate, uniform_hosts};
 use super::{Candidate, Family, FamilyParams};
 use crate::builder::ScheduleBuilder;
 use hccl_ir::{Collective, CollectiveKind, Loc, Rank};
 use hccl_topologies::Topology;
 
-/// Most channel ids (hence connections and streams) the inter-host exchange cycles through:
-/// `min(hosts, 4)`, at least 2. More hide more of the network's per-message latency (a rail
-/// ring has `hosts − 1` hops); fewer let the first pieces through the NIC sooner.
-const MAX_RAIL_STREAMS: u32 = 4;
 /// Most chunks a hierarchical schedule may use on small rank counts (`nranks × pieces`).
 const MAX_HIER_CHUNKS: u32 = 1024;
 /// Most steps (roughly) a hierarchical candidate may have; larger pipelines are not offered.
 const MAX_HIER_STEPS: u64 = 600_000;
+/// Connection counts per phase offered: one keeps pieces strictly in order (the shortest
+/// drain); two let a second piece start while the first finishes.
+const CHANNELS: [u32; 2] = [1, 2];
+/// Pipeline depths offered (pieces per connection).
+const PIPELINE: [u32; 7] = [1, 2, 4, 8, 16, 32, 64];
 
 /// The hierarchical family.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Hierarchical;
+
+/// Ranks of the schedule's hosts and rails, and how the phases use connections.
+struct Layout<'a> {
+    /// Ranks of every host, in local-rank order.
+    hosts: &'a [Vec<Rank>],
+    /// `rails[l][h]`: local rank `l` of host `h`.
+    rails: &'a [Vec<Rank>],
+    /// Connections (channel ids) per phase.
+    nch: u32,
+}
+
+impl Layout<'_> {
+    /// Channel of piece `s` in phase `phase` (every phase has `nch` ids of its own).
+    fn channel(&self, phase: u32, s: u32) -> u32 {
+        phase * self.nch + s % self.nch
+    }
+}
 
 impl Hierarchical {
     /// Hierarchical schedules for either buffer arrangement.
@@ -50,170 +72,217 @@ impl Hierarchical {
         in_place: bool,
     ) -> Vec<Candidate> {
         let kind = collective.kind();
-        if !matches!(
-            kind,
-            CollectiveKind::AllReduce | CollectiveKind::AllGather | CollectiveKind::ReduceScatter
-        ) {
+        if !self.supports(kind) {
             return Vec::new();
         }
         let Some(hosts) = uniform_hosts(topo) else {
             return Vec::new();
         };
-        let (nh, g) = (hosts.len() as u32, hosts[0].len() as u32);
+        let g = hosts[0].len();
         if g < 2 {
             return Vec::new();
         }
         let n = topo.nranks();
         let nch = params.channels.max(1);
-        let pp = params.pipeline.max(1);
-        let m = nch * pp;
+        let Some(m) = nch.checked_mul(params.pipeline.max(1)) else {
+            return Vec::new();
+        };
         let Some(chunks) = n.checked_mul(m) else {
             return Vec::new();
         };
-        let rail_streams = nh.clamp(2, MAX_RAIL_STREAMS);
-        let rails: Vec<Vec<Rank>> = (0..g as usize)
+        let rails: Vec<Vec<Rank>> = (0..g)
             .map(|l| hosts.iter().map(|h| h[l]).collect())
             .collect();
-        let mut b = ScheduleBuilder::new(collective, n, chunks, in_place);
-        let input = |_: Rank, k: u32| Loc::input(k);
-        let output = |_: Rank, k: u32| Loc::output(k);
-        let scratch = |_: Rank, k: u32| Loc::scratch(k);
-        // Pieces in pipeline order: piece `q` of every channel before piece `q + 1`.
-        // Channel ids: intra-host phases on `0..intra_span` (AllReduce's reduce-scatter: one
-        // per channel; AllGather's and ReduceScatter's only intra phase: one per channel and
-        // run, see `split_runs`) and `intra_span + rail_streams..` (AllReduce's all-gather);
-        // the inter-host exchange of the `s`-th piece on `intra_span + s % rail_streams`, so
-        // that the NIC serves pieces in order (a few at a time) instead of every channel's
-        // first piece at once.
-        let intra_span = if kind == CollectiveKind::AllReduce {
-            nch
-        } else {
-            nch * nh
+        let layout = Layout {
+            hosts: &hosts,
+            rails: &rails,
+            nch,
         };
-        let pieces: Vec<(u32, u32, u32)> = (0..pp)
-            .flat_map(|q| (0..nch).map(move |c| (c, c * pp + q)))
-            .enumerate()
-            .map(|(s, (c, idx))| (c, idx, intra_span + s as u32 % rail_streams))
-            .collect();
-        let ag_channel = |c: u32| intra_span + rail_streams + c;
+        let mut b = ScheduleBuilder::new(collective, n, chunks, in_place);
+        b.set_fusion(false);
         match kind {
-            CollectiveKind::AllReduce => {
-                for &(c, idx, rc) in &pieces {
-                    // Piece `idx` holds chunks `base .. base + g·nh`; local rank `l` owns
-                    // `base + l·nh ..` after the intra-host reduce-scatter, and rail host `j`
-                    // owns its chunk `j` of that after the inter-host reduce-scatter.
-                    let base = idx * g * nh;
-                    let host_blocks: Vec<Vec<Run>> =
-                        (0..g).map(|l| vec![(base + l * nh, nh)]).collect();
-                    for ring in &hosts {
-                        ring_reduce_scatter(&mut b, ring, &host_blocks, c, &input, &output);
-                    }
-                    for (l, ring) in rails.iter().enumerate() {
-                        let blocks: Vec<Vec<Run>> = (0..nh)
-                            .map(|j| vec![(base + l as u32 * nh + j, 1)])
-                            .collect();
-                        ring_reduce_scatter(&mut b, ring, &blocks, rc, &output, &output);
-                        ring_all_gather(&mut b, ring, &blocks, rc, &output, &output);
-                    }
-                    for ring in &hosts {
-                        ring_all_gather(
-                            &mut b,
-                            ring,
-                            &host_blocks,
-                            ag_channel(c),
-                            &output,
-                            &output,
-                        );
-                    }
-                }
-            }
-            CollectiveKind::AllGather => {
-                if !in_place {
-                    for r in 0..n {
-                        b.copy((r, Loc::input(0)), (r, Loc::output(r * m)), m, 0);
-                    }
-                }
-                for &(c, idx, rc) in &pieces {
-                    for ring in &rails {
-                        let blocks: Vec<Vec<Run>> =
-                            ring.iter().map(|&r| vec![(r * m + idx, 1)]).collect();
-                        ring_all_gather(&mut b, ring, &blocks, rc, &output, &output);
-                    }
-                    for ring in &hosts {
-                        let blocks: Vec<Vec<Run>> = (0..g as usize)
-                            .map(|l| runs_of(rails[l].iter().map(|&r| r * m + idx).collect()))
-                            .collect();
-                        split_runs(&mut b, ring, &blocks, c * nh, false, &output, &output);
-                    }
-                }
-            }
-            _ => {
-                let rs_out = |r: Rank, k: u32| {
-                    if in_place {
-                        Loc::input(k)
-                    } else {
-                        Loc::output(k - r * m)
-                    }
-                };
-                for &(c, idx, rc) in &pieces {
-                    for ring in &hosts {
-                        let blocks: Vec<Vec<Run>> = (0..g as usize)
-                            .map(|l| runs_of(rails[l].iter().map(|&r| r * m + idx).collect()))
-                            .collect();
-                        split_runs(&mut b, ring, &blocks, c * nh, true, &input, &scratch);
-                    }
-                    for ring in &rails {
-                        let blocks: Vec<Vec<Run>> =
-                            ring.iter().map(|&r| vec![(r * m + idx, 1)]).collect();
-                        ring_reduce_scatter(&mut b, ring, &blocks, rc, &scratch, &rs_out);
-                    }
-                }
-            }
+            CollectiveKind::AllReduce => all_reduce(&mut b, &layout, m),
+            CollectiveKind::AllGather => all_gather(&mut b, &layout, m, in_place),
+            _ => reduce_scatter(&mut b, &layout, m, in_place),
         }
         candidate(self.name(), params, b)
     }
 }
 
-/// The `u`-th run of every block (blocks without one get none).
-fn run_part(blocks: &[Vec<Run>], u: usize) -> Vec<Vec<Run>> {
-    blocks
-        .iter()
-        .map(|r| r.get(u).into_iter().copied().collect())
-        .collect()
-}
-
-/// Ring reduce-scatter (or all-gather) of multi-run blocks with run `u` on channel
-/// `base + u`: the runs travel concurrently over connections of their own instead of one
-/// ring pass after the other on one connection (a block of `k` runs costs `n − 1` message
-/// latencies, not `k·(n − 1)`). Rings that relay need their passes one at a time per
-/// connection: a relaying receive waits for a free outgoing slot before it consumes.
-fn split_runs(
+/// Owner `ring[j]` of each run `(start(j), count)` receives every other member's
+/// contribution directly (from `contrib`) and folds it into `result`, starting from its own
+/// contribution `first`; members are taken in ring order after the owner.
+#[allow(clippy::too_many_arguments)]
+fn direct_reduce(
     b: &mut ScheduleBuilder,
     ring: &[Rank],
-    blocks: &[Vec<Run>],
-    base: u32,
-    reduce: bool,
-    from: LocFn<'_>,
-    to: LocFn<'_>,
+    start: &dyn Fn(usize) -> u32,
+    count: u32,
+    channel: u32,
+    contrib: &dyn Fn(Rank, u32) -> Loc,
+    first: &dyn Fn(Rank, u32) -> Loc,
+    result: &dyn Fn(Rank, u32) -> Loc,
 ) {
-    let runs = blocks.iter().map(Vec::len).max().unwrap_or(0);
-    for u in 0..runs {
-        let part = run_part(blocks, u);
-        if reduce {
-            ring_reduce_scatter(b, ring, &part, base + u as u32, from, to);
+    let n = ring.len();
+    for j in 0..n {
+        let (owner, k) = (ring[j], start(j));
+        for i in 1..n {
+            let p = ring[(j + i) % n];
+            let acc = if i == 1 {
+                first(owner, k)
+            } else {
+                result(owner, k)
+            };
+            b.send(p, owner, contrib(p, k), count, channel);
+            b.recv_reduce_copy(owner, p, acc, result(owner, k), count, channel);
+        }
+    }
+}
+
+/// Owner `ring[j]` sends each run of `starts(j)` (from `have`) to every other member (into
+/// `put`), members in ring order after the owner.
+fn direct_gather(
+    b: &mut ScheduleBuilder,
+    ring: &[Rank],
+    starts: &dyn Fn(usize) -> Vec<u32>,
+    count: u32,
+    channel: u32,
+    have: &dyn Fn(Rank, u32) -> Loc,
+    put: &dyn Fn(Rank, u32) -> Loc,
+) {
+    let n = ring.len();
+    for j in 0..n {
+        let owner = ring[j];
+        let ks = starts(j);
+        for i in 1..n {
+            let d = ring[(j + i) % n];
+            for &k in &ks {
+                b.send(owner, d, have(owner, k), count, channel);
+                b.recv(d, owner, put(d, k), count, channel);
+            }
+        }
+    }
+}
+
+/// AllReduce: per piece, intra-host reduce-scatter (channel phase 0), rail reduce-scatter
+/// (1), rail all-gather (2), intra-host all-gather (3), all in `output`.
+fn all_reduce(b: &mut ScheduleBuilder, lay: &Layout<'_>, m: u32) {
+    let nh = lay.rails[0].len() as u32;
+    let n = nh * lay.hosts[0].len() as u32;
+    let input = |_: Rank, k: u32| Loc::input(k);
+    let output = |_: Rank, k: u32| Loc::output(k);
+    for s in 0..m {
+        let base = s * n;
+        // Local rank `l` owns `base + l·nh .. + nh`; rail host `j` owns chunk `j` of that.
+        let host_start = |l: usize| base + l as u32 * nh;
+        for host in lay.hosts {
+            let ch = lay.channel(0, s);
+            direct_reduce(b, host, &host_start, nh, ch, &input, &input, &output);
+        }
+        for (l, rail) in lay.rails.iter().enumerate() {
+            let start = |j: usize| host_start(l) + j as u32;
+            let ch = lay.channel(1, s);
+            direct_reduce(b, rail, &start, 1, ch, &output, &output, &output);
+        }
+        for (l, rail) in lay.rails.iter().enumerate() {
+            let starts = |j: usize| vec![host_start(l) + j as u32];
+            let ch = lay.channel(2, s);
+            direct_gather(b, rail, &starts, 1, ch, &output, &output);
+        }
+        for host in lay.hosts {
+            let starts = |l: usize| vec![host_start(l)];
+            let ch = lay.channel(3, s);
+            direct_gather(b, host, &starts, nh, ch, &output, &output);
+        }
+    }
+}
+
+/// AllGather: per piece, rail all-gather of every rank's chunk (channel phase 0), then
+/// intra-host all-gather of what each rank holds for its rail (1).
+fn all_gather(b: &mut ScheduleBuilder, lay: &Layout<'_>, m: u32, in_place: bool) {
+    let nh = lay.rails[0].len();
+    let n = (nh * lay.hosts[0].len()) as u32;
+    // A rank's own chunk `k` (of the output numbering), read where it starts.
+    let own = |r: Rank, k: u32| {
+        if in_place {
+            Loc::output(k)
         } else {
-            ring_all_gather(b, ring, &part, base + u as u32, from, to);
+            Loc::input(k - r * m)
+        }
+    };
+    let output = |_: Rank, k: u32| Loc::output(k);
+    // `have`: own chunks from `own`, the rest from `output`.
+    let have = |r: Rank, k: u32| {
+        if k / m == r {
+            own(r, k)
+        } else {
+            Loc::output(k)
+        }
+    };
+    if !in_place {
+        for r in 0..n {
+            b.copy((r, Loc::input(0)), (r, Loc::output(r * m)), m, 0);
+        }
+    }
+    for s in 0..m {
+        for rail in lay.rails {
+            let starts = |j: usize| vec![rail[j] * m + s];
+            direct_gather(b, rail, &starts, 1, lay.channel(0, s), &have, &output);
+        }
+        for (h, host) in lay.hosts.iter().enumerate() {
+            // Local rank `l` forwards its rail's chunks, its own first, then in the order
+            // the rail exchange delivers them.
+            let starts = |l: usize| {
+                (0..nh)
+                    .map(|t| lay.rails[l][(h + t) % nh] * m + s)
+                    .collect()
+            };
+            direct_gather(b, host, &starts, 1, lay.channel(1, s), &have, &output);
+        }
+    }
+}
+
+/// ReduceScatter: per piece, intra-host reduce-scatter of every rail's chunks into scratch
+/// (channel phase 0), then rail reduce-scatter into the owners' outputs (1).
+fn reduce_scatter(b: &mut ScheduleBuilder, lay: &Layout<'_>, m: u32, in_place: bool) {
+    let input = |_: Rank, k: u32| Loc::input(k);
+    let scratch = |_: Rank, k: u32| Loc::scratch(k);
+    let out = |r: Rank, k: u32| {
+        if in_place {
+            Loc::input(k)
+        } else {
+            Loc::output(k - r * m)
+        }
+    };
+    for s in 0..m {
+        for host in lay.hosts {
+            // Local rank `l` reduces the chunks of its rail, one run per rail member.
+            for t in 0..lay.rails[0].len() {
+                let start = |l: usize| lay.rails[l][t] * m + s;
+                let ch = lay.channel(0, s);
+                direct_reduce(b, host, &start, 1, ch, &input, &input, &scratch);
+            }
+        }
+        for rail in lay.rails {
+            let start = |j: usize| rail[j] * m + s;
+            let ch = lay.channel(1, s);
+            direct_reduce(b, rail, &start, 1, ch, &scratch, &scratch, &out);
         }
     }
 }
 
 /// Rough step count of a hierarchical schedule with `pieces` pieces: per piece every rank
-/// runs a reduce-scatter and/or all-gather over its host ring and its rail ring.
-fn step_estimate(topo: &Topology, pieces: u32) -> u64 {
+/// sends and receives one message per host peer and rail peer and phase (AllReduce), or one
+/// per chunk of its rail per host peer (AllGather, ReduceScatter).
+fn step_estimate(topo: &Topology, kind: CollectiveKind, pieces: u32) -> u64 {
     let n = u64::from(topo.nranks());
     let hosts = topo.nhosts().max(1) as u64;
     let g = (n / hosts).max(1);
-    2 * n * (g + hosts) * u64::from(pieces)
+    let per_rank = match kind {
+        CollectiveKind::AllReduce => 4 * (g + hosts),
+        _ => 2 * (g * hosts + hosts),
+    };
+    n * per_rank * u64::from(pieces)
 }
 
 impl Family for Hierarchical {
@@ -226,13 +295,20 @@ impl Family for Hierarchical {
             CollectiveKind::AllReduce | CollectiveKind::AllGather | CollectiveKind::ReduceScatter
         )
     }
-    fn param_space(&self, topo: &Topology, _collective: Collective) -> Vec<FamilyParams> {
+    fn param_space(&self, topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
         let n = topo.nranks();
-        let mut out: Vec<FamilyParams> =
-            grid(&[2, 4, 8], &[1, 2, 4, 8, 16], n, MAX_HIER_CHUNKS.max(n))
-                .into_iter()
-                .filter(|p| step_estimate(topo, p.channels * p.pipeline) <= MAX_HIER_STEPS)
-                .collect();
+        let max_chunks = u64::from(MAX_HIER_CHUNKS.max(n));
+        let mut out = Vec::new();
+        for channels in CHANNELS {
+            for pipeline in PIPELINE {
+                let pieces = channels * pipeline;
+                if u64::from(n) * u64::from(pieces) <= max_chunks
+                    && step_estimate(topo, collective.kind(), pieces) <= MAX_HIER_STEPS
+                {
+                    out.push(FamilyParams { channels, pipeline });
+                }
+            }
+        }
         if out.is_empty() {
             out.push(FamilyParams {
                 channels: 1,
