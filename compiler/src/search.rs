@@ -21,9 +21,10 @@
 //! never slower than the baseline under the model.
 
 use crate::cost::{
-    Bound, CostModel, NcclTopo, Network, Prepared, Simulator, bounds::bound, device_models,
+    Bound, CostModel, NcclChoice, NcclTopo, Network, Prepared, Simulator, bounds::bound,
+    device_models,
 };
-use crate::families::{Candidate, FamilyParams, all_families};
+use crate::families::{Candidate, Family, FamilyParams, all_families};
 use hccl_ir::{
     Collective, CollectiveKind, CostFit, PlanEntry, PlanFile, PlanMeta, Protocol, Schedule,
 };
@@ -260,9 +261,11 @@ pub fn compile_with_progress(
     for (ci, &kind) in options.collectives.iter().enumerate() {
         let collective = collective_of(kind);
         // NCCL's families are generated even when --algo excludes them: they are the baseline.
-        let baseline_names = ["ring", "tree", "pairwise"];
+        let baseline_names = BASELINE_FAMILIES;
         let mut candidates: Vec<(Candidate, bool)> = Vec::new();
         let mut channels_hint = 1;
+        // Baseline families some of whose schedules were over the step cap.
+        let mut capped: Vec<&str> = Vec::new();
         for family in &families {
             if !family.supports(kind) {
                 continue;
@@ -271,14 +274,16 @@ pub fn compile_with_progress(
             if !selectable && !baseline_names.contains(&family.name()) {
                 continue;
             }
-            for params in family.param_space(topo, collective) {
-                if family.name() == "ring" {
-                    channels_hint = channels_hint.max(params.channels);
-                }
-                for c in family.generate(topo, collective, params) {
-                    if c.schedule.collective == collective && c.schedule.nranks == nranks {
-                        candidates.push((c, selectable));
-                    }
+            let generated = generate_capped(family.as_ref(), topo, collective);
+            if family.name() == "ring" {
+                channels_hint = channels_hint.max(generated.max_channels);
+            }
+            if generated.capped {
+                capped.push(family.name());
+            }
+            for c in generated.candidates {
+                if c.schedule.collective == collective && c.schedule.nranks == nranks {
+                    candidates.push((c, selectable));
                 }
             }
         }
@@ -288,14 +293,28 @@ pub fn compile_with_progress(
             }
         }
         let total = candidates.len();
-        let keep = screen(&sim, &candidates, &sizes, options, &baseline_names);
-        let mut costed = Vec::with_capacity(total);
-        for (i, (candidate, selectable)) in candidates.into_iter().enumerate() {
-            let times = if keep[i] {
-                cost_candidate(&sim, &candidate.schedule, &sizes, options)
+        let probes = screen(&sim, &candidates, &sizes, options, &baseline_names);
+        let budget = sim_budget(options.sim_budget, nranks);
+        let indexed: Vec<(usize, &Candidate)> =
+            candidates.iter().map(|(c, _)| c).enumerate().collect();
+        let mut all_times = par_map(&indexed, |&(i, candidate)| {
+            if probes[i].keep {
+                cost_candidate(
+                    &sim,
+                    &candidate.schedule,
+                    &sizes,
+                    options,
+                    budget,
+                    &probes[i].known,
+                )
             } else {
                 vec![None; options.protocols.len()]
-            };
+            }
+        })
+        .into_iter();
+        let mut costed = Vec::with_capacity(total);
+        for (i, (candidate, selectable)) in candidates.into_iter().enumerate() {
+            let times = all_times.next().unwrap_or_default();
             costed.push(Costed {
                 candidate,
                 selectable,
@@ -313,13 +332,21 @@ pub fn compile_with_progress(
         // Winners per size, re-deciding when a winner fails verification.
         let winners = loop {
             let winners = pick_winners(&costed, &sizes, options.protocols.len());
+            let mut todo: Vec<usize> = winners
+                .iter()
+                .flatten()
+                .map(|&(c, _)| c)
+                .filter(|&c| costed[c].verified.is_none())
+                .collect();
+            todo.sort_unstable();
+            todo.dedup();
+            let results = par_map(&todo, |&c| {
+                hccl_ir::verify::verify(&costed[c].candidate.schedule).is_ok()
+            });
             let mut all_ok = true;
-            for &(c, _) in winners.iter().flatten() {
-                if costed[c].verified.is_none() {
-                    let ok = hccl_ir::verify::verify(&costed[c].candidate.schedule).is_ok();
-                    costed[c].verified = Some(ok);
-                    all_ok &= ok;
-                }
+            for (&c, ok) in todo.iter().zip(results) {
+                costed[c].verified = Some(ok);
+                all_ok &= ok;
             }
             if all_ok {
                 break winners;
@@ -338,17 +365,22 @@ pub fn compile_with_progress(
             let cand = &costed[c].candidate;
             let predicted_us = costed[c].times[p].as_ref().map_or(f64::NAN, |t| t[si]);
             let choice = nccl.choose(kind, bytes, channels_hint, |name| {
-                costed.iter().any(|c| c.candidate.algorithm == name)
+                capped.contains(&name) || costed.iter().any(|c| c.candidate.algorithm == name)
             });
             let baseline = choice.and_then(|ch| {
-                let pi = options.protocols.iter().position(|&q| q == ch.protocol)?;
-                let best = costed
+                let best = options
+                    .protocols
                     .iter()
-                    .filter(|c| c.candidate.algorithm == ch.algo.family())
-                    .filter_map(|c| c.times[pi].as_ref().map(|t| t[si]))
-                    .fold(f64::INFINITY, f64::min);
-                best.is_finite()
-                    .then(|| (ch.algo.family().to_string(), ch.protocol, best))
+                    .position(|&q| q == ch.protocol)
+                    .map_or(f64::INFINITY, |pi| {
+                        costed
+                            .iter()
+                            .filter(|c| c.candidate.algorithm == ch.algo.family())
+                            .filter_map(|c| c.times[pi].as_ref().map(|t| t[si]))
+                            .fold(f64::INFINITY, f64::min)
+                    });
+                baseline_time(&ch, best, &capped)
+                    .map(|t| (ch.algo.family().to_string(), ch.protocol, t))
             });
             let b: Bound = bound(&sim.network, &options.model, collective, bytes);
             rows.push(Row {
@@ -431,18 +463,22 @@ pub fn evaluate_plan(
         // Baseline candidates: NCCL's families.
         let mut base: Vec<(String, Vec<Option<Vec<f64>>>)> = Vec::new();
         let mut channels_hint = 1;
+        let mut capped: Vec<&str> = Vec::new();
+        let budget = sim_budget(options.sim_budget, nranks);
         for family in families
             .iter()
-            .filter(|f| ["ring", "tree", "pairwise"].contains(&f.name()) && f.supports(kind))
+            .filter(|f| BASELINE_FAMILIES.contains(&f.name()) && f.supports(kind))
         {
-            for params in family.param_space(topo, collective) {
-                if family.name() == "ring" {
-                    channels_hint = channels_hint.max(params.channels);
-                }
-                for c in family.generate(topo, collective, params) {
-                    let times = cost_candidate(&sim, &c.schedule, &sizes, options);
-                    base.push((c.algorithm, times));
-                }
+            let generated = generate_capped(family.as_ref(), topo, collective);
+            if family.name() == "ring" {
+                channels_hint = channels_hint.max(generated.max_channels);
+            }
+            if generated.capped {
+                capped.push(family.name());
+            }
+            for c in generated.candidates {
+                let times = cost_candidate(&sim, &c.schedule, &sizes, options, budget, &[]);
+                base.push((c.algorithm, times));
             }
         }
         let mut prepared: Vec<Option<Prepared>> = vec![None; plan.entries.len()];
@@ -463,17 +499,21 @@ pub fn evaluate_plan(
                 .and_then(|p| sim.run(p, bytes, entry.protocol).ok())
                 .map_or(f64::NAN, |e| e.time_us);
             let choice = nccl.choose(kind, bytes, channels_hint, |name| {
-                base.iter().any(|(n, _)| n == name)
+                capped.contains(&name) || base.iter().any(|(n, _)| n == name)
             });
             let baseline = choice.and_then(|ch| {
-                let pi = options.protocols.iter().position(|&q| q == ch.protocol)?;
-                let best = base
+                let best = options
+                    .protocols
                     .iter()
-                    .filter(|(n, _)| n == ch.algo.family())
-                    .filter_map(|(_, t)| t[pi].as_ref().map(|t| t[si]))
-                    .fold(f64::INFINITY, f64::min);
-                best.is_finite()
-                    .then(|| (ch.algo.family().to_string(), ch.protocol, best))
+                    .position(|&q| q == ch.protocol)
+                    .map_or(f64::INFINITY, |pi| {
+                        base.iter()
+                            .filter(|(n, _)| n == ch.algo.family())
+                            .filter_map(|(_, t)| t[pi].as_ref().map(|t| t[si]))
+                            .fold(f64::INFINITY, f64::min)
+                    });
+                baseline_time(&ch, best, &capped)
+                    .map(|t| (ch.algo.family().to_string(), ch.protocol, t))
             });
             let b = bound(&sim.network, &options.model, collective, bytes);
             rows.push(Row {
@@ -537,71 +577,217 @@ pub const SCREEN_RANKS: u32 = 16;
 /// the probe sizes.
 const SCREEN_FACTOR: f64 = 1.5;
 
+/// Most steps (over all ranks) a built-in candidate may have. Families whose schedules grow
+/// as ranks² (mesh and one-shot, rings with one chunk per rank, pairwise and Bruck
+/// AllToAll) pass it somewhere between 256 and 1024 ranks and are then not generated (see
+/// [`Family::estimated_steps`](crate::families::Family::estimated_steps)), so compile time
+/// and plan size stop growing as ranks². Every schedule on up to 64 ranks is far below it
+/// (the largest, a double ring on 64 ranks with 8 channels × 2 pieces, has 260 096 steps).
+/// External candidates ([`Options::extra`]) are not capped.
+pub const MAX_CANDIDATE_STEPS: u64 = 600_000;
+
+/// Rank count above which the per-candidate simulation budget shrinks (see [`sim_budget`]).
+pub const SCALE_RANKS: u32 = 64;
+
+/// NCCL's families in our registry: the baseline needs them even when `--algo` excludes them.
+const BASELINE_FAMILIES: [&str; 3] = ["ring", "tree", "pairwise"];
+
+/// The simulated-steps budget per candidate and protocol on `nranks` ranks: `budget` up to
+/// [`SCALE_RANKS`] ranks, then shrinking as `1/nranks` (a schedule's step count grows at least
+/// linearly with the ranks, so this keeps the number of simulations per candidate roughly
+/// constant while each costs more); large schedules are then simulated at fewer sizes and
+/// interpolated.
+pub fn sim_budget(budget: usize, nranks: u32) -> usize {
+    if nranks <= SCALE_RANKS {
+        budget
+    } else {
+        budget.saturating_mul(SCALE_RANKS as usize) / nranks as usize
+    }
+}
+
+/// What [`generate_capped`] produced for one family.
+struct Generated {
+    /// Schedules within [`MAX_CANDIDATE_STEPS`], in parameter order.
+    candidates: Vec<Candidate>,
+    /// Most channels of any parameter set offered (capped or not): NCCL's channel count.
+    max_channels: u32,
+    /// Whether some parameter set or schedule was left out for its size.
+    capped: bool,
+}
+
+/// The family's candidates for `collective` within [`MAX_CANDIDATE_STEPS`]: parameter sets
+/// whose [`estimated_steps`](crate::families::Family::estimated_steps) exceed the cap are
+/// not generated, and generated schedules over it are dropped.
+fn generate_capped(family: &dyn Family, topo: &Topology, collective: Collective) -> Generated {
+    let mut out = Generated {
+        candidates: Vec::new(),
+        max_channels: 1,
+        capped: false,
+    };
+    for params in family.param_space(topo, collective) {
+        out.max_channels = out.max_channels.max(params.channels);
+        if family
+            .estimated_steps(topo, collective, params)
+            .is_some_and(|steps| steps > MAX_CANDIDATE_STEPS)
+        {
+            out.capped = true;
+            continue;
+        }
+        for c in family.generate(topo, collective, params) {
+            if c.schedule.step_count() as u64 > MAX_CANDIDATE_STEPS {
+                out.capped = true;
+            } else {
+                out.candidates.push(c);
+            }
+        }
+    }
+    out
+}
+
+/// The baseline's time for NCCL's `choice`: `simulated` (the best schedule of its family in
+/// our model) when there is one, else NCCL's own predicted time when the family's schedules
+/// were over the step cap (`capped`) and so not simulated.
+fn baseline_time(choice: &NcclChoice, simulated: f64, capped: &[&str]) -> Option<f64> {
+    if simulated.is_finite() {
+        Some(simulated)
+    } else if capped.contains(&choice.algo.family()) && choice.nccl_model_us.is_finite() {
+        Some(choice.nccl_model_us)
+    } else {
+        None
+    }
+}
+
+/// The screen's verdict on one candidate.
+struct Probe {
+    /// Whether to cost the candidate at every size.
+    keep: bool,
+    /// Times already simulated: `(size index, protocol index, µs)`.
+    known: Vec<(usize, usize, f64)>,
+}
+
 /// Which candidates to cost at every size and protocol. On more than [`SCREEN_RANKS`] ranks
 /// every candidate is first simulated at two probes (the smallest size under the first
 /// protocol, the largest under the last: LL and Simple by default), and only those within
 /// [`SCREEN_FACTOR`] of the best at a probe are kept; the NCCL baseline's families are always
 /// kept (the baseline needs them). Large schedules of families that cannot win (all-pairs
 /// meshes on many ranks) then cost two simulations instead of one per size and protocol.
+/// The probes' times are handed on, so a kept candidate is not simulated there again.
 fn screen(
     sim: &Simulator,
     candidates: &[(Candidate, bool)],
     sizes: &[u64],
     options: &Options,
     always: &[&str],
-) -> Vec<bool> {
+) -> Vec<Probe> {
     let n = candidates.len();
+    let keep_all = || {
+        (0..n)
+            .map(|_| Probe {
+                keep: true,
+                known: Vec::new(),
+            })
+            .collect()
+    };
     if sim.network.nranks() <= SCREEN_RANKS || n == 0 {
-        return vec![true; n];
+        return keep_all();
     }
     let (Some(&small), Some(&large)) = (sizes.first(), sizes.last()) else {
-        return vec![true; n];
+        return keep_all();
     };
     let (Some(&p_small), Some(&p_large)) = (options.protocols.first(), options.protocols.last())
     else {
-        return vec![true; n];
+        return keep_all();
     };
-    let probes: Vec<[f64; 2]> = candidates
-        .iter()
-        .map(|(c, _)| {
-            let Ok(prep) = sim.prepare(&c.schedule) else {
-                return [f64::INFINITY; 2];
-            };
-            let at = |bytes, p| {
-                sim.run(&prep, bytes, p)
-                    .map_or(f64::INFINITY, |e| e.time_us)
-            };
-            [at(small, p_small), at(large, p_large)]
-        })
-        .collect();
+    let (last_size, last_proto) = (sizes.len() - 1, options.protocols.len() - 1);
+    let probes: Vec<[f64; 2]> = par_map(candidates, |(c, _)| {
+        let Ok(prep) = sim.prepare(&c.schedule) else {
+            return [f64::INFINITY; 2];
+        };
+        let at = |bytes, p| {
+            sim.run(&prep, bytes, p)
+                .map_or(f64::INFINITY, |e| e.time_us)
+        };
+        [at(small, p_small), at(large, p_large)]
+    });
     let best = |k: usize| probes.iter().map(|p| p[k]).fold(f64::INFINITY, f64::min);
     let (b0, b1) = (best(0), best(1));
     candidates
         .iter()
         .zip(&probes)
-        .map(|((c, _), p)| {
-            always.contains(&c.algorithm.as_str())
+        .map(|((c, _), p)| Probe {
+            keep: always.contains(&c.algorithm.as_str())
                 || p[0] <= b0 * SCREEN_FACTOR
-                || p[1] <= b1 * SCREEN_FACTOR
+                || p[1] <= b1 * SCREEN_FACTOR,
+            known: [(0, 0, p[0]), (last_size, last_proto, p[1])]
+                .into_iter()
+                .filter(|k| k.2.is_finite())
+                .collect(),
         })
         .collect()
 }
 
-/// Predicted times of one schedule at every size, per protocol.
+/// `f` applied to every item on up to [`std::thread::available_parallelism`] threads (each
+/// takes the next unclaimed item), results in item order: the outcome does not depend on
+/// the thread count. A panic in `f` is propagated.
+fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(items.len());
+    if threads <= 1 {
+        return items.iter().map(f).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut done: Vec<(usize, R)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut out = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(item) = items.get(i) else { break };
+                        out.push((i, f(item)));
+                    }
+                    out
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    });
+    done.sort_unstable_by_key(|&(i, _)| i);
+    done.into_iter().map(|(_, r)| r).collect()
+}
+
+/// Predicted times of one schedule at every size, per protocol, simulating at most
+/// `budget` steps per protocol (see [`sample_indices`]); `known` times (size index,
+/// protocol index, µs) are used instead of simulating again.
 fn cost_candidate(
     sim: &Simulator,
     schedule: &Schedule,
     sizes: &[u64],
     options: &Options,
+    budget: usize,
+    known: &[(usize, usize, f64)],
 ) -> Vec<Option<Vec<f64>>> {
     let Ok(prepared) = sim.prepare(schedule) else {
         return vec![None; options.protocols.len()];
     };
-    let samples = sample_indices(sizes.len(), prepared.step_count(), options.sim_budget);
+    let samples = sample_indices(sizes.len(), prepared.step_count(), budget);
     options
         .protocols
         .iter()
-        .map(|&p| times_at(sim, &prepared, p, sizes, &samples))
+        .enumerate()
+        .map(|(pi, &p)| {
+            let known_at = |si: usize| {
+                known
+                    .iter()
+                    .find(|&&(ks, kp, _)| ks == si && kp == pi)
+                    .map(|k| k.2)
+            };
+            times_at(sim, &prepared, p, sizes, &samples, known_at)
+        })
         .collect()
 }
 
@@ -611,10 +797,15 @@ fn times_at(
     protocol: Protocol,
     sizes: &[u64],
     samples: &[usize],
+    known: impl Fn(usize) -> Option<f64>,
 ) -> Option<Vec<f64>> {
     let mut at = Vec::with_capacity(samples.len());
     for &i in samples {
-        at.push((i, sim.run(prepared, sizes[i], protocol).ok()?.time_us));
+        let t = match known(i) {
+            Some(t) => t,
+            None => sim.run(prepared, sizes[i], protocol).ok()?.time_us,
+        };
+        at.push((i, t));
     }
     let mut out = Vec::with_capacity(sizes.len());
     let mut k = 0;
@@ -699,6 +890,63 @@ mod tests {
         assert_eq!(s.last(), Some(&22));
         assert_eq!(s.len(), 4);
         assert_eq!(sample_indices(23, usize::MAX, 1).len(), 2);
+    }
+
+    #[test]
+    fn budget_shrinks_only_beyond_scale_ranks() {
+        assert_eq!(sim_budget(400_000, 8), 400_000);
+        assert_eq!(sim_budget(400_000, SCALE_RANKS), 400_000);
+        assert_eq!(sim_budget(400_000, 1024), 25_000);
+    }
+
+    #[test]
+    fn par_map_keeps_item_order() {
+        let items: Vec<u64> = (0..100).collect();
+        assert_eq!(
+            par_map(&items, |&x| x * x),
+            items.iter().map(|x| x * x).collect::<Vec<_>>()
+        );
+        assert!(par_map(&[] as &[u64], |&x| x).is_empty());
+    }
+
+    /// On 1024 ranks the ranks²-step families are not generated at all; trees are.
+    #[test]
+    fn quadratic_families_are_capped_on_many_ranks() {
+        let text = hccl_topologies::shipped_text("dgx-h100").expect("shipped");
+        let spec = hccl_topologies::parse_spec(text, "dgx-h100").expect("parses");
+        let topo =
+            hccl_topologies::build(hccl_topologies::generate::cluster(128, &spec), "cluster")
+                .expect("builds");
+        assert_eq!(topo.nranks(), 1024);
+        for family in all_families() {
+            let name = family.name();
+            if !["ring", "double_ring", "mesh", "tree"].contains(&name) {
+                continue;
+            }
+            let g = generate_capped(family.as_ref(), &topo, Collective::AllReduce);
+            if name == "tree" {
+                assert!(!g.capped && !g.candidates.is_empty());
+            } else {
+                assert!(g.capped && g.candidates.is_empty(), "{name}");
+            }
+            assert!(
+                g.candidates
+                    .iter()
+                    .all(|c| c.schedule.step_count() as u64 <= MAX_CANDIDATE_STEPS)
+            );
+        }
+        assert_eq!(
+            baseline_time(
+                &NcclChoice {
+                    algo: crate::cost::NcclAlgo::Ring,
+                    protocol: Protocol::Simple,
+                    nccl_model_us: 42.0
+                },
+                f64::INFINITY,
+                &["ring"]
+            ),
+            Some(42.0)
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! (intra-host gather, aggregated inter-host exchange).
 
 use super::common::{candidate, grid, runs_of, single_rank, uniform_hosts};
-use super::{Candidate, Family, FamilyParams};
+use super::{Candidate, Family, FamilyParams, steps_per_piece};
 use crate::builder::ScheduleBuilder;
 use hccl_ir::{Collective, CollectiveKind, Loc};
 use hccl_topologies::Topology;
@@ -189,6 +189,22 @@ impl Family for Mesh {
     ) -> Vec<Candidate> {
         self.schedules(topo, collective, params, false)
     }
+    fn estimated_steps(
+        &self,
+        topo: &Topology,
+        collective: Collective,
+        params: FamilyParams,
+    ) -> Option<u64> {
+        let n = u64::from(topo.nranks());
+        // Every rank exchanges with every other: n² steps per piece.
+        let per_piece = match collective.kind() {
+            CollectiveKind::AllReduce => 4 * n * n.saturating_sub(1),
+            CollectiveKind::AllGather | CollectiveKind::AllToAll => n * (2 * n).saturating_sub(1),
+            CollectiveKind::ReduceScatter => 2 * n * n.saturating_sub(1),
+            CollectiveKind::Broadcast | CollectiveKind::Reduce => 2 * n,
+        };
+        Some(steps_per_piece(params, per_piece))
+    }
 }
 
 /// Pairwise AllToAll: n-1 rounds separated by fences, round i sends to (r+i) mod n.
@@ -235,6 +251,16 @@ impl Family for Pairwise {
         params: FamilyParams,
     ) -> Vec<Candidate> {
         self.schedules(topo, collective, params, false)
+    }
+    fn estimated_steps(
+        &self,
+        topo: &Topology,
+        collective: Collective,
+        params: FamilyParams,
+    ) -> Option<u64> {
+        let n = u64::from(topo.nranks());
+        (collective == Collective::AllToAll)
+            .then(|| steps_per_piece(params, n * (3 * n).saturating_sub(2)))
     }
 }
 
@@ -323,6 +349,17 @@ impl Family for Bruck {
         params: FamilyParams,
     ) -> Vec<Candidate> {
         self.schedules(topo, collective, params, false)
+    }
+    fn estimated_steps(
+        &self,
+        topo: &Topology,
+        collective: Collective,
+        params: FamilyParams,
+    ) -> Option<u64> {
+        let n = u64::from(topo.nranks());
+        let m = u64::from(params.channels.max(1));
+        (collective == Collective::AllToAll)
+            .then(|| (n * (4 * n).saturating_sub(3)).saturating_mul(m * m))
     }
 }
 
@@ -434,5 +471,14 @@ impl Family for TwoPhase {
         params: FamilyParams,
     ) -> Vec<Candidate> {
         self.schedules(topo, collective, params, false)
+    }
+    fn estimated_steps(
+        &self,
+        topo: &Topology,
+        collective: Collective,
+        params: FamilyParams,
+    ) -> Option<u64> {
+        let n = u64::from(topo.nranks());
+        (collective == Collective::AllToAll).then(|| steps_per_piece(params, 5 * n * n))
     }
 }

@@ -60,6 +60,28 @@ pub trait Family: Send + Sync {
         collective: Collective,
         params: FamilyParams,
     ) -> Vec<Candidate>;
+    /// Roughly how many steps (over all ranks) [`Family::generate`] would produce for these
+    /// parameters, without generating them; `None` when the family does not say. The search
+    /// skips parameter sets whose estimate exceeds its step cap
+    /// ([`crate::search::MAX_CANDIDATE_STEPS`]) before generating them, so families whose size
+    /// grows as ranks² cost nothing on large topologies. The estimate should be within a
+    /// small factor of the real count (the search also checks the generated schedules).
+    fn estimated_steps(
+        &self,
+        _topo: &Topology,
+        _collective: Collective,
+        _params: FamilyParams,
+    ) -> Option<u64> {
+        None
+    }
+}
+
+/// `channels × pipeline × per_piece`: the step estimate of a family whose every channel and
+/// pipeline piece costs `per_piece` steps (saturating).
+pub fn steps_per_piece(params: FamilyParams, per_piece: u64) -> u64 {
+    per_piece
+        .saturating_mul(u64::from(params.channels.max(1)))
+        .saturating_mul(u64::from(params.pipeline.max(1)))
 }
 
 /// Every built-in family, in a fixed order (the search is deterministic).
@@ -103,4 +125,48 @@ pub fn generate_with(
         _ => return None,
     };
     Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster(nodes: u32) -> Topology {
+        let text = hccl_topologies::shipped_text("dgx-h100").expect("dgx-h100 is shipped");
+        let spec = hccl_topologies::parse_spec(text, "dgx-h100").expect("shipped spec parses");
+        hccl_topologies::build(hccl_topologies::generate::cluster(nodes, &spec), "cluster")
+            .expect("cluster builds")
+    }
+
+    /// Every family's step estimate is within a factor of two of what it generates.
+    #[test]
+    fn step_estimates_match_generated_schedules() {
+        let mut checked = 0;
+        for topo in [cluster(1), cluster(2)] {
+            for family in all_families() {
+                for kind in CollectiveKind::ALL {
+                    if !family.supports(kind) {
+                        continue;
+                    }
+                    let collective = crate::search::collective_of(kind);
+                    for params in family.param_space(&topo, collective) {
+                        let Some(est) = family.estimated_steps(&topo, collective, params) else {
+                            continue;
+                        };
+                        for c in family.generate(&topo, collective, params) {
+                            let real = c.schedule.step_count() as u64;
+                            assert!(
+                                est <= 2 * real && real <= 2 * est,
+                                "{} {kind} {params:?} on {} ranks: estimate {est}, real {real}",
+                                family.name(),
+                                topo.nranks()
+                            );
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 50, "only {checked} schedules checked");
+    }
 }

@@ -7,7 +7,7 @@ use super::common::{
     Run, candidate, direct_bw, grid, ring_all_gather, ring_orders, ring_reduce_scatter, rotate_to,
     single_rank, uniform_hosts,
 };
-use super::{Candidate, Family, FamilyParams};
+use super::{Candidate, Family, FamilyParams, steps_per_piece};
 use crate::builder::ScheduleBuilder;
 use hccl_ir::{Collective, CollectiveKind, Loc, Rank};
 use hccl_topologies::Topology;
@@ -342,6 +342,19 @@ fn ring_params(topo: &Topology, collective: Collective, channels: &[u32]) -> Vec
     }
 }
 
+/// Steps of one ring carrying one piece of `collective` over all ranks: every rank takes
+/// part in `2n − 1` (AllReduce), `n + 1` (AllGather), `n` (ReduceScatter) or about one
+/// (Broadcast, Reduce) steps, so the whole-schedule count grows as n² for the first three.
+fn ring_steps(topo: &Topology, collective: Collective) -> u64 {
+    let n = u64::from(topo.nranks());
+    match collective.kind() {
+        CollectiveKind::AllReduce => n * (2 * n).saturating_sub(1),
+        CollectiveKind::AllGather => n * (n + 1),
+        CollectiveKind::ReduceScatter => n * n,
+        CollectiveKind::Broadcast | CollectiveKind::Reduce | CollectiveKind::AllToAll => n + 1,
+    }
+}
+
 /// The ring family.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Ring;
@@ -380,6 +393,14 @@ impl Family for Ring {
         params: FamilyParams,
     ) -> Vec<Candidate> {
         self.schedules(topo, collective, params, false)
+    }
+    fn estimated_steps(
+        &self,
+        topo: &Topology,
+        collective: Collective,
+        params: FamilyParams,
+    ) -> Option<u64> {
+        Some(steps_per_piece(params, ring_steps(topo, collective)))
     }
 }
 
@@ -428,5 +449,13 @@ impl Family for DoubleRing {
         params: FamilyParams,
     ) -> Vec<Candidate> {
         self.schedules(topo, collective, params, false)
+    }
+    fn estimated_steps(
+        &self,
+        topo: &Topology,
+        collective: Collective,
+        params: FamilyParams,
+    ) -> Option<u64> {
+        Some(steps_per_piece(params, 2 * ring_steps(topo, collective)))
     }
 }
