@@ -219,6 +219,39 @@ impl PlanFile {
         PlanFile::from_ron(text, &origin)
     }
 
+    /// Parses plan text keeping only `rank`'s program in every schedule: the other ranks'
+    /// programs are skipped during parsing (never built) and left empty
+    /// (no streams, no scratch), so the result has the shape of the full plan but holds one
+    /// rank's part. Such a plan does not verify and serves only that rank (an executor's view).
+    /// A `rank` that some schedule does not have is an error located at that schedule.
+    pub fn from_ron_for_rank(text: &str, origin: &str, rank: u32) -> Result<PlanFile, PlanError> {
+        check_version(text, origin)?;
+        let options = ron::Options::default().with_recursion_limit(64);
+        let partial = WANTED_RANK.with(|w| {
+            let previous = w.replace(Some(rank));
+            let parsed = options.from_str::<one_rank::Plan>(text);
+            w.set(previous);
+            parsed
+        });
+        partial
+            .map(one_rank::Plan::into_plan)
+            .map_err(|err| PlanError::Parse(Located::from_ron(origin, &err)))
+    }
+
+    /// Reads a plan file keeping only `rank`'s part (see [`PlanFile::from_ron_for_rank`]).
+    pub fn load_for_rank(path: &Path, rank: u32) -> Result<PlanFile, PlanError> {
+        let origin = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|source| PlanError::Io {
+            path: origin.clone(),
+            source,
+        })?;
+        let text = std::str::from_utf8(&bytes).map_err(|err| PlanError::NotText {
+            path: origin.clone(),
+            offset: err.valid_up_to(),
+        })?;
+        PlanFile::from_ron_for_rank(text, &origin, rank)
+    }
+
     /// Writes the plan atomically: a temporary file beside `path`, then a rename, so a reader
     /// never sees half a plan and an existing file survives a failed write.
     pub fn save(&self, path: &Path) -> Result<(), PlanError> {
@@ -231,6 +264,124 @@ impl PlanFile {
     /// Hex blake3 of the canonical serialisation: equal plans hash equally on every rank.
     pub fn content_hash(&self) -> String {
         blake3::hash(self.to_ron().as_bytes()).to_hex().to_string()
+    }
+}
+
+thread_local! {
+    /// The rank [`PlanFile::from_ron_for_rank`] keeps while it parses on this thread.
+    static WANTED_RANK: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+}
+
+/// Mirrors of [`PlanFile`], [`PlanEntry`] and [`Schedule`] (same RON shape, same field rules)
+/// whose `ranks` list deserialises only the element [`WANTED_RANK`] and skips the others
+/// with [`serde::de::IgnoredAny`].
+mod one_rank {
+    use super::{CostFit, PlanEntry, PlanFile, PlanMeta, Protocol, WANTED_RANK};
+    use crate::schedule::{Collective, RankProgram, Schedule};
+    use serde::Deserialize;
+    use serde::de::{self, IgnoredAny, SeqAccess, Visitor};
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct Plan {
+        format_version: u32,
+        meta: PlanMeta,
+        entries: Vec<Entry>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Entry {
+        min_bytes: u64,
+        max_bytes: Option<u64>,
+        algorithm: String,
+        protocol: Protocol,
+        #[serde(default)]
+        cost: Option<CostFit>,
+        schedule: Sched,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Sched {
+        collective: Collective,
+        nranks: u32,
+        chunks: u32,
+        input_chunks: u32,
+        output_chunks: u32,
+        in_place: bool,
+        #[serde(deserialize_with = "wanted_rank_only")]
+        ranks: Vec<RankProgram>,
+    }
+
+    impl Plan {
+        pub(super) fn into_plan(self) -> PlanFile {
+            PlanFile {
+                format_version: self.format_version,
+                meta: self.meta,
+                entries: self
+                    .entries
+                    .into_iter()
+                    .map(|e| PlanEntry {
+                        min_bytes: e.min_bytes,
+                        max_bytes: e.max_bytes,
+                        algorithm: e.algorithm,
+                        protocol: e.protocol,
+                        cost: e.cost,
+                        schedule: Schedule {
+                            collective: e.schedule.collective,
+                            nranks: e.schedule.nranks,
+                            chunks: e.schedule.chunks,
+                            input_chunks: e.schedule.input_chunks,
+                            output_chunks: e.schedule.output_chunks,
+                            in_place: e.schedule.in_place,
+                            ranks: e.schedule.ranks,
+                        },
+                    })
+                    .collect(),
+            }
+        }
+    }
+
+    fn wanted_rank_only<'de, D: de::Deserializer<'de>>(d: D) -> Result<Vec<RankProgram>, D::Error> {
+        struct Ranks(Option<u32>);
+        impl<'de> Visitor<'de> for Ranks {
+            type Value = Vec<RankProgram>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a list of rank programs")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::new();
+                loop {
+                    let index = out.len();
+                    let keep = self.0.is_none_or(|r| r as usize == index);
+                    if keep {
+                        match seq.next_element::<RankProgram>()? {
+                            Some(p) => out.push(p),
+                            None => break,
+                        }
+                    } else {
+                        match seq.next_element::<IgnoredAny>()? {
+                            Some(_) => out.push(RankProgram {
+                                scratch_chunks: 0,
+                                streams: Vec::new(),
+                            }),
+                            None => break,
+                        }
+                    }
+                }
+                if let Some(r) = self.0
+                    && r as usize >= out.len()
+                {
+                    return Err(de::Error::custom(format!(
+                        "rank {r} is out of range: the schedule has {} rank programs",
+                        out.len()
+                    )));
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_seq(Ranks(WANTED_RANK.with(|w| w.get())))
     }
 }
 
@@ -257,5 +408,82 @@ fn check_version(text: &str, origin: &str) -> Result<(), PlanError> {
             supported: FORMAT_VERSION,
         }),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::{RankProgram, Stream};
+
+    fn plan() -> PlanFile {
+        let mut plan = PlanFile::new(PlanMeta {
+            topology: "t".into(),
+            topology_hash: String::new(),
+            compiler: "test".into(),
+        });
+        for (i, collective) in [Collective::AllReduce, Collective::Broadcast { root: 2 }]
+            .into_iter()
+            .enumerate()
+        {
+            let mut schedule = Schedule::empty(collective, 4, 4, i == 1).expect("fits");
+            for (r, prog) in schedule.ranks.iter_mut().enumerate() {
+                prog.scratch_chunks = r as u32 + 1;
+                prog.streams.push(Stream {
+                    channel: r as u32,
+                    steps: Vec::new(),
+                });
+            }
+            plan.entries.push(PlanEntry {
+                min_bytes: 0,
+                max_bytes: None,
+                algorithm: "ring".into(),
+                protocol: Protocol::Simple,
+                cost: Some(CostFit {
+                    latency_us: 1.0,
+                    algbw_gbps: 2.0,
+                }),
+                schedule,
+            });
+        }
+        plan
+    }
+
+    #[test]
+    fn one_rank_load_keeps_that_rank_only() {
+        let full = plan();
+        let text = full.to_ron();
+        for rank in 0..4u32 {
+            let part = PlanFile::from_ron_for_rank(&text, "p", rank).expect("parses");
+            let mut expected = full.clone();
+            for e in &mut expected.entries {
+                for (r, prog) in e.schedule.ranks.iter_mut().enumerate() {
+                    if r as u32 != rank {
+                        *prog = RankProgram {
+                            scratch_chunks: 0,
+                            streams: Vec::new(),
+                        };
+                    }
+                }
+            }
+            assert_eq!(part, expected, "rank {rank}");
+        }
+        // The full parse is unaffected by a one-rank parse on the same thread.
+        assert_eq!(PlanFile::from_ron(&text, "p").expect("parses"), full);
+    }
+
+    #[test]
+    fn one_rank_load_rejects_what_the_full_load_rejects() {
+        let text = plan().to_ron();
+        let err = PlanFile::from_ron_for_rank(&text, "p", 4).expect_err("rank 4 of 4");
+        assert!(err.to_string().contains("rank 4 is out of range"), "{err}");
+        let bad = text.replacen("in_place", "in_placed", 1);
+        assert!(PlanFile::from_ron(&bad, "p").is_err());
+        assert!(PlanFile::from_ron_for_rank(&bad, "p", 0).is_err());
+        let newer = text.replacen("format_version: 1", "format_version: 9", 1);
+        assert!(matches!(
+            PlanFile::from_ron_for_rank(&newer, "p", 0),
+            Err(PlanError::Version { found: 9, .. })
+        ));
     }
 }
