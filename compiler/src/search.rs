@@ -18,7 +18,14 @@
 //! Rooted collectives (Broadcast, Reduce) are compiled for root 0.
 //!
 //! The NCCL baseline's schedules (`ring`, `tree`, `pairwise`) are candidates too, so a winner is
-//! never slower than the baseline under the model.
+//! never slower than the baseline under the model, as long as those schedules fit
+//! [`MAX_CANDIDATE_STEPS`]. Schedules over that cap (ranks² families on large topologies,
+//! e.g. the ring from about 512 ranks) are not generated; where NCCL's chosen family was
+//! capped, the baseline's time is NCCL's own predicted time ([`NcclTopo::predict`]) and the
+//! winner is compared with that (it can then be slower).
+//!
+//! Candidates are costed and winners verified on all available cores; results are collected
+//! in candidate order, so the plan does not depend on the thread count.
 
 use crate::cost::{
     Bound, CostModel, NcclChoice, NcclTopo, Network, Prepared, Simulator, bounds::bound,
