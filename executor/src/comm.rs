@@ -857,3 +857,24 @@ impl Communicator {
         self.run(Collective::Reduce { root }, op, Buffers::InPlace(buf))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rank_bound_to_one_cpu_spins_whatever_the_rank_count() {
+        std::thread::spawn(|| {
+            crate::affinity::bind_current_thread(0).expect("bind to the first allowed CPU");
+            assert_eq!(spin_polls_for(64), crate::engine::SPIN_POLLS);
+        })
+        .join()
+        .expect("the bound thread");
+        // Unbound, ranks that outnumber the CPUs spin only briefly.
+        let cpus = std::thread::available_parallelism().map_or(1, |c| c.get());
+        if crate::affinity::allowed_cpus().len() > 1 {
+            assert!(spin_polls_for(cpus as u32 + 1) < crate::engine::SPIN_POLLS);
+            assert_eq!(spin_polls_for(1), crate::engine::SPIN_POLLS);
+        }
+    }
+}

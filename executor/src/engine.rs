@@ -830,3 +830,50 @@ impl Waiter {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ends a wait of `polls` polls whose yield (if any) was classified as given, and
+    /// returns the budget the next wait starts with.
+    fn end_wait(budget: u32, max: u32, polls: u32, switched: bool, hogged: bool) -> u32 {
+        let mut w = Waiter::new(budget);
+        w.polls = polls;
+        w.switched = switched;
+        w.hogged = hogged;
+        let mut spin = 0;
+        w.reset(&mut spin, max);
+        assert_eq!(spin, w.budget);
+        assert_eq!((w.polls, w.switched, w.hogged), (0, false, false));
+        spin
+    }
+
+    #[test]
+    fn spin_budget_adapts_to_how_waits_end() {
+        // (start, max, polls, switched, hogged) -> next budget
+        let cases = [
+            // Ended while spinning: doubles, capped at the maximum.
+            (2, SPIN_POLLS, 5, false, false, 4),
+            (SPIN_POLLS, SPIN_POLLS, 5, false, false, SPIN_POLLS),
+            // No wait at all: unchanged.
+            (8, SPIN_POLLS, 0, false, false, 8),
+            // A brief switch (the peer shares the core): halves, not below the minimum.
+            (SPIN_POLLS, SPIN_POLLS, 300, true, false, SPIN_POLLS / 2),
+            (MIN_SPIN, SPIN_POLLS, 300, true, false, MIN_SPIN),
+            // A whole slice elsewhere: spin-only, unless ranks outnumber cores.
+            (16, SPIN_POLLS, 300, false, true, SPIN_ONLY),
+            (MIN_SPIN, MIN_SPIN, 300, false, true, MIN_SPIN),
+            // Spin-only stays until a brief switch shows the peer needs this core.
+            (SPIN_ONLY, SPIN_POLLS, 9000, false, false, SPIN_ONLY),
+            (SPIN_ONLY, SPIN_POLLS, 9000, true, false, SPIN_POLLS),
+        ];
+        for (start, max, polls, switched, hogged, want) in cases {
+            assert_eq!(
+                end_wait(start, max, polls, switched, hogged),
+                want,
+                "start {start} max {max} polls {polls} switched {switched} hogged {hogged}"
+            );
+        }
+    }
+}
