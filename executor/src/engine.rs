@@ -18,11 +18,14 @@
 //! Connections are the single-producer single-consumer rings of [`crate::arena`]: one
 //! Release store publishes a message, one Release store frees a slot, and each side caches
 //! the other's counter so that polling touches the peer's cache line only when the cached
-//! value says "blocked". When a sweep makes no progress the engine backs off: a few hundred
-//! spin-loop hints, then `yield_now` (so oversubscribed ranks hand the core to the peer they
-//! wait for), then short sleeps after a couple of milliseconds. While waiting it watches the
-//! abort word (another rank failed), the timeout, and whether the peer it waits for is still
-//! alive.
+//! value says "blocked". When a sweep makes no progress the engine backs off: spin-loop
+//! hints, then `yield_now` (so oversubscribed ranks hand the core to the peer they wait
+//! for), then short sleeps after 10 ms. How long it spins adapts to what yields show
+//! (see `Waiter`): a rank that shares its core with its peer yields almost at once, a rank
+//! whose core is shared with unrelated work keeps spinning rather than give its share away.
+//! While waiting it watches the abort word (another rank failed) and the timeout, and, once
+//! a wait passes 5 ms, whether the peer it waits for is still alive (a file
+//! read in the process backend: far too slow for every short wait).
 //!
 //! # Single copy
 //!

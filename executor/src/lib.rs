@@ -39,6 +39,8 @@
 //!   counters. A backend only moves bytes and signals: [`threads`] keeps the region on the
 //!   heap, [`process`] in `/dev/shm` after a TCP rendezvous.
 //! - [`dtype`] holds the reduction kernels, monomorphised per element type × operator.
+//! - [`affinity`] binds a rank's thread to a core, for launchers that place ranks as
+//!   `mpirun` does.
 //! - [`comm`] maps a call onto a plan entry: buffer checks, placement adaptation (an in-place
 //!   call on an out-of-place schedule and vice versa), segmenting, the `avg` finishing pass.
 //!

@@ -3,7 +3,13 @@
 //! ```text
 //! hccl-perf -b 8 -e 256M -f 4 -g 8 -c allreduce -d float -o sum --backend threads|process
 //!           [--plan PLAN|ALGO.xml] [-n ITERS] [-w WARMUP] [-T SECONDS] [--check] [--json]
+//!           [--no-bind]
 //! ```
+//!
+//! With `-T` the iteration count is calibrated as `mpi_coll_bench` does it: rounds of
+//! growing length until one fills a tenth of the budget. When ranks do not outnumber the
+//! cores, rank `r` is bound to the `r`-th core (as `mpirun` binds up to two ranks), unless
+//! `--no-bind` is given.
 //!
 //! Sizes follow nccl-tests: AllReduce, Broadcast, Reduce: the buffer; AllGather: the whole
 //! output; ReduceScatter: the whole input; AllToAll: what one rank sends. Each row shows the
