@@ -36,8 +36,12 @@ const MAX_HIER_CHUNKS: u32 = 1024;
 /// Most steps (roughly) a hierarchical candidate may have; larger pipelines are not offered.
 const MAX_HIER_STEPS: u64 = 600_000;
 /// Connection counts per phase offered: one keeps pieces strictly in order (the shortest
-/// drain); two let a second piece start while the first finishes.
+/// drain); two let a second piece start while the first finishes, which only pays on
+/// shallow pipelines (at most [`MAX_TWO_CHANNEL_PIPELINE`] pieces per connection): deeper
+/// ones keep every link busy on one connection.
 const CHANNELS: [u32; 2] = [1, 2];
+/// Deepest pipeline offered with two connections per phase.
+const MAX_TWO_CHANNEL_PIPELINE: u32 = 2;
 /// Pipeline depths offered (pieces per connection).
 const PIPELINE: [u32; 7] = [1, 2, 4, 8, 16, 32, 64];
 
@@ -271,18 +275,20 @@ fn reduce_scatter(b: &mut ScheduleBuilder, lay: &Layout<'_>, m: u32, in_place: b
     }
 }
 
-/// Rough step count of a hierarchical schedule with `pieces` pieces: per piece every rank
-/// sends and receives one message per host peer and rail peer and phase (AllReduce), or one
-/// per chunk of its rail per host peer (AllGather, ReduceScatter).
+/// Step count of a hierarchical schedule with `pieces` pieces: per piece every rank sends
+/// and receives one message per host peer and rail peer in each of its phases (AllReduce:
+/// four), one per chunk of its rail for every host peer (AllGather, ReduceScatter).
 fn step_estimate(topo: &Topology, kind: CollectiveKind, pieces: u32) -> u64 {
     let n = u64::from(topo.nranks());
     let hosts = topo.nhosts().max(1) as u64;
     let g = (n / hosts).max(1);
     let per_rank = match kind {
-        CollectiveKind::AllReduce => 4 * (g + hosts),
-        _ => 2 * (g * hosts + hosts),
+        CollectiveKind::AllReduce => 4 * (g + hosts).saturating_sub(2),
+        _ => 2 * ((g - 1) * hosts + hosts - 1),
     };
-    n * per_rank * u64::from(pieces)
+    n.saturating_mul(per_rank)
+        .saturating_mul(u64::from(pieces))
+        .max(1)
 }
 
 impl Family for Hierarchical {
@@ -302,7 +308,8 @@ impl Family for Hierarchical {
         for channels in CHANNELS {
             for pipeline in PIPELINE {
                 let pieces = channels * pipeline;
-                if u64::from(n) * u64::from(pieces) <= max_chunks
+                if (channels == 1 || pipeline <= MAX_TWO_CHANNEL_PIPELINE)
+                    && u64::from(n) * u64::from(pieces) <= max_chunks
                     && step_estimate(topo, collective.kind(), pieces) <= MAX_HIER_STEPS
                 {
                     out.push(FamilyParams { channels, pipeline });
@@ -324,5 +331,17 @@ impl Family for Hierarchical {
         params: FamilyParams,
     ) -> Vec<Candidate> {
         self.schedules(topo, collective, params, false)
+    }
+    fn estimated_steps(
+        &self,
+        topo: &Topology,
+        collective: Collective,
+        params: FamilyParams,
+    ) -> Option<u64> {
+        let pieces = params
+            .channels
+            .max(1)
+            .saturating_mul(params.pipeline.max(1));
+        Some(step_estimate(topo, collective.kind(), pieces))
     }
 }
