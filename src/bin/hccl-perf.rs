@@ -707,6 +707,7 @@ fn obtain_plan(
     let options = search::Options {
         collectives: kinds,
         sizes: search::geometric_sizes(8.min(args.min_bytes), args.max_bytes.max(8), 2),
+        model: hccl::compiler::cost::CostModel::for_topology(&topo),
         ..search::Options::default()
     };
     let compiled = search::compile(&topo, &options).map_err(|e| Failure::Runtime(e.to_string()))?;

@@ -15,6 +15,7 @@ pub mod cube;
 pub mod groups;
 pub mod hier;
 pub mod mesh;
+pub mod oneshot;
 pub mod ring;
 pub mod tree;
 
@@ -22,6 +23,7 @@ pub use cube::HybridCube;
 pub use groups::Groups;
 pub use hier::Hierarchical;
 pub use mesh::{Bruck, Mesh, Pairwise, TwoPhase};
+pub use oneshot::OneShot;
 pub use ring::{DoubleRing, Ring};
 pub use tree::{DoubleBinaryTree, KaryTree};
 
@@ -93,6 +95,7 @@ pub fn all_families() -> Vec<Box<dyn Family>> {
         Box::new(KaryTree),
         Box::new(HybridCube),
         Box::new(Mesh),
+        Box::new(OneShot),
         Box::new(Hierarchical),
         Box::new(Groups),
         Box::new(Pairwise),
@@ -117,6 +120,7 @@ pub fn generate_with(
         "kary_tree" => KaryTree.schedules(topo, collective, params, in_place),
         "hybrid_cube" => HybridCube.schedules(topo, collective, params, in_place),
         "mesh" => Mesh.schedules(topo, collective, params, in_place),
+        "oneshot" => OneShot.schedules(topo, collective, params, in_place),
         "hierarchical" => Hierarchical.schedules(topo, collective, params, in_place),
         "groups" => Groups.schedules(topo, collective, params, in_place),
         "pairwise" => Pairwise.schedules(topo, collective, params, in_place),
