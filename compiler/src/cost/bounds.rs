@@ -658,121 +658,19 @@ pub fn possible_routes(network: &Network) -> Vec<(u32, u32, Vec<u32>)> {
     out
 }
 
-/// Mirror of the simulator's route search (`Network::dijkstra`): the resources of the route
-/// from rank `src` to every rank (`None` when unreachable in this mode).
+/// The simulator's routes from rank `src` to every rank (`None` for `src` itself and where
+/// unreachable in this mode), as resource lists.
 fn route_tree(network: &Network, src: u32, through_devices: bool) -> Vec<Option<Vec<u32>>> {
-    #[derive(Clone, Copy)]
-    struct Label {
-        latency: f64,
-        width: f64,
-        hops: u32,
+    let n = network.nranks();
+    let dsts: Vec<u32> = (0..n).filter(|&b| b != src).collect();
+    let mut tree = vec![None; n as usize];
+    for (&dst, route) in dsts
+        .iter()
+        .zip(network.shortest_routes(src, &dsts, through_devices))
+    {
+        tree[dst as usize] = route.map(|r| r.resources);
     }
-    fn better(a: &Label, b: &Label) -> bool {
-        match a.latency.total_cmp(&b.latency) {
-            Ordering::Less => true,
-            Ordering::Greater => false,
-            Ordering::Equal => match a.width.total_cmp(&b.width) {
-                Ordering::Greater => true,
-                Ordering::Less => false,
-                Ordering::Equal => a.hops < b.hops,
-            },
-        }
-    }
-    struct Item(Label, u32);
-    impl PartialEq for Item {
-        fn eq(&self, other: &Self) -> bool {
-            self.cmp(other) == Ordering::Equal
-        }
-    }
-    impl Eq for Item {}
-    impl PartialOrd for Item {
-        fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-            Some(self.cmp(other))
-        }
-    }
-    impl Ord for Item {
-        fn cmp(&self, other: &Self) -> Ordering {
-            other
-                .0
-                .latency
-                .total_cmp(&self.0.latency)
-                .then(self.0.width.total_cmp(&other.0.width))
-                .then(other.0.hops.cmp(&self.0.hops))
-                .then(other.1.cmp(&self.1))
-        }
-    }
-    let nv = network.vertices.len();
-    let start = network.rank_vertex[src as usize];
-    let mut best: Vec<Option<Label>> = vec![None; nv];
-    let mut pred = vec![u32::MAX; nv];
-    let mut done = vec![false; nv];
-    let first = Label {
-        latency: 0.0,
-        width: f64::INFINITY,
-        hops: 0,
-    };
-    best[start as usize] = Some(first);
-    let mut heap = BinaryHeap::from([Item(first, start)]);
-    while let Some(Item(label, vertex)) = heap.pop() {
-        let v = vertex as usize;
-        if done[v] {
-            continue;
-        }
-        done[v] = true;
-        let transit_ok = v == start as usize
-            || through_devices
-            || !matches!(network.vertices[v], VertexKind::Device { .. });
-        if !transit_ok {
-            continue;
-        }
-        for &li in &network.out[v] {
-            let l = &network.links[li as usize];
-            let mut width = label.width.min(l.cap);
-            if let Some(r) = network.nic_resource(li) {
-                width = width.min(network.capacity[r as usize]);
-            }
-            let next = Label {
-                latency: label.latency + l.latency,
-                width,
-                hops: label.hops + 1,
-            };
-            let t = l.to as usize;
-            if done[t] {
-                continue;
-            }
-            if best[t].is_none_or(|b| better(&next, &b)) {
-                best[t] = Some(next);
-                pred[t] = li;
-                heap.push(Item(next, l.to));
-            }
-        }
-    }
-    (0..network.nranks())
-        .map(|d| {
-            let mut v = network.rank_vertex[d as usize];
-            if d == src || !done[v as usize] {
-                return None;
-            }
-            let mut path = Vec::new();
-            while v != start {
-                let li = pred[v as usize];
-                if li == u32::MAX {
-                    return None;
-                }
-                path.push(li);
-                v = network.links[li as usize].from;
-            }
-            path.reverse();
-            let mut resources = Vec::with_capacity(path.len() * 2);
-            for li in path {
-                resources.push(li);
-                if let Some(r) = network.nic_resource(li) {
-                    resources.push(r);
-                }
-            }
-            Some(resources)
-        })
-        .collect()
+    tree
 }
 
 /// Bytes that devices must receive in total, whatever the schedule: every rank receives the

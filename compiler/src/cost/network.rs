@@ -308,25 +308,28 @@ impl Network {
         for (src, mut dsts) in missing {
             dsts.sort_unstable();
             dsts.dedup();
-            let found = self.dijkstra(src, &dsts, false);
-            let found = match found {
-                Some(found) => found,
-                None => self
-                    .dijkstra(src, &dsts, true)
-                    .ok_or_else(|| CostError::NoRoute {
-                        from: src,
-                        to: dsts[0],
-                    })?,
-            };
-            for (dst, route) in found {
+            let mut found = self.shortest_routes(src, &dsts, false);
+            if found.iter().any(Option::is_none) {
+                found = self.shortest_routes(src, &dsts, true);
+            }
+            for (&dst, route) in dsts.iter().zip(found) {
+                let route = route.ok_or(CostError::NoRoute { from: src, to: dst })?;
                 cache.insert((src, dst), Arc::new(route));
             }
         }
         Ok(pairs.iter().map(|p| Arc::clone(&cache[p])).collect())
     }
 
-    /// Shortest routes from rank `src` to each of `dsts`; `None` when one is unreachable.
-    fn dijkstra(&self, src: u32, dsts: &[u32], through_devices: bool) -> Option<Vec<(u32, Route)>> {
+    /// The route the simulator gives rank `src` to each of `dsts` (same order): least
+    /// latency, then widest, then fewest hops; devices are transit vertices only when
+    /// `through_devices` is set. `None` for a destination unreachable that way. The lower
+    /// bounds read the same routes, so bound and simulator can never disagree about paths.
+    pub fn shortest_routes(
+        &self,
+        src: u32,
+        dsts: &[u32],
+        through_devices: bool,
+    ) -> Vec<Option<Route>> {
         let nv = self.vertices.len();
         let start = self.rank_vertex[src as usize];
         let mut best: Vec<Option<Label>> = vec![None; nv];
@@ -395,12 +398,13 @@ impl Network {
                 }
             }
         }
-        if remaining > 0 {
-            return None;
-        }
         let mut result = Vec::with_capacity(dsts.len());
         for &d in dsts {
             let mut v = self.rank_vertex[d as usize];
+            if !done[v as usize] {
+                result.push(None);
+                continue;
+            }
             let mut path = Vec::new();
             while v != start {
                 let li = pred[v as usize];
@@ -423,17 +427,14 @@ impl Network {
                 class = class.max(l.class);
                 latency += l.latency;
             }
-            result.push((
-                d,
-                Route {
-                    resources,
-                    latency_us: latency,
-                    class,
-                    bottleneck,
-                    hops: path.len() as u32,
-                },
-            ));
+            result.push(Some(Route {
+                resources,
+                latency_us: latency,
+                class,
+                bottleneck,
+                hops: path.len() as u32,
+            }));
         }
-        Some(result)
+        result
     }
 }
