@@ -132,3 +132,55 @@ fn compiled_plans_round_trip_through_msccl_xml() {
     }
     assert!(exported >= 24, "only {exported} entries exported");
 }
+
+/// Every MSCCL corpus file is costed by the model (on a topology of its rank count), with a
+/// finite predicted time that the lower bound does not exceed.
+#[test]
+fn every_msccl_file_is_costed() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../ir/tests/data/msccl");
+    let mut files = Vec::new();
+    for dir in [root.clone(), root.join("prebuilt")] {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "xml") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    assert_eq!(files.len(), 27);
+    for file in files {
+        let plan = hccl_ir::msccl::load_xml(&file).unwrap().into_plan("corpus");
+        let n = plan.entries[0].schedule.nranks;
+        let topo = match n {
+            8 => hccl_topologies::shipped_by_name("dgx1-v100").unwrap(),
+            16 => hccl_topologies::shipped_by_name("h100-cluster-2node").unwrap(),
+            _ => hccl_topologies::build(hccl_topologies::generate::host(n, 10.0), "host").unwrap(),
+        };
+        // Sizes inside the range the file declares (prebuilt files carry real ranges).
+        let entry = &plan.entries[0];
+        let low = entry.min_bytes.max(1 << 10);
+        let high = entry.max_bytes.map_or(1 << 24, |m| m - 1).max(low);
+        let options = Options {
+            sizes: vec![low, high],
+            ..Options::default()
+        };
+        let rows = search::evaluate_plan(&topo, &plan, &options)
+            .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        assert!(!rows.is_empty(), "{}", file.display());
+        for row in rows {
+            assert!(
+                row.predicted_us.is_finite() && row.predicted_us > 0.0,
+                "{}: {row:?}",
+                file.display()
+            );
+            assert!(
+                row.bound_us <= row.predicted_us * (1.0 + 1e-9),
+                "{}: bound {} above prediction {}",
+                file.display(),
+                row.bound_us,
+                row.predicted_us
+            );
+        }
+    }
+}
