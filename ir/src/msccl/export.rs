@@ -331,7 +331,6 @@ fn split_streams(
         let mut group_tb: HashMap<usize, usize> = HashMap::new();
         let mut assignment = Vec::with_capacity(n);
         let mut last_tb: Option<usize> = None;
-        let stream_tbs_start = tbs.len();
         for (i, step) in stream.steps.iter().enumerate() {
             let talks = step.op.send_peer().is_some() || step.op.recv_peer().is_some();
             let tb = if single && last_tb.is_some() {
@@ -384,7 +383,6 @@ fn split_streams(
             assignment.push(tb);
             last_tb = Some(tb);
         }
-        let _ = stream_tbs_start;
         tb_of.push(assignment);
     }
     // Second pass: emit steps with their dependencies (explicit ones plus program order
