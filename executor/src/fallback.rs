@@ -458,6 +458,7 @@ fn entry(min: u64, max: Option<u64>, algorithm: &str, schedule: Schedule) -> Pla
         algorithm: algorithm.to_string(),
         protocol: Protocol::Simple,
         cost: None,
+        symmetry: None,
         schedule,
     }
 }

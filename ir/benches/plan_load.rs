@@ -30,6 +30,7 @@ fn plan_text(schedule: Schedule) -> String {
         algorithm: "bench".to_string(),
         protocol: Protocol::Simple,
         cost: None,
+        symmetry: None,
         schedule,
     });
     plan.to_ron()

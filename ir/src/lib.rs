@@ -14,6 +14,7 @@ pub mod error;
 pub mod msccl;
 pub mod plan;
 pub mod schedule;
+pub mod symmetric;
 pub mod units;
 pub mod verify;
 

@@ -15,6 +15,7 @@
 
 use crate::error::{Located, PlanError};
 use crate::schedule::{Collective, Schedule};
+use crate::symmetric::Symmetry;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -103,6 +104,10 @@ pub struct PlanEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<CostFit>,
     pub schedule: Schedule,
+    /// The rank symmetry the producer claims `schedule` has; when the schedule is invariant
+    /// under it the entry is written in the compact symmetric form.
+    #[serde(skip)]
+    pub symmetry: Option<Symmetry>,
 }
 
 impl PlanEntry {
@@ -337,6 +342,7 @@ mod one_rank {
                             in_place: e.schedule.in_place,
                             ranks: e.schedule.ranks,
                         },
+                        symmetry: None,
                     })
                     .collect(),
             }
@@ -444,6 +450,7 @@ mod tests {
                     algbw_gbps: 2.0,
                 }),
                 schedule,
+                symmetry: None,
             });
         }
         plan

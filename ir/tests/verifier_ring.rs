@@ -121,6 +121,7 @@ fn ring_plan() -> PlanFile {
         algorithm: "ring".to_string(),
         protocol: Protocol::Simple,
         cost: None,
+        symmetry: None,
         schedule: ring_allreduce_8(),
     });
     plan

@@ -396,6 +396,7 @@ impl<'a, 'input> Importer<'a, 'input> {
                 algorithm: name.clone(),
                 protocol,
                 cost: None,
+                symmetry: None,
                 schedule: Schedule {
                     collective,
                     nranks,

@@ -413,6 +413,7 @@ fn cyclic_plan() -> PlanFile {
         algorithm: "cyclic".into(),
         protocol: Protocol::Simple,
         cost: None,
+        symmetry: None,
         schedule: s,
     });
     plan
