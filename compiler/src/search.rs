@@ -281,11 +281,7 @@ pub fn compile_with_progress(
             if !selectable && !baseline_names.contains(&family.name()) {
                 continue;
             }
-            let t0 = std::time::Instant::now();
             let generated = generate_capped(family.as_ref(), topo, collective);
-            if std::env::var_os("HCCL_SEARCH_TRACE").is_some() {
-                eprintln!("gen {} {:.3}s n={} steps={}", family.name(), t0.elapsed().as_secs_f64(), generated.candidates.len(), generated.candidates.iter().map(|c| c.schedule.step_count()).sum::<usize>());
-            }
             if family.name() == "ring" {
                 channels_hint = channels_hint.max(generated.max_channels);
             }
@@ -310,7 +306,6 @@ pub fn compile_with_progress(
             candidates.iter().map(|(c, _)| c).enumerate().collect();
         let mut all_times = par_map(&indexed, |&(i, candidate)| {
             if probes[i].keep {
-                let _t = Trace(std::time::Instant::now(), candidate);
                 cost_candidate(
                     &sim,
                     &candidate.schedule,
@@ -482,11 +477,7 @@ pub fn evaluate_plan(
             .iter()
             .filter(|f| BASELINE_FAMILIES.contains(&f.name()) && f.supports(kind))
         {
-            let t0 = std::time::Instant::now();
             let generated = generate_capped(family.as_ref(), topo, collective);
-            if std::env::var_os("HCCL_SEARCH_TRACE").is_some() {
-                eprintln!("gen {} {:.3}s n={} steps={}", family.name(), t0.elapsed().as_secs_f64(), generated.candidates.len(), generated.candidates.iter().map(|c| c.schedule.step_count()).sum::<usize>());
-            }
             if family.name() == "ring" {
                 channels_hint = channels_hint.max(generated.max_channels);
             }
@@ -717,7 +708,6 @@ fn screen(
     };
     let (last_size, last_proto) = (sizes.len() - 1, options.protocols.len() - 1);
     let probes: Vec<[f64; 2]> = par_map(candidates, |(c, _)| {
-        let t0 = std::time::Instant::now();
         let Ok(prep) = sim.prepare(&c.schedule) else {
             return [f64::INFINITY; 2];
         };
@@ -725,11 +715,7 @@ fn screen(
             sim.run(&prep, bytes, p)
                 .map_or(f64::INFINITY, |e| e.time_us)
         };
-        let r = [at(small, p_small), at(large, p_large)];
-        if std::env::var_os("HCCL_SEARCH_TRACE").is_some() {
-            eprintln!("screen {} {:?} steps={} {:.3}s -> {:.1} {:.1}", c.algorithm, c.params, c.schedule.step_count(), t0.elapsed().as_secs_f64(), r[0], r[1]);
-        }
-        r
+        [at(small, p_small), at(large, p_large)]
     });
     let best = |k: usize| probes.iter().map(|p| p[k]).fold(f64::INFINITY, f64::min);
     let (b0, b1) = (best(0), best(1));
@@ -981,14 +967,5 @@ mod tests {
         // One-size last range uses the previous point.
         let g = fit(&sizes, &times, 2, 3).unwrap();
         assert!((g.predict_us(2000) - 12.0).abs() < 1e-9);
-    }
-}
-
-struct Trace<'a>(std::time::Instant, &'a Candidate);
-impl Drop for Trace<'_> {
-    fn drop(&mut self) {
-        if std::env::var_os("HCCL_SEARCH_TRACE").is_some() {
-            eprintln!("cost {} {:?} steps={} {:.3}s", self.1.algorithm, self.1.params, self.1.schedule.step_count(), self.0.elapsed().as_secs_f64());
-        }
     }
 }
