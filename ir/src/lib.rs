@@ -7,6 +7,9 @@
 //! - [`schedule`]: the data model ([`Schedule`], [`RankProgram`], [`Stream`], [`Step`], [`Op`])
 //!   and its execution semantics;
 //! - [`plan`]: plan files ([`PlanFile`]), their RON form and format versioning;
+//! - [`symmetric`]: rank-symmetric schedules ([`SymmetricSchedule`]): one template program
+//!   and the translations ([`Symmetry`]) that give every rank its own, the compact form of
+//!   ring, hierarchical and halving-doubling schedules in plan files;
 //! - [`verify`]: structural checks, deadlock freedom and the symbolic proof that a schedule
 //!   implements its collective.
 
@@ -23,6 +26,10 @@ pub use plan::{CostFit, FORMAT_VERSION, PlanEntry, PlanFile, PlanMeta, Protocol}
 pub use schedule::{
     Buf, CONNECTION_SLOTS, Collective, CollectiveKind, Dep, Loc, Op, Rank, RankProgram, Schedule,
     Step, StepRef, Stream,
+};
+pub use symmetric::{
+    Action, BlockLabel, BlockLayout, ChunkMap, SymmetricSchedule, Symmetry, SymmetryError,
+    SymmetryTable, Translation,
 };
 
 use std::io::Write;
