@@ -30,7 +30,7 @@
 use super::common::{candidate, grid, single_rank};
 use super::{Candidate, Family, FamilyParams};
 use crate::builder::ScheduleBuilder;
-use hccl_ir::{Collective, CollectiveKind, Loc, Rank};
+use hccl_ir::{Collective, CollectiveKind, Loc, Op, Rank};
 use hccl_topologies::{Node, Topology};
 use std::cmp::Ordering;
 
@@ -575,37 +575,52 @@ fn cube_schedule(
             ) {
                 // Recursive halving: after step s, label x holds the labels agreeing with it
                 // on bits ord[0..=s].
+                // Every round records all sends before all receives, so each rank's ops
+                // run in the same relative order (send half, receive half) whatever its
+                // label: the schedule is then invariant under XOR translations of labels.
                 let mut mask = 0usize;
                 for (s, &bit) in ord.iter().enumerate() {
                     let bit = 1usize << bit;
-                    for x in 0..l {
-                        let y = x ^ bit;
-                        let free = (l - 1) & !(mask | bit);
-                        let fixed = (x & mask) | (y & bit);
-                        buf.clear();
-                        for_submasks(free, |sub| own(c, q, fixed | sub, &mut buf));
-                        buf.sort_unstable();
-                        let (from, to) = (emb.core[x], emb.core[y]);
-                        let src_first = s == 0 && !folded[x];
-                        let acc_first = s == 0 && !folded[y];
-                        let src = |k: u32| {
-                            if src_first {
-                                lay.contrib(from, k)
-                            } else {
-                                lay.work(from, k)
-                            }
-                        };
-                        let acc = |k: u32| {
-                            if acc_first {
-                                lay.contrib(to, k)
-                            } else {
-                                lay.work(to, k)
-                            }
-                        };
-                        let dst = |k: u32| lay.work(to, k);
-                        for_runs(&buf, &[&src, &acc, &dst], |k, cnt| {
-                            b.reduce_to((from, src(k)), acc(k), (to, dst(k)), cnt, ch)
-                        });
+                    for pass in [Pass::Send, Pass::Receive] {
+                        for x in 0..l {
+                            let y = x ^ bit;
+                            let free = (l - 1) & !(mask | bit);
+                            let fixed = (x & mask) | (y & bit);
+                            buf.clear();
+                            for_submasks(free, |sub| own(c, q, fixed | sub, &mut buf));
+                            buf.sort_unstable();
+                            let (from, to) = (emb.core[x], emb.core[y]);
+                            let src_first = s == 0 && !folded[x];
+                            let acc_first = s == 0 && !folded[y];
+                            let src = |k: u32| {
+                                if src_first {
+                                    lay.contrib(from, k)
+                                } else {
+                                    lay.work(from, k)
+                                }
+                            };
+                            let acc = |k: u32| {
+                                if acc_first {
+                                    lay.contrib(to, k)
+                                } else {
+                                    lay.work(to, k)
+                                }
+                            };
+                            let dst = |k: u32| lay.work(to, k);
+                            for_runs(&buf, &[&src, &acc, &dst], |k, cnt| match pass {
+                                Pass::Send => b.send(from, to, src(k), cnt, ch),
+                                Pass::Receive => b.push(
+                                    to,
+                                    Op::RecvReduceCopy {
+                                        from,
+                                        src: acc(k),
+                                        dst: dst(k),
+                                    },
+                                    cnt,
+                                    ch,
+                                ),
+                            });
+                        }
                     }
                     mask |= bit;
                 }
@@ -616,16 +631,19 @@ fn cube_schedule(
                 for s in (0..d).rev() {
                     let bit = 1usize << ord[s];
                     let mask: usize = ord[..=s].iter().fold(0, |a, &o| a | (1 << o));
-                    for x in 0..l {
-                        let y = x ^ bit;
-                        let free = (l - 1) & !mask;
-                        buf.clear();
-                        for_submasks(free, |sub| own(c, q, (x & mask) | sub, &mut buf));
-                        buf.sort_unstable();
-                        let (from, to) = (emb.core[x], emb.core[y]);
-                        for_runs(&buf, &[], |k, cnt| {
-                            b.copy((from, Loc::output(k)), (to, Loc::output(k)), cnt, ch)
-                        });
+                    for pass in [Pass::Send, Pass::Receive] {
+                        for x in 0..l {
+                            let y = x ^ bit;
+                            let free = (l - 1) & !mask;
+                            buf.clear();
+                            for_submasks(free, |sub| own(c, q, (x & mask) | sub, &mut buf));
+                            buf.sort_unstable();
+                            let (from, to) = (emb.core[x], emb.core[y]);
+                            for_runs(&buf, &[], |k, cnt| match pass {
+                                Pass::Send => b.send(from, to, Loc::output(k), cnt, ch),
+                                Pass::Receive => b.recv(to, from, Loc::output(k), cnt, ch),
+                            });
+                        }
                     }
                 }
             }
@@ -662,6 +680,13 @@ fn cube_schedule(
         }
     }
     candidate(name, params, b)
+}
+
+/// Which half of an exchange round is being recorded.
+#[derive(Clone, Copy)]
+enum Pass {
+    Send,
+    Receive,
 }
 
 /// Calls `f` for every submask of `mask` (including 0 and `mask`).
