@@ -48,11 +48,14 @@ pub enum PlanError {
     #[error("{0}")]
     Parse(Located),
     #[error(
-        "{path}: plan format version {found} is not supported by this build (it reads version {supported}); recompile the plan with a matching hcclc"
+        "{path}: plan format version {found} is not supported by this build (it reads versions {min} to {supported}); recompile the plan with a matching hcclc",
+        min = crate::plan::MIN_FORMAT_VERSION
     )]
     Version {
         path: String,
         found: u64,
+        /// The newest version this build reads ([`crate::FORMAT_VERSION`]); it reads back to
+        /// [`crate::plan::MIN_FORMAT_VERSION`].
         supported: u32,
     },
 }

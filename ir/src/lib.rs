@@ -22,7 +22,9 @@ pub mod units;
 pub mod verify;
 
 pub use error::{Located, PlanError};
-pub use plan::{CostFit, FORMAT_VERSION, PlanEntry, PlanFile, PlanMeta, Protocol};
+pub use plan::{
+    CostFit, FORMAT_VERSION, MIN_FORMAT_VERSION, PlanEntry, PlanFile, PlanMeta, Protocol,
+};
 pub use schedule::{
     Buf, CONNECTION_SLOTS, Collective, CollectiveKind, Dep, Loc, Op, Rank, RankProgram, Schedule,
     Step, StepRef, Stream,

@@ -4,23 +4,59 @@
 //!
 //! ```ron
 //! (
-//!     format_version: 1,
+//!     format_version: 2,
 //!     meta: (topology: "dgx1", topology_hash: "…", compiler: "hcclc 0.1.0"),
-//!     entries: [ (min_bytes: 0, max_bytes: Some(262144), algorithm: "ring", …, schedule: (…)) ],
+//!     entries: [
+//!         (min_bytes: 0, max_bytes: Some(262144), algorithm: "ring", …, schedule: (…)),
+//!         (min_bytes: 262144, max_bytes: None, algorithm: "ring", …, symmetric: (…)),
+//!     ],
 //! )
 //! ```
 //!
 //! `format_version` comes first so that a reader can refuse a file written for a newer format
 //! with a clear message before it tries to make sense of the rest.
+//!
+//! # Entries: explicit and symmetric
+//!
+//! Each entry holds its schedule in exactly one of two forms:
+//!
+//! - `schedule: (collective: …, nranks: …, chunks: …, input_chunks: …, output_chunks: …,
+//!   in_place: …, ranks: [ … ])`: the [`Schedule`] with every rank's program (explicit);
+//! - `symmetric: (collective: …, nranks: …, chunks: …, input_chunks: …, output_chunks: …,
+//!   in_place: …, symmetry: ( … ), template: ( … ))`: a
+//!   [`SymmetricSchedule`](crate::symmetric::SymmetricSchedule), one template program and the
+//!   [`Symmetry`] that translates it to every rank (see [`crate::symmetric`]). Its size is
+//!   `O(nranks + template)` instead of `O(nranks × template)`.
+//!
+//! In memory an entry always holds the expanded [`Schedule`]; [`PlanEntry::symmetry`] is the
+//! symmetry its producer claims. The writer uses the symmetric form when that claim holds
+//! exactly ([`PlanEntry::is_compact`]: the schedule compresses under it), and the explicit
+//! form otherwise (the symmetry is then not written). The reader validates a symmetric entry
+//! (errors are located in the file) and expands it, setting `symmetry`; explicit entries read
+//! back with `symmetry: None`. [`PlanFile::from_ron_for_rank`] instantiates only the wanted
+//! rank's program of a symmetric entry, which makes one rank's load of a large plan cost the
+//! template, not the whole schedule.
+//!
+//! # Versions
+//!
+//! - 1: explicit entries only;
+//! - 2 (written by this build): explicit or symmetric entries.
+//!
+//! Readers accept versions [`MIN_FORMAT_VERSION`]`..=`[`FORMAT_VERSION`] and refuse others
+//! with [`PlanError::Version`]; a plan read from an older version is held (and written back)
+//! as the current version.
 
 use crate::error::{Located, PlanError};
 use crate::schedule::{Collective, Schedule};
-use crate::symmetric::Symmetry;
-use serde::{Deserialize, Serialize};
+use crate::symmetric::{SymmetricSchedule, Symmetry};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::path::Path;
 
-/// The plan format this build reads and writes.
-pub const FORMAT_VERSION: u32 = 1;
+/// The plan format this build writes (and the newest it reads).
+pub const FORMAT_VERSION: u32 = 2;
+
+/// The oldest plan format this build reads.
+pub const MIN_FORMAT_VERSION: u32 = 1;
 
 /// NCCL-style protocol a schedule is tuned for: the executor's transfer granularity and
 /// synchronisation (low-latency flags vs bulk).
@@ -91,8 +127,10 @@ impl CostFit {
 }
 
 /// One schedule and the message sizes it is chosen for.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+///
+/// Serialised by hand (see the module docs): the schedule is written `symmetric:` when
+/// [`PlanEntry::is_compact`], `schedule:` otherwise.
+#[derive(Debug, Clone, PartialEq)]
 pub struct PlanEntry {
     /// Smallest message size (bytes, nccl-tests convention) this entry serves.
     pub min_bytes: u64,
@@ -101,18 +139,168 @@ pub struct PlanEntry {
     /// Family name (`ring`, `double_ring`, `hybrid_cube`, …) or the imported algorithm's name.
     pub algorithm: String,
     pub protocol: Protocol,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The compiler's predicted cost over the size range, when it made one.
     pub cost: Option<CostFit>,
+    /// The schedule, every rank's program expanded.
     pub schedule: Schedule,
-    /// The rank symmetry the producer claims `schedule` has; when the schedule is invariant
-    /// under it the entry is written in the compact symmetric form.
-    #[serde(skip)]
+    /// The rank symmetry the producer claims `schedule` has. When the schedule is exactly
+    /// invariant under it the entry is written in the compact symmetric form; otherwise it is
+    /// written explicitly and the claim is dropped. Entries read from a file have `Some` iff
+    /// they were written symmetric.
     pub symmetry: Option<Symmetry>,
 }
 
 impl PlanEntry {
     pub fn covers(&self, bytes: u64) -> bool {
         self.min_bytes <= bytes && self.max_bytes.is_none_or(|max| bytes < max)
+    }
+
+    /// The symmetric form this entry is written in: `Some` when [`PlanEntry::symmetry`] is
+    /// set and the schedule compresses under it (checks every rank; linear in the schedule).
+    pub fn compact(&self) -> Option<SymmetricSchedule> {
+        self.schedule.compress(self.symmetry.as_ref()?)
+    }
+
+    /// Whether the entry is written in the symmetric form (see [`PlanEntry::compact`]).
+    pub fn is_compact(&self) -> bool {
+        self.compact().is_some()
+    }
+}
+
+/// The RON form of entries, shared by the full and the one-rank reader.
+mod wire {
+    use super::{CostFit, PlanEntry, Protocol};
+    use crate::schedule::Schedule;
+    use crate::symmetric::{SymmetricSchedule, Symmetry};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    /// What an entry is written as: exactly one of `schedule` and `symmetric` is `Some`.
+    #[derive(Serialize)]
+    #[serde(rename = "PlanEntry")]
+    pub(super) struct Out<'a> {
+        pub min_bytes: u64,
+        pub max_bytes: Option<u64>,
+        pub algorithm: &'a str,
+        pub protocol: Protocol,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub cost: Option<CostFit>,
+        #[serde(skip_serializing_if = "Option::is_none", serialize_with = "bare")]
+        pub schedule: Option<&'a Schedule>,
+        #[serde(skip_serializing_if = "Option::is_none", serialize_with = "bare")]
+        pub symmetric: Option<SymmetricSchedule>,
+    }
+
+    /// What an entry is read as; `S` is the explicit schedule's form (the full [`Schedule`]
+    /// or the one-rank mirror).
+    #[derive(Deserialize)]
+    #[serde(
+        rename = "PlanEntry",
+        deny_unknown_fields,
+        bound(deserialize = "S: Deserialize<'de>")
+    )]
+    pub(super) struct In<S> {
+        pub min_bytes: u64,
+        pub max_bytes: Option<u64>,
+        pub algorithm: String,
+        pub protocol: Protocol,
+        #[serde(default)]
+        pub cost: Option<CostFit>,
+        #[serde(default = "none", deserialize_with = "present")]
+        pub schedule: Option<S>,
+        #[serde(default, deserialize_with = "present")]
+        pub symmetric: Option<SymmetricSchedule>,
+    }
+
+    fn none<S>() -> Option<S> {
+        None
+    }
+
+    /// Writes the value of a present optional field without RON's `Some(…)`.
+    fn bare<T: Serialize, S: Serializer>(value: &Option<T>, s: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(v) => v.serialize(s),
+            None => s.serialize_none(),
+        }
+    }
+
+    /// Reads a present optional field written without `Some(…)`.
+    fn present<'de, T: Deserialize<'de>, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<T>, D::Error> {
+        T::deserialize(d).map(Some)
+    }
+
+    /// Which form an entry was written in.
+    pub(super) enum Form<S> {
+        Explicit(S),
+        Symmetric(SymmetricSchedule),
+    }
+
+    impl<S> In<S> {
+        /// The entry, with its schedule (and claimed symmetry) made by `build` from the form
+        /// that was read.
+        pub(super) fn into_entry(
+            self,
+            build: impl FnOnce(Form<S>) -> Result<(Schedule, Option<Symmetry>), String>,
+        ) -> Result<PlanEntry, String> {
+            let form = match (self.schedule, self.symmetric) {
+                (Some(s), None) => Form::Explicit(s),
+                (None, Some(s)) => Form::Symmetric(s),
+                (Some(_), Some(_)) => {
+                    return Err(
+                        "entry has both `schedule` and `symmetric`; it needs exactly one".into(),
+                    );
+                }
+                (None, None) => {
+                    return Err(
+                        "entry has neither `schedule` nor `symmetric`; it needs exactly one".into(),
+                    );
+                }
+            };
+            let (schedule, symmetry) = build(form)?;
+            Ok(PlanEntry {
+                min_bytes: self.min_bytes,
+                max_bytes: self.max_bytes,
+                algorithm: self.algorithm,
+                protocol: self.protocol,
+                cost: self.cost,
+                schedule,
+                symmetry,
+            })
+        }
+    }
+}
+
+impl Serialize for PlanEntry {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let symmetric = self.compact();
+        wire::Out {
+            min_bytes: self.min_bytes,
+            max_bytes: self.max_bytes,
+            algorithm: &self.algorithm,
+            protocol: self.protocol,
+            cost: self.cost,
+            schedule: symmetric.is_none().then_some(&self.schedule),
+            symmetric,
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for PlanEntry {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<PlanEntry, D::Error> {
+        use serde::de::Error;
+        wire::In::<Schedule>::deserialize(d)?
+            .into_entry(|form| match form {
+                wire::Form::Explicit(schedule) => Ok((schedule, None)),
+                wire::Form::Symmetric(symmetric) => {
+                    let schedule = symmetric
+                        .expand()
+                        .map_err(|e| format!("symmetric schedule: {e}"))?;
+                    Ok((schedule, Some(symmetric.symmetry)))
+                }
+            })
+            .map_err(D::Error::custom)
     }
 }
 
@@ -182,6 +370,7 @@ impl PlanFile {
             .filter_map(|e| {
                 Some(PlanEntry {
                     schedule: e.schedule.with_root(root)?,
+                    symmetry: None,
                     ..e.clone()
                 })
             })
@@ -205,9 +394,10 @@ impl PlanFile {
     pub fn from_ron(text: &str, origin: &str) -> Result<PlanFile, PlanError> {
         check_version(text, origin)?;
         let options = ron::Options::default().with_recursion_limit(64);
-        options
+        let plan = options
             .from_str::<PlanFile>(text)
-            .map_err(|err| PlanError::Parse(Located::from_ron(origin, &err)))
+            .map_err(|err| PlanError::Parse(Located::from_ron(origin, &err)))?;
+        upgrade(plan, origin)
     }
 
     /// Reads and parses a plan file.
@@ -238,9 +428,10 @@ impl PlanFile {
             w.set(previous);
             parsed
         });
-        partial
+        let plan = partial
             .map(one_rank::Plan::into_plan)
-            .map_err(|err| PlanError::Parse(Located::from_ron(origin, &err)))
+            .map_err(|err| PlanError::Parse(Located::from_ron(origin, &err)))?;
+        upgrade(plan, origin)
     }
 
     /// Reads a plan file keeping only `rank`'s part (see [`PlanFile::from_ron_for_rank`]).
@@ -281,33 +472,77 @@ thread_local! {
 /// whose `ranks` list deserialises only the element [`WANTED_RANK`] and skips the others
 /// with [`serde::de::IgnoredAny`].
 mod one_rank {
-    use super::{CostFit, PlanEntry, PlanFile, PlanMeta, Protocol, WANTED_RANK};
+    use super::{PlanEntry, PlanFile, PlanMeta, WANTED_RANK, wire};
     use crate::schedule::{Collective, RankProgram, Schedule};
     use serde::Deserialize;
     use serde::de::{self, IgnoredAny, SeqAccess, Visitor};
 
     #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
+    #[serde(rename = "PlanFile", deny_unknown_fields)]
     pub(super) struct Plan {
         format_version: u32,
         meta: PlanMeta,
         entries: Vec<Entry>,
     }
 
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Entry {
-        min_bytes: u64,
-        max_bytes: Option<u64>,
-        algorithm: String,
-        protocol: Protocol,
-        #[serde(default)]
-        cost: Option<CostFit>,
-        schedule: Sched,
+    /// An entry holding only the wanted rank's program.
+    struct Entry(PlanEntry);
+
+    impl<'de> Deserialize<'de> for Entry {
+        fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Entry, D::Error> {
+            use serde::de::Error;
+            let wanted = WANTED_RANK.with(|w| w.get());
+            wire::In::<Sched>::deserialize(d)?
+                .into_entry(|form| match form {
+                    wire::Form::Explicit(s) => Ok((
+                        Schedule {
+                            collective: s.collective,
+                            nranks: s.nranks,
+                            chunks: s.chunks,
+                            input_chunks: s.input_chunks,
+                            output_chunks: s.output_chunks,
+                            in_place: s.in_place,
+                            ranks: s.ranks,
+                        },
+                        None,
+                    )),
+                    wire::Form::Symmetric(sym) => {
+                        let fail = |e| format!("symmetric schedule: {e}");
+                        let table = sym.table().map_err(fail)?;
+                        let Some(rank) = wanted else {
+                            let schedule = sym.expand().map_err(fail)?;
+                            return Ok((schedule, Some(sym.symmetry)));
+                        };
+                        let mut ranks = vec![
+                            RankProgram {
+                                scratch_chunks: 0,
+                                streams: Vec::new(),
+                            };
+                            sym.nranks as usize
+                        ];
+                        let program = sym.program_with(&table, rank).map_err(fail)?;
+                        if let Some(slot) = ranks.get_mut(rank as usize) {
+                            *slot = program;
+                        }
+                        let schedule = Schedule {
+                            collective: sym.collective,
+                            nranks: sym.nranks,
+                            chunks: sym.chunks,
+                            input_chunks: sym.input_chunks,
+                            output_chunks: sym.output_chunks,
+                            in_place: sym.in_place,
+                            ranks,
+                        };
+                        Ok((schedule, Some(sym.symmetry)))
+                    }
+                })
+                .map(Entry)
+                .map_err(D::Error::custom)
+        }
     }
 
     #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
+    #[serde(rename = "Schedule", deny_unknown_fields)]
     struct Sched {
         collective: Collective,
         nranks: u32,
@@ -324,27 +559,7 @@ mod one_rank {
             PlanFile {
                 format_version: self.format_version,
                 meta: self.meta,
-                entries: self
-                    .entries
-                    .into_iter()
-                    .map(|e| PlanEntry {
-                        min_bytes: e.min_bytes,
-                        max_bytes: e.max_bytes,
-                        algorithm: e.algorithm,
-                        protocol: e.protocol,
-                        cost: e.cost,
-                        schedule: Schedule {
-                            collective: e.schedule.collective,
-                            nranks: e.schedule.nranks,
-                            chunks: e.schedule.chunks,
-                            input_chunks: e.schedule.input_chunks,
-                            output_chunks: e.schedule.output_chunks,
-                            in_place: e.schedule.in_place,
-                            ranks: e.schedule.ranks,
-                        },
-                        symmetry: None,
-                    })
-                    .collect(),
+                entries: self.entries.into_iter().map(|e| e.0).collect(),
             }
         }
     }
@@ -391,8 +606,29 @@ mod one_rank {
     }
 }
 
-/// Refuses files from a newer format before the full parse, so the user reads "version 7 is
-/// newer than this build's 1" instead of an error about some field that changed meaning.
+/// The error for a file of format `found`, unless this build reads it.
+fn version_error(found: u64, origin: &str) -> Result<(), PlanError> {
+    if (u64::from(MIN_FORMAT_VERSION)..=u64::from(FORMAT_VERSION)).contains(&found) {
+        return Ok(());
+    }
+    Err(PlanError::Version {
+        path: origin.to_string(),
+        found,
+        supported: FORMAT_VERSION,
+    })
+}
+
+/// A parsed plan as the current format: refuses a version the text check could not see (the
+/// field placed far into the file), then records the plan as [`FORMAT_VERSION`] (older
+/// formats are subsets of the current one).
+fn upgrade(mut plan: PlanFile, origin: &str) -> Result<PlanFile, PlanError> {
+    version_error(u64::from(plan.format_version), origin)?;
+    plan.format_version = FORMAT_VERSION;
+    Ok(plan)
+}
+
+/// Refuses files from another format before the full parse, so the user reads "version 7 is
+/// not supported by this build" instead of an error about some field that changed meaning.
 fn check_version(text: &str, origin: &str) -> Result<(), PlanError> {
     let head: String = text.chars().take(4096).collect();
     let Some(pos) = head.find("format_version") else {
@@ -408,12 +644,8 @@ fn check_version(text: &str, origin: &str) -> Result<(), PlanError> {
         .take_while(|c| c.is_ascii_digit())
         .collect();
     match digits.parse::<u64>() {
-        Ok(found) if found != u64::from(FORMAT_VERSION) => Err(PlanError::Version {
-            path: origin.to_string(),
-            found,
-            supported: FORMAT_VERSION,
-        }),
-        _ => Ok(()),
+        Ok(found) => version_error(found, origin),
+        Err(_) => Ok(()),
     }
 }
 
@@ -487,7 +719,7 @@ mod tests {
         let bad = text.replacen("in_place", "in_placed", 1);
         assert!(PlanFile::from_ron(&bad, "p").is_err());
         assert!(PlanFile::from_ron_for_rank(&bad, "p", 0).is_err());
-        let newer = text.replacen("format_version: 1", "format_version: 9", 1);
+        let newer = text.replacen("format_version: 2", "format_version: 9", 1);
         assert!(matches!(
             PlanFile::from_ron_for_rank(&newer, "p", 0),
             Err(PlanError::Version { found: 9, .. })
