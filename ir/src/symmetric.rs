@@ -576,7 +576,7 @@ impl Translation<'_> {
             // the run.
             BlockLayout::PieceMajor => {
                 let row = off / n;
-                let row_end = end.min((row + 1) * n);
+                let row_end = end.min((row + 1).saturating_mul(n));
                 (off..row_end)
                     .map(|c| row * n + label[(c % n) as usize])
                     .min()
