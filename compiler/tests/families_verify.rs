@@ -173,7 +173,7 @@ fn families_apply_where_expected() {
                     continue;
                 }
                 let needs = match fam.name() {
-                    "hierarchical" | "two_phase" => multi_host,
+                    "hierarchical" | "hierarchical_hd" | "two_phase" => multi_host,
                     // Needs two or more equal groups of directly linked devices.
                     "groups" => hccl_compiler::families::groups::link_groups(&topo).is_some(),
                     "double_ring" => n >= 3,

@@ -1,14 +1,24 @@
-//! Hierarchical family: intra-host reduce-scatter, inter-host exchange among ranks with the
+//! Hierarchical families: intra-host reduce-scatter, inter-host exchange among ranks with the
 //! same local index (rail-aligned: local rank `i` of every host talks over its own NIC to
 //! local rank `i` of the other hosts, so all rails run in parallel), intra-host all-gather.
 //! AllGather and ReduceScatter use the inter-host and intra-host halves. Needs more than one
 //! host, all of the same size.
 //!
-//! Every phase is a *direct* exchange: a rank sends each peer of its host (or of its rail)
-//! the part that peer owns, and the owner folds the contributions in as they arrive. No
-//! piece waits on a relay chain (a ring pays `g − 1` message latencies per piece, and with
-//! all rings in lock-step the links idle during every one of them); a sender streams piece
-//! after piece on each connection, limited only by the connection slots.
+//! Two families share this code and differ in the rail (inter-host) phase:
+//!
+//! - [`Hierarchical`] (`hierarchical`): a *direct* exchange: a rank sends each rail peer the
+//!   part that peer owns, and the owner folds the contributions in as they arrive —
+//!   `O(hosts)` messages per rank and piece.
+//! - [`HierarchicalHd`] (`hierarchical_hd`): recursive halving (reduce-scatter) and
+//!   recursive doubling (all-gather) over the rail, Rabenseifner's algorithm as in Huawei
+//!   HCCL's H-D: in round `k` rail position `p` exchanges one message with `p ^ 2^k`, so the
+//!   rail costs `O(log hosts)` messages per rank and piece. It needs a power-of-two host
+//!   count; on other counts it offers no parameters and [`HierarchicalHd::schedules`] falls
+//!   back to the direct rail exchange (documented choice: no fold-in step).
+//!
+//! The intra-host phases are always direct: at step `i` local rank `l` sends to `l + i` and
+//! receives from `l − i` (mod the host size), so no rank is incast and every rank's program
+//! is the same up to translation.
 //!
 //! The buffer is cut into `channels × pipeline` pieces that flow through the phases in order,
 //! as a software pipeline: piece `s` of every phase runs on connection `s mod channels` of
@@ -18,12 +28,20 @@
 //!
 //! Chunk layout: AllReduce puts piece `s` on chunks `s·n ..` with local rank `l` owning the
 //! contiguous `s·n + l·hosts ..` (one message per peer and piece) and rail host `j` owning
-//! chunk `j` of that. AllGather and ReduceScatter have their layout fixed by the output (rank
-//! `r` owns chunks `r·m ..`); piece `s` is chunk `r·m + s` of every rank `r`, so local rank
-//! `l` owns the `hosts` chunks of its rail (one message each).
+//! chunk `j` of that; halving-doubling halves are contiguous aligned ranges of it (one
+//! message per round). AllGather and ReduceScatter have their layout fixed by the output
+//! (rank `r` owns chunks `r·m ..`); piece `s` is chunk `r·m + s` of every rank `r`, so local
+//! rank `l` owns the `hosts` chunks of its rail. Their halving-doubling rail phase stages the
+//! rail's chunks in scratch by relative position (slot `x` holds rail position `p ^ x`), so
+//! each round is one contiguous message.
 //!
-//! Size: per piece every rank exchanges `O(g + hosts)` messages (AllReduce) or
-//! `O(nranks)` (AllGather, ReduceScatter: one per chunk of its rail and local peer).
+//! Symmetry: every rank's program is its grid translate of rank `hosts[0][0]`'s on the grid
+//! `[hosts, local]` (see [`symmetry`]): peers are chosen by relative offset (`±i` for direct
+//! phases, `^ 2^k` for halving-doubling), scratch slots by relative position.
+//!
+//! Size: per piece every rank exchanges `O(g + hosts)` messages (AllReduce, direct),
+//! `O(g + log hosts)` (AllReduce, halving-doubling) or `O(nranks)` (AllGather,
+//! ReduceScatter: one per chunk of its rail and local peer).
 
 use super::common::{candidate, uniform_hosts};
 use super::{Candidate, Family, FamilyParams};
@@ -31,8 +49,11 @@ use crate::builder::ScheduleBuilder;
 use hccl_ir::{Collective, CollectiveKind, Loc, Rank};
 use hccl_topologies::Topology;
 
-/// Most chunks a hierarchical schedule may use on small rank counts (`nranks × pieces`).
+/// Most chunks a direct hierarchical schedule may use on small rank counts (`nranks ×
+/// pieces`).
 const MAX_HIER_CHUNKS: u32 = 1024;
+/// Most pieces a halving-doubling schedule may use.
+const MAX_HD_PIECES: u32 = 64;
 /// Most steps (roughly) a hierarchical candidate may have; larger pipelines are not offered.
 const MAX_HIER_STEPS: u64 = 600_000;
 /// Connection counts per phase offered: one keeps pieces strictly in order (the shortest
@@ -42,12 +63,28 @@ const MAX_HIER_STEPS: u64 = 600_000;
 const CHANNELS: [u32; 2] = [1, 2];
 /// Deepest pipeline offered with two connections per phase.
 const MAX_TWO_CHANNEL_PIPELINE: u32 = 2;
-/// Pipeline depths offered (pieces per connection).
+/// Pipeline depths offered (pieces per connection) by the direct family.
 const PIPELINE: [u32; 7] = [1, 2, 4, 8, 16, 32, 64];
+/// Pipeline depths offered by the halving-doubling family: finer steps, so that on large
+/// clusters the deepest pipeline under the step cap is close to it.
+const PIPELINE_HD: [u32; 12] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64];
 
-/// The hierarchical family.
+/// How the rail (inter-host) phase exchanges data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rail {
+    /// Every rank sends each rail peer its share directly.
+    Direct,
+    /// Recursive halving (reduce-scatter) and doubling (all-gather); power-of-two hosts.
+    HalvingDoubling,
+}
+
+/// The hierarchical family with a direct rail exchange.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Hierarchical;
+
+/// The hierarchical family with a halving-doubling rail exchange.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HierarchicalHd;
 
 /// Ranks of the schedule's hosts and rails, and how the phases use connections.
 struct Layout<'a> {
@@ -57,6 +94,8 @@ struct Layout<'a> {
     rails: &'a [Vec<Rank>],
     /// Connections (channel ids) per phase.
     nch: u32,
+    /// The rail exchange.
+    rail: Rail,
 }
 
 impl Layout<'_> {
@@ -64,10 +103,82 @@ impl Layout<'_> {
     fn channel(&self, phase: u32, s: u32) -> u32 {
         phase * self.nch + s % self.nch
     }
+
+    /// Number of hosts.
+    fn nh(&self) -> usize {
+        self.rails[0].len()
+    }
+
+    /// Rail position at relative offset `x` from position `p`: `p ^ x` (halving-doubling),
+    /// `p − x` (direct: the order in which the direct exchange delivers).
+    fn rel(&self, p: usize, x: usize) -> usize {
+        let nh = self.nh();
+        match self.rail {
+            Rail::HalvingDoubling => p ^ x,
+            Rail::Direct => (p + nh - x % nh) % nh,
+        }
+    }
+}
+
+/// The rail exchange usable for `rail` on `nh` hosts (halving-doubling falls back to direct
+/// on host counts that are not powers of two).
+fn effective_rail(rail: Rail, nh: usize) -> Rail {
+    if rail == Rail::HalvingDoubling && nh.is_power_of_two() {
+        rail
+    } else {
+        Rail::Direct
+    }
+}
+
+/// Hierarchical schedules with the given rail exchange, for either buffer arrangement.
+fn schedules(
+    name: &str,
+    rail: Rail,
+    topo: &Topology,
+    collective: Collective,
+    params: FamilyParams,
+    in_place: bool,
+) -> Vec<Candidate> {
+    let kind = collective.kind();
+    if !supports(kind) {
+        return Vec::new();
+    }
+    let Some(hosts) = uniform_hosts(topo) else {
+        return Vec::new();
+    };
+    let g = hosts[0].len();
+    if g < 2 {
+        return Vec::new();
+    }
+    let n = topo.nranks();
+    let nch = params.channels.max(1);
+    let Some(m) = nch.checked_mul(params.pipeline.max(1)) else {
+        return Vec::new();
+    };
+    let Some(chunks) = n.checked_mul(m) else {
+        return Vec::new();
+    };
+    let rails: Vec<Vec<Rank>> = (0..g)
+        .map(|l| hosts.iter().map(|h| h[l]).collect())
+        .collect();
+    let layout = Layout {
+        hosts: &hosts,
+        rails: &rails,
+        nch,
+        rail: effective_rail(rail, hosts.len()),
+    };
+    let mut b = ScheduleBuilder::new(collective, n, chunks, in_place);
+    b.set_fusion(false);
+    match kind {
+        CollectiveKind::AllReduce => all_reduce(&mut b, &layout, m),
+        CollectiveKind::AllGather => all_gather(&mut b, &layout, m, in_place),
+        _ => reduce_scatter(&mut b, &layout, m, in_place),
+    }
+    candidate(name, params, b)
 }
 
 impl Hierarchical {
-    /// Hierarchical schedules for either buffer arrangement.
+    /// Hierarchical schedules (direct rail exchange) for either buffer arrangement.
     pub fn schedules(
         &self,
         topo: &Topology,
@@ -75,128 +186,195 @@ impl Hierarchical {
         params: FamilyParams,
         in_place: bool,
     ) -> Vec<Candidate> {
-        let kind = collective.kind();
-        if !self.supports(kind) {
-            return Vec::new();
-        }
-        let Some(hosts) = uniform_hosts(topo) else {
-            return Vec::new();
-        };
-        let g = hosts[0].len();
-        if g < 2 {
-            return Vec::new();
-        }
-        let n = topo.nranks();
-        let nch = params.channels.max(1);
-        let Some(m) = nch.checked_mul(params.pipeline.max(1)) else {
-            return Vec::new();
-        };
-        let Some(chunks) = n.checked_mul(m) else {
-            return Vec::new();
-        };
-        let rails: Vec<Vec<Rank>> = (0..g)
-            .map(|l| hosts.iter().map(|h| h[l]).collect())
-            .collect();
-        let layout = Layout {
-            hosts: &hosts,
-            rails: &rails,
-            nch,
-        };
-        let mut b = ScheduleBuilder::new(collective, n, chunks, in_place);
-        b.set_fusion(false);
-        match kind {
-            CollectiveKind::AllReduce => all_reduce(&mut b, &layout, m),
-            CollectiveKind::AllGather => all_gather(&mut b, &layout, m, in_place),
-            _ => reduce_scatter(&mut b, &layout, m, in_place),
-        }
-        candidate(self.name(), params, b)
+        schedules(
+            self.name(),
+            Rail::Direct,
+            topo,
+            collective,
+            params,
+            in_place,
+        )
     }
 }
 
-/// Owner `ring[j]` of each run `(start(j), count)` receives every other member's
-/// contribution directly (from `contrib`) and folds it into `result`, starting from its own
-/// contribution `first`; members are taken in ring order after the owner.
+impl HierarchicalHd {
+    /// Hierarchical schedules (halving-doubling rail exchange; direct when the host count is
+    /// not a power of two) for either buffer arrangement.
+    pub fn schedules(
+        &self,
+        topo: &Topology,
+        collective: Collective,
+        params: FamilyParams,
+        in_place: bool,
+    ) -> Vec<Candidate> {
+        let rail = Rail::HalvingDoubling;
+        schedules(self.name(), rail, topo, collective, params, in_place)
+    }
+}
+
+/// Where member `at` of a group keeps (or puts) the run of the member at position `owner`.
+type PairLoc<'a> = &'a dyn Fn(usize, usize) -> Loc;
+
+/// Direct reduce within `group`: the member at position `o` receives every other member's
+/// contribution `contrib(p, o)` and folds it into `result(o, o)`, starting from its own
+/// `first(o, o)`. At step `i` member `p` sends to `p + i` and receives from `p − i`.
 #[allow(clippy::too_many_arguments)]
 fn direct_reduce(
     b: &mut ScheduleBuilder,
-    ring: &[Rank],
-    start: &dyn Fn(usize) -> u32,
+    group: &[Rank],
     count: u32,
     channel: u32,
-    contrib: &dyn Fn(Rank, u32) -> Loc,
-    first: &dyn Fn(Rank, u32) -> Loc,
-    result: &dyn Fn(Rank, u32) -> Loc,
+    contrib: PairLoc<'_>,
+    first: PairLoc<'_>,
+    result: PairLoc<'_>,
 ) {
-    let n = ring.len();
-    for j in 0..n {
-        let (owner, k) = (ring[j], start(j));
-        for i in 1..n {
-            let p = ring[(j + i) % n];
-            let acc = if i == 1 {
-                first(owner, k)
-            } else {
-                result(owner, k)
-            };
-            b.send(p, owner, contrib(p, k), count, channel);
-            b.recv_reduce_copy(owner, p, acc, result(owner, k), count, channel);
+    let g = group.len();
+    for i in 1..g {
+        for p in 0..g {
+            let o = (p + i) % g;
+            b.send(group[p], group[o], contrib(p, o), count, channel);
+        }
+        for p in 0..g {
+            let from = (p + g - i) % g;
+            let acc = if i == 1 { first(p, p) } else { result(p, p) };
+            b.recv_reduce_copy(group[p], group[from], acc, result(p, p), count, channel);
         }
     }
 }
 
-/// Owner `ring[j]` sends each run of `starts(j)` (from `have`) to every other member (into
-/// `put`), members in ring order after the owner.
+/// Where member `at` keeps run `idx` of the member at position `owner`.
+type RunLoc<'a> = &'a dyn Fn(usize, usize, usize) -> Loc;
+
+/// Direct gather within `group`: every member sends its `runs` runs (`have(o, o, idx)`) to
+/// every other member (into `put(p, o, idx)`). At step `i` member `p` sends to `p + i` and
+/// receives from `p − i`.
 fn direct_gather(
     b: &mut ScheduleBuilder,
-    ring: &[Rank],
-    starts: &dyn Fn(usize) -> Vec<u32>,
+    group: &[Rank],
+    runs: usize,
     count: u32,
     channel: u32,
-    have: &dyn Fn(Rank, u32) -> Loc,
-    put: &dyn Fn(Rank, u32) -> Loc,
+    have: RunLoc<'_>,
+    put: RunLoc<'_>,
 ) {
-    let n = ring.len();
-    for j in 0..n {
-        let owner = ring[j];
-        let ks = starts(j);
-        for i in 1..n {
-            let d = ring[(j + i) % n];
-            for &k in &ks {
-                b.send(owner, d, have(owner, k), count, channel);
-                b.recv(d, owner, put(d, k), count, channel);
+    let g = group.len();
+    for i in 1..g {
+        for p in 0..g {
+            let d = (p + i) % g;
+            for idx in 0..runs {
+                b.send(group[p], group[d], have(p, p, idx), count, channel);
             }
         }
+        for p in 0..g {
+            let from = (p + g - i) % g;
+            for idx in 0..runs {
+                b.recv(group[p], group[from], put(p, from, idx), count, channel);
+            }
+        }
+    }
+}
+
+/// Recursive halving over `rail` (power-of-two length `nh`): in the round of `bit`
+/// (`nh/2, nh/4, …, 1`) position `p` sends `send(p, bit)` (`bit` chunks) to `p ^ bit` and
+/// folds what it receives into `acc(p, bit)`, storing at `dst(p, bit)`.
+fn halving(
+    b: &mut ScheduleBuilder,
+    rail: &[Rank],
+    channel: u32,
+    send: &dyn Fn(usize, usize) -> Loc,
+    acc: &dyn Fn(usize, usize) -> Loc,
+    dst: &dyn Fn(usize, usize) -> Loc,
+) {
+    let nh = rail.len();
+    let mut bit = nh / 2;
+    while bit >= 1 {
+        let count = bit as u32;
+        for p in 0..nh {
+            b.send(rail[p], rail[p ^ bit], send(p, bit), count, channel);
+        }
+        for p in 0..nh {
+            let (a, d) = (acc(p, bit), dst(p, bit));
+            b.recv_reduce_copy(rail[p], rail[p ^ bit], a, d, count, channel);
+        }
+        bit /= 2;
+    }
+}
+
+/// Recursive doubling over `rail` (power-of-two length `nh`): in the round of `bit`
+/// (`1, 2, …, nh/2`) position `p` sends `send(p, bit)` (`bit` chunks) to `p ^ bit` and
+/// stores what it receives at `put(p, bit)`.
+fn doubling(
+    b: &mut ScheduleBuilder,
+    rail: &[Rank],
+    channel: u32,
+    send: &dyn Fn(usize, usize) -> Loc,
+    put: &dyn Fn(usize, usize) -> Loc,
+) {
+    let nh = rail.len();
+    let mut bit = 1;
+    while bit < nh {
+        let count = bit as u32;
+        for p in 0..nh {
+            b.send(rail[p], rail[p ^ bit], send(p, bit), count, channel);
+        }
+        for p in 0..nh {
+            b.recv(rail[p], rail[p ^ bit], put(p, bit), count, channel);
+        }
+        bit *= 2;
     }
 }
 
 /// AllReduce: per piece, intra-host reduce-scatter (channel phase 0), rail reduce-scatter
 /// (1), rail all-gather (2), intra-host all-gather (3), all in `output`.
 fn all_reduce(b: &mut ScheduleBuilder, lay: &Layout<'_>, m: u32) {
-    let nh = lay.rails[0].len() as u32;
-    let n = nh * lay.hosts[0].len() as u32;
-    let input = |_: Rank, k: u32| Loc::input(k);
-    let output = |_: Rank, k: u32| Loc::output(k);
+    let nh = lay.nh();
+    let n = (nh * lay.hosts[0].len()) as u32;
+    let nh32 = nh as u32;
     for s in 0..m {
         let base = s * n;
         // Local rank `l` owns `base + l·nh .. + nh`; rail host `j` owns chunk `j` of that.
-        let host_start = |l: usize| base + l as u32 * nh;
+        let host_start = |l: usize| base + l as u32 * nh32;
+        let input = |_: usize, o: usize| Loc::input(host_start(o));
+        let output = |_: usize, o: usize| Loc::output(host_start(o));
         for host in lay.hosts {
             let ch = lay.channel(0, s);
-            direct_reduce(b, host, &host_start, nh, ch, &input, &input, &output);
+            direct_reduce(b, host, nh32, ch, &input, &input, &output);
         }
         for (l, rail) in lay.rails.iter().enumerate() {
-            let start = |j: usize| host_start(l) + j as u32;
             let ch = lay.channel(1, s);
-            direct_reduce(b, rail, &start, 1, ch, &output, &output, &output);
+            match lay.rail {
+                Rail::Direct => {
+                    let at = |_: usize, o: usize| Loc::output(host_start(l) + o as u32);
+                    direct_reduce(b, rail, 1, ch, &at, &at, &at);
+                }
+                Rail::HalvingDoubling => {
+                    // Before the round of `bit`, `p` holds the aligned `2·bit` block around
+                    // it; it sends its partner's half and keeps its own.
+                    let half =
+                        |p: usize, bit: usize| Loc::output(host_start(l) + (p & !(bit - 1)) as u32);
+                    let other = |p: usize, bit: usize| half(p ^ bit, bit);
+                    halving(b, rail, ch, &other, &half, &half);
+                }
+            }
         }
         for (l, rail) in lay.rails.iter().enumerate() {
-            let starts = |j: usize| vec![host_start(l) + j as u32];
             let ch = lay.channel(2, s);
-            direct_gather(b, rail, &starts, 1, ch, &output, &output);
+            match lay.rail {
+                Rail::Direct => {
+                    let at = |_: usize, o: usize, _: usize| Loc::output(host_start(l) + o as u32);
+                    direct_gather(b, rail, 1, 1, ch, &at, &at);
+                }
+                Rail::HalvingDoubling => {
+                    let mine =
+                        |p: usize, bit: usize| Loc::output(host_start(l) + (p & !(bit - 1)) as u32);
+                    let theirs = |p: usize, bit: usize| mine(p ^ bit, bit);
+                    doubling(b, rail, ch, &mine, &theirs);
+                }
+            }
         }
         for host in lay.hosts {
-            let starts = |l: usize| vec![host_start(l)];
-            let ch = lay.channel(3, s);
-            direct_gather(b, host, &starts, nh, ch, &output, &output);
+            let at = |_: usize, o: usize, _: usize| Loc::output(host_start(o));
+            direct_gather(b, host, 1, nh32, lay.channel(3, s), &at, &at);
         }
     }
 }
@@ -204,7 +382,7 @@ fn all_reduce(b: &mut ScheduleBuilder, lay: &Layout<'_>, m: u32) {
 /// AllGather: per piece, rail all-gather of every rank's chunk (channel phase 0), then
 /// intra-host all-gather of what each rank holds for its rail (1).
 fn all_gather(b: &mut ScheduleBuilder, lay: &Layout<'_>, m: u32, in_place: bool) {
-    let nh = lay.rails[0].len();
+    let nh = lay.nh();
     let n = (nh * lay.hosts[0].len()) as u32;
     // A rank's own chunk `k` (of the output numbering), read where it starts.
     let own = |r: Rank, k: u32| {
@@ -214,43 +392,65 @@ fn all_gather(b: &mut ScheduleBuilder, lay: &Layout<'_>, m: u32, in_place: bool)
             Loc::input(k - r * m)
         }
     };
-    let output = |_: Rank, k: u32| Loc::output(k);
-    // `have`: own chunks from `own`, the rest from `output`.
-    let have = |r: Rank, k: u32| {
-        if k / m == r {
-            own(r, k)
-        } else {
-            Loc::output(k)
-        }
-    };
     if !in_place {
         for r in 0..n {
             b.copy((r, Loc::input(0)), (r, Loc::output(r * m)), m, 0);
         }
     }
     for s in 0..m {
-        for rail in lay.rails {
-            let starts = |j: usize| vec![rail[j] * m + s];
-            direct_gather(b, rail, &starts, 1, lay.channel(0, s), &have, &output);
+        let chunk = |l: usize, j: usize| lay.rails[l][j] * m + s;
+        // Scratch slot of relative rail position `x` (halving-doubling staging).
+        let slot = |x: usize| Loc::scratch(s * nh as u32 + x as u32);
+        for (l, rail) in lay.rails.iter().enumerate() {
+            let ch = lay.channel(0, s);
+            match lay.rail {
+                Rail::Direct => {
+                    let have = |p: usize, _: usize, _: usize| own(rail[p], chunk(l, p));
+                    let put = |_: usize, o: usize, _: usize| Loc::output(chunk(l, o));
+                    direct_gather(b, rail, 1, 1, ch, &have, &put);
+                }
+                Rail::HalvingDoubling => {
+                    // Slot `x` holds rail position `p ^ x`: own chunk in slot 0, the
+                    // partner's `bit` slots arrive behind this rank's.
+                    for (p, &r) in rail.iter().enumerate() {
+                        b.copy((r, own(r, chunk(l, p))), (r, slot(0)), 1, ch);
+                    }
+                    let mine = |_: usize, _: usize| slot(0);
+                    let theirs = |_: usize, bit: usize| slot(bit);
+                    doubling(b, rail, ch, &mine, &theirs);
+                }
+            }
         }
         for (h, host) in lay.hosts.iter().enumerate() {
             // Local rank `l` forwards its rail's chunks, its own first, then in the order
-            // the rail exchange delivers them.
-            let starts = |l: usize| {
-                (0..nh)
-                    .map(|t| lay.rails[l][(h + t) % nh] * m + s)
-                    .collect()
+            // the rail exchange delivers them (relative position `x`).
+            let have = |l: usize, _: usize, x: usize| {
+                let r = host[l];
+                match (x, lay.rail) {
+                    (0, _) => own(r, chunk(l, h)),
+                    (_, Rail::Direct) => Loc::output(chunk(l, lay.rel(h, x))),
+                    (_, Rail::HalvingDoubling) => slot(x),
+                }
             };
-            direct_gather(b, host, &starts, 1, lay.channel(1, s), &have, &output);
+            let put = |_: usize, o: usize, x: usize| Loc::output(chunk(o, lay.rel(h, x)));
+            direct_gather(b, host, nh, 1, lay.channel(1, s), &have, &put);
+            if lay.rail == Rail::HalvingDoubling {
+                for (l, &r) in host.iter().enumerate() {
+                    for x in 1..nh {
+                        let to = Loc::output(chunk(l, lay.rel(h, x)));
+                        b.copy((r, slot(x)), (r, to), 1, lay.channel(1, s));
+                    }
+                }
+            }
         }
     }
 }
 
 /// ReduceScatter: per piece, intra-host reduce-scatter of every rail's chunks into scratch
-/// (channel phase 0), then rail reduce-scatter into the owners' outputs (1).
+/// (channel phase 0), then rail reduce-scatter into the owners' outputs (1). Scratch slot
+/// `s·hosts + x` holds the partial of rail position `rel(p, x)`.
 fn reduce_scatter(b: &mut ScheduleBuilder, lay: &Layout<'_>, m: u32, in_place: bool) {
-    let input = |_: Rank, k: u32| Loc::input(k);
-    let scratch = |_: Rank, k: u32| Loc::scratch(k);
+    let nh = lay.nh();
     let out = |r: Rank, k: u32| {
         if in_place {
             Loc::input(k)
@@ -259,36 +459,130 @@ fn reduce_scatter(b: &mut ScheduleBuilder, lay: &Layout<'_>, m: u32, in_place: b
         }
     };
     for s in 0..m {
-        for host in lay.hosts {
-            // Local rank `l` reduces the chunks of its rail, one run per rail member.
-            for t in 0..lay.rails[0].len() {
-                let start = |l: usize| lay.rails[l][t] * m + s;
+        let chunk = |l: usize, j: usize| lay.rails[l][j] * m + s;
+        let slot = |x: usize| Loc::scratch(s * nh as u32 + x as u32);
+        // Intra-host order of the relative positions: what the rail sends first comes first.
+        // (Direct: own slot, then the slot sent at step `i`, `nh − i`, for `i = 1, 2, …`.)
+        let order: Vec<usize> = match lay.rail {
+            Rail::Direct => (0..nh).map(|i| (nh - i) % nh).collect(),
+            Rail::HalvingDoubling => (0..nh).rev().collect(),
+        };
+        for (h, host) in lay.hosts.iter().enumerate() {
+            for &x in &order {
+                // Local rank `l` reduces the chunk of rail position `rel(h, x)`.
+                let contrib = |_: usize, o: usize| Loc::input(chunk(o, lay.rel(h, x)));
+                let res = |_: usize, _: usize| slot(x);
                 let ch = lay.channel(0, s);
-                direct_reduce(b, host, &start, 1, ch, &input, &input, &scratch);
+                direct_reduce(b, host, 1, ch, &contrib, &contrib, &res);
             }
         }
-        for rail in lay.rails {
-            let start = |j: usize| rail[j] * m + s;
+        for (l, rail) in lay.rails.iter().enumerate() {
             let ch = lay.channel(1, s);
-            direct_reduce(b, rail, &start, 1, ch, &scratch, &scratch, &out);
+            match lay.rail {
+                Rail::Direct => {
+                    // Member `p` sends `o` the partial it holds for it: position `o` is
+                    // `rel(p, x)` for `x = p − o`.
+                    let contrib = |p: usize, o: usize| slot((p + nh - o) % nh);
+                    let first = |_: usize, _: usize| slot(0);
+                    let res = |p: usize, _: usize| out(rail[p], chunk(l, p));
+                    direct_reduce(b, rail, 1, ch, &contrib, &first, &res);
+                }
+                Rail::HalvingDoubling => {
+                    // Round `bit`: slots `bit..2·bit` go to the partner, whose slots
+                    // `0..bit` they match; the last round stores the result.
+                    let send = |_: usize, bit: usize| slot(bit);
+                    let acc = |_: usize, _: usize| slot(0);
+                    let dst = |p: usize, bit: usize| {
+                        if bit == 1 {
+                            out(rail[p], chunk(l, p))
+                        } else {
+                            slot(0)
+                        }
+                    };
+                    halving(b, rail, ch, &send, &acc, &dst);
+                }
+            }
         }
     }
 }
 
-/// Step count of a hierarchical schedule with `pieces` pieces: per piece every rank sends
-/// and receives one message per host peer and rail peer in each of its phases (AllReduce:
-/// four), one per chunk of its rail for every host peer (AllGather, ReduceScatter).
-fn step_estimate(topo: &Topology, kind: CollectiveKind, pieces: u32) -> u64 {
+/// Which collectives the hierarchical families implement.
+fn supports(kind: CollectiveKind) -> bool {
+    matches!(
+        kind,
+        CollectiveKind::AllReduce | CollectiveKind::AllGather | CollectiveKind::ReduceScatter
+    )
+}
+
+/// `⌈log2 x⌉`.
+fn log2_ceil(x: u64) -> u64 {
+    u64::from(x.max(1).next_power_of_two().trailing_zeros())
+}
+
+/// Step count of a hierarchical schedule with `pieces` pieces. Per piece every rank sends
+/// and receives one message per host peer and rail peer in each of its phases (AllReduce,
+/// direct: four), one per rail round (halving-doubling: `log2 hosts` per rail phase), and one
+/// per chunk of its rail for every host peer (AllGather, ReduceScatter; halving-doubling
+/// AllGather also copies its rail's chunks out of scratch).
+fn step_estimate(topo: &Topology, kind: CollectiveKind, rail: Rail, pieces: u32) -> u64 {
     let n = u64::from(topo.nranks());
     let hosts = topo.nhosts().max(1) as u64;
     let g = (n / hosts).max(1);
-    let per_rank = match kind {
-        CollectiveKind::AllReduce => 4 * (g + hosts).saturating_sub(2),
-        _ => 2 * ((g - 1) * hosts + hosts - 1),
+    let rail = effective_rail(rail, hosts as usize);
+    let per_rank = match (kind, rail) {
+        (CollectiveKind::AllReduce, Rail::Direct) => 4 * (g + hosts).saturating_sub(2),
+        (CollectiveKind::AllReduce, Rail::HalvingDoubling) => 4 * (g - 1) + 4 * log2_ceil(hosts),
+        (_, Rail::Direct) => 2 * ((g - 1) * hosts + hosts - 1),
+        (CollectiveKind::AllGather, Rail::HalvingDoubling) => {
+            2 * (g - 1) * hosts + hosts + 2 * log2_ceil(hosts)
+        }
+        (_, Rail::HalvingDoubling) => 2 * (g - 1) * hosts + 2 * log2_ceil(hosts),
     };
     n.saturating_mul(per_rank)
         .saturating_mul(u64::from(pieces))
         .max(1)
+}
+
+/// Pieces of a parameter set (`channels × pipeline`, saturating).
+fn pieces(params: FamilyParams) -> u32 {
+    params
+        .channels
+        .max(1)
+        .saturating_mul(params.pipeline.max(1))
+}
+
+/// The parameter sets offered: one or two connections per phase (two only for shallow
+/// pipelines), pipelines from `depths` whose chunk count fits `max_pieces` pieces per rank
+/// (or `max_chunks` chunks in all) and whose step estimate fits [`MAX_HIER_STEPS`]; always
+/// at least the unpipelined one.
+fn param_space(
+    topo: &Topology,
+    collective: Collective,
+    rail: Rail,
+    depths: &[u32],
+    max_chunks: u64,
+) -> Vec<FamilyParams> {
+    let n = u64::from(topo.nranks());
+    let mut out = Vec::new();
+    for channels in CHANNELS {
+        for &pipeline in depths {
+            let p = FamilyParams { channels, pipeline };
+            let pieces = pieces(p);
+            if (channels == 1 || pipeline <= MAX_TWO_CHANNEL_PIPELINE)
+                && n * u64::from(pieces) <= max_chunks
+                && step_estimate(topo, collective.kind(), rail, pieces) <= MAX_HIER_STEPS
+            {
+                out.push(p);
+            }
+        }
+    }
+    if out.is_empty() {
+        out.push(FamilyParams {
+            channels: 1,
+            pipeline: 1,
+        });
+    }
+    out
 }
 
 impl Family for Hierarchical {
@@ -296,33 +590,11 @@ impl Family for Hierarchical {
         "hierarchical"
     }
     fn supports(&self, kind: CollectiveKind) -> bool {
-        matches!(
-            kind,
-            CollectiveKind::AllReduce | CollectiveKind::AllGather | CollectiveKind::ReduceScatter
-        )
+        supports(kind)
     }
     fn param_space(&self, topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
-        let n = topo.nranks();
-        let max_chunks = u64::from(MAX_HIER_CHUNKS.max(n));
-        let mut out = Vec::new();
-        for channels in CHANNELS {
-            for pipeline in PIPELINE {
-                let pieces = channels * pipeline;
-                if (channels == 1 || pipeline <= MAX_TWO_CHANNEL_PIPELINE)
-                    && u64::from(n) * u64::from(pieces) <= max_chunks
-                    && step_estimate(topo, collective.kind(), pieces) <= MAX_HIER_STEPS
-                {
-                    out.push(FamilyParams { channels, pipeline });
-                }
-            }
-        }
-        if out.is_empty() {
-            out.push(FamilyParams {
-                channels: 1,
-                pipeline: 1,
-            });
-        }
-        out
+        let max_chunks = u64::from(MAX_HIER_CHUNKS.max(topo.nranks()));
+        param_space(topo, collective, Rail::Direct, &PIPELINE, max_chunks)
     }
     fn generate(
         &self,
@@ -338,10 +610,50 @@ impl Family for Hierarchical {
         collective: Collective,
         params: FamilyParams,
     ) -> Option<u64> {
-        let pieces = params
-            .channels
-            .max(1)
-            .saturating_mul(params.pipeline.max(1));
-        Some(step_estimate(topo, collective.kind(), pieces))
+        let kind = collective.kind();
+        Some(step_estimate(topo, kind, Rail::Direct, pieces(params)))
+    }
+}
+
+impl Family for HierarchicalHd {
+    fn name(&self) -> &'static str {
+        "hierarchical_hd"
+    }
+    fn supports(&self, kind: CollectiveKind) -> bool {
+        supports(kind)
+    }
+    /// Empty unless the hosts are a power of two in number (elsewhere the schedules would
+    /// be the direct family's).
+    fn param_space(&self, topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
+        match uniform_hosts(topo) {
+            Some(h) if h.len().is_power_of_two() => {
+                let max_chunks = u64::from(topo.nranks()) * u64::from(MAX_HD_PIECES);
+                let rail = Rail::HalvingDoubling;
+                param_space(topo, collective, rail, &PIPELINE_HD, max_chunks)
+            }
+            _ => Vec::new(),
+        }
+    }
+    fn generate(
+        &self,
+        topo: &Topology,
+        collective: Collective,
+        params: FamilyParams,
+    ) -> Vec<Candidate> {
+        self.schedules(topo, collective, params, false)
+    }
+    fn estimated_steps(
+        &self,
+        topo: &Topology,
+        collective: Collective,
+        params: FamilyParams,
+    ) -> Option<u64> {
+        let kind = collective.kind();
+        Some(step_estimate(
+            topo,
+            kind,
+            Rail::HalvingDoubling,
+            pieces(params),
+        ))
     }
 }

@@ -21,7 +21,7 @@ pub mod tree;
 
 pub use cube::HybridCube;
 pub use groups::Groups;
-pub use hier::Hierarchical;
+pub use hier::{Hierarchical, HierarchicalHd};
 pub use mesh::{Bruck, Mesh, Pairwise, TwoPhase};
 pub use oneshot::OneShot;
 pub use ring::{DoubleRing, Ring};
@@ -97,6 +97,7 @@ pub fn all_families() -> Vec<Box<dyn Family>> {
         Box::new(Mesh),
         Box::new(OneShot),
         Box::new(Hierarchical),
+        Box::new(HierarchicalHd),
         Box::new(Groups),
         Box::new(Pairwise),
         Box::new(Bruck),
@@ -122,6 +123,7 @@ pub fn generate_with(
         "mesh" => Mesh.schedules(topo, collective, params, in_place),
         "oneshot" => OneShot.schedules(topo, collective, params, in_place),
         "hierarchical" => Hierarchical.schedules(topo, collective, params, in_place),
+        "hierarchical_hd" => HierarchicalHd.schedules(topo, collective, params, in_place),
         "groups" => Groups.schedules(topo, collective, params, in_place),
         "pairwise" => Pairwise.schedules(topo, collective, params, in_place),
         "bruck" => Bruck.schedules(topo, collective, params, in_place),

@@ -1,0 +1,115 @@
+//! The hierarchical families (direct and halving-doubling rail exchange) on generated DGX
+//! H100 clusters: every schedule verifies (AllReduce, AllGather, ReduceScatter; in place
+//! and not), its step count is within a factor of two of the family's estimate, and the
+//! halving-doubling rail keeps AllReduce pipelines small enough that deep ones are offered
+//! on 1024 ranks.
+
+use hccl_compiler::families::{Family, FamilyParams, Hierarchical, HierarchicalHd};
+use hccl_ir::Collective;
+use hccl_ir::verify::verify;
+use hccl_topologies::Topology;
+
+fn cluster(nodes: u32) -> Topology {
+    let text = hccl_topologies::shipped_text("dgx-h100").expect("dgx-h100 is shipped");
+    let spec = hccl_topologies::parse_spec(text, "dgx-h100").expect("shipped spec parses");
+    hccl_topologies::build(hccl_topologies::generate::cluster(nodes, &spec), "cluster")
+        .expect("cluster builds")
+}
+
+const COLLECTIVES: [Collective; 3] = [
+    Collective::AllReduce,
+    Collective::AllGather,
+    Collective::ReduceScatter,
+];
+
+/// Parameter sets exercised: unpipelined, two connections, a pipeline of three pieces.
+const PARAMS: [FamilyParams; 3] = [
+    FamilyParams {
+        channels: 1,
+        pipeline: 1,
+    },
+    FamilyParams {
+        channels: 2,
+        pipeline: 1,
+    },
+    FamilyParams {
+        channels: 1,
+        pipeline: 3,
+    },
+];
+
+fn check(name: &str, topo: &Topology, coll: Collective, p: FamilyParams, in_place: bool) {
+    let what = format!(
+        "{name} {coll} {p:?} in_place={in_place} on {} ranks",
+        topo.nranks()
+    );
+    let cands = hccl_compiler::families::generate_with(name, topo, coll, p, in_place)
+        .expect("a known family");
+    assert_eq!(cands.len(), 1, "{what}");
+    let s = &cands[0].schedule;
+    if let Err(e) = verify(s) {
+        panic!("{what}: {:?}", &e[..e.len().min(3)]);
+    }
+    let fam: Box<dyn Family> = if name == "hierarchical" {
+        Box::new(Hierarchical)
+    } else {
+        Box::new(HierarchicalHd)
+    };
+    let est = fam.estimated_steps(topo, coll, p).expect("an estimate");
+    let real = s.step_count() as u64;
+    assert!(
+        est <= 2 * real && real <= 2 * est,
+        "{what}: estimate {est}, real {real}"
+    );
+}
+
+#[test]
+fn schedules_verify_on_generated_clusters() {
+    for nodes in [2, 3, 4, 8] {
+        let topo = cluster(nodes);
+        for name in ["hierarchical", "hierarchical_hd"] {
+            for coll in COLLECTIVES {
+                for p in PARAMS {
+                    for in_place in [false, true] {
+                        check(name, &topo, coll, p, in_place);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn halving_doubling_is_offered_only_on_power_of_two_hosts() {
+    for (nodes, offered) in [(2, true), (3, false), (4, true), (6, false), (8, true)] {
+        let topo = cluster(nodes);
+        for coll in COLLECTIVES {
+            let space = HierarchicalHd.param_space(&topo, coll);
+            assert_eq!(!space.is_empty(), offered, "{nodes} nodes {coll}");
+        }
+    }
+}
+
+#[test]
+fn halving_doubling_offers_deeper_all_reduce_pipelines_on_1024_ranks() {
+    let topo = cluster(128);
+    let deepest = |f: &dyn Family| {
+        f.param_space(&topo, Collective::AllReduce)
+            .iter()
+            .map(|p| p.channels * p.pipeline)
+            .max()
+            .unwrap_or(0)
+    };
+    let (direct, hd) = (deepest(&Hierarchical), deepest(&HierarchicalHd));
+    assert_eq!(direct, 1);
+    assert!(hd >= 8, "halving-doubling offers only {hd} pieces");
+    for p in HierarchicalHd.param_space(&topo, Collective::AllReduce) {
+        let est = HierarchicalHd
+            .estimated_steps(&topo, Collective::AllReduce, p)
+            .expect("an estimate");
+        assert!(
+            est <= hccl_compiler::search::MAX_CANDIDATE_STEPS,
+            "{p:?}: {est}"
+        );
+    }
+}
