@@ -8,17 +8,28 @@
 //!   channels, 8 pieces each (16 400 steps), parsed and verified.
 //! - `parse+verify/direct_alltoall_64_in_place`: all-pairs AllToAll over 64 ranks, two
 //!   channels with dependencies on a scratch copy (16 192 steps), parsed and verified.
+//! - `load_1024/{explicit,symmetric}/{full,rank_517}`: the 1024-rank ring AllReduce of
+//!   `verify/ring_allreduce_1024` written as a plan in the explicit form (every rank's
+//!   program) and in the symmetric form (one template and a cyclic symmetry), parsed whole
+//!   (`PlanFile::from_ron`, which expands the symmetric form) and for one rank
+//!   (`PlanFile::from_ron_for_rank`). The two file sizes are printed once.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use hccl_ir::verify::verify_report;
-use hccl_ir::{PlanEntry, PlanFile, PlanMeta, Protocol, Schedule};
+use hccl_ir::{
+    BlockLabel, BlockLayout, ChunkMap, PlanEntry, PlanFile, PlanMeta, Protocol, Schedule, Symmetry,
+};
 use std::hint::black_box;
 use std::time::Duration;
 
 fn plan_text(schedule: Schedule) -> String {
+    plan_text_with(schedule, None)
+}
+
+fn plan_text_with(schedule: Schedule, symmetry: Option<Symmetry>) -> String {
     let mut plan = PlanFile::new(PlanMeta {
         topology: "bench".to_string(),
         topology_hash: String::new(),
@@ -30,7 +41,7 @@ fn plan_text(schedule: Schedule) -> String {
         algorithm: "bench".to_string(),
         protocol: Protocol::Simple,
         cost: None,
-        symmetry: None,
+        symmetry,
         schedule,
     });
     plan.to_ron()
@@ -84,5 +95,43 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench);
+fn bench_symmetric(c: &mut Criterion) {
+    let n = 1024;
+    let ring = common::ring_allreduce(n, 1, 1, false);
+    let symmetry = Symmetry::ring(
+        (0..n).collect(),
+        Some(ChunkMap {
+            layout: BlockLayout::BlockMajor,
+            label: BlockLabel::Rank,
+        }),
+    );
+    assert!(
+        ring.compress(&symmetry).is_some(),
+        "the ring is rank-symmetric"
+    );
+    let texts = [
+        ("explicit", plan_text_with(ring.clone(), None)),
+        ("symmetric", plan_text_with(ring, Some(symmetry))),
+    ];
+    for (form, text) in &texts {
+        eprintln!(
+            "load_1024/{form}: {} bytes ({:.2} MB)",
+            text.len(),
+            text.len() as f64 / 1e6
+        );
+    }
+    let mut group = c.benchmark_group("load_1024");
+    group.sample_size(10);
+    for (form, text) in &texts {
+        group.bench_function(format!("{form}/full"), |b| {
+            b.iter(|| PlanFile::from_ron(black_box(text), "bench").expect("parses"))
+        });
+        group.bench_function(format!("{form}/rank_517"), |b| {
+            b.iter(|| PlanFile::from_ron_for_rank(black_box(text), "bench", 517).expect("parses"))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench, bench_symmetric);
 criterion_main!(benches);
