@@ -113,3 +113,67 @@ fn halving_doubling_offers_deeper_all_reduce_pipelines_on_1024_ranks() {
         );
     }
 }
+
+/// Every hierarchical schedule is the grid translate of one template program: it compresses
+/// under the symmetry its family declares.
+#[test]
+fn schedules_compress_under_their_symmetry() {
+    let mut topos: Vec<(String, Topology)> = ["h100-cluster-2node", "h100-cluster-4node"]
+        .iter()
+        .map(|&n| {
+            let t = hccl_topologies::shipped_by_name(n).expect("shipped cluster");
+            (n.to_string(), t)
+        })
+        .collect();
+    for nodes in [3, 4, 8, 16] {
+        topos.push((format!("{nodes} generated nodes"), cluster(nodes)));
+    }
+    for (tname, topo) in &topos {
+        for name in ["hierarchical", "hierarchical_hd"] {
+            for coll in COLLECTIVES {
+                for p in [PARAMS[0], PARAMS[1]] {
+                    let sym = if name == "hierarchical" {
+                        Hierarchical.symmetry(topo, coll, p)
+                    } else {
+                        HierarchicalHd.symmetry(topo, coll, p)
+                    }
+                    .expect("a symmetry");
+                    for in_place in [false, true] {
+                        let what = format!("{name} {coll} {p:?} in_place={in_place} on {tname}");
+                        let cands =
+                            hccl_compiler::families::generate_with(name, topo, coll, p, in_place)
+                                .expect("a known family");
+                        let s = &cands.first().expect(&what).schedule;
+                        let compact = s.compress(&sym);
+                        assert!(compact.is_some(), "{what}: does not compress");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The check above can fail: a halving-doubling schedule is not invariant under cyclic host
+/// translations, nor an AllReduce under rank-block chunk moves.
+#[test]
+fn wrong_symmetries_do_not_compress() {
+    let topo = cluster(4);
+    let p = PARAMS[0];
+    let coll = Collective::AllReduce;
+    let s = HierarchicalHd
+        .generate(&topo, coll, p)
+        .pop()
+        .expect("a schedule")
+        .schedule;
+    let good = HierarchicalHd.symmetry(&topo, coll, p).expect("a symmetry");
+    assert!(s.compress(&good).is_some());
+    let mut cyclic = good.clone();
+    cyclic.actions[0] = hccl_ir::Action::Cyclic;
+    assert!(s.compress(&cyclic).is_none());
+    let mut blocks = good;
+    blocks.chunks = Some(hccl_ir::ChunkMap {
+        layout: hccl_ir::BlockLayout::BlockMajor,
+        label: hccl_ir::BlockLabel::Rank,
+    });
+    assert!(s.compress(&blocks).is_none());
+}

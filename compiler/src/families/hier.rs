@@ -46,7 +46,9 @@
 use super::common::{candidate, uniform_hosts};
 use super::{Candidate, Family, FamilyParams};
 use crate::builder::ScheduleBuilder;
-use hccl_ir::{Collective, CollectiveKind, Loc, Rank};
+use hccl_ir::{
+    Action, BlockLabel, BlockLayout, ChunkMap, Collective, CollectiveKind, Loc, Rank, Symmetry,
+};
 use hccl_topologies::Topology;
 
 /// Most chunks a direct hierarchical schedule may use on small rank counts (`nranks ×
@@ -195,6 +197,77 @@ impl Hierarchical {
             in_place,
         )
     }
+}
+
+impl Hierarchical {
+    /// The rank symmetry of what [`Hierarchical::schedules`] produces for these arguments
+    /// (the same for either buffer arrangement); see [`symmetry`].
+    pub fn symmetry(
+        &self,
+        topo: &Topology,
+        collective: Collective,
+        params: FamilyParams,
+    ) -> Option<Symmetry> {
+        symmetry(Rail::Direct, topo, collective, params)
+    }
+}
+
+impl HierarchicalHd {
+    /// The rank symmetry of what [`HierarchicalHd::schedules`] produces for these arguments
+    /// (the same for either buffer arrangement); see [`symmetry`].
+    pub fn symmetry(
+        &self,
+        topo: &Topology,
+        collective: Collective,
+        params: FamilyParams,
+    ) -> Option<Symmetry> {
+        symmetry(Rail::HalvingDoubling, topo, collective, params)
+    }
+}
+
+/// The rank symmetry of a hierarchical schedule with the rail exchange `rail`: the grid is
+/// `[hosts, local]` with the rank at `(h, l)` local rank `l` of host `h`; hosts translate by
+/// XOR under halving-doubling (partners `p ^ 2^k`) and cyclically under the direct exchange
+/// (peers `p ± i`), local ranks cyclically. AllReduce chunks are piece-major with block
+/// label `l·hosts + h` (`Grid { order: [1, 0] }`); AllGather and ReduceScatter chunks are
+/// rank blocks (`BlockMajor`, label `Rank`). `None` where the family has no schedule.
+pub fn symmetry(
+    rail: Rail,
+    topo: &Topology,
+    collective: Collective,
+    params: FamilyParams,
+) -> Option<Symmetry> {
+    let kind = collective.kind();
+    if !supports(kind) {
+        return None;
+    }
+    let hosts = uniform_hosts(topo)?;
+    let g = hosts[0].len();
+    if g < 2 {
+        return None;
+    }
+    params.channels.max(1).checked_mul(params.pipeline.max(1))?;
+    let nh = hosts.len();
+    let host_action = match effective_rail(rail, nh) {
+        Rail::HalvingDoubling => Action::Xor,
+        Rail::Direct => Action::Cyclic,
+    };
+    let chunks = match kind {
+        CollectiveKind::AllReduce => ChunkMap {
+            layout: BlockLayout::PieceMajor,
+            label: BlockLabel::Grid { order: vec![1, 0] },
+        },
+        _ => ChunkMap {
+            layout: BlockLayout::BlockMajor,
+            label: BlockLabel::Rank,
+        },
+    };
+    Some(Symmetry {
+        dims: vec![u32::try_from(nh).ok()?, u32::try_from(g).ok()?],
+        actions: vec![host_action, Action::Cyclic],
+        ranks: hosts.concat(),
+        chunks: Some(chunks),
+    })
 }
 
 impl HierarchicalHd {
