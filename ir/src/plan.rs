@@ -24,7 +24,7 @@
 //!   in_place: …, ranks: [ … ])`: the [`Schedule`] with every rank's program (explicit);
 //! - `symmetric: (collective: …, nranks: …, chunks: …, input_chunks: …, output_chunks: …,
 //!   in_place: …, symmetry: ( … ), template: ( … ))`: a
-//!   [`SymmetricSchedule`](crate::symmetric::SymmetricSchedule), one template program and the
+//!   [`SymmetricSchedule`], one template program and the
 //!   [`Symmetry`] that translates it to every rank (see [`crate::symmetric`]). Its size is
 //!   `O(nranks + template)` instead of `O(nranks × template)`.
 //!

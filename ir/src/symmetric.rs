@@ -105,7 +105,10 @@ pub enum BlockLabel {
     Rank,
     /// Label `b` is a grid position written row-major over the dimensions taken in `order`
     /// (`order[0]` slowest); `order` is a permutation of `0..dims.len()`.
-    Grid { order: Vec<u32> },
+    Grid {
+        /// The dimensions, slowest first.
+        order: Vec<u32>,
+    },
 }
 
 /// How translations move chunk numbers of the full collective buffer.
@@ -137,12 +140,16 @@ pub struct Symmetry {
 /// Why a symmetry or a symmetric schedule is malformed. Messages name the offending field.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum SymmetryError {
+    /// More than [`MAX_DIMS`] grid dimensions.
     #[error("symmetry.dims has {0} dimensions; at most {MAX_DIMS} are allowed")]
     TooManyDims(usize),
+    /// Not one action per dimension.
     #[error("symmetry.actions has {actions} entries but symmetry.dims has {dims}")]
     ActionCount { dims: usize, actions: usize },
+    /// A dimension of extent 0.
     #[error("symmetry.dims[{dim}] is 0; extents must be positive")]
     ZeroDim { dim: usize },
+    /// The grid does not have `nranks` positions.
     #[error("symmetry.dims {dims:?} multiply to {product}, not nranks {nranks}")]
     DimsProduct {
         dims: Vec<u32>,
@@ -150,10 +157,13 @@ pub enum SymmetryError {
         product: String,
         nranks: u32,
     },
+    /// An `Xor` dimension whose extent is not a power of two.
     #[error("symmetry.dims[{dim}] is {extent}, not a power of two, but its action is Xor")]
     XorNotPowerOfTwo { dim: usize, extent: u32 },
+    /// `ranks` does not name one rank per position.
     #[error("symmetry.ranks has {len} entries, not nranks {nranks}")]
     RanksLength { len: usize, nranks: u32 },
+    /// `ranks` repeats a rank or names one out of range.
     #[error(
         "symmetry.ranks is not a permutation of 0..{nranks}: rank {rank} at position {position} is {why}"
     )]
@@ -164,12 +174,15 @@ pub enum SymmetryError {
         /// `out of range` or `repeated`.
         why: &'static str,
     },
+    /// A `Grid` label's order is not a permutation of the dimensions.
     #[error("symmetry.chunks.label order {order:?} is not a permutation of 0..{dims}")]
     BadOrder { order: Vec<u32>, dims: usize },
+    /// A chunk map on a chunk count that `nranks` does not divide.
     #[error(
         "symmetry.chunks maps chunks, but chunks {chunks} is not a multiple of nranks {nranks}"
     )]
     ChunksNotDivisible { chunks: u32, nranks: u32 },
+    /// A template step names a peer outside `0..nranks`.
     #[error("template stream {stream} step {step}: peer {peer} is out of range (nranks {nranks})")]
     PeerOutOfRange {
         stream: usize,
@@ -177,6 +190,7 @@ pub enum SymmetryError {
         peer: Rank,
         nranks: u32,
     },
+    /// A template step's run in a mapped buffer extends past it.
     #[error(
         "template stream {stream} step {step}: {count} chunks at {loc} run past the mapped buffer's {len} chunks"
     )]
@@ -187,10 +201,12 @@ pub enum SymmetryError {
         count: u32,
         len: u32,
     },
+    /// The expansion would exceed [`MAX_EXPANDED_STEPS`].
     #[error(
         "expanding {nranks} ranks × {steps} template steps exceeds the limit of {MAX_EXPANDED_STEPS} steps"
     )]
     TooLarge { nranks: u32, steps: usize },
+    /// A program was asked for a rank the schedule does not have.
     #[error("rank {rank} is out of range: the schedule has {nranks} ranks")]
     NoSuchRank { rank: Rank, nranks: u32 },
 }
@@ -351,7 +367,9 @@ fn act(action: Action, y: u32, x: u32, d: u32) -> u32 {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SymmetricSchedule {
+    /// The collective the schedule implements.
     pub collective: Collective,
+    /// Number of ranks.
     pub nranks: u32,
     /// `C`: how many chunks the whole collective buffer is cut into.
     pub chunks: u32,
@@ -496,61 +514,53 @@ impl SymmetryTable {
         out
     }
 
-    /// The translation by the coordinates of grid position `by_position` (`O(nranks · dims)`);
-    /// `None` past the grid.
+    /// The translation by the coordinates of grid position `by_position` (no setup cost;
+    /// each lookup costs `O(dims)`); `None` past the grid.
     pub fn translation(&self, by_position: usize) -> Option<Translation<'_>> {
-        if by_position >= self.ranks.len() {
-            return None;
-        }
-        let n = self.ranks.len();
-        let moved: Vec<usize> = (0..n)
-            .map(|p| self.translate_position(p, by_position))
-            .collect();
-        let peer = (0..n)
-            .map(|q| self.ranks[moved[self.position[q] as usize]])
-            .collect();
-        let label = self.chunks.as_ref().map(|c| {
-            (0..n)
-                .map(|b| c.position_label[moved[c.label_position[b] as usize]])
-                .collect()
-        });
-        Some(Translation {
+        (by_position < self.ranks.len()).then_some(Translation {
             table: self,
-            peer,
-            label,
+            by: by_position,
         })
     }
 }
 
-/// One translation, ready to apply: peer and block-label maps as lookup tables.
-#[derive(Debug, Clone)]
+/// One translation of a [`SymmetryTable`], ready to apply to ranks, chunks and programs.
+#[derive(Debug, Clone, Copy)]
 pub struct Translation<'a> {
     table: &'a SymmetryTable,
-    /// Rank `q` becomes `peer[q]`.
-    peer: Vec<Rank>,
-    /// Block label `b` becomes `label[b]` (when chunks move).
-    label: Option<Vec<u32>>,
+    /// The grid position whose coordinates translate.
+    by: usize,
 }
 
 impl Translation<'_> {
     /// The rank `rank` becomes; ranks past the grid are left unchanged.
     pub fn rank(&self, rank: Rank) -> Rank {
-        self.peer.get(rank as usize).copied().unwrap_or(rank)
+        let t = self.table;
+        match t.position.get(rank as usize) {
+            Some(&p) => t.ranks[t.translate_position(p as usize, self.by)],
+            None => rank,
+        }
+    }
+
+    /// The block label `b` becomes (`b < nranks`).
+    fn label(&self, chunks: &ChunkTable, b: u32) -> u32 {
+        let p = chunks.label_position[b as usize] as usize;
+        chunks.position_label[self.table.translate_position(p, self.by)]
     }
 
     /// The chunk `c` of the full buffer becomes (when chunks move and `c < C`).
-    fn chunk(&self, chunks: &ChunkTable, label: &[u32], c: u32) -> u32 {
-        let n = label.len() as u32;
+    fn chunk(&self, chunks: &ChunkTable, c: u32) -> u32 {
+        let n = self.table.ranks.len() as u32;
         match chunks.layout {
-            BlockLayout::BlockMajor => label[(c / chunks.m) as usize] * chunks.m + c % chunks.m,
-            BlockLayout::PieceMajor => (c / n) * n + label[(c % n) as usize],
+            BlockLayout::BlockMajor => self.label(chunks, c / chunks.m) * chunks.m + c % chunks.m,
+            BlockLayout::PieceMajor => (c / n) * n + self.label(chunks, c % n),
         }
     }
 
     /// The location a run of `count` chunks at `loc` moves to: in a mapped buffer the least
     /// image of the run's chunks, elsewhere (and for runs past the buffer) `loc` itself.
     pub fn loc(&self, loc: Loc, count: u32) -> Loc {
-        let (Some(chunks), Some(label)) = (&self.table.chunks, &self.label) else {
+        let Some(chunks) = &self.table.chunks else {
             return loc;
         };
         let mapped = match loc.buf {
@@ -562,14 +572,14 @@ impl Translation<'_> {
         if !mapped || u64::from(loc.off) + u64::from(count) > u64::from(chunks.total) {
             return loc;
         }
-        let (off, m, n) = (loc.off, chunks.m, label.len() as u32);
+        let (off, m, n) = (loc.off, chunks.m, self.table.ranks.len() as u32);
         let end = off + count; // ≤ C, no overflow
         let least = match chunks.layout {
             // Blocks touched: the first from off % m, the others from their start.
             BlockLayout::BlockMajor => {
-                let first = self.chunk(chunks, label, off);
+                let first = self.chunk(chunks, off);
                 (off / m + 1..end.div_ceil(m))
-                    .map(|b| label[b as usize] * m)
+                    .map(|b| self.label(chunks, b) * m)
                     .fold(first, u32::min)
             }
             // The least offset row (off / n) holds the least images; scan that row's part of
@@ -578,7 +588,7 @@ impl Translation<'_> {
                 let row = off / n;
                 let row_end = end.min((row + 1).saturating_mul(n));
                 (off..row_end)
-                    .map(|c| row * n + label[(c % n) as usize])
+                    .map(|c| row * n + self.label(chunks, c % n))
                     .min()
                     .unwrap_or(off)
             }

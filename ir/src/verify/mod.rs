@@ -45,8 +45,8 @@
 //! holds `(r·k + i, {r})` (`k = chunks / nranks`); origins thus count in units of the
 //! schedule's chunks of the collective buffer. Output and scratch start uninitialised.
 //! In-place schedules alias the buffers as [`crate::schedule`] says (AllReduce, Broadcast,
-//! Reduce, AllToAll: output is input; AllGather: input is output[`r·k`..]; ReduceScatter:
-//! output is input[`r·k`..]). Checked at each step:
+//! Reduce, AllToAll: output is input; AllGather: input is output\[`r·k`..\]; ReduceScatter:
+//! output is input\[`r·k`..\]). Checked at each step:
 //! - reading an uninitialised chunk (sending it, copying it, or reducing with it) is
 //!   [`ErrorKind::Uninitialized`];
 //! - a reduction `a ⊕ b` needs equal origins and disjoint rank sets (no contribution counted
