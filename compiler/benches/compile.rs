@@ -1,16 +1,20 @@
-//! Compile time of AllReduce plans on clusters of DGX H100 boxes: 8 ranks (one box), 64, 1024
-//! and 4096 ranks. 8 and 64 ranks use the default sizes (1 KiB..4 GiB, factor 2); 1024 and
-//! 4096 ranks use three sizes (1 KiB, 1 MiB, 1 GiB) to keep a benchmark run short: there the
-//! per-candidate simulation budget already limits a candidate to a few simulated sizes, and
-//! generation, screening and verification do not depend on the number of sizes. Rank-symmetric
-//! families whose schedules grow as ranks² are not generated beyond the search's step cap
-//! (`search::MAX_CANDIDATE_STEPS`).
+//! Compile time, plan size and per-rank load time of AllReduce plans on clusters of DGX H100
+//! boxes: 8 ranks (one box), 64, 1024 and 4096 ranks, at the default sizes (1 KiB .. 4 GiB,
+//! factor 2), which is what `hcclc compile` does.
+//!
+//! A compile of thousands of ranks takes seconds to a minute, too long for criterion's ten
+//! samples, so this is a plain harness: each configuration is compiled `runs` times (3 up to
+//! 64 ranks, once beyond) and the median is reported, with the plan's size on disk (symmetric
+//! entries stored as one template, see `hccl_ir::symmetric`), what it would be with every
+//! entry written out in full, and the median time of 9 loads of the whole plan and of one
+//! rank's part ([`PlanFile::from_ron_for_rank`]).
+//!
+//! `cargo bench -p hccl-compiler --bench compile [-- RANKS...]` (default: 8 64 1024 4096).
 
-use criterion::{Criterion, criterion_group, criterion_main};
 use hccl_compiler::search::{self, Options};
-use hccl_ir::CollectiveKind;
+use hccl_ir::{CollectiveKind, PlanFile};
 use hccl_topologies::Topology;
-use std::hint::black_box;
+use std::time::{Duration, Instant};
 
 fn cluster(nodes: u32) -> Topology {
     let text = hccl_topologies::shipped_text("dgx-h100").expect("dgx-h100 is shipped");
@@ -22,27 +26,74 @@ fn cluster(nodes: u32) -> Topology {
         .expect("cluster builds")
 }
 
-fn bench_compile(c: &mut Criterion) {
-    let mut group = c.benchmark_group("compile_allreduce");
-    group.sample_size(10);
-    for nodes in [1u32, 8, 128, 512] {
-        let topo = cluster(nodes);
-        let sizes = if nodes <= 8 {
-            Options::default().sizes
-        } else {
-            search::geometric_sizes(1 << 10, 4 << 30, 1024)
-        };
-        let opts = Options {
-            collectives: vec![CollectiveKind::AllReduce],
-            sizes,
-            ..Options::default()
-        };
-        group.bench_function(format!("{}_ranks", topo.nranks()), |b| {
-            b.iter(|| black_box(search::compile(&topo, &opts).expect("compiles")))
-        });
-    }
-    group.finish();
+fn median(mut xs: Vec<Duration>) -> Duration {
+    xs.sort_unstable();
+    xs[xs.len() / 2]
 }
 
-criterion_group!(benches, bench_compile);
-criterion_main!(benches);
+fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
+    let start = Instant::now();
+    let out = f();
+    (out, start.elapsed())
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; anything numeric selects rank counts.
+    let wanted: Vec<u32> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let ranks = if wanted.is_empty() {
+        vec![8, 64, 1024, 4096]
+    } else {
+        wanted
+    };
+    println!(
+        "| ranks | compile (median) | entries (symmetric) | plan file | written in full | full load | one rank's load |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for n in ranks {
+        if n % 8 != 0 || n == 0 {
+            eprintln!("skipping {n}: clusters of 8-GPU boxes only");
+            continue;
+        }
+        let topo = cluster(n / 8);
+        let opts = Options {
+            collectives: vec![CollectiveKind::AllReduce],
+            ..Options::default()
+        };
+        let runs = if n <= 64 { 3 } else { 1 };
+        let mut times = Vec::new();
+        let mut compiled = None;
+        for _ in 0..runs {
+            let (plan, t) = timed(|| search::compile(&topo, &opts).expect("compiles"));
+            times.push(t);
+            compiled = Some(plan);
+        }
+        let plan = compiled.expect("at least one run").plan;
+        let text = plan.to_ron();
+        let compact = plan.entries.iter().filter(|e| e.is_compact()).count();
+        let mut full = plan.clone();
+        for e in &mut full.entries {
+            e.symmetry = None;
+        }
+        let full_len = full.to_ron().len();
+        let loads = |f: &dyn Fn()| median((0..9).map(|_| timed(f).1).collect());
+        let load_all = loads(&|| {
+            PlanFile::from_ron(&text, "bench").expect("loads");
+        });
+        let rank = n / 2;
+        let load_one = loads(&|| {
+            PlanFile::from_ron_for_rank(&text, "bench", rank).expect("loads");
+        });
+        println!(
+            "| {n} | {:.2} s | {} ({compact}) | {:.2} MB | {:.2} MB | {:.1} ms | {:.2} ms |",
+            median(times).as_secs_f64(),
+            plan.entries.len(),
+            text.len() as f64 / 1e6,
+            full_len as f64 / 1e6,
+            load_all.as_secs_f64() * 1e3,
+            load_one.as_secs_f64() * 1e3,
+        );
+    }
+}

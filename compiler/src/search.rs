@@ -306,14 +306,17 @@ pub fn compile_with_progress(
             candidates.iter().map(|(c, _)| c).enumerate().collect();
         let mut all_times = par_map(&indexed, |&(i, candidate)| {
             if probes[i].keep {
-                cost_candidate(
+                let started = std::time::Instant::now();
+                let times = cost_candidate(
                     &sim,
                     &candidate.schedule,
                     &sizes,
                     options,
                     budget,
                     &probes[i].known,
-                )
+                );
+                trace_candidate("cost", candidate, started, "");
+                times
             } else {
                 vec![None; options.protocols.len()]
             }
@@ -422,7 +425,7 @@ pub fn compile_with_progress(
                 algorithm: costed[c].candidate.algorithm.clone(),
                 protocol: options.protocols[p],
                 cost,
-                symmetry: None,
+                symmetry: costed[c].candidate.symmetry.clone(),
                 schedule: costed[c].candidate.schedule.clone(),
             });
             start = end;
@@ -632,6 +635,7 @@ fn generate_capped(family: &dyn Family, topo: &Topology, collective: Collective)
         max_channels: 1,
         capped: false,
     };
+    let started = std::time::Instant::now();
     for params in family.param_space(topo, collective) {
         out.max_channels = out.max_channels.max(params.channels);
         if family
@@ -649,7 +653,44 @@ fn generate_capped(family: &dyn Family, topo: &Topology, collective: Collective)
             }
         }
     }
+    if tracing() {
+        let steps: usize = out.candidates.iter().map(|c| c.schedule.step_count()).sum();
+        eprintln!(
+            "trace: generate {} {}: {} candidates, {steps} steps, {:.3} s{}",
+            family.name(),
+            collective,
+            out.candidates.len(),
+            started.elapsed().as_secs_f64(),
+            if out.capped {
+                " (some over the step cap)"
+            } else {
+                ""
+            }
+        );
+    }
     out
+}
+
+/// Whether `HCCL_SEARCH_TRACE` is set: the search then prints, on stderr, what each family
+/// generated and how long each candidate took to screen and to cost (for finding where
+/// compile time goes; the plan is unaffected).
+fn tracing() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("HCCL_SEARCH_TRACE").is_some())
+}
+
+/// Prints one candidate's screening or costing time when [`tracing`].
+fn trace_candidate(what: &str, c: &Candidate, started: std::time::Instant, extra: &str) {
+    if tracing() {
+        eprintln!(
+            "trace: {what} {} (channels {}, pipeline {}): {} steps, {:.3} s{extra}",
+            c.algorithm,
+            c.params.channels,
+            c.params.pipeline,
+            c.schedule.step_count(),
+            started.elapsed().as_secs_f64()
+        );
+    }
 }
 
 /// The baseline's time for NCCL's `choice`: `simulated` (the best schedule of its family in
@@ -708,6 +749,7 @@ fn screen(
     };
     let (last_size, last_proto) = (sizes.len() - 1, options.protocols.len() - 1);
     let probes: Vec<[f64; 2]> = par_map(candidates, |(c, _)| {
+        let started = std::time::Instant::now();
         let Ok(prep) = sim.prepare(&c.schedule) else {
             return [f64::INFINITY; 2];
         };
@@ -715,7 +757,10 @@ fn screen(
             sim.run(&prep, bytes, p)
                 .map_or(f64::INFINITY, |e| e.time_us)
         };
-        [at(small, p_small), at(large, p_large)]
+        let times = [at(small, p_small), at(large, p_large)];
+        let shown = format!(" ({:.1} µs, {:.1} µs at the probes)", times[0], times[1]);
+        trace_candidate("screen", c, started, &shown);
+        times
     });
     let best = |k: usize| probes.iter().map(|p| p[k]).fold(f64::INFINITY, f64::min);
     let (b0, b1) = (best(0), best(1));

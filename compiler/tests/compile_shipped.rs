@@ -149,6 +149,7 @@ fn algo_filter_and_extra_candidates() {
                 pipeline: 1,
             },
             schedule: ring,
+            symmetry: None,
         }],
         ..opts
     };

@@ -261,6 +261,7 @@ pub fn candidate(name: &str, params: FamilyParams, b: ScheduleBuilder) -> Vec<Ca
             algorithm: name.to_string(),
             params,
             schedule,
+            symmetry: None,
         }],
         Err(_) => Vec::new(),
     }

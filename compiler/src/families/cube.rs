@@ -30,7 +30,9 @@
 use super::common::{candidate, grid, single_rank};
 use super::{Candidate, Family, FamilyParams};
 use crate::builder::ScheduleBuilder;
-use hccl_ir::{Collective, CollectiveKind, Loc, Op, Rank};
+use hccl_ir::{
+    BlockLabel, BlockLayout, ChunkMap, Collective, CollectiveKind, Loc, Op, Rank, Symmetry,
+};
 use hccl_topologies::{Node, Topology};
 use std::cmp::Ordering;
 
@@ -679,7 +681,52 @@ fn cube_schedule(
             _ => {}
         }
     }
+    let symmetry = cube_symmetry(emb, kind, &slots);
     candidate(name, params, b)
+        .into_iter()
+        .map(|c| c.with_symmetry(symmetry.clone()))
+        .collect()
+}
+
+/// The XOR symmetry a cube schedule has when no rank is folded in: cube labels translate by
+/// XOR, and so do the exchange partners. AllReduce numbers the blocks of a piece by slot
+/// (the label with its bits in the channel's dimension order), so the grid is written in slot
+/// order; one channel only, since every channel has its own slot order. AllGather and
+/// ReduceScatter blocks are numbered by rank; whether the runs of a round map onto runs
+/// depends on the labelling, which [`hccl_ir::Schedule::compress`] checks.
+fn cube_symmetry(
+    emb: &CubeEmbedding,
+    kind: CollectiveKind,
+    slots: &[Vec<u32>],
+) -> Option<Symmetry> {
+    if emb.extra.iter().any(Option::is_some) {
+        return None;
+    }
+    match kind {
+        CollectiveKind::AllReduce => {
+            let [slot] = slots else {
+                return None;
+            };
+            let mut by_slot = vec![0 as Rank; emb.core.len()];
+            for &r in &emb.core {
+                *by_slot.get_mut(*slot.get(r as usize)? as usize)? = r;
+            }
+            Some(Symmetry::xor(
+                by_slot,
+                Some(ChunkMap {
+                    layout: BlockLayout::PieceMajor,
+                    label: BlockLabel::Grid { order: vec![0] },
+                }),
+            ))
+        }
+        _ => Some(Symmetry::xor(
+            emb.core.clone(),
+            Some(ChunkMap {
+                layout: BlockLayout::BlockMajor,
+                label: BlockLabel::Rank,
+            }),
+        )),
+    }
 }
 
 /// Which half of an exchange round is being recorded.

@@ -7,7 +7,7 @@
 //! built-in families (imported MSCCL files, an LP synthesizer) enter the search as plain
 //! [`Candidate`] values.
 
-use hccl_ir::{Collective, CollectiveKind, Schedule};
+use hccl_ir::{Collective, CollectiveKind, Schedule, Symmetry};
 use hccl_topologies::Topology;
 
 pub mod common;
@@ -44,6 +44,18 @@ pub struct Candidate {
     /// Parameters it was generated with.
     pub params: FamilyParams,
     pub schedule: Schedule,
+    /// A rank symmetry the schedule is claimed to have (see [`hccl_ir::Symmetry`]): the plan
+    /// file stores the schedule as one template program when it really is invariant under
+    /// it ([`hccl_ir::PlanEntry::is_compact`]), else in full. `None`: store in full.
+    pub symmetry: Option<Symmetry>,
+}
+
+impl Candidate {
+    /// The candidate with `symmetry` claimed for its schedule.
+    pub fn with_symmetry(mut self, symmetry: Option<Symmetry>) -> Candidate {
+        self.symmetry = symmetry;
+        self
+    }
 }
 
 /// A family of schedules.

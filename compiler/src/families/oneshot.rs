@@ -87,6 +87,7 @@ impl OneShot {
             algorithm: "oneshot".to_string(),
             params,
             schedule,
+            symmetry: None,
         }]
     }
 }

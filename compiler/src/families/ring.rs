@@ -9,7 +9,7 @@ use super::common::{
 };
 use super::{Candidate, Family, FamilyParams, steps_per_piece};
 use crate::builder::ScheduleBuilder;
-use hccl_ir::{Collective, CollectiveKind, Loc, Rank};
+use hccl_ir::{BlockLabel, BlockLayout, ChunkMap, Collective, CollectiveKind, Loc, Rank, Symmetry};
 use hccl_topologies::Topology;
 
 /// Most chunks a ring schedule may use (bounds plan size for large rank counts).
@@ -274,7 +274,19 @@ pub fn ring_schedule(
                     }
                 }
             }
+            // Rotating the first ring maps every rank's program onto its successor's when
+            // all rings are that ring or its reverse (blocks are numbered by owner rank).
+            let symmetry = Symmetry::ring(
+                rings[0].clone(),
+                Some(ChunkMap {
+                    layout: BlockLayout::BlockMajor,
+                    label: BlockLabel::Rank,
+                }),
+            );
             candidate(name, params, b)
+                .into_iter()
+                .map(|c| c.with_symmetry(Some(symmetry.clone())))
+                .collect()
         }
         Collective::AllToAll => Vec::new(),
     }

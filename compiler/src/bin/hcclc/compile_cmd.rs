@@ -81,6 +81,7 @@ fn external_candidates(paths: &[PathBuf], topo: &Topology) -> Result<Vec<Candida
                     pipeline: 1,
                 },
                 schedule: entry.schedule,
+                symmetry: entry.symmetry,
             });
         }
     }
