@@ -47,7 +47,7 @@ fn two_node_h100_cluster_is_near_the_bound_and_never_slower_than_nccl() {
             row.predicted_us
         );
         if row.bytes == GIB {
-            assert_eq!(row.algorithm, "hierarchical", "{what}");
+            assert!(row.algorithm.starts_with("hierarchical"), "{what}");
             if let Some(&(_, max)) = TARGETS.iter().find(|(k, _)| *k == row.collective) {
                 assert!(
                     row.bound_ratio() <= max,

@@ -13,8 +13,9 @@
 //!   recursive doubling (all-gather) over the rail, Rabenseifner's algorithm as in Huawei
 //!   HCCL's H-D: in round `k` rail position `p` exchanges one message with `p ^ 2^k`, so the
 //!   rail costs `O(log hosts)` messages per rank and piece. It needs a power-of-two host
-//!   count; on other counts it offers no parameters and [`HierarchicalHd::schedules`] falls
-//!   back to the direct rail exchange (documented choice: no fold-in step).
+//!   count; on other counts it offers only the unpipelined parameters and
+//!   [`HierarchicalHd::schedules`] falls back to the direct rail exchange (documented
+//!   choice: no fold-in step).
 //!
 //! The intra-host phases are always direct: at step `i` local rank `l` sends to `l + i` and
 //! receives from `l − i` (mod the host size), so no rank is incast and every rank's program
@@ -695,8 +696,8 @@ impl Family for HierarchicalHd {
     fn supports(&self, kind: CollectiveKind) -> bool {
         supports(kind)
     }
-    /// Empty unless the hosts are a power of two in number (elsewhere the schedules would
-    /// be the direct family's).
+    /// Only the unpipelined schedule unless the hosts are a power of two in number
+    /// (elsewhere the schedules would be the direct family's).
     fn param_space(&self, topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
         match uniform_hosts(topo) {
             Some(h) if h.len().is_power_of_two() => {
@@ -704,7 +705,10 @@ impl Family for HierarchicalHd {
                 let rail = Rail::HalvingDoubling;
                 param_space(topo, collective, rail, &PIPELINE_HD, max_chunks)
             }
-            _ => Vec::new(),
+            _ => vec![FamilyParams {
+                channels: 1,
+                pipeline: 1,
+            }],
         }
     }
     fn generate(
