@@ -47,6 +47,7 @@
 use super::common::{candidate, uniform_hosts};
 use super::{Candidate, Family, FamilyParams};
 use crate::builder::ScheduleBuilder;
+use hccl_ir::verify::MAX_SLOTS;
 use hccl_ir::{
     Action, BlockLabel, BlockLayout, ChunkMap, Collective, CollectiveKind, Loc, Rank, Symmetry,
 };
@@ -617,6 +618,16 @@ fn step_estimate(topo: &Topology, kind: CollectiveKind, rail: Rail, pieces: u32)
         .max(1)
 }
 
+/// Buffer slots the verifier models for a schedule with `pieces` pieces (out of place):
+/// every rank's input and output (one of them `nranks` times the other for AllGather and
+/// ReduceScatter, both full-size for AllReduce) plus at most `hosts` scratch chunks per
+/// piece. Pipelines past the verifier's [`MAX_SLOTS`] could never be chosen.
+fn verifier_slots(n: u64, hosts: u64, pieces: u32) -> u64 {
+    let m = u64::from(pieces);
+    let per_rank = (2 * n * m).max(n * m + m + hosts * m);
+    n.saturating_mul(per_rank)
+}
+
 /// Pieces of a parameter set (`channels × pipeline`, saturating).
 fn pieces(params: FamilyParams) -> u32 {
     params
@@ -626,9 +637,9 @@ fn pieces(params: FamilyParams) -> u32 {
 }
 
 /// The parameter sets offered: one or two connections per phase (two only for shallow
-/// pipelines), pipelines from `depths` whose chunk count fits `max_pieces` pieces per rank
-/// (or `max_chunks` chunks in all) and whose step estimate fits [`MAX_HIER_STEPS`]; always
-/// at least the unpipelined one.
+/// pipelines), pipelines from `depths` whose chunk count fits `max_chunks`, whose buffers
+/// the verifier can model ([`verifier_slots`]) and whose step estimate fits
+/// [`MAX_HIER_STEPS`]; always at least the unpipelined one.
 fn param_space(
     topo: &Topology,
     collective: Collective,
@@ -644,6 +655,7 @@ fn param_space(
             let pieces = pieces(p);
             if (channels == 1 || pipeline <= MAX_TWO_CHANNEL_PIPELINE)
                 && n * u64::from(pieces) <= max_chunks
+                && verifier_slots(n, topo.nhosts() as u64, pieces) <= MAX_SLOTS
                 && step_estimate(topo, collective.kind(), rail, pieces) <= MAX_HIER_STEPS
             {
                 out.push(p);
