@@ -150,8 +150,9 @@ fn schedules_compress_under_their_symmetry() {
                         let cands =
                             hccl_compiler::families::generate_with(name, topo, coll, p, in_place)
                                 .expect("a known family");
-                        let s = &cands.first().expect(&what).schedule;
-                        let compact = s.compress(&sym);
+                        let c = cands.first().expect(&what);
+                        assert_eq!(c.symmetry.as_ref(), Some(&sym), "{what}");
+                        let compact = c.schedule.compress(&sym);
                         assert!(compact.is_some(), "{what}: does not compress");
                     }
                 }

@@ -178,7 +178,11 @@ fn schedules(
         CollectiveKind::AllGather => all_gather(&mut b, &layout, m, in_place),
         _ => reduce_scatter(&mut b, &layout, m, in_place),
     }
+    let sym = symmetry(rail, topo, collective, params);
     candidate(name, params, b)
+        .into_iter()
+        .map(|c| c.with_symmetry(sym.clone()))
+        .collect()
 }
 
 impl Hierarchical {
