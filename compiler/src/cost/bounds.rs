@@ -18,7 +18,10 @@
 //! `2(N−1)` transmissions (one-way gossip), so `2(N−1)·M` bytes must enter devices in total:
 //! `T ≥ 2(N−1)·M / Σ_v B_in(v)` (and likewise for what leaves devices). On a uniform
 //! topology this is the familiar `2(N−1)/N · M / B`. (It replaces BRIEF's "2× the AllGather
-//! cut", which is not a valid bound for unbalanced cuts on heterogeneous links.)
+//! cut", which is not a valid bound for unbalanced cuts on heterogeneous links.) The same
+//! argument with every host contracted to one node (intra-host traffic free) gives, for `H`
+//! hosts, `T ≥ 2(H−1)·M / Σ_h B_in(h)` over the links entering hosts (and leaving them):
+//! on multi-node clusters the NICs, not the NVLinks, bound AllReduce.
 //! Broadcast and Reduce also use `M / maxflow(root → v)` (resp. `v → root`) for a sample of
 //! ranks `v`.
 //!
@@ -216,6 +219,9 @@ fn bandwidth_bound(network: &Network, collective: Collective, m: f64) -> f64 {
     }
     // Host groups and their complements.
     if network.nhosts > 1 {
+        // Capacity out of and into every host, summed (the host-level gossip bound below).
+        let (mut host_out, mut host_in) = (0.0, 0.0);
+        let (mut host_nic_sum, mut host_touched) = (vec![[0.0f64; 2]; nv], Vec::new());
         for h in 0..network.nhosts {
             for v in 0..nv {
                 let inside = network.vertex_host[v] == Some(h);
@@ -223,6 +229,19 @@ fn bandwidth_bound(network: &Network, collective: Collective, m: f64) -> f64 {
                 complement[v] = !inside;
             }
             eval(&in_s, &complement, &mut best);
+            if collective == Collective::AllReduce {
+                host_out += cut_out(network, &in_s, &mut host_nic_sum, &mut host_touched);
+                host_in += cut_out(network, &complement, &mut host_nic_sum, &mut host_touched);
+            }
+        }
+        if collective == Collective::AllReduce {
+            // Gossip among hosts: contract every host to one node (its devices combine for
+            // free); without in-network reduction each element still needs 2(H−1)
+            // transmissions between hosts, so 2(H−1)·M bytes leave and enter hosts in total.
+            let total = 2.0 * (network.nhosts as f64 - 1.0) * m;
+            best = best
+                .max(time_us(total, host_out))
+                .max(time_us(total, host_in));
         }
         // Unions of the first j hosts.
         let hosts = network.nhosts;
