@@ -86,7 +86,7 @@ mod sim;
 mod structure;
 mod value;
 
-pub use structure::{MAX_CLOCKS, MAX_SLOTS, MAX_WORK};
+pub use structure::{MAX_CLOCKS, MAX_SET_WORDS, MAX_SLOTS, MAX_WORK};
 
 use crate::plan::PlanFile;
 use crate::schedule::{Schedule, StepRef};

@@ -3,7 +3,7 @@
 //! wrong reductions and, at the end, postcondition violations.
 
 use super::structure::{Layout, step_error};
-use super::value::{RankSet, Value};
+use super::value::{Ranks, Sets, Value};
 use super::{ErrorKind, Sink, VerifyError};
 use crate::schedule::{Buf, CONNECTION_SLOTS, Collective, Loc, Op, Rank, Schedule, StepRef};
 use std::collections::VecDeque;
@@ -24,31 +24,49 @@ enum Alias {
 const IN: usize = 0;
 const OUT: usize = 1;
 const SCRATCH: usize = 2;
-const NO_WRITER: u32 = u32::MAX;
+/// "No step": a slot never written, or no read since the last write. Global step indices
+/// are below `2^31` ([`super::MAX_WORK`] bounds the steps), so the top bit is free.
+const NONE: u32 = u32::MAX;
+/// Marks [`Access::read`] as an index into [`Sim::reads`] (several streams read the slot).
+const MULTI: u32 = 1 << 31;
 
 /// One rank's memory: the storage behind input, output and scratch, and the last writer
-/// (global step index) of every slot.
+/// (global step index) of the slots the postcondition looks at.
 struct Mem {
     vals: [Vec<Value>; 3],
+    /// Last writer of each slot of the store the output lives in, on ranks with a single
+    /// stream (empty elsewhere; ranks with several streams find it in `acc`).
     writer: [Vec<u32>; 3],
     /// Access history for the race check; empty on ranks with a single stream.
     acc: [Vec<Access>; 3],
 }
 
-/// Who touched a slot last: the last write and the reads since, as (local stream, epoch),
-/// where the epoch of step `k` is `k + 1` (0: never).
-#[derive(Debug, Clone, Default)]
+/// Who touched a slot last, as global step indices: the last write and the reads since
+/// (the latest read of each stream, in the order the streams last read).
+#[derive(Debug, Clone, Copy)]
 struct Access {
-    write: (u32, u32),
-    reads: Vec<(u32, u32)>,
+    /// The last write, or [`NONE`].
+    write: u32,
+    /// [`NONE`] (no read since the write), the step of the only stream that read since, or
+    /// `MULTI | i`: the reads are `Sim::reads[i]`.
+    read: u32,
+}
+
+impl Default for Access {
+    fn default() -> Access {
+        Access {
+            write: NONE,
+            read: NONE,
+        }
+    }
 }
 
 /// The step being executed, for the race check.
 #[derive(Debug, Clone, Copy, Default)]
 struct Cur {
     gs: usize,
-    ls: u32,
-    epoch: u32,
+    /// Global step index.
+    g: u32,
     /// Whether a race was already reported for this step.
     raced: bool,
 }
@@ -103,6 +121,16 @@ struct Sim<'a> {
     /// Global steps that some dependency names, with their clocks once they ran.
     snapshots: std::collections::HashMap<usize, Option<Vec<u32>>>,
     cur: Cur,
+    /// Global stream of each global step (for the race check).
+    step_stream: Vec<u32>,
+    /// Read lists of slots read by several streams since their last write ([`MULTI`]).
+    reads: Vec<Vec<u32>>,
+    /// Unused entries of `reads`.
+    free_reads: Vec<u32>,
+    /// The contributor sets.
+    sets: Sets,
+    /// Set when the contributor sets outgrew [`super::MAX_SET_WORDS`]: the run stopped.
+    aborted: bool,
 }
 
 /// Where a step is, for errors: (rank, stream, step, channel).
@@ -116,7 +144,8 @@ pub(crate) fn simulate(s: &Schedule, layout: &Layout, sink: &mut Sink) -> SimSta
         (true, Collective::ReduceScatter) => Alias::OutputInInput { k: s.output_chunks },
         (true, _) => Alias::OutputIsInput,
     };
-    let mem = (0..n)
+    let out_store = resolve(alias, 0, Buf::Output, 0).0;
+    let mem: Vec<Mem> = (0..n)
         .map(|r| {
             let (ni, no) = match alias {
                 Alias::None => (s.input_chunks, s.output_chunks),
@@ -132,18 +161,17 @@ pub(crate) fn simulate(s: &Schedule, layout: &Layout, sink: &mut Sink) -> SimSta
                     Vec::new()
                 }
             };
+            let lens = [ni, no, ns];
             let mut m = Mem {
                 acc: [acc(ni), acc(no), acc(ns)],
-                vals: [
-                    vec![Value::Uninit; ni as usize],
-                    vec![Value::Uninit; no as usize],
-                    vec![Value::Uninit; ns as usize],
-                ],
-                writer: [
-                    vec![NO_WRITER; ni as usize],
-                    vec![NO_WRITER; no as usize],
-                    vec![NO_WRITER; ns as usize],
-                ],
+                vals: lens.map(|len| vec![Value::UNINIT; len as usize]),
+                writer: [IN, OUT, SCRATCH].map(|store| {
+                    if store == out_store && !tracked {
+                        vec![NONE; lens[store] as usize]
+                    } else {
+                        Vec::new()
+                    }
+                }),
             };
             for i in 0..s.input_chunks {
                 let origin = match s.collective {
@@ -151,15 +179,16 @@ pub(crate) fn simulate(s: &Schedule, layout: &Layout, sink: &mut Sink) -> SimSta
                     _ => i,
                 };
                 let (store, idx) = resolve(alias, r, Buf::Input, i);
-                m.vals[store][idx] = Value::Data {
-                    origin,
-                    ranks: RankSet::One(r),
-                };
+                m.vals[store][idx] = Value::one(origin, r);
             }
             m
         })
         .collect();
     let nstreams = layout.stream_owner.len();
+    let slots: usize = mem
+        .iter()
+        .map(|m| m.vals.iter().map(Vec::len).sum::<usize>())
+        .sum();
     let mut sim = Sim {
         s,
         layout,
@@ -206,10 +235,23 @@ pub(crate) fn simulate(s: &Schedule, layout: &Layout, sink: &mut Sink) -> SimSta
             })
             .collect(),
         cur: Cur::default(),
+        step_stream: (0..nstreams)
+            .flat_map(|g| {
+                let len = layout.step_base[g + 1] - layout.step_base[g];
+                std::iter::repeat_n(g as u32, len)
+            })
+            .collect(),
+        reads: Vec::new(),
+        free_reads: Vec::new(),
+        sets: Sets::new(n, slots),
+        aborted: false,
     };
     while let Some(gs) = sim.work.pop() {
         sim.streams[gs].queued = false;
         sim.run_stream(gs, sink);
+        if sim.aborted {
+            return sim.stats;
+        }
     }
     if !sim.report_deadlock(sink) {
         sim.check_postcondition(sink);
@@ -299,8 +341,7 @@ impl Sim<'_> {
             let place: Place = (rank, ls, pc, stream.channel);
             self.cur = Cur {
                 gs,
-                ls,
-                epoch: pc as u32 + 1,
+                g: gstep as u32,
                 raced: false,
             };
             if !self.vc[gs].is_empty() {
@@ -361,7 +402,40 @@ impl Sim<'_> {
                     self.wake(w);
                 }
             }
+            if self.sets.wants_collect() && !self.collect_sets(sink) {
+                return;
+            }
         }
+    }
+
+    /// Reclaims contributor sets nothing refers to any more; reports [`ErrorKind::Limit`]
+    /// and stops the run (returns false) when the live ones still exceed
+    /// [`super::MAX_SET_WORDS`].
+    fn collect_sets(&mut self, sink: &mut Sink) -> bool {
+        let (mem, queues) = (&mut self.mem, &mut self.queues);
+        let live = self.sets.collect(|f| {
+            for m in mem.iter_mut() {
+                m.vals.iter_mut().flatten().for_each(&mut *f);
+            }
+            for q in queues.iter_mut() {
+                q.iter_mut().flat_map(|m| &mut m.vals).for_each(&mut *f);
+            }
+        });
+        if live as u64 > super::MAX_SET_WORDS {
+            self.aborted = true;
+            self.work.clear();
+            sink.push(VerifyError {
+                at: None,
+                channel: None,
+                kind: ErrorKind::Limit,
+                message: format!(
+                    "the distinct contributor sets held by buffers and messages take {live} words of 64 bits, more than the verifier keeps ({})",
+                    super::MAX_SET_WORDS
+                ),
+            });
+            return false;
+        }
+        true
     }
 
     /// Reads `count` slots at `loc`, reporting (once) and poisoning uninitialised ones.
@@ -379,13 +453,13 @@ impl Sim<'_> {
         let vals = (0..count)
             .map(|i| {
                 let (store, idx) = resolve(self.alias, rank, loc.buf, loc.off + i);
-                match &m.vals[store][idx] {
-                    Value::Uninit => {
-                        let u = uninit.get_or_insert((loc.off + i, 0));
-                        u.1 += 1;
-                        Value::Poison
-                    }
-                    v => v.clone(),
+                let v = m.vals[store][idx];
+                if v == Value::UNINIT {
+                    let u = uninit.get_or_insert((loc.off + i, 0));
+                    u.1 += 1;
+                    Value::POISON
+                } else {
+                    v
                 }
             })
             .collect();
@@ -419,8 +493,24 @@ impl Sim<'_> {
         if vc.is_empty() {
             return;
         }
-        let ordered = |(st, epoch): (u32, u32)| {
-            epoch == 0 || st == cur.ls || vc.get(st as usize).is_some_and(|&e| e >= epoch)
+        let layout = self.layout;
+        let step_stream = &self.step_stream;
+        let base = layout.stream_base[rank as usize];
+        // (local stream, epoch) of global step `g`, where the epoch of step `k` is `k + 1`.
+        let who = |g: u32| {
+            let gs = step_stream[g as usize] as usize;
+            (
+                (gs - base) as u32,
+                (g as usize - layout.step_base[gs]) as u32 + 1,
+            )
+        };
+        let ordered = |g: u32| {
+            if g == NONE {
+                return true;
+            }
+            let gs = step_stream[g as usize] as usize;
+            let (st, epoch) = who(g);
+            gs == cur.gs || vc.get(st as usize).is_some_and(|&e| e >= epoch)
         };
         let mut race: Option<(u32, (u32, u32), bool)> = None;
         let m = &mut self.mem[rank as usize];
@@ -431,17 +521,52 @@ impl Sim<'_> {
             };
             if race.is_none() {
                 if !ordered(a.write) {
-                    race = Some((loc.off + i, a.write, true));
-                } else if write && let Some(&r) = a.reads.iter().find(|&&r| !ordered(r)) {
-                    race = Some((loc.off + i, r, false));
+                    race = Some((loc.off + i, who(a.write), true));
+                } else if write {
+                    let bad = match a.read {
+                        NONE => None,
+                        r if r & MULTI != 0 => self.reads[(r & !MULTI) as usize]
+                            .iter()
+                            .copied()
+                            .find(|&r| !ordered(r)),
+                        r => (!ordered(r)).then_some(r),
+                    };
+                    if let Some(r) = bad {
+                        race = Some((loc.off + i, who(r), false));
+                    }
                 }
             }
             if write {
-                a.write = (cur.ls, cur.epoch);
-                a.reads.clear();
+                a.write = cur.g;
+                if a.read != NONE && a.read & MULTI != 0 {
+                    let i = a.read & !MULTI;
+                    self.reads[i as usize].clear();
+                    self.free_reads.push(i);
+                }
+                a.read = NONE;
             } else {
-                a.reads.retain(|&(st, _)| st != cur.ls);
-                a.reads.push((cur.ls, cur.epoch));
+                match a.read {
+                    NONE => a.read = cur.g,
+                    r if r & MULTI != 0 => {
+                        let list = &mut self.reads[(r & !MULTI) as usize];
+                        list.retain(|&g| step_stream[g as usize] as usize != cur.gs);
+                        list.push(cur.g);
+                    }
+                    r if step_stream[r as usize] as usize == cur.gs => a.read = cur.g,
+                    r => {
+                        let i = match self.free_reads.pop() {
+                            Some(i) => {
+                                self.reads[i as usize].extend([r, cur.g]);
+                                i
+                            }
+                            None => {
+                                self.reads.push(vec![r, cur.g]);
+                                (self.reads.len() - 1) as u32
+                            }
+                        };
+                        a.read = MULTI | i;
+                    }
+                }
             }
         }
         if let Some((chunk, (st, epoch), other_wrote)) = race
@@ -478,7 +603,9 @@ impl Sim<'_> {
         for (i, v) in vals.into_iter().enumerate() {
             let (store, idx) = resolve(alias, rank, loc.buf, loc.off + i as u32);
             m.vals[store][idx] = v;
-            m.writer[store][idx] = gstep as u32;
+            if let Some(w) = m.writer[store].get_mut(idx) {
+                *w = gstep as u32;
+            }
         }
     }
 
@@ -492,7 +619,6 @@ impl Sim<'_> {
         sink: &mut Sink,
     ) -> Vec<Value> {
         self.stats.reductions += 1;
-        let n = self.s.nranks;
         if !self.s.collective.kind().reduces() {
             step_error(
                 sink,
@@ -503,57 +629,52 @@ impl Sim<'_> {
                     self.s.collective.kind()
                 ),
             );
-            return vec![Value::Poison; local.len()];
+            return vec![Value::POISON; local.len()];
         }
         let mut reported = false;
         received
             .into_iter()
             .zip(local)
             .enumerate()
-            .map(|(i, (a, b))| match (&a, &b) {
-                (
-                    Value::Data {
-                        origin: oa,
-                        ranks: ra,
+            .map(|(i, (a, b))| {
+                if !a.is_data() || !b.is_data() {
+                    return Value::POISON;
+                }
+                let problem = if a.origin != b.origin {
+                    Err(format!(
+                        "combines {} with {}: different chunks",
+                        self.sets.describe(a),
+                        self.sets.describe(b)
+                    ))
+                } else {
+                    self.sets.disjoint_union(a.set, b.set).map_err(|twice| {
+                        format!(
+                            "counts ranks {} twice: combines {} with {}",
+                            Ranks(&twice),
+                            self.sets.describe(a),
+                            self.sets.describe(b)
+                        )
+                    })
+                };
+                match problem {
+                    Ok(set) => Value {
+                        origin: a.origin,
+                        set,
                     },
-                    Value::Data {
-                        origin: ob,
-                        ranks: rb,
-                    },
-                ) => {
-                    let problem = if oa != ob {
-                        Err(format!(
-                            "combines {} with {}: different chunks",
-                            a.describe(n),
-                            b.describe(n)
-                        ))
-                    } else {
-                        ra.disjoint_union(rb, n).map_err(|twice| {
-                            format!(
-                                "counts ranks {twice} twice: combines {} with {}",
-                                a.describe(n),
-                                b.describe(n)
-                            )
-                        })
-                    };
-                    match problem {
-                        Ok(ranks) => Value::Data { origin: *oa, ranks },
-                        Err(msg) => {
-                            if !reported {
-                                reported = true;
-                                let loc = Loc::new(what.1.buf, what.1.off + i as u32);
-                                step_error(
-                                    sink,
-                                    place,
-                                    ErrorKind::BadReduction,
-                                    format!("reduction at {} {loc} {msg}", what.0),
-                                );
-                            }
-                            Value::Poison
+                    Err(msg) => {
+                        if !reported {
+                            reported = true;
+                            let loc = Loc::new(what.1.buf, what.1.off + i as u32);
+                            step_error(
+                                sink,
+                                place,
+                                ErrorKind::BadReduction,
+                                format!("reduction at {} {loc} {msg}", what.0),
+                            );
                         }
+                        Value::POISON
                     }
                 }
-                _ => Value::Poison,
             })
             .collect()
     }
@@ -790,18 +911,15 @@ impl Sim<'_> {
                     continue;
                 };
                 let (store, idx) = resolve(self.alias, r, Buf::Output, i);
-                let got = &self.mem[r as usize].vals[store][idx];
+                let got = self.mem[r as usize].vals[store][idx];
                 let ok = match got {
-                    Value::Poison => true,
-                    Value::Uninit => false,
-                    Value::Data {
-                        origin: o,
-                        ranks: rs,
-                    } => {
-                        *o == origin
+                    Value::POISON => true,
+                    Value::UNINIT => false,
+                    Value { origin: o, set } => {
+                        o == origin
                             && match ranks {
-                                None => rs.len() == n,
-                                Some(j) => rs.len() == 1 && rs.contains(j),
+                                None => self.sets.len(set) == n,
+                                Some(j) => self.sets.single(set) == Some(j),
                             }
                     }
                 };
@@ -813,8 +931,13 @@ impl Sim<'_> {
                     None => format!("chunk {origin} of rank 0"),
                     Some(j) => format!("chunk {origin} of rank {j}"),
                 };
-                let writer = self.mem[r as usize].writer[store][idx];
-                let (at, channel, by) = if writer == NO_WRITER {
+                let m = &self.mem[r as usize];
+                let writer = match (m.writer[store].get(idx), m.acc[store].get(idx)) {
+                    (Some(&w), _) => w,
+                    (None, Some(a)) => a.write,
+                    (None, None) => NONE,
+                };
+                let (at, channel, by) = if writer == NONE {
                     (None, None, String::new())
                 } else {
                     let at: StepRef = self.layout.step_ref(writer as usize);
@@ -832,7 +955,7 @@ impl Sim<'_> {
                     message: format!(
                         "{}: rank {r} output chunk {i} holds {}, expected {want}{by}",
                         s.collective,
-                        got.describe(n)
+                        self.sets.describe(got)
                     ),
                 });
             }

@@ -7,8 +7,16 @@ use std::collections::HashMap;
 
 /// Most buffer slots (chunks of input, output and the used part of scratch over all ranks)
 /// the verifier will model; larger schedules are refused with [`ErrorKind::Limit`] rather
-/// than exhausting memory.
-pub const MAX_SLOTS: u64 = 1 << 24;
+/// than exhausting memory. A slot costs 8 bytes (its symbolic value), plus 8 bytes of
+/// access history on ranks with several streams (the race check), plus 4 bytes for the
+/// last writer of output slots on ranks with one stream: at most 2 GiB at this limit.
+pub const MAX_SLOTS: u64 = 1 << 27;
+
+/// Most 64-bit words the distinct contributor sets (bitsets of `nranks` bits) still referred
+/// to by buffer slots or messages may take (512 MiB); a run that needs more stops with
+/// [`ErrorKind::Limit`]. Sets are shared between all values holding them, so real schedules
+/// stay far below (a few thousand distinct sets).
+pub const MAX_SET_WORDS: u64 = 1 << 26;
 
 /// Most chunk-steps (sum of step counts and dependencies) the verifier will simulate.
 pub const MAX_WORK: u64 = 1 << 31;

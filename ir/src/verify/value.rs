@@ -1,129 +1,376 @@
 //! Symbolic chunk values of the semantic layer: which original chunk a buffer slot holds and
 //! which ranks' contributions have been reduced into it.
+//!
+//! A [`Value`] is 8 bytes: the origin chunk and a [`SetId`] naming its contributor set. Sets
+//! are hash-consed in a per-verification [`Sets`] table: a single rank `r` is the reserved id
+//! `2 + r` and needs no storage; every larger set is stored once, as a bitset of `nranks`
+//! bits in one flat arena, however many slots hold it. Unions are memoised on the id pair,
+//! so reducing a run of chunks whose sets are equal (the common case: "all ranks of this
+//! host", "this subcube") costs one bitset union. Sets no slot or message refers to any more
+//! are reclaimed by [`Sets::collect`], which the simulation runs between steps once the
+//! arena has grown past [`Sets::wants_collect`]'s threshold.
 
 use crate::schedule::Rank;
 use std::fmt;
-use std::rc::Rc;
 
-/// A set of ranks: a single rank without allocation, or a shared bitset.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum RankSet {
-    One(Rank),
-    Many(Rc<Bits>),
+/// Names a contributor set in a [`Sets`] table, or one of the markers [`UNINIT`], [`POISON`].
+pub(crate) type SetId = u32;
+
+/// Set id of a slot never written.
+pub(crate) const UNINIT: SetId = 0;
+/// Set id of a value derived from an error already reported.
+pub(crate) const POISON: SetId = 1;
+/// Ids at or above this name stored sets (`MANY + index`); below it, `2 + r` is `{r}`.
+/// Schedules that pass the limits have fewer than `MANY - 2` ranks (every rank holds at
+/// least one buffer slot) and fewer than `MANY` stored sets (live sets are bounded by
+/// [`super::MAX_SET_WORDS`]).
+const MANY: SetId = 1 << 31;
+
+/// What a buffer slot (one chunk) holds during symbolic execution: original chunk `origin`
+/// summed over the contributions of the set `set`, or a marker ([`UNINIT`]: never written,
+/// output and scratch buffers start so; [`POISON`]: derived from a value an error was
+/// already reported for, checks stay quiet on it; `origin` is 0 then).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Value {
+    pub origin: u32,
+    pub set: SetId,
 }
 
-/// A bitset of ranks with its population count cached.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) struct Bits {
-    words: Box<[u64]>,
-    count: u32,
-}
+impl Value {
+    /// A slot never written.
+    pub(crate) const UNINIT: Value = Value {
+        origin: 0,
+        set: UNINIT,
+    };
+    /// A value derived from an earlier error.
+    pub(crate) const POISON: Value = Value {
+        origin: 0,
+        set: POISON,
+    };
 
-impl Bits {
-    fn with(nranks: u32, ranks: impl IntoIterator<Item = Rank>) -> Bits {
-        let mut words = vec![0u64; (nranks as usize).div_ceil(64).max(1)].into_boxed_slice();
-        let mut count = 0;
-        for r in ranks {
-            let (w, b) = ((r / 64) as usize, r % 64);
-            if let Some(word) = words.get_mut(w)
-                && *word & (1 << b) == 0
-            {
-                *word |= 1 << b;
-                count += 1;
-            }
+    /// Chunk `origin` of rank `r` alone.
+    pub(crate) fn one(origin: u32, r: Rank) -> Value {
+        Value {
+            origin,
+            set: r.saturating_add(2).min(MANY - 1),
         }
-        Bits { words, count }
     }
 
-    fn contains(&self, r: Rank) -> bool {
-        self.words
-            .get((r / 64) as usize)
-            .is_some_and(|w| w & (1 << (r % 64)) != 0)
+    /// Whether the value is real data (neither marker).
+    pub(crate) fn is_data(self) -> bool {
+        self.set > POISON
     }
 }
 
-impl RankSet {
-    /// Number of ranks in the set.
-    pub(crate) fn len(&self) -> u32 {
-        match self {
-            RankSet::One(_) => 1,
-            RankSet::Many(bits) => bits.count,
+/// Entries of the direct-mapped union memo.
+const MEMO_SIZE: usize = 1 << 12;
+const EMPTY: u32 = u32::MAX;
+
+/// One memoised union: `a ∪ b = c` (ids as they were when recorded; cleared on collection).
+#[derive(Debug, Clone, Copy)]
+struct Memo {
+    a: SetId,
+    b: SetId,
+    c: SetId,
+}
+
+/// The hash-consing table of contributor sets of one verification.
+#[derive(Debug)]
+pub(crate) struct Sets {
+    nranks: u32,
+    /// 64-bit words per stored set.
+    width: usize,
+    /// Stored set `i` is `words[i * width ..][.. width]`.
+    words: Vec<u64>,
+    /// Population count of each stored set.
+    counts: Vec<u32>,
+    /// Open-addressing hash table of stored set indices (`EMPTY`: free bucket); its length is
+    /// a power of two at least twice the number of stored sets.
+    table: Vec<u32>,
+    memo: Vec<Memo>,
+    /// Scratch bitset for unions.
+    scratch: Vec<u64>,
+    /// Arena size (words) past which [`Sets::wants_collect`] asks for a collection.
+    collect_at: usize,
+    /// Lower bound of `collect_at`.
+    floor: usize,
+}
+
+fn hash(words: &[u64]) -> u64 {
+    let mut h: u64 = 0x243F_6A88_85A3_08D3;
+    for &w in words {
+        h = (h.rotate_left(5) ^ w).wrapping_mul(0x517C_C1B7_2722_0A95);
+    }
+    h ^ (h >> 29)
+}
+
+impl Sets {
+    /// An empty table for `nranks` ranks; `floor` (words) is the arena size below which no
+    /// collection is asked for (callers pass a size proportional to their slot count, so
+    /// collections cost amortised time linear in the work done).
+    pub(crate) fn new(nranks: u32, floor: usize) -> Sets {
+        let width = (nranks as usize).div_ceil(64).max(1);
+        Sets {
+            nranks,
+            width,
+            words: Vec::new(),
+            counts: Vec::new(),
+            table: vec![EMPTY; 16],
+            memo: vec![
+                Memo {
+                    a: EMPTY,
+                    b: EMPTY,
+                    c: EMPTY
+                };
+                MEMO_SIZE
+            ],
+            scratch: vec![0; width],
+            collect_at: floor.max(1 << 16),
+            floor: floor.max(1 << 16),
         }
     }
 
-    pub(crate) fn contains(&self, r: Rank) -> bool {
-        match self {
-            RankSet::One(x) => *x == r,
-            RankSet::Many(bits) => bits.contains(r),
+    /// Stored sets.
+    fn stored(&self) -> usize {
+        self.counts.len()
+    }
+
+    /// Number of ranks in a set (0 for the markers).
+    pub(crate) fn len(&self, id: SetId) -> u32 {
+        match id {
+            UNINIT | POISON => 0,
+            id if id < MANY => 1,
+            id => self.counts[(id - MANY) as usize],
         }
     }
 
-    /// The ranks in increasing order.
-    pub(crate) fn iter(&self) -> Box<dyn Iterator<Item = Rank> + '_> {
-        match self {
-            RankSet::One(x) => Box::new(std::iter::once(*x)),
-            RankSet::Many(bits) => Box::new(bits.words.iter().enumerate().flat_map(|(i, &w)| {
-                (0..64u32)
-                    .filter(move |b| w & (1u64 << b) != 0)
-                    .map(move |b| i as u32 * 64 + b)
-            })),
+    /// The only rank of a one-rank set.
+    pub(crate) fn single(&self, id: SetId) -> Option<Rank> {
+        (id > POISON && id < MANY).then(|| id - 2)
+    }
+
+    fn bits(&self, id: SetId) -> &[u64] {
+        let i = (id - MANY) as usize * self.width;
+        &self.words[i..i + self.width]
+    }
+
+    /// Whether rank `r` is in the set.
+    #[cfg(test)]
+    pub(crate) fn contains(&self, id: SetId, r: Rank) -> bool {
+        match self.single(id) {
+            Some(x) => x == r,
+            None if id >= MANY => self
+                .bits(id)
+                .get((r / 64) as usize)
+                .is_some_and(|w| w & (1 << (r % 64)) != 0),
+            None => false,
         }
     }
 
-    /// The union of two disjoint sets, or the ranks they share.
-    pub(crate) fn disjoint_union(&self, other: &RankSet, nranks: u32) -> Result<RankSet, RankSet> {
-        match (self, other) {
-            (RankSet::One(a), RankSet::One(b)) => {
-                if a == b {
-                    Err(RankSet::One(*a))
-                } else {
-                    Ok(RankSet::Many(Rc::new(Bits::with(nranks, [*a, *b]))))
+    /// Loads set `id` into `out` (cleared first).
+    fn load(&self, id: SetId, out: &mut [u64]) {
+        match self.single(id) {
+            Some(r) => {
+                out.fill(0);
+                if let Some(w) = out.get_mut((r / 64) as usize) {
+                    *w |= 1 << (r % 64);
                 }
             }
-            (RankSet::One(a), RankSet::Many(bits)) | (RankSet::Many(bits), RankSet::One(a)) => {
-                if bits.contains(*a) {
-                    Err(RankSet::One(*a))
-                } else {
-                    let mut words = bits.words.clone();
-                    if let Some(w) = words.get_mut((*a / 64) as usize) {
-                        *w |= 1 << (*a % 64);
+            None if id >= MANY => out.copy_from_slice(self.bits(id)),
+            None => out.fill(0),
+        }
+    }
+
+    /// The ranks of a set in increasing order.
+    pub(crate) fn ranks(&self, id: SetId) -> Vec<Rank> {
+        let mut bits = vec![0; self.width];
+        self.load(id, &mut bits);
+        bits_to_ranks(&bits)
+    }
+
+    /// The union of two disjoint sets, or the ranks they share (in increasing order).
+    pub(crate) fn disjoint_union(&mut self, a: SetId, b: SetId) -> Result<SetId, Vec<Rank>> {
+        let (lo, hi) = (a.min(b), a.max(b));
+        let slot = (u64::from(lo).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            ^ u64::from(hi).wrapping_mul(0xC2B2_AE3D_27D4_EB4F))
+            >> 52;
+        let slot = slot as usize % MEMO_SIZE;
+        let m = self.memo[slot];
+        if m.a == lo && m.b == hi {
+            return Ok(m.c);
+        }
+        let mut acc = std::mem::take(&mut self.scratch);
+        self.load(lo, &mut acc);
+        let shared = match self.single(hi) {
+            Some(r) => {
+                let (w, bit) = ((r / 64) as usize, 1u64 << (r % 64));
+                match acc.get_mut(w) {
+                    Some(word) if *word & bit != 0 => Some(vec![r]),
+                    Some(word) => {
+                        *word |= bit;
+                        None
                     }
-                    Ok(RankSet::Many(Rc::new(Bits {
-                        words,
-                        count: bits.count + 1,
-                    })))
+                    None => None,
                 }
             }
-            (RankSet::Many(x), RankSet::Many(y)) => {
-                let shared = x.words.iter().zip(y.words.iter()).any(|(a, b)| a & b != 0);
-                if shared {
-                    let words: Box<[u64]> = x
-                        .words
-                        .iter()
-                        .zip(y.words.iter())
-                        .map(|(a, b)| a & b)
-                        .collect();
-                    let count = words.iter().map(|w| w.count_ones()).sum();
-                    Err(RankSet::Many(Rc::new(Bits { words, count })))
+            None => {
+                let other = self.bits(hi);
+                if acc.iter().zip(other).any(|(x, y)| x & y != 0) {
+                    let common: Vec<u64> = acc.iter().zip(other).map(|(x, y)| x & y).collect();
+                    Some(bits_to_ranks(&common))
                 } else {
-                    let words: Box<[u64]> = x
-                        .words
-                        .iter()
-                        .zip(y.words.iter())
-                        .map(|(a, b)| a | b)
-                        .collect();
-                    Ok(RankSet::Many(Rc::new(Bits {
-                        words,
-                        count: x.count + y.count,
-                    })))
+                    for (x, y) in acc.iter_mut().zip(other) {
+                        *x |= y;
+                    }
+                    None
+                }
+            }
+        };
+        let result = match shared {
+            Some(ranks) => Err(ranks),
+            None => {
+                let count = self.len(lo) + self.len(hi);
+                let c = self.intern(&acc, count);
+                self.memo[slot] = Memo { a: lo, b: hi, c };
+                Ok(c)
+            }
+        };
+        self.scratch = acc;
+        result
+    }
+
+    /// The id of the set `bits` (with `count` members, at least two), storing it if new.
+    fn intern(&mut self, bits: &[u64], count: u32) -> SetId {
+        let mask = self.table.len() - 1;
+        let mut b = hash(bits) as usize & mask;
+        loop {
+            match self.table[b] {
+                EMPTY => break,
+                i => {
+                    if self.bits(MANY + i) == bits {
+                        return MANY + i;
+                    }
+                }
+            }
+            b = (b + 1) & mask;
+        }
+        let i = self.stored() as u32;
+        self.words.extend_from_slice(bits);
+        self.counts.push(count);
+        self.table[b] = i;
+        if self.stored() * 2 > self.table.len() {
+            self.rehash(self.table.len() * 2);
+        }
+        MANY + i
+    }
+
+    /// Rebuilds the hash table with `buckets` buckets (a power of two).
+    fn rehash(&mut self, buckets: usize) {
+        let mut table = vec![EMPTY; buckets];
+        let mask = buckets - 1;
+        for i in 0..self.stored() {
+            let mut b = hash(self.bits(MANY + i as u32)) as usize & mask;
+            while table[b] != EMPTY {
+                b = (b + 1) & mask;
+            }
+            table[b] = i as u32;
+        }
+        self.table = table;
+    }
+
+    /// Words held by stored sets (the arena; the hash table adds 4 to 8 bytes a set).
+    #[cfg(test)]
+    pub(crate) fn words(&self) -> usize {
+        self.words.len()
+    }
+
+    /// Whether the arena grew enough since the last [`Sets::collect`] to run one.
+    pub(crate) fn wants_collect(&self) -> bool {
+        self.words.len() > self.collect_at
+    }
+
+    /// Reclaims stored sets no value refers to. `visit` must call its argument on every live
+    /// value (all buffer slots and queued messages); it is called twice, first to mark, then
+    /// to rewrite ids. Returns the words still held.
+    pub(crate) fn collect(&mut self, mut visit: impl FnMut(&mut dyn FnMut(&mut Value))) -> usize {
+        let mut live = vec![false; self.stored()];
+        visit(&mut |v: &mut Value| {
+            if v.set >= MANY
+                && let Some(l) = live.get_mut((v.set - MANY) as usize)
+            {
+                *l = true;
+            }
+        });
+        let mut remap = vec![EMPTY; self.stored()];
+        let mut kept = 0usize;
+        for (i, &alive) in live.iter().enumerate() {
+            if alive {
+                if kept != i {
+                    self.words
+                        .copy_within(i * self.width..(i + 1) * self.width, kept * self.width);
+                    self.counts[kept] = self.counts[i];
+                }
+                remap[i] = kept as u32;
+                kept += 1;
+            }
+        }
+        self.words.truncate(kept * self.width);
+        self.words.shrink_to(kept * self.width * 2);
+        self.counts.truncate(kept);
+        self.rehash((kept * 2).next_power_of_two().max(16));
+        for m in &mut self.memo {
+            m.a = EMPTY;
+            m.b = EMPTY;
+        }
+        visit(&mut |v: &mut Value| {
+            if v.set >= MANY
+                && let Some(&to) = remap.get((v.set - MANY) as usize)
+            {
+                v.set = MANY + to;
+            }
+        });
+        self.collect_at = (self.words.len() * 2).max(self.floor);
+        self.words.len()
+    }
+
+    /// Describes a value for messages, e.g. `chunk 3 of ranks {0-7}`.
+    pub(crate) fn describe(&self, v: Value) -> String {
+        let n = self.nranks;
+        match v.set {
+            UNINIT => "uninitialised data".to_string(),
+            POISON => "data derived from an earlier error".to_string(),
+            set => {
+                let origin = v.origin;
+                if self.len(set) == n && n > 1 {
+                    format!("chunk {origin} reduced over all {n} ranks")
+                } else if let Some(r) = self.single(set) {
+                    format!("chunk {origin} of rank {r}")
+                } else {
+                    format!(
+                        "chunk {origin} reduced over ranks {}",
+                        Ranks(&self.ranks(set))
+                    )
                 }
             }
         }
     }
 }
 
-impl fmt::Display for RankSet {
-    /// Compact form: `{0-3,5,7-9}`.
+fn bits_to_ranks(bits: &[u64]) -> Vec<Rank> {
+    bits.iter()
+        .enumerate()
+        .flat_map(|(i, &w)| {
+            (0..64u32)
+                .filter(move |b| w & (1u64 << b) != 0)
+                .map(move |b| i as u32 * 64 + b)
+        })
+        .collect()
+}
+
+/// Ranks in increasing order, displayed compactly: `{0-3,5,7-9}`.
+pub(crate) struct Ranks<'a>(pub &'a [Rank]);
+
+impl fmt::Display for Ranks<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("{")?;
         let mut first = true;
@@ -139,7 +386,7 @@ impl fmt::Display for RankSet {
                 write!(f, "{a}-{b}")
             }
         };
-        for r in self.iter() {
+        for &r in self.0 {
             run = match run {
                 Some((a, b)) if b + 1 == r => Some((a, r)),
                 Some(done) => {
@@ -153,71 +400,5 @@ impl fmt::Display for RankSet {
             flush(f, done)?;
         }
         f.write_str("}")
-    }
-}
-
-/// What a buffer slot (one chunk) holds during symbolic execution.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Value {
-    /// Never written (output and scratch buffers start so).
-    Uninit,
-    /// Derived from a value an error was already reported for; checks stay quiet on it.
-    Poison,
-    /// Original chunk `origin` summed over the contributions of `ranks`.
-    Data { origin: u32, ranks: RankSet },
-}
-
-impl Value {
-    /// Describes the value for messages, e.g. `chunk 3 of ranks {0-7}`.
-    pub(crate) fn describe(&self, nranks: u32) -> String {
-        match self {
-            Value::Uninit => "uninitialised data".to_string(),
-            Value::Poison => "data derived from an earlier error".to_string(),
-            Value::Data { origin, ranks } => {
-                if ranks.len() == nranks && nranks > 1 {
-                    format!("chunk {origin} reduced over all {nranks} ranks")
-                } else if let RankSet::One(r) = ranks {
-                    format!("chunk {origin} of rank {r}")
-                } else {
-                    format!("chunk {origin} reduced over ranks {ranks}")
-                }
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn union_detects_overlap_and_formats_ranges() {
-        let a = RankSet::One(1);
-        let b = RankSet::One(2);
-        let ab = a.disjoint_union(&b, 130).unwrap();
-        assert_eq!(ab.len(), 2);
-        let c = RankSet::Many(Rc::new(Bits::with(130, [3, 4, 5, 129])));
-        let abc = ab.disjoint_union(&c, 130).unwrap();
-        assert_eq!(abc.to_string(), "{1-5,129}");
-        assert_eq!(abc.len(), 6);
-        let shared = abc.disjoint_union(&ab, 130).unwrap_err();
-        assert_eq!(shared.to_string(), "{1-2}");
-        assert_eq!(a.disjoint_union(&abc, 130).unwrap_err(), RankSet::One(1));
-        assert!(abc.contains(129) && !abc.contains(6));
-    }
-
-    #[test]
-    fn describe_names_origin_and_ranks() {
-        let v = Value::Data {
-            origin: 3,
-            ranks: RankSet::One(2),
-        };
-        assert_eq!(v.describe(4), "chunk 3 of rank 2");
-        let all = RankSet::Many(Rc::new(Bits::with(4, 0..4)));
-        let v = Value::Data {
-            origin: 1,
-            ranks: all,
-        };
-        assert_eq!(v.describe(4), "chunk 1 reduced over all 4 ranks");
     }
 }
