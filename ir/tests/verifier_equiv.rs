@@ -31,11 +31,8 @@ fn verdicts_match_the_recorded_ones() {
     let mut cases = 0usize;
     for family in 0..FAMILIES {
         for n in [2u32, 3, 4, 5, 6] {
-            for (q, nch, pieces, in_place) in [
-                (1, 1, 1, false),
-                (2, 2, 2, true),
-                (1, 3, 2, false),
-            ] {
+            for (q, nch, pieces, in_place) in [(1, 1, 1, false), (2, 2, 2, true), (1, 3, 2, false)]
+            {
                 let p = Params {
                     family,
                     n,
