@@ -66,7 +66,7 @@ fn verdicts_match_the_recorded_ones() {
                     *kinds.entry(kind.to_string()).or_default() += 1;
                     let line = format!("{p:?} {what:?}: {v}\n");
                     digest.update(line.as_bytes());
-                    if cases % 16 == 0 {
+                    if cases.is_multiple_of(16) {
                         let short: String = line.chars().take(400).collect();
                         sample.push_str(short.trim_end());
                         sample.push('\n');

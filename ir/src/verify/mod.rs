@@ -10,6 +10,8 @@
 //! - The model fits: at most [`MAX_SLOTS`] buffer chunks over all ranks (scratch counted as
 //!   far as steps address it), at most [`MAX_WORK`] chunk-steps and at most [`MAX_CLOCKS`]
 //!   vector-clock entries ([`ErrorKind::Limit`]), so no input exhausts memory or time.
+//! - During the run, the distinct contributor sets still held by buffers or messages take at
+//!   most [`MAX_SET_WORDS`] words; otherwise the run stops with [`ErrorKind::Limit`].
 //!
 //! # 2. Structure (every error names rank, stream, channel and step)
 //! - `count > 0` for every op but `Nop`; every `src`/`dst` run `off..off+count` lies inside
@@ -252,6 +254,12 @@ pub fn verify(schedule: &Schedule) -> Result<(), Vec<VerifyError>> {
 
 /// Like [`verify`], returning statistics of the run on success.
 pub fn verify_report(schedule: &Schedule) -> Result<Report, Vec<VerifyError>> {
+    run(schedule, false)
+}
+
+/// [`verify_report`]; `eager` collects unreferenced contributor sets as soon as their arena
+/// doubles (tests use it to show collection changes no verdict).
+fn run(schedule: &Schedule, eager: bool) -> Result<Report, Vec<VerifyError>> {
     let mut sink = Sink::default();
     structure::check_header(schedule, &mut sink);
     if sink.total() == 0 {
@@ -265,7 +273,7 @@ pub fn verify_report(schedule: &Schedule) -> Result<Report, Vec<VerifyError>> {
     let Some(layout) = layout else {
         return Err(sink.finish().err().unwrap_or_default());
     };
-    let stats = sim::simulate(schedule, &layout, &mut sink);
+    let stats = sim::simulate(schedule, &layout, &mut sink, eager);
     sink.finish()?;
     Ok(Report {
         ranks: schedule.nranks,
@@ -291,5 +299,77 @@ pub fn verify_plan(plan: &PlanFile) -> Result<(), Vec<(usize, Vec<VerifyError>)>
         Ok(())
     } else {
         Err(failures)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::{Loc, Op};
+
+    /// Schedules of the MSCCL corpus, plus variants with one source offset moved or one
+    /// step's dependencies cut (wrong reductions, double counting, races, postconditions).
+    fn corpus() -> Vec<Schedule> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/msccl");
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "xml"))
+            .collect();
+        files.sort();
+        let mut out = Vec::new();
+        for path in files {
+            let Ok(imported) = crate::msccl::load_xml(&path) else {
+                continue;
+            };
+            for entry in imported.entries {
+                let base = entry.schedule;
+                let places: Vec<(usize, usize, usize)> =
+                    base.ranks
+                        .iter()
+                        .enumerate()
+                        .flat_map(|(r, p)| {
+                            p.streams.iter().enumerate().flat_map(move |(s, st)| {
+                                (0..st.steps.len()).map(move |k| (r, s, k))
+                            })
+                        })
+                        .collect();
+                for (i, &(r, s, k)) in places.iter().enumerate().step_by(7).take(24) {
+                    let mut m = base.clone();
+                    let step = &mut m.ranks[r].streams[s].steps[k];
+                    if i % 2 == 0 {
+                        step.deps.clear();
+                    } else {
+                        match &mut step.op {
+                            Op::Send { src, .. }
+                            | Op::RecvReduceCopy { src, .. }
+                            | Op::RecvReduceSend { src, .. }
+                            | Op::RecvReduceCopySend { src, .. }
+                            | Op::Copy { src, .. }
+                            | Op::Reduce { src, .. } => *src = Loc::new(src.buf, src.off ^ 1),
+                            _ => {}
+                        }
+                    }
+                    out.push(m);
+                }
+                out.push(base);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn collecting_sets_eagerly_changes_no_verdict() {
+        let schedules = corpus();
+        assert!(schedules.len() > 100, "{}", schedules.len());
+        let mut failing = 0;
+        for s in &schedules {
+            let lazy = run(s, false);
+            failing += usize::from(lazy.is_err());
+            assert_eq!(run(s, true), lazy);
+        }
+        assert!(failing > 20, "only {failing} variants fail");
+        let collections = sim::COLLECTIONS.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(collections > 100, "only {collections} collections ran");
     }
 }

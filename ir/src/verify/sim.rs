@@ -133,10 +133,16 @@ struct Sim<'a> {
     aborted: bool,
 }
 
+/// Collections run so far (tests check the eager mode really collects).
+#[cfg(test)]
+pub(crate) static COLLECTIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Where a step is, for errors: (rank, stream, step, channel).
 type Place = (u32, u32, usize, u32);
 
-pub(crate) fn simulate(s: &Schedule, layout: &Layout, sink: &mut Sink) -> SimStats {
+/// Runs the schedule; `eager` collects unreferenced contributor sets whenever their arena
+/// doubled (for tests) instead of once it also outgrew the slot count.
+pub(crate) fn simulate(s: &Schedule, layout: &Layout, sink: &mut Sink, eager: bool) -> SimStats {
     let n = s.nranks;
     let alias = match (s.in_place, s.collective) {
         (false, _) => Alias::None,
@@ -243,7 +249,7 @@ pub(crate) fn simulate(s: &Schedule, layout: &Layout, sink: &mut Sink) -> SimSta
             .collect(),
         reads: Vec::new(),
         free_reads: Vec::new(),
-        sets: Sets::new(n, slots),
+        sets: Sets::new(n, if eager { 0 } else { slots.max(1 << 16) }),
         aborted: false,
     };
     while let Some(gs) = sim.work.pop() {
@@ -412,6 +418,8 @@ impl Sim<'_> {
     /// and stops the run (returns false) when the live ones still exceed
     /// [`super::MAX_SET_WORDS`].
     fn collect_sets(&mut self, sink: &mut Sink) -> bool {
+        #[cfg(test)]
+        COLLECTIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (mem, queues) = (&mut self.mem, &mut self.queues);
         let live = self.sets.collect(|f| {
             for m in mem.iter_mut() {

@@ -107,7 +107,8 @@ fn hash(words: &[u64]) -> u64 {
 impl Sets {
     /// An empty table for `nranks` ranks; `floor` (words) is the arena size below which no
     /// collection is asked for (callers pass a size proportional to their slot count, so
-    /// collections cost amortised time linear in the work done).
+    /// collections cost amortised time linear in the work done). With a floor of 0 a
+    /// collection runs whenever the arena doubled since the last one (tests).
     pub(crate) fn new(nranks: u32, floor: usize) -> Sets {
         let width = (nranks as usize).div_ceil(64).max(1);
         Sets {
@@ -125,8 +126,8 @@ impl Sets {
                 MEMO_SIZE
             ],
             scratch: vec![0; width],
-            collect_at: floor.max(1 << 16),
-            floor: floor.max(1 << 16),
+            collect_at: floor,
+            floor,
         }
     }
 
@@ -400,5 +401,176 @@ impl fmt::Display for Ranks<'_> {
             flush(f, done)?;
         }
         f.write_str("}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeSet;
+
+    /// The reference: plain sets, the union as the old bitset verifier computed it.
+    fn reference_union(
+        a: &BTreeSet<Rank>,
+        b: &BTreeSet<Rank>,
+    ) -> Result<BTreeSet<Rank>, Vec<Rank>> {
+        let shared: Vec<Rank> = a.intersection(b).copied().collect();
+        if shared.is_empty() {
+            Ok(a.union(b).copied().collect())
+        } else {
+            Err(shared)
+        }
+    }
+
+    #[test]
+    fn equal_sets_get_equal_ids_and_unions_are_memoised() {
+        let mut sets = Sets::new(130, 0);
+        let (a, b, c) = (
+            Value::one(0, 1).set,
+            Value::one(0, 2).set,
+            Value::one(0, 129).set,
+        );
+        let ab = sets.disjoint_union(a, b).unwrap();
+        let ba = sets.disjoint_union(b, a).unwrap();
+        assert_eq!(ab, ba);
+        let abc = sets.disjoint_union(ab, c).unwrap();
+        let bc = sets.disjoint_union(b, c).unwrap();
+        assert_eq!(
+            sets.disjoint_union(a, bc).unwrap(),
+            abc,
+            "same set, other order"
+        );
+        assert_eq!(sets.ranks(abc), vec![1, 2, 129]);
+        assert_eq!(sets.len(abc), 3);
+        assert!(sets.contains(abc, 129) && !sets.contains(abc, 3));
+        assert_eq!(sets.words(), 3 * 3, "three stored sets of three words");
+        // A run of equal unions stores nothing new.
+        for _ in 0..100 {
+            assert_eq!(sets.disjoint_union(ab, c).unwrap(), abc);
+        }
+        assert_eq!(sets.words(), 9);
+    }
+
+    #[test]
+    fn overlaps_name_the_shared_ranks_as_before() {
+        let mut sets = Sets::new(130, 0);
+        let one = |r| Value::one(0, r).set;
+        let ab = sets.disjoint_union(one(1), one(2)).unwrap();
+        let cd = sets.disjoint_union(one(3), one(129)).unwrap();
+        let abcd = sets.disjoint_union(ab, cd).unwrap();
+        assert_eq!(sets.disjoint_union(one(5), one(5)), Err(vec![5]));
+        assert_eq!(sets.disjoint_union(one(129), abcd), Err(vec![129]));
+        assert_eq!(sets.disjoint_union(abcd, one(1)), Err(vec![1]));
+        assert_eq!(sets.disjoint_union(abcd, ab), Err(vec![1, 2]));
+        assert_eq!(Ranks(&sets.ranks(abcd)).to_string(), "{1-3,129}");
+        assert_eq!(Ranks(&[]).to_string(), "{}");
+    }
+
+    #[test]
+    fn describe_names_origin_and_ranks() {
+        let mut sets = Sets::new(4, 0);
+        assert_eq!(sets.describe(Value::one(3, 2)), "chunk 3 of rank 2");
+        assert_eq!(sets.describe(Value::UNINIT), "uninitialised data");
+        assert_eq!(
+            sets.describe(Value::POISON),
+            "data derived from an earlier error"
+        );
+        let mut all = Value::one(1, 0).set;
+        for r in 1..4 {
+            all = sets.disjoint_union(all, Value::one(1, r).set).unwrap();
+        }
+        let v = Value {
+            origin: 1,
+            set: all,
+        };
+        assert_eq!(sets.describe(v), "chunk 1 reduced over all 4 ranks");
+        let some = sets
+            .disjoint_union(Value::one(0, 0).set, Value::one(0, 2).set)
+            .unwrap();
+        let v = Value {
+            origin: 7,
+            set: some,
+        };
+        assert_eq!(sets.describe(v), "chunk 7 reduced over ranks {0,2}");
+    }
+
+    #[test]
+    fn collection_keeps_live_sets_and_renumbers_them() {
+        let mut sets = Sets::new(70, 0);
+        let one = |r| Value::one(0, r).set;
+        let dead = sets.disjoint_union(one(0), one(1)).unwrap();
+        let live = sets.disjoint_union(one(2), one(69)).unwrap();
+        let live2 = sets.disjoint_union(live, one(5)).unwrap();
+        let mut vals = [
+            Value {
+                origin: 4,
+                set: live2,
+            },
+            Value::UNINIT,
+            Value::one(1, 3),
+            Value {
+                origin: 2,
+                set: live,
+            },
+        ];
+        let _ = dead;
+        let words = sets.collect(|f| vals.iter_mut().for_each(f));
+        assert_eq!(words, 2 * 2, "two live sets of two words");
+        assert_eq!(sets.ranks(vals[0].set), vec![2, 5, 69]);
+        assert_eq!(sets.ranks(vals[3].set), vec![2, 69]);
+        assert_eq!(vals[1], Value::UNINIT);
+        assert_eq!(vals[2], Value::one(1, 3));
+        // Interning after a collection finds the renumbered sets and stores new ones.
+        assert_eq!(sets.disjoint_union(one(2), one(69)).unwrap(), vals[3].set);
+        let again = sets.disjoint_union(one(0), one(1)).unwrap();
+        assert_eq!(sets.ranks(again), vec![0, 1]);
+        assert_eq!(sets.words(), 3 * 2);
+    }
+
+    proptest! {
+        /// Random unions agree with plain sets: same members, equal ids exactly for equal
+        /// sets, the same shared ranks on overlap, also across collections.
+        #[test]
+        fn interner_matches_plain_sets(
+            nranks in 1u32..200,
+            ops in proptest::collection::vec((any::<u16>(), any::<u16>(), any::<bool>()), 1..300),
+        ) {
+            let mut sets = Sets::new(nranks, 0);
+            let mut pool: Vec<(Value, BTreeSet<Rank>)> = (0..nranks.min(12))
+                .map(|r| {
+                    let r = r * 7 % nranks;
+                    (Value::one(0, r), BTreeSet::from([r]))
+                })
+                .collect();
+            for (x, y, collect) in ops {
+                let (va, ra) = pool[x as usize % pool.len()].clone();
+                let (vb, rb) = pool[y as usize % pool.len()].clone();
+                match (sets.disjoint_union(va.set, vb.set), reference_union(&ra, &rb)) {
+                    (Ok(id), Ok(r)) => {
+                        prop_assert_eq!(sets.ranks(id), r.iter().copied().collect::<Vec<_>>());
+                        prop_assert_eq!(sets.len(id), r.len() as u32);
+                        pool.push((Value { origin: 0, set: id }, r));
+                    }
+                    (Err(shared), Err(r)) => prop_assert_eq!(shared, r),
+                    (got, want) => prop_assert!(false, "{got:?} vs {want:?}"),
+                }
+                if collect {
+                    // Keep every other pool entry alive.
+                    let mut kept: Vec<(Value, BTreeSet<Rank>)> =
+                        pool.iter().step_by(2).cloned().collect();
+                    sets.collect(|f| kept.iter_mut().for_each(|(v, _)| f(v)));
+                    pool = kept;
+                }
+                for (v, r) in &pool {
+                    prop_assert_eq!(sets.ranks(v.set), r.iter().copied().collect::<Vec<_>>());
+                }
+                for (v, r) in &pool {
+                    for (w, s) in &pool {
+                        prop_assert_eq!(v.set == w.set, r == s);
+                    }
+                }
+            }
+        }
     }
 }
