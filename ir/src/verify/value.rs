@@ -84,9 +84,10 @@ pub(crate) struct Sets {
     words: Vec<u64>,
     /// Population count of each stored set.
     counts: Vec<u32>,
-    /// Open-addressing hash table of stored set indices (`EMPTY`: free bucket); its length is
-    /// a power of two at least twice the number of stored sets.
-    table: Vec<u32>,
+    /// Open-addressing hash table of (stored set index, low half of its hash) (`EMPTY`
+    /// index: free bucket); its length is a power of two at least twice the number of
+    /// stored sets.
+    table: Vec<(u32, u32)>,
     memo: Vec<Memo>,
     /// Scratch bitset for unions.
     scratch: Vec<u64>,
@@ -96,12 +97,24 @@ pub(crate) struct Sets {
     floor: usize,
 }
 
+/// Hash of a bitset: four independent multiply lanes (no serial dependency between words),
+/// folded at the end.
 fn hash(words: &[u64]) -> u64 {
-    let mut h: u64 = 0x243F_6A88_85A3_08D3;
-    for &w in words {
-        h = (h.rotate_left(5) ^ w).wrapping_mul(0x517C_C1B7_2722_0A95);
+    const K: [u64; 4] = [
+        0x517C_C1B7_2722_0A95,
+        0x9E37_79B9_7F4A_7C15,
+        0xC2B2_AE3D_27D4_EB4F,
+        0x1656_67B1_9E37_79F9,
+    ];
+    let mut lanes = [0x243F_6A88_85A3_08D3u64; 4];
+    for (i, &w) in words.iter().enumerate() {
+        let l = &mut lanes[i % 4];
+        *l = (*l ^ w).wrapping_mul(K[i % 4]).rotate_left(29);
     }
-    h ^ (h >> 29)
+    let h = lanes
+        .iter()
+        .fold(0u64, |h, &l| (h ^ l).wrapping_mul(K[0]).rotate_left(31));
+    h ^ (h >> 32)
 }
 
 impl Sets {
@@ -116,7 +129,7 @@ impl Sets {
             width,
             words: Vec::new(),
             counts: Vec::new(),
-            table: vec![EMPTY; 16],
+            table: vec![(EMPTY, 0); 16],
             memo: vec![
                 Memo {
                     a: EMPTY,
@@ -243,12 +256,13 @@ impl Sets {
     /// The id of the set `bits` (with `count` members, at least two), storing it if new.
     fn intern(&mut self, bits: &[u64], count: u32) -> SetId {
         let mask = self.table.len() - 1;
-        let mut b = hash(bits) as usize & mask;
+        let h = hash(bits);
+        let mut b = h as usize & mask;
         loop {
             match self.table[b] {
-                EMPTY => break,
-                i => {
-                    if self.bits(MANY + i) == bits {
+                (EMPTY, _) => break,
+                (i, low) => {
+                    if low == h as u32 && self.bits(MANY + i) == bits {
                         return MANY + i;
                     }
                 }
@@ -258,7 +272,7 @@ impl Sets {
         let i = self.stored() as u32;
         self.words.extend_from_slice(bits);
         self.counts.push(count);
-        self.table[b] = i;
+        self.table[b] = (i, h as u32);
         if self.stored() * 2 > self.table.len() {
             self.rehash(self.table.len() * 2);
         }
@@ -267,14 +281,15 @@ impl Sets {
 
     /// Rebuilds the hash table with `buckets` buckets (a power of two).
     fn rehash(&mut self, buckets: usize) {
-        let mut table = vec![EMPTY; buckets];
+        let mut table = vec![(EMPTY, 0); buckets];
         let mask = buckets - 1;
         for i in 0..self.stored() {
-            let mut b = hash(self.bits(MANY + i as u32)) as usize & mask;
-            while table[b] != EMPTY {
+            let h = hash(self.bits(MANY + i as u32));
+            let mut b = h as usize & mask;
+            while table[b].0 != EMPTY {
                 b = (b + 1) & mask;
             }
-            table[b] = i as u32;
+            table[b] = (i as u32, h as u32);
         }
         self.table = table;
     }
@@ -316,9 +331,12 @@ impl Sets {
             }
         }
         self.words.truncate(kept * self.width);
-        self.words.shrink_to(kept * self.width * 2);
         self.counts.truncate(kept);
-        self.rehash((kept * 2).next_power_of_two().max(16));
+        self.collect_at = (self.words.len() * 2).max(self.floor);
+        // Size the table for the sets stored until the next collection, so it does not grow
+        // (and rehash) again and again in between.
+        let until_next = self.collect_at / self.width + 1;
+        self.rehash((until_next * 2).next_power_of_two().max(16));
         for m in &mut self.memo {
             m.a = EMPTY;
             m.b = EMPTY;
@@ -330,7 +348,6 @@ impl Sets {
                 v.set = MANY + to;
             }
         });
-        self.collect_at = (self.words.len() * 2).max(self.floor);
         self.words.len()
     }
 
