@@ -276,7 +276,8 @@ fn cases() -> Vec<Case> {
     cases.push(("too large to model", s, ErrorKind::Limit, None));
 
     let mut s = ring();
-    s.ranks[0].streams.extend((0..9000).map(|_| Stream {
+    // 12000² clock entries are over MAX_CLOCKS (2^27).
+    s.ranks[0].streams.extend((0..12000).map(|_| Stream {
         channel: 0,
         steps: Vec::new(),
     }));

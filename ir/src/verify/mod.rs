@@ -252,6 +252,19 @@ pub fn verify(schedule: &Schedule) -> Result<(), Vec<VerifyError>> {
     verify_report(schedule).map(|_| ())
 }
 
+/// Whether the schedule is within the verifier's size limits ([`MAX_SLOTS`], [`MAX_WORK`],
+/// [`MAX_CLOCKS`]): a cheap pass over the steps, so a compiler can drop a candidate it could
+/// never verify before spending time on it. `Err` holds the [`ErrorKind::Limit`] errors
+/// [`verify`] would report (or the header errors, when the header is malformed).
+pub fn check_limits(schedule: &Schedule) -> Result<(), Vec<VerifyError>> {
+    let mut sink = Sink::default();
+    structure::check_header(schedule, &mut sink);
+    if sink.total() == 0 {
+        structure::check_limits(schedule, &mut sink);
+    }
+    sink.finish()
+}
+
 /// Like [`verify`], returning statistics of the run on success.
 pub fn verify_report(schedule: &Schedule) -> Result<Report, Vec<VerifyError>> {
     run(schedule, false)

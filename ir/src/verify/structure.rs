@@ -23,7 +23,7 @@ pub const MAX_WORK: u64 = 1 << 31;
 
 /// Most vector-clock entries the race check may keep: per rank, its streams times (its
 /// streams plus its dependencies).
-pub const MAX_CLOCKS: u64 = 1 << 26;
+pub const MAX_CLOCKS: u64 = 1 << 27;
 
 /// Key of a connection: `(from, to, channel)`.
 pub(crate) type ConnKey = (u32, u32, u32);
