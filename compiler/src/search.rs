@@ -628,7 +628,8 @@ struct Generated {
 
 /// The family's candidates for `collective` within [`MAX_CANDIDATE_STEPS`]: parameter sets
 /// whose [`estimated_steps`](crate::families::Family::estimated_steps) exceed the cap are
-/// not generated, and generated schedules over it are dropped.
+/// not generated, and generated schedules over it, or over the verifier's size limits
+/// ([`hccl_ir::verify::check_limits`]), are dropped.
 fn generate_capped(family: &dyn Family, topo: &Topology, collective: Collective) -> Generated {
     let mut out = Generated {
         candidates: Vec::new(),
@@ -646,7 +647,11 @@ fn generate_capped(family: &dyn Family, topo: &Topology, collective: Collective)
             continue;
         }
         for c in family.generate(topo, collective, params) {
-            if c.schedule.step_count() as u64 > MAX_CANDIDATE_STEPS {
+            // Over the step cap, or too large for the verifier to model (which would only
+            // reject it after it had been costed).
+            if c.schedule.step_count() as u64 > MAX_CANDIDATE_STEPS
+                || hccl_ir::verify::check_limits(&c.schedule).is_err()
+            {
                 out.capped = true;
             } else {
                 out.candidates.push(c);
