@@ -375,7 +375,7 @@ pub fn table(plan_path: &Path, topo: &Topology, rows: &[Row]) -> String {
         let _ = writeln!(out, "\n{kind}");
         let _ = writeln!(
             out,
-            "{:>6} {:<13} {:>3} {:>6} {:<6} {:>11} {:>8} {:>8} {:<19} {:>11} {:>7} {:>11} {:>6}",
+            "{:>6} {:<15} {:>3} {:>6} {:<6} {:>11} {:>8} {:>8} {:<19} {:>11} {:>7} {:>11} {:>6}",
             "size",
             "algorithm",
             "ch",
@@ -398,7 +398,7 @@ pub fn table(plan_path: &Path, topo: &Topology, rows: &[Row]) -> String {
             };
             let _ = writeln!(
                 out,
-                "{:>6} {:<13} {:>3} {:>6} {:<6} {:>11.2} {:>8.2} {:>8.2} {:<19} {:>11} {:>7} {:>11.2} {:>6.2}",
+                "{:>6} {:<15} {:>3} {:>6} {:<6} {:>11.2} {:>8.2} {:>8.2} {:<19} {:>11} {:>7} {:>11.2} {:>6.2}",
                 human(r.bytes),
                 r.algorithm,
                 r.channels,
