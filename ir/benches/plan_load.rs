@@ -13,6 +13,10 @@
 //!   program) and in the symmetric form (one template and a cyclic symmetry), parsed whole
 //!   (`PlanFile::from_ron`, which expands the symmetric form) and for one rank
 //!   (`PlanFile::from_ron_for_rank`). The two file sizes are printed once.
+//! - `load_chain_1024/{full,rank_517}`: a pipelined chain Broadcast over 1024 ranks (two
+//!   channels, 32 pieces each), a few MB of explicit plan like a compiled k-ary tree entry,
+//!   parsed whole and for one rank (where the other ranks' programs are skipped by a byte
+//!   scan before parsing). Its size is printed once.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -133,5 +137,23 @@ fn bench_symmetric(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench, bench_symmetric);
+fn bench_explicit_one_rank(c: &mut Criterion) {
+    let text = plan_text(common::ring_broadcast(1024, 0, 1, 2, 32, false));
+    eprintln!(
+        "load_chain_1024: {} bytes ({:.2} MB)",
+        text.len(),
+        text.len() as f64 / 1e6
+    );
+    let mut group = c.benchmark_group("load_chain_1024");
+    group.sample_size(10);
+    group.bench_function("full", |b| {
+        b.iter(|| PlanFile::from_ron(black_box(&text), "bench").expect("parses"))
+    });
+    group.bench_function("rank_517", |b| {
+        b.iter(|| PlanFile::from_ron_for_rank(black_box(&text), "bench", 517).expect("parses"))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench, bench_symmetric, bench_explicit_one_rank);
 criterion_main!(benches);

@@ -16,6 +16,7 @@
 pub mod error;
 pub mod msccl;
 pub mod plan;
+mod plan_scan;
 pub mod schedule;
 pub mod symmetric;
 pub mod units;

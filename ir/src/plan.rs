@@ -419,19 +419,23 @@ impl PlanFile {
     /// (no streams, no scratch), so the result has the shape of the full plan but holds one
     /// rank's part. Such a plan does not verify and serves only that rank (an executor's view).
     /// A `rank` that some schedule does not have is an error located at that schedule.
+    ///
+    /// The other ranks' programs of explicit entries are skipped by a byte scan before the
+    /// RON parse (the crate's `plan_scan` module), which only matches their brackets, strings and
+    /// comments: a syntax or type error inside another rank's program is therefore not
+    /// reported here (one-rank loading does not validate other ranks' programs;
+    /// [`PlanFile::from_ron`] does). Everything else is checked as by the full parse, and
+    /// errors are located in `text` as written.
     pub fn from_ron_for_rank(text: &str, origin: &str, rank: u32) -> Result<PlanFile, PlanError> {
         check_version(text, origin)?;
-        let options = ron::Options::default().with_recursion_limit(64);
-        let partial = WANTED_RANK.with(|w| {
-            let previous = w.replace(Some(rank));
-            let parsed = options.from_str::<one_rank::Plan>(text);
-            w.set(previous);
-            parsed
-        });
-        let plan = partial
-            .map(one_rank::Plan::into_plan)
-            .map_err(|err| PlanError::Parse(Located::from_ron(origin, &err)))?;
-        upgrade(plan, origin)
+        if let Some(shrunk) = crate::plan_scan::shrink(text, rank)
+            && let Ok(plan) = parse_one_rank(&shrunk, rank)
+        {
+            return upgrade(plan, origin);
+        }
+        // No explicit entry, or the shrunk text does not parse: the real parse, on the text
+        // as written, gives the result or the error with its location in the file.
+        from_ron_for_rank_unshrunk(text, origin, rank)
     }
 
     /// Reads a plan file keeping only `rank`'s part (see [`PlanFile::from_ron_for_rank`]).
@@ -461,6 +465,28 @@ impl PlanFile {
     pub fn content_hash(&self) -> String {
         blake3::hash(self.to_ron().as_bytes()).to_hex().to_string()
     }
+}
+
+/// [`PlanFile::from_ron_for_rank`] without the byte-scan pre-pass: every other rank's
+/// program goes through the RON parser (and is skipped there).
+fn from_ron_for_rank_unshrunk(text: &str, origin: &str, rank: u32) -> Result<PlanFile, PlanError> {
+    check_version(text, origin)?;
+    let plan = parse_one_rank(text, rank)
+        .map_err(|err| PlanError::Parse(Located::from_ron(origin, &err)))?;
+    upgrade(plan, origin)
+}
+
+/// Parses `text` keeping only `rank`'s programs (no version checks).
+fn parse_one_rank(text: &str, rank: u32) -> Result<PlanFile, ron::error::SpannedError> {
+    let options = ron::Options::default().with_recursion_limit(64);
+    WANTED_RANK
+        .with(|w| {
+            let previous = w.replace(Some(rank));
+            let parsed = options.from_str::<one_rank::Plan>(text);
+            w.set(previous);
+            parsed
+        })
+        .map(one_rank::Plan::into_plan)
 }
 
 thread_local! {
@@ -724,5 +750,104 @@ mod tests {
             PlanFile::from_ron_for_rank(&newer, "p", 0),
             Err(PlanError::Version { found: 9, .. })
         ));
+    }
+
+    /// `plan()`'s text with comments, strings and chars holding brackets and `ranks` in and
+    /// between the rank programs, struct names, and a trailing comma.
+    fn decorated() -> String {
+        plan()
+            .to_ron()
+            .replacen("ranks: [", "ranks /* ranks: [ */ : [ // ( ] ranks: [\n", 1)
+            .replace("streams: [", "streams: /* a /* nested ( */ ] */ [")
+            .replacen(
+                "algorithm: \"ring\"",
+                "algorithm: \"r)i]n\\\"g ranks: [\"",
+                1,
+            )
+            .replacen("algorithm: \"ring\"", "algorithm: r#\"a\"]\"#", 1)
+            .replacen("(scratch_chunks: 2", "RankProgram(scratch_chunks: 2", 1)
+    }
+
+    #[test]
+    fn scan_then_parse_equals_the_parser_alone() {
+        let texts = [
+            plan().to_ron(),
+            decorated(),
+            decorated().replace("]),\n", "]),,\n"),
+        ];
+        for text in &texts {
+            for rank in 0..5u32 {
+                let fast = PlanFile::from_ron_for_rank(text, "p", rank).map_err(|e| e.to_string());
+                let slow = from_ron_for_rank_unshrunk(text, "p", rank).map_err(|e| e.to_string());
+                assert_eq!(fast, slow, "rank {rank} of {text}");
+            }
+        }
+        let part = PlanFile::from_ron_for_rank(&texts[1], "p", 1).expect("parses");
+        assert_eq!(part.entries[0].algorithm, "r)i]n\"g ranks: [");
+        assert_eq!(part.entries[1].algorithm, "a\"]");
+        assert_eq!(part.entries[1].schedule.ranks[1].scratch_chunks, 2);
+        assert!(
+            crate::plan_scan::shrink(&texts[1], 1).is_some(),
+            "the scan applies"
+        );
+    }
+
+    #[test]
+    fn out_of_range_rank_error_is_located_in_the_file() {
+        let text = decorated();
+        let fast = PlanFile::from_ron_for_rank(&text, "p", 4).expect_err("rank 4 of 4");
+        let slow = from_ron_for_rank_unshrunk(&text, "p", 4).expect_err("rank 4 of 4");
+        assert_eq!(fast.to_string(), slow.to_string());
+        assert!(
+            fast.to_string().contains("rank 4 is out of range"),
+            "{fast}"
+        );
+    }
+
+    #[test]
+    fn other_ranks_programs_are_not_validated() {
+        let text = plan().to_ron();
+        // A type error in rank 2's program of the first entry.
+        let bad = text.replacen("scratch_chunks: 3", "scratch_chunks: \"x\"", 1);
+        assert!(PlanFile::from_ron(&bad, "p").is_err());
+        assert!(
+            from_ron_for_rank_unshrunk(&bad, "p", 0).is_ok(),
+            "IgnoredAny skips it"
+        );
+        assert!(PlanFile::from_ron_for_rank(&bad, "p", 0).is_ok());
+        let err = PlanFile::from_ron_for_rank(&bad, "p", 2).expect_err("rank 2 reads it");
+        let slow = from_ron_for_rank_unshrunk(&bad, "p", 2).expect_err("rank 2 reads it");
+        assert_eq!(err.to_string(), slow.to_string(), "located in the file");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// Mutated text never panics, and whenever the parser alone accepts it the scan
+        /// path returns the same plan.
+        #[test]
+        fn mutated_text_agrees_with_the_parser_alone(
+            which in 0usize..2,
+            edits in proptest::collection::vec((0.0f64..1.0, 0usize..18, 0usize..3), 1..4),
+            rank in 0u32..5,
+        ) {
+            const BYTES: &[u8] = b"()[]{}\",'/*#r\\: bn";
+            let mut bytes = if which == 0 { plan().to_ron() } else { decorated() }.into_bytes();
+            for (at, b, kind) in edits {
+                let at = ((bytes.len() as f64) * at) as usize;
+                let b = BYTES[b % BYTES.len()];
+                match kind {
+                    0 => bytes.insert(at, b),
+                    1 if at < bytes.len() => { bytes.remove(at); }
+                    _ if at < bytes.len() => bytes[at] = b,
+                    _ => bytes.push(b),
+                }
+            }
+            let text = String::from_utf8(bytes).expect("ASCII edits of ASCII text");
+            let fast = PlanFile::from_ron_for_rank(&text, "p", rank);
+            if let Ok(slow) = from_ron_for_rank_unshrunk(&text, "p", rank) {
+                proptest::prop_assert_eq!(fast.ok(), Some(slow));
+            }
+        }
     }
 }
