@@ -372,6 +372,31 @@ pub fn embed(topo: &Topology) -> Option<CubeEmbedding> {
     })
 }
 
+/// [`embed`], remembered per topology (by content hash) for the rest of the process: the
+/// search asks for every parameter set and collective, and on a thousand ranks one search
+/// takes a noticeable fraction of a second.
+pub fn embed_cached(topo: &Topology) -> Option<CubeEmbedding> {
+    type Cache = std::sync::Mutex<Vec<(String, Option<CubeEmbedding>)>>;
+    /// Topologies remembered at once (a compile uses one; tests use a few).
+    const KEEP: usize = 8;
+    static CACHE: std::sync::OnceLock<Cache> = std::sync::OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let key = format!("{}/{}", topo.hash, topo.nranks());
+    if let Ok(held) = cache.lock()
+        && let Some((_, emb)) = held.iter().find(|(k, _)| *k == key)
+    {
+        return emb.clone();
+    }
+    let emb = embed(topo);
+    if let Ok(mut held) = cache.lock() {
+        if held.len() >= KEEP {
+            held.remove(0);
+        }
+        held.push((key, emb.clone()));
+    }
+    emb
+}
+
 /// Slowest and summed pair bandwidth of cube dimension `b`.
 fn dim_bw(reach: &Reach, core: &[Rank], b: u32) -> (f64, f64) {
     let mut lo = f64::INFINITY;
@@ -688,12 +713,10 @@ fn cube_schedule(
         .collect()
 }
 
-/// The XOR symmetry a cube schedule has when no rank is folded in: cube labels translate by
+/// The XOR symmetry a cube AllReduce has when no rank is folded in: cube labels translate by
 /// XOR, and so do the exchange partners. AllReduce numbers the blocks of a piece by slot
 /// (the label with its bits in the channel's dimension order), so the grid is written in slot
-/// order; one channel only, since every channel has its own slot order. AllGather and
-/// ReduceScatter blocks are numbered by rank; whether the runs of a round map onto runs
-/// depends on the labelling, which [`hccl_ir::Schedule::compress`] checks.
+/// order; one channel only, since every channel has its own slot order.
 fn cube_symmetry(
     emb: &CubeEmbedding,
     kind: CollectiveKind,
@@ -719,13 +742,10 @@ fn cube_symmetry(
                 }),
             ))
         }
-        _ => Some(Symmetry::xor(
-            emb.core.clone(),
-            Some(ChunkMap {
-                layout: BlockLayout::BlockMajor,
-                label: BlockLabel::Rank,
-            }),
-        )),
+        // AllGather and ReduceScatter number blocks by rank, and the runs a round moves are
+        // runs of rank numbers: XOR on labels maps them onto runs only for the identity
+        // labelling, which real embeddings rarely are. Stored in full.
+        _ => None,
     }
 }
 
@@ -769,7 +789,7 @@ impl HybridCube {
         if n == 1 {
             return single_rank(self.name(), collective, in_place, params);
         }
-        match embed(topo) {
+        match embed_cached(topo) {
             Some(emb) => cube_schedule(self.name(), &emb, n, collective, params, in_place),
             None => Vec::new(),
         }

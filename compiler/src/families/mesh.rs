@@ -7,7 +7,7 @@
 use super::common::{candidate, grid, runs_of, single_rank, uniform_hosts};
 use super::{Candidate, Family, FamilyParams, steps_per_piece};
 use crate::builder::ScheduleBuilder;
-use hccl_ir::{Collective, CollectiveKind, Loc};
+use hccl_ir::{BlockLabel, BlockLayout, ChunkMap, Collective, CollectiveKind, Loc, Symmetry};
 use hccl_topologies::Topology;
 
 /// Direct schedules; `rounds` adds a fence after every round (pairwise ordering).
@@ -90,33 +90,50 @@ fn direct(
                     }
                 }
                 _ => {
+                    // Round `i`: every rank `r` sends to `r + i` and receives from `r − i`.
+                    // All sends of a round are recorded before its receives, so every rank's
+                    // ops come in the same relative order: the schedule is invariant under
+                    // rotations of the ranks (see `direct_symmetry`).
                     for i in 1..n {
-                        for r in 0..n {
-                            let d = (r + i) % n;
-                            match kind {
-                                CollectiveKind::AllReduce | CollectiveKind::ReduceScatter => {
-                                    let k = d * m + idx;
-                                    let out = match (kind, in_place) {
-                                        (CollectiveKind::ReduceScatter, false) => Loc::output(idx),
-                                        (CollectiveKind::ReduceScatter, true) => Loc::input(k),
-                                        _ => Loc::output(k),
-                                    };
-                                    let src = if i == 1 { Loc::input(k) } else { out };
-                                    b.send(r, d, Loc::input(k), 1, c);
-                                    b.recv_reduce_copy(d, r, src, out, 1, c);
-                                }
-                                CollectiveKind::AllGather => {
-                                    let src = if in_place {
-                                        Loc::output(r * m + idx)
-                                    } else {
-                                        Loc::input(idx)
-                                    };
-                                    b.send(r, d, src, 1, c);
-                                    b.recv(d, r, Loc::output(r * m + idx), 1, c);
-                                }
-                                _ => {
-                                    b.send(r, d, Loc::input(d * m + idx), 1, c);
-                                    b.recv(d, r, a2a_dst(r * m + idx), 1, c);
+                        for send in [true, false] {
+                            for r in 0..n {
+                                let d = (r + i) % n;
+                                match kind {
+                                    CollectiveKind::AllReduce | CollectiveKind::ReduceScatter => {
+                                        let k = d * m + idx;
+                                        let out = match (kind, in_place) {
+                                            (CollectiveKind::ReduceScatter, false) => {
+                                                Loc::output(idx)
+                                            }
+                                            (CollectiveKind::ReduceScatter, true) => Loc::input(k),
+                                            _ => Loc::output(k),
+                                        };
+                                        let src = if i == 1 { Loc::input(k) } else { out };
+                                        if send {
+                                            b.send(r, d, Loc::input(k), 1, c);
+                                        } else {
+                                            b.recv_reduce_copy(d, r, src, out, 1, c);
+                                        }
+                                    }
+                                    CollectiveKind::AllGather => {
+                                        let src = if in_place {
+                                            Loc::output(r * m + idx)
+                                        } else {
+                                            Loc::input(idx)
+                                        };
+                                        if send {
+                                            b.send(r, d, src, 1, c);
+                                        } else {
+                                            b.recv(d, r, Loc::output(r * m + idx), 1, c);
+                                        }
+                                    }
+                                    _ => {
+                                        if send {
+                                            b.send(r, d, Loc::input(d * m + idx), 1, c);
+                                        } else {
+                                            b.recv(d, r, a2a_dst(r * m + idx), 1, c);
+                                        }
+                                    }
                                 }
                             }
                         }
@@ -124,11 +141,16 @@ fn direct(
                     }
                     if kind == CollectiveKind::AllReduce {
                         for i in 1..n {
-                            for r in 0..n {
-                                let d = (r + i) % n;
-                                let k = r * m + idx;
-                                b.send(r, d, Loc::output(k), 1, c);
-                                b.recv(d, r, Loc::output(k), 1, c);
+                            for send in [true, false] {
+                                for r in 0..n {
+                                    let d = (r + i) % n;
+                                    let k = r * m + idx;
+                                    if send {
+                                        b.send(r, d, Loc::output(k), 1, c);
+                                    } else {
+                                        b.recv(d, r, Loc::output(k), 1, c);
+                                    }
+                                }
                             }
                             fence(&mut b);
                         }
@@ -144,7 +166,26 @@ fn direct(
             }
         }
     }
+    let symmetry = direct_symmetry(n, collective);
     candidate(name, params, b)
+        .into_iter()
+        .map(|c| c.with_symmetry(symmetry.clone()))
+        .collect()
+}
+
+/// The rotation symmetry of a direct schedule (ranks in their natural order, blocks numbered
+/// by rank); rooted collectives have none.
+fn direct_symmetry(n: u32, collective: Collective) -> Option<Symmetry> {
+    if collective.root().is_some() {
+        return None;
+    }
+    Some(Symmetry::ring(
+        (0..n).collect(),
+        Some(ChunkMap {
+            layout: BlockLayout::BlockMajor,
+            label: BlockLabel::Rank,
+        }),
+    ))
 }
 
 /// Direct one-shot schedules (best on full meshes: NVSwitch, HCCS).
