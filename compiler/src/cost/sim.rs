@@ -26,7 +26,7 @@ use super::CostError;
 use super::model::CostModel;
 use super::network::{Network, Route};
 use hccl_ir::{CONNECTION_SLOTS, Op, Protocol, Schedule, StepRef};
-use std::cmp::Ordering;
+use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 
@@ -163,29 +163,67 @@ impl Ord for Event {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
+/// `x`'s position in the IEEE total order ([`f64::total_cmp`]) as an unsigned integer.
+#[inline]
+fn total_order_key(x: f64) -> u64 {
+    let mut b = x.to_bits() as i64;
+    b ^= (((b >> 63) as u64) >> 1) as i64;
+    (b as u64) ^ (1 << 63)
+}
+
+/// A candidate of progressive filling: resource `res` with fair share `rem / cnt` (as a
+/// [`total_order_key`]) computed when its flow count was `stamp`. Filling order: smallest
+/// share first, then lowest resource id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct Share {
-    share: f64,
+    key: u64,
     res: u32,
     stamp: u32,
 }
-impl PartialEq for Share {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
+
+/// The candidates of one progressive filling. Shares only rise during filling (up to
+/// rounding), so each resource keeps one *representative* entry whose share is at most its
+/// current one: the component's initial shares, sorted once, and a heap of shares recomputed
+/// later (when a stale representative reaches the front, or when rounding lowered a share).
+/// The smallest entry, once current, is exactly the resource whose share is the smallest.
+#[derive(Debug, Default)]
+struct Shares {
+    sorted: Vec<Share>,
+    cursor: usize,
+    later: BinaryHeap<Reverse<Share>>,
+    /// Per resource: the stamp and key of its representative entry.
+    rep_stamp: Vec<u32>,
+    rep_key: Vec<u64>,
 }
-impl Eq for Share {}
-impl PartialOrd for Share {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
+
+impl Shares {
+    fn with_resources(n: usize) -> Shares {
+        Shares {
+            rep_stamp: vec![0; n],
+            rep_key: vec![0; n],
+            ..Shares::default()
+        }
     }
-}
-impl Ord for Share {
-    fn cmp(&self, other: &Self) -> Ordering {
-        other
-            .share
-            .total_cmp(&self.share)
-            .then(other.res.cmp(&self.res))
+
+    /// Makes `share` the representative entry of its resource.
+    #[inline]
+    fn represent(&mut self, share: Share) {
+        self.rep_stamp[share.res as usize] = share.stamp;
+        self.rep_key[share.res as usize] = share.key;
+    }
+
+    /// Takes the smallest entry.
+    #[inline]
+    fn pop(&mut self) -> Option<Share> {
+        let a = self.sorted.get(self.cursor).copied();
+        match (a, self.later.peek()) {
+            (Some(a), Some(&Reverse(b))) if b < a => self.later.pop().map(|Reverse(b)| b),
+            (Some(a), _) => {
+                self.cursor += 1;
+                Some(a)
+            }
+            (None, _) => self.later.pop().map(|Reverse(b)| b),
+        }
     }
 }
 
@@ -488,6 +526,7 @@ struct Run<'a> {
     rem: Vec<f64>,
     cnt: Vec<u32>,
     new_rate: Vec<f64>,
+    shares: Shares,
     messages: usize,
     payload: f64,
 }
@@ -542,6 +581,7 @@ impl<'a> Run<'a> {
             rem: vec![0.0; nres],
             cnt: vec![0; nres],
             new_rate: vec![0.0; nmsg],
+            shares: Shares::with_resources(nres),
             messages: 0,
             payload: 0.0,
         }
@@ -899,44 +939,83 @@ impl<'a> Run<'a> {
     /// Progressive filling over a closed set of resources and the flows on them.
     fn fill(&mut self, comp_res: &[u32], comp_flows: &[u32]) {
         let epoch = self.epoch;
-        // Progressive filling.
-        let mut heap = BinaryHeap::with_capacity(comp_res.len());
-        for &r in comp_res {
-            let ri = r as usize;
-            self.rem[ri] = self.cap[ri];
-            self.cnt[ri] = self.res_flows[ri].len() as u32;
-            if self.cnt[ri] > 0 {
-                heap.push(Share {
-                    share: self.rem[ri] / f64::from(self.cnt[ri]),
-                    res: r,
-                    stamp: self.cnt[ri],
-                });
+        let p: &'a Prepared = self.p;
+        let (routes, msg_conn) = (&p.conn_route, &p.msg_conn);
+        // Progressive filling: repeatedly freeze the flows of the resource with the smallest
+        // fair share `rem / cnt` (ties: lowest id) at that share.
+        {
+            let Run {
+                shares,
+                rem,
+                cnt,
+                cap,
+                res_flows,
+                frozen_stamp,
+                new_rate,
+                ..
+            } = self;
+            shares.sorted.clear();
+            shares.cursor = 0;
+            shares.later.clear();
+            for &r in comp_res {
+                let ri = r as usize;
+                rem[ri] = cap[ri];
+                cnt[ri] = res_flows[ri].len() as u32;
+                if cnt[ri] > 0 {
+                    let e = Share {
+                        key: total_order_key(rem[ri] / f64::from(cnt[ri])),
+                        res: r,
+                        stamp: cnt[ri],
+                    };
+                    shares.represent(e);
+                    shares.sorted.push(e);
+                }
             }
-        }
-        while let Some(Share { share, res, stamp }) = heap.pop() {
-            let ri = res as usize;
-            if self.cnt[ri] == 0 || self.cnt[ri] != stamp {
-                continue;
-            }
-            let share = share.max(0.0);
-            for j in 0..self.res_flows[ri].len() {
-                let f = self.res_flows[ri][j];
-                if self.frozen_stamp[f as usize] == epoch {
+            shares.sorted.sort_unstable();
+            while let Some(e) = shares.pop() {
+                let res = e.res;
+                let ri = res as usize;
+                if cnt[ri] == 0 || e.stamp != shares.rep_stamp[ri] {
+                    continue; // all its flows are frozen, or superseded
+                }
+                let share = rem[ri] / f64::from(cnt[ri]);
+                if cnt[ri] != e.stamp {
+                    // Raised since it was stored: put back at its current share.
+                    let e = Share {
+                        key: total_order_key(share),
+                        res,
+                        stamp: cnt[ri],
+                    };
+                    shares.represent(e);
+                    shares.later.push(Reverse(e));
                     continue;
                 }
-                self.frozen_stamp[f as usize] = epoch;
-                self.new_rate[f as usize] = share;
-                let route = &self.p.conn_route[self.p.msg_conn[f as usize] as usize];
-                for &r2 in &route.resources {
-                    let r2i = r2 as usize;
-                    self.rem[r2i] = (self.rem[r2i] - share).max(0.0);
-                    self.cnt[r2i] -= 1;
-                    if self.cnt[r2i] > 0 && r2 != res {
-                        heap.push(Share {
-                            share: self.rem[r2i] / f64::from(self.cnt[r2i]),
-                            res: r2,
-                            stamp: self.cnt[r2i],
-                        });
+                let share = share.max(0.0);
+                for &f in &res_flows[ri] {
+                    if frozen_stamp[f as usize] == epoch {
+                        continue;
+                    }
+                    frozen_stamp[f as usize] = epoch;
+                    new_rate[f as usize] = share;
+                    let route = &routes[msg_conn[f as usize] as usize];
+                    for &r2 in &route.resources {
+                        let r2i = r2 as usize;
+                        rem[r2i] = (rem[r2i] - share).max(0.0);
+                        cnt[r2i] -= 1;
+                        if cnt[r2i] > 0 && r2 != res {
+                            let key = total_order_key(rem[r2i] / f64::from(cnt[r2i]));
+                            // A lowered share (rounding) is queued now; raised ones wait
+                            // until their representative reaches the front.
+                            if key < shares.rep_key[r2i] {
+                                let e = Share {
+                                    key,
+                                    res: r2,
+                                    stamp: cnt[r2i],
+                                };
+                                shares.represent(e);
+                                shares.later.push(Reverse(e));
+                            }
+                        }
                     }
                 }
             }
@@ -946,7 +1025,7 @@ impl<'a> Run<'a> {
         }
         for &f in comp_flows {
             let new = self.new_rate[f as usize];
-            let route = Arc::clone(&self.p.conn_route[self.p.msg_conn[f as usize] as usize]);
+            let route = &routes[msg_conn[f as usize] as usize];
             for &r in &route.resources {
                 self.used[r as usize] += new;
             }
