@@ -194,13 +194,17 @@ struct Shares {
     /// Per resource: the stamp and key of its representative entry.
     rep_stamp: Vec<u32>,
     rep_key: Vec<u64>,
+    /// Per flow: the first of its single-flow resources (scratch of one filling).
+    solo: Vec<Option<Share>>,
+    solo_flows: Vec<u32>,
 }
 
 impl Shares {
-    fn with_resources(n: usize) -> Shares {
+    fn new(resources: usize, flows: usize) -> Shares {
         Shares {
-            rep_stamp: vec![0; n],
-            rep_key: vec![0; n],
+            rep_stamp: vec![0; resources],
+            rep_key: vec![0; resources],
+            solo: vec![None; flows],
             ..Shares::default()
         }
     }
@@ -581,7 +585,7 @@ impl<'a> Run<'a> {
             rem: vec![0.0; nres],
             cnt: vec![0; nres],
             new_rate: vec![0.0; nmsg],
-            shares: Shares::with_resources(nres),
+            shares: Shares::new(nres, nmsg),
             messages: 0,
             payload: 0.0,
         }
@@ -957,10 +961,13 @@ impl<'a> Run<'a> {
             shares.sorted.clear();
             shares.cursor = 0;
             shares.later.clear();
+            // Unfrozen flow-resource pairs: once none is left, every remaining entry is moot.
+            let mut live: u64 = 0;
             for &r in comp_res {
                 let ri = r as usize;
                 rem[ri] = cap[ri];
                 cnt[ri] = res_flows[ri].len() as u32;
+                live += u64::from(cnt[ri]);
                 if cnt[ri] > 0 {
                     let e = Share {
                         key: total_order_key(rem[ri] / f64::from(cnt[ri])),
@@ -968,11 +975,34 @@ impl<'a> Run<'a> {
                         stamp: cnt[ri],
                     };
                     shares.represent(e);
+                    if cnt[ri] == 1 {
+                        // Of the resources a flow has to itself, only the first in filling
+                        // order can freeze it: the others keep their share until it does.
+                        let f = res_flows[ri][0] as usize;
+                        match shares.solo[f] {
+                            Some(b) if b <= e => {}
+                            Some(_) => shares.solo[f] = Some(e),
+                            None => {
+                                shares.solo[f] = Some(e);
+                                shares.solo_flows.push(f as u32);
+                            }
+                        }
+                    } else {
+                        shares.sorted.push(e);
+                    }
+                }
+            }
+            for i in 0..shares.solo_flows.len() {
+                let f = shares.solo_flows[i] as usize;
+                if let Some(e) = shares.solo[f].take() {
                     shares.sorted.push(e);
                 }
             }
+            shares.solo_flows.clear();
             shares.sorted.sort_unstable();
-            while let Some(e) = shares.pop() {
+            while live > 0
+                && let Some(e) = shares.pop()
+            {
                 let res = e.res;
                 let ri = res as usize;
                 if cnt[ri] == 0 || e.stamp != shares.rep_stamp[ri] {
@@ -1002,6 +1032,7 @@ impl<'a> Run<'a> {
                         let r2i = r2 as usize;
                         rem[r2i] = (rem[r2i] - share).max(0.0);
                         cnt[r2i] -= 1;
+                        live -= 1;
                         if cnt[r2i] > 0 && r2 != res {
                             let key = total_order_key(rem[r2i] / f64::from(cnt[r2i]));
                             // A lowered share (rounding) is queued now; raised ones wait
