@@ -999,7 +999,9 @@ impl<'a> Run<'a> {
                 }
             }
             shares.solo_flows.clear();
-            shares.sorted.sort_unstable();
+            shares.sorted.sort_unstable_by_key(|e| {
+                (u128::from(e.key) << 64) | (u128::from(e.res) << 32) | u128::from(e.stamp)
+            });
             while live > 0
                 && let Some(e) = shares.pop()
             {
