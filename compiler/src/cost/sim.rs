@@ -531,6 +531,9 @@ struct Run<'a> {
     cnt: Vec<u32>,
     new_rate: Vec<f64>,
     shares: Shares,
+    /// Scratch: the resources and flows of the component being recomputed.
+    comp_res: Vec<u32>,
+    comp_flows: Vec<u32>,
     messages: usize,
     payload: f64,
 }
@@ -586,6 +589,8 @@ impl<'a> Run<'a> {
             cnt: vec![0; nres],
             new_rate: vec![0.0; nmsg],
             shares: Shares::new(nres, nmsg),
+            comp_res: Vec::new(),
+            comp_flows: Vec::new(),
             messages: 0,
             payload: 0.0,
         }
@@ -747,7 +752,8 @@ impl<'a> Run<'a> {
         let bytes = f64::from(self.p.msg_count[mi]) * self.chunk_bytes;
         self.messages += 1;
         self.payload += bytes;
-        let route = Arc::clone(&self.p.conn_route[self.p.msg_conn[mi] as usize]);
+        let p: &'a Prepared = self.p;
+        let route: &'a Route = &p.conn_route[p.msg_conn[mi] as usize];
         if bytes <= 0.0 || route.resources.is_empty() {
             self.flow_finished(m);
             return;
@@ -770,7 +776,8 @@ impl<'a> Run<'a> {
         self.active[mi] = false;
         self.active_count -= 1;
         self.released += 1;
-        let route = Arc::clone(&self.p.conn_route[self.p.msg_conn[mi] as usize]);
+        let p: &'a Prepared = self.p;
+        let route: &'a Route = &p.conn_route[p.msg_conn[mi] as usize];
         for &r in &route.resources {
             self.used[r as usize] = (self.used[r as usize] - self.rate[mi]).max(0.0);
             let list = &mut self.res_flows[r as usize];
@@ -831,10 +838,12 @@ impl<'a> Run<'a> {
     /// cost per event stays bounded.
     fn recompute(&mut self) {
         let epoch = self.next_epoch();
-        let mut stack: Vec<u32> = std::mem::take(&mut self.dirty);
-        let fresh = std::mem::take(&mut self.fresh);
-        let mut comp_res: Vec<u32> = Vec::new();
-        let mut comp_flows: Vec<u32> = Vec::new();
+        let mut stack = std::mem::take(&mut self.dirty);
+        let mut fresh = std::mem::take(&mut self.fresh);
+        let mut comp_res = std::mem::take(&mut self.comp_res);
+        let mut comp_flows = std::mem::take(&mut self.comp_flows);
+        comp_res.clear();
+        comp_flows.clear();
         let mut big = false;
         'bfs: while let Some(r) = stack.pop() {
             if self.res_stamp[r as usize] == epoch {
@@ -859,19 +868,28 @@ impl<'a> Run<'a> {
                 }
             }
         }
+        stack.clear();
+        self.dirty = stack;
         if !big {
             self.fill(&comp_res, &comp_flows);
+        }
+        self.comp_res = comp_res;
+        self.comp_flows = comp_flows;
+        if !big {
+            fresh.clear();
+            self.fresh = fresh;
             return;
         }
         // Large component: give new flows what their route has left.
         let mut changes = self.released;
         self.released = 0;
-        for f in fresh {
+        for &f in &fresh {
             if !self.active[f as usize] || self.rate[f as usize] > 0.0 {
                 continue;
             }
             changes += 1;
-            let route = Arc::clone(&self.p.conn_route[self.p.msg_conn[f as usize] as usize]);
+            let p: &'a Prepared = self.p;
+            let route: &'a Route = &p.conn_route[p.msg_conn[f as usize] as usize];
             let rate = route
                 .resources
                 .iter()
@@ -884,6 +902,8 @@ impl<'a> Run<'a> {
                 self.set_rate(f, rate);
             }
         }
+        fresh.clear();
+        self.fresh = fresh;
         self.pending_changes += changes;
         let threshold = (EXACT_COMPONENT / 4).max(self.active_count / 4);
         if self.pending_changes >= threshold {
@@ -909,8 +929,10 @@ impl<'a> Run<'a> {
         self.fresh.clear();
         self.dirty.clear();
         let epoch = self.next_epoch();
-        let mut comp_res = Vec::new();
-        let mut comp_flows = Vec::new();
+        let mut comp_res = std::mem::take(&mut self.comp_res);
+        let mut comp_flows = std::mem::take(&mut self.comp_flows);
+        comp_res.clear();
+        comp_flows.clear();
         for r in 0..self.res_flows.len() {
             if self.res_flows[r].is_empty() {
                 continue;
@@ -924,6 +946,8 @@ impl<'a> Run<'a> {
             }
         }
         self.fill(&comp_res, &comp_flows);
+        self.comp_res = comp_res;
+        self.comp_flows = comp_flows;
     }
 
     /// Sets a flow's rate, settling its progress and scheduling its end.
