@@ -266,6 +266,7 @@ pub fn compile_with_progress(
     let mut rows = Vec::new();
     let ncoll = options.collectives.len();
     for (ci, &kind) in options.collectives.iter().enumerate() {
+        let mut phase = Phase::start(kind);
         let collective = collective_of(kind);
         // NCCL's families are generated even when --algo excludes them: they are the baseline.
         let baseline_names = BASELINE_FAMILIES;
@@ -300,7 +301,9 @@ pub fn compile_with_progress(
             }
         }
         let total = candidates.len();
+        phase.done("generate");
         let probes = screen(&sim, &candidates, &sizes, options, &baseline_names);
+        phase.done("screen");
         let budget = sim_budget(options.sim_budget, nranks);
         let indexed: Vec<(usize, &Candidate)> =
             candidates.iter().map(|(c, _)| c).enumerate().collect();
@@ -322,6 +325,7 @@ pub fn compile_with_progress(
             }
         })
         .into_iter();
+        phase.done("cost");
         let mut costed = Vec::with_capacity(total);
         for (i, (candidate, selectable)) in candidates.into_iter().enumerate() {
             let times = all_times.next().unwrap_or_default();
@@ -369,6 +373,7 @@ pub fn compile_with_progress(
                 tried: total,
             });
         };
+        phase.done("verify");
         // Rows.
         for (si, &bytes) in sizes.iter().enumerate() {
             let (c, p) = winners[si];
@@ -409,6 +414,7 @@ pub fn compile_with_progress(
                 nranks,
             });
         }
+        phase.done("rows and bounds");
         // Entries: merge runs of equal winners.
         let mut start = 0;
         while start < sizes.len() {
@@ -637,24 +643,39 @@ fn generate_capped(family: &dyn Family, topo: &Topology, collective: Collective)
         capped: false,
     };
     let started = std::time::Instant::now();
-    for params in family.param_space(topo, collective) {
-        out.max_channels = out.max_channels.max(params.channels);
+    let space = family.param_space(topo, collective);
+    // Parameter sets are generated on all cores; results are taken in parameter order.
+    let generated = par_map(&space, |&params| {
         if family
             .estimated_steps(topo, collective, params)
             .is_some_and(|steps| steps > MAX_CANDIDATE_STEPS)
         {
+            return None;
+        }
+        Some(
+            family
+                .generate(topo, collective, params)
+                .into_iter()
+                .map(|c| {
+                    // Over the step cap, or too large for the verifier to model (which would
+                    // only reject it after it had been costed).
+                    let fits = c.schedule.step_count() as u64 <= MAX_CANDIDATE_STEPS
+                        && hccl_ir::verify::check_limits(&c.schedule).is_ok();
+                    fits.then_some(c)
+                })
+                .collect::<Vec<_>>(),
+        )
+    });
+    for (params, made) in space.iter().zip(generated) {
+        out.max_channels = out.max_channels.max(params.channels);
+        let Some(made) = made else {
             out.capped = true;
             continue;
-        }
-        for c in family.generate(topo, collective, params) {
-            // Over the step cap, or too large for the verifier to model (which would only
-            // reject it after it had been costed).
-            if c.schedule.step_count() as u64 > MAX_CANDIDATE_STEPS
-                || hccl_ir::verify::check_limits(&c.schedule).is_err()
-            {
-                out.capped = true;
-            } else {
-                out.candidates.push(c);
+        };
+        for c in made {
+            match c {
+                Some(c) => out.candidates.push(c),
+                None => out.capped = true,
             }
         }
     }
@@ -682,6 +703,33 @@ fn generate_capped(family: &dyn Family, topo: &Topology, collective: Collective)
 fn tracing() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("HCCL_SEARCH_TRACE").is_some())
+}
+
+/// Wall time of the search's phases for one collective, printed when [`tracing`].
+struct Phase {
+    kind: CollectiveKind,
+    since: std::time::Instant,
+}
+
+impl Phase {
+    fn start(kind: CollectiveKind) -> Phase {
+        Phase {
+            kind,
+            since: std::time::Instant::now(),
+        }
+    }
+
+    /// Prints the time since the previous phase ended and starts the next.
+    fn done(&mut self, what: &str) {
+        if tracing() {
+            eprintln!(
+                "trace: {} phase {what}: {:.3} s wall",
+                self.kind,
+                self.since.elapsed().as_secs_f64()
+            );
+        }
+        self.since = std::time::Instant::now();
+    }
 }
 
 /// Prints one candidate's screening or costing time when [`tracing`].
