@@ -53,36 +53,7 @@ fn ring_allreduce(order: &[Rank], q: u32, by_rank: bool) -> (Schedule, Symmetry)
             let at = md(p - i64::from(k), n);
             (if by_rank { order[at as usize] } else { at }) * q
         };
-        let mut ops = vec![(
-            Op::Send {
-                to: next,
-                src: Loc::input(seg(0)),
-            },
-            q,
-        )];
-        for k in 1..=(2 * n - 2) {
-            let op = if k < n {
-                Op::RecvReduceCopySend {
-                    from: prev,
-                    to: next,
-                    src: Loc::input(seg(k)),
-                    dst: Loc::output(seg(k)),
-                }
-            } else if k < 2 * n - 2 {
-                Op::RecvCopySend {
-                    from: prev,
-                    to: next,
-                    dst: Loc::output(seg(k)),
-                }
-            } else {
-                Op::Recv {
-                    from: prev,
-                    dst: Loc::output(seg(k)),
-                }
-            };
-            ops.push((op, q));
-        }
-        ops
+        common::ring_allreduce_ops(n, prev, next, q, &seg, Loc::input, Loc::output)
     });
     let label = if by_rank {
         BlockLabel::Rank
@@ -207,35 +178,15 @@ fn hierarchical_allreduce(h: u32, l: u32, pieces: u32, ranks: Vec<Rank>) -> (Sch
             let s = md(y + 1, l);
             let piece = |k: u32| base + s * h + md(x - i64::from(k), h);
             if h > 1 {
-                ops.push((
-                    Op::Send {
-                        to: hnext,
-                        src: Loc::output(piece(0)),
-                    },
+                ops.extend(common::ring_allreduce_ops(
+                    h,
+                    hprev,
+                    hnext,
                     1,
+                    &piece,
+                    Loc::output,
+                    Loc::output,
                 ));
-                for k in 1..=(2 * h - 2) {
-                    let op = if k < h {
-                        Op::RecvReduceCopySend {
-                            from: hprev,
-                            to: hnext,
-                            src: Loc::output(piece(k)),
-                            dst: Loc::output(piece(k)),
-                        }
-                    } else if k < 2 * h - 2 {
-                        Op::RecvCopySend {
-                            from: hprev,
-                            to: hnext,
-                            dst: Loc::output(piece(k)),
-                        }
-                    } else {
-                        Op::Recv {
-                            from: hprev,
-                            dst: Loc::output(piece(k)),
-                        }
-                    };
-                    ops.push((op, 1));
-                }
             }
             // AllGather of the shards among the locals: local y' holds shard y' + 1.
             let gathered = |k: u32| base + md(y + 1 - i64::from(k), l) * h;

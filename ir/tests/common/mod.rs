@@ -53,6 +53,52 @@ fn md(a: i64, n: u32) -> u32 {
     a.rem_euclid(i64::from(n)) as u32
 }
 
+/// One rank's ops of a pipelined ring AllReduce pass between `prev` and `next`: send the
+/// rank's own segment, reduce and forward the next `n − 2`, keep and forward the `n − 1`
+/// reduced ones, receive the last. Step `k` addresses chunk `chunk(k)` (`count` chunks),
+/// reading contributions with `src` and writing results with `dst`.
+pub fn ring_allreduce_ops(
+    n: u32,
+    prev: u32,
+    next: u32,
+    count: u32,
+    chunk: &dyn Fn(u32) -> u32,
+    src: fn(u32) -> Loc,
+    dst: fn(u32) -> Loc,
+) -> Vec<(Op, u32)> {
+    let mut ops = vec![(
+        Op::Send {
+            to: next,
+            src: src(chunk(0)),
+        },
+        count,
+    )];
+    for k in 1..=(2 * n - 2) {
+        let at = chunk(k);
+        let op = if k < n {
+            Op::RecvReduceCopySend {
+                from: prev,
+                to: next,
+                src: src(at),
+                dst: dst(at),
+            }
+        } else if k < 2 * n - 2 {
+            Op::RecvCopySend {
+                from: prev,
+                to: next,
+                dst: dst(at),
+            }
+        } else {
+            Op::Recv {
+                from: prev,
+                dst: dst(at),
+            }
+        };
+        ops.push((op, count));
+    }
+    ops
+}
+
 /// Ring direction of a channel: even channels go up, odd ones down (a double ring).
 fn dir(ch: u32) -> i64 {
     if ch.is_multiple_of(2) { 1 } else { -1 }
@@ -69,36 +115,8 @@ pub fn ring_allreduce(n: u32, q: u32, nch: u32, in_place: bool) -> Schedule {
             let next = md(i64::from(r) + d, n);
             let prev = md(i64::from(r) - d, n);
             let seg = |k: u32| md(i64::from(r) - d * i64::from(k), n) * m + ch * q;
-            b.op(
-                r,
-                ch,
-                Op::Send {
-                    to: next,
-                    src: Loc::input(seg(0)),
-                },
-                q,
-            );
-            for k in 1..=(2 * n - 2) {
-                let op = if k < n {
-                    Op::RecvReduceCopySend {
-                        from: prev,
-                        to: next,
-                        src: Loc::input(seg(k)),
-                        dst: Loc::output(seg(k)),
-                    }
-                } else if k < 2 * n - 2 {
-                    Op::RecvCopySend {
-                        from: prev,
-                        to: next,
-                        dst: Loc::output(seg(k)),
-                    }
-                } else {
-                    Op::Recv {
-                        from: prev,
-                        dst: Loc::output(seg(k)),
-                    }
-                };
-                b.op(r, ch, op, q);
+            for (op, count) in ring_allreduce_ops(n, prev, next, q, &seg, Loc::input, Loc::output) {
+                b.op(r, ch, op, count);
             }
         }
     }
