@@ -772,10 +772,23 @@ fn for_submasks(mask: usize, mut f: impl FnMut(usize)) {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct HybridCube;
 
-impl HybridCube {
+impl Family for HybridCube {
+    fn name(&self) -> &'static str {
+        "hybrid_cube"
+    }
+    fn supports(&self, kind: CollectiveKind) -> bool {
+        matches!(
+            kind,
+            CollectiveKind::AllReduce | CollectiveKind::AllGather | CollectiveKind::ReduceScatter
+        )
+    }
+    fn param_space(&self, topo: &Topology, _collective: Collective) -> Vec<FamilyParams> {
+        let n = topo.nranks().max(1);
+        grid(&[1, 2, 4], &[1, 2, 4], n, MAX_CUBE_CHUNKS.max(n))
+    }
     /// Hybrid cube schedules for either buffer arrangement; empty when the collective is not
     /// AllReduce, AllGather or ReduceScatter or the topology has no cube embedding.
-    pub fn schedules(
+    fn schedules(
         &self,
         topo: &Topology,
         collective: Collective,
@@ -793,29 +806,5 @@ impl HybridCube {
             Some(emb) => cube_schedule(self.name(), &emb, n, collective, params, in_place),
             None => Vec::new(),
         }
-    }
-}
-
-impl Family for HybridCube {
-    fn name(&self) -> &'static str {
-        "hybrid_cube"
-    }
-    fn supports(&self, kind: CollectiveKind) -> bool {
-        matches!(
-            kind,
-            CollectiveKind::AllReduce | CollectiveKind::AllGather | CollectiveKind::ReduceScatter
-        )
-    }
-    fn param_space(&self, topo: &Topology, _collective: Collective) -> Vec<FamilyParams> {
-        let n = topo.nranks().max(1);
-        grid(&[1, 2, 4], &[1, 2, 4], n, MAX_CUBE_CHUNKS.max(n))
-    }
-    fn generate(
-        &self,
-        topo: &Topology,
-        collective: Collective,
-        params: FamilyParams,
-    ) -> Vec<Candidate> {
-        self.schedules(topo, collective, params, false)
     }
 }

@@ -116,9 +116,26 @@ fn direct_all_gather(
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Groups;
 
-impl Groups {
+impl Family for Groups {
+    fn name(&self) -> &'static str {
+        "groups"
+    }
+    fn supports(&self, kind: CollectiveKind) -> bool {
+        matches!(
+            kind,
+            CollectiveKind::AllReduce | CollectiveKind::AllGather | CollectiveKind::ReduceScatter
+        )
+    }
+    fn param_space(&self, topo: &Topology, _collective: Collective) -> Vec<FamilyParams> {
+        grid(
+            &[1, 2],
+            &[1, 2, 4, 8, 16, 32],
+            topo.nranks(),
+            MAX_GROUP_CHUNKS.max(topo.nranks()),
+        )
+    }
     /// Groups schedules for either buffer arrangement.
-    pub fn schedules(
+    fn schedules(
         &self,
         topo: &Topology,
         collective: Collective,
@@ -223,33 +240,5 @@ impl Groups {
             }
         }
         candidate(self.name(), params, b)
-    }
-}
-
-impl Family for Groups {
-    fn name(&self) -> &'static str {
-        "groups"
-    }
-    fn supports(&self, kind: CollectiveKind) -> bool {
-        matches!(
-            kind,
-            CollectiveKind::AllReduce | CollectiveKind::AllGather | CollectiveKind::ReduceScatter
-        )
-    }
-    fn param_space(&self, topo: &Topology, _collective: Collective) -> Vec<FamilyParams> {
-        grid(
-            &[1, 2],
-            &[1, 2, 4, 8, 16, 32],
-            topo.nranks(),
-            MAX_GROUP_CHUNKS.max(topo.nranks()),
-        )
-    }
-    fn generate(
-        &self,
-        topo: &Topology,
-        collective: Collective,
-        params: FamilyParams,
-    ) -> Vec<Candidate> {
-        self.schedules(topo, collective, params, false)
     }
 }

@@ -186,26 +186,6 @@ fn schedules(
 }
 
 impl Hierarchical {
-    /// Hierarchical schedules (direct rail exchange) for either buffer arrangement.
-    pub fn schedules(
-        &self,
-        topo: &Topology,
-        collective: Collective,
-        params: FamilyParams,
-        in_place: bool,
-    ) -> Vec<Candidate> {
-        schedules(
-            self.name(),
-            Rail::Direct,
-            topo,
-            collective,
-            params,
-            in_place,
-        )
-    }
-}
-
-impl Hierarchical {
     /// The rank symmetry of what [`Hierarchical::schedules`] produces for these arguments
     /// (the same for either buffer arrangement); see [`symmetry`].
     pub fn symmetry(
@@ -274,21 +254,6 @@ pub fn symmetry(
         ranks: hosts.concat(),
         chunks: Some(chunks),
     })
-}
-
-impl HierarchicalHd {
-    /// Hierarchical schedules (halving-doubling rail exchange; direct when the host count is
-    /// not a power of two) for either buffer arrangement.
-    pub fn schedules(
-        &self,
-        topo: &Topology,
-        collective: Collective,
-        params: FamilyParams,
-        in_place: bool,
-    ) -> Vec<Candidate> {
-        let rail = Rail::HalvingDoubling;
-        schedules(self.name(), rail, topo, collective, params, in_place)
-    }
 }
 
 /// Where member `at` of a group keeps (or puts) the run of the member at position `owner`.
@@ -686,13 +651,22 @@ impl Family for Hierarchical {
         let max_chunks = u64::from(MAX_HIER_CHUNKS.max(topo.nranks()));
         param_space(topo, collective, Rail::Direct, &PIPELINE, max_chunks)
     }
-    fn generate(
+    /// Hierarchical schedules (direct rail exchange) for either buffer arrangement.
+    fn schedules(
         &self,
         topo: &Topology,
         collective: Collective,
         params: FamilyParams,
+        in_place: bool,
     ) -> Vec<Candidate> {
-        self.schedules(topo, collective, params, false)
+        schedules(
+            self.name(),
+            Rail::Direct,
+            topo,
+            collective,
+            params,
+            in_place,
+        )
     }
     fn estimated_steps(
         &self,
@@ -727,13 +701,17 @@ impl Family for HierarchicalHd {
             }],
         }
     }
-    fn generate(
+    /// Hierarchical schedules (halving-doubling rail exchange; direct when the host count is
+    /// not a power of two) for either buffer arrangement.
+    fn schedules(
         &self,
         topo: &Topology,
         collective: Collective,
         params: FamilyParams,
+        in_place: bool,
     ) -> Vec<Candidate> {
-        self.schedules(topo, collective, params, false)
+        let rail = Rail::HalvingDoubling;
+        schedules(self.name(), rail, topo, collective, params, in_place)
     }
     fn estimated_steps(
         &self,

@@ -192,9 +192,18 @@ fn direct_symmetry(n: u32, collective: Collective) -> Option<Symmetry> {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Mesh;
 
-impl Mesh {
+impl Family for Mesh {
+    fn name(&self) -> &'static str {
+        "mesh"
+    }
+    fn supports(&self, _kind: CollectiveKind) -> bool {
+        true
+    }
+    fn param_space(&self, topo: &Topology, _collective: Collective) -> Vec<FamilyParams> {
+        grid(&[1, 2], &[1, 2], topo.nranks(), 4096.max(topo.nranks()))
+    }
     /// Mesh schedules for either buffer arrangement.
-    pub fn schedules(
+    fn schedules(
         &self,
         topo: &Topology,
         collective: Collective,
@@ -209,26 +218,6 @@ impl Mesh {
             in_place,
             false,
         )
-    }
-}
-
-impl Family for Mesh {
-    fn name(&self) -> &'static str {
-        "mesh"
-    }
-    fn supports(&self, _kind: CollectiveKind) -> bool {
-        true
-    }
-    fn param_space(&self, topo: &Topology, _collective: Collective) -> Vec<FamilyParams> {
-        grid(&[1, 2], &[1, 2], topo.nranks(), 4096.max(topo.nranks()))
-    }
-    fn generate(
-        &self,
-        topo: &Topology,
-        collective: Collective,
-        params: FamilyParams,
-    ) -> Vec<Candidate> {
-        self.schedules(topo, collective, params, false)
     }
     fn estimated_steps(
         &self,
@@ -252,9 +241,18 @@ impl Family for Mesh {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Pairwise;
 
-impl Pairwise {
+impl Family for Pairwise {
+    fn name(&self) -> &'static str {
+        "pairwise"
+    }
+    fn supports(&self, kind: CollectiveKind) -> bool {
+        kind == CollectiveKind::AllToAll
+    }
+    fn param_space(&self, topo: &Topology, _collective: Collective) -> Vec<FamilyParams> {
+        grid(&[1, 2], &[1], topo.nranks(), 4096.max(topo.nranks()))
+    }
     /// Pairwise schedules for either buffer arrangement.
-    pub fn schedules(
+    fn schedules(
         &self,
         topo: &Topology,
         collective: Collective,
@@ -273,26 +271,6 @@ impl Pairwise {
             true,
         )
     }
-}
-
-impl Family for Pairwise {
-    fn name(&self) -> &'static str {
-        "pairwise"
-    }
-    fn supports(&self, kind: CollectiveKind) -> bool {
-        kind == CollectiveKind::AllToAll
-    }
-    fn param_space(&self, topo: &Topology, _collective: Collective) -> Vec<FamilyParams> {
-        grid(&[1, 2], &[1], topo.nranks(), 4096.max(topo.nranks()))
-    }
-    fn generate(
-        &self,
-        topo: &Topology,
-        collective: Collective,
-        params: FamilyParams,
-    ) -> Vec<Candidate> {
-        self.schedules(topo, collective, params, false)
-    }
     fn estimated_steps(
         &self,
         topo: &Topology,
@@ -309,9 +287,18 @@ impl Family for Pairwise {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Bruck;
 
-impl Bruck {
+impl Family for Bruck {
+    fn name(&self) -> &'static str {
+        "bruck"
+    }
+    fn supports(&self, kind: CollectiveKind) -> bool {
+        kind == CollectiveKind::AllToAll
+    }
+    fn param_space(&self, _topo: &Topology, _collective: Collective) -> Vec<FamilyParams> {
+        grid(&[1, 2], &[1], 1, u32::MAX)
+    }
     /// Bruck schedules for either buffer arrangement.
-    pub fn schedules(
+    fn schedules(
         &self,
         topo: &Topology,
         collective: Collective,
@@ -371,26 +358,6 @@ impl Bruck {
         }
         candidate(self.name(), params, b)
     }
-}
-
-impl Family for Bruck {
-    fn name(&self) -> &'static str {
-        "bruck"
-    }
-    fn supports(&self, kind: CollectiveKind) -> bool {
-        kind == CollectiveKind::AllToAll
-    }
-    fn param_space(&self, _topo: &Topology, _collective: Collective) -> Vec<FamilyParams> {
-        grid(&[1, 2], &[1], 1, u32::MAX)
-    }
-    fn generate(
-        &self,
-        topo: &Topology,
-        collective: Collective,
-        params: FamilyParams,
-    ) -> Vec<Candidate> {
-        self.schedules(topo, collective, params, false)
-    }
     fn estimated_steps(
         &self,
         topo: &Topology,
@@ -409,9 +376,18 @@ impl Family for Bruck {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TwoPhase;
 
-impl TwoPhase {
+impl Family for TwoPhase {
+    fn name(&self) -> &'static str {
+        "two_phase"
+    }
+    fn supports(&self, kind: CollectiveKind) -> bool {
+        kind == CollectiveKind::AllToAll
+    }
+    fn param_space(&self, _topo: &Topology, _collective: Collective) -> Vec<FamilyParams> {
+        grid(&[1, 2], &[1], 1, u32::MAX)
+    }
     /// Two-phase schedules for either buffer arrangement.
-    pub fn schedules(
+    fn schedules(
         &self,
         topo: &Topology,
         collective: Collective,
@@ -492,26 +468,6 @@ impl TwoPhase {
             }
         }
         candidate(self.name(), params, b)
-    }
-}
-
-impl Family for TwoPhase {
-    fn name(&self) -> &'static str {
-        "two_phase"
-    }
-    fn supports(&self, kind: CollectiveKind) -> bool {
-        kind == CollectiveKind::AllToAll
-    }
-    fn param_space(&self, _topo: &Topology, _collective: Collective) -> Vec<FamilyParams> {
-        grid(&[1, 2], &[1], 1, u32::MAX)
-    }
-    fn generate(
-        &self,
-        topo: &Topology,
-        collective: Collective,
-        params: FamilyParams,
-    ) -> Vec<Candidate> {
-        self.schedules(topo, collective, params, false)
     }
     fn estimated_steps(
         &self,

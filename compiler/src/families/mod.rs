@@ -66,14 +66,26 @@ pub trait Family: Send + Sync {
     fn supports(&self, kind: CollectiveKind) -> bool;
     /// Parameter combinations worth trying on this topology (channels × pipeline depth).
     fn param_space(&self, topo: &Topology, collective: Collective) -> Vec<FamilyParams>;
-    /// Generates the schedules of this family (possibly several embeddings) for the given
-    /// parameters; an empty vector when the family does not apply to the topology.
+    /// The schedules of this family (possibly several embeddings) for the given parameters,
+    /// written for separate (`in_place == false`) or overlapping input and output buffers;
+    /// an empty vector when the family does not apply to the topology.
+    fn schedules(
+        &self,
+        topo: &Topology,
+        collective: Collective,
+        params: FamilyParams,
+        in_place: bool,
+    ) -> Vec<Candidate>;
+    /// The out-of-place [`Family::schedules`]: what the search compiles (the executor adapts
+    /// a plan to either placement).
     fn generate(
         &self,
         topo: &Topology,
         collective: Collective,
         params: FamilyParams,
-    ) -> Vec<Candidate>;
+    ) -> Vec<Candidate> {
+        self.schedules(topo, collective, params, false)
+    }
     /// Roughly how many steps (over all ranks) [`Family::generate`] would produce for these
     /// parameters, without generating them; `None` when the family does not say. The search
     /// skips parameter sets whose estimate exceeds its step cap
@@ -117,8 +129,8 @@ pub fn all_families() -> Vec<Box<dyn Family>> {
     ]
 }
 
-/// Generates the schedules of the family called `name` for either buffer arrangement
-/// ([`Family::generate`] produces out-of-place schedules); `None` for an unknown name.
+/// The schedules of the family called `name` for either buffer arrangement
+/// ([`Family::schedules`]); `None` for an unknown name.
 pub fn generate_with(
     name: &str,
     topo: &Topology,
@@ -126,23 +138,10 @@ pub fn generate_with(
     params: FamilyParams,
     in_place: bool,
 ) -> Option<Vec<Candidate>> {
-    let out = match name {
-        "ring" => Ring.schedules(topo, collective, params, in_place),
-        "double_ring" => DoubleRing.schedules(topo, collective, params, in_place),
-        "tree" => DoubleBinaryTree.schedules(topo, collective, params, in_place),
-        "kary_tree" => KaryTree.schedules(topo, collective, params, in_place),
-        "hybrid_cube" => HybridCube.schedules(topo, collective, params, in_place),
-        "mesh" => Mesh.schedules(topo, collective, params, in_place),
-        "oneshot" => OneShot.schedules(topo, collective, params, in_place),
-        "hierarchical" => Hierarchical.schedules(topo, collective, params, in_place),
-        "hierarchical_hd" => HierarchicalHd.schedules(topo, collective, params, in_place),
-        "groups" => Groups.schedules(topo, collective, params, in_place),
-        "pairwise" => Pairwise.schedules(topo, collective, params, in_place),
-        "bruck" => Bruck.schedules(topo, collective, params, in_place),
-        "two_phase" => TwoPhase.schedules(topo, collective, params, in_place),
-        _ => return None,
-    };
-    Some(out)
+    all_families()
+        .into_iter()
+        .find(|f| f.name() == name)
+        .map(|f| f.schedules(topo, collective, params, in_place))
 }
 
 #[cfg(test)]

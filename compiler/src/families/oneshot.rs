@@ -17,9 +17,28 @@ const MAX_RANKS: u32 = 64;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct OneShot;
 
-impl OneShot {
+impl Family for OneShot {
+    fn name(&self) -> &'static str {
+        "oneshot"
+    }
+
+    fn supports(&self, kind: CollectiveKind) -> bool {
+        kind == CollectiveKind::AllReduce
+    }
+
+    fn param_space(&self, topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
+        if collective == Collective::AllReduce && topo.nranks() <= MAX_RANKS {
+            vec![FamilyParams {
+                channels: 1,
+                pipeline: 1,
+            }]
+        } else {
+            Vec::new()
+        }
+    }
+
     /// The schedule for either buffer arrangement; AllReduce only.
-    pub fn schedules(
+    fn schedules(
         &self,
         topo: &Topology,
         collective: Collective,
@@ -89,36 +108,6 @@ impl OneShot {
             schedule,
             symmetry: None,
         }]
-    }
-}
-
-impl Family for OneShot {
-    fn name(&self) -> &'static str {
-        "oneshot"
-    }
-
-    fn supports(&self, kind: CollectiveKind) -> bool {
-        kind == CollectiveKind::AllReduce
-    }
-
-    fn param_space(&self, topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
-        if collective == Collective::AllReduce && topo.nranks() <= MAX_RANKS {
-            vec![FamilyParams {
-                channels: 1,
-                pipeline: 1,
-            }]
-        } else {
-            Vec::new()
-        }
-    }
-
-    fn generate(
-        &self,
-        topo: &Topology,
-        collective: Collective,
-        params: FamilyParams,
-    ) -> Vec<Candidate> {
-        self.schedules(topo, collective, params, false)
     }
 
     fn estimated_steps(

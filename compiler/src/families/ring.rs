@@ -371,9 +371,18 @@ fn ring_steps(topo: &Topology, collective: Collective) -> u64 {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Ring;
 
-impl Ring {
+impl Family for Ring {
+    fn name(&self) -> &'static str {
+        "ring"
+    }
+    fn supports(&self, kind: CollectiveKind) -> bool {
+        kind != CollectiveKind::AllToAll
+    }
+    fn param_space(&self, topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
+        ring_params(topo, collective, &[1, 2, 4])
+    }
     /// Ring schedules for either buffer arrangement.
-    pub fn schedules(
+    fn schedules(
         &self,
         topo: &Topology,
         collective: Collective,
@@ -385,26 +394,6 @@ impl Ring {
             None => link_rings(topo, params.channels.max(1) as usize),
         };
         ring_schedule(self.name(), &rings, collective, params, in_place)
-    }
-}
-
-impl Family for Ring {
-    fn name(&self) -> &'static str {
-        "ring"
-    }
-    fn supports(&self, kind: CollectiveKind) -> bool {
-        kind != CollectiveKind::AllToAll
-    }
-    fn param_space(&self, topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
-        ring_params(topo, collective, &[1, 2, 4])
-    }
-    fn generate(
-        &self,
-        topo: &Topology,
-        collective: Collective,
-        params: FamilyParams,
-    ) -> Vec<Candidate> {
-        self.schedules(topo, collective, params, false)
     }
     fn estimated_steps(
         &self,
@@ -420,9 +409,18 @@ impl Family for Ring {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DoubleRing;
 
-impl DoubleRing {
+impl Family for DoubleRing {
+    fn name(&self) -> &'static str {
+        "double_ring"
+    }
+    fn supports(&self, kind: CollectiveKind) -> bool {
+        kind != CollectiveKind::AllToAll
+    }
+    fn param_space(&self, topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
+        ring_params(topo, collective, &[1, 2])
+    }
     /// Double-ring schedules for either buffer arrangement.
-    pub fn schedules(
+    fn schedules(
         &self,
         topo: &Topology,
         collective: Collective,
@@ -441,26 +439,6 @@ impl DoubleRing {
             rings.push(rev);
         }
         ring_schedule(self.name(), &rings, collective, params, in_place)
-    }
-}
-
-impl Family for DoubleRing {
-    fn name(&self) -> &'static str {
-        "double_ring"
-    }
-    fn supports(&self, kind: CollectiveKind) -> bool {
-        kind != CollectiveKind::AllToAll
-    }
-    fn param_space(&self, topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
-        ring_params(topo, collective, &[1, 2])
-    }
-    fn generate(
-        &self,
-        topo: &Topology,
-        collective: Collective,
-        params: FamilyParams,
-    ) -> Vec<Candidate> {
-        self.schedules(topo, collective, params, false)
     }
     fn estimated_steps(
         &self,

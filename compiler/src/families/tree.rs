@@ -224,10 +224,21 @@ impl DoubleBinaryTree {
             }
         }
     }
+}
 
+impl Family for DoubleBinaryTree {
+    fn name(&self) -> &'static str {
+        "tree"
+    }
+    fn supports(&self, kind: CollectiveKind) -> bool {
+        kind.tree_capable()
+    }
+    fn param_space(&self, _topo: &Topology, _collective: Collective) -> Vec<FamilyParams> {
+        grid(&[1, 2], &[1, 2, 4, 8], 1, u32::MAX)
+    }
     /// Double-binary-tree schedules for either buffer arrangement; `params.channels`
     /// replicates both trees over more channels.
-    pub fn schedules(
+    fn schedules(
         &self,
         topo: &Topology,
         collective: Collective,
@@ -245,26 +256,6 @@ impl DoubleBinaryTree {
             trees.extend(pair.iter().cloned());
         }
         tree_schedule(self.name(), &trees, collective, params, in_place)
-    }
-}
-
-impl Family for DoubleBinaryTree {
-    fn name(&self) -> &'static str {
-        "tree"
-    }
-    fn supports(&self, kind: CollectiveKind) -> bool {
-        kind.tree_capable()
-    }
-    fn param_space(&self, _topo: &Topology, _collective: Collective) -> Vec<FamilyParams> {
-        grid(&[1, 2], &[1, 2, 4, 8], 1, u32::MAX)
-    }
-    fn generate(
-        &self,
-        topo: &Topology,
-        collective: Collective,
-        params: FamilyParams,
-    ) -> Vec<Candidate> {
-        self.schedules(topo, collective, params, false)
     }
 }
 
@@ -317,9 +308,20 @@ impl KaryTree {
             top_down,
         })
     }
+}
 
+impl Family for KaryTree {
+    fn name(&self) -> &'static str {
+        "kary_tree"
+    }
+    fn supports(&self, kind: CollectiveKind) -> bool {
+        kind.tree_capable()
+    }
+    fn param_space(&self, _topo: &Topology, _collective: Collective) -> Vec<FamilyParams> {
+        grid(&[1, 2], &[1, 4, 8], 1, u32::MAX)
+    }
     /// K-ary tree schedules (one per fan-out) for either buffer arrangement.
-    pub fn schedules(
+    fn schedules(
         &self,
         topo: &Topology,
         collective: Collective,
@@ -348,25 +350,5 @@ impl KaryTree {
             ));
         }
         out
-    }
-}
-
-impl Family for KaryTree {
-    fn name(&self) -> &'static str {
-        "kary_tree"
-    }
-    fn supports(&self, kind: CollectiveKind) -> bool {
-        kind.tree_capable()
-    }
-    fn param_space(&self, _topo: &Topology, _collective: Collective) -> Vec<FamilyParams> {
-        grid(&[1, 2], &[1, 4, 8], 1, u32::MAX)
-    }
-    fn generate(
-        &self,
-        topo: &Topology,
-        collective: Collective,
-        params: FamilyParams,
-    ) -> Vec<Candidate> {
-        self.schedules(topo, collective, params, false)
     }
 }
