@@ -6,6 +6,9 @@ use hccl_ir::{PlanError, PlanFile};
 use proptest::prelude::*;
 use std::path::{Path, PathBuf};
 
+mod common;
+use common::mutate::{self, Edit, apply};
+
 fn corpus_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/bad_plans")
 }
@@ -133,73 +136,19 @@ fn parse_and_verify(text: &str) {
     }
 }
 
-#[derive(Debug, Clone)]
-enum Edit {
-    Flip(usize, u8),
-    Truncate(usize),
-    Insert(usize, String),
-    Delete(usize, usize),
-    Digits(usize, String),
-}
-
+/// Hostile insertions for plan texts.
 fn edit() -> impl Strategy<Value = Edit> {
-    prop_oneof![
-        (any::<usize>(), any::<u8>()).prop_map(|(i, b)| Edit::Flip(i, b)),
-        any::<usize>().prop_map(Edit::Truncate),
-        (
-            any::<usize>(),
-            prop_oneof![
-                Just("[".repeat(300)),
-                Just("(".repeat(300)),
-                Just("99999999999999999999".to_string()),
-                Just("-1".to_string()),
-                Just("\"".to_string()),
-                Just("None".to_string()),
-                Just("1.5e308".to_string()),
-                Just(",".to_string()),
-                Just("Send(to: 0, src: (buf: Scratch, off: 4294967295))".to_string()),
-                "[a-z:(),\\[\\] 0-9]{0,12}",
-            ]
-        )
-            .prop_map(|(i, s)| Edit::Insert(i, s)),
-        (any::<usize>(), 0usize..40).prop_map(|(i, n)| Edit::Delete(i, n)),
-        (any::<usize>(), "[0-9]{1,11}").prop_map(|(i, s)| Edit::Digits(i, s)),
-    ]
-}
-
-fn apply(text: &str, edits: &[Edit]) -> String {
-    let mut bytes = text.as_bytes().to_vec();
-    for e in edits {
-        let len = bytes.len().max(1);
-        match e {
-            Edit::Flip(i, b) => {
-                if let Some(x) = bytes.get_mut(i % len) {
-                    *x ^= b;
-                }
-            }
-            Edit::Truncate(i) => bytes.truncate(i % len),
-            Edit::Insert(i, s) => {
-                let at = (i % len).min(bytes.len());
-                bytes.splice(at..at, s.bytes());
-            }
-            Edit::Delete(i, n) => {
-                let at = (i % len).min(bytes.len());
-                let end = (at + n).min(bytes.len());
-                bytes.drain(at..end);
-            }
-            Edit::Digits(i, s) => {
-                // Replace the number nearest after position i with other digits.
-                let start = (i % len..bytes.len()).find(|&j| bytes[j].is_ascii_digit());
-                if let Some(start) = start {
-                    let end = (start..bytes.len())
-                        .find(|&j| !bytes[j].is_ascii_digit())
-                        .unwrap_or(bytes.len());
-                    bytes.splice(start..end, s.bytes());
-                }
-            }
-        }
-    }
-    String::from_utf8_lossy(&bytes).into_owned()
+    mutate::edit(vec![
+        "[".repeat(300),
+        "(".repeat(300),
+        "99999999999999999999".to_string(),
+        "-1".to_string(),
+        "\"".to_string(),
+        "None".to_string(),
+        "1.5e308".to_string(),
+        ",".to_string(),
+        "Send(to: 0, src: (buf: Scratch, off: 4294967295))".to_string(),
+    ])
 }
 
 proptest! {

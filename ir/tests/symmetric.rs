@@ -4,6 +4,7 @@
 
 mod common;
 
+use common::mutate::{Edit, apply};
 use hccl_ir::verify::{verify, verify_plan};
 use hccl_ir::{
     Action, BlockLabel, BlockLayout, ChunkMap, Collective, Loc, Op, PlanEntry, PlanError, PlanFile,
@@ -702,62 +703,15 @@ fn symmetry_helpers_agree_with_the_table() {
     }
 }
 
-/// Byte edits of a symmetric plan text.
-#[derive(Debug, Clone)]
-enum Edit {
-    Flip(usize, u8),
-    Truncate(usize),
-    Insert(usize, String),
-    Digits(usize, String),
-}
-
+/// Byte edits of a symmetric plan text, inserting values the symmetry checks must refuse.
 fn edit() -> impl Strategy<Value = Edit> {
-    prop_oneof![
-        (any::<usize>(), any::<u8>()).prop_map(|(i, b)| Edit::Flip(i, b)),
-        any::<usize>().prop_map(Edit::Truncate),
-        (
-            any::<usize>(),
-            prop_oneof![
-                Just("99999999999999999999".to_string()),
-                Just("4294967295".to_string()),
-                Just("Xor".to_string()),
-                Just("Grid(order: [])".to_string()),
-                Just(",".to_string()),
-                "[a-z:(),\\[\\] 0-9]{0,12}",
-            ]
-        )
-            .prop_map(|(i, s)| Edit::Insert(i, s)),
-        (any::<usize>(), "[0-9]{1,11}").prop_map(|(i, s)| Edit::Digits(i, s)),
-    ]
-}
-
-fn apply(text: &str, edits: &[Edit]) -> String {
-    let mut bytes = text.as_bytes().to_vec();
-    for e in edits {
-        let len = bytes.len().max(1);
-        match e {
-            Edit::Flip(i, b) => {
-                if let Some(x) = bytes.get_mut(i % len) {
-                    *x ^= b;
-                }
-            }
-            Edit::Truncate(i) => bytes.truncate(i % len),
-            Edit::Insert(i, s) => {
-                let at = (i % len).min(bytes.len());
-                bytes.splice(at..at, s.bytes());
-            }
-            Edit::Digits(i, s) => {
-                let start = (i % len..bytes.len()).find(|&j| bytes[j].is_ascii_digit());
-                if let Some(start) = start {
-                    let end = (start..bytes.len())
-                        .find(|&j| !bytes[j].is_ascii_digit())
-                        .unwrap_or(bytes.len());
-                    bytes.splice(start..end, s.bytes());
-                }
-            }
-        }
-    }
-    String::from_utf8_lossy(&bytes).into_owned()
+    common::mutate::edit(vec![
+        "99999999999999999999".to_string(),
+        "4294967295".to_string(),
+        "Xor".to_string(),
+        "Grid(order: [])".to_string(),
+        ",".to_string(),
+    ])
 }
 
 fn symmetric_texts() -> Vec<String> {

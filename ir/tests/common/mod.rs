@@ -2,6 +2,8 @@
 //! reference interpreter (the oracle the symbolic verifier is checked against).
 #![allow(dead_code)]
 
+pub mod mutate;
+
 use hccl_ir::{Buf, Collective, Dep, Loc, Op, Schedule, Step, Stream};
 
 /// Builds schedules stream by stream: one stream per (rank, channel).
