@@ -177,6 +177,8 @@ fn bandwidth_bound(network: &Network, collective: Collective, m: f64) -> f64 {
     let mut best = 0.0f64;
     let mut in_s = vec![false; nv];
     let mut complement = vec![true; nv];
+    // Bounds `best` by the cut `in_s`; returns the capacity out of and into it (`None` when
+    // the cut holds no rank or every rank).
     let mut eval = |in_s: &[bool], complement: &[bool], best: &mut f64| {
         let k = network
             .rank_vertex
@@ -184,7 +186,7 @@ fn bandwidth_bound(network: &Network, collective: Collective, m: f64) -> f64 {
             .filter(|&&v| in_s[v as usize])
             .count() as u32;
         if k == 0 || k == n {
-            return;
+            return None;
         }
         let root_in = root_vertex.is_some_and(|v| in_s[v as usize]);
         let (out_bytes, in_bytes) = crossing(collective, f64::from(n), f64::from(k), root_in, m);
@@ -193,6 +195,7 @@ fn bandwidth_bound(network: &Network, collective: Collective, m: f64) -> f64 {
         *best = best
             .max(time_us(out_bytes, b_out))
             .max(time_us(in_bytes, b_in));
+        Some((b_out, b_in))
     };
     // Singletons and their complements: O(degree) via in/out sums would be faster, but the
     // generic evaluation keeps one definition of the cut; limit it to the distinct ranks.
@@ -221,17 +224,15 @@ fn bandwidth_bound(network: &Network, collective: Collective, m: f64) -> f64 {
     if network.nhosts > 1 {
         // Capacity out of and into every host, summed (the host-level gossip bound below).
         let (mut host_out, mut host_in) = (0.0, 0.0);
-        let (mut host_nic_sum, mut host_touched) = (vec![[0.0f64; 2]; nv], Vec::new());
         for h in 0..network.nhosts {
             for v in 0..nv {
                 let inside = network.vertex_host[v] == Some(h);
                 in_s[v] = inside;
                 complement[v] = !inside;
             }
-            eval(&in_s, &complement, &mut best);
-            if collective == Collective::AllReduce {
-                host_out += cut_out(network, &in_s, &mut host_nic_sum, &mut host_touched);
-                host_in += cut_out(network, &complement, &mut host_nic_sum, &mut host_touched);
+            if let Some((b_out, b_in)) = eval(&in_s, &complement, &mut best) {
+                host_out += b_out;
+                host_in += b_in;
             }
         }
         if collective == Collective::AllReduce {
