@@ -258,11 +258,16 @@ pub fn verify(schedule: &Schedule) -> Result<(), Vec<VerifyError>> {
 /// [`verify`] would report (or the header errors, when the header is malformed).
 pub fn check_limits(schedule: &Schedule) -> Result<(), Vec<VerifyError>> {
     let mut sink = Sink::default();
-    structure::check_header(schedule, &mut sink);
-    if sink.total() == 0 {
-        structure::check_limits(schedule, &mut sink);
-    }
+    header_and_limits(schedule, &mut sink);
     sink.finish()
+}
+
+/// The header checks, then (when the header is sound) the size limits.
+fn header_and_limits(schedule: &Schedule, sink: &mut Sink) {
+    structure::check_header(schedule, sink);
+    if sink.total() == 0 {
+        structure::check_limits(schedule, sink);
+    }
 }
 
 /// Like [`verify`], returning statistics of the run on success.
@@ -274,10 +279,7 @@ pub fn verify_report(schedule: &Schedule) -> Result<Report, Vec<VerifyError>> {
 /// doubles (tests use it to show collection changes no verdict).
 fn run(schedule: &Schedule, eager: bool) -> Result<Report, Vec<VerifyError>> {
     let mut sink = Sink::default();
-    structure::check_header(schedule, &mut sink);
-    if sink.total() == 0 {
-        structure::check_limits(schedule, &mut sink);
-    }
+    header_and_limits(schedule, &mut sink);
     let layout = if sink.total() == 0 {
         structure::check_structure(schedule, &mut sink)
     } else {
