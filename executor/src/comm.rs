@@ -14,7 +14,9 @@ use std::sync::mpsc;
 
 /// What every rank of a group shares.
 pub(crate) struct Shared {
-    pub arena: Arena,
+    pub arena: Arc<Arena>,
+    /// Connections to ranks on other hosts (process backend), if any.
+    pub net: Option<Arc<crate::net::Net>>,
     pub world: u32,
     pub config: Config,
     pub plan_hash: String,
@@ -148,6 +150,13 @@ impl RankState {
             scratch,
             stage: AlignedBuf::default(),
         })
+    }
+}
+
+impl RankState {
+    /// Routes this rank's network connections through `net`.
+    pub(crate) fn attach_net(&mut self, net: Arc<crate::net::Net>) {
+        self.engine.attach_net(net);
     }
 }
 
@@ -391,12 +400,12 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
         output: out_ptr,
         scratch: scratch.ptr(),
     };
-    let alive = |p: u32| peer_alive(shared, p);
+    let failure = |p: u32| peer_failure(shared, p);
     let ctx = Ctx {
         rank,
         arena: &shared.arena,
         timeout: shared.config.timeout,
-        alive: &alive,
+        failure: &failure,
         spin_polls: shared.spin_polls,
         single_copy: !shared.check_pids,
     };
@@ -422,7 +431,14 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
         };
         if let Err(e) = engine.run_segment(&ctx, &entry.program, &geo, &bufs, &call.kernels) {
             engine.settle_all(&shared.arena);
-            return Err(e);
+            return Err(with_host(shared, e));
+        }
+    }
+    if shared.net.is_some() {
+        // A network send that failed raised the abort word without a wait to notice it.
+        let word = shared.arena.abort().load(Ordering::Acquire);
+        if word != 0 {
+            return Err(with_host(shared, crate::engine::abort_error(rank, word)));
         }
     }
     // Peers may still read this rank's buffers through pointer messages: settle them
@@ -450,17 +466,40 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
     Ok(())
 }
 
-fn peer_alive(shared: &Shared, p: u32) -> bool {
+/// `None` while rank `p` lives, else what happened to it.
+fn peer_failure(shared: &Shared, p: u32) -> Option<String> {
+    if let Some(net) = &shared.net
+        && let Some(why) = net.peer_failure(p)
+    {
+        return Some(why);
+    }
     if shared.arena.gone(p as usize).load(Ordering::Acquire) != 0 {
-        return false;
+        return Some("it left the communicator".into());
     }
     if shared.check_pids {
         let pid = shared.arena.pid(p as usize).load(Ordering::Acquire);
-        if pid != 0 {
-            return crate::process::pid_alive(pid);
+        if pid != 0 && !crate::process::pid_alive(pid) {
+            return Some("it died".into());
         }
     }
-    true
+    None
+}
+
+/// Adds the failed rank's host to errors of multi-host jobs.
+fn with_host(shared: &Shared, e: ExecError) -> ExecError {
+    let Some(net) = &shared.net else { return e };
+    match e {
+        ExecError::PeerFailed {
+            rank,
+            failed,
+            reason,
+        } if !reason.contains("on host") => ExecError::PeerFailed {
+            rank,
+            failed,
+            reason: format!("{reason}; rank {failed} is on host {}", net.host_of(failed)),
+        },
+        other => other,
+    }
 }
 
 type Job = Box<dyn FnOnce() + Send>;

@@ -98,8 +98,8 @@ pub(crate) struct Ctx<'a> {
     pub rank: u32,
     pub arena: &'a Arena,
     pub timeout: Duration,
-    /// Returns false when the peer is known dead.
-    pub alive: &'a dyn Fn(u32) -> bool,
+    /// `None` while the peer lives, else what happened to it.
+    pub failure: &'a dyn Fn(u32) -> Option<String>,
     /// Polls to spin before yielding: many when every rank has a core, few when ranks
     /// outnumber cores (spinning would only burn the time slice the peer needs).
     pub spin_polls: u32,
@@ -139,7 +139,18 @@ pub(crate) struct EngineState {
     progressed: bool,
     /// Adaptive spin budget (polls before yielding), see [`Waiter`]; 0 until first used.
     spin: u32,
+    /// Connections to and from ranks on other hosts (process backend across hosts).
+    net: Option<std::sync::Arc<crate::net::Net>>,
+    /// Per connection: [`LOCAL`], [`NET_OUT`] or [`NET_IN`].
+    remote: Vec<u8>,
 }
+
+/// Both ends of the connection share this host's region.
+const LOCAL: u8 = 0;
+/// This rank sends over the network.
+const NET_OUT: u8 = 1;
+/// This rank receives over the network.
+const NET_IN: u8 = 2;
 
 /// Why a step cannot run now: the peer and what it waits for.
 type Blocked = (u32, &'static str);
@@ -185,7 +196,33 @@ impl EngineState {
             outstanding: Vec::with_capacity(64),
             progressed: false,
             spin: 0,
+            net: None,
+            remote: vec![LOCAL; nconns],
         }
+    }
+
+    /// Routes the connections `net` carries over the network.
+    pub(crate) fn attach_net(&mut self, net: std::sync::Arc<crate::net::Net>) {
+        use crate::net::Dir;
+        for (r, d) in self.remote.iter_mut().zip(net.dirs()) {
+            *r = match d {
+                Dir::Local => LOCAL,
+                Dir::Out(_) => NET_OUT,
+                Dir::In(_) => NET_IN,
+            };
+        }
+        self.net = Some(net);
+    }
+
+    /// Sends message `segs` on network connection `c` and counts it as published.
+    #[inline(never)]
+    fn publish_net(&mut self, c: u32, segs: &[crate::net::proto::Seg]) {
+        let seq = self.send_seq[c as usize];
+        if let Some(net) = &self.net {
+            net.send(c, seq, segs);
+        }
+        self.send_seq[c as usize] += 1;
+        self.progressed = true;
     }
 
     /// Sizes per-stream state for `prog` (allocates only the first time a program is run).
@@ -241,6 +278,11 @@ impl EngineState {
             .consumed(c)
             .store(self.recv_seq[c_], Ordering::Release);
         self.progressed = true;
+        if self.remote[c_] == NET_IN
+            && let Some(net) = &self.net
+        {
+            net.credit(c, self.recv_seq[c_]);
+        }
     }
 
     /// Replays `prog` once over the segment `geo`.
@@ -454,7 +496,7 @@ impl EngineState {
                         }
                         self.consume(arena, ins.rconn);
                         if direct {
-                            self.publish_inline(arena, ins.sconn);
+                            self.publish_inline(arena, ins.sconn, n as usize * stride);
                             return None;
                         }
                         self.phase[s] = 1;
@@ -464,7 +506,7 @@ impl EngineState {
                     }
                     let slot = arena.slot(ins.sconn, self.send_seq[ins.sconn as usize]);
                     std::ptr::copy_nonoverlapping(self.hold[s].ptr(), slot, n as usize * stride);
-                    self.publish_inline(arena, ins.sconn);
+                    self.publish_inline(arena, ins.sconn, n as usize * stride);
                     None
                 }
             }
@@ -497,6 +539,21 @@ impl EngineState {
             }
             (p, l)
         };
+        if self.remote[c as usize] == NET_OUT {
+            // Straight from the chunks to the socket: no copy into the local slot.
+            let segs: Vec<crate::net::proto::Seg> = (0..ins.count)
+                .map(|i| {
+                    let (p, l) = chunk(i);
+                    crate::net::proto::Seg {
+                        off: i as usize * geo.maxc * es,
+                        ptr: p,
+                        len: l * es,
+                    }
+                })
+                .collect();
+            self.publish_net(c, &segs);
+            return;
+        }
         if sc && ins.count == 1 {
             let (p, l) = chunk(0);
             if l * es >= SINGLE_COPY_MIN {
@@ -522,12 +579,22 @@ impl EngineState {
                 std::ptr::copy_nonoverlapping(p, slot.add(i as usize * geo.maxc * es), l * es)
             };
         }
-        self.publish_inline(arena, c);
+        self.publish_inline(arena, c, ins.count as usize * geo.maxc * es);
     }
 
-    /// Marks the next message of `c` as held in its slot and publishes it.
+    /// Marks the next message of `c` as held in its slot (its first `bytes`) and publishes
+    /// it.
     #[inline]
-    fn publish_inline(&mut self, arena: &Arena, c: u32) {
+    fn publish_inline(&mut self, arena: &Arena, c: u32, bytes: usize) {
+        if self.remote[c as usize] == NET_OUT {
+            let seg = crate::net::proto::Seg {
+                off: 0,
+                ptr: arena.slot(c, self.send_seq[c as usize]),
+                len: bytes,
+            };
+            self.publish_net(c, &[seg]);
+            return;
+        }
         let (state, _, _) = arena.desc(c, self.send_seq[c as usize]);
         state.store(INLINE, Ordering::Relaxed);
         self.publish(arena, c);
@@ -797,13 +864,15 @@ impl Waiter {
         let last = *self.last_liveness.get_or_insert(now);
         if now - last >= LIVENESS_EVERY {
             self.last_liveness = Some(now);
-            if peer != ctx.rank && !(ctx.alive)(peer) {
+            if peer != ctx.rank
+                && let Some(why) = (ctx.failure)(peer)
+            {
                 raise_abort(ctx.arena, ctx.rank, peer);
                 return Err(ExecError::PeerFailed {
                     rank: ctx.rank,
                     failed: peer,
                     reason: format!(
-                        "it died or left while stream {stream} step {step} waited for {what} it"
+                        "{why} while stream {stream} step {step} waited for {what} it"
                     ),
                 });
             }

@@ -58,6 +58,7 @@ pub mod dtype;
 pub mod engine;
 pub mod error;
 pub mod fallback;
+pub mod net;
 pub mod process;
 pub mod program;
 pub mod threads;

@@ -23,6 +23,7 @@
 //! `SLURM_PROCID`/`SLURM_NTASKS`.
 
 use crate::arena::{Arena, Layout, MAGIC};
+use crate::net;
 use crate::comm::{Communicator, RankState, Shared, prepare_plan};
 use crate::config::{Config, PlanSource};
 use crate::error::{ExecError, Result};
@@ -125,77 +126,211 @@ impl ProcessGroup {
             .map_err(|e| boot_err(format!("bad rendezvous address {}: {e}", boot.addr)))?
             .next()
             .ok_or_else(|| boot_err(format!("{} resolves to no address", boot.addr)))?;
-        // Check the plan locally first, but finish the rendezvous either way so that every
-        // rank learns why the job cannot start.
+        // Check the plan and the network settings locally first, but finish the rendezvous
+        // either way so that every rank learns why the job cannot start.
         let local = prepare_plan(&plan, world, &config);
-        let local_err = local.as_ref().err().map(|e| e.to_string());
-        let total = local
+        let net_cfg = net::NetConfig::from_env();
+        let local_err = match (&local, &net_cfg) {
+            (Err(e), _) => Some(e.to_string()),
+            (_, Err(e)) => Some(e.to_string()),
+            _ => None,
+        };
+        let net_cfg = net_cfg.unwrap_or_default();
+        let host = net::host_id();
+        // A data listener on the chosen interface; only ranks with peers on other hosts
+        // need it, so failing to open one is reported only then.
+        let (listener, listen_err) = match net::listen(&net_cfg, addr) {
+            Ok(l) => (Some(l), None),
+            Err(e) => (None, Some(e)),
+        };
+        let data_addr = listener
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
+            .map_or_else(String::new, |a| a.to_string());
+        let me = Hello {
+            rank,
+            world,
+            hash: hash.clone(),
+            error: local_err.clone().unwrap_or_default(),
+            host,
+            data_addr,
+        };
+        let mut job = if rank == 0 {
+            lead(addr, boot, &me, &config, deadline)?
+        } else {
+            follow(addr, boot, &me, deadline)?
+        };
+        config.slot_bytes = job.slot_bytes;
+        // Ranks on one host share one region, made by the host's lowest rank.
+        let host_index = |r: usize| {
+            job.hosts
+                .iter()
+                .position(|h| *h == job.hosts[r])
+                .unwrap_or(r)
+        };
+        let my_host = host_index(rank as usize);
+        let leader = (0..world as usize).find(|&r| host_index(r) == my_host) == Some(rank as usize);
+        let region = format!("/dev/shm/hccl-{}-{}-h{my_host}", addr.port(), job.nonce);
+        let layout = local
             .as_ref()
             .ok()
-            .map(|(_, conns)| Layout::new(world as usize, conns.len(), config.slot_bytes).total);
-        let (region, slot_bytes, mut socks) = if rank == 0 {
-            lead(
-                rank, world, addr, boot, &hash, &config, local_err, total, deadline,
-            )?
-        } else {
-            follow(rank, world, addr, boot, &hash, local_err, deadline)?
+            .map(|(_, conns)| Layout::new(world as usize, conns.len(), config.slot_bytes));
+        let created = match (leader, layout) {
+            (true, Some(layout)) => create_region(&region, layout.total)
+                .map_err(|e| format!("creating {region}: {e}")),
+            _ => Ok(()),
         };
-        config.slot_bytes = slot_bytes;
+        let phase = barrier(rank, &mut job.socks, created.clone().err(), deadline);
+        if let Err(e) = phase {
+            if leader && created.is_ok() {
+                let _ = std::fs::remove_file(&region);
+            }
+            return Err(e);
+        }
         let (keep, conns) = local?;
         let layout = Layout::new(world as usize, conns.len(), config.slot_bytes);
         let mapped = map_region(rank, &region, layout);
-        if rank == 0 {
-            // Everyone has mapped (or failed) once all acks are in; then nothing needs the
-            // name any more.
-            let acks = socks.iter_mut().map(|s| {
-                let mut b = [0u8; 1];
-                s.read_exact(&mut b).map(|()| b[0])
-            });
-            let all_ok = acks.fold(mapped.is_ok(), |ok, a| ok & matches!(a, Ok(1)));
+        let phase = barrier(
+            rank,
+            &mut job.socks,
+            mapped.as_ref().err().map(|e| e.to_string()),
+            deadline,
+        );
+        // Everyone has mapped (or failed): nothing needs the name any more.
+        if leader {
             let _ = std::fs::remove_file(&region);
-            for s in &mut socks {
-                let _ = s.write_all(&[u8::from(all_ok)]);
-            }
-            if !all_ok {
-                return Err(match mapped {
-                    Err(e) => e,
-                    Ok(_) => ExecError::Bootstrap {
-                        rank,
-                        message: "a rank could not map the shared region".into(),
-                    },
-                });
-            }
-        } else {
-            let sock = &mut socks[0];
-            let _ = sock.write_all(&[u8::from(mapped.is_ok())]);
-            let mut go = [0u8; 1];
-            sock.read_exact(&mut go)
-                .map_err(io_err(rank, "waiting for rank 0 to release the job"))?;
-            if go[0] != 1 {
-                return Err(match mapped {
-                    Err(e) => e,
-                    Ok(_) => ExecError::Bootstrap {
-                        rank,
-                        message: "another rank could not map the shared region".into(),
-                    },
-                });
-            }
         }
-        let arena = mapped?;
+        phase?;
+        let arena = Arc::new(mapped?);
         arena
             .pid(rank as usize)
             .store(u64::from(std::process::id()), Ordering::Release);
-        let state = RankState::new(&plan, &keep, &conns, rank, &config)?;
-        tracing::info!(rank, world, plan = %hash, region = %region, "process group ready");
+        let mut state = RankState::new(&plan, &keep, &conns, rank, &config)?;
+        let hosts = job.hosts.iter().collect::<std::collections::BTreeSet<_>>().len();
+        let network = if hosts > 1 {
+            let listener_missing = listener.is_none();
+            let made = net::connect(net::Setup {
+                me: rank,
+                world,
+                hosts: &job.hosts,
+                addrs: &job.addrs,
+                conns: &conns,
+                token: &boot.token,
+                nonce: &job.nonce,
+                cfg: &net_cfg,
+                slot_bytes: config.slot_bytes,
+                timeout: config.timeout,
+                arena: Arc::clone(&arena),
+                listener,
+                deadline,
+            })
+            .map_err(|e| match (&listen_err, listener_missing) {
+                (Some(why), true) => boot_err(format!("no data listener: {why}")),
+                _ => e,
+            });
+            let phase = barrier(
+                rank,
+                &mut job.socks,
+                made.as_ref().err().map(|e| e.to_string()),
+                deadline,
+            );
+            let made = made?;
+            phase?;
+            made.map(Arc::new)
+        } else {
+            None
+        };
+        if let Some(n) = &network {
+            state.attach_net(Arc::clone(n));
+        }
+        tracing::info!(rank, world, hosts, plan = %hash, region = %region, "process group ready");
         let shared = Arc::new(Shared {
             arena,
+            net: network,
             world,
             config,
             plan_hash: hash,
             check_pids: true,
-            spin_polls: crate::comm::spin_polls_for(world),
+            spin_polls: crate::comm::spin_polls_for(local_ranks(&job.hosts, rank)),
         });
         Ok(Communicator::new(rank, shared, state))
+    }
+}
+
+/// Ranks that share `rank`'s host (they compete for its cores).
+fn local_ranks(hosts: &[String], rank: u32) -> u32 {
+    let mine = &hosts[rank as usize];
+    hosts.iter().filter(|h| *h == mine).count() as u32
+}
+
+/// Creates the region file exclusively and sizes it.
+fn create_region(name: &str, total: usize) -> std::io::Result<()> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(name)?;
+    if let Err(e) = file.set_len(total as u64) {
+        let _ = std::fs::remove_file(name);
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Every rank reports `problem` (or success) to rank 0, which answers all with the first
+/// problem of any rank; so every rank fails together, naming the rank that could not go on.
+fn barrier(
+    rank: u32,
+    socks: &mut [TcpStream],
+    problem: Option<String>,
+    deadline: Instant,
+) -> Result<()> {
+    let boot_err = |message: String| ExecError::Bootstrap { rank, message };
+    let wait = deadline
+        .saturating_duration_since(Instant::now())
+        .max(STEP_TIMEOUT);
+    if rank == 0 {
+        let mut first = problem.map(|p| format!("rank 0: {p}"));
+        for (i, s) in socks.iter_mut().enumerate() {
+            let _ = s.set_read_timeout(Some(wait));
+            let mut ok = [0u8; 1];
+            let report = s
+                .read_exact(&mut ok)
+                .and_then(|()| read_str(s))
+                .map_err(|e| format!("rank {}: lost during the rendezvous: {e}", i + 1));
+            match report {
+                Ok(text) if ok[0] != 1 && first.is_none() => {
+                    first = Some(format!("rank {}: {text}", i + 1));
+                }
+                Err(e) if first.is_none() => first = Some(e),
+                _ => {}
+            }
+        }
+        let mut msg = vec![u8::from(first.is_none())];
+        write_str(&mut msg, first.as_deref().unwrap_or(""));
+        for s in socks.iter_mut() {
+            let _ = s.write_all(&msg);
+        }
+        match first {
+            None => Ok(()),
+            Some(p) => Err(boot_err(p)),
+        }
+    } else {
+        let sock = &mut socks[0];
+        let mut msg = vec![u8::from(problem.is_none())];
+        write_str(&mut msg, problem.as_deref().unwrap_or(""));
+        sock.write_all(&msg)
+            .map_err(io_err(rank, "reporting to rank 0"))?;
+        let _ = sock.set_read_timeout(Some(wait));
+        let mut ok = [0u8; 1];
+        sock.read_exact(&mut ok)
+            .map_err(io_err(rank, "waiting for rank 0"))?;
+        let text = read_str(sock).map_err(io_err(rank, "reading rank 0's verdict"))?;
+        if ok[0] == 1 {
+            Ok(())
+        } else {
+            Err(boot_err(text))
+        }
     }
 }
 
@@ -238,6 +373,35 @@ struct Hello {
     world: u32,
     hash: String,
     error: String,
+    /// Host identity ([`net::host_id`]).
+    host: String,
+    /// Data listener address, empty when none could be opened.
+    data_addr: String,
+}
+
+impl Hello {
+    fn encode(&self, token: &str) -> Vec<u8> {
+        let mut hello = HELLO_MAGIC.to_vec();
+        write_u32(&mut hello, PROTOCOL);
+        write_str(&mut hello, token);
+        write_u32(&mut hello, self.rank);
+        write_u32(&mut hello, self.world);
+        write_str(&mut hello, &self.hash);
+        write_str(&mut hello, &self.error);
+        write_str(&mut hello, &self.host);
+        write_str(&mut hello, &self.data_addr);
+        hello
+    }
+}
+
+/// What rank 0 tells every rank once all have joined.
+struct Job {
+    nonce: String,
+    slot_bytes: usize,
+    hosts: Vec<String>,
+    addrs: Vec<String>,
+    /// Rank 0: one socket per other rank, in rank order; others: the socket to rank 0.
+    socks: Vec<TcpStream>,
 }
 
 fn read_hello(s: &mut TcpStream, token: &str) -> std::io::Result<Option<Hello>> {
@@ -262,23 +426,19 @@ fn read_hello(s: &mut TcpStream, token: &str) -> std::io::Result<Option<Hello>> 
         world: read_u32(s)?,
         hash: read_str(s)?,
         error: read_str(s)?,
+        host: read_str(s)?,
+        data_addr: read_str(s)?,
     }))
 }
 
-type Lead = (String, usize, Vec<TcpStream>);
-
-#[allow(clippy::too_many_arguments)]
 fn lead(
-    rank: u32,
-    world: u32,
     addr: SocketAddr,
     boot: &Bootstrap,
-    hash: &str,
+    me: &Hello,
     config: &Config,
-    local_err: Option<String>,
-    total: Option<usize>,
     deadline: Instant,
-) -> Result<Lead> {
+) -> Result<Job> {
+    let (rank, world, hash) = (me.rank, me.world, &me.hash);
     let boot_err = |message: String| ExecError::Bootstrap { rank, message };
     let listener = TcpListener::bind(addr).map_err(io_err(rank, format!("listening on {addr}")))?;
     listener
@@ -322,7 +482,7 @@ fn lead(
         }
     }
     // Agreement: world sizes, plan hashes, local plan checks.
-    let mut problem: Option<String> = local_err.map(|e| format!("rank 0: {e}"));
+    let mut problem: Option<String> = (!me.error.is_empty()).then(|| format!("rank 0: {}", me.error));
     for (r, p) in peers.iter().enumerate().skip(1) {
         let Some((_, h)) = p else { continue };
         if problem.is_some() {
@@ -333,7 +493,7 @@ fn lead(
                 "rank {r} was started for {} ranks but rank 0 for {world}",
                 h.world
             ));
-        } else if h.hash != hash {
+        } else if h.hash != *hash {
             problem = Some(format!(
                 "rank {r} holds plan {} but rank 0 holds plan {hash}: all ranks must use the same plan file",
                 h.hash
@@ -342,7 +502,14 @@ fn lead(
             problem = Some(format!("rank {r}: {}", h.error));
         }
     }
-    let mut socks: Vec<TcpStream> = peers.into_iter().flatten().map(|(s, _)| s).collect();
+    let mut hosts = vec![me.host.clone()];
+    let mut addrs = vec![me.data_addr.clone()];
+    let mut socks = Vec::with_capacity(world as usize);
+    for (s, h) in peers.into_iter().flatten() {
+        hosts.push(h.host);
+        addrs.push(h.data_addr);
+        socks.push(s);
+    }
     if let Some(problem) = problem {
         for s in &mut socks {
             let mut msg = vec![1u8];
@@ -351,40 +518,25 @@ fn lead(
         }
         return Err(boot_err(problem));
     }
-    // The shared region.
-    let name = format!(
-        "/dev/shm/hccl-{}-{}-{}",
-        addr.port(),
-        std::process::id(),
-        rand_word()
-    );
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&name)
-        .map_err(io_err(rank, format!("creating {name}")))?;
-    // Without a local error the layout is known (the slot size is rank 0's for everyone).
-    if let Err(e) = file.set_len(total.unwrap_or(0) as u64) {
-        let _ = std::fs::remove_file(&name);
-        return Err(io_err(rank, format!("sizing {name}"))(e));
-    }
-    drop(file);
+    let nonce = format!("{:016x}", rand_word());
     let mut ok = vec![0u8];
-    write_str(&mut ok, &name);
+    write_str(&mut ok, &nonce);
     ok.extend_from_slice(&(config.slot_bytes as u64).to_le_bytes());
-    let result = (|| -> Result<()> {
-        for s in &mut socks {
-            s.write_all(&ok)
-                .map_err(io_err(rank, "sending the region name"))?;
-        }
-        Ok(())
-    })();
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&name);
-        return Err(e);
+    for (h, a) in hosts.iter().zip(&addrs) {
+        write_str(&mut ok, h);
+        write_str(&mut ok, a);
     }
-    Ok((name, config.slot_bytes, socks))
+    for s in &mut socks {
+        s.write_all(&ok)
+            .map_err(io_err(rank, "sending the job description"))?;
+    }
+    Ok(Job {
+        nonce,
+        slot_bytes: config.slot_bytes,
+        hosts,
+        addrs,
+        socks,
+    })
 }
 
 fn rand_word() -> u64 {
@@ -398,16 +550,8 @@ fn rand_word() -> u64 {
     h.finish()
 }
 
-#[allow(clippy::too_many_arguments)]
-fn follow(
-    rank: u32,
-    world: u32,
-    addr: SocketAddr,
-    boot: &Bootstrap,
-    hash: &str,
-    local_err: Option<String>,
-    deadline: Instant,
-) -> Result<Lead> {
+fn follow(addr: SocketAddr, boot: &Bootstrap, me: &Hello, deadline: Instant) -> Result<Job> {
+    let rank = me.rank;
     let boot_err = |message: String| ExecError::Bootstrap { rank, message };
     let mut sock = loop {
         match TcpStream::connect_timeout(&addr, STEP_TIMEOUT) {
@@ -421,14 +565,7 @@ fn follow(
         }
     };
     let _ = sock.set_nodelay(true);
-    let mut hello = HELLO_MAGIC.to_vec();
-    write_u32(&mut hello, PROTOCOL);
-    write_str(&mut hello, &boot.token);
-    write_u32(&mut hello, rank);
-    write_u32(&mut hello, world);
-    write_str(&mut hello, hash);
-    write_str(&mut hello, local_err.as_deref().unwrap_or(""));
-    sock.write_all(&hello)
+    sock.write_all(&me.encode(&boot.token))
         .map_err(io_err(rank, "sending the hello"))?;
     // Wait for the verdict as long as the job may take to assemble.
     let remaining = deadline
@@ -454,7 +591,19 @@ fn follow(
             "rank 0 sent an invalid slot size {slot_bytes}"
         )));
     }
-    Ok((text, slot_bytes, vec![sock]))
+    let mut hosts = Vec::with_capacity(me.world as usize);
+    let mut addrs = Vec::with_capacity(me.world as usize);
+    for _ in 0..me.world {
+        hosts.push(read_str(&mut sock).map_err(io_err(rank, "reading the host table"))?);
+        addrs.push(read_str(&mut sock).map_err(io_err(rank, "reading the host table"))?);
+    }
+    Ok(Job {
+        nonce: text,
+        slot_bytes,
+        hosts,
+        addrs,
+        socks: vec![sock],
+    })
 }
 
 /// Maps the region file rank 0 created and sized.

@@ -47,6 +47,11 @@ impl ConnTable {
         self.index.len()
     }
 
+    /// Every connection with its index.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (ConnKey, u32)> + '_ {
+        self.index.iter().map(|(k, v)| (*k, *v))
+    }
+
     fn get(&self, key: ConnKey) -> Option<u32> {
         self.index.get(&key).copied()
     }

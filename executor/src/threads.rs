@@ -94,7 +94,8 @@ fn build(plan: &PlanFile, hash: String, n: u32, config: Config) -> Result<Vec<Co
         "threads group ready"
     );
     let shared = Arc::new(Shared {
-        arena,
+        arena: Arc::new(arena),
+        net: None,
         world: n,
         config,
         plan_hash: hash,

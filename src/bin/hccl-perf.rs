@@ -107,6 +107,11 @@ struct Args {
     /// bound to the `r`-th core (as `mpirun` binds to cores for up to two ranks).
     #[arg(long)]
     no_bind: bool,
+    /// With `--backend process`: split the ranks into this many emulated hosts on this
+    /// machine (each its own `HCCL_HOST_ID`, blocks of consecutive ranks), so that ranks on
+    /// different "hosts" talk over TCP on loopback instead of shared memory.
+    #[arg(long, default_value_t = 1)]
+    hosts: u32,
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
@@ -967,6 +972,12 @@ fn launch_processes(args: &Args) -> Result<(), Failure> {
     if n == 0 {
         return Err(Failure::Usage("need -g >= 1".into()));
     }
+    if args.hosts == 0 || args.hosts > n || n % args.hosts != 0 {
+        return Err(Failure::Usage(format!(
+            "--hosts {} must divide the {n} ranks",
+            args.hosts
+        )));
+    }
     nominal_sizes(args)?;
     // Compile (with the probe) once here and hand the same plan to every rank.
     let (plan, _) = obtain_plan(args, coll.kind(), n, true)?;
@@ -994,6 +1005,10 @@ fn launch_processes(args: &Args) -> Result<(), Failure> {
             command.env(BIND_ENV, "1");
         } else {
             command.env_remove(BIND_ENV);
+        }
+        if args.hosts > 1 {
+            let per_host = n / args.hosts;
+            command.env("HCCL_HOST_ID", format!("hccl-perf-{token}-h{}", rank / per_host));
         }
         let child = command
             .args(std::env::args_os().skip(1))

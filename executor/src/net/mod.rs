@@ -1,0 +1,1001 @@
+//! Connections between ranks on different hosts.
+//!
+//! # Design
+//!
+//! Every host keeps the process backend's shared region (one `/dev/shm` file per host) with
+//! a ring for *every* connection of the plan, so the replay engine runs unchanged. A
+//! connection whose ends are on different hosts has a ring on both: the sender's ring only
+//! counts credits, the receiver's holds the data. The engine of the sending rank writes a
+//! message straight from its buffers (or from its slot, for steps that reduce into the
+//! slot) to the peer's socket(s); a receiving thread per socket reads it into the
+//! receiver's ring slot and publishes it with the same Release store a local sender would
+//! make; when the receiving engine frees a slot it sends a credit back, which a receiving
+//! thread on the sender's host stores as the ring's `consumed` word. See [`proto`] for the
+//! credit window that keeps every slot reserved before its bytes arrive.
+//!
+//! Why not a proxy thread that polls the rings (NCCL's design): the rank's engine already
+//! runs exactly when it has data to send, so writing from it needs no polling, no extra copy
+//! and no wake-up latency; blocking in `write` is bounded because the receiving threads
+//! never wait for anything but the socket. The IR's semantics hold: messages of a
+//! connection stay in order, a send needs only a free slot (credit), and a schedule proven
+//! deadlock-free stays so (a network connection buffers up to `2 × CONNECTION_SLOTS`
+//! messages, which for determinate programs can only remove waits, never add them).
+//!
+//! # Sockets and threads
+//!
+//! Per pair of ranks on different hosts: `HCCL_NSOCKS` TCP connections (default 1), opened
+//! by the lower rank, authenticated with the job token and job nonce (anything else is
+//! closed and logged at WARN before a byte reaches a slot), `TCP_NODELAY`, 4 MiB socket
+//! buffers. A message of at least 2 × 64 KiB is split into up to `HCCL_NSOCKS` parts, one
+//! per socket; with `HCCL_NTHREADS` > 1 that many threads write the parts concurrently.
+//! Each socket has one receiving thread; one keeper thread per rank sends heartbeats,
+//! notices silent peers (a host whose link went down) and forwards this host's abort word
+//! to the other hosts.
+
+pub mod iface;
+pub(crate) mod proto;
+#[cfg(feature = "rdma")]
+pub mod rdma;
+
+use crate::arena::Arena;
+use crate::engine::raise_abort;
+use crate::error::{ExecError, Result};
+use crate::program::ConnTable;
+use iface::IfSpec;
+use proto::{Header, Inbound, Seg, Tag};
+use std::io::{IoSlice, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+const DATA_MAGIC: &[u8; 8] = b"HCCLDATA";
+const DATA_PROTOCOL: u32 = 1;
+const HEARTBEAT_EVERY: Duration = Duration::from_millis(100);
+const SOCKET_BUFFER: usize = 4 << 20;
+const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
+const MAX_NSOCKS: usize = 64;
+
+/// Which network transport carries data between hosts (`HCCL_NET`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetKind {
+    /// RDMA when compiled in and a device is present, else TCP.
+    Auto,
+    /// TCP sockets.
+    Socket,
+    /// RDMA (InfiniBand / RoCE) through `ibverbs`; an error when unavailable.
+    Ib,
+}
+
+/// Network settings, from the environment.
+#[derive(Debug, Clone)]
+pub struct NetConfig {
+    /// Sockets per pair of ranks on different hosts (`HCCL_NSOCKS`, 1..=64).
+    pub nsocks: usize,
+    /// Threads that write one message's parts concurrently (`HCCL_NTHREADS`, 1..=nsocks).
+    pub nthreads: usize,
+    /// Interfaces allowed for data sockets (`HCCL_SOCKET_IFNAME`).
+    pub ifname: Option<IfSpec>,
+    /// Transport choice (`HCCL_NET=ib|socket`).
+    pub kind: NetKind,
+    /// RDMA device (`HCCL_IB_HCA`, a device name prefix, optionally `:port`).
+    pub ib_hca: Option<String>,
+}
+
+impl Default for NetConfig {
+    fn default() -> NetConfig {
+        NetConfig {
+            nsocks: 1,
+            nthreads: 1,
+            ifname: None,
+            kind: NetKind::Auto,
+            ib_hca: None,
+        }
+    }
+}
+
+impl NetConfig {
+    /// Defaults overridden by `HCCL_NSOCKS`, `HCCL_NTHREADS`, `HCCL_SOCKET_IFNAME`,
+    /// `HCCL_NET` and `HCCL_IB_HCA`.
+    pub fn from_env() -> Result<NetConfig> {
+        let var = |n: &str| std::env::var(n).ok().filter(|v| !v.trim().is_empty());
+        let mut cfg = NetConfig::default();
+        let count = |name: &str, v: String, max: usize| {
+            v.trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=max).contains(n))
+                .ok_or_else(|| ExecError::Invalid(format!("{name}={v}: expected 1 to {max}")))
+        };
+        if let Some(v) = var("HCCL_NSOCKS") {
+            cfg.nsocks = count("HCCL_NSOCKS", v, MAX_NSOCKS)?;
+        }
+        if let Some(v) = var("HCCL_NTHREADS") {
+            cfg.nthreads = count("HCCL_NTHREADS", v, MAX_NSOCKS)?;
+        }
+        cfg.nthreads = cfg.nthreads.min(cfg.nsocks);
+        if let Some(v) = var("HCCL_SOCKET_IFNAME") {
+            cfg.ifname = Some(IfSpec::parse(&v).map_err(ExecError::Invalid)?);
+        }
+        if let Some(v) = var("HCCL_NET") {
+            cfg.kind = match v.trim().to_ascii_lowercase().as_str() {
+                "ib" | "rdma" => NetKind::Ib,
+                "socket" | "tcp" => NetKind::Socket,
+                _ => {
+                    return Err(ExecError::Invalid(format!(
+                        "HCCL_NET={v}: expected ib or socket"
+                    )));
+                }
+            };
+        }
+        cfg.ib_hca = var("HCCL_IB_HCA");
+        Ok(cfg)
+    }
+}
+
+/// This host's identity: `HCCL_HOST_ID`, else the host name and the kernel's boot id.
+pub fn host_id() -> String {
+    if let Ok(id) = std::env::var("HCCL_HOST_ID")
+        && !id.trim().is_empty()
+    {
+        return id.trim().to_string();
+    }
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    };
+    let name = read("/proc/sys/kernel/hostname");
+    let boot = read("/proc/sys/kernel/random/boot_id");
+    format!("{name}/{boot}")
+}
+
+/// A listening socket for data connections, on the interface `cfg` selects.
+pub(crate) fn listen(cfg: &NetConfig, master: SocketAddr) -> std::result::Result<TcpListener, String> {
+    let ifs = iface::interfaces().map_err(|e| format!("listing interfaces: {e}"))?;
+    let chosen = iface::choose(cfg.ifname.as_ref(), master, &ifs)?;
+    let listener = TcpListener::bind(SocketAddr::new(chosen.ip, 0))
+        .map_err(|e| format!("listening on {} ({}): {e}", chosen.ip, chosen.name))?;
+    tracing::debug!(iface = %chosen.name, addr = %chosen.ip, "data listener");
+    Ok(listener)
+}
+
+/// How a connection of the plan relates to this rank's network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dir {
+    /// Both ends on this host, or not this rank's connection.
+    Local,
+    /// This rank sends to the peer with this index.
+    Out(u16),
+    /// This rank receives from the peer with this index.
+    In(u16),
+}
+
+const ALIVE: u8 = 0;
+const GONE: u8 = 1;
+const DEAD: u8 = 2;
+
+struct Sock {
+    read: TcpStream,
+    write: Mutex<TcpStream>,
+}
+
+struct Peer {
+    rank: u32,
+    host: String,
+    addr: String,
+    socks: Vec<Sock>,
+    state: AtomicU8,
+    reason: Mutex<String>,
+    /// Milliseconds since `Inner::epoch` of the last frame received.
+    last_recv: AtomicU64,
+}
+
+struct Inner {
+    me: u32,
+    world: u32,
+    hosts: Vec<String>,
+    arena: Arc<Arena>,
+    peers: Vec<Peer>,
+    dirs: Vec<Dir>,
+    inbound: Vec<Option<Inbound>>,
+    slot_bytes: usize,
+    nsocks: usize,
+    silence: Duration,
+    epoch: Instant,
+    leaving: AtomicBool,
+    abort_sent: AtomicBool,
+    receivers_done: AtomicUsize,
+}
+
+type PartJob = (usize, usize, Vec<Seg>, [u8; proto::HEADER]);
+
+/// One rank's network connections (see the module docs).
+pub(crate) struct Net {
+    inner: Arc<Inner>,
+    helpers: Vec<mpsc::Sender<PartJob>>,
+    helper_done: Mutex<mpsc::Receiver<std::io::Result<()>>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    keeper: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Everything [`connect`] needs.
+pub(crate) struct Setup<'a> {
+    pub me: u32,
+    pub world: u32,
+    /// Host identity per rank.
+    pub hosts: &'a [String],
+    /// Data listener address per rank.
+    pub addrs: &'a [String],
+    pub conns: &'a ConnTable,
+    pub token: &'a str,
+    pub nonce: &'a str,
+    pub cfg: &'a NetConfig,
+    pub slot_bytes: usize,
+    pub timeout: Duration,
+    pub arena: Arc<Arena>,
+    pub listener: Option<TcpListener>,
+    pub deadline: Instant,
+}
+
+fn write_str(buf: &mut Vec<u8>, s: &str) {
+    buf.extend_from_slice(&(s.len() as u32).to_le_bytes());
+    buf.extend_from_slice(s.as_bytes());
+}
+
+fn read_u32(s: &mut TcpStream) -> std::io::Result<u32> {
+    let mut b = [0u8; 4];
+    s.read_exact(&mut b)?;
+    Ok(u32::from_le_bytes(b))
+}
+
+fn read_str(s: &mut TcpStream) -> std::io::Result<String> {
+    let len = read_u32(s)?;
+    if len > 4096 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "field too long",
+        ));
+    }
+    let mut b = vec![0u8; len as usize];
+    s.read_exact(&mut b)?;
+    String::from_utf8(b).map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8"))
+}
+
+fn same_secret(a: &str, b: &str) -> bool {
+    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn tune(s: &TcpStream) {
+    let _ = s.set_nodelay(true);
+    let r = socket2::SockRef::from(s);
+    let _ = r.set_send_buffer_size(SOCKET_BUFFER);
+    let _ = r.set_recv_buffer_size(SOCKET_BUFFER);
+    let _ = r.set_keepalive(true);
+}
+
+/// Opens the data connections to every rank on another host that shares a connection
+/// with this one. `Ok(None)` when there is none (a one-host job pays nothing).
+pub(crate) fn connect(mut setup: Setup<'_>) -> Result<Option<Net>> {
+    let me = setup.me;
+    let boot_err = |message: String| ExecError::Bootstrap { rank: me, message };
+    let mine = &setup.hosts[me as usize];
+    let mut peer_of: Vec<Option<u16>> = vec![None; setup.world as usize];
+    let mut ranks: Vec<u32> = Vec::new();
+    for ((from, to, _), _) in setup.conns.iter() {
+        let other = if from == me {
+            to
+        } else if to == me {
+            from
+        } else {
+            continue;
+        };
+        if &setup.hosts[other as usize] != mine && peer_of[other as usize].is_none() {
+            peer_of[other as usize] = Some(0);
+            ranks.push(other);
+        }
+    }
+    if ranks.is_empty() {
+        return Ok(None);
+    }
+    ranks.sort_unstable();
+    for (i, r) in ranks.iter().enumerate() {
+        peer_of[*r as usize] = Some(i as u16);
+    }
+    if setup.cfg.kind == NetKind::Ib {
+        return Err(boot_err(rdma_unavailable(setup.cfg)));
+    }
+    if setup.cfg.kind == NetKind::Auto {
+        auto_choice(me, setup.cfg);
+    }
+    let listener = setup.listener.take().ok_or_else(|| {
+        boot_err("ranks on other hosts need a data listener but none could be opened".into())
+    })?;
+    let nsocks = setup.cfg.nsocks;
+    // Sockets per peer, by socket index.
+    let mut socks: Vec<Vec<Option<TcpStream>>> =
+        ranks.iter().map(|_| (0..nsocks).map(|_| None).collect()).collect();
+    let lower: Vec<u32> = ranks.iter().copied().filter(|&r| r < me).collect();
+    let higher: Vec<u32> = ranks.iter().copied().filter(|&r| r > me).collect();
+    let accepted = std::thread::scope(|scope| {
+        let acceptor = scope.spawn(|| accept_all(&setup, &listener, &lower, nsocks));
+        let mut out: Result<()> = Ok(());
+        'peers: for &p in &higher {
+            for s in 0..nsocks {
+                match dial(&setup, p, s) {
+                    Ok(stream) => {
+                        socks[peer_of[p as usize].unwrap_or(0) as usize][s] = Some(stream)
+                    }
+                    Err(e) => {
+                        out = Err(e);
+                        break 'peers;
+                    }
+                }
+            }
+        }
+        let acc = acceptor
+            .join()
+            .unwrap_or_else(|_| Err(boot_err("the data acceptor panicked".into())));
+        out.and(acc)
+    })?;
+    let mut by_peer = socks;
+    for (from, s, stream) in accepted {
+        if let Some(i) = peer_of[from as usize] {
+            by_peer[i as usize][s] = Some(stream);
+        }
+    }
+    let mut peers = Vec::with_capacity(ranks.len());
+    for (i, &r) in ranks.iter().enumerate() {
+        let mut list = Vec::with_capacity(nsocks);
+        for (s, slot) in by_peer[i].iter_mut().enumerate() {
+            let stream = slot
+                .take()
+                .ok_or_else(|| boot_err(format!("no data connection {s} with rank {r}")))?;
+            tune(&stream);
+            let _ = stream.set_read_timeout(None);
+            let write = stream
+                .try_clone()
+                .map_err(|e| boot_err(format!("duplicating a socket: {e}")))?;
+            let _ = write.set_write_timeout(Some(setup.timeout.max(Duration::from_secs(1))));
+            list.push(Sock {
+                read: stream,
+                write: Mutex::new(write),
+            });
+        }
+        peers.push(Peer {
+            rank: r,
+            host: setup.hosts[r as usize].clone(),
+            addr: setup.addrs[r as usize].clone(),
+            socks: list,
+            state: AtomicU8::new(ALIVE),
+            reason: Mutex::new(String::new()),
+            last_recv: AtomicU64::new(0),
+        });
+    }
+    let mut dirs = vec![Dir::Local; setup.conns.len()];
+    let mut inbound: Vec<Option<Inbound>> = (0..setup.conns.len()).map(|_| None).collect();
+    for ((from, to, _), c) in setup.conns.iter() {
+        if from == me
+            && let Some(p) = peer_of[to as usize]
+        {
+            dirs[c as usize] = Dir::Out(p);
+        } else if to == me
+            && let Some(p) = peer_of[from as usize]
+        {
+            dirs[c as usize] = Dir::In(p);
+            inbound[c as usize] = Some(Inbound::default());
+        }
+    }
+    let silence = (setup.timeout / 2).clamp(Duration::from_secs(1), Duration::from_secs(10));
+    let inner = Arc::new(Inner {
+        me,
+        world: setup.world,
+        hosts: setup.hosts.to_vec(),
+        arena: setup.arena,
+        peers,
+        dirs,
+        inbound,
+        slot_bytes: setup.slot_bytes,
+        nsocks,
+        silence,
+        epoch: Instant::now(),
+        leaving: AtomicBool::new(false),
+        abort_sent: AtomicBool::new(false),
+        receivers_done: AtomicUsize::new(0),
+    });
+    let spawn_err = |e: std::io::Error| boot_err(format!("starting a network thread: {e}"));
+    let mut threads = Vec::new();
+    for p in 0..inner.peers.len() {
+        for s in 0..nsocks {
+            let inner = Arc::clone(&inner);
+            let h = std::thread::Builder::new()
+                .name(format!("hccl-rx{}-{}", inner.peers[p].rank, s))
+                .spawn(move || receive_loop(&inner, p, s))
+                .map_err(spawn_err)?;
+            threads.push(h);
+        }
+    }
+    let (done_tx, done_rx) = mpsc::channel();
+    let mut helpers = Vec::new();
+    for t in 1..setup.cfg.nthreads {
+        let (tx, rx) = mpsc::channel::<PartJob>();
+        let inner2 = Arc::clone(&inner);
+        let done = done_tx.clone();
+        let h = std::thread::Builder::new()
+            .name(format!("hccl-tx{t}"))
+            .spawn(move || {
+                while let Ok((p, s, segs, hdr)) = rx.recv() {
+                    let _ = done.send(write_part(&inner2.peers[p].socks[s], &hdr, &segs));
+                }
+            })
+            .map_err(spawn_err)?;
+        helpers.push(tx);
+        threads.push(h);
+    }
+    let keeper_inner = Arc::clone(&inner);
+    let keeper = std::thread::Builder::new()
+        .name("hccl-net".into())
+        .spawn(move || keeper_loop(&keeper_inner))
+        .map_err(spawn_err)?;
+    tracing::info!(
+        rank = me,
+        peers = inner.peers.len(),
+        nsocks,
+        nthreads = setup.cfg.nthreads,
+        "network connections ready (TCP)"
+    );
+    Ok(Some(Net {
+        inner,
+        helpers,
+        helper_done: Mutex::new(done_rx),
+        threads,
+        keeper: Some(keeper),
+    }))
+}
+
+fn dial(setup: &Setup<'_>, peer: u32, sock: usize) -> Result<TcpStream> {
+    let me = setup.me;
+    let addr_text = &setup.addrs[peer as usize];
+    let boot_err = |message: String| ExecError::Bootstrap { rank: me, message };
+    let addr: SocketAddr = addr_text.parse().map_err(|_| {
+        boot_err(format!(
+            "rank {peer} (host {}) has no usable data address ({addr_text:?})",
+            setup.hosts[peer as usize]
+        ))
+    })?;
+    let mut stream = loop {
+        match TcpStream::connect_timeout(&addr, HELLO_TIMEOUT) {
+            Ok(s) => break s,
+            Err(e) => {
+                if Instant::now() >= setup.deadline {
+                    return Err(boot_err(format!(
+                        "cannot reach rank {peer} on host {} at {addr}: {e}",
+                        setup.hosts[peer as usize]
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    let mut hello = DATA_MAGIC.to_vec();
+    hello.extend_from_slice(&DATA_PROTOCOL.to_le_bytes());
+    write_str(&mut hello, setup.token);
+    write_str(&mut hello, setup.nonce);
+    for v in [me, peer, sock as u32, setup.cfg.nsocks as u32] {
+        hello.extend_from_slice(&v.to_le_bytes());
+    }
+    let io = |e: std::io::Error| {
+        boot_err(format!(
+            "data connection {sock} to rank {peer} on host {} ({addr}): {e}",
+            setup.hosts[peer as usize]
+        ))
+    };
+    stream.write_all(&hello).map_err(io)?;
+    let wait = setup
+        .deadline
+        .saturating_duration_since(Instant::now())
+        .max(HELLO_TIMEOUT);
+    let _ = stream.set_read_timeout(Some(wait));
+    let mut ack = [0u8; 1];
+    match stream.read_exact(&mut ack) {
+        Ok(()) if ack[0] == 1 => Ok(stream),
+        Ok(()) => Err(boot_err(format!(
+            "rank {peer} on host {} refused data connection {sock}: its HCCL_NSOCKS differs from this rank's ({})",
+            setup.hosts[peer as usize], setup.cfg.nsocks
+        ))),
+        Err(e) => Err(io(e)),
+    }
+}
+
+/// Accepts `nsocks` authenticated connections from each rank in `from`; anything else is
+/// closed and logged.
+fn accept_all(
+    setup: &Setup<'_>,
+    listener: &TcpListener,
+    from: &[u32],
+    nsocks: usize,
+) -> Result<Vec<(u32, usize, TcpStream)>> {
+    let me = setup.me;
+    let mut want: std::collections::BTreeSet<(u32, usize)> = from
+        .iter()
+        .flat_map(|&r| (0..nsocks).map(move |s| (r, s)))
+        .collect();
+    let _ = listener.set_nonblocking(true);
+    let mut got = Vec::new();
+    while !want.is_empty() {
+        match listener.accept() {
+            Ok((mut stream, addr)) => {
+                let _ = stream.set_nonblocking(false);
+                let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
+                match read_data_hello(&mut stream, setup) {
+                    Ok((r, s, theirs)) if want.contains(&(r, s)) => {
+                        if theirs != nsocks {
+                            tracing::warn!(rank = me, %addr, peer = r, "refused a data connection: HCCL_NSOCKS={theirs} there but {nsocks} here");
+                            let _ = stream.write_all(&[0]);
+                            continue;
+                        }
+                        if stream.write_all(&[1]).is_ok() {
+                            want.remove(&(r, s));
+                            got.push((r, s, stream));
+                        }
+                    }
+                    Ok((r, s, _)) => {
+                        tracing::warn!(rank = me, %addr, "refused a data connection: rank {r} socket {s} is not expected here");
+                    }
+                    Err(why) => {
+                        tracing::warn!(rank = me, %addr, "refused a data connection: {why}");
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() >= setup.deadline {
+                    let missing: Vec<u32> = want.iter().map(|(r, _)| *r).collect();
+                    return Err(ExecError::Bootstrap {
+                        rank: me,
+                        message: format!("timed out waiting for data connections from ranks {missing:?}"),
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => {
+                return Err(ExecError::Io {
+                    rank: me,
+                    what: "accepting a data connection".into(),
+                    source: e,
+                });
+            }
+        }
+    }
+    Ok(got)
+}
+
+fn read_data_hello(s: &mut TcpStream, setup: &Setup<'_>) -> std::result::Result<(u32, usize, usize), String> {
+    let mut magic = [0u8; 8];
+    s.read_exact(&mut magic).map_err(|e| format!("no hello: {e}"))?;
+    if &magic != DATA_MAGIC {
+        return Err("wrong magic".into());
+    }
+    let io = |e: std::io::Error| format!("malformed hello: {e}");
+    if read_u32(s).map_err(io)? != DATA_PROTOCOL {
+        return Err("unknown protocol version".into());
+    }
+    let token = read_str(s).map_err(io)?;
+    let nonce = read_str(s).map_err(io)?;
+    if !same_secret(&token, setup.token) {
+        return Err("wrong job token".into());
+    }
+    if nonce != setup.nonce {
+        return Err("a connection of another job (nonce differs)".into());
+    }
+    let from = read_u32(s).map_err(io)?;
+    let to = read_u32(s).map_err(io)?;
+    let sock = read_u32(s).map_err(io)? as usize;
+    let theirs = read_u32(s).map_err(io)? as usize;
+    if to != setup.me || from >= setup.world {
+        return Err(format!("hello from rank {from} to rank {to}: unknown rank"));
+    }
+    Ok((from, sock, theirs))
+}
+
+fn rdma_unavailable(cfg: &NetConfig) -> String {
+    #[cfg(feature = "rdma")]
+    {
+        rdma::probe(cfg.ib_hca.as_deref())
+            .err()
+            .unwrap_or_else(|| "the RDMA transport is not implemented for this job".into())
+    }
+    #[cfg(not(feature = "rdma"))]
+    {
+        let _ = cfg;
+        "HCCL_NET=ib: this build has no RDMA support (build with --features rdma)".into()
+    }
+}
+
+fn auto_choice(me: u32, cfg: &NetConfig) {
+    #[cfg(feature = "rdma")]
+    {
+        match rdma::probe(cfg.ib_hca.as_deref()) {
+            Ok(dev) => tracing::info!(rank = me, device = %dev, "RDMA device found; using TCP (HCCL_NET=ib selects RDMA)"),
+            Err(why) => tracing::info!(rank = me, "no RDMA ({why}); using TCP"),
+        }
+    }
+    #[cfg(not(feature = "rdma"))]
+    {
+        let _ = cfg;
+        tracing::info!(rank = me, "built without RDMA; using TCP");
+    }
+}
+
+fn write_all_vectored(w: &mut TcpStream, mut bufs: &mut [IoSlice<'_>]) -> std::io::Result<()> {
+    while !bufs.is_empty() {
+        let n = w.write_vectored(&bufs[..bufs.len().min(512)])?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut bufs, n);
+    }
+    Ok(())
+}
+
+fn write_part(sock: &Sock, hdr: &[u8; proto::HEADER], segs: &[Seg]) -> std::io::Result<()> {
+    let mut table = Vec::with_capacity(segs.len() * 8);
+    for s in segs {
+        table.extend_from_slice(&(s.off as u32).to_le_bytes());
+        table.extend_from_slice(&(s.len as u32).to_le_bytes());
+    }
+    let mut slices = Vec::with_capacity(segs.len() + 2);
+    slices.push(IoSlice::new(hdr));
+    slices.push(IoSlice::new(&table));
+    for s in segs {
+        // SAFETY: the engine that built `segs` keeps this memory alive and unchanged until
+        // the send returns (see `Net::send`).
+        slices.push(IoSlice::new(unsafe { std::slice::from_raw_parts(s.ptr, s.len) }));
+    }
+    let mut w = sock.write.lock().unwrap_or_else(|e| e.into_inner());
+    write_all_vectored(&mut w, &mut slices)
+}
+
+fn write_frame(sock: &Sock, h: &Header) -> std::io::Result<()> {
+    let mut w = sock.write.lock().unwrap_or_else(|e| e.into_inner());
+    w.write_all(&h.encode())
+}
+
+impl Inner {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Marks a peer failed (once), tells the local ranks through the abort word.
+    fn fail(&self, p: usize, reason: String) {
+        let peer = &self.peers[p];
+        if peer
+            .state
+            .compare_exchange(ALIVE, DEAD, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            *peer.reason.lock().unwrap_or_else(|e| e.into_inner()) = reason.clone();
+            if !self.leaving.load(Ordering::Acquire) {
+                tracing::warn!(rank = self.me, peer = peer.rank, host = %peer.host, "{reason}");
+                raise_abort(&self.arena, self.me, peer.rank);
+            }
+        }
+    }
+
+    fn gone(&self, p: usize) {
+        let peer = &self.peers[p];
+        if peer
+            .state
+            .compare_exchange(ALIVE, GONE, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            *peer.reason.lock().unwrap_or_else(|e| e.into_inner()) =
+                "it left the communicator".into();
+        }
+    }
+}
+
+fn receive_loop(inner: &Inner, p: usize, s: usize) {
+    let res = receive(inner, p, s);
+    let quiet = inner.leaving.load(Ordering::Acquire);
+    if let Err(why) = res
+        && !quiet
+    {
+        let peer = &inner.peers[p];
+        if peer.state.load(Ordering::Acquire) == ALIVE {
+            inner.fail(p, why);
+        }
+        let _ = peer.socks[s].read.shutdown(Shutdown::Both);
+    }
+    inner.receivers_done.fetch_add(1, Ordering::AcqRel);
+}
+
+/// Reads frames from one socket until it closes; `Err` describes a failure of the peer.
+fn receive(inner: &Inner, p: usize, s: usize) -> std::result::Result<(), String> {
+    let peer = &inner.peers[p];
+    let mut r = &peer.socks[s].read;
+    let who = || format!("rank {} on host {} ({})", peer.rank, peer.host, peer.addr);
+    let mut said_goodbye = false;
+    loop {
+        let mut hb = [0u8; proto::HEADER];
+        match read_full(&mut r, &mut hb) {
+            Ok(true) => {}
+            Ok(false) if said_goodbye => return Ok(()),
+            Ok(false) => {
+                return Err(format!(
+                    "{} closed its connection without saying goodbye (process died?)",
+                    who()
+                ));
+            }
+            Err(e) => {
+                if said_goodbye {
+                    return Ok(());
+                }
+                return Err(format!("connection to {} failed: {e}", who()));
+            }
+        }
+        peer.last_recv.store(inner.now_ms(), Ordering::Release);
+        let h = Header::decode(&hb).map_err(|e| format!("{} sent a malformed frame: {e}", who()))?;
+        let bad = |what: String| format!("{} sent a malformed frame: {what}", who());
+        match h.tag {
+            Tag::Data => {
+                let c = h.conn as usize;
+                if inner.dirs.get(c) != Some(&Dir::In(p as u16)) {
+                    return Err(bad(format!("data for connection {c}, not one from it to this rank")));
+                }
+                if h.b > proto::MAX_SEGS {
+                    return Err(bad(format!("{} segments", h.b)));
+                }
+                let mut table = vec![0u8; h.b as usize * 8];
+                r.read_exact(&mut table)
+                    .map_err(|e| format!("{} closed its connection in the middle of a message: {e}", who()))?;
+                let segs: Vec<(u32, u32)> = table
+                    .chunks_exact(8)
+                    .map(|b| {
+                        (
+                            u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+                            u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+                        )
+                    })
+                    .collect();
+                proto::check_segments(&segs, inner.slot_bytes, h.c).map_err(bad)?;
+                let inb = inner.inbound[c].as_ref().ok_or_else(|| bad("no inbound state".into()))?;
+                let consumed = inner.arena.consumed(c as u32).load(Ordering::Acquire);
+                inb.begin(h.seq, h.a, inner.nsocks as u32, consumed).map_err(bad)?;
+                let slot = inner.arena.slot(c as u32, h.seq);
+                for (off, len) in segs {
+                    // SAFETY: the credit window reserves this slot for message `seq` (the
+                    // engine finished with its previous message), and the segment lies
+                    // inside it (checked above).
+                    let dst = unsafe { std::slice::from_raw_parts_mut(slot.add(off as usize), len as usize) };
+                    r.read_exact(dst).map_err(|e| {
+                        format!("{} closed its connection in the middle of a message: {e}", who())
+                    })?;
+                }
+                if let Some(published) = inb.end(h.seq) {
+                    inner.arena.sent(c as u32).store(published, Ordering::Release);
+                }
+            }
+            Tag::Credit => {
+                let c = h.conn as usize;
+                if inner.dirs.get(c) != Some(&Dir::Out(p as u16)) {
+                    return Err(bad(format!("credit for connection {c}, not one from this rank to it")));
+                }
+                inner.arena.consumed(c as u32).fetch_max(h.seq, Ordering::AcqRel);
+            }
+            Tag::Heartbeat => {}
+            Tag::Abort => {
+                if h.a >= inner.world || h.b >= inner.world {
+                    return Err(bad(format!("abort naming ranks {} and {}", h.a, h.b)));
+                }
+                raise_abort(&inner.arena, h.a, h.b);
+            }
+            Tag::Goodbye => {
+                said_goodbye = true;
+                inner.gone(p);
+                let _ = peer.socks[s].read.shutdown(Shutdown::Write);
+            }
+        }
+    }
+}
+
+/// Fills `buf`; `Ok(false)` on a clean end of stream before the first byte.
+fn read_full(r: &mut &TcpStream, buf: &mut [u8]) -> std::io::Result<bool> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) if got == 0 => return Ok(false),
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+fn keeper_loop(inner: &Inner) {
+    let mut last_beat = Instant::now();
+    while !inner.leaving.load(Ordering::Acquire) {
+        std::thread::park_timeout(HEARTBEAT_EVERY / 4);
+        if inner.leaving.load(Ordering::Acquire) {
+            break;
+        }
+        // Forward a local abort to the other hosts, once.
+        let word = inner.arena.abort().load(Ordering::Acquire);
+        if word != 0 && !inner.abort_sent.swap(true, Ordering::AcqRel) {
+            let v = word - 1;
+            let mut h = Header::new(Tag::Abort);
+            h.a = (v >> 32) as u32;
+            h.b = v as u32;
+            for peer in &inner.peers {
+                if peer.state.load(Ordering::Acquire) == ALIVE {
+                    let _ = write_frame(&peer.socks[0], &h);
+                }
+            }
+        }
+        if last_beat.elapsed() >= HEARTBEAT_EVERY {
+            last_beat = Instant::now();
+            let now = inner.now_ms();
+            let beat = Header::new(Tag::Heartbeat).encode();
+            for (p, peer) in inner.peers.iter().enumerate() {
+                if peer.state.load(Ordering::Acquire) != ALIVE {
+                    continue;
+                }
+                // A socket busy with a message proves liveness already.
+                if let Ok(mut w) = peer.socks[0].write.try_lock()
+                    && let Err(e) = w.write_all(&beat)
+                {
+                    drop(w);
+                    inner.fail(p, format!("sending to rank {} on host {} failed: {e}", peer.rank, peer.host));
+                    continue;
+                }
+                let last = peer.last_recv.load(Ordering::Acquire);
+                let silent = Duration::from_millis(now.saturating_sub(last));
+                if silent >= inner.silence {
+                    inner.fail(
+                        p,
+                        format!(
+                            "nothing heard from rank {} on host {} ({}) for {:.1} s: its host or the network is down",
+                            peer.rank,
+                            peer.host,
+                            peer.addr,
+                            silent.as_secs_f64()
+                        ),
+                    );
+                }
+            }
+        }
+    }
+}
+
+impl Net {
+    /// How each connection of the plan relates to the network.
+    pub(crate) fn dirs(&self) -> &[Dir] {
+        &self.inner.dirs
+    }
+
+    /// Sends message `seq` of connection `c` (whose direction is `Out`), made of `segs`.
+    /// Returns when the bytes are with the kernel; a failure marks the peer failed and
+    /// raises the abort word (the engine reports it at its next wait).
+    pub(crate) fn send(&self, c: u32, seq: u64, segs: &[Seg]) {
+        let Dir::Out(p) = self.inner.dirs[c as usize] else {
+            return;
+        };
+        let p = p as usize;
+        let peer = &self.inner.peers[p];
+        if peer.state.load(Ordering::Acquire) != ALIVE {
+            return;
+        }
+        let parts = proto::split(segs, self.inner.nsocks);
+        let n = parts.len();
+        let mut result: std::io::Result<()> = Ok(());
+        let mut handed = 0usize;
+        for (j, part) in parts.into_iter().enumerate() {
+            let mut h = Header::new(Tag::Data);
+            h.conn = c;
+            h.seq = seq;
+            h.a = n as u32;
+            h.b = part.len() as u32;
+            h.c = part.iter().map(|s| s.len).sum::<usize>() as u32;
+            let sock = (c as usize + j) % self.inner.nsocks;
+            let hdr = h.encode();
+            if j > 0 && j <= self.helpers.len() {
+                if self.helpers[j - 1].send((p, sock, part, hdr)).is_ok() {
+                    handed += 1;
+                } else {
+                    result = Err(std::io::Error::other("a network send thread stopped"));
+                }
+                continue;
+            }
+            if let Err(e) = write_part(&peer.socks[sock], &hdr, &part)
+                && result.is_ok()
+            {
+                result = Err(e);
+            }
+        }
+        if handed > 0 {
+            let done = self.helper_done.lock().unwrap_or_else(|e| e.into_inner());
+            for _ in 0..handed {
+                match done.recv() {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => result = Err(e),
+                    Err(_) => result = Err(std::io::Error::other("a network send thread stopped")),
+                }
+            }
+        }
+        if let Err(e) = result {
+            self.inner.fail(
+                p,
+                format!("sending to rank {} on host {} ({}) failed: {e}", peer.rank, peer.host, peer.addr),
+            );
+        }
+    }
+
+    /// Tells the sender of connection `c` (direction `In`) that `consumed` messages are
+    /// consumed. Failures are left to the receiving thread, which tells a peer that left
+    /// (goodbye, then end of stream) from one that died.
+    pub(crate) fn credit(&self, c: u32, consumed: u64) {
+        let Dir::In(p) = self.inner.dirs[c as usize] else {
+            return;
+        };
+        let peer = &self.inner.peers[p as usize];
+        if peer.state.load(Ordering::Acquire) != ALIVE {
+            return;
+        }
+        let mut h = Header::new(Tag::Credit);
+        h.conn = c;
+        h.seq = consumed;
+        let _ = write_frame(&peer.socks[c as usize % self.inner.nsocks], &h);
+    }
+
+    /// `None` while `rank` (on another host) is alive, else why it is not.
+    pub(crate) fn peer_failure(&self, rank: u32) -> Option<String> {
+        let peer = self.inner.peers.iter().find(|p| p.rank == rank)?;
+        if peer.state.load(Ordering::Acquire) == ALIVE {
+            return None;
+        }
+        Some(peer.reason.lock().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+
+    /// The host identity of `rank`.
+    pub(crate) fn host_of(&self, rank: u32) -> &str {
+        self.inner.hosts.get(rank as usize).map_or("?", |h| h.as_str())
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        let inner = &self.inner;
+        // Say goodbye on every socket, then stop writing; keep reading until the peers
+        // close their side (so nothing they sent is refused with a reset), for a while.
+        let bye = Header::new(Tag::Goodbye);
+        for peer in &inner.peers {
+            for sock in &peer.socks {
+                if peer.state.load(Ordering::Acquire) != DEAD {
+                    let _ = write_frame(sock, &bye);
+                }
+                let _ = sock.read.shutdown(Shutdown::Write);
+            }
+        }
+        inner.leaving.store(true, Ordering::Release);
+        if let Some(k) = self.keeper.take() {
+            k.thread().unpark();
+            let _ = k.join();
+        }
+        let receivers = inner.peers.len() * inner.nsocks;
+        let until = Instant::now() + Duration::from_secs(1);
+        while inner.receivers_done.load(Ordering::Acquire) < receivers && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for peer in &inner.peers {
+            for sock in &peer.socks {
+                let _ = sock.read.shutdown(Shutdown::Both);
+            }
+        }
+        self.helpers.clear();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
