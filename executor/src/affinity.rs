@@ -64,6 +64,18 @@ pub fn bind_current_thread(index: usize) -> Result<usize> {
     Ok(cpu)
 }
 
+/// Lets the calling thread run on every CPU the process's cpuset allows again (for helper
+/// threads a bound rank starts: they must not compete with the rank for its one core).
+pub fn unbind_current_thread() {
+    #[cfg(target_os = "linux")]
+    {
+        // The kernel intersects the mask with the cpuset's CPUs.
+        let mask = [u64::MAX; MASK_WORDS];
+        // SAFETY: as in `allowed_cpus`.
+        let _ = unsafe { sched_setaffinity(0, std::mem::size_of_val(&mask), mask.as_ptr()) };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

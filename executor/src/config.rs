@@ -1,5 +1,7 @@
-//! Configuration: timeouts, slot size, entry filters, and where plans come from — with the
-//! environment overrides `HCCL_PLAN`, `HCCL_ALGO`, `HCCL_PROTO`, `HCCL_DEBUG`, `HCCL_TIMEOUT`.
+//! Configuration: timeouts, slot size, entry filters, network settings, and where plans come
+//! from — with the environment overrides `HCCL_PLAN`, `HCCL_ALGO`, `HCCL_PROTO`,
+//! `HCCL_DEBUG`, `HCCL_TIMEOUT`, `HCCL_SLOT_BYTES` and the network's (see
+//! [`crate::net::NetConfig::from_env`]).
 
 use crate::error::{ExecError, Result};
 use hccl_ir::{PlanFile, Protocol};
@@ -22,6 +24,8 @@ pub struct Config {
     pub algo: Option<String>,
     /// Use only entries of this protocol where the plan has one for the collective.
     pub proto: Option<Protocol>,
+    /// Connections between hosts (process backend): sockets, threads, interface, transport.
+    pub net: crate::net::NetConfig,
 }
 
 impl Default for Config {
@@ -31,6 +35,7 @@ impl Default for Config {
             slot_bytes: DEFAULT_SLOT_BYTES,
             algo: None,
             proto: None,
+            net: crate::net::NetConfig::default(),
         }
     }
 }
@@ -64,7 +69,14 @@ impl Config {
                 ExecError::Invalid(format!("HCCL_PROTO={v}: expected LL, LL128 or Simple"))
             })?);
         }
+        cfg.net = crate::net::NetConfig::from_env()?;
         Ok(cfg)
+    }
+
+    /// Sets the network settings.
+    pub fn with_net(mut self, net: crate::net::NetConfig) -> Config {
+        self.net = net;
+        self
     }
 
     /// Sets the timeout.

@@ -806,6 +806,10 @@ struct Waiter {
     hogged: bool,
     since: Option<Instant>,
     last_liveness: Option<Instant>,
+    /// A peer found failed at the last liveness check: it is reported only if a whole
+    /// sweep after that check still makes no progress (its last messages may have landed
+    /// between the sweep and the check).
+    suspect: Option<u32>,
 }
 
 impl Waiter {
@@ -817,6 +821,7 @@ impl Waiter {
             hogged: false,
             since: None,
             last_liveness: None,
+            suspect: None,
         }
     }
 
@@ -839,6 +844,7 @@ impl Waiter {
         self.switched = false;
         self.hogged = false;
         self.since = None;
+        self.suspect = None;
     }
 
     fn pause(&mut self, ctx: &Ctx<'_>, blocked: (u32, u32, u32, &'static str)) -> Result<()> {
@@ -862,11 +868,19 @@ impl Waiter {
         // The first liveness check comes one period into the wait: it costs a file read
         // in the process backend, far more than a short wait itself.
         let last = *self.last_liveness.get_or_insert(now);
-        if now - last >= LIVENESS_EVERY {
+        if now - last >= LIVENESS_EVERY || self.suspect.is_some() {
             self.last_liveness = Some(now);
-            if peer != ctx.rank
-                && let Some(why) = (ctx.failure)(peer)
-            {
+            let failed = if peer != ctx.rank {
+                (ctx.failure)(peer)
+            } else {
+                None
+            };
+            if failed.is_some() && self.suspect != Some(peer) {
+                self.suspect = Some(peer);
+                return Ok(());
+            }
+            self.suspect = None;
+            if let Some(why) = failed {
                 raise_abort(ctx.arena, ctx.rank, peer);
                 return Err(ExecError::PeerFailed {
                     rank: ctx.rank,

@@ -46,6 +46,9 @@ pub struct Bootstrap {
     pub addr: String,
     /// Shared secret every rank must present.
     pub token: String,
+    /// This rank's host identity; `None`: `HCCL_HOST_ID`, else host name and boot id
+    /// ([`net::host_id`]). Ranks of one host share memory, others talk over the network.
+    pub host: Option<String>,
 }
 
 impl Bootstrap {
@@ -57,6 +60,7 @@ impl Bootstrap {
         Bootstrap {
             addr: format!("{host}:{port}"),
             token: std::env::var("HCCL_JOB_TOKEN").unwrap_or_default(),
+            host: None,
         }
     }
 }
@@ -129,14 +133,9 @@ impl ProcessGroup {
         // Check the plan and the network settings locally first, but finish the rendezvous
         // either way so that every rank learns why the job cannot start.
         let local = prepare_plan(&plan, world, &config);
-        let net_cfg = net::NetConfig::from_env();
-        let local_err = match (&local, &net_cfg) {
-            (Err(e), _) => Some(e.to_string()),
-            (_, Err(e)) => Some(e.to_string()),
-            _ => None,
-        };
-        let net_cfg = net_cfg.unwrap_or_default();
-        let host = net::host_id();
+        let local_err = local.as_ref().err().map(|e| e.to_string());
+        let net_cfg = config.net.clone();
+        let host = boot.host.clone().unwrap_or_else(net::host_id);
         // A data listener on the chosen interface; only ranks with peers on other hosts
         // need it, so failing to open one is reported only then.
         let (listener, listen_err) = match net::listen(&net_cfg, addr) {

@@ -157,6 +157,7 @@ fn process_child() {
     let boot = Bootstrap {
         addr: format!("127.0.0.1:{}", free_port()),
         token: String::new(),
+        host: None,
     };
     let mut comm = ProcessGroup::init_with(fallback::plan(1), 0, 1, &boot, Config::default())
         .expect("one-rank group");
@@ -210,6 +211,7 @@ fn in_process_group(
     let boot = Bootstrap {
         addr: format!("127.0.0.1:{}", free_port()),
         token: token.into(),
+        host: None,
     };
     let n = plans.len() as u32;
     let cfg = Config::default().with_timeout(Duration::from_secs(30));
@@ -247,6 +249,7 @@ fn connection_without_token_is_refused() {
     let boot = Bootstrap {
         addr: addr.clone(),
         token: "right".into(),
+        host: None,
     };
     let cfg = Config::default().with_timeout(Duration::from_secs(30));
     std::thread::scope(|s| {

@@ -410,7 +410,10 @@ pub(crate) fn connect(mut setup: Setup<'_>) -> Result<Option<Net>> {
             let inner = Arc::clone(&inner);
             let h = std::thread::Builder::new()
                 .name(format!("hccl-rx{}-{}", inner.peers[p].rank, s))
-                .spawn(move || receive_loop(&inner, p, s))
+                .spawn(move || {
+                    crate::affinity::unbind_current_thread();
+                    receive_loop(&inner, p, s)
+                })
                 .map_err(spawn_err)?;
             threads.push(h);
         }
@@ -424,6 +427,7 @@ pub(crate) fn connect(mut setup: Setup<'_>) -> Result<Option<Net>> {
         let h = std::thread::Builder::new()
             .name(format!("hccl-tx{t}"))
             .spawn(move || {
+                crate::affinity::unbind_current_thread();
                 while let Ok((p, s, segs, hdr)) = rx.recv() {
                     let _ = done.send(write_part(&inner2.peers[p].socks[s], &hdr, &segs));
                 }
@@ -435,7 +439,10 @@ pub(crate) fn connect(mut setup: Setup<'_>) -> Result<Option<Net>> {
     let keeper_inner = Arc::clone(&inner);
     let keeper = std::thread::Builder::new()
         .name("hccl-net".into())
-        .spawn(move || keeper_loop(&keeper_inner))
+        .spawn(move || {
+            crate::affinity::unbind_current_thread();
+            keeper_loop(&keeper_inner)
+        })
         .map_err(spawn_err)?;
     tracing::info!(
         rank = me,
@@ -772,6 +779,7 @@ fn receive(inner: &Inner, p: usize, s: usize) -> std::result::Result<(), String>
                         format!("{} closed its connection in the middle of a message: {e}", who())
                     })?;
                 }
+                tracing::trace!(rank = inner.me, peer = peer.rank, conn = c, seq = h.seq, "net recv");
                 if let Some(published) = inb.end(h.seq) {
                     inner.arena.sent(c as u32).store(published, Ordering::Release);
                 }
@@ -791,6 +799,7 @@ fn receive(inner: &Inner, p: usize, s: usize) -> std::result::Result<(), String>
                 raise_abort(&inner.arena, h.a, h.b);
             }
             Tag::Goodbye => {
+                tracing::trace!(rank = inner.me, peer = peer.rank, "net goodbye");
                 said_goodbye = true;
                 inner.gone(p);
                 let _ = peer.socks[s].read.shutdown(Shutdown::Write);
@@ -885,10 +894,12 @@ impl Net {
         let p = p as usize;
         let peer = &self.inner.peers[p];
         if peer.state.load(Ordering::Acquire) != ALIVE {
+            tracing::trace!(rank = self.inner.me, peer = peer.rank, conn = c, seq, "net send skipped: peer not alive");
             return;
         }
         let parts = proto::split(segs, self.inner.nsocks);
         let n = parts.len();
+        tracing::trace!(rank = self.inner.me, peer = peer.rank, conn = c, seq, parts = n, "net send");
         let mut result: std::io::Result<()> = Ok(());
         let mut handed = 0usize;
         for (j, part) in parts.into_iter().enumerate() {
@@ -967,6 +978,8 @@ impl Net {
 impl Drop for Net {
     fn drop(&mut self) {
         let inner = &self.inner;
+        // From here on, a peer closing its side is expected, not a failure.
+        inner.leaving.store(true, Ordering::Release);
         // Say goodbye on every socket, then stop writing; keep reading until the peers
         // close their side (so nothing they sent is refused with a reset), for a while.
         let bye = Header::new(Tag::Goodbye);
@@ -978,7 +991,6 @@ impl Drop for Net {
                 let _ = sock.read.shutdown(Shutdown::Write);
             }
         }
-        inner.leaving.store(true, Ordering::Release);
         if let Some(k) = self.keeper.take() {
             k.thread().unpark();
             let _ = k.join();

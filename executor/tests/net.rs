@@ -1,0 +1,194 @@
+//! Ranks on different hosts: every rank of these groups is a thread of this test process,
+//! but each claims a host of its own (`Bootstrap::host`, what `HCCL_HOST_ID` sets), so ranks
+//! of one "host" share a `/dev/shm` region and the others talk over TCP on loopback — the
+//! code path of a real multi-host job. Namespaced hosts and process faults are tested in the
+//! workspace's `tests/multihost.rs`.
+
+mod common;
+
+use common::{Case, collectives, count_for};
+use hccl_executor::net::NetConfig;
+use hccl_executor::{Bootstrap, Communicator, Config, DataType, ProcessGroup, ReduceOp, fallback};
+use hccl_ir::PlanFile;
+use std::net::TcpListener;
+use std::time::Duration;
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// Starts one rank per entry of `hosts` (its host name) and returns the communicators.
+fn group(plan: &PlanFile, hosts: &[String], cfg: &Config) -> Vec<Communicator> {
+    hccl_executor::config::init_tracing();
+    let boot = Bootstrap {
+        addr: format!("127.0.0.1:{}", free_port()),
+        token: "net-test-token".into(),
+        host: None,
+    };
+    let n = hosts.len() as u32;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = hosts
+            .iter()
+            .enumerate()
+            .map(|(r, h)| {
+                let mut boot = boot.clone();
+                boot.host = Some(h.clone());
+                let (plan, cfg) = (plan.clone(), cfg.clone());
+                s.spawn(move || ProcessGroup::init_with(plan, r as u32, n, &boot, cfg))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(r, h)| {
+                h.join()
+                    .expect("rank thread")
+                    .unwrap_or_else(|e| panic!("rank {r} failed to join: {e}"))
+            })
+            .collect()
+    })
+}
+
+/// `hosts` × `per_host` ranks, host-major.
+fn layout(tag: &str, hosts: usize, per_host: usize) -> Vec<String> {
+    (0..hosts * per_host)
+        .map(|r| format!("{tag}-h{}", r / per_host))
+        .collect()
+}
+
+fn run(comms: Vec<Communicator>, cases: &[Case]) -> Vec<String> {
+    let errors = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for mut comm in comms {
+            let errors = &errors;
+            s.spawn(move || {
+                for case in cases {
+                    if let Err(e) = common::check(&mut comm, case) {
+                        errors.lock().unwrap().push(format!("rank {}: {e}", comm.rank()));
+                        comm.abort();
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    errors.into_inner().unwrap()
+}
+
+fn cases(n: u32, bases: &[usize], seed: u64) -> Vec<Case> {
+    let mut out = Vec::new();
+    let mut seed = seed;
+    for coll in collectives(n) {
+        for (dtype, op) in [
+            (DataType::F32, ReduceOp::Sum),
+            (DataType::I64, ReduceOp::Max),
+            (DataType::BF16, ReduceOp::Avg),
+        ] {
+            for in_place in [false, true] {
+                for &base in bases {
+                    seed += 1;
+                    out.push(Case {
+                        collective: coll,
+                        dtype,
+                        op,
+                        in_place,
+                        count: count_for(coll, n, base),
+                        seed,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+fn config() -> Config {
+    Config::default().with_timeout(Duration::from_secs(60))
+}
+
+#[test]
+fn every_collective_across_hosts() {
+    // (hosts, ranks per host, element counts): odd and prime counts, and one that needs
+    // several slot-sized segments.
+    for (hosts, per_host, bases) in [
+        (2usize, 1usize, &[1usize, 13, 97, 70_001][..]),
+        (2, 2, &[1, 13, 65_537][..]),
+        (3, 2, &[7, 1009][..]),
+        (4, 2, &[3, 4099][..]),
+    ] {
+        let n = (hosts * per_host) as u32;
+        let comms = group(
+            &fallback::plan(n),
+            &layout(&format!("every{hosts}x{per_host}"), hosts, per_host),
+            &config(),
+        );
+        let errors = run(comms, &cases(n, bases, 1000 * n as u64));
+        assert!(errors.is_empty(), "{hosts} hosts x {per_host}: {errors:#?}");
+    }
+}
+
+#[test]
+fn any_mapping_of_ranks_to_hosts_gives_the_same_results() {
+    // Interleaved (0,2 | 1,3) and uneven (0 | 1,2,3) mappings of 4 ranks.
+    for hosts in [
+        vec!["a", "b", "a", "b"],
+        vec!["x", "y", "y", "y"],
+    ] {
+        let hosts: Vec<String> = hosts.iter().map(|h| format!("map-{h}")).collect();
+        let comms = group(&fallback::plan(4), &hosts, &config());
+        let errors = run(comms, &cases(4, &[5, 40_000], 77));
+        assert!(errors.is_empty(), "{hosts:?}: {errors:#?}");
+    }
+}
+
+#[test]
+fn several_sockets_and_threads_split_large_messages() {
+    let net = NetConfig {
+        nsocks: 3,
+        nthreads: 2,
+        ..NetConfig::default()
+    };
+    let cfg = config().with_net(net).with_slot_bytes(1 << 20);
+    let comms = group(&fallback::plan(4), &layout("socks", 2, 2), &cfg);
+    let errors = run(comms, &cases(4, &[1, 300_001], 5));
+    assert!(errors.is_empty(), "{errors:#?}");
+}
+
+#[test]
+fn tiny_slots_reuse_every_slot_many_times() {
+    // 4 KiB slots: a 1 MiB call is hundreds of messages per connection, so credits and slot
+    // reuse are exercised far beyond the two-slot window.
+    let cfg = config().with_slot_bytes(4096);
+    let comms = group(&fallback::plan(4), &layout("tiny", 2, 2), &cfg);
+    let errors = run(comms, &cases(4, &[262_147], 9));
+    assert!(errors.is_empty(), "{errors:#?}");
+}
+
+#[test]
+fn a_rank_that_leaves_is_named_with_its_host() {
+    let comms = group(&fallback::plan(2), &layout("leave", 2, 1), &config());
+    let mut it = comms.into_iter();
+    let (mut a, b) = (it.next().unwrap(), it.next().unwrap());
+    let mut buf = vec![1.0f32; 1000];
+    // Both ranks run one call together, then rank 1 leaves.
+    std::thread::scope(|s| {
+        let h = s.spawn(move || {
+            let mut b = b;
+            let mut buf = vec![1.0f32; 1000];
+            b.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap();
+            drop(b);
+        });
+        a.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap();
+        h.join().unwrap();
+    });
+    assert_eq!(buf, vec![2.0; 1000]);
+    let err = a
+        .all_reduce_in_place(&mut buf, ReduceOp::Sum)
+        .expect_err("the peer left");
+    let text = err.to_string();
+    assert!(text.contains("rank 1"), "{text}");
+    assert!(text.contains("leave-h1"), "{text}");
+}
