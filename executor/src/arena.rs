@@ -146,6 +146,12 @@ impl Arena {
         unsafe { &*(self.base.add(off).cast::<AtomicU64>()) }
     }
 
+    /// Start and length of the whole region (for registering it with an RDMA device).
+    #[allow(dead_code)]
+    pub(crate) fn region(&self) -> (*mut u8, usize) {
+        (self.base, self.layout.total)
+    }
+
     /// Magic word.
     pub(crate) fn magic(&self) -> &AtomicU64 {
         self.word(0)

@@ -217,6 +217,9 @@ pub(crate) struct Net {
     helper_done: Mutex<mpsc::Receiver<std::io::Result<()>>>,
     threads: Vec<std::thread::JoinHandle<()>>,
     keeper: Option<std::thread::JoinHandle<()>>,
+    /// Queue pairs to the peers, when the RDMA transport carries the data.
+    #[cfg(feature = "rdma")]
+    ib: Option<rdma::Links>,
 }
 
 /// Everything [`connect`] needs.
@@ -302,11 +305,15 @@ pub(crate) fn connect(mut setup: Setup<'_>) -> Result<Option<Net>> {
     for (i, r) in ranks.iter().enumerate() {
         peer_of[*r as usize] = Some(i as u16);
     }
+    #[cfg(not(feature = "rdma"))]
     if setup.cfg.kind == NetKind::Ib {
-        return Err(boot_err(rdma_unavailable(setup.cfg)));
+        return Err(boot_err(
+            "HCCL_NET=ib: this build has no RDMA support (build with --features rdma)".into(),
+        ));
     }
+    #[cfg(not(feature = "rdma"))]
     if setup.cfg.kind == NetKind::Auto {
-        auto_choice(me, setup.cfg);
+        tracing::info!(rank = me, "built without RDMA; using TCP");
     }
     let listener = setup.listener.take().ok_or_else(|| {
         boot_err("ranks on other hosts need a data listener but none could be opened".into())
@@ -403,6 +410,10 @@ pub(crate) fn connect(mut setup: Setup<'_>) -> Result<Option<Net>> {
         abort_sent: AtomicBool::new(false),
         receivers_done: AtomicUsize::new(0),
     });
+    // RDMA, when chosen, is set up over the authenticated TCP sockets (queue-pair
+    // information travels on socket 0 of each peer) before their receiving threads start.
+    #[cfg(feature = "rdma")]
+    let ib = rdma::Links::establish(&inner, setup.cfg).map_err(boot_err)?;
     let spawn_err = |e: std::io::Error| boot_err(format!("starting a network thread: {e}"));
     let mut threads = Vec::new();
     for p in 0..inner.peers.len() {
@@ -457,6 +468,8 @@ pub(crate) fn connect(mut setup: Setup<'_>) -> Result<Option<Net>> {
         helper_done: Mutex::new(done_rx),
         threads,
         keeper: Some(keeper),
+        #[cfg(feature = "rdma")]
+        ib,
     }))
 }
 
@@ -603,35 +616,6 @@ fn read_data_hello(s: &mut TcpStream, setup: &Setup<'_>) -> std::result::Result<
         return Err(format!("hello from rank {from} to rank {to}: unknown rank"));
     }
     Ok((from, sock, theirs))
-}
-
-fn rdma_unavailable(cfg: &NetConfig) -> String {
-    #[cfg(feature = "rdma")]
-    {
-        rdma::probe(cfg.ib_hca.as_deref())
-            .err()
-            .unwrap_or_else(|| "the RDMA transport is not implemented for this job".into())
-    }
-    #[cfg(not(feature = "rdma"))]
-    {
-        let _ = cfg;
-        "HCCL_NET=ib: this build has no RDMA support (build with --features rdma)".into()
-    }
-}
-
-fn auto_choice(me: u32, cfg: &NetConfig) {
-    #[cfg(feature = "rdma")]
-    {
-        match rdma::probe(cfg.ib_hca.as_deref()) {
-            Ok(dev) => tracing::info!(rank = me, device = %dev, "RDMA device found; using TCP (HCCL_NET=ib selects RDMA)"),
-            Err(why) => tracing::info!(rank = me, "no RDMA ({why}); using TCP"),
-        }
-    }
-    #[cfg(not(feature = "rdma"))]
-    {
-        let _ = cfg;
-        tracing::info!(rank = me, "built without RDMA; using TCP");
-    }
 }
 
 fn write_all_vectored(w: &mut TcpStream, mut bufs: &mut [IoSlice<'_>]) -> std::io::Result<()> {
@@ -897,6 +881,16 @@ impl Net {
             tracing::trace!(rank = self.inner.me, peer = peer.rank, conn = c, seq, "net send skipped: peer not alive");
             return;
         }
+        #[cfg(feature = "rdma")]
+        if let Some(ib) = &self.ib {
+            if let Err(e) = ib.send(&self.inner, p, c, seq, segs) {
+                self.inner.fail(
+                    p,
+                    format!("RDMA write to rank {} on host {} failed: {e}", peer.rank, peer.host),
+                );
+            }
+            return;
+        }
         let parts = proto::split(segs, self.inner.nsocks);
         let n = parts.len();
         tracing::trace!(rank = self.inner.me, peer = peer.rank, conn = c, seq, parts = n, "net send");
@@ -952,6 +946,11 @@ impl Net {
         };
         let peer = &self.inner.peers[p as usize];
         if peer.state.load(Ordering::Acquire) != ALIVE {
+            return;
+        }
+        #[cfg(feature = "rdma")]
+        if let Some(ib) = &self.ib {
+            ib.credit(&self.inner, p as usize, c, consumed);
             return;
         }
         let mut h = Header::new(Tag::Credit);
