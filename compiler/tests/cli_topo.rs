@@ -202,6 +202,10 @@ fn generated_files_load_and_match_the_request() {
             12,
         ),
         (&["host", "--ranks", "4", "--mem-bw", "10"], 4),
+        (
+            &["host", "--ranks", "2", "--mem-bw", "10", "--nic-bw", "1.25"],
+            2,
+        ),
     ];
     for (i, (args, ranks)) in cases.iter().enumerate() {
         let file = dir.join(format!("t{i}.ron"));
@@ -224,5 +228,92 @@ fn generated_files_load_and_match_the_request() {
         let shown = hcclc(&["topo", "show", file.to_str().unwrap()]);
         assert!(shown.status.success());
     }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn gen_host_with_a_nic() {
+    let out = hcclc(&[
+        "topo",
+        "gen",
+        "host",
+        "--ranks",
+        "2",
+        "--mem-bw",
+        "20",
+        "--nic-bw",
+        "1.25",
+        "--nic-latency",
+        "25",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    insta::assert_snapshot!(stdout(&out));
+}
+
+#[test]
+fn bad_nic_flags_exit_with_code_2_and_say_why() {
+    let host = ["topo", "gen", "host", "--ranks", "2", "--mem-bw", "20"];
+    for (extra, message) in [
+        (
+            &["--nic-bw", "0"][..],
+            "--nic-bw must be a finite number > 0, got 0",
+        ),
+        (
+            &["--nic-bw", "-1.25"],
+            "--nic-bw must be a finite number > 0, got -1.25",
+        ),
+        (
+            &["--nic-bw", "NaN"],
+            "--nic-bw must be a finite number > 0, got NaN",
+        ),
+        (
+            &["--nic-bw", "inf"],
+            "--nic-bw must be a finite number > 0, got inf",
+        ),
+        (
+            &["--nic-bw", "1.25", "--nic-latency", "0"],
+            "--nic-latency must be a finite number > 0, got 0",
+        ),
+        (
+            &["--nic-bw", "1.25", "--nic-latency", "-3"],
+            "--nic-latency must be a finite number > 0, got -3",
+        ),
+        (
+            &["--nic-bw", "1.25", "--nic-latency", "NaN"],
+            "--nic-latency must be a finite number > 0, got NaN",
+        ),
+        (&["--nic-latency", "25"], "--nic-latency needs --nic-bw"),
+    ] {
+        let mut args = host.to_vec();
+        args.extend_from_slice(extra);
+        let out = hcclc(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(message), "{args:?}: {err}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+    // A CPU host without a NIC cannot be networked; the message says how to give it one.
+    let dir = std::env::temp_dir().join(format!("hcclc-topo-nonic-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("h.ron");
+    let mut args = host.to_vec();
+    args.extend_from_slice(&["-o", file.to_str().unwrap()]);
+    assert!(hcclc(&args).status.success());
+    let out = hcclc(&[
+        "topo",
+        "gen",
+        "cluster",
+        "--nodes",
+        "2",
+        "--box",
+        file.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("no NICs") && err.contains("--nic-bw"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -44,6 +44,8 @@ pub enum Problem {
         field: &'static str,
         value: f64,
     },
+    #[error("NIC \"{nic}\": kind {kind} is not a network link kind (InfiniBand, Roce or Ethernet)")]
+    NicKind { nic: String, kind: String },
     #[error("switch \"{switch}\": unknown host \"{host}\"")]
     UnknownHost { switch: String, host: String },
     #[error("device \"{device}\": rank is given for some devices but not for this one")]

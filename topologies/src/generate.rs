@@ -22,6 +22,12 @@ pub const MEMORY_LATENCY_US: f64 = 0.1;
 /// Default memory bandwidth (GB/s) of a CPU rank (see [`crate::default_mem_bw`]).
 pub const CPU_MEM_BW: f64 = 10.0;
 
+/// Default one-way latency (µs) of a small message between CPU ranks of two hosts over TCP on
+/// Ethernet, NIC -> switch -> NIC, kernel network stacks included: half of a TCP ping-pong
+/// round trip between servers on 10/25 GbE, typically 10-30 µs without kernel-bypass tuning
+/// (netperf `TCP_RR`); 25 µs is the upper middle of that range. Used by [`host_with_nic`].
+pub const TCP_NIC_LATENCY_US: f64 = 25.0;
+
 fn gpu(id: String) -> DeviceSpec {
     DeviceSpec {
         id,
@@ -158,7 +164,7 @@ pub fn fat_tree(ranks: u32, per_leaf: u32, bw: f64, latency: f64) -> TopologySpe
         hosts.push(HostSpec {
             id: format!("node{r}"),
             devices: vec![gpu(g.clone())],
-            nics: vec![NicSpec { id: n.clone(), bw }],
+            nics: vec![NicSpec::new(n.clone(), bw)],
         });
         links.push(link(&g, &n, LinkKind::Pcie, bw, latency, 1));
         let leaf = format!("leaf{}", r / per_leaf);
@@ -192,9 +198,12 @@ pub fn fat_tree(ranks: u32, per_leaf: u32, bw: f64, latency: f64) -> TopologySpe
 /// every leaf connects to every spine (`spine{s}`, one spine per rail) with enough parallel
 /// links (`ceil(nodes / spines)`) to be non-blocking. Ids of the copy `k` are prefixed `n{k}.`;
 /// ranks given in the box become `k × box ranks + r`.
-/// NIC -> leaf links carry the NIC's bandwidth and [`IB_HOP_LATENCY_US`]; leaf -> spine links
-/// the largest NIC bandwidth and [`SWITCH_HOP_LATENCY_US`]. Switches of the box without a host
-/// are copied per node too. With one node there is no spine.
+/// NIC -> leaf links carry the NIC's bandwidth and its port's kind and latency
+/// ([`NicSpec::kind`], [`NicSpec::latency`]; InfiniBand and [`IB_HOP_LATENCY_US`] when the box
+/// does not say); leaf -> spine links the largest NIC bandwidth, the NICs' common kind
+/// (InfiniBand if they differ) and [`SWITCH_HOP_LATENCY_US`]. Switches of the box without a
+/// host are copied per node too. With one node, or one NIC per box (one rail switch joins
+/// every box, e.g. CPU hosts from [`host_with_nic`]), there is no spine.
 pub fn cluster(nodes: u32, box_spec: &TopologySpec) -> TopologySpec {
     let prefix = |k: u32, id: &str| format!("n{k}.{id}");
     let nics: Vec<&NicSpec> = box_spec.hosts.iter().flat_map(|h| &h.nics).collect();
@@ -225,7 +234,7 @@ pub fn cluster(nodes: u32, box_spec: &TopologySpec) -> TopologySpec {
                     .iter()
                     .map(|n| NicSpec {
                         id: prefix(k, &n.id),
-                        bw: n.bw,
+                        ..n.clone()
                     })
                     .collect(),
             });
@@ -245,7 +254,7 @@ pub fn cluster(nodes: u32, box_spec: &TopologySpec) -> TopologySpec {
             });
         }
     }
-    let spines = if nodes > 1 { rails } else { 0 };
+    let spines = if nodes > 1 && rails > 1 { rails } else { 0 };
     for j in 0..rails {
         switches.push(SwitchSpec {
             id: format!("rail{j}"),
@@ -267,14 +276,20 @@ pub fn cluster(nodes: u32, box_spec: &TopologySpec) -> TopologySpec {
             links.push(link(
                 &prefix(k, &n.id),
                 &format!("rail{j}"),
-                LinkKind::InfiniBand,
+                n.kind.unwrap_or(LinkKind::InfiniBand),
                 n.bw,
-                IB_HOP_LATENCY_US,
+                n.latency.unwrap_or(IB_HOP_LATENCY_US),
                 1,
             ));
         }
     }
     let up_bw = nics.iter().map(|n| n.bw).fold(0.0, f64::max);
+    // The fabric speaks the NICs' network when they agree on one, else InfiniBand.
+    let up_kind = match nics.first().map(|n| n.kind) {
+        Some(kind) if nics.iter().all(|n| n.kind == kind) => kind,
+        _ => None,
+    }
+    .unwrap_or(LinkKind::InfiniBand);
     let up_count = if spines > 0 {
         nodes.div_ceil(spines as u32)
     } else {
@@ -285,7 +300,7 @@ pub fn cluster(nodes: u32, box_spec: &TopologySpec) -> TopologySpec {
             links.push(link(
                 &format!("rail{j}"),
                 &format!("spine{s}"),
-                LinkKind::InfiniBand,
+                up_kind,
                 up_bw,
                 SWITCH_HOP_LATENCY_US,
                 up_count,
@@ -294,10 +309,17 @@ pub fn cluster(nodes: u32, box_spec: &TopologySpec) -> TopologySpec {
     }
     TopologySpec {
         name: format!("{}-cluster-{nodes}node", box_spec.name),
-        description: format!(
-            "{nodes} × {}, rail-optimised: {rails} rail leaf switches, {spines} spines",
-            box_spec.name
-        ),
+        description: if rails == 1 {
+            format!(
+                "{nodes} × {}, their NICs joined by one switch",
+                box_spec.name
+            )
+        } else {
+            format!(
+                "{nodes} × {}, rail-optimised: {rails} rail leaf switches, {spines} spines",
+                box_spec.name
+            )
+        },
         hosts,
         switches,
         links,
@@ -347,4 +369,34 @@ pub fn host(ranks: u32, mem_bw: f64) -> TopologySpec {
         }],
         links,
     }
+}
+
+/// [`host`] with a network port: the host's `ranks` CPU ranks share one NIC `nic0` of
+/// `nic_bw` GB/s per direction, attached to the memory switch (`mem`) by a PCIe link of the
+/// same bandwidth and [`MEMORY_LATENCY_US`], so its traffic also uses the sending and
+/// receiving ranks' memory links. The NIC's port is Ethernet with half of `nic_latency` per
+/// NIC -> switch hop: `nic_latency` (µs) is the one-way latency between two such hosts' NICs,
+/// see [`TCP_NIC_LATENCY_US`]. [`cluster`] joins copies of it by one Ethernet switch.
+pub fn host_with_nic(ranks: u32, mem_bw: f64, nic_bw: f64, nic_latency: f64) -> TopologySpec {
+    let mut spec = host(ranks, mem_bw);
+    spec.name = format!("host{ranks}-nic");
+    spec.description = format!(
+        "{ranks} CPU ranks sharing one host's memory, {mem_bw} GB/s each, and one {nic_bw} GB/s \
+         Ethernet NIC ({nic_latency} µs NIC to NIC)"
+    );
+    spec.hosts[0].nics.push(NicSpec {
+        id: "nic0".into(),
+        bw: nic_bw,
+        kind: Some(LinkKind::Ethernet),
+        latency: Some(nic_latency / 2.0),
+    });
+    spec.links.push(link(
+        "mem",
+        "nic0",
+        LinkKind::Pcie,
+        nic_bw,
+        MEMORY_LATENCY_US,
+        1,
+    ));
+    spec
 }

@@ -71,12 +71,36 @@ pub struct DeviceSpec {
 }
 
 /// A network interface of a host.
+///
+/// `kind` and `latency` describe the NIC's port, i.e. the link a generator that networks
+/// boxes ([`crate::generate::cluster`]) draws from the NIC to its switch; links written in the
+/// file do not read them. Absent, the port is InfiniBand with
+/// [`crate::generate::IB_HOP_LATENCY_US`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NicSpec {
     pub id: String,
     /// Port bandwidth per direction (GB/s).
     pub bw: f64,
+    /// Network the port speaks (a network link kind: InfiniBand, Roce or Ethernet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<LinkKind>,
+    /// Latency (µs) of the hop from this NIC to its switch; NIC -> switch -> NIC costs twice
+    /// this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency: Option<f64>,
+}
+
+impl NicSpec {
+    /// A NIC with an InfiniBand port of the default latency.
+    pub fn new(id: impl Into<String>, bw: f64) -> NicSpec {
+        NicSpec {
+            id: id.into(),
+            bw,
+            kind: None,
+            latency: None,
+        }
+    }
 }
 
 /// A host (server / node) with its devices and NICs.

@@ -320,6 +320,21 @@ fn build_located(
         for n in &host.nics {
             check_number(|| format!("NIC \"{}\"", n.id), "bw", n.bw)
                 .map_err(|p| invalid(id_pos(&n.id), p))?;
+            if let Some(latency) = n.latency {
+                check_number(|| format!("NIC \"{}\"", n.id), "latency", latency)
+                    .map_err(|p| invalid(id_pos(&n.id), p))?;
+            }
+            if let Some(kind) = n.kind
+                && !kind.is_network()
+            {
+                return Err(invalid(
+                    id_pos(&n.id),
+                    Problem::NicKind {
+                        nic: n.id.clone(),
+                        kind: format!("{kind:?}"),
+                    },
+                ));
+            }
         }
     }
     for s in &spec.switches {

@@ -34,6 +34,8 @@ const EXPECTED: &[(&str, Option<&str>)] = &[
     ("negative_bw.ron", Some("-25")),
     ("negative_latency.ron", Some("latency")),
     ("negative_mem_bw.ron", Some("\"g0\"")),
+    ("nic_negative_latency.ron", Some("latency")),
+    ("nic_not_network_kind.ron", Some("Memory")),
     ("nic_zero_bw.ron", Some("\"nic0\"")),
     ("no_devices.ron", Some("no devices")),
     ("non_dense_ranks.ron", Some("\"g1\"")),

@@ -2,7 +2,8 @@
 //! round-trips through `to_ron` / `from_ron` and builds.
 
 use hccl_topologies::{
-    TopologySpec, build, from_ron, generate, parse_spec, shipped_by_name, to_ron,
+    LinkKind, SwitchKind, TopologySpec, bandwidth_matrix, build, from_ron, generate, parse_spec,
+    shipped_by_name, to_ron,
 };
 use proptest::prelude::*;
 
@@ -62,6 +63,82 @@ proptest! {
         prop_assert_eq!(topo.nhosts(), 1);
         prop_assert_eq!(topo.mem_bw(0), mem_bw);
         round_trips(&spec);
+    }
+
+    #[test]
+    fn host_with_nic_builds(
+        ranks in 1u32..64,
+        mem_bw in 1.0f64..100.0,
+        nic_bw in 0.01f64..50.0,
+        latency in 0.5f64..200.0,
+    ) {
+        let spec = generate::host_with_nic(ranks, mem_bw, nic_bw, latency);
+        let topo = build(spec.clone(), "host").unwrap();
+        prop_assert_eq!(topo.nranks(), ranks);
+        prop_assert_eq!(topo.nhosts(), 1);
+        let nics = &spec.hosts[0].nics;
+        prop_assert_eq!(nics.len(), 1);
+        prop_assert_eq!(nics[0].bw, nic_bw);
+        prop_assert_eq!(nics[0].kind, Some(LinkKind::Ethernet));
+        prop_assert_eq!(nics[0].latency, Some(latency / 2.0));
+        round_trips(&spec);
+    }
+}
+
+#[test]
+fn host_with_nic_is_the_host_plus_one_nic_on_its_memory() {
+    let plain = generate::host(3, 20.0);
+    let spec = generate::host_with_nic(3, 20.0, 1.25, 25.0);
+    assert_eq!(spec.name, "host3-nic");
+    assert_eq!(spec.hosts[0].devices, plain.hosts[0].devices);
+    assert_eq!(spec.switches, plain.switches);
+    assert_eq!(spec.links[..plain.links.len()], plain.links[..]);
+    let extra = &spec.links[plain.links.len()..];
+    assert_eq!(extra.len(), 1);
+    assert_eq!((extra[0].a.as_str(), extra[0].b.as_str()), ("mem", "nic0"));
+    assert_eq!(extra[0].bw, 1.25);
+    // The host alone: the NIC leads nowhere, ranks still talk through memory at mem_bw.
+    let m = bandwidth_matrix(&build(spec, "h").unwrap());
+    assert_eq!(m[0][1], 20.0);
+}
+
+#[test]
+fn clusters_of_cpu_hosts_are_host_major_behind_one_ethernet_switch() {
+    for per_host in 1..=3u32 {
+        let b = generate::host_with_nic(per_host, 20.0, 1.25, 25.0);
+        for k in 1..=4u32 {
+            let spec = generate::cluster(k, &b);
+            let topo = build(spec.clone(), "cpu cluster").unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(topo.nranks(), k * per_host);
+            assert_eq!(topo.nhosts(), k as usize);
+            for r in 0..topo.nranks() {
+                let (h, i) = (r / per_host, r % per_host);
+                assert_eq!(topo.host_of[r as usize], h as usize);
+                assert_eq!(
+                    topo.graph[topo.ranks[r as usize]].id(),
+                    format!("n{h}.cpu{i}")
+                );
+            }
+            // One Ethernet switch, no spine: every host's NIC links to it.
+            let net: Vec<_> = spec.links.iter().filter(|l| l.kind.is_network()).collect();
+            assert_eq!(net.len(), k as usize);
+            for (h, l) in net.iter().enumerate() {
+                assert_eq!((l.a.clone(), l.b.as_str()), (format!("n{h}.nic0"), "rail0"));
+                assert_eq!((l.kind, l.bw, l.latency), (LinkKind::Ethernet, 1.25, 12.5));
+            }
+            let leaves = spec.switches.iter().filter(|s| s.kind == SwitchKind::Leaf);
+            assert_eq!(leaves.count(), 1);
+            assert!(spec.switches.iter().all(|s| s.kind != SwitchKind::Spine));
+            // Within a host memory bandwidth, across hosts the NIC's.
+            let m = bandwidth_matrix(&topo);
+            if per_host > 1 {
+                assert_eq!(m[0][1], 20.0);
+            }
+            if k > 1 {
+                assert!((m[0][per_host as usize] - 1.25).abs() < 1e-9, "{m:?}");
+            }
+            round_trips(&spec);
+        }
     }
 }
 

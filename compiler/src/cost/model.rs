@@ -99,6 +99,12 @@ impl CostModel {
     /// about 0.3 µs per AllReduce of one message each way), split evenly between the
     /// per-collective and per-message terms; bandwidth comes from the topology (the `host`
     /// generator's memory-copy probe).
+    ///
+    /// The same model costs clusters of CPU hosts (`host` boxes with a NIC, networked by the
+    /// `cluster` generator): a message that leaves the host pays the same per-message term,
+    /// and its network cost is the topology's: the route's hop latencies (the NIC's port
+    /// latency, by default TCP over Ethernet, about 25 µs NIC to NIC) and the NIC's bandwidth,
+    /// which it shares max-min fairly with the host's other ranks.
     pub fn cpu_host() -> CostModel {
         CostModel {
             efficiency: [1.0, 1.0, 1.0],
@@ -108,8 +114,8 @@ impl CostModel {
         }
     }
 
-    /// The model that fits `topo`: [`CostModel::cpu_host`] when every rank is a CPU, else
-    /// the NCCL-derived default.
+    /// The model that fits `topo`: [`CostModel::cpu_host`] when every rank is a CPU (one
+    /// host, or CPU hosts joined by a network), else the NCCL-derived default.
     pub fn for_topology(topo: &Topology) -> CostModel {
         let all_cpu = topo.ranks.iter().all(|&node| {
             matches!(
@@ -172,6 +178,10 @@ mod tests {
         assert_eq!(CostModel::for_topology(&host), CostModel::cpu_host());
         let dgx = hccl_topologies::shipped_by_name("dgx-h100").unwrap();
         assert_eq!(CostModel::for_topology(&dgx), CostModel::default());
+        let cpu_box = hccl_topologies::generate::host_with_nic(2, 10.0, 1.25, 25.0);
+        let cluster = hccl_topologies::generate::cluster(3, &cpu_box);
+        let cluster = hccl_topologies::build(cluster, "c").unwrap();
+        assert_eq!(CostModel::for_topology(&cluster), CostModel::cpu_host());
     }
 
     #[test]

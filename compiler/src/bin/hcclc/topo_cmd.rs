@@ -86,14 +86,23 @@ pub enum GenCommand {
         #[command(flatten)]
         out: GenOut,
     },
-    /// CPU ranks sharing one host's memory (what the CPU executor runs on).
+    /// CPU ranks sharing one host's memory (what the CPU executor runs on), optionally with a
+    /// NIC so that `topo gen cluster --box` can network copies of the host.
     Host {
         #[arg(long)]
         ranks: u32,
         /// Per-rank memory bandwidth (GB/s); default: measured on this machine (a memory-copy
         /// probe, shared among ranks when there are more ranks than cores).
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         mem_bw: Option<f64>,
+        /// Give the host one Ethernet NIC, shared by its ranks, of this bandwidth per direction
+        /// (GB/s = 1e9 B/s; 1.25 is 10 Gbit/s). Without it the host has no NIC.
+        #[arg(long, allow_negative_numbers = true)]
+        nic_bw: Option<f64>,
+        /// One-way latency of a small message between two such hosts, NIC to NIC, TCP stacks
+        /// included (µs) [default: 25]; needs --nic-bw.
+        #[arg(long, allow_negative_numbers = true)]
+        nic_latency: Option<f64>,
         #[command(flatten)]
         out: GenOut,
     },
@@ -287,7 +296,8 @@ fn generate_cmd(cmd: GenCommand) -> Result<(), CliError> {
             let boxed = load_topology(&box_)?;
             if boxed.spec.hosts.iter().all(|h| h.nics.is_empty()) {
                 return Err(CliError::Input(format!(
-                    "--box {box_}: the box has no NICs, so copies of it cannot be networked"
+                    "--box {box_}: the box has no NICs, so copies of it cannot be networked \
+                     (for CPU hosts, generate the box with `hcclc topo gen host --nic-bw GBPS`)"
                 )));
             }
             check_ranks("nodes", u64::from(nodes) * u64::from(boxed.nranks()))?;
@@ -310,14 +320,44 @@ fn generate_cmd(cmd: GenCommand) -> Result<(), CliError> {
             check_positive("latency", latency)?;
             (generate::fat_tree(ranks, per_leaf, bw, latency), out)
         }
-        GenCommand::Host { ranks, mem_bw, out } => {
+        GenCommand::Host {
+            ranks,
+            mem_bw,
+            nic_bw,
+            nic_latency,
+            out,
+        } => {
             check_ranks("ranks", u64::from(ranks))?;
+            // Flags first, so a bad one is reported before the memory probe runs.
+            if let Some(bw) = mem_bw {
+                check_positive("mem-bw", bw)?;
+            }
+            if let Some(bw) = nic_bw {
+                check_positive("nic-bw", bw)?;
+            }
+            if let Some(latency) = nic_latency {
+                if nic_bw.is_none() {
+                    return Err(CliError::Input(
+                        "--nic-latency needs --nic-bw: without --nic-bw the host has no NIC".into(),
+                    ));
+                }
+                check_positive("nic-latency", latency)?;
+            }
             let mem_bw = match mem_bw {
                 Some(bw) => bw,
                 None => hccl_topologies::probe::probe_host().per_rank_gbps(ranks),
             };
             check_positive("mem-bw", mem_bw)?;
-            (generate::host(ranks, mem_bw), out)
+            let spec = match nic_bw {
+                Some(nic_bw) => generate::host_with_nic(
+                    ranks,
+                    mem_bw,
+                    nic_bw,
+                    nic_latency.unwrap_or(generate::TCP_NIC_LATENCY_US),
+                ),
+                None => generate::host(ranks, mem_bw),
+            };
+            (spec, out)
         }
     };
     emit(spec, out)
