@@ -1,0 +1,399 @@
+//! Plans compiled for CPU clusters (`topo gen host --nic-bw` boxes joined by `topo gen
+//! cluster`) run by rank processes on emulated hosts: network namespaces joined by veth pairs
+//! (made and removed by the test; skipped with a message where that is not possible), and
+//! hosts told apart by `HCCL_HOST_ID` on loopback. Faults: a killed rank on another host, a
+//! host whose link goes down, a stranger at the rendezvous port.
+//!
+//! Ranks are this test executable re-executed (`multihost_child`) with launcher variables,
+//! inside `ip netns exec` for namespaced hosts.
+
+#[path = "../executor/tests/common/mod.rs"]
+mod common;
+mod netns;
+
+use common::{Case, collectives, count_for};
+use hccl::compiler::cost::CostModel;
+use hccl::compiler::search::{self, Options};
+use hccl::executor::{DataType, PlanSource, ProcessGroup, ReduceOp};
+use hccl::ir::Collective;
+use hccl::topologies::{build, generate};
+use netns::Cluster;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const ROLE: &str = "HCCL_TEST_ROLE";
+
+/// Compiles every collective for `hosts` CPU hosts of `per_host` ranks with a 10 Gbit/s NIC
+/// each, as `hcclc topo gen host --ranks P --nic-bw 1.25`, `topo gen cluster --nodes H` and
+/// `hcclc compile` do, and writes the plan to a temporary file.
+fn cluster_plan(hosts: u32, per_host: u32) -> PathBuf {
+    let host = generate::host_with_nic(per_host, 10.0, 1.25, generate::TCP_NIC_LATENCY_US);
+    let topo = build(generate::cluster(hosts, &host), "cpu cluster").expect("valid cluster");
+    let options = Options {
+        sizes: search::geometric_sizes(1024, 64 << 20, 8),
+        model: CostModel::for_topology(&topo),
+        ..Options::default()
+    };
+    let mut plan = search::compile(&topo, &options).expect("compiles").plan;
+    // Plans hold rooted collectives for root 0; derive every other root (as hccl-perf does).
+    for root in 1..hosts * per_host {
+        plan.ensure_root(Collective::Broadcast { root });
+        plan.ensure_root(Collective::Reduce { root });
+    }
+    let path = std::env::temp_dir().join(format!(
+        "hccl-multihost-{}-{hosts}x{per_host}.plan.ron",
+        std::process::id()
+    ));
+    plan.save(&path).expect("plan saved");
+    path
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// Where rank processes run.
+enum Hosts<'a> {
+    /// Namespaced hosts: rank `r` runs on host `r / per_host`.
+    Netns(&'a Cluster, u32),
+    /// Loopback, every rank on its own "host".
+    Loopback,
+}
+
+fn spawn_ranks(
+    hosts: &Hosts<'_>,
+    role: &str,
+    n: u32,
+    plan: &PathBuf,
+    extra: &[(&str, &str)],
+) -> Vec<Child> {
+    let exe = std::env::current_exe().expect("test executable");
+    let port = free_port().to_string();
+    let master = match hosts {
+        Hosts::Netns(c, _) => c.addr(0),
+        Hosts::Loopback => "127.0.0.1".to_string(),
+    };
+    (0..n)
+        .map(|r| {
+            let (mut cmd, host) = match hosts {
+                Hosts::Netns(c, per) => {
+                    let h = (r / per) as usize;
+                    (c.command(h, &exe), format!("{}", c.ns(h)))
+                }
+                Hosts::Loopback => (Command::new(&exe), format!("lo-host{r}")),
+            };
+            cmd.args([
+                "multihost_child",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(ROLE, role)
+            .env("RANK", r.to_string())
+            .env("WORLD_SIZE", n.to_string())
+            .env("MASTER_ADDR", &master)
+            .env("MASTER_PORT", &port)
+            .env("HCCL_JOB_TOKEN", "multihost-token")
+            .env("HCCL_HOST_ID", host)
+            .env("HCCL_PLAN", plan)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+            for (k, v) in extra {
+                cmd.env(k, v);
+            }
+            cmd.spawn().expect("spawn a rank")
+        })
+        .collect()
+}
+
+/// Waits for a child, killing it if it outlives `limit` (so a bug cannot hang the suite).
+fn wait_output(mut child: Child, limit: Duration) -> (Option<i32>, String) {
+    let mut out = child.stdout.take().expect("piped stdout");
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let code = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status.code(),
+            Ok(None) if start.elapsed() < limit => std::thread::sleep(Duration::from_millis(20)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+        }
+    };
+    (code, reader.join().unwrap_or_default())
+}
+
+fn child_cases(n: u32) -> Vec<Case> {
+    let mut cases = Vec::new();
+    let mut seed = 7000;
+    for coll in collectives(n) {
+        for (dtype, op) in [
+            (DataType::F32, ReduceOp::Sum),
+            (DataType::I32, ReduceOp::Max),
+            (DataType::F16, ReduceOp::Avg),
+        ] {
+            for in_place in [false, true] {
+                for base in [1usize, 97, 40_009] {
+                    seed += 1;
+                    cases.push(Case {
+                        collective: coll,
+                        dtype,
+                        op,
+                        in_place,
+                        count: count_for(coll, n, base),
+                        seed,
+                    });
+                }
+            }
+        }
+    }
+    cases
+}
+
+fn child(role: &str) -> ! {
+    let mut comm = match ProcessGroup::init(PlanSource::Builtin) {
+        Ok(c) => c,
+        Err(e) => {
+            println!("ERROR: {e}");
+            std::process::exit(2);
+        }
+    };
+    match role {
+        "all" => {
+            for case in child_cases(comm.world_size()) {
+                if let Err(e) = common::check(&mut comm, &case) {
+                    println!("FAIL: {e}");
+                    std::process::exit(1);
+                }
+            }
+            println!("DONE rank {}", comm.rank());
+            std::process::exit(0);
+        }
+        "loop" => {
+            // Bounded, so that a failing parent cannot leave ranks running for long.
+            let start = Instant::now();
+            let mut buf = vec![1.0f32; 1 << 18];
+            for i in 0.. {
+                if start.elapsed() > Duration::from_secs(120) {
+                    break;
+                }
+                if let Err(e) = comm.all_reduce_in_place(&mut buf, ReduceOp::Max) {
+                    println!("ERROR: {e}");
+                    std::process::exit(3);
+                }
+                if i == 0 {
+                    println!("READY");
+                    let _ = std::io::stdout().flush();
+                }
+            }
+            std::process::exit(0);
+        }
+        other => {
+            println!("ERROR: unknown role {other}");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// In a child process: the rank's role. Run directly: nothing to do.
+#[test]
+fn multihost_child() {
+    if let Ok(role) = std::env::var(ROLE) {
+        child(&role);
+    }
+}
+
+fn expect_all_done(children: Vec<Child>, what: &str) {
+    for (r, c) in children.into_iter().enumerate() {
+        let (code, out) = wait_output(c, Duration::from_secs(240));
+        assert_eq!(code, Some(0), "{what}: rank {r} failed:\n{out}");
+        assert!(out.contains(&format!("DONE rank {r}")), "{what}: rank {r}:\n{out}");
+    }
+}
+
+/// Reads a child's stdout until it prints READY (its first collective completed).
+fn wait_ready(child: &mut Child) -> BufReader<std::process::ChildStdout> {
+    let mut lines = BufReader::new(child.stdout.take().expect("piped"));
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let read = lines.read_line(&mut line).unwrap_or(0);
+        assert!(read > 0, "a rank ended before its first collective");
+        if line.contains("READY") {
+            return lines;
+        }
+    }
+}
+
+#[test]
+fn compiled_cluster_plans_run_on_namespaced_hosts() {
+    for (hosts, per_host) in [(2u32, 1u32), (2, 2), (3, 2), (4, 2)] {
+        let cluster = match Cluster::up(hosts as usize, None) {
+            Ok(c) => c,
+            Err(why) => {
+                println!("skipped: no network namespaces ({why})");
+                return;
+            }
+        };
+        let plan = cluster_plan(hosts, per_host);
+        let n = hosts * per_host;
+        let children = spawn_ranks(
+            &Hosts::Netns(&cluster, per_host),
+            "all",
+            n,
+            &plan,
+            &[("HCCL_TIMEOUT", "60")],
+        );
+        expect_all_done(children, &format!("{hosts} hosts x {per_host}"));
+        let _ = std::fs::remove_file(&plan);
+    }
+}
+
+#[test]
+fn every_rank_its_own_host_on_loopback_despite_a_stranger() {
+    let plan = cluster_plan(4, 1);
+    let children = spawn_ranks(&Hosts::Loopback, "all", 4, &plan, &[("HCCL_TIMEOUT", "60")]);
+    expect_all_done(children, "4 loopback hosts");
+    let _ = std::fs::remove_file(&plan);
+}
+
+#[test]
+fn a_stranger_at_the_rendezvous_never_gets_in() {
+    // The stranger connects to rank 0's rendezvous port before the real ranks and sends
+    // garbage; the job still assembles and runs, and the stranger gets no byte back.
+    let plan = cluster_plan(2, 1);
+    let exe = std::env::current_exe().expect("test executable");
+    let port = free_port();
+    let mut ranks = Vec::new();
+    for r in 0..2u32 {
+        let mut cmd = Command::new(&exe);
+        cmd.args(["multihost_child", "--exact", "--nocapture", "--test-threads=1"])
+            .env(ROLE, "all")
+            .env("RANK", r.to_string())
+            .env("WORLD_SIZE", "2")
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .env("HCCL_JOB_TOKEN", "the-right-token")
+            .env("HCCL_HOST_ID", format!("stranger-test-h{r}"))
+            .env("HCCL_PLAN", &plan)
+            .env("HCCL_TIMEOUT", "60")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        if r == 1 {
+            // Rank 1 starts after the stranger has spoken.
+            let mut stranger = loop {
+                match TcpStream::connect(("127.0.0.1", port)) {
+                    Ok(s) => break s,
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            };
+            stranger.write_all(b"HCCLBOOT\x01\x00\x00\x00\x05\x00\x00\x00wrong garbage garbage").unwrap();
+            stranger.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            let mut reply = Vec::new();
+            let _ = stranger.read_to_end(&mut reply);
+            assert!(reply.is_empty(), "the stranger got a reply: {reply:?}");
+        }
+        ranks.push(cmd.spawn().expect("spawn a rank"));
+    }
+    expect_all_done(ranks, "2 ranks after a stranger");
+    let _ = std::fs::remove_file(&plan);
+}
+
+#[test]
+fn a_killed_rank_on_another_host_is_named_by_every_survivor() {
+    let cluster = match Cluster::up(2, None) {
+        Ok(c) => c,
+        Err(why) => {
+            println!("skipped: no network namespaces ({why})");
+            return;
+        }
+    };
+    let plan = cluster_plan(2, 2);
+    let mut children = spawn_ranks(
+        &Hosts::Netns(&cluster, 2),
+        "loop",
+        4,
+        &plan,
+        &[("HCCL_TIMEOUT", "20")],
+    );
+    let mut victim = children.pop().expect("rank 3");
+    let _lines = wait_ready(&mut victim);
+    let killed = Instant::now();
+    victim.kill().expect("kill rank 3");
+    let _ = victim.wait();
+    for (r, c) in children.into_iter().enumerate() {
+        let (code, out) = wait_output(c, Duration::from_secs(60));
+        assert_eq!(code, Some(3), "rank {r} should report an error:\n{out}");
+        let err = out.lines().find(|l| l.starts_with("ERROR:")).unwrap_or_default();
+        assert!(err.contains("rank 3 failed"), "rank {r}: {err}");
+        assert!(err.contains(cluster.ns(1)), "rank {r} names rank 3's host: {err}");
+    }
+    assert!(killed.elapsed() < Duration::from_secs(20), "within HCCL_TIMEOUT");
+    let _ = std::fs::remove_file(&plan);
+}
+
+#[test]
+fn a_host_whose_link_goes_down_is_named_within_the_timeout() {
+    let cluster = match Cluster::up(2, None) {
+        Ok(c) => c,
+        Err(why) => {
+            println!("skipped: no network namespaces ({why})");
+            return;
+        }
+    };
+    let plan = cluster_plan(2, 1);
+    let mut children = spawn_ranks(
+        &Hosts::Netns(&cluster, 1),
+        "loop",
+        2,
+        &plan,
+        &[("HCCL_TIMEOUT", "10")],
+    );
+    let mut readers = Vec::new();
+    for c in &mut children {
+        readers.push(wait_ready(c));
+    }
+    let down = Instant::now();
+    cluster.link_down(1);
+    for (r, (c, lines)) in children.into_iter().zip(readers).enumerate() {
+        // The readers hold stdout now: wait for the exit, then read the rest.
+        let mut c = c;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let code = loop {
+            match c.try_wait() {
+                Ok(Some(s)) => break s.code(),
+                _ if Instant::now() > deadline => {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    break None;
+                }
+                _ => std::thread::sleep(Duration::from_millis(20)),
+            }
+        };
+        let rest: String = lines.lines().map_while(Result::ok).collect::<Vec<_>>().join("\n");
+        assert_eq!(code, Some(3), "rank {r} should report an error:\n{rest}");
+        let other = 1 - r;
+        assert!(
+            rest.contains(&format!("rank {other}")) && rest.contains(cluster.ns(other)),
+            "rank {r} names rank {other} and its host: {rest}"
+        );
+    }
+    assert!(
+        down.elapsed() < Duration::from_secs(15),
+        "errors within HCCL_TIMEOUT (10 s), took {:?}",
+        down.elapsed()
+    );
+    let _ = std::fs::remove_file(&plan);
+}
