@@ -33,7 +33,9 @@ fn cluster_plan(hosts: u32, per_host: u32) -> PathBuf {
     let host = generate::host_with_nic(per_host, 10.0, 1.25, generate::TCP_NIC_LATENCY_US);
     let topo = build(generate::cluster(hosts, &host), "cpu cluster").expect("valid cluster");
     let options = Options {
-        sizes: search::geometric_sizes(1024, 64 << 20, 8),
+        // Two size buckets keep the (debug-build) search short; the plan still holds a
+        // small-message and a large-message winner per collective.
+        sizes: vec![4096, 1 << 20],
         model: CostModel::for_topology(&topo),
         ..Options::default()
     };
@@ -139,11 +141,7 @@ fn child_cases(n: u32) -> Vec<Case> {
     let mut cases = Vec::new();
     let mut seed = 7000;
     for coll in collectives(n) {
-        for (dtype, op) in [
-            (DataType::F32, ReduceOp::Sum),
-            (DataType::I32, ReduceOp::Max),
-            (DataType::F16, ReduceOp::Avg),
-        ] {
+        for (dtype, op) in [(DataType::F32, ReduceOp::Sum), (DataType::F16, ReduceOp::Avg)] {
             for in_place in [false, true] {
                 for base in [1usize, 97, 40_009] {
                     seed += 1;
