@@ -86,7 +86,7 @@ fn spawn_ranks(
             let (mut cmd, host) = match hosts {
                 Hosts::Netns(c, per) => {
                     let h = (r / per) as usize;
-                    (c.command(h, &exe), format!("{}", c.ns(h)))
+                    (c.command(h, &exe), c.ns(h).to_string())
                 }
                 Hosts::Loopback => (Command::new(&exe), format!("lo-host{r}")),
             };
@@ -141,7 +141,10 @@ fn child_cases(n: u32) -> Vec<Case> {
     let mut cases = Vec::new();
     let mut seed = 7000;
     for coll in collectives(n) {
-        for (dtype, op) in [(DataType::F32, ReduceOp::Sum), (DataType::F16, ReduceOp::Avg)] {
+        for (dtype, op) in [
+            (DataType::F32, ReduceOp::Sum),
+            (DataType::F16, ReduceOp::Avg),
+        ] {
             for in_place in [false, true] {
                 for base in [1usize, 97, 40_009] {
                     seed += 1;
@@ -217,7 +220,10 @@ fn expect_all_done(children: Vec<Child>, what: &str) {
     for (r, c) in children.into_iter().enumerate() {
         let (code, out) = wait_output(c, Duration::from_secs(240));
         assert_eq!(code, Some(0), "{what}: rank {r} failed:\n{out}");
-        assert!(out.contains(&format!("DONE rank {r}")), "{what}: rank {r}:\n{out}");
+        assert!(
+            out.contains(&format!("DONE rank {r}")),
+            "{what}: rank {r}:\n{out}"
+        );
     }
 }
 
@@ -277,18 +283,23 @@ fn a_stranger_at_the_rendezvous_never_gets_in() {
     let mut ranks = Vec::new();
     for r in 0..2u32 {
         let mut cmd = Command::new(&exe);
-        cmd.args(["multihost_child", "--exact", "--nocapture", "--test-threads=1"])
-            .env(ROLE, "all")
-            .env("RANK", r.to_string())
-            .env("WORLD_SIZE", "2")
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", port.to_string())
-            .env("HCCL_JOB_TOKEN", "the-right-token")
-            .env("HCCL_HOST_ID", format!("stranger-test-h{r}"))
-            .env("HCCL_PLAN", &plan)
-            .env("HCCL_TIMEOUT", "60")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+        cmd.args([
+            "multihost_child",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(ROLE, "all")
+        .env("RANK", r.to_string())
+        .env("WORLD_SIZE", "2")
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .env("HCCL_JOB_TOKEN", "the-right-token")
+        .env("HCCL_HOST_ID", format!("stranger-test-h{r}"))
+        .env("HCCL_PLAN", &plan)
+        .env("HCCL_TIMEOUT", "60")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
         if r == 1 {
             // Rank 1 starts after the stranger has spoken.
             let mut stranger = loop {
@@ -297,8 +308,12 @@ fn a_stranger_at_the_rendezvous_never_gets_in() {
                     Err(_) => std::thread::sleep(Duration::from_millis(10)),
                 }
             };
-            stranger.write_all(b"HCCLBOOT\x01\x00\x00\x00\x05\x00\x00\x00wrong garbage garbage").unwrap();
-            stranger.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            stranger
+                .write_all(b"HCCLBOOT\x01\x00\x00\x00\x05\x00\x00\x00wrong garbage garbage")
+                .unwrap();
+            stranger
+                .set_read_timeout(Some(Duration::from_secs(30)))
+                .unwrap();
             let mut reply = Vec::new();
             let _ = stranger.read_to_end(&mut reply);
             assert!(reply.is_empty(), "the stranger got a reply: {reply:?}");
@@ -334,11 +349,20 @@ fn a_killed_rank_on_another_host_is_named_by_every_survivor() {
     for (r, c) in children.into_iter().enumerate() {
         let (code, out) = wait_output(c, Duration::from_secs(60));
         assert_eq!(code, Some(3), "rank {r} should report an error:\n{out}");
-        let err = out.lines().find(|l| l.starts_with("ERROR:")).unwrap_or_default();
+        let err = out
+            .lines()
+            .find(|l| l.starts_with("ERROR:"))
+            .unwrap_or_default();
         assert!(err.contains("rank 3 failed"), "rank {r}: {err}");
-        assert!(err.contains(cluster.ns(1)), "rank {r} names rank 3's host: {err}");
+        assert!(
+            err.contains(cluster.ns(1)),
+            "rank {r} names rank 3's host: {err}"
+        );
     }
-    assert!(killed.elapsed() < Duration::from_secs(20), "within HCCL_TIMEOUT");
+    assert!(
+        killed.elapsed() < Duration::from_secs(20),
+        "within HCCL_TIMEOUT"
+    );
     let _ = std::fs::remove_file(&plan);
 }
 
@@ -380,7 +404,11 @@ fn a_host_whose_link_goes_down_is_named_within_the_timeout() {
                 _ => std::thread::sleep(Duration::from_millis(20)),
             }
         };
-        let rest: String = lines.lines().map_while(Result::ok).collect::<Vec<_>>().join("\n");
+        let rest: String = lines
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<_>>()
+            .join("\n");
         assert_eq!(code, Some(3), "rank {r} should report an error:\n{rest}");
         let other = 1 - r;
         assert!(

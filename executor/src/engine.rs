@@ -249,6 +249,13 @@ impl EngineState {
             return true;
         }
         self.peer_consumed[c_] = arena.consumed(c).load(Ordering::Acquire);
+        if self.send_seq[c_] - self.peer_consumed[c_] >= CONNECTION_SLOTS as u64
+            && self.remote[c_] == NET_OUT
+            && let Some(net) = &self.net
+        {
+            net.poll(c);
+            self.peer_consumed[c_] = arena.consumed(c).load(Ordering::Acquire);
+        }
         self.send_seq[c_] - self.peer_consumed[c_] < CONNECTION_SLOTS as u64
     }
 
@@ -259,6 +266,13 @@ impl EngineState {
             return true;
         }
         self.peer_sent[c_] = arena.sent(c).load(Ordering::Acquire);
+        if self.recv_seq[c_] >= self.peer_sent[c_]
+            && self.remote[c_] == NET_IN
+            && let Some(net) = &self.net
+        {
+            net.poll(c);
+            self.peer_sent[c_] = arena.sent(c).load(Ordering::Acquire);
+        }
         self.recv_seq[c_] < self.peer_sent[c_]
     }
 
@@ -885,9 +899,7 @@ impl Waiter {
                 return Err(ExecError::PeerFailed {
                     rank: ctx.rank,
                     failed: peer,
-                    reason: format!(
-                        "{why} while stream {stream} step {step} waited for {what} it"
-                    ),
+                    reason: format!("{why} while stream {stream} step {step} waited for {what} it"),
                 });
             }
         }

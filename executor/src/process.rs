@@ -23,10 +23,10 @@
 //! `SLURM_PROCID`/`SLURM_NTASKS`.
 
 use crate::arena::{Arena, Layout, MAGIC};
-use crate::net;
 use crate::comm::{Communicator, RankState, Shared, prepare_plan};
 use crate::config::{Config, PlanSource};
 use crate::error::{ExecError, Result};
+use crate::net;
 use hccl_ir::PlanFile;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -175,8 +175,9 @@ impl ProcessGroup {
             .ok()
             .map(|(_, conns)| Layout::new(world as usize, conns.len(), config.slot_bytes));
         let created = match (leader, layout) {
-            (true, Some(layout)) => create_region(&region, layout.total)
-                .map_err(|e| format!("creating {region}: {e}")),
+            (true, Some(layout)) => {
+                create_region(&region, layout.total).map_err(|e| format!("creating {region}: {e}"))
+            }
             _ => Ok(()),
         };
         let phase = barrier(rank, &mut job.socks, created.clone().err(), deadline);
@@ -205,7 +206,11 @@ impl ProcessGroup {
             .pid(rank as usize)
             .store(u64::from(std::process::id()), Ordering::Release);
         let mut state = RankState::new(&plan, &keep, &conns, rank, &config)?;
-        let hosts = job.hosts.iter().collect::<std::collections::BTreeSet<_>>().len();
+        let hosts = job
+            .hosts
+            .iter()
+            .collect::<std::collections::BTreeSet<_>>()
+            .len();
         let network = if hosts > 1 {
             let listener_missing = listener.is_none();
             let made = net::connect(net::Setup {
@@ -481,7 +486,8 @@ fn lead(
         }
     }
     // Agreement: world sizes, plan hashes, local plan checks.
-    let mut problem: Option<String> = (!me.error.is_empty()).then(|| format!("rank 0: {}", me.error));
+    let mut problem: Option<String> =
+        (!me.error.is_empty()).then(|| format!("rank 0: {}", me.error));
     for (r, p) in peers.iter().enumerate().skip(1) {
         let Some((_, h)) = p else { continue };
         if problem.is_some() {

@@ -67,7 +67,10 @@ fn run(comms: Vec<Communicator>, cases: &[Case]) -> Vec<String> {
             s.spawn(move || {
                 for case in cases {
                     if let Err(e) = common::check(&mut comm, case) {
-                        errors.lock().unwrap().push(format!("rank {}: {e}", comm.rank()));
+                        errors
+                            .lock()
+                            .unwrap()
+                            .push(format!("rank {}: {e}", comm.rank()));
                         comm.abort();
                         return;
                     }
@@ -133,10 +136,7 @@ fn every_collective_across_hosts() {
 #[test]
 fn any_mapping_of_ranks_to_hosts_gives_the_same_results() {
     // Interleaved (0,2 | 1,3) and uneven (0 | 1,2,3) mappings of 4 ranks.
-    for hosts in [
-        vec!["a", "b", "a", "b"],
-        vec!["x", "y", "y", "y"],
-    ] {
+    for hosts in [vec!["a", "b", "a", "b"], vec!["x", "y", "y", "y"]] {
         let hosts: Vec<String> = hosts.iter().map(|h| format!("map-{h}")).collect();
         let comms = group(&fallback::plan(4), &hosts, &config());
         let errors = run(comms, &cases(4, &[5, 40_000], 77));

@@ -972,7 +972,7 @@ fn launch_processes(args: &Args) -> Result<(), Failure> {
     if n == 0 {
         return Err(Failure::Usage("need -g >= 1".into()));
     }
-    if args.hosts == 0 || args.hosts > n || n % args.hosts != 0 {
+    if args.hosts == 0 || args.hosts > n || !n.is_multiple_of(args.hosts) {
         return Err(Failure::Usage(format!(
             "--hosts {} must divide the {n} ranks",
             args.hosts
@@ -1008,7 +1008,10 @@ fn launch_processes(args: &Args) -> Result<(), Failure> {
         }
         if args.hosts > 1 {
             let per_host = n / args.hosts;
-            command.env("HCCL_HOST_ID", format!("hccl-perf-{token}-h{}", rank / per_host));
+            command.env(
+                "HCCL_HOST_ID",
+                format!("hccl-perf-{token}-h{}", rank / per_host),
+            );
         }
         let child = command
             .args(std::env::args_os().skip(1))

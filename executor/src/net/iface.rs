@@ -126,7 +126,11 @@ mod tests {
             (" veth , lo ", "lo", true),
         ];
         for (spec, name, want) in cases {
-            assert_eq!(IfSpec::parse(spec).unwrap().matches(name), want, "{spec} vs {name}");
+            assert_eq!(
+                IfSpec::parse(spec).unwrap().matches(name),
+                want,
+                "{spec} vs {name}"
+            );
         }
         assert!(IfSpec::parse("").is_err());
         assert!(IfSpec::parse("^=").is_err());
@@ -151,7 +155,10 @@ mod tests {
         ];
         let m: SocketAddr = "127.0.0.1:1".parse().unwrap();
         let all = IfSpec::parse("^docker").unwrap();
-        assert_eq!(choose(Some(&all), m, &ifs).unwrap().ip.to_string(), "198.18.0.2");
+        assert_eq!(
+            choose(Some(&all), m, &ifs).unwrap().ip.to_string(),
+            "198.18.0.2"
+        );
         let lo = IfSpec::parse("lo").unwrap();
         assert_eq!(choose(Some(&lo), m, &ifs).unwrap().name, "lo");
         let none = IfSpec::parse("ib").unwrap();

@@ -151,7 +151,10 @@ pub fn host_id() -> String {
 }
 
 /// A listening socket for data connections, on the interface `cfg` selects.
-pub(crate) fn listen(cfg: &NetConfig, master: SocketAddr) -> std::result::Result<TcpListener, String> {
+pub(crate) fn listen(
+    cfg: &NetConfig,
+    master: SocketAddr,
+) -> std::result::Result<TcpListener, String> {
     let ifs = iface::interfaces().map_err(|e| format!("listing interfaces: {e}"))?;
     let chosen = iface::choose(cfg.ifname.as_ref(), master, &ifs)?;
     let listener = TcpListener::bind(SocketAddr::new(chosen.ip, 0))
@@ -184,6 +187,9 @@ const DEAD: u8 = 2;
 struct Sock {
     read: TcpStream,
     write: Mutex<TcpStream>,
+    /// The incoming stream's parse state; whoever holds it may read the socket (the
+    /// receiving thread, or the engine while it waits for this peer).
+    rx: Mutex<RxState>,
 }
 
 struct Peer {
@@ -268,11 +274,16 @@ fn read_str(s: &mut TcpStream) -> std::io::Result<String> {
     }
     let mut b = vec![0u8; len as usize];
     s.read_exact(&mut b)?;
-    String::from_utf8(b).map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8"))
+    String::from_utf8(b)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8"))
 }
 
 fn same_secret(a: &str, b: &str) -> bool {
-    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
 }
 
 fn tune(s: &TcpStream) {
@@ -326,19 +337,20 @@ pub(crate) fn connect(mut setup: Setup<'_>) -> Result<Option<Net>> {
     })?;
     let nsocks = setup.cfg.nsocks;
     // Sockets per peer, by socket index.
-    let mut socks: Vec<Vec<Option<TcpStream>>> =
-        ranks.iter().map(|_| (0..nsocks).map(|_| None).collect()).collect();
+    let mut socks: Vec<Vec<Option<TcpStream>>> = ranks
+        .iter()
+        .map(|_| (0..nsocks).map(|_| None).collect())
+        .collect();
     let lower: Vec<u32> = ranks.iter().copied().filter(|&r| r < me).collect();
     let higher: Vec<u32> = ranks.iter().copied().filter(|&r| r > me).collect();
     let accepted = std::thread::scope(|scope| {
         let acceptor = scope.spawn(|| accept_all(&setup, &listener, &lower, nsocks));
         let mut out: Result<()> = Ok(());
         'peers: for &p in &higher {
-            for s in 0..nsocks {
+            let row = &mut socks[peer_of[p as usize].unwrap_or(0) as usize];
+            for (s, slot) in row.iter_mut().enumerate() {
                 match dial(&setup, p, s) {
-                    Ok(stream) => {
-                        socks[peer_of[p as usize].unwrap_or(0) as usize][s] = Some(stream)
-                    }
+                    Ok(stream) => *slot = Some(stream),
                     Err(e) => {
                         out = Err(e);
                         break 'peers;
@@ -373,6 +385,7 @@ pub(crate) fn connect(mut setup: Setup<'_>) -> Result<Option<Net>> {
             list.push(Sock {
                 read: stream,
                 write: Mutex::new(write),
+                rx: Mutex::new(RxState::default()),
             });
         }
         peers.push(Peer {
@@ -579,7 +592,9 @@ fn accept_all(
                     let missing: Vec<u32> = want.iter().map(|(r, _)| *r).collect();
                     return Err(ExecError::Bootstrap {
                         rank: me,
-                        message: format!("timed out waiting for data connections from ranks {missing:?}"),
+                        message: format!(
+                            "timed out waiting for data connections from ranks {missing:?}"
+                        ),
                     });
                 }
                 std::thread::sleep(Duration::from_millis(2));
@@ -596,9 +611,13 @@ fn accept_all(
     Ok(got)
 }
 
-fn read_data_hello(s: &mut TcpStream, setup: &Setup<'_>) -> std::result::Result<(u32, usize, usize), String> {
+fn read_data_hello(
+    s: &mut TcpStream,
+    setup: &Setup<'_>,
+) -> std::result::Result<(u32, usize, usize), String> {
     let mut magic = [0u8; 8];
-    s.read_exact(&mut magic).map_err(|e| format!("no hello: {e}"))?;
+    s.read_exact(&mut magic)
+        .map_err(|e| format!("no hello: {e}"))?;
     if &magic != DATA_MAGIC {
         return Err("wrong magic".into());
     }
@@ -647,7 +666,9 @@ fn write_part(sock: &Sock, hdr: &[u8; proto::HEADER], segs: &[Seg]) -> std::io::
     for s in segs {
         // SAFETY: the engine that built `segs` keeps this memory alive and unchanged until
         // the send returns (see `Net::send`).
-        slices.push(IoSlice::new(unsafe { std::slice::from_raw_parts(s.ptr, s.len) }));
+        slices.push(IoSlice::new(unsafe {
+            std::slice::from_raw_parts(s.ptr, s.len)
+        }));
     }
     let mut w = sock.write.lock().unwrap_or_else(|e| e.into_inner());
     write_all_vectored(&mut w, &mut slices)
@@ -714,45 +735,216 @@ fn receive_loop(inner: &Inner, p: usize, s: usize) {
     inner.receivers_done.fetch_add(1, Ordering::AcqRel);
 }
 
-/// Reads frames from one socket until it closes; `Err` describes a failure of the peer.
+/// The receiving thread of one socket: sleeps until bytes arrive (a blocking peek, so no
+/// lock is held while it sleeps), then pumps them unless the waiting engine already did.
 fn receive(inner: &Inner, p: usize, s: usize) -> std::result::Result<(), String> {
-    let peer = &inner.peers[p];
-    let mut r = &peer.socks[s].read;
-    let who = || format!("rank {} on host {} ({})", peer.rank, peer.host, peer.addr);
-    let mut said_goodbye = false;
+    let sock = &inner.peers[p].socks[s];
+    let mut probe = [0u8; 1];
     loop {
-        let mut hb = [0u8; proto::HEADER];
-        match read_full(&mut r, &mut hb) {
-            Ok(true) => {}
-            Ok(false) if said_goodbye => return Ok(()),
-            Ok(false) => {
-                return Err(format!(
-                    "{} closed its connection without saying goodbye (process died?)",
-                    who()
-                ));
-            }
-            Err(e) => {
-                if said_goodbye {
-                    return Ok(());
-                }
-                return Err(format!("connection to {} failed: {e}", who()));
-            }
+        match sock.read.peek(&mut probe) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            // The pump below sees the same error and words it.
+            Err(_) => {}
         }
-        peer.last_recv.store(inner.now_ms(), Ordering::Release);
-        let h = Header::decode(&hb).map_err(|e| format!("{} sent a malformed frame: {e}", who()))?;
-        let bad = |what: String| format!("{} sent a malformed frame: {what}", who());
-        match h.tag {
-            Tag::Data => {
-                let c = h.conn as usize;
-                if inner.dirs.get(c) != Some(&Dir::In(p as u16)) {
-                    return Err(bad(format!("data for connection {c}, not one from it to this rank")));
+        let mut rx = sock.rx.lock().unwrap_or_else(|e| e.into_inner());
+        match pump(inner, p, s, &mut rx)? {
+            Pumped::Closed => return Ok(()),
+            Pumped::Idle | Pumped::Progress => {}
+        }
+    }
+}
+
+/// What a pump achieved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pumped {
+    /// Nothing to read now.
+    Idle,
+    /// At least one frame was completed.
+    Progress,
+    /// The peer closed the connection after saying goodbye (or it was closed here).
+    Closed,
+}
+
+/// Where a socket's incoming byte stream stands (partial frames survive between pumps).
+#[derive(Debug)]
+struct RxState {
+    stage: Stage,
+    hdr: [u8; proto::HEADER],
+    got: usize,
+    said_goodbye: bool,
+}
+
+impl Default for RxState {
+    fn default() -> RxState {
+        RxState {
+            stage: Stage::Header,
+            hdr: [0; proto::HEADER],
+            got: 0,
+            said_goodbye: false,
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Stage {
+    Header,
+    Table(Header, Vec<u8>),
+    /// Data part: header, segments, current segment, bytes of it already read.
+    Payload(Header, Vec<(u32, u32)>, usize, usize),
+    Closed,
+}
+
+/// Non-blocking receive into `buf`: `Ok(None)` when nothing is there now, `Ok(Some(0))` at
+/// the end of the stream.
+fn recv_now(sock: &TcpStream, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
+    use std::os::fd::AsRawFd;
+    loop {
+        // SAFETY: `buf` is valid for writes of its length; the descriptor is open for as
+        // long as `sock` lives.
+        let n = unsafe {
+            libc::recv(
+                sock.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n >= 0 {
+            return Ok(Some(n as usize));
+        }
+        let e = std::io::Error::last_os_error();
+        match e.kind() {
+            std::io::ErrorKind::WouldBlock => return Ok(None),
+            std::io::ErrorKind::Interrupted => continue,
+            _ => return Err(e),
+        }
+    }
+}
+
+/// Reads and handles whatever frames (or parts of frames) socket `s` of peer `p` holds now,
+/// without blocking; `Err` describes a failure of the peer.
+fn pump(
+    inner: &Inner,
+    p: usize,
+    s: usize,
+    rx: &mut RxState,
+) -> std::result::Result<Pumped, String> {
+    let peer = &inner.peers[p];
+    let sock = &peer.socks[s].read;
+    let who = || format!("rank {} on host {} ({})", peer.rank, peer.host, peer.addr);
+    let bad = |what: String| format!("{} sent a malformed frame: {what}", who());
+    let mid = |e: &dyn std::fmt::Display| {
+        format!(
+            "{} closed its connection in the middle of a message: {e}",
+            who()
+        )
+    };
+    let mut progress = false;
+    loop {
+        match &mut rx.stage {
+            Stage::Closed => return Ok(Pumped::Closed),
+            Stage::Header => {
+                let got = rx.got;
+                match recv_now(sock, &mut rx.hdr[got..]) {
+                    Ok(None) => {
+                        return Ok(if progress {
+                            Pumped::Progress
+                        } else {
+                            Pumped::Idle
+                        });
+                    }
+                    Ok(Some(0)) if got == 0 => {
+                        rx.stage = Stage::Closed;
+                        if rx.said_goodbye {
+                            return Ok(Pumped::Closed);
+                        }
+                        return Err(format!(
+                            "{} closed its connection without saying goodbye (process died?)",
+                            who()
+                        ));
+                    }
+                    Ok(Some(0)) => return Err(mid(&"end of stream inside a frame header")),
+                    Ok(Some(n)) => rx.got += n,
+                    Err(e) => {
+                        rx.stage = Stage::Closed;
+                        if rx.said_goodbye {
+                            return Ok(Pumped::Closed);
+                        }
+                        return Err(format!("connection to {} failed: {e}", who()));
+                    }
                 }
-                if h.b > proto::MAX_SEGS {
-                    return Err(bad(format!("{} segments", h.b)));
+                if rx.got < proto::HEADER {
+                    continue;
                 }
-                let mut table = vec![0u8; h.b as usize * 8];
-                r.read_exact(&mut table)
-                    .map_err(|e| format!("{} closed its connection in the middle of a message: {e}", who()))?;
+                rx.got = 0;
+                peer.last_recv.store(inner.now_ms(), Ordering::Release);
+                let h = Header::decode(&rx.hdr).map_err(bad)?;
+                match h.tag {
+                    Tag::Data => {
+                        let c = h.conn as usize;
+                        if inner.dirs.get(c) != Some(&Dir::In(p as u16)) {
+                            return Err(bad(format!(
+                                "data for connection {c}, not one from it to this rank"
+                            )));
+                        }
+                        if h.b > proto::MAX_SEGS {
+                            return Err(bad(format!("{} segments", h.b)));
+                        }
+                        rx.stage = Stage::Table(h, Vec::with_capacity(h.b as usize * 8));
+                    }
+                    Tag::Credit => {
+                        let c = h.conn as usize;
+                        if inner.dirs.get(c) != Some(&Dir::Out(p as u16)) {
+                            return Err(bad(format!(
+                                "credit for connection {c}, not one from this rank to it"
+                            )));
+                        }
+                        inner
+                            .arena
+                            .consumed(c as u32)
+                            .fetch_max(h.seq, Ordering::AcqRel);
+                        progress = true;
+                    }
+                    Tag::Heartbeat => {}
+                    Tag::Abort => {
+                        if h.a >= inner.world || h.b >= inner.world {
+                            return Err(bad(format!("abort naming ranks {} and {}", h.a, h.b)));
+                        }
+                        raise_abort(&inner.arena, h.a, h.b);
+                        progress = true;
+                    }
+                    Tag::Goodbye => {
+                        rx.said_goodbye = true;
+                        inner.gone(p);
+                        let _ = sock.shutdown(Shutdown::Write);
+                    }
+                }
+            }
+            Stage::Table(h, table) => {
+                let want = h.b as usize * 8;
+                let have = table.len();
+                if have < want {
+                    table.resize(want, 0);
+                    let got = match recv_now(sock, &mut table[have..]) {
+                        Ok(None) => {
+                            table.truncate(have);
+                            return Ok(if progress {
+                                Pumped::Progress
+                            } else {
+                                Pumped::Idle
+                            });
+                        }
+                        Ok(Some(0)) => return Err(mid(&"end of stream")),
+                        Ok(Some(n)) => n,
+                        Err(e) => return Err(mid(&e)),
+                    };
+                    table.truncate(have + got);
+                    if table.len() < want {
+                        continue;
+                    }
+                }
+                let h = *h;
                 let segs: Vec<(u32, u32)> = table
                     .chunks_exact(8)
                     .map(|b| {
@@ -763,61 +955,60 @@ fn receive(inner: &Inner, p: usize, s: usize) -> std::result::Result<(), String>
                     })
                     .collect();
                 proto::check_segments(&segs, inner.slot_bytes, h.c).map_err(bad)?;
-                let inb = inner.inbound[c].as_ref().ok_or_else(|| bad("no inbound state".into()))?;
-                let consumed = inner.arena.consumed(c as u32).load(Ordering::Acquire);
-                inb.begin(h.seq, h.a, inner.nsocks as u32, consumed).map_err(bad)?;
-                let slot = inner.arena.slot(c as u32, h.seq);
-                for (off, len) in segs {
-                    // SAFETY: the credit window reserves this slot for message `seq` (the
-                    // engine finished with its previous message), and the segment lies
-                    // inside it (checked above).
-                    let dst = unsafe { std::slice::from_raw_parts_mut(slot.add(off as usize), len as usize) };
-                    r.read_exact(dst).map_err(|e| {
-                        format!("{} closed its connection in the middle of a message: {e}", who())
-                    })?;
-                }
-                tracing::trace!(rank = inner.me, peer = peer.rank, conn = c, seq = h.seq, "net recv");
-                if let Some(published) = inb.end(h.seq) {
-                    inner.arena.sent(c as u32).store(published, Ordering::Release);
-                }
-            }
-            Tag::Credit => {
                 let c = h.conn as usize;
-                if inner.dirs.get(c) != Some(&Dir::Out(p as u16)) {
-                    return Err(bad(format!("credit for connection {c}, not one from this rank to it")));
-                }
-                inner.arena.consumed(c as u32).fetch_max(h.seq, Ordering::AcqRel);
+                let inb = inner.inbound[c]
+                    .as_ref()
+                    .ok_or_else(|| bad("no inbound state".into()))?;
+                let consumed = inner.arena.consumed(c as u32).load(Ordering::Acquire);
+                inb.begin(h.seq, h.a, inner.nsocks as u32, consumed)
+                    .map_err(bad)?;
+                rx.stage = Stage::Payload(h, segs, 0, 0);
             }
-            Tag::Heartbeat => {}
-            Tag::Abort => {
-                if h.a >= inner.world || h.b >= inner.world {
-                    return Err(bad(format!("abort naming ranks {} and {}", h.a, h.b)));
+            Stage::Payload(h, segs, i, done) => {
+                if *i < segs.len() {
+                    let (off, len) = segs[*i];
+                    let slot = inner.arena.slot(h.conn, h.seq);
+                    // SAFETY: the credit window reserves this slot for message `seq` (its
+                    // previous message was consumed: `Inbound::begin` checked), and the
+                    // segment lies inside the slot (`check_segments`).
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            slot.add(off as usize + *done),
+                            len as usize - *done,
+                        )
+                    };
+                    if !dst.is_empty() {
+                        match recv_now(sock, dst) {
+                            Ok(None) => {
+                                return Ok(if progress {
+                                    Pumped::Progress
+                                } else {
+                                    Pumped::Idle
+                                });
+                            }
+                            Ok(Some(0)) => return Err(mid(&"end of stream")),
+                            Ok(Some(n)) => *done += n,
+                            Err(e) => return Err(mid(&e)),
+                        }
+                    }
+                    if *done == len as usize {
+                        *i += 1;
+                        *done = 0;
+                    }
+                    continue;
                 }
-                raise_abort(&inner.arena, h.a, h.b);
-            }
-            Tag::Goodbye => {
-                tracing::trace!(rank = inner.me, peer = peer.rank, "net goodbye");
-                said_goodbye = true;
-                inner.gone(p);
-                let _ = peer.socks[s].read.shutdown(Shutdown::Write);
+                let (c, seq) = (h.conn, h.seq);
+                tracing::trace!(rank = inner.me, peer = peer.rank, conn = c, seq, "net recv");
+                if let Some(inb) = &inner.inbound[c as usize]
+                    && let Some(published) = inb.end(seq)
+                {
+                    inner.arena.sent(c).store(published, Ordering::Release);
+                }
+                rx.stage = Stage::Header;
+                progress = true;
             }
         }
     }
-}
-
-/// Fills `buf`; `Ok(false)` on a clean end of stream before the first byte.
-fn read_full(r: &mut &TcpStream, buf: &mut [u8]) -> std::io::Result<bool> {
-    let mut got = 0;
-    while got < buf.len() {
-        match r.read(&mut buf[got..]) {
-            Ok(0) if got == 0 => return Ok(false),
-            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(true)
 }
 
 fn keeper_loop(inner: &Inner) {
@@ -853,7 +1044,13 @@ fn keeper_loop(inner: &Inner) {
                     && let Err(e) = w.write_all(&beat)
                 {
                     drop(w);
-                    inner.fail(p, format!("sending to rank {} on host {} failed: {e}", peer.rank, peer.host));
+                    inner.fail(
+                        p,
+                        format!(
+                            "sending to rank {} on host {} failed: {e}",
+                            peer.rank, peer.host
+                        ),
+                    );
                     continue;
                 }
                 let last = peer.last_recv.load(Ordering::Acquire);
@@ -891,7 +1088,13 @@ impl Net {
         let p = p as usize;
         let peer = &self.inner.peers[p];
         if peer.state.load(Ordering::Acquire) != ALIVE {
-            tracing::trace!(rank = self.inner.me, peer = peer.rank, conn = c, seq, "net send skipped: peer not alive");
+            tracing::trace!(
+                rank = self.inner.me,
+                peer = peer.rank,
+                conn = c,
+                seq,
+                "net send skipped: peer not alive"
+            );
             return;
         }
         #[cfg(feature = "rdma")]
@@ -899,14 +1102,24 @@ impl Net {
             if let Err(e) = ib.send(&self.inner, p, c, seq, segs) {
                 self.inner.fail(
                     p,
-                    format!("RDMA write to rank {} on host {} failed: {e}", peer.rank, peer.host),
+                    format!(
+                        "RDMA write to rank {} on host {} failed: {e}",
+                        peer.rank, peer.host
+                    ),
                 );
             }
             return;
         }
         let parts = proto::split(segs, self.inner.nsocks);
         let n = parts.len();
-        tracing::trace!(rank = self.inner.me, peer = peer.rank, conn = c, seq, parts = n, "net send");
+        tracing::trace!(
+            rank = self.inner.me,
+            peer = peer.rank,
+            conn = c,
+            seq,
+            parts = n,
+            "net send"
+        );
         let mut result: std::io::Result<()> = Ok(());
         let mut handed = 0usize;
         for (j, part) in parts.into_iter().enumerate() {
@@ -945,7 +1158,10 @@ impl Net {
         if let Err(e) = result {
             self.inner.fail(
                 p,
-                format!("sending to rank {} on host {} ({}) failed: {e}", peer.rank, peer.host, peer.addr),
+                format!(
+                    "sending to rank {} on host {} ({}) failed: {e}",
+                    peer.rank, peer.host, peer.addr
+                ),
             );
         }
     }
@@ -972,18 +1188,52 @@ impl Net {
         let _ = write_frame(&peer.socks[c as usize % self.inner.nsocks], &h);
     }
 
+    /// Reads whatever the peer of connection `c` has sent (data, credits) without blocking,
+    /// unless its receiving thread is at it already: a waiting engine picks up messages as
+    /// soon as they arrive instead of waiting for that thread to be scheduled.
+    pub(crate) fn poll(&self, c: u32) {
+        let p = match self.inner.dirs[c as usize] {
+            Dir::In(p) | Dir::Out(p) => p as usize,
+            Dir::Local => return,
+        };
+        let peer = &self.inner.peers[p];
+        if peer.state.load(Ordering::Acquire) != ALIVE {
+            return;
+        }
+        for (s, sock) in peer.socks.iter().enumerate() {
+            let Ok(mut rx) = sock.rx.try_lock() else {
+                continue;
+            };
+            if let Err(why) = pump(&self.inner, p, s, &mut rx) {
+                rx.stage = Stage::Closed;
+                drop(rx);
+                self.inner.fail(p, why);
+                // Wake the receiving thread so that it ends too.
+                let _ = sock.read.shutdown(Shutdown::Both);
+            }
+        }
+    }
+
     /// `None` while `rank` (on another host) is alive, else why it is not.
     pub(crate) fn peer_failure(&self, rank: u32) -> Option<String> {
         let peer = self.inner.peers.iter().find(|p| p.rank == rank)?;
         if peer.state.load(Ordering::Acquire) == ALIVE {
             return None;
         }
-        Some(peer.reason.lock().unwrap_or_else(|e| e.into_inner()).clone())
+        Some(
+            peer.reason
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+        )
     }
 
     /// The host identity of `rank`.
     pub(crate) fn host_of(&self, rank: u32) -> &str {
-        self.inner.hosts.get(rank as usize).map_or("?", |h| h.as_str())
+        self.inner
+            .hosts
+            .get(rank as usize)
+            .map_or("?", |h| h.as_str())
     }
 }
 
@@ -1055,6 +1305,7 @@ mod tests {
                 socks: vec![Sock {
                     read: sock,
                     write: Mutex::new(write),
+                    rx: Mutex::new(RxState::default()),
                 }],
                 state: AtomicU8::new(ALIVE),
                 reason: Mutex::new(String::new()),
@@ -1117,17 +1368,37 @@ mod tests {
             ("garbage", vec![0xAB; 40], "malformed frame"),
             ("wrong direction", data(0, 0, &[(0, 8)]), "not one from it"),
             ("unknown connection", data(9, 0, &[(0, 8)]), "connection 9"),
-            ("segment past the slot", data(1, 0, &[(SLOT as u32 - 8, 64)]), "outside"),
-            ("outside the credit window", data(1, 2, &[(0, 8)]), "credit window"),
-            ("too many segments", {
-                let mut h = Header::new(Tag::Data);
-                h.conn = 1;
-                h.a = 1;
-                h.b = proto::MAX_SEGS + 1;
-                h.encode().to_vec()
-            }, "segments"),
-            ("closed mid-message", header_then_short, "middle of a message"),
-            ("closed without goodbye", Vec::new(), "without saying goodbye"),
+            (
+                "segment past the slot",
+                data(1, 0, &[(SLOT as u32 - 8, 64)]),
+                "outside",
+            ),
+            (
+                "outside the credit window",
+                data(1, 2, &[(0, 8)]),
+                "credit window",
+            ),
+            (
+                "too many segments",
+                {
+                    let mut h = Header::new(Tag::Data);
+                    h.conn = 1;
+                    h.a = 1;
+                    h.b = proto::MAX_SEGS + 1;
+                    h.encode().to_vec()
+                },
+                "segments",
+            ),
+            (
+                "closed mid-message",
+                header_then_short,
+                "middle of a message",
+            ),
+            (
+                "closed without goodbye",
+                Vec::new(),
+                "without saying goodbye",
+            ),
         ];
         for (what, bytes, want) in cases {
             let (inner, state, reason) = feed(&bytes);
@@ -1139,9 +1410,16 @@ mod tests {
                 0,
                 "{what}: a waiting rank reports it, not the receiver"
             );
-            assert_eq!(inner.arena.sent(1).load(Ordering::Acquire), 0, "{what}: nothing published");
+            assert_eq!(
+                inner.arena.sent(1).load(Ordering::Acquire),
+                0,
+                "{what}: nothing published"
+            );
             if want != "middle of a message" {
-                assert!(slot_bytes(&inner, 1, 0).iter().all(|&b| b == 0), "{what}: slot untouched");
+                assert!(
+                    slot_bytes(&inner, 1, 0).iter().all(|&b| b == 0),
+                    "{what}: slot untouched"
+                );
             }
         }
     }

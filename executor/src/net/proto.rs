@@ -147,7 +147,11 @@ pub(crate) fn split(segs: &[Seg], max_parts: usize) -> Vec<Vec<Seg>> {
 }
 
 /// Validates a data part's segment table against the slot size; returns the payload bytes.
-pub(crate) fn check_segments(table: &[(u32, u32)], slot_bytes: usize, payload: u32) -> Result<(), String> {
+pub(crate) fn check_segments(
+    table: &[(u32, u32)],
+    slot_bytes: usize,
+    payload: u32,
+) -> Result<(), String> {
     let mut sum = 0u64;
     for &(off, len) in table {
         let end = u64::from(off) + u64::from(len);
@@ -185,9 +189,17 @@ impl Inbound {
     /// A part of message `seq` (of `parts` parts) is about to be written into its slot;
     /// `consumed` is how many messages the local receiver has freed. Refuses parts outside
     /// the credit window or inconsistent with earlier parts of the same message.
-    pub(crate) fn begin(&self, seq: u64, parts: u32, max_parts: u32, consumed: u64) -> Result<(), String> {
+    pub(crate) fn begin(
+        &self,
+        seq: u64,
+        parts: u32,
+        max_parts: u32,
+        consumed: u64,
+    ) -> Result<(), String> {
         if parts == 0 || parts > max_parts {
-            return Err(format!("message split into {parts} parts (at most {max_parts})"));
+            return Err(format!(
+                "message split into {parts} parts (at most {max_parts})"
+            ));
         }
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if seq < st.published || seq >= consumed + CONNECTION_SLOTS as u64 {
@@ -285,7 +297,12 @@ mod tests {
             let out = split(&segs, parts);
             let total: usize = lens.iter().sum();
             assert!(!out.is_empty() && out.len() <= parts.max(1));
-            assert!(out.len() == 1 || out.iter().all(|p| p.iter().map(|s| s.len).sum::<usize>() >= MIN_PART));
+            assert!(
+                out.len() == 1
+                    || out
+                        .iter()
+                        .all(|p| p.iter().map(|s| s.len).sum::<usize>() >= MIN_PART)
+            );
             // Flattened, the parts cover the same (offset, pointer) bytes in order.
             let flat: Vec<(usize, usize)> = out
                 .iter()
@@ -324,7 +341,10 @@ mod tests {
         inb.begin(2, 1, 4, 1).unwrap();
         // A third part of a two-part message, a replayed message and a bad part count fail.
         assert!(inb.begin(1, 1, 4, 1).is_err());
-        assert!(inb.begin(2, 1, 4, 1).is_err(), "a second begin of a one-part message");
+        assert!(
+            inb.begin(2, 1, 4, 1).is_err(),
+            "a second begin of a one-part message"
+        );
         assert!(inb.begin(3, 0, 4, 2).is_err());
         assert!(inb.begin(3, 5, 4, 2).is_err());
         inb.begin(3, 1, 4, 2).unwrap();

@@ -3,7 +3,7 @@
 //!
 //! # Choosing the transport
 //!
-//! [`Links::establish`] runs inside `connect` once every peer's TCP sockets are
+//! `Links::establish` runs inside `connect` once every peer's TCP sockets are
 //! authenticated and before their receiving threads start, so socket 0 of each peer carries
 //! the negotiation synchronously (with a read timeout, restored afterwards):
 //!
@@ -31,39 +31,47 @@
 //! The `ibverbs` crate (0.9) offers two-sided operations only: `post_send` of a registered
 //! buffer (`IBV_WR_SEND`, signaled) and `post_receive` into one; it neither registers foreign
 //! memory such as the shared region nor posts RDMA writes with immediate data. So a message
-//! is *sent*, in the TCP frame format of [`super::proto`]: a 32-byte [`Header`] (`Data`: parts,
+//! is *sent*, in the TCP frame format of `proto`: a 32-byte `Header` (`Data`: parts,
 //! segment count, payload bytes), the segment table (slot offset, length) and the payload.
 //! The sender copies the engine's segments into a free buffer of a registered staging region
 //! (`SEND_DEPTH` buffers per peer, each freed by its send completion, which the sender reaps
 //! itself) and posts it; the receiver's poller thread (one per rank, polling one completion
 //! queue shared by all its queue pairs) validates the message, copies each segment from its
 //! registered receive buffer into the ring slot `(conn, seq)` of this host's region, and
-//! publishes it exactly as a TCP receiving thread does: [`Inbound::begin`] / [`Inbound::end`]
+//! publishes it exactly as a TCP receiving thread does: `Inbound::begin` / `Inbound::end`
 //! and a Release store of the ring's `sent` word. Then it posts the buffer again. A credit is
 //! a header-only `Credit` message; the poller stores it with `fetch_max` into the ring's
 //! `consumed` word. The work-request id of a receive names the peer and the buffer.
 //!
 //! Shared with TCP: the frame header and the segment-table check, the reassembly state
-//! ([`Inbound`]: in-order publication, refusal of parts outside the credit window or
+//! (`Inbound`: in-order publication, refusal of parts outside the credit window or
 //! inconsistent with earlier parts), and the credit window itself (message `k` is sent only
 //! when slot `k % CONNECTION_SLOTS` is free at the receiver, so every message has a free,
 //! reserved slot to land in and the poller never waits for the engine). Message splitting
 //! differs only in its unit: TCP splits a message over sockets, RDMA splits it when it
-//! would not fit the receiver's buffer ([`pack`], at most 1 MiB of payload per message), and
-//! both reassemble through [`Inbound`].
+//! would not fit the receiver's buffer (`pack`, at most 1 MiB of payload per message), and
+//! both reassemble through `Inbound`.
 //!
 //! Queue pairs: RC, path MTU of the port, timeout 14 (67 ms), retry count 7, RNR retry 7
 //! (infinite: a receive buffer is always posted again promptly, so "receiver not ready" is
-//! transient), `SEND_DEPTH` send and up to 64 receive work requests. The receive depth per
-//! peer is `CONNECTION_SLOTS` × (connections with that peer) plus slack, so credits and data
-//! normally never wait for a buffer. Liveness, aborts and goodbyes stay on TCP (the keeper
-//! thread and the socket receivers keep running); a work completion with an error status
-//! marks the peer failed through `Inner::fail`.
+//! transient), 8 send and up to 64 receive work requests. The receive depth per peer is
+//! `CONNECTION_SLOTS` × (connections with that peer) plus slack, so credits and data normally
+//! never wait for a buffer. GID routing uses a RoCE v2 GID holding an IPv4 address when the
+//! port has one, else the port's first GID. Liveness, aborts and goodbyes stay on TCP (the
+//! keeper thread and the socket receivers keep running); a work completion with an error
+//! status marks the peer failed through `Inner::fail`. The poller spins, then yields, then
+//! (idle for 2 ms) sleeps 20 µs between polls, or 200 µs once idle for 100 ms. On teardown
+//! the sends still in flight get up to 1 s to complete before the queue pairs are destroyed.
+//!
+//! Compared with RDMA writes with immediate data into the registered shared region, this
+//! costs one copy on the receiving side (receive buffer to slot) and twice the slot memory;
+//! both go once the bindings can register foreign memory and post writes.
 //!
 //! # Without a device
 //!
-//! Nothing here needs a device except opening it, so the wire formats, message packing and
-//! slot placement are tested on any machine; the test that needs a device says it skipped.
+//! The wire formats, message packing, slot placement and credits are tested on any machine
+//! (`tests` below), and so is the negotiation's fallback to TCP (two "hosts" on loopback);
+//! the test that needs a device (a queue pair connected to itself) says it skipped.
 
 use super::proto::{self, HEADER, Header, Inbound, Seg, Tag};
 use super::{ALIVE, DEAD, Dir, Inner, NetConfig, NetKind};
@@ -102,6 +110,8 @@ const TABLE_ROOM: usize = 64 * ENTRY;
 const MAX_PAYLOAD: usize = 1 << 20;
 /// Smallest receive buffer a peer may announce.
 const MIN_CAP: usize = HEADER + 64;
+/// Largest receive buffer a peer may announce (what [`message_cap`] gives at most).
+const MAX_CAP: usize = (HEADER + MAX_PAYLOAD).div_ceil(64) * 64;
 /// Staging buffers (outstanding sends) per peer.
 const SEND_DEPTH: usize = 8;
 /// Bounds of the receive buffers posted per peer.
@@ -353,7 +363,7 @@ impl Offer {
             if qpn == 0 || qpn >= 1 << 24 {
                 return Err(format!("transport offer with queue pair number {qpn}"));
             }
-            if (cap as usize) < MIN_CAP {
+            if !(MIN_CAP..=MAX_CAP).contains(&(cap as usize)) {
                 return Err(format!("transport offer with {cap}-byte receive buffers"));
             }
         } else if has_gid || qpn != 0 {
@@ -1292,12 +1302,16 @@ fn poll_loop(verbs: &Verbs, inner: &Inner, stop: &AtomicBool) {
             if empty == 1 {
                 idle_since = Instant::now();
             }
+            let idle = idle_since.elapsed();
             if empty < 256 {
                 std::hint::spin_loop();
-            } else if idle_since.elapsed() < Duration::from_millis(2) {
+            } else if idle < Duration::from_millis(2) {
                 std::thread::yield_now();
-            } else {
+            } else if idle < Duration::from_millis(100) {
                 std::thread::sleep(Duration::from_micros(20));
+            } else {
+                // Long idle (between calls): a first message waits at most this long.
+                std::thread::sleep(Duration::from_micros(200));
             }
             continue;
         }
@@ -1455,6 +1469,7 @@ mod tests {
             (24, 0, "queue pair"),
             (24, 1 << 24, "queue pair"),
             (56, 16, "receive buffers"),
+            (56, MAX_CAP as u32 + 64, "receive buffers"),
             (20, FLAG_GID, "endpoint"),
         ] {
             let mut bad = good.clone();
@@ -1688,8 +1703,97 @@ mod tests {
     fn message_cap_fits_a_slot_and_a_table() {
         assert!(message_cap(64) >= HEADER + 64 + TABLE_ROOM);
         assert_eq!(message_cap(256 * 1024) % 64, 0);
-        assert!(message_cap(1 << 30) <= HEADER + MAX_PAYLOAD + 64);
+        assert_eq!(message_cap(1 << 30), MAX_CAP);
         assert!(message_cap(64) >= MIN_CAP);
+    }
+
+    /// Two ranks on two "hosts" of this process (loopback TCP), with these transport
+    /// choices; the results of `ProcessGroup::init_with`.
+    fn two_hosts(tag: &str, kinds: [NetKind; 2]) -> Vec<crate::Result<crate::Communicator>> {
+        crate::config::init_tracing();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        std::thread::scope(|s| {
+            let handles: Vec<_> = kinds
+                .iter()
+                .enumerate()
+                .map(|(r, &kind)| {
+                    let boot = crate::Bootstrap {
+                        addr: format!("127.0.0.1:{port}"),
+                        token: "rdma-test".into(),
+                        host: Some(format!("{tag}-h{r}")),
+                    };
+                    let cfg = crate::Config::default()
+                        .with_timeout(Duration::from_secs(20))
+                        .with_net(NetConfig {
+                            kind,
+                            ..NetConfig::default()
+                        });
+                    s.spawn(move || {
+                        crate::ProcessGroup::init_with(
+                            crate::fallback::plan(2),
+                            r as u32,
+                            2,
+                            &boot,
+                            cfg,
+                        )
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("rank thread"))
+                .collect()
+        })
+    }
+
+    fn all_reduce(comms: Vec<crate::Result<crate::Communicator>>) {
+        let outs: Vec<Vec<f32>> = std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .into_iter()
+                .map(|c| {
+                    s.spawn(move || {
+                        let mut c = c.expect("joined");
+                        let mut buf = vec![1.5f32; 70_001];
+                        c.all_reduce_in_place(&mut buf, crate::ReduceOp::Sum)
+                            .expect("all-reduce");
+                        buf
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for out in outs {
+            assert!(out.iter().all(|&x| x == 3.0));
+        }
+    }
+
+    #[test]
+    fn without_a_device_the_job_negotiates_tcp() {
+        // Unset on both sides, or socket on one: every pair agrees on TCP (with a device,
+        // the first pair would use RDMA and the second TCP).
+        all_reduce(two_hosts("rdma-auto", [NetKind::Auto, NetKind::Auto]));
+        all_reduce(two_hosts("rdma-mixed", [NetKind::Socket, NetKind::Auto]));
+    }
+
+    #[test]
+    fn without_a_device_hccl_net_ib_is_a_clear_error() {
+        if let Ok(dev) = probe(None) {
+            println!("skipped: RDMA device {dev} present");
+            return;
+        }
+        for r in two_hosts("rdma-ib", [NetKind::Ib, NetKind::Ib]) {
+            let Err(e) = r else {
+                panic!("HCCL_NET=ib without a device joined");
+            };
+            let text = e.to_string();
+            assert!(
+                text.contains("HCCL_NET=ib") && text.contains("RDMA"),
+                "{text}"
+            );
+        }
     }
 
     #[test]
