@@ -425,7 +425,8 @@ def tcp(p, r):
 def hccl(p, r):
     try:
         doc = json.load(open(os.path.join(out, f"{p}_hccl_r{r}.json")))
-        return {row["bytes"]: (row["busbw_gbps"], row["time_us"]) for row in doc["rows"]}
+        return {row["bytes"]: (row["busbw_gbps"], row["time_us"], row.get("predicted_us"))
+                for row in doc["rows"]}
     except (OSError, ValueError, KeyError):
         return {}
 
@@ -462,8 +463,9 @@ for p in paths:
         sizes |= set(h) | set(m)
     print(f"\n## {p}: {describe[p]}")
     print(f"\nRaw TCP (host 0 -> host 1): stream {fmt(stream)} GB/s, 8 B half-RTT {fmt(lat, 2)} µs")
-    print("\n| size (B) | hccl busbw | MPI busbw | ratio | hccl µs | MPI µs | hccl/TCP | MPI/TCP |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n| size (B) | hccl busbw | MPI busbw | ratio | hccl µs | MPI µs | hccl/TCP | MPI/TCP | "
+          "hccl predicted µs | measured/predicted |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     first = {}
     for size in sorted(sizes):
         hb = [h[size][0] for h, _ in runs if size in h]
@@ -477,8 +479,10 @@ for p in paths:
         first.setdefault("row", (size, row))
         first["last"] = (size, row)
         of = lambda b: None if b is None or not stream else b / stream
+        pred = med([h[size][2] for h, _ in runs if size in h and h[size][2] is not None])
+        vs = None if pred is None or row[3] is None or pred <= 0 else row[3] / pred
         print(f"| {size} | {fmt(row[0])} | {fmt(row[1])} | {fmt(row[2], 2)} | {fmt(row[3], 2)} | "
-              f"{fmt(row[4], 2)} | {fmt(of(row[0]), 2)} | {fmt(of(row[1]), 2)} |")
+              f"{fmt(row[4], 2)} | {fmt(of(row[0]), 2)} | {fmt(of(row[1]), 2)} | {fmt(pred, 2)} | {fmt(vs, 2)} |")
     small = first.get("row", (None, (None,) * 5))
     big = first.get("last", (None, (None,) * 5))
     summary.append((p, stream, lat, small, big))

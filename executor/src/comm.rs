@@ -418,32 +418,22 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
         segments = segs,
         "collective start"
     );
-    for s in 0..segs {
-        let lo = s * seglen;
-        let len = seglen.min(stride - lo);
-        let geo = Geometry {
-            esize: es,
-            cpb,
-            stride,
-            lo,
-            len,
-            maxc: len.div_ceil(cpb) as usize,
-        };
-        if let Err(e) = engine.run_segment(&ctx, &entry.program, &geo, &bufs, &call.kernels) {
-            engine.settle_all(&shared.arena);
-            return Err(with_host(shared, e));
-        }
+    if let Some(net) = &shared.net {
+        net.begin_call();
     }
-    if shared.net.is_some() {
-        // A network send that failed raised the abort word without a wait to notice it.
-        let word = shared.arena.abort().load(Ordering::Acquire);
-        if word != 0 {
-            return Err(with_host(shared, crate::engine::abort_error(rank, word)));
-        }
+    let res = run_segments(
+        shared,
+        engine,
+        &ctx,
+        entry,
+        &bufs,
+        call,
+        (segs, seglen, stride, cpb),
+    );
+    if let Some(net) = &shared.net {
+        net.end_call();
     }
-    // Peers may still read this rank's buffers through pointer messages: settle them
-    // before the buffers go back to the caller.
-    engine.settle_all(&shared.arena);
+    res?;
     // SAFETY: as above.
     unsafe {
         if let Some((src, dst, len)) = post_copy {
@@ -463,6 +453,57 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
             }
         }
     }
+    Ok(())
+}
+
+/// Replays `entry` over every segment of a call.
+fn run_segments(
+    shared: &Shared,
+    engine: &mut EngineState,
+    ctx: &Ctx<'_>,
+    entry: &Entry,
+    bufs: &Bufs,
+    call: &Call,
+    (segs, seglen, stride, cpb): (u64, u64, u64, u64),
+) -> Result<()> {
+    let rank = ctx.rank;
+    for s in 0..segs {
+        let lo = s * seglen;
+        let len = seglen.min(stride - lo);
+        let geo = Geometry {
+            esize: call.kernels.esize,
+            cpb,
+            stride,
+            lo,
+            len,
+            maxc: len.div_ceil(cpb) as usize,
+        };
+        if let Err(e) = engine.run_segment(ctx, &entry.program, &geo, bufs, &call.kernels) {
+            engine.settle_all(&shared.arena);
+            return Err(with_host(shared, e));
+        }
+    }
+    if let Some(net) = &shared.net {
+        // A send that failed is noticed by no wait of this rank: report it here.
+        if let Some((failed, reason)) = net.take_send_failure() {
+            raise_abort(&shared.arena, rank, failed);
+            return Err(with_host(
+                shared,
+                ExecError::PeerFailed {
+                    rank,
+                    failed,
+                    reason,
+                },
+            ));
+        }
+        let word = shared.arena.abort().load(Ordering::Acquire);
+        if word != 0 {
+            return Err(with_host(shared, crate::engine::abort_error(rank, word)));
+        }
+    }
+    // Peers may still read this rank's buffers through pointer messages: settle them
+    // before the buffers go back to the caller.
+    engine.settle_all(&shared.arena);
     Ok(())
 }
 

@@ -218,6 +218,13 @@ struct Inner {
     leaving: AtomicBool,
     abort_sent: AtomicBool,
     receivers_done: AtomicUsize,
+    /// A collective call is running: its engine reads the sockets whenever it waits, and
+    /// the receiving threads stay asleep (each wake-up would cost a context switch on the
+    /// cores the ranks run on). Between calls the receiving threads read.
+    active: AtomicBool,
+    idle: (Mutex<()>, std::sync::Condvar),
+    /// The first send of this call that failed: the peer's rank and why.
+    send_failure: Mutex<Option<(u32, String)>>,
 }
 
 type PartJob = (usize, usize, Vec<Seg>, [u8; proto::HEADER]);
@@ -378,10 +385,12 @@ pub(crate) fn connect(mut setup: Setup<'_>) -> Result<Option<Net>> {
                 .ok_or_else(|| boot_err(format!("no data connection {s} with rank {r}")))?;
             tune(&stream);
             let _ = stream.set_read_timeout(None);
+            stream
+                .set_nonblocking(true)
+                .map_err(|e| boot_err(format!("configuring a socket: {e}")))?;
             let write = stream
                 .try_clone()
                 .map_err(|e| boot_err(format!("duplicating a socket: {e}")))?;
-            let _ = write.set_write_timeout(Some(silence_for(setup.timeout)));
             list.push(Sock {
                 read: stream,
                 write: Mutex::new(write),
@@ -428,6 +437,9 @@ pub(crate) fn connect(mut setup: Setup<'_>) -> Result<Option<Net>> {
         leaving: AtomicBool::new(false),
         abort_sent: AtomicBool::new(false),
         receivers_done: AtomicUsize::new(0),
+        active: AtomicBool::new(false),
+        idle: (Mutex::new(()), std::sync::Condvar::new()),
+        send_failure: Mutex::new(None),
     });
     // RDMA, when chosen, is set up over the authenticated TCP sockets (queue-pair
     // information travels on socket 0 of each peer) before their receiving threads start.
@@ -459,7 +471,7 @@ pub(crate) fn connect(mut setup: Setup<'_>) -> Result<Option<Net>> {
             .spawn(move || {
                 crate::affinity::unbind_current_thread();
                 while let Ok((p, s, segs, hdr)) = rx.recv() {
-                    let _ = done.send(write_part(&inner2.peers[p].socks[s], &hdr, &segs));
+                    let _ = done.send(write_part_on(&inner2, p, s, &hdr, &segs));
                 }
             })
             .map_err(spawn_err)?;
@@ -474,12 +486,17 @@ pub(crate) fn connect(mut setup: Setup<'_>) -> Result<Option<Net>> {
             keeper_loop(&keeper_inner)
         })
         .map_err(spawn_err)?;
+    #[cfg(feature = "rdma")]
+    let transport = if ib.is_some() { "RDMA" } else { "TCP" };
+    #[cfg(not(feature = "rdma"))]
+    let transport = "TCP";
     tracing::info!(
         rank = me,
         peers = inner.peers.len(),
         nsocks,
         nthreads = setup.cfg.nthreads,
-        "network connections ready (TCP)"
+        transport,
+        "network connections ready"
     );
     Ok(Some(Net {
         inner,
@@ -643,26 +660,62 @@ fn read_data_hello(
     Ok((from, sock, theirs))
 }
 
-fn write_all_vectored(w: &mut TcpStream, mut bufs: &mut [IoSlice<'_>]) -> std::io::Result<()> {
+/// Waits until `fd` is ready for `events` (or `timeout` passes).
+fn wait_fd(fd: std::os::fd::RawFd, events: i16, timeout: Duration) {
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: one valid pollfd.
+    let _ = unsafe { libc::poll(&mut p, 1, ms) };
+}
+
+/// Writes all of `bufs` to a non-blocking socket. While the socket is full, `pump` runs (the
+/// caller reads what peers send meanwhile, so that two ranks writing to each other cannot
+/// wait on each other forever); a socket that stays full for `limit` is an error.
+fn write_all_nb(
+    w: &mut TcpStream,
+    mut bufs: &mut [IoSlice<'_>],
+    limit: Duration,
+    pump: &mut dyn FnMut(),
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let mut stuck: Option<Instant> = None;
     while !bufs.is_empty() {
-        let n = w.write_vectored(&bufs[..bufs.len().min(512)])?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
+        match w.write_vectored(&bufs[..bufs.len().min(512)]) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                IoSlice::advance_slices(&mut bufs, n);
+                stuck = None;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let since = *stuck.get_or_insert_with(Instant::now);
+                if since.elapsed() >= limit {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("the peer took nothing for {:.1} s", limit.as_secs_f64()),
+                    ));
+                }
+                pump();
+                wait_fd(w.as_raw_fd(), libc::POLLOUT, Duration::from_micros(200));
+            }
+            Err(e) => return Err(e),
         }
-        IoSlice::advance_slices(&mut bufs, n);
     }
     Ok(())
 }
 
-fn write_part(sock: &Sock, hdr: &[u8; proto::HEADER], segs: &[Seg]) -> std::io::Result<()> {
-    let mut table = Vec::with_capacity(segs.len() * 8);
-    for s in segs {
-        table.extend_from_slice(&(s.off as u32).to_le_bytes());
-        table.extend_from_slice(&(s.len as u32).to_le_bytes());
-    }
+fn part_slices<'a>(
+    hdr: &'a [u8; proto::HEADER],
+    table: &'a [u8],
+    segs: &[Seg],
+) -> Vec<IoSlice<'a>> {
     let mut slices = Vec::with_capacity(segs.len() + 2);
     slices.push(IoSlice::new(hdr));
-    slices.push(IoSlice::new(&table));
+    slices.push(IoSlice::new(table));
     for s in segs {
         // SAFETY: the engine that built `segs` keeps this memory alive and unchanged until
         // the send returns (see `Net::send`).
@@ -670,18 +723,86 @@ fn write_part(sock: &Sock, hdr: &[u8; proto::HEADER], segs: &[Seg]) -> std::io::
             std::slice::from_raw_parts(s.ptr, s.len)
         }));
     }
-    let mut w = sock.write.lock().unwrap_or_else(|e| e.into_inner());
-    write_all_vectored(&mut w, &mut slices)
+    slices
 }
 
+fn seg_table(segs: &[Seg]) -> Vec<u8> {
+    let mut table = Vec::with_capacity(segs.len() * 8);
+    for s in segs {
+        table.extend_from_slice(&(s.off as u32).to_le_bytes());
+        table.extend_from_slice(&(s.len as u32).to_le_bytes());
+    }
+    table
+}
+
+/// Writes one data part on socket `s` of peer `p`, reading from every peer meanwhile.
+fn write_part_on(
+    inner: &Inner,
+    p: usize,
+    s: usize,
+    hdr: &[u8; proto::HEADER],
+    segs: &[Seg],
+) -> std::io::Result<()> {
+    let table = seg_table(segs);
+    let mut slices = part_slices(hdr, &table, segs);
+    let mut w = inner.peers[p].socks[s]
+        .write
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    write_all_nb(&mut w, &mut slices, inner.silence, &mut || inner.pump_all())
+}
+
+/// Writes one frame on socket `s` of peer `p`, reading from every peer meanwhile.
+fn write_frame_on(inner: &Inner, p: usize, s: usize, h: &Header) -> std::io::Result<()> {
+    let bytes = h.encode();
+    let mut slices = [IoSlice::new(&bytes)];
+    let mut w = inner.peers[p].socks[s]
+        .write
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    write_all_nb(&mut w, &mut slices, inner.silence, &mut || inner.pump_all())
+}
+
+/// Writes one frame without reading meanwhile (the keeper, `Drop`): gives up after a second
+/// of a full socket.
 fn write_frame(sock: &Sock, h: &Header) -> std::io::Result<()> {
+    let bytes = h.encode();
+    let mut slices = [IoSlice::new(&bytes)];
     let mut w = sock.write.lock().unwrap_or_else(|e| e.into_inner());
-    w.write_all(&h.encode())
+    write_all_nb(&mut w, &mut slices, Duration::from_secs(1), &mut || {})
 }
 
 impl Inner {
     fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Reads what every live peer has sent, without blocking, on the sockets no other
+    /// thread is reading right now.
+    fn pump_all(&self) {
+        for (p, peer) in self.peers.iter().enumerate() {
+            if peer.state.load(Ordering::Acquire) != ALIVE {
+                continue;
+            }
+            for s in 0..peer.socks.len() {
+                self.pump_try(p, s);
+            }
+        }
+    }
+
+    /// Pumps socket `s` of peer `p` unless another thread holds it; a failure marks the
+    /// peer failed and wakes the socket's receiving thread so that it ends.
+    fn pump_try(&self, p: usize, s: usize) {
+        let sock = &self.peers[p].socks[s];
+        let Ok(mut rx) = sock.rx.try_lock() else {
+            return;
+        };
+        if let Err(why) = pump(self, p, s, &mut rx) {
+            rx.stage = Stage::Closed;
+            drop(rx);
+            self.fail(p, why);
+            let _ = sock.read.shutdown(Shutdown::Both);
+        }
     }
 
     /// Marks a peer failed (once). Nothing is aborted here: a rank that waits for the
@@ -735,17 +856,26 @@ fn receive_loop(inner: &Inner, p: usize, s: usize) {
     inner.receivers_done.fetch_add(1, Ordering::AcqRel);
 }
 
-/// The receiving thread of one socket: sleeps until bytes arrive (a blocking peek, so no
-/// lock is held while it sleeps), then pumps them unless the waiting engine already did.
+/// The receiving thread of one socket. While a call is active it sleeps (the engine reads);
+/// between calls it waits for bytes with `poll` (no lock held meanwhile) and pumps them.
 fn receive(inner: &Inner, p: usize, s: usize) -> std::result::Result<(), String> {
+    use std::os::fd::AsRawFd;
     let sock = &inner.peers[p].socks[s];
-    let mut probe = [0u8; 1];
+    let fd = sock.read.as_raw_fd();
     loop {
-        match sock.read.peek(&mut probe) {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            // The pump below sees the same error and words it.
-            Err(_) => {}
+        {
+            let (m, cv) = &inner.idle;
+            let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
+            while inner.active.load(Ordering::Acquire) && !inner.leaving.load(Ordering::Acquire) {
+                g = cv
+                    .wait_timeout(g, HEARTBEAT_EVERY)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+        }
+        wait_fd(fd, libc::POLLIN, HEARTBEAT_EVERY);
+        if inner.active.load(Ordering::Acquire) && !inner.leaving.load(Ordering::Acquire) {
+            continue;
         }
         let mut rx = sock.rx.lock().unwrap_or_else(|e| e.into_inner());
         match pump(inner, p, s, &mut rx)? {
@@ -1011,6 +1141,22 @@ fn pump(
     }
 }
 
+/// Whether `sock` has bytes to read (or an end of stream) right now.
+fn bytes_waiting(sock: &TcpStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut b = [0u8; 1];
+    // SAFETY: a one-byte buffer; the descriptor is open while `sock` lives.
+    let n = unsafe {
+        libc::recv(
+            sock.as_raw_fd(),
+            b.as_mut_ptr().cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    n > 0
+}
+
 fn keeper_loop(inner: &Inner) {
     let mut last_beat = Instant::now();
     while !inner.leaving.load(Ordering::Acquire) {
@@ -1040,18 +1186,23 @@ fn keeper_loop(inner: &Inner) {
                     continue;
                 }
                 // A socket busy with a message proves liveness already.
-                if let Ok(mut w) = peer.socks[0].write.try_lock()
-                    && let Err(e) = w.write_all(&beat)
-                {
-                    drop(w);
-                    inner.fail(
-                        p,
-                        format!(
-                            "sending to rank {} on host {} failed: {e}",
-                            peer.rank, peer.host
-                        ),
-                    );
-                    continue;
+                if let Ok(mut w) = peer.socks[0].write.try_lock() {
+                    let mut slices = [IoSlice::new(&beat)];
+                    if let Err(e) = write_all_nb(&mut w, &mut slices, inner.silence, &mut || {}) {
+                        drop(w);
+                        inner.fail(
+                            p,
+                            format!(
+                                "sending to rank {} on host {} failed: {e}",
+                                peer.rank, peer.host
+                            ),
+                        );
+                        continue;
+                    }
+                }
+                // Bytes waiting unread (an engine busy elsewhere) prove liveness too.
+                if peer.socks.iter().any(|s| bytes_waiting(&s.read)) {
+                    peer.last_recv.store(now, Ordering::Release);
                 }
                 let last = peer.last_recv.load(Ordering::Acquire);
                 let silent = Duration::from_millis(now.saturating_sub(last));
@@ -1103,7 +1254,7 @@ impl Net {
                 self.inner.fail(
                     p,
                     format!(
-                        "RDMA write to rank {} on host {} failed: {e}",
+                        "RDMA send to rank {} on host {} failed: {e}",
                         peer.rank, peer.host
                     ),
                 );
@@ -1139,7 +1290,7 @@ impl Net {
                 }
                 continue;
             }
-            if let Err(e) = write_part(&peer.socks[sock], &hdr, &part)
+            if let Err(e) = write_part_on(&self.inner, p, sock, &hdr, &part)
                 && result.is_ok()
             {
                 result = Err(e);
@@ -1156,13 +1307,16 @@ impl Net {
             }
         }
         if let Err(e) = result {
-            self.inner.fail(
-                p,
-                format!(
-                    "sending to rank {} on host {} ({}) failed: {e}",
-                    peer.rank, peer.host, peer.addr
-                ),
+            let why = format!(
+                "sending to rank {} on host {} ({}) failed: {e}",
+                peer.rank, peer.host, peer.addr
             );
+            self.inner
+                .send_failure
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_or_insert((peer.rank, why.clone()));
+            self.inner.fail(p, why);
         }
     }
 
@@ -1185,7 +1339,7 @@ impl Net {
         let mut h = Header::new(Tag::Credit);
         h.conn = c;
         h.seq = consumed;
-        let _ = write_frame(&peer.socks[c as usize % self.inner.nsocks], &h);
+        let _ = write_frame_on(&self.inner, p as usize, c as usize % self.inner.nsocks, &h);
     }
 
     /// Reads whatever the peer of connection `c` has sent (data, credits) without blocking,
@@ -1196,22 +1350,33 @@ impl Net {
             Dir::In(p) | Dir::Out(p) => p as usize,
             Dir::Local => return,
         };
-        let peer = &self.inner.peers[p];
-        if peer.state.load(Ordering::Acquire) != ALIVE {
+        if self.inner.peers[p].state.load(Ordering::Acquire) != ALIVE {
             return;
         }
-        for (s, sock) in peer.socks.iter().enumerate() {
-            let Ok(mut rx) = sock.rx.try_lock() else {
-                continue;
-            };
-            if let Err(why) = pump(&self.inner, p, s, &mut rx) {
-                rx.stage = Stage::Closed;
-                drop(rx);
-                self.inner.fail(p, why);
-                // Wake the receiving thread so that it ends too.
-                let _ = sock.read.shutdown(Shutdown::Both);
-            }
+        for s in 0..self.inner.nsocks {
+            self.inner.pump_try(p, s);
         }
+    }
+
+    /// The first failed send since the last call of this, if any.
+    pub(crate) fn take_send_failure(&self) -> Option<(u32, String)> {
+        self.inner
+            .send_failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+
+    /// A collective call starts: its engine reads the sockets from now on.
+    pub(crate) fn begin_call(&self) {
+        self.inner.active.store(true, Ordering::Release);
+    }
+
+    /// The call ended: the receiving threads may read again (they look every
+    /// `HEARTBEAT_EVERY`; nothing between calls is urgent, and waking them after every call
+    /// would cost two context switches per call).
+    pub(crate) fn end_call(&self) {
+        self.inner.active.store(false, Ordering::Release);
     }
 
     /// `None` while `rank` (on another host) is alive, else why it is not.
@@ -1242,6 +1407,11 @@ impl Drop for Net {
         let inner = &self.inner;
         // From here on, a peer closing its side is expected, not a failure.
         inner.leaving.store(true, Ordering::Release);
+        {
+            let (m, cv) = &inner.idle;
+            let _g = m.lock().unwrap_or_else(|e| e.into_inner());
+            cv.notify_all();
+        }
         // Say goodbye on every socket, then stop writing; keep reading until the peers
         // close their side (so nothing they sent is refused with a reset), for a while.
         let bye = Header::new(Tag::Goodbye);
@@ -1320,6 +1490,9 @@ mod tests {
             leaving: AtomicBool::new(false),
             abort_sent: AtomicBool::new(false),
             receivers_done: AtomicUsize::new(0),
+            active: AtomicBool::new(false),
+            idle: (Mutex::new(()), std::sync::Condvar::new()),
+            send_failure: Mutex::new(None),
         })
     }
 
@@ -1428,6 +1601,8 @@ mod tests {
     fn a_valid_message_lands_in_its_slot_and_goodbye_is_not_a_failure() {
         let mut bytes = data(1, 0, &[(0, 4), (64, 4)]);
         bytes.extend_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8]);
+        // An empty message (no segments) is a message too.
+        bytes.extend_from_slice(&data(1, 1, &[]));
         let mut credit = Header::new(Tag::Credit);
         credit.conn = 0;
         credit.seq = 3;
@@ -1437,7 +1612,7 @@ mod tests {
         let (inner, state, reason) = feed(&bytes);
         assert_eq!(state, GONE, "{reason}");
         assert_eq!(inner.arena.abort().load(Ordering::Acquire), 0);
-        assert_eq!(inner.arena.sent(1).load(Ordering::Acquire), 1);
+        assert_eq!(inner.arena.sent(1).load(Ordering::Acquire), 2);
         assert_eq!(inner.arena.consumed(0).load(Ordering::Acquire), 3);
         let slot = slot_bytes(&inner, 1, 0);
         assert_eq!(&slot[0..4], &[1, 2, 3, 4]);

@@ -1225,7 +1225,7 @@ impl Links {
         h.conn = c;
         h.seq = consumed;
         let Some(link) = self.link(p) else {
-            let _ = super::write_frame(&inner.peers[p].socks[c as usize % inner.nsocks], &h);
+            let _ = super::write_frame_on(inner, p, c as usize % inner.nsocks, &h);
             return;
         };
         let res = link.post(inner, p, HEADER, |dst| {
@@ -1276,8 +1276,7 @@ fn tcp_send(inner: &Inner, p: usize, c: u32, seq: u64, segs: &[Seg]) -> std::io:
         h.a = n;
         h.b = part.len() as u32;
         h.c = part.iter().map(|s| s.len).sum::<usize>() as u32;
-        let sock = &inner.peers[p].socks[(c as usize + j) % inner.nsocks];
-        super::write_part(sock, &h.encode(), part)?;
+        super::write_part_on(inner, p, (c as usize + j) % inner.nsocks, &h.encode(), part)?;
     }
     Ok(())
 }
