@@ -903,6 +903,7 @@ struct RxState {
     hdr: [u8; proto::HEADER],
     got: usize,
     said_goodbye: bool,
+    ahead: ReadAhead,
 }
 
 impl Default for RxState {
@@ -912,7 +913,46 @@ impl Default for RxState {
             hdr: [0; proto::HEADER],
             got: 0,
             said_goodbye: false,
+            ahead: ReadAhead::default(),
         }
+    }
+}
+
+/// Bytes read from a socket ahead of the parser, so that a small message (header, segment
+/// table and payload) costs one `recv` instead of three. Reads of [`READ_AHEAD`] bytes or
+/// more go straight to their destination.
+#[derive(Debug, Default)]
+struct ReadAhead {
+    buf: Vec<u8>,
+    pos: usize,
+}
+
+const READ_AHEAD: usize = 16 * 1024;
+
+impl ReadAhead {
+    /// Like [`recv_now`], served from the bytes read ahead first.
+    fn read(&mut self, sock: &TcpStream, dst: &mut [u8]) -> std::io::Result<Option<usize>> {
+        if self.pos == self.buf.len() && !dst.is_empty() {
+            if dst.len() >= READ_AHEAD {
+                return recv_now(sock, dst);
+            }
+            self.buf.resize(READ_AHEAD, 0);
+            self.pos = 0;
+            match recv_now(sock, &mut self.buf) {
+                Ok(Some(n)) => self.buf.truncate(n),
+                other => {
+                    self.buf.clear();
+                    return other;
+                }
+            }
+            if self.buf.is_empty() {
+                return Ok(Some(0));
+            }
+        }
+        let n = dst.len().min(self.buf.len() - self.pos);
+        dst[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(Some(n))
     }
 }
 
@@ -976,7 +1016,7 @@ fn pump(
             Stage::Closed => return Ok(Pumped::Closed),
             Stage::Header => {
                 let got = rx.got;
-                match recv_now(sock, &mut rx.hdr[got..]) {
+                match rx.ahead.read(sock, &mut rx.hdr[got..]) {
                     Ok(None) => {
                         return Ok(if progress {
                             Pumped::Progress
@@ -1056,7 +1096,7 @@ fn pump(
                 let have = table.len();
                 if have < want {
                     table.resize(want, 0);
-                    let got = match recv_now(sock, &mut table[have..]) {
+                    let got = match rx.ahead.read(sock, &mut table[have..]) {
                         Ok(None) => {
                             table.truncate(have);
                             return Ok(if progress {
@@ -1108,7 +1148,7 @@ fn pump(
                         )
                     };
                     if !dst.is_empty() {
-                        match recv_now(sock, dst) {
+                        match rx.ahead.read(sock, dst) {
                             Ok(None) => {
                                 return Ok(if progress {
                                     Pumped::Progress
