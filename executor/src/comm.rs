@@ -401,11 +401,17 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
         scratch: scratch.ptr(),
     };
     let failure = |p: u32| peer_failure(shared, p);
+    let on_wait = || {
+        if let Some(net) = &shared.net {
+            net.flush_credits();
+        }
+    };
     let ctx = Ctx {
         rank,
         arena: &shared.arena,
         timeout: shared.config.timeout,
         failure: &failure,
+        on_wait: &on_wait,
         spin_polls: shared.spin_polls,
         single_copy: !shared.check_pids,
     };

@@ -100,6 +100,8 @@ pub(crate) struct Ctx<'a> {
     pub timeout: Duration,
     /// `None` while the peer lives, else what happened to it.
     pub failure: &'a dyn Fn(u32) -> Option<String>,
+    /// Called whenever a sweep made no progress (the network writes credits it owes).
+    pub on_wait: &'a dyn Fn(),
     /// Polls to spin before yielding: many when every rank has a core, few when ranks
     /// outnumber cores (spinning would only burn the time slice the peer needs).
     pub spin_polls: u32,
@@ -866,6 +868,7 @@ impl Waiter {
         if word != 0 {
             return Err(abort_error(ctx.rank, word));
         }
+        (ctx.on_wait)();
         self.polls = self.polls.saturating_add(1);
         if self.polls < self.budget.min(SPIN_POLLS) {
             std::hint::spin_loop();

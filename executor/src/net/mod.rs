@@ -225,6 +225,15 @@ struct Inner {
     idle: (Mutex<()>, std::sync::Condvar),
     /// The first send of this call that failed: the peer's rank and why.
     send_failure: Mutex<Option<(u32, String)>>,
+    /// Per connection this rank receives on: the consumed count to report, and the last
+    /// one reported. Credits ride along with the next data written to the peer; they are
+    /// written on their own only when this rank waits (`flush_credits`), so a bidirectional
+    /// exchange costs no credit writes at all.
+    credit_due: Vec<AtomicU64>,
+    credit_sent: Vec<AtomicU64>,
+    /// Incoming connections per peer.
+    in_conns: Vec<Vec<u32>>,
+    credits_due: AtomicBool,
 }
 
 type PartJob = (usize, usize, Vec<Seg>, [u8; proto::HEADER]);
@@ -421,6 +430,12 @@ pub(crate) fn connect(mut setup: Setup<'_>) -> Result<Option<Net>> {
             inbound[c as usize] = Some(Inbound::default());
         }
     }
+    let mut in_conns: Vec<Vec<u32>> = vec![Vec::new(); peers.len()];
+    for (c, d) in dirs.iter().enumerate() {
+        if let Dir::In(p) = d {
+            in_conns[*p as usize].push(c as u32);
+        }
+    }
     let silence = silence_for(setup.timeout);
     let inner = Arc::new(Inner {
         me,
@@ -440,6 +455,10 @@ pub(crate) fn connect(mut setup: Setup<'_>) -> Result<Option<Net>> {
         active: AtomicBool::new(false),
         idle: (Mutex::new(()), std::sync::Condvar::new()),
         send_failure: Mutex::new(None),
+        credit_due: (0..setup.conns.len()).map(|_| AtomicU64::new(0)).collect(),
+        credit_sent: (0..setup.conns.len()).map(|_| AtomicU64::new(0)).collect(),
+        in_conns,
+        credits_due: AtomicBool::new(false),
     });
     // RDMA, when chosen, is set up over the authenticated TCP sockets (queue-pair
     // information travels on socket 0 of each peer) before their receiving threads start.
@@ -749,10 +768,16 @@ fn write_part_on(
         .write
         .lock()
         .unwrap_or_else(|e| e.into_inner());
+    // Credits due to this peer ride in the same write.
+    let credits = inner.take_due_credits(p);
+    if !credits.is_empty() {
+        slices.insert(0, IoSlice::new(&credits));
+    }
     write_all_nb(&mut w, &mut slices, inner.silence, &mut || inner.pump_all())
 }
 
 /// Writes one frame on socket `s` of peer `p`, reading from every peer meanwhile.
+#[cfg_attr(not(feature = "rdma"), allow(dead_code))]
 fn write_frame_on(inner: &Inner, p: usize, s: usize, h: &Header) -> std::io::Result<()> {
     let bytes = h.encode();
     let mut slices = [IoSlice::new(&bytes)];
@@ -775,6 +800,50 @@ fn write_frame(sock: &Sock, h: &Header) -> std::io::Result<()> {
 impl Inner {
     fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Credit frames due to peer `p` (each credit is claimed by exactly one writer).
+    fn take_due_credits(&self, p: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        for &c in &self.in_conns[p] {
+            let due = self.credit_due[c as usize].load(Ordering::Acquire);
+            if due > 0 && self.credit_sent[c as usize].fetch_max(due, Ordering::AcqRel) < due {
+                let mut h = Header::new(Tag::Credit);
+                h.conn = c;
+                h.seq = due;
+                out.extend_from_slice(&h.encode());
+            }
+        }
+        out
+    }
+
+    /// Writes every credit that is due on its own (the caller waits, or is idle). `pump`:
+    /// read from peers while a socket is full (the engine); the keeper does not.
+    fn flush_credits(&self, pump: bool) {
+        if !self.credits_due.load(Ordering::Acquire)
+            || !self.credits_due.swap(false, Ordering::AcqRel)
+        {
+            return;
+        }
+        for (p, peer) in self.peers.iter().enumerate() {
+            if peer.state.load(Ordering::Acquire) != ALIVE {
+                continue;
+            }
+            let frames = self.take_due_credits(p);
+            if frames.is_empty() {
+                continue;
+            }
+            let mut slices = [IoSlice::new(&frames)];
+            let mut w = peer.socks[0]
+                .write
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let _ = if pump {
+                write_all_nb(&mut w, &mut slices, self.silence, &mut || self.pump_all())
+            } else {
+                write_all_nb(&mut w, &mut slices, Duration::from_secs(1), &mut || {})
+            };
+        }
     }
 
     /// Reads what every live peer has sent, without blocking, on the sockets no other
@@ -1217,6 +1286,10 @@ fn keeper_loop(inner: &Inner) {
                 }
             }
         }
+        // Between calls nobody waits: hand over the credits still due.
+        if !inner.active.load(Ordering::Acquire) {
+            inner.flush_credits(false);
+        }
         if last_beat.elapsed() >= HEARTBEAT_EVERY {
             last_beat = Instant::now();
             let now = inner.now_ms();
@@ -1360,9 +1433,10 @@ impl Net {
         }
     }
 
-    /// Tells the sender of connection `c` (direction `In`) that `consumed` messages are
-    /// consumed. Failures are left to the receiving thread, which tells a peer that left
-    /// (goodbye, then end of stream) from one that died.
+    /// Records that `consumed` messages of connection `c` (direction `In`) are consumed;
+    /// the credit reaches the sender with the next data written to it, or when this rank
+    /// waits ([`Net::flush_credits`]). Failures are left to the receiving side, which tells
+    /// a peer that left (goodbye, then end of stream) from one that died.
     pub(crate) fn credit(&self, c: u32, consumed: u64) {
         let Dir::In(p) = self.inner.dirs[c as usize] else {
             return;
@@ -1376,10 +1450,14 @@ impl Net {
             ib.credit(&self.inner, p as usize, c, consumed);
             return;
         }
-        let mut h = Header::new(Tag::Credit);
-        h.conn = c;
-        h.seq = consumed;
-        let _ = write_frame_on(&self.inner, p as usize, c as usize % self.inner.nsocks, &h);
+        self.inner.credit_due[c as usize].fetch_max(consumed, Ordering::AcqRel);
+        self.inner.credits_due.store(true, Ordering::Release);
+    }
+
+    /// This rank cannot make progress: write the credits that are due (a peer may be
+    /// waiting for one to send what this rank waits for).
+    pub(crate) fn flush_credits(&self) {
+        self.inner.flush_credits(true);
     }
 
     /// Reads whatever the peer of connection `c` has sent (data, credits) without blocking,
@@ -1533,6 +1611,10 @@ mod tests {
             active: AtomicBool::new(false),
             idle: (Mutex::new(()), std::sync::Condvar::new()),
             send_failure: Mutex::new(None),
+            credit_due: (0..2).map(|_| AtomicU64::new(0)).collect(),
+            credit_sent: (0..2).map(|_| AtomicU64::new(0)).collect(),
+            in_conns: vec![vec![1]],
+            credits_due: AtomicBool::new(false),
         })
     }
 
