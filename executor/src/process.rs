@@ -26,7 +26,7 @@ use crate::arena::{Arena, Layout, MAGIC};
 use crate::comm::{Communicator, RankState, Shared, prepare_plan};
 use crate::config::{Config, PlanSource};
 use crate::error::{ExecError, Result};
-use crate::net;
+use crate::net::{self, read_str, read_u32, same_secret, write_str};
 use hccl_ir::PlanFile;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -36,7 +36,6 @@ use std::time::{Duration, Instant};
 
 const HELLO_MAGIC: &[u8; 8] = b"HCCLBOOT";
 const PROTOCOL: u32 = 1;
-const MAX_FIELD: u32 = 4096;
 const STEP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where and how to rendezvous.
@@ -153,6 +152,7 @@ impl ProcessGroup {
             error: local_err.clone().unwrap_or_default(),
             host,
             data_addr,
+            machine: net::machine_id(),
         };
         let mut job = if rank == 0 {
             lead(addr, boot, &me, &config, deadline)?
@@ -255,16 +255,17 @@ impl ProcessGroup {
             config,
             plan_hash: hash,
             check_pids: true,
-            spin_polls: crate::comm::spin_polls_for(local_ranks(&job.hosts, rank)),
+            // Ranks of emulated hosts on one machine compete for its cores too.
+            spin_polls: crate::comm::spin_polls_for(local_ranks(&job.machines, rank)),
         });
         Ok(Communicator::new(rank, shared, state))
     }
 }
 
-/// Ranks that share `rank`'s host (they compete for its cores).
-fn local_ranks(hosts: &[String], rank: u32) -> u32 {
-    let mine = &hosts[rank as usize];
-    hosts.iter().filter(|h| *h == mine).count() as u32
+/// Ranks that share `rank`'s machine (they compete for its cores).
+fn local_ranks(machines: &[String], rank: u32) -> u32 {
+    let mine = &machines[rank as usize];
+    machines.iter().filter(|h| *h == mine).count() as u32
 }
 
 /// Creates the region file exclusively and sizes it.
@@ -347,31 +348,6 @@ fn write_u32(buf: &mut Vec<u8>, v: u32) {
     buf.extend_from_slice(&v.to_le_bytes());
 }
 
-fn write_str(buf: &mut Vec<u8>, s: &str) {
-    write_u32(buf, s.len() as u32);
-    buf.extend_from_slice(s.as_bytes());
-}
-
-fn read_u32(s: &mut TcpStream) -> std::io::Result<u32> {
-    let mut b = [0u8; 4];
-    s.read_exact(&mut b)?;
-    Ok(u32::from_le_bytes(b))
-}
-
-fn read_str(s: &mut TcpStream) -> std::io::Result<String> {
-    let len = read_u32(s)?;
-    if len > MAX_FIELD {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            "field too long",
-        ));
-    }
-    let mut b = vec![0u8; len as usize];
-    s.read_exact(&mut b)?;
-    String::from_utf8(b)
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8"))
-}
-
 struct Hello {
     rank: u32,
     world: u32,
@@ -381,6 +357,8 @@ struct Hello {
     host: String,
     /// Data listener address, empty when none could be opened.
     data_addr: String,
+    /// The machine ([`net::machine_id`]): emulated hosts may share one.
+    machine: String,
 }
 
 impl Hello {
@@ -394,6 +372,7 @@ impl Hello {
         write_str(&mut hello, &self.error);
         write_str(&mut hello, &self.host);
         write_str(&mut hello, &self.data_addr);
+        write_str(&mut hello, &self.machine);
         hello
     }
 }
@@ -404,6 +383,8 @@ struct Job {
     slot_bytes: usize,
     hosts: Vec<String>,
     addrs: Vec<String>,
+    /// Machine identity per rank.
+    machines: Vec<String>,
     /// Rank 0: one socket per other rank, in rank order; others: the socket to rank 0.
     socks: Vec<TcpStream>,
 }
@@ -415,14 +396,7 @@ fn read_hello(s: &mut TcpStream, token: &str) -> std::io::Result<Option<Hello>> 
         return Ok(None);
     }
     let theirs = read_str(s)?;
-    // Compare without an early exit on the first differing byte.
-    let same = theirs.len() == token.len()
-        && theirs
-            .bytes()
-            .zip(token.bytes())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0;
-    if !same {
+    if !same_secret(&theirs, token) {
         return Ok(None);
     }
     Ok(Some(Hello {
@@ -432,6 +406,7 @@ fn read_hello(s: &mut TcpStream, token: &str) -> std::io::Result<Option<Hello>> 
         error: read_str(s)?,
         host: read_str(s)?,
         data_addr: read_str(s)?,
+        machine: read_str(s)?,
     }))
 }
 
@@ -509,10 +484,12 @@ fn lead(
     }
     let mut hosts = vec![me.host.clone()];
     let mut addrs = vec![me.data_addr.clone()];
+    let mut machines = vec![me.machine.clone()];
     let mut socks = Vec::with_capacity(world as usize);
     for (s, h) in peers.into_iter().flatten() {
         hosts.push(h.host);
         addrs.push(h.data_addr);
+        machines.push(h.machine);
         socks.push(s);
     }
     if let Some(problem) = problem {
@@ -527,9 +504,10 @@ fn lead(
     let mut ok = vec![0u8];
     write_str(&mut ok, &nonce);
     ok.extend_from_slice(&(config.slot_bytes as u64).to_le_bytes());
-    for (h, a) in hosts.iter().zip(&addrs) {
+    for ((h, a), m) in hosts.iter().zip(&addrs).zip(&machines) {
         write_str(&mut ok, h);
         write_str(&mut ok, a);
+        write_str(&mut ok, m);
     }
     for s in &mut socks {
         s.write_all(&ok)
@@ -540,6 +518,7 @@ fn lead(
         slot_bytes: config.slot_bytes,
         hosts,
         addrs,
+        machines,
         socks,
     })
 }
@@ -598,15 +577,19 @@ fn follow(addr: SocketAddr, boot: &Bootstrap, me: &Hello, deadline: Instant) -> 
     }
     let mut hosts = Vec::with_capacity(me.world as usize);
     let mut addrs = Vec::with_capacity(me.world as usize);
+    let mut machines = Vec::with_capacity(me.world as usize);
     for _ in 0..me.world {
-        hosts.push(read_str(&mut sock).map_err(io_err(rank, "reading the host table"))?);
-        addrs.push(read_str(&mut sock).map_err(io_err(rank, "reading the host table"))?);
+        let mut field = || read_str(&mut sock).map_err(io_err(rank, "reading the host table"));
+        hosts.push(field()?);
+        addrs.push(field()?);
+        machines.push(field()?);
     }
     Ok(Job {
         nonce: text,
         slot_bytes,
         hosts,
         addrs,
+        machines,
         socks: vec![sock],
     })
 }

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Case, collectives, count_for};
+use common::{Case, collectives, count_for, wait_output};
 use hccl_executor::{
     Bootstrap, Communicator, Config, DataType, ExecError, PlanSource, ProcessGroup, ReduceOp,
     fallback,
@@ -50,29 +50,6 @@ fn spawn_ranks(role: &str, n: u32, extra: &[(&str, &str)]) -> Vec<Child> {
             cmd.spawn().expect("spawn a rank")
         })
         .collect()
-}
-
-/// Waits for a child, killing it if it outlives `limit` (so a bug cannot hang the suite).
-fn wait_output(mut child: Child, limit: Duration) -> (Option<i32>, String) {
-    let mut out = child.stdout.take().expect("piped stdout");
-    let reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let start = Instant::now();
-    let code = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status.code(),
-            Ok(None) if start.elapsed() < limit => std::thread::sleep(Duration::from_millis(20)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
-        }
-    };
-    (code, reader.join().unwrap_or_default())
 }
 
 fn child_cases(n: u32) -> Vec<Case> {

@@ -133,13 +133,20 @@ impl NetConfig {
     }
 }
 
-/// This host's identity: `HCCL_HOST_ID`, else the host name and the kernel's boot id.
+/// This host's identity: `HCCL_HOST_ID`, else [`machine_id`].
 pub fn host_id() -> String {
     if let Ok(id) = std::env::var("HCCL_HOST_ID")
         && !id.trim().is_empty()
     {
         return id.trim().to_string();
     }
+    machine_id()
+}
+
+/// The machine's identity, whatever `HCCL_HOST_ID` says: the host name and the kernel's
+/// boot id. Ranks of emulated hosts on one machine share its cores, which decides how long
+/// a waiting rank may spin.
+pub fn machine_id() -> String {
     let read = |p: &str| {
         std::fs::read_to_string(p)
             .map(|s| s.trim().to_string())
@@ -269,18 +276,21 @@ pub(crate) struct Setup<'a> {
     pub deadline: Instant,
 }
 
-fn write_str(buf: &mut Vec<u8>, s: &str) {
+/// Appends a length-prefixed string (the bootstrap and hello encoding).
+pub(crate) fn write_str(buf: &mut Vec<u8>, s: &str) {
     buf.extend_from_slice(&(s.len() as u32).to_le_bytes());
     buf.extend_from_slice(s.as_bytes());
 }
 
-fn read_u32(s: &mut TcpStream) -> std::io::Result<u32> {
+/// Reads a little-endian `u32`.
+pub(crate) fn read_u32(s: &mut TcpStream) -> std::io::Result<u32> {
     let mut b = [0u8; 4];
     s.read_exact(&mut b)?;
     Ok(u32::from_le_bytes(b))
 }
 
-fn read_str(s: &mut TcpStream) -> std::io::Result<String> {
+/// Reads a length-prefixed UTF-8 string of at most 4096 bytes.
+pub(crate) fn read_str(s: &mut TcpStream) -> std::io::Result<String> {
     let len = read_u32(s)?;
     if len > 4096 {
         return Err(std::io::Error::new(
@@ -294,7 +304,8 @@ fn read_str(s: &mut TcpStream) -> std::io::Result<String> {
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8"))
 }
 
-fn same_secret(a: &str, b: &str) -> bool {
+/// Compares secrets without an early exit on the first differing byte.
+pub(crate) fn same_secret(a: &str, b: &str) -> bool {
     a.len() == b.len()
         && a.bytes()
             .zip(b.bytes())

@@ -240,3 +240,32 @@ pub fn collectives(n: u32) -> Vec<Collective> {
     }
     v
 }
+
+/// Waits for a child, killing it if it outlives `limit` (so a bug cannot hang the suite).
+pub fn wait_output(
+    mut child: std::process::Child,
+    limit: std::time::Duration,
+) -> (Option<i32>, String) {
+    use std::io::Read;
+    let mut out = child.stdout.take().expect("piped stdout");
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let start = std::time::Instant::now();
+    let code = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status.code(),
+            Ok(None) if start.elapsed() < limit => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+        }
+    };
+    (code, reader.join().unwrap_or_default())
+}
