@@ -403,7 +403,7 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
     let failure = |p: u32| peer_failure(shared, p);
     let on_wait = || {
         if let Some(net) = &shared.net {
-            net.flush_credits();
+            net.on_wait();
         }
     };
     let ctx = Ctx {
@@ -438,6 +438,9 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
     );
     if let Some(net) = &shared.net {
         net.end_call();
+        if res.is_err() {
+            net.forward_abort();
+        }
     }
     res?;
     // SAFETY: as above.

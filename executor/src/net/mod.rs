@@ -255,6 +255,8 @@ pub(crate) struct Net {
     /// Queue pairs to the peers, when the RDMA transport carries the data.
     #[cfg(feature = "rdma")]
     ib: Option<rdma::Links>,
+    /// Waits seen by [`Net::on_wait`].
+    waits: std::sync::atomic::AtomicU32,
 }
 
 /// Everything [`connect`] needs.
@@ -536,6 +538,7 @@ pub(crate) fn connect(mut setup: Setup<'_>) -> Result<Option<Net>> {
         keeper: Some(keeper),
         #[cfg(feature = "rdma")]
         ib,
+        waits: std::sync::atomic::AtomicU32::new(0),
     }))
 }
 
@@ -811,6 +814,22 @@ fn write_frame(sock: &Sock, h: &Header) -> std::io::Result<()> {
 impl Inner {
     fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Forwards this host's abort word to the other hosts, once.
+    fn forward_abort(&self) {
+        let word = self.arena.abort().load(Ordering::Acquire);
+        if word != 0 && !self.abort_sent.swap(true, Ordering::AcqRel) {
+            let v = word - 1;
+            let mut h = Header::new(Tag::Abort);
+            h.a = (v >> 32) as u32;
+            h.b = v as u32;
+            for peer in &self.peers {
+                if peer.state.load(Ordering::Acquire) == ALIVE {
+                    let _ = write_frame(&peer.socks[0], &h);
+                }
+            }
+        }
     }
 
     /// Credit frames due to peer `p` (each credit is claimed by exactly one writer).
@@ -1284,19 +1303,7 @@ fn keeper_loop(inner: &Inner) {
         if inner.leaving.load(Ordering::Acquire) {
             break;
         }
-        // Forward a local abort to the other hosts, once.
-        let word = inner.arena.abort().load(Ordering::Acquire);
-        if word != 0 && !inner.abort_sent.swap(true, Ordering::AcqRel) {
-            let v = word - 1;
-            let mut h = Header::new(Tag::Abort);
-            h.a = (v >> 32) as u32;
-            h.b = v as u32;
-            for peer in &inner.peers {
-                if peer.state.load(Ordering::Acquire) == ALIVE {
-                    let _ = write_frame(&peer.socks[0], &h);
-                }
-            }
-        }
+        inner.forward_abort();
         // Between calls nobody waits: hand over the credits still due.
         if !inner.active.load(Ordering::Acquire) {
             inner.flush_credits(false);
@@ -1466,9 +1473,14 @@ impl Net {
     }
 
     /// This rank cannot make progress: write the credits that are due (a peer may be
-    /// waiting for one to send what this rank waits for).
-    pub(crate) fn flush_credits(&self) {
+    /// waiting for one to send what this rank waits for), and every few waits read from
+    /// every peer, not only the one waited for: a peer blocked writing to this rank may be
+    /// what the awaited peer waits for, and the receiving threads sleep during calls.
+    pub(crate) fn on_wait(&self) {
         self.inner.flush_credits(true);
+        if self.waits.fetch_add(1, Ordering::Relaxed).is_multiple_of(4) {
+            self.inner.pump_all();
+        }
     }
 
     /// Reads whatever the peer of connection `c` has sent (data, credits) without blocking,
@@ -1485,6 +1497,13 @@ impl Net {
         for s in 0..self.inner.nsocks {
             self.inner.pump_try(p, s);
         }
+    }
+
+    /// A call failed: tell the other hosts now (the process may exit right away, before
+    /// the keeper's next look), so that they name the rank that failed first rather than
+    /// this one.
+    pub(crate) fn forward_abort(&self) {
+        self.inner.forward_abort();
     }
 
     /// The first failed send since the last call of this, if any.
