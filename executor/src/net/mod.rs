@@ -407,9 +407,6 @@ pub(crate) fn connect(mut setup: Setup<'_>) -> Result<Option<Net>> {
                 .ok_or_else(|| boot_err(format!("no data connection {s} with rank {r}")))?;
             tune(&stream);
             let _ = stream.set_read_timeout(None);
-            stream
-                .set_nonblocking(true)
-                .map_err(|e| boot_err(format!("configuring a socket: {e}")))?;
             let write = stream
                 .try_clone()
                 .map_err(|e| boot_err(format!("duplicating a socket: {e}")))?;
@@ -477,6 +474,14 @@ pub(crate) fn connect(mut setup: Setup<'_>) -> Result<Option<Net>> {
     // information travels on socket 0 of each peer) before their receiving threads start.
     #[cfg(feature = "rdma")]
     let ib = rdma::Links::establish(&inner, setup.cfg).map_err(boot_err)?;
+    // From here on every socket is non-blocking (see `write_all_nb` and `pump`).
+    for peer in &inner.peers {
+        for sock in &peer.socks {
+            sock.read
+                .set_nonblocking(true)
+                .map_err(|e| boot_err(format!("configuring a socket: {e}")))?;
+        }
+    }
     let spawn_err = |e: std::io::Error| boot_err(format!("starting a network thread: {e}"));
     let mut threads = Vec::new();
     for p in 0..inner.peers.len() {
