@@ -11,10 +11,10 @@
 mod common;
 mod netns;
 
-use common::{Case, collectives, count_for, wait_output};
+use common::{Case, wait_output};
 use hccl::compiler::cost::CostModel;
 use hccl::compiler::search::{self, Options};
-use hccl::executor::{DataType, PlanSource, ProcessGroup, ReduceOp};
+use hccl::executor::{DataType, ReduceOp};
 use hccl::ir::Collective;
 use hccl::topologies::{build, generate};
 use netns::Cluster;
@@ -115,81 +115,18 @@ fn spawn_ranks(
 }
 
 fn child_cases(n: u32) -> Vec<Case> {
-    let mut cases = Vec::new();
-    let mut seed = 7000;
-    for coll in collectives(n) {
-        for (dtype, op) in [
-            (DataType::F32, ReduceOp::Sum),
-            (DataType::F16, ReduceOp::Avg),
-        ] {
-            for in_place in [false, true] {
-                for base in [1usize, 97, 40_009] {
-                    seed += 1;
-                    cases.push(Case {
-                        collective: coll,
-                        dtype,
-                        op,
-                        in_place,
-                        count: count_for(coll, n, base),
-                        seed,
-                    });
-                }
-            }
-        }
-    }
-    cases
-}
-
-fn child(role: &str) -> ! {
-    let mut comm = match ProcessGroup::init(PlanSource::Builtin) {
-        Ok(c) => c,
-        Err(e) => {
-            println!("ERROR: {e}");
-            std::process::exit(2);
-        }
-    };
-    match role {
-        "all" => {
-            for case in child_cases(comm.world_size()) {
-                if let Err(e) = common::check(&mut comm, &case) {
-                    println!("FAIL: {e}");
-                    std::process::exit(1);
-                }
-            }
-            println!("DONE rank {}", comm.rank());
-            std::process::exit(0);
-        }
-        "loop" => {
-            // Bounded, so that a failing parent cannot leave ranks running for long.
-            let start = Instant::now();
-            let mut buf = vec![1.0f32; 1 << 18];
-            for i in 0.. {
-                if start.elapsed() > Duration::from_secs(120) {
-                    break;
-                }
-                if let Err(e) = comm.all_reduce_in_place(&mut buf, ReduceOp::Max) {
-                    println!("ERROR: {e}");
-                    std::process::exit(3);
-                }
-                if i == 0 {
-                    println!("READY");
-                    let _ = std::io::stdout().flush();
-                }
-            }
-            std::process::exit(0);
-        }
-        other => {
-            println!("ERROR: unknown role {other}");
-            std::process::exit(2);
-        }
-    }
+    let combos = [
+        (DataType::F32, ReduceOp::Sum),
+        (DataType::F16, ReduceOp::Avg),
+    ];
+    common::cases(n, &combos, &[1, 97, 40_009], 7000)
 }
 
 /// In a child process: the rank's role. Run directly: nothing to do.
 #[test]
 fn multihost_child() {
     if let Ok(role) = std::env::var(ROLE) {
-        child(&role);
+        common::run_child(&role, &child_cases, 1 << 18);
     }
 }
 

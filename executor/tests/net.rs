@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{Case, collectives, count_for};
+use common::Case;
 use hccl_executor::net::NetConfig;
 use hccl_executor::{Bootstrap, Communicator, Config, DataType, ProcessGroup, ReduceOp, fallback};
 use hccl_ir::PlanFile;
@@ -82,30 +82,12 @@ fn run(comms: Vec<Communicator>, cases: &[Case]) -> Vec<String> {
 }
 
 fn cases(n: u32, bases: &[usize], seed: u64) -> Vec<Case> {
-    let mut out = Vec::new();
-    let mut seed = seed;
-    for coll in collectives(n) {
-        for (dtype, op) in [
-            (DataType::F32, ReduceOp::Sum),
-            (DataType::I64, ReduceOp::Max),
-            (DataType::BF16, ReduceOp::Avg),
-        ] {
-            for in_place in [false, true] {
-                for &base in bases {
-                    seed += 1;
-                    out.push(Case {
-                        collective: coll,
-                        dtype,
-                        op,
-                        in_place,
-                        count: count_for(coll, n, base),
-                        seed,
-                    });
-                }
-            }
-        }
-    }
-    out
+    let combos = [
+        (DataType::F32, ReduceOp::Sum),
+        (DataType::I64, ReduceOp::Max),
+        (DataType::BF16, ReduceOp::Avg),
+    ];
+    common::cases(n, &combos, bases, seed)
 }
 
 fn config() -> Config {

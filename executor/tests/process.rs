@@ -4,15 +4,14 @@
 
 mod common;
 
-use common::{Case, collectives, count_for, wait_output};
+use common::{Case, wait_output};
 use hccl_executor::{
-    Bootstrap, Communicator, Config, DataType, ExecError, PlanSource, ProcessGroup, ReduceOp,
-    fallback,
+    Bootstrap, Communicator, Config, DataType, ExecError, ProcessGroup, ReduceOp, fallback,
 };
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const ROLE: &str = "HCCL_TEST_ROLE";
 
@@ -53,83 +52,20 @@ fn spawn_ranks(role: &str, n: u32, extra: &[(&str, &str)]) -> Vec<Child> {
 }
 
 fn child_cases(n: u32) -> Vec<Case> {
-    let mut cases = Vec::new();
-    let mut seed = 100;
-    for coll in collectives(n) {
-        for (dtype, op) in [
-            (DataType::F32, ReduceOp::Sum),
-            (DataType::BF16, ReduceOp::Max),
-            (DataType::I64, ReduceOp::Avg),
-            (DataType::U8, ReduceOp::Prod),
-        ] {
-            for in_place in [false, true] {
-                for base in [0usize, 1, 13, 1000, 70_001] {
-                    seed += 1;
-                    cases.push(Case {
-                        collective: coll,
-                        dtype,
-                        op,
-                        in_place,
-                        count: count_for(coll, n, base),
-                        seed,
-                    });
-                }
-            }
-        }
-    }
-    cases
-}
-
-fn child(role: &str) -> ! {
-    let mut comm = match ProcessGroup::init(PlanSource::Builtin) {
-        Ok(c) => c,
-        Err(e) => {
-            println!("ERROR: {e}");
-            std::process::exit(2);
-        }
-    };
-    match role {
-        "all" => {
-            for case in child_cases(comm.world_size()) {
-                if let Err(e) = common::check(&mut comm, &case) {
-                    println!("FAIL: {e}");
-                    std::process::exit(1);
-                }
-            }
-            println!("DONE rank {}", comm.rank());
-            std::process::exit(0);
-        }
-        "kill" => {
-            // Bounded, so that a failing parent cannot leave ranks running for long.
-            let start = Instant::now();
-            let mut buf = vec![1.0f32; 1 << 20];
-            for i in 0.. {
-                if start.elapsed() > Duration::from_secs(150) {
-                    break;
-                }
-                if let Err(e) = comm.all_reduce_in_place(&mut buf, ReduceOp::Max) {
-                    println!("ERROR: {e}");
-                    std::process::exit(3);
-                }
-                if i == 0 {
-                    println!("READY");
-                    let _ = std::io::stdout().flush();
-                }
-            }
-            std::process::exit(0);
-        }
-        other => {
-            println!("ERROR: unknown role {other}");
-            std::process::exit(2);
-        }
-    }
+    let combos = [
+        (DataType::F32, ReduceOp::Sum),
+        (DataType::BF16, ReduceOp::Max),
+        (DataType::I64, ReduceOp::Avg),
+        (DataType::U8, ReduceOp::Prod),
+    ];
+    common::cases(n, &combos, &[0, 1, 13, 1000, 70_001], 100)
 }
 
 /// In a child process: the rank's role. Run directly: a one-rank process group.
 #[test]
 fn process_child() {
     if let Ok(role) = std::env::var(ROLE) {
-        child(&role);
+        common::run_child(&role, &child_cases, 1 << 20);
     }
     let boot = Bootstrap {
         addr: format!("127.0.0.1:{}", free_port()),
@@ -155,7 +91,7 @@ fn four_processes_run_all_collectives() {
 
 #[test]
 fn killed_rank_is_named_by_the_others() {
-    let mut children = spawn_ranks("kill", 4, &[("HCCL_TIMEOUT", "30")]);
+    let mut children = spawn_ranks("loop", 4, &[("HCCL_TIMEOUT", "30")]);
     let mut victim = children.pop().expect("rank 3");
     let mut lines = BufReader::new(victim.stdout.take().expect("piped"));
     let mut line = String::new();

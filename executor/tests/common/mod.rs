@@ -269,3 +269,80 @@ pub fn wait_output(
     };
     (code, reader.join().unwrap_or_default())
 }
+
+/// Every collective of `n` ranks × `combos` × in/out of place × element counts `bases`
+/// (scaled so that rank-blocked collectives get whole blocks), seeds from `seed` up.
+pub fn cases(n: u32, combos: &[(DataType, ReduceOp)], bases: &[usize], seed: u64) -> Vec<Case> {
+    let mut out = Vec::new();
+    let mut seed = seed;
+    for coll in collectives(n) {
+        for &(dtype, op) in combos {
+            for in_place in [false, true] {
+                for &base in bases {
+                    seed += 1;
+                    out.push(Case {
+                        collective: coll,
+                        dtype,
+                        op,
+                        in_place,
+                        count: count_for(coll, n, base),
+                        seed,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The body of a rank process of the multi-process tests: joins the group from the
+/// launcher's environment, then plays `role`: `all` checks `cases(world)` and prints
+/// `DONE rank R`; `loop` runs in-place AllReduces of `loop_elems` floats for at most two
+/// minutes, printing `READY` after the first. Errors are printed as `ERROR: ...`
+/// (exit 2 at start-up, 3 in the loop) or `FAIL: ...` (exit 1).
+pub fn run_child(role: &str, cases: &dyn Fn(u32) -> Vec<Case>, loop_elems: usize) -> ! {
+    use hccl_executor::{PlanSource, ProcessGroup};
+    use std::io::Write;
+    let mut comm = match ProcessGroup::init(PlanSource::Builtin) {
+        Ok(c) => c,
+        Err(e) => {
+            println!("ERROR: {e}");
+            std::process::exit(2);
+        }
+    };
+    match role {
+        "all" => {
+            for case in cases(comm.world_size()) {
+                if let Err(e) = check(&mut comm, &case) {
+                    println!("FAIL: {e}");
+                    std::process::exit(1);
+                }
+            }
+            println!("DONE rank {}", comm.rank());
+            std::process::exit(0);
+        }
+        "loop" => {
+            // Bounded, so that a failing parent cannot leave ranks running for long.
+            let start = std::time::Instant::now();
+            let mut buf = vec![1.0f32; loop_elems];
+            for i in 0.. {
+                if start.elapsed() > Duration::from_secs(120) {
+                    break;
+                }
+                if let Err(e) = comm.all_reduce_in_place(&mut buf, ReduceOp::Max) {
+                    println!("ERROR: {e}");
+                    std::process::exit(3);
+                }
+                if i == 0 {
+                    println!("READY");
+                    let _ = std::io::stdout().flush();
+                }
+            }
+            std::process::exit(0);
+        }
+        other => {
+            println!("ERROR: unknown role {other}");
+            std::process::exit(2);
+        }
+    }
+}
