@@ -5,21 +5,28 @@
 //! Every host keeps the process backend's shared region (one `/dev/shm` file per host) with
 //! a ring for *every* connection of the plan, so the replay engine runs unchanged. A
 //! connection whose ends are on different hosts has a ring on both: the sender's ring only
-//! counts credits, the receiver's holds the data. The engine of the sending rank writes a
-//! message straight from its buffers (or from its slot, for steps that reduce into the
-//! slot) to the peer's socket(s); a receiving thread per socket reads it into the
-//! receiver's ring slot and publishes it with the same Release store a local sender would
-//! make; when the receiving engine frees a slot it sends a credit back, which a receiving
-//! thread on the sender's host stores as the ring's `consumed` word. See [`proto`] for the
-//! credit window that keeps every slot reserved before its bytes arrive.
+//! counts credits, the receiver's holds the data.
+//!
+//! - The sending engine writes a message straight from its buffers (or from its slot, for
+//!   steps that reduce into the slot) to the peer's non-blocking socket with one `writev`;
+//!   while the socket is full it reads what its peers send (`Inner::pump_all`), so two
+//!   ranks writing to each other never wait on each other.
+//! - Incoming bytes are parsed by whoever holds the socket's parse state (`pump`): during
+//!   a call the engine, whenever it waits (no wake-up latency); between calls the socket's
+//!   receiving thread, which sleeps through calls (a wake-up per message would cost two
+//!   context switches on the cores the ranks run on). A message lands in the receiver's
+//!   ring slot and is published with the same Release store a local sender would make.
+//! - Freeing a slot records a credit; it rides in the same `writev` as the next data for
+//!   that peer, and is written on its own only when the rank waits or is idle. See
+//!   `proto` for the credit window that keeps every slot reserved before its bytes arrive.
 //!
 //! Why not a proxy thread that polls the rings (NCCL's design): the rank's engine already
-//! runs exactly when it has data to send, so writing from it needs no polling, no extra copy
-//! and no wake-up latency; blocking in `write` is bounded because the receiving threads
-//! never wait for anything but the socket. The IR's semantics hold: messages of a
-//! connection stay in order, a send needs only a free slot (credit), and a schedule proven
-//! deadlock-free stays so (a network connection buffers up to `2 × CONNECTION_SLOTS`
-//! messages, which for determinate programs can only remove waits, never add them).
+//! runs exactly when it has data to send or waits for data, so doing the socket work there
+//! needs no polling thread, no extra copy and no wake-up latency. The IR's semantics hold:
+//! messages of a connection stay in order, a send needs only a free slot (credit), and a
+//! schedule proven deadlock-free stays so (a network connection buffers up to
+//! `2 × CONNECTION_SLOTS` messages, which for determinate programs can only remove waits,
+//! never add them).
 //!
 //! # Sockets and threads
 //!
@@ -29,8 +36,8 @@
 //! buffers. A message of at least 2 × 64 KiB is split into up to `HCCL_NSOCKS` parts, one
 //! per socket; with `HCCL_NTHREADS` > 1 that many threads write the parts concurrently.
 //! Each socket has one receiving thread; one keeper thread per rank sends heartbeats,
-//! notices silent peers (a host whose link went down) and forwards this host's abort word
-//! to the other hosts.
+//! notices silent peers (a host whose link went down), hands over credits between calls and
+//! forwards this host's abort word to the other hosts.
 
 pub mod iface;
 pub(crate) mod proto;
