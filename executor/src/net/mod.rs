@@ -434,7 +434,6 @@ pub(crate) fn connect(mut setup: Setup<'_>) -> Result<Option<Net>> {
         });
     }
     let mut dirs = vec![Dir::Local; setup.conns.len()];
-    let mut inbound: Vec<Option<Inbound>> = (0..setup.conns.len()).map(|_| None).collect();
     for ((from, to, _), c) in setup.conns.iter() {
         if from == me
             && let Some(p) = peer_of[to as usize]
@@ -444,39 +443,17 @@ pub(crate) fn connect(mut setup: Setup<'_>) -> Result<Option<Net>> {
             && let Some(p) = peer_of[from as usize]
         {
             dirs[c as usize] = Dir::In(p);
-            inbound[c as usize] = Some(Inbound::default());
         }
     }
-    let mut in_conns: Vec<Vec<u32>> = vec![Vec::new(); peers.len()];
-    for (c, d) in dirs.iter().enumerate() {
-        if let Dir::In(p) = d {
-            in_conns[*p as usize].push(c as u32);
-        }
-    }
-    let silence = silence_for(setup.timeout);
-    let inner = Arc::new(Inner {
-        me,
-        world: setup.world,
-        hosts: setup.hosts.to_vec(),
-        arena: setup.arena,
+    let inner = Arc::new(Inner::new(
+        (me, setup.world),
+        setup.hosts.to_vec(),
+        setup.arena,
         peers,
         dirs,
-        inbound,
-        slot_bytes: setup.slot_bytes,
-        nsocks,
-        silence,
-        epoch: Instant::now(),
-        leaving: AtomicBool::new(false),
-        abort_sent: AtomicBool::new(false),
-        receivers_done: AtomicUsize::new(0),
-        active: AtomicBool::new(false),
-        idle: (Mutex::new(()), std::sync::Condvar::new()),
-        send_failure: Mutex::new(None),
-        credit_due: (0..setup.conns.len()).map(|_| AtomicU64::new(0)).collect(),
-        credit_sent: (0..setup.conns.len()).map(|_| AtomicU64::new(0)).collect(),
-        in_conns,
-        credits_due: AtomicBool::new(false),
-    });
+        (setup.slot_bytes, nsocks),
+        silence_for(setup.timeout),
+    ));
     // RDMA, when chosen, is set up over the authenticated TCP sockets (queue-pair
     // information travels on socket 0 of each peer) before their receiving threads start.
     #[cfg(feature = "rdma")]
@@ -824,6 +801,52 @@ fn write_frame(sock: &Sock, h: &Header) -> std::io::Result<()> {
 }
 
 impl Inner {
+    /// A rank's network state; everything per connection is derived from `dirs`.
+    fn new(
+        (me, world): (u32, u32),
+        hosts: Vec<String>,
+        arena: Arc<Arena>,
+        peers: Vec<Peer>,
+        dirs: Vec<Dir>,
+        (slot_bytes, nsocks): (usize, usize),
+        silence: Duration,
+    ) -> Inner {
+        let mut in_conns: Vec<Vec<u32>> = vec![Vec::new(); peers.len()];
+        for (c, d) in dirs.iter().enumerate() {
+            if let Dir::In(p) = d {
+                in_conns[*p as usize].push(c as u32);
+            }
+        }
+        let inbound = dirs
+            .iter()
+            .map(|d| matches!(d, Dir::In(_)).then(Inbound::default))
+            .collect();
+        let counters = || (0..dirs.len()).map(|_| AtomicU64::new(0)).collect();
+        Inner {
+            me,
+            world,
+            hosts,
+            arena,
+            peers,
+            inbound,
+            slot_bytes,
+            nsocks,
+            silence,
+            epoch: Instant::now(),
+            leaving: AtomicBool::new(false),
+            abort_sent: AtomicBool::new(false),
+            receivers_done: AtomicUsize::new(0),
+            active: AtomicBool::new(false),
+            idle: (Mutex::new(()), std::sync::Condvar::new()),
+            send_failure: Mutex::new(None),
+            credit_due: counters(),
+            credit_sent: counters(),
+            in_conns,
+            credits_due: AtomicBool::new(false),
+            dirs,
+        }
+    }
+
     fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
     }
@@ -1623,12 +1646,11 @@ mod tests {
     fn inner_with(sock: TcpStream) -> Arc<Inner> {
         let arena = Arc::new(Arena::heap(Layout::new(2, 2, SLOT)).expect("heap arena"));
         let write = sock.try_clone().unwrap();
-        Arc::new(Inner {
-            me: 1,
-            world: 2,
-            hosts: vec!["h0".into(), "h1".into()],
+        Arc::new(Inner::new(
+            (1, 2),
+            vec!["h0".into(), "h1".into()],
             arena,
-            peers: vec![Peer {
+            vec![Peer {
                 rank: 0,
                 host: "h0".into(),
                 addr: "127.0.0.1:1".into(),
@@ -1641,23 +1663,10 @@ mod tests {
                 reason: Mutex::new(String::new()),
                 last_recv: AtomicU64::new(0),
             }],
-            dirs: vec![Dir::Out(0), Dir::In(0)],
-            inbound: vec![None, Some(Inbound::default())],
-            slot_bytes: SLOT,
-            nsocks: 1,
-            silence: Duration::from_secs(10),
-            epoch: Instant::now(),
-            leaving: AtomicBool::new(false),
-            abort_sent: AtomicBool::new(false),
-            receivers_done: AtomicUsize::new(0),
-            active: AtomicBool::new(false),
-            idle: (Mutex::new(()), std::sync::Condvar::new()),
-            send_failure: Mutex::new(None),
-            credit_due: (0..2).map(|_| AtomicU64::new(0)).collect(),
-            credit_sent: (0..2).map(|_| AtomicU64::new(0)).collect(),
-            in_conns: vec![vec![1]],
-            credits_due: AtomicBool::new(false),
-        })
+            vec![Dir::Out(0), Dir::In(0)],
+            (SLOT, 1),
+            Duration::from_secs(10),
+        ))
     }
 
     fn data(conn: u32, seq: u64, segs: &[(u32, u32)]) -> Vec<u8> {
