@@ -21,7 +21,7 @@ use netns::Cluster;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 const ROLE: &str = "HCCL_TEST_ROLE";
@@ -90,22 +90,16 @@ fn spawn_ranks(
                 }
                 Hosts::Loopback => (Command::new(&exe), format!("lo-host{r}")),
             };
-            cmd.args([
+            common::rank_command(
+                &mut cmd,
                 "multihost_child",
-                "--exact",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(ROLE, role)
-            .env("RANK", r.to_string())
-            .env("WORLD_SIZE", n.to_string())
-            .env("MASTER_ADDR", &master)
-            .env("MASTER_PORT", &port)
-            .env("HCCL_JOB_TOKEN", "multihost-token")
+                role,
+                (r, n),
+                (&master, &port),
+                "multihost-token",
+            )
             .env("HCCL_HOST_ID", host)
-            .env("HCCL_PLAN", plan)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+            .env("HCCL_PLAN", plan);
             for (k, v) in extra {
                 cmd.env(k, v);
             }
@@ -197,23 +191,18 @@ fn a_stranger_at_the_rendezvous_never_gets_in() {
     let mut ranks = Vec::new();
     for r in 0..2u32 {
         let mut cmd = Command::new(&exe);
-        cmd.args([
+        let port_text = port.to_string();
+        common::rank_command(
+            &mut cmd,
             "multihost_child",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(ROLE, "all")
-        .env("RANK", r.to_string())
-        .env("WORLD_SIZE", "2")
-        .env("MASTER_ADDR", "127.0.0.1")
-        .env("MASTER_PORT", port.to_string())
-        .env("HCCL_JOB_TOKEN", "the-right-token")
+            "all",
+            (r, 2),
+            ("127.0.0.1", &port_text),
+            "the-right-token",
+        )
         .env("HCCL_HOST_ID", format!("stranger-test-h{r}"))
         .env("HCCL_PLAN", &plan)
-        .env("HCCL_TIMEOUT", "60")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+        .env("HCCL_TIMEOUT", "60");
         if r == 1 {
             // Rank 1 starts after the stranger has spoken.
             let mut stranger = loop {

@@ -10,7 +10,7 @@ use hccl_executor::{
 };
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 
 const ROLE: &str = "HCCL_TEST_ROLE";
@@ -28,21 +28,15 @@ fn spawn_ranks(role: &str, n: u32, extra: &[(&str, &str)]) -> Vec<Child> {
     (0..n)
         .map(|r| {
             let mut cmd = Command::new(&exe);
-            cmd.args([
+            common::rank_command(
+                &mut cmd,
                 "process_child",
-                "--exact",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(ROLE, role)
-            .env("RANK", r.to_string())
-            .env("WORLD_SIZE", n.to_string())
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", &port)
-            .env("HCCL_JOB_TOKEN", "secret-test-token")
-            .env_remove("HCCL_PLAN")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+                role,
+                (r, n),
+                ("127.0.0.1", &port),
+                "secret-test-token",
+            )
+            .env_remove("HCCL_PLAN");
             for (k, v) in extra {
                 cmd.env(k, v);
             }

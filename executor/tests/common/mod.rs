@@ -346,3 +346,26 @@ pub fn run_child(role: &str, cases: &dyn Fn(u32) -> Vec<Case>, loop_elems: usize
         }
     }
 }
+
+/// Makes `cmd` (this test executable, possibly behind `ip netns exec`) a rank process of the
+/// multi-process tests: it runs the test `child_test` alone, in role `role` (read from
+/// `HCCL_TEST_ROLE`), with torchrun's variables, stdout piped and stderr inherited.
+pub fn rank_command<'c>(
+    cmd: &'c mut std::process::Command,
+    child_test: &str,
+    role: &str,
+    (rank, world): (u32, u32),
+    master: (&str, &str),
+    token: &str,
+) -> &'c mut std::process::Command {
+    use std::process::Stdio;
+    cmd.args([child_test, "--exact", "--nocapture", "--test-threads=1"])
+        .env("HCCL_TEST_ROLE", role)
+        .env("RANK", rank.to_string())
+        .env("WORLD_SIZE", world.to_string())
+        .env("MASTER_ADDR", master.0)
+        .env("MASTER_PORT", master.1)
+        .env("HCCL_JOB_TOKEN", token)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+}
