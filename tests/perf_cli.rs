@@ -286,6 +286,21 @@ fn bad_usage_exits_with_2() {
     let out = perf(&["--plan", garbage.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("garbage.plan.ron"), "{}", text(&out));
+    // Bad configuration in the environment is bad input too, on both backends.
+    for (var, value, backend) in [
+        ("HCCL_NSOCKS", "0", "process"),
+        ("HCCL_SOCKET_IFNAME", "^", "process"),
+        ("HCCL_TIMEOUT", "soon", "threads"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_hccl-perf"))
+            .args(["--backend", backend, "-g", "2", "-b", "8", "-e", "8"])
+            .env_remove("HCCL_PLAN")
+            .env(var, value)
+            .output()
+            .expect("hccl-perf runs");
+        assert_eq!(out.status.code(), Some(2), "{var}={value}: {}", text(&out));
+        assert!(text(&out).contains(var), "{var}={value}: {}", text(&out));
+    }
     let out = perf(&["--help"]);
     assert_eq!(out.status.code(), Some(0));
 }

@@ -127,7 +127,12 @@ enum Failure {
 
 impl From<ExecError> for Failure {
     fn from(err: ExecError) -> Failure {
-        Failure::Runtime(err.to_string())
+        match err {
+            // Bad configuration (an `HCCL_*` variable, a rank or root out of range): the
+            // user's input, exit 2.
+            ExecError::Invalid(message) => Failure::Usage(message),
+            other => Failure::Runtime(other.to_string()),
+        }
     }
 }
 
