@@ -85,6 +85,11 @@ struct Args {
     /// Plan file (RON) or MSCCL algorithm (XML); default: compiled for this machine.
     #[arg(long)]
     plan: Option<PathBuf>,
+    /// Compile the default plan from this algorithm family only (a family name of `hcclc
+    /// compile --algo`: ring, tree, hybrid_cube, mesh, oneshot, ...). Without `--plan`,
+    /// `HCCL_ALGO` does the same; the `algorithm` column always shows what ran.
+    #[arg(long)]
+    algo: Option<String>,
     /// Timed iterations per size (ignored when -T is given).
     #[arg(short = 'n', long = "iters", default_value_t = 20)]
     iters: u64,
@@ -447,6 +452,8 @@ struct Row {
     time_us: f64,
     time_max_us: f64,
     wrong: Option<u64>,
+    /// The plan entry the calls used (after `HCCL_ALGO` / `HCCL_PROTO`).
+    entry: Option<hccl::executor::EntryInfo>,
 }
 
 /// Everything a rank needs to run the sweep.
@@ -526,6 +533,7 @@ fn sweep<T: Element>(
             time_us: sum / f64::from(sw.n) * 1e6,
             time_max_us: max * 1e6,
             wrong,
+            entry: comm.entry_for(sw.coll, s.bytes, in_place),
         };
         on_row(&row);
         rows.push(row);
@@ -622,9 +630,15 @@ impl Printer {
         let s = &row.shape;
         let algbw = s.bytes as f64 / (row.time_us * 1e-6) / 1e9;
         let busbw = algbw * self.sw_coll.kind().busbw_factor(self.n);
-        let entry = self.plan.lookup(self.sw_coll, s.bytes, self.in_place);
-        let predicted = entry.and_then(|e| e.cost).map(|c| c.predict_us(s.bytes));
-        let algorithm = entry.map_or("-".to_string(), |e| {
+        // What the communicator ran (it applies HCCL_ALGO / HCCL_PROTO), not a lookup of
+        // our own, so the column and the environment always agree.
+        let predicted = row
+            .entry
+            .as_ref()
+            .and_then(|e| self.plan.entries.get(e.index))
+            .and_then(|e| e.cost)
+            .map(|c| c.predict_us(s.bytes));
+        let algorithm = row.entry.as_ref().map_or("-".to_string(), |e| {
             format!("{}/{}", e.algorithm, e.protocol)
         });
         let redop = if self.sw_coll.kind().reduces() {
@@ -709,22 +723,59 @@ fn obtain_plan(
     let spec = hccl::topologies::generate::host(n, mem_bw);
     let topo =
         hccl::topologies::build(spec, "this machine").map_err(|e| Failure::Usage(e.to_string()))?;
+    let forced = forced_algo(args);
     let mut kinds = vec![kind];
-    if args.backend == Backend::Process && kind != CollectiveKind::AllReduce {
-        // The process backend synchronises ranks with small AllReduces.
+    if args.backend == Backend::Process && kind != CollectiveKind::AllReduce && forced.is_none() {
+        // The process backend synchronises ranks with small AllReduces (with a forced family
+        // that may not do AllReduce, the built-in entries serve: `with_control_entries`).
         kinds.push(CollectiveKind::AllReduce);
     }
     let options = search::Options {
         collectives: kinds,
         sizes: search::geometric_sizes(8.min(args.min_bytes), args.max_bytes.max(8), 2),
+        algorithms: forced.clone().map(|a| vec![a]),
         model: hccl::compiler::cost::CostModel::for_topology(&topo),
         ..search::Options::default()
     };
-    let compiled = search::compile(&topo, &options).map_err(|e| Failure::Runtime(e.to_string()))?;
+    let compiled = search::compile(&topo, &options).map_err(|e| match &forced {
+        Some(algo) => Failure::Usage(format!(
+            "cannot force algorithm `{algo}` for {} on {n} ranks: {e}",
+            kind.name()
+        )),
+        None => Failure::Runtime(e.to_string()),
+    })?;
+    let only = forced.map_or(String::new(), |a| format!(", {a} only"));
     Ok((
         compiled.plan,
-        format!("compiled for {} ({mem_bw} GB/s per rank)", topo.name),
+        format!("compiled for {} ({mem_bw} GB/s per rank{only})", topo.name),
     ))
+}
+
+/// Says so on stderr when `HCCL_ALGO` names a family the plan has no entry of for `coll`:
+/// the communicator then runs the plan's own choice, which the `algorithm` column shows.
+fn warn_unforced(plan: &PlanFile, coll: Collective, config: &Config) {
+    if let Some(algo) = &config.algo {
+        let has = plan.entries.iter().any(|e| {
+            e.schedule.collective.kind() == coll.kind() && e.algorithm.eq_ignore_ascii_case(algo)
+        });
+        if !has {
+            eprintln!(
+                "hccl-perf: HCCL_ALGO={algo} could not be forced: the plan has no {algo} entry \
+                 for {} (the plan's own choice runs; compile without --plan, or with \
+                 `hcclc compile --algo {algo}`)",
+                coll.kind().name()
+            );
+        }
+    }
+}
+
+/// The family the default plan is compiled from: `--algo`, else `HCCL_ALGO`.
+fn forced_algo(args: &Args) -> Option<String> {
+    args.algo.clone().or_else(|| {
+        std::env::var("HCCL_ALGO")
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+    })
 }
 
 fn parse_choice(args: &Args) -> Result<(Collective, DataType, ReduceOp), Failure> {
@@ -797,6 +848,7 @@ fn run_threads(args: &Args) -> Result<(), Failure> {
     let (mut plan, label) = obtain_plan(args, coll.kind(), n, true)?;
     plan.ensure_root(coll);
     let config = Config::from_env()?;
+    warn_unforced(&plan, coll, &config);
     let comms = ThreadGroup::with_config(plan.clone(), n, config)
         .map_err(|e| Failure::Usage(e.to_string()))?;
     let sw = Arc::new(Sweep {
@@ -911,6 +963,9 @@ fn run_process_rank(args: &Args) -> Result<(), Failure> {
         bind(rank);
     }
     let config = Config::from_env()?;
+    if rank == 0 {
+        warn_unforced(&plan, coll, &config);
+    }
     let mut comm =
         ProcessGroup::init_with(plan.clone(), rank, world, &Bootstrap::from_env(), config)?;
     let sw = Sweep {

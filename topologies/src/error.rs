@@ -59,6 +59,14 @@ pub enum Problem {
     #[error("device \"{device}\": rank {rank} is out of range; ranks must be exactly 0..{n}")]
     RankOutOfRange { device: String, rank: u32, n: usize },
     #[error(
+        "calibration, bandwidth knot {index}: sizes must ascend, but {bytes} B follows {previous} B"
+    )]
+    CalibrationOrder {
+        index: usize,
+        bytes: u64,
+        previous: u64,
+    },
+    #[error(
         "device \"{device}\" is unreachable from device \"{from}\" (no path of links joins them)"
     )]
     Unreachable { device: String, from: String },

@@ -76,6 +76,7 @@ pub fn ring(n: u32, bw: f64, latency: f64) -> TopologySpec {
         }],
         switches: Vec::new(),
         links,
+        calibration: None,
     }
 }
 
@@ -127,6 +128,7 @@ pub fn torus(dims: &[u32], bw: f64, latency: f64) -> TopologySpec {
         }],
         switches: Vec::new(),
         links,
+        calibration: None,
     }
 }
 
@@ -190,6 +192,7 @@ pub fn fat_tree(ranks: u32, per_leaf: u32, bw: f64, latency: f64) -> TopologySpe
         hosts,
         switches,
         links,
+        calibration: None,
     }
 }
 
@@ -323,6 +326,7 @@ pub fn cluster(nodes: u32, box_spec: &TopologySpec) -> TopologySpec {
         hosts,
         switches,
         links,
+        calibration: box_spec.calibration.clone(),
     }
 }
 
@@ -368,6 +372,7 @@ pub fn host(ranks: u32, mem_bw: f64) -> TopologySpec {
             port_bw: None,
         }],
         links,
+        calibration: None,
     }
 }
 

@@ -19,8 +19,8 @@ pub use analysis::{
 };
 pub use error::{Pos, Problem, TopologyError};
 pub use model::{
-    DeviceKind, DeviceSpec, Edge, HostSpec, LinkKind, LinkSpec, NicSpec, Node, SwitchKind,
-    SwitchSpec, Topology, TopologySpec,
+    Calibration, DeviceKind, DeviceSpec, Edge, HostSpec, LinkKind, LinkSpec, NicSpec, Node,
+    SwitchKind, SwitchSpec, Topology, TopologySpec,
 };
 pub use parse::{
     build, default_mem_bw, from_bytes, from_ron, load, parse_spec, to_ron, validate_ranks,

@@ -161,6 +161,74 @@ pub struct TopologySpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub switches: Vec<SwitchSpec>,
     pub links: Vec<LinkSpec>,
+    /// How the cost model's constants were corrected to measurements of this machine
+    /// (`hccl-perf --calibrate`, `hcclc calibrate`); absent: the model's defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<Calibration>,
+}
+
+/// Corrections of the cost model fitted to measured collectives on one machine.
+///
+/// The model's own constants (NCCL's table for GPUs and networks, the CPU executor's for CPU
+/// hosts) keep their structure and are scaled: every base latency by `base_scale`, every
+/// per-message latency of link class `c` (0: NVLink-class and memory, 1: PCIe, 2: network) by
+/// `message_scale[c]`. Bandwidth depends on how much data a collective touches (a working set
+/// that fits in caches moves faster than one in DRAM), so `bandwidth` is a curve: knots
+/// `(bytes, factor)` ascending in the collective's size (nccl-tests bytes), each factor
+/// multiplying every link's and device's bandwidth at that size, log-linear between knots and
+/// flat beyond the ends. Empty: factor 1 everywhere.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Calibration {
+    /// Where the numbers come from: the command, the machine and the date.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub source: String,
+    /// Multiplies the model's once-per-collective latency.
+    pub base_scale: f64,
+    /// Multiplies the model's per-message latency, per link class (memory/NVLink, PCIe,
+    /// network).
+    pub message_scale: [f64; 3],
+    /// Bandwidth factor by collective size: `(bytes, factor)`, bytes strictly ascending.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bandwidth: Vec<(u64, f64)>,
+}
+
+impl Calibration {
+    /// No correction at all.
+    pub fn identity(source: impl Into<String>) -> Calibration {
+        Calibration {
+            source: source.into(),
+            base_scale: 1.0,
+            message_scale: [1.0; 3],
+            bandwidth: Vec::new(),
+        }
+    }
+
+    /// The bandwidth factor at a collective of `bytes`: log-linear between knots, the end
+    /// knots' factors beyond them, 1 without knots.
+    pub fn bandwidth_factor(&self, bytes: u64) -> f64 {
+        let knots = &self.bandwidth;
+        let Some(&(first, f0)) = knots.first() else {
+            return 1.0;
+        };
+        if bytes <= first {
+            return f0;
+        }
+        for w in knots.windows(2) {
+            let ((b0, f0), (b1, f1)) = (w[0], w[1]);
+            if bytes <= b1 {
+                let x0 = (b0.max(1) as f64).ln();
+                let x1 = (b1.max(1) as f64).ln();
+                let t = if x1 > x0 {
+                    ((bytes as f64).ln() - x0) / (x1 - x0)
+                } else {
+                    1.0
+                };
+                return (f0.ln() + t * (f1.ln() - f0.ln())).exp();
+            }
+        }
+        knots.last().map_or(1.0, |k| k.1)
+    }
 }
 
 /// A vertex of the machine graph.

@@ -274,6 +274,34 @@ fn check_number(
     }
 }
 
+/// A calibration's numbers are finite and positive and its knots ascend.
+fn check_calibration(cal: &crate::model::Calibration) -> Result<(), Problem> {
+    let what = || "calibration".to_string();
+    check_number(what, "base_scale", cal.base_scale)?;
+    for (class, &scale) in cal.message_scale.iter().enumerate() {
+        check_number(
+            || format!("calibration, link class {class}"),
+            "message_scale",
+            scale,
+        )?;
+    }
+    for (i, &(bytes, factor)) in cal.bandwidth.iter().enumerate() {
+        check_number(
+            || format!("calibration, bandwidth knot {i} ({bytes} B)"),
+            "factor",
+            factor,
+        )?;
+        if i > 0 && bytes <= cal.bandwidth[i - 1].0 {
+            return Err(Problem::CalibrationOrder {
+                index: i,
+                bytes,
+                previous: cal.bandwidth[i - 1].0,
+            });
+        }
+    }
+    Ok(())
+}
+
 fn build_located(
     spec: TopologySpec,
     origin: &str,
@@ -536,6 +564,11 @@ fn build_located(
                 },
             ));
         }
+    }
+
+    if let Some(cal) = &spec.calibration {
+        let at = || text.and_then(|t| t.find("calibration").map(|o| pos_of(t, o)));
+        check_calibration(cal).map_err(|p| invalid(at(), p))?;
     }
 
     let hash = blake3::hash(to_ron(&spec).as_bytes()).to_hex().to_string();

@@ -85,7 +85,8 @@ pub fn bound(network: &Network, model: &CostModel, collective: Collective, bytes
     for p in Protocol::ALL {
         let head = model.base_us(p) + model.message_us(LinkClass::NvLink, p);
         let lat = head + dist;
-        let eff = model.efficiency(p);
+        // A calibrated machine moves bytes at its measured rate for this size.
+        let eff = model.efficiency(p) * model.bandwidth_factor(bytes);
         let stream = if eff > 0.0 {
             head + min_hop + bandwidth_us / eff
         } else {

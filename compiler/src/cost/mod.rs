@@ -5,6 +5,7 @@
 //! - [`network`]: the topology as capacity-limited resources with routes ([`Network`]);
 //! - [`sim`]: the simulator ([`Simulator`], [`Estimate`]);
 //! - [`bounds`]: lower bounds ([`Bound`]);
+//! - [`calibrate`]: fitting the model to measurements of one machine ([`calibrate::fit`]);
 //! - [`baseline`]: what NCCL would pick and how fast that is in our model ([`Baseline`]).
 //!
 //! One-shot entry points: [`simulate`], [`bounds`](fn@bounds), [`baseline`](fn@baseline).
@@ -13,6 +14,7 @@
 
 pub mod baseline;
 pub mod bounds;
+pub mod calibrate;
 pub mod model;
 pub mod network;
 pub mod sim;

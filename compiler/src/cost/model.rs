@@ -14,7 +14,7 @@
 //! latency (sum of the hop latencies of the topology) is added on top of it.
 
 use hccl_ir::Protocol;
-use hccl_topologies::{DeviceKind, LinkKind, Node, Topology};
+use hccl_topologies::{Calibration, DeviceKind, LinkKind, Node, Topology};
 
 /// Class of link for latency purposes, as NCCL distinguishes them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -42,7 +42,8 @@ impl LinkClass {
         }
     }
 
-    fn index(self) -> usize {
+    /// Position of the class in [`LinkClass::ALL`] (and in a calibration's `message_scale`).
+    pub fn index(self) -> usize {
         match self {
             LinkClass::NvLink => 0,
             LinkClass::Pci => 1,
@@ -76,6 +77,10 @@ pub struct CostModel {
     /// Memory traffic of a reduction fused into a receive: the local operand is read and
     /// the result written; the received data streams in with the transfer.
     pub fused_reduce_passes: f64,
+    /// The machine's calibration, when the latencies above were scaled by one: its
+    /// bandwidth curve scales every bandwidth by the collective's size
+    /// ([`CostModel::bandwidth_factor`]).
+    pub calibration: Option<Calibration>,
 }
 
 impl Default for CostModel {
@@ -87,6 +92,7 @@ impl Default for CostModel {
             copy_passes: 2.0,
             reduce_passes: 3.0,
             fused_reduce_passes: 2.0,
+            calibration: None,
         }
     }
 }
@@ -115,8 +121,59 @@ impl CostModel {
     }
 
     /// The model that fits `topo`: [`CostModel::cpu_host`] when every rank is a CPU (one
-    /// host, or CPU hosts joined by a network), else the NCCL-derived default.
+    /// host, or CPU hosts joined by a network), else the NCCL-derived default; corrected by
+    /// the topology's calibration when it has one ([`CostModel::calibrated`]).
     pub fn for_topology(topo: &Topology) -> CostModel {
+        let model = CostModel::uncalibrated_for(topo);
+        match &topo.spec.calibration {
+            Some(cal) => model.calibrated(cal),
+            None => model,
+        }
+    }
+
+    /// This model with `cal`'s scales applied to its latencies and its bandwidth curve kept
+    /// (replacing any earlier calibration's).
+    pub fn calibrated(&self, cal: &Calibration) -> CostModel {
+        let base = match &self.calibration {
+            Some(old) => self.uncalibrate(old),
+            None => self.clone(),
+        };
+        let mut m = base;
+        for b in &mut m.base_us {
+            *b *= cal.base_scale;
+        }
+        for (class, row) in m.message_us.iter_mut().enumerate() {
+            for v in row {
+                *v *= cal.message_scale[class];
+            }
+        }
+        m.calibration = Some(cal.clone());
+        m
+    }
+
+    fn uncalibrate(&self, old: &Calibration) -> CostModel {
+        let mut m = self.clone();
+        for b in &mut m.base_us {
+            *b /= old.base_scale;
+        }
+        for (class, row) in m.message_us.iter_mut().enumerate() {
+            for v in row {
+                *v /= old.message_scale[class];
+            }
+        }
+        m.calibration = None;
+        m
+    }
+
+    /// Multiplier of every bandwidth for a collective of `bytes` (1 without calibration).
+    pub fn bandwidth_factor(&self, bytes: u64) -> f64 {
+        self.calibration
+            .as_ref()
+            .map_or(1.0, |c| c.bandwidth_factor(bytes))
+    }
+
+    /// [`CostModel::for_topology`] without the topology's calibration.
+    pub fn uncalibrated_for(topo: &Topology) -> CostModel {
         let all_cpu = topo.ranks.iter().all(|&node| {
             matches!(
                 topo.graph[node],

@@ -23,7 +23,7 @@
 //! collective's time is `base_us(p)` plus the time the last step completes.
 
 use super::CostError;
-use super::model::CostModel;
+use super::model::{CostModel, LinkClass};
 use super::network::{Network, Route};
 use hccl_ir::{CONNECTION_SLOTS, Op, Protocol, Schedule, StepRef};
 use std::cmp::{Ordering, Reverse};
@@ -114,6 +114,14 @@ impl Prepared {
     /// Number of steps.
     pub fn step_count(&self) -> usize {
         self.steps.len()
+    }
+
+    /// Whether some message of the schedule travels a route whose slowest link is of `class`.
+    pub fn uses_class(&self, class: LinkClass) -> bool {
+        self.conn_route
+            .iter()
+            .zip(&self.conn_len)
+            .any(|(r, &len)| len > 0 && r.class == class)
     }
 }
 
@@ -485,6 +493,8 @@ struct Run<'a> {
     p: &'a Prepared,
     protocol: Protocol,
     chunk_bytes: f64,
+    /// Bandwidth factor of the calibration at this size (local memory work).
+    mem_scale: f64,
     now: f64,
     seq: u64,
     events: BinaryHeap<Event>,
@@ -544,7 +554,9 @@ impl<'a> Run<'a> {
         let nmsg = p.msg_conn.len();
         let nconn = p.conn_base.len();
         let nres = sim.network.capacity.len();
-        let eff = sim.model.efficiency(protocol);
+        // The calibration's bandwidth factor at this size scales links and local work alike.
+        let scale = sim.model.bandwidth_factor(bytes);
+        let eff = sim.model.efficiency(protocol) * scale;
         // GB/s × 1e3 = bytes per µs.
         let cap = sim.network.capacity.iter().map(|c| c * eff * 1e3).collect();
         Run {
@@ -552,6 +564,7 @@ impl<'a> Run<'a> {
             p,
             protocol,
             chunk_bytes: bytes as f64 / f64::from(p.chunks),
+            mem_scale: scale,
             now: 0.0,
             seq: 0,
             events: BinaryHeap::new(),
@@ -607,7 +620,7 @@ impl<'a> Run<'a> {
 
     fn mem_us(&self, step: u32, passes: f64) -> f64 {
         let s = &self.p.steps[step as usize];
-        let bw = self.sim.network.mem_bw[s.rank as usize];
+        let bw = self.sim.network.mem_bw[s.rank as usize] * self.mem_scale;
         if passes <= 0.0 || bw.is_nan() || bw <= 0.0 {
             return 0.0;
         }

@@ -50,6 +50,7 @@ pub fn topo(n: u32, switches: &[&str], links: &[L]) -> Topology {
                 count: 1,
             })
             .collect(),
+        calibration: None,
     };
     hccl_topologies::build(spec, "test").expect("test topology builds")
 }

@@ -1,0 +1,598 @@
+//! Fitting the cost model to measurements of one machine ([`fit`]).
+//!
+//! Input: schedules that ran, and for each a measured time at some sizes (from `hccl-perf`,
+//! on any backend: CPU threads or processes, GPUs, a network). Output: a [`Calibration`] for
+//! the topology they ran on, and per observation the prediction before and after.
+//!
+//! The fit keeps the model's structure (the simulator, its routes and contention, the
+//! protocols' relative costs) and corrects three kinds of constant:
+//!
+//! - `base_scale`: the once-per-collective latency. It enters every prediction additively,
+//!   so it is fitted on cached simulations;
+//! - `message_scale[class]`: the per-message latency of each link class the schedules use
+//!   (classes no schedule uses stay at 1);
+//! - the bandwidth curve: one factor per measured size (a knot), since a collective whose data
+//!   fits in caches moves faster than one in DRAM and no single factor fits both.
+//!
+//! The objective is the sum of squared log errors `ln(predicted / measured)²` (a 2× over- and
+//! under-estimate weigh the same), plus a small pull of every log-parameter towards 0 so
+//! that a parameter the data cannot see (a bandwidth factor at 8 bytes) stays at 1. It is
+//! minimised by Levenberg–Marquardt over the log-parameters, with a finite-difference
+//! Jacobian (a bandwidth knot only moves the observations at its size, so its column costs
+//! a few simulations).
+
+use super::CostError;
+use super::model::{CostModel, LinkClass};
+use super::network::Network;
+use super::sim::{Prepared, Simulator};
+use hccl_ir::{Protocol, Schedule};
+use hccl_topologies::{Calibration, Topology};
+
+/// One measurement: schedule `schedule` (an index into the schedules given to [`fit`]) took
+/// `measured_us` for a collective of `bytes` under `protocol`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Observation {
+    pub schedule: usize,
+    pub protocol: Protocol,
+    pub bytes: u64,
+    pub measured_us: f64,
+    /// What to call it in reports (the algorithm, the run it came from).
+    pub label: String,
+}
+
+/// One observation's predictions.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FitRow {
+    pub label: String,
+    pub bytes: u64,
+    pub measured_us: f64,
+    /// Predicted by the uncalibrated model.
+    pub before_us: f64,
+    /// Predicted by the fitted model.
+    pub after_us: f64,
+}
+
+impl FitRow {
+    /// Relative error of the fitted prediction: `(predicted − measured) / measured`.
+    pub fn error(&self) -> f64 {
+        self.after_us / self.measured_us - 1.0
+    }
+
+    /// Relative error of the uncalibrated prediction.
+    pub fn error_before(&self) -> f64 {
+        self.before_us / self.measured_us - 1.0
+    }
+}
+
+/// What [`fit`] found.
+#[derive(Debug, Clone)]
+pub struct FitReport {
+    pub calibration: Calibration,
+    pub rows: Vec<FitRow>,
+}
+
+impl FitReport {
+    /// Median of `|error|` over the rows, after (or before) the fit.
+    pub fn median_abs_error(&self, after: bool) -> f64 {
+        let mut e: Vec<f64> = self
+            .rows
+            .iter()
+            .map(|r| {
+                if after {
+                    r.error().abs()
+                } else {
+                    r.error_before().abs()
+                }
+            })
+            .collect();
+        e.sort_by(f64::total_cmp);
+        e.get(e.len() / 2).copied().unwrap_or(0.0)
+    }
+
+    /// Fraction of rows whose fitted prediction is within `tolerance` (0.25 = ±25%).
+    pub fn within(&self, tolerance: f64) -> f64 {
+        if self.rows.is_empty() {
+            return 1.0;
+        }
+        let n = self
+            .rows
+            .iter()
+            .filter(|r| r.error().abs() <= tolerance)
+            .count();
+        n as f64 / self.rows.len() as f64
+    }
+}
+
+/// Why a fit could not be made.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CalibrateError {
+    #[error("no measurements to fit")]
+    Empty,
+    #[error(
+        "measurement {index} ({label}, {bytes} B): time must be a finite number > 0, found {value}"
+    )]
+    BadTime {
+        index: usize,
+        label: String,
+        bytes: u64,
+        value: f64,
+    },
+    #[error(
+        "measurement {index} ({label}): it names schedule {schedule}, but only {count} were given"
+    )]
+    NoSchedule {
+        index: usize,
+        label: String,
+        schedule: usize,
+        count: usize,
+    },
+    #[error("schedule {index}: {source}")]
+    Cost {
+        index: usize,
+        #[source]
+        source: CostError,
+    },
+}
+
+/// Pull of each log-parameter towards 0 (factor 1) in the objective.
+const PRIOR: f64 = 1e-3;
+/// Search range of every factor: `[1/RANGE, RANGE]`.
+const RANGE: f64 = 64.0;
+/// Most Levenberg–Marquardt iterations.
+const ITERATIONS: usize = 60;
+
+/// Fits a calibration of `topo` to `observations` of `schedules`; `source` says where the
+/// measurements come from and is kept in the calibration.
+pub fn fit(
+    topo: &Topology,
+    schedules: &[Schedule],
+    observations: &[Observation],
+    source: &str,
+) -> Result<FitReport, CalibrateError> {
+    if observations.is_empty() {
+        return Err(CalibrateError::Empty);
+    }
+    for (index, o) in observations.iter().enumerate() {
+        if !(o.measured_us.is_finite() && o.measured_us > 0.0) {
+            return Err(CalibrateError::BadTime {
+                index,
+                label: o.label.clone(),
+                bytes: o.bytes,
+                value: o.measured_us,
+            });
+        }
+        if o.schedule >= schedules.len() {
+            return Err(CalibrateError::NoSchedule {
+                index,
+                label: o.label.clone(),
+                schedule: o.schedule,
+                count: schedules.len(),
+            });
+        }
+    }
+    let base_model = CostModel::uncalibrated_for(topo);
+    let mut sim = Simulator::new(Network::new(topo), base_model.clone());
+    let prepared: Vec<Prepared> = schedules
+        .iter()
+        .enumerate()
+        .map(|(index, s)| {
+            sim.prepare(s)
+                .map_err(|source| CalibrateError::Cost { index, source })
+        })
+        .collect::<Result<_, _>>()?;
+    let classes: Vec<LinkClass> = LinkClass::ALL
+        .into_iter()
+        .filter(|&c| {
+            observations
+                .iter()
+                .any(|o| prepared[o.schedule].uses_class(c))
+        })
+        .collect();
+    let mut knots: Vec<u64> = observations.iter().map(|o| o.bytes).collect();
+    knots.sort_unstable();
+    knots.dedup();
+
+    let mut f = Fitter {
+        sim: &mut sim,
+        base_model: &base_model,
+        prepared: &prepared,
+        obs: observations,
+        classes: &classes,
+        knots: &knots,
+        source,
+    };
+    let before: Vec<f64> = f
+        .parts(&Calibration::identity(source), &all_of(observations))?
+        .iter()
+        .map(|&(rest, base)| rest + base)
+        .collect();
+    let theta = f.solve()?;
+    let mut cal = f.calibration(&theta);
+    for v in cal
+        .bandwidth
+        .iter_mut()
+        .map(|k| &mut k.1)
+        .chain(cal.message_scale.iter_mut())
+        .chain(std::iter::once(&mut cal.base_scale))
+    {
+        // Three significant digits: the measurements are not more precise, and the topology
+        // file stays readable.
+        *v = round_sig(*v, 3);
+    }
+    let after: Vec<f64> = f
+        .parts(&cal, &all_of(observations))?
+        .iter()
+        .map(|&(rest, base)| rest + base)
+        .collect();
+    let rows = observations
+        .iter()
+        .zip(before.iter().zip(&after))
+        .map(|(o, (&b, &a))| FitRow {
+            label: o.label.clone(),
+            bytes: o.bytes,
+            measured_us: o.measured_us,
+            before_us: b,
+            after_us: a,
+        })
+        .collect();
+    Ok(FitReport {
+        calibration: cal,
+        rows,
+    })
+}
+
+fn all_of(obs: &[Observation]) -> Vec<usize> {
+    (0..obs.len()).collect()
+}
+
+/// The fit's state. Parameters `θ` are logs of the factors: `θ[0]` the base scale, then one
+/// message scale per class in `classes`, then one bandwidth factor per knot.
+struct Fitter<'a> {
+    sim: &'a mut Simulator,
+    base_model: &'a CostModel,
+    prepared: &'a [Prepared],
+    obs: &'a [Observation],
+    classes: &'a [LinkClass],
+    knots: &'a [u64],
+    source: &'a str,
+}
+
+impl Fitter<'_> {
+    fn calibration(&self, theta: &[f64]) -> Calibration {
+        let mut cal = Calibration::identity(self.source);
+        cal.base_scale = theta[0].exp();
+        for (j, c) in self.classes.iter().enumerate() {
+            cal.message_scale[c.index()] = theta[1 + j].exp();
+        }
+        let off = 1 + self.classes.len();
+        cal.bandwidth = self
+            .knots
+            .iter()
+            .enumerate()
+            .map(|(j, &b)| (b, theta[off + j].exp()))
+            .collect();
+        cal
+    }
+
+    /// Simulated time without the base latency, and the base latency, of each observation
+    /// in `which` under `cal`.
+    fn parts(
+        &mut self,
+        cal: &Calibration,
+        which: &[usize],
+    ) -> Result<Vec<(f64, f64)>, CalibrateError> {
+        self.sim.model = self.base_model.calibrated(cal);
+        which
+            .iter()
+            .map(|&i| {
+                let o = &self.obs[i];
+                let est = self
+                    .sim
+                    .run(&self.prepared[o.schedule], o.bytes, o.protocol)
+                    .map_err(|source| CalibrateError::Cost {
+                        index: o.schedule,
+                        source,
+                    })?;
+                Ok((est.time_us - est.base_us, est.base_us))
+            })
+            .collect()
+    }
+
+    /// Log predictions of every observation under `theta`.
+    fn log_pred(&mut self, theta: &[f64], which: &[usize]) -> Result<Vec<f64>, CalibrateError> {
+        let cal = self.calibration(theta);
+        Ok(self
+            .parts(&cal, which)?
+            .iter()
+            .map(|&(rest, base)| safe_ln(rest + base))
+            .collect())
+    }
+
+    /// Residuals: log errors of the observations, then the prior's pull on each parameter.
+    fn residuals(&self, log_pred: &[f64], theta: &[f64]) -> Vec<f64> {
+        let mut r: Vec<f64> = log_pred
+            .iter()
+            .zip(self.obs)
+            .map(|(&lp, o)| lp - o.measured_us.ln())
+            .collect();
+        r.extend(theta.iter().map(|t| PRIOR.sqrt() * t));
+        r
+    }
+
+    /// Levenberg–Marquardt on the residuals, with a finite-difference Jacobian (the base
+    /// scale's column is exact: it only adds `base × scale`).
+    fn solve(&mut self) -> Result<Vec<f64>, CalibrateError> {
+        let n = self.obs.len();
+        let np = 1 + self.classes.len() + self.knots.len();
+        let all = all_of(self.obs);
+        let at_knot: Vec<Vec<usize>> = self
+            .knots
+            .iter()
+            .map(|&b| {
+                all.iter()
+                    .copied()
+                    .filter(|&i| self.obs[i].bytes == b)
+                    .collect()
+            })
+            .collect();
+        let mut theta = vec![0.0; np];
+        let mut lp = self.log_pred(&theta, &all)?;
+        let mut res = self.residuals(&lp, &theta);
+        let mut loss: f64 = res.iter().map(|r| r * r).sum();
+        let mut lambda = 1e-2;
+        let h = 1e-3;
+        let limit = RANGE.ln();
+        for _ in 0..ITERATIONS {
+            // Jacobian of the log predictions (rows: observations; the prior rows are
+            // diagonal and added below).
+            let mut jac = vec![vec![0.0; np]; n];
+            let cal = self.calibration(&theta);
+            let parts = self.parts(&cal, &all)?;
+            for i in 0..n {
+                let (rest, base) = parts[i];
+                jac[i][0] = if rest + base > 0.0 {
+                    base / (rest + base)
+                } else {
+                    0.0
+                };
+            }
+            for j in 1..np {
+                let which: &[usize] = if j <= self.classes.len() {
+                    &all
+                } else {
+                    &at_knot[j - 1 - self.classes.len()]
+                };
+                let mut t2 = theta.clone();
+                t2[j] += h;
+                let lp2 = self.log_pred(&t2, which)?;
+                for (k, &i) in which.iter().enumerate() {
+                    jac[i][j] = (lp2[k] - lp[i]) / h;
+                }
+            }
+            // Normal equations with the prior rows: (JᵀJ + P + λ·diag) δ = −(Jᵀr + P θ).
+            let mut a = vec![vec![0.0; np]; np];
+            let mut g = vec![0.0; np];
+            for i in 0..n {
+                for p in 0..np {
+                    if jac[i][p] == 0.0 {
+                        continue;
+                    }
+                    g[p] += jac[i][p] * res[i];
+                    for q in 0..np {
+                        a[p][q] += jac[i][p] * jac[i][q];
+                    }
+                }
+            }
+            for p in 0..np {
+                a[p][p] += PRIOR;
+                g[p] += PRIOR.sqrt() * res[n + p];
+            }
+            let mut improved = false;
+            for _ in 0..12 {
+                let mut m = a.clone();
+                for p in 0..np {
+                    m[p][p] += lambda * a[p][p].max(1e-9);
+                }
+                let rhs: Vec<f64> = g.iter().map(|v| -v).collect();
+                let Some(delta) = solve_dense(m, rhs) else {
+                    lambda *= 10.0;
+                    continue;
+                };
+                let t2: Vec<f64> = theta
+                    .iter()
+                    .zip(&delta)
+                    .map(|(t, d)| (t + d).clamp(-limit, limit))
+                    .collect();
+                let lp2 = self.log_pred(&t2, &all)?;
+                let res2 = self.residuals(&lp2, &t2);
+                let loss2: f64 = res2.iter().map(|r| r * r).sum();
+                if loss2 < loss {
+                    let gain = loss - loss2;
+                    theta = t2;
+                    lp = lp2;
+                    res = res2;
+                    loss = loss2;
+                    lambda = (lambda / 3.0).max(1e-9);
+                    improved = gain > 1e-10 * loss.max(1e-12);
+                    break;
+                }
+                lambda *= 4.0;
+            }
+            if !improved {
+                break;
+            }
+        }
+        Ok(theta)
+    }
+}
+
+fn safe_ln(v: f64) -> f64 {
+    if v > 0.0 && v.is_finite() {
+        v.ln()
+    } else {
+        30.0
+    }
+}
+
+/// Solves `m x = rhs` by Gaussian elimination with partial pivoting; `None` when singular.
+fn solve_dense(mut m: Vec<Vec<f64>>, mut rhs: Vec<f64>) -> Option<Vec<f64>> {
+    let n = rhs.len();
+    for col in 0..n {
+        let piv = (col..n).max_by(|&a, &b| m[a][col].abs().total_cmp(&m[b][col].abs()))?;
+        if m[piv][col].abs() < 1e-300 {
+            return None;
+        }
+        m.swap(col, piv);
+        rhs.swap(col, piv);
+        let (upper, lower) = m.split_at_mut(col + 1);
+        let pivot_row = &upper[col];
+        for (k, row) in lower.iter_mut().enumerate() {
+            let f = row[col] / pivot_row[col];
+            if f != 0.0 {
+                for (x, p) in row[col..].iter_mut().zip(&pivot_row[col..]) {
+                    *x -= f * p;
+                }
+                rhs[col + 1 + k] -= f * rhs[col];
+            }
+        }
+    }
+    let mut x = vec![0.0; n];
+    for row in (0..n).rev() {
+        let s: f64 = (row + 1..n).map(|k| m[row][k] * x[k]).sum();
+        x[row] = (rhs[row] - s) / m[row][row];
+    }
+    x.iter().all(|v| v.is_finite()).then_some(x)
+}
+
+fn round_sig(v: f64, digits: i32) -> f64 {
+    if v == 0.0 || !v.is_finite() {
+        return v;
+    }
+    let scale = 10f64.powi(digits - 1 - v.abs().log10().floor() as i32);
+    (v * scale).round() / scale
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::families::all_families;
+    use hccl_ir::Collective;
+
+    fn host(n: u32) -> Topology {
+        hccl_topologies::build(hccl_topologies::generate::host(n, 10.0), "h").unwrap()
+    }
+
+    /// Schedules of every family that does AllReduce on `topo` (first candidate each).
+    fn schedules(topo: &Topology) -> Vec<(String, Schedule)> {
+        let mut out = Vec::new();
+        for f in all_families() {
+            for p in f
+                .param_space(topo, Collective::AllReduce)
+                .into_iter()
+                .take(1)
+            {
+                if let Some(c) = f
+                    .generate(topo, Collective::AllReduce, p)
+                    .into_iter()
+                    .next()
+                {
+                    out.push((f.name().to_string(), c.schedule));
+                }
+            }
+        }
+        out
+    }
+
+    /// Measurements made up by a known calibration are fitted back to it.
+    #[test]
+    fn recovers_a_known_calibration() {
+        let topo = host(4);
+        let scheds = schedules(&topo);
+        assert!(
+            scheds.len() >= 3,
+            "families for 4 CPU ranks: {}",
+            scheds.len()
+        );
+        let truth = Calibration {
+            source: "truth".into(),
+            base_scale: 3.0,
+            message_scale: [5.0, 1.0, 1.0],
+            bandwidth: vec![(8, 1.0), (4096, 2.0), (1 << 20, 1.5), (64 << 20, 0.5)],
+        };
+        let model = CostModel::uncalibrated_for(&topo).calibrated(&truth);
+        let sim = Simulator::new(Network::new(&topo), model);
+        let mut obs = Vec::new();
+        let just: Vec<Schedule> = scheds.iter().map(|(_, s)| s.clone()).collect();
+        for (i, (name, s)) in scheds.iter().enumerate() {
+            for &(bytes, _) in &truth.bandwidth {
+                let t = sim.simulate(s, bytes, Protocol::Simple).unwrap().time_us;
+                obs.push(Observation {
+                    schedule: i,
+                    protocol: Protocol::Simple,
+                    bytes,
+                    measured_us: t,
+                    label: name.clone(),
+                });
+            }
+        }
+        let report = fit(&topo, &just, &obs, "test").unwrap();
+        let max_err = report
+            .rows
+            .iter()
+            .map(|r| r.error().abs())
+            .fold(0.0, f64::max);
+        assert!(
+            max_err < 0.02,
+            "worst error after the fit: {max_err}: {:?}",
+            report.calibration
+        );
+        assert!(
+            report.median_abs_error(false) > 0.3,
+            "the data must need a fit"
+        );
+        let cal = &report.calibration;
+        assert!((cal.message_scale[0] / 5.0 - 1.0).abs() < 0.1, "{cal:?}");
+        assert!(
+            (cal.bandwidth_factor(64 << 20) / 0.5 - 1.0).abs() < 0.05,
+            "{cal:?}"
+        );
+        assert_eq!(
+            cal.message_scale[2], 1.0,
+            "no network message: no network fit"
+        );
+    }
+
+    #[test]
+    fn bad_input_is_refused_with_the_measurement_named() {
+        let topo = host(2);
+        let scheds: Vec<Schedule> = schedules(&topo).into_iter().map(|(_, s)| s).collect();
+        let o = |t: f64, s: usize| Observation {
+            schedule: s,
+            protocol: Protocol::Simple,
+            bytes: 64,
+            measured_us: t,
+            label: "ring".into(),
+        };
+        assert_eq!(
+            fit(&topo, &scheds, &[], "x").unwrap_err(),
+            CalibrateError::Empty
+        );
+        let e = fit(&topo, &scheds, &[o(f64::NAN, 0)], "x").unwrap_err();
+        assert!(e.to_string().contains("measurement 0 (ring, 64 B)"), "{e}");
+        let e = fit(&topo, &scheds, &[o(1.0, 99)], "x").unwrap_err();
+        assert!(matches!(e, CalibrateError::NoSchedule { .. }), "{e}");
+    }
+
+    #[test]
+    fn bandwidth_curve_interpolates_in_log_space() {
+        let cal = Calibration {
+            bandwidth: vec![(1 << 10, 1.0), (1 << 20, 4.0)],
+            ..Calibration::identity("t")
+        };
+        assert_eq!(cal.bandwidth_factor(8), 1.0);
+        assert_eq!(cal.bandwidth_factor(1 << 30), 4.0);
+        // Halfway in log size is halfway in log factor: 2.
+        assert!((cal.bandwidth_factor(1 << 15) - 2.0).abs() < 1e-9);
+        assert_eq!(Calibration::identity("t").bandwidth_factor(123), 1.0);
+    }
+}
