@@ -24,6 +24,8 @@
 //!
 //! Exit codes: 0 ok; 1 wrong results or a runtime failure; 2 bad usage or input.
 
+mod calibrate;
+
 use clap::{Parser, ValueEnum};
 use half::{bf16, f16};
 use hccl::compiler::search;
@@ -90,6 +92,15 @@ struct Args {
     /// `HCCL_ALGO` does the same; the `algorithm` column always shows what ran.
     #[arg(long)]
     algo: Option<String>,
+    /// Compile the default plan for this topology file (e.g. one written by `--calibrate`)
+    /// instead of this machine as probed.
+    #[arg(long, value_name = "TOPO.ron")]
+    topo: Option<PathBuf>,
+    /// Measure every algorithm family that applies (at the sizes of -b/-e/-f, with this
+    /// backend and rank count), fit the cost model to the measurements and write the
+    /// calibrated topology (this machine as a `host`, or `--topo`) to this file.
+    #[arg(long, value_name = "OUT.ron")]
+    calibrate: Option<PathBuf>,
     /// Timed iterations per size (ignored when -T is given).
     #[arg(short = 'n', long = "iters", default_value_t = 20)]
     iters: u64,
@@ -580,6 +591,7 @@ fn dispatch(
 /// Prints rows as they come (text) and collects them for JSON.
 struct Printer {
     json: bool,
+    plan_file: Option<PathBuf>,
     plan: PlanFile,
     sw_coll: Collective,
     dtype: DataType,
@@ -662,6 +674,7 @@ impl Printer {
                 "wrong": row.wrong,
                 "predicted_us": predicted,
                 "algorithm": algorithm,
+                "entry": row.entry.as_ref().map(|e| e.index),
             }));
             return;
         }
@@ -715,14 +728,24 @@ fn obtain_plan(
             hccl::executor::config::load_path(path).map_err(|e| Failure::Usage(e.to_string()))?;
         return Ok((plan, path.display().to_string()));
     }
-    let mem_bw = if probe {
-        hccl::topologies::probe::probe_host().per_rank_gbps(n)
-    } else {
-        hccl::topologies::generate::CPU_MEM_BW
+    let topo = match &args.topo {
+        Some(path) => {
+            let topo = hccl::topologies::load(path).map_err(|e| Failure::Usage(e.to_string()))?;
+            hccl::topologies::validate_ranks(&topo, n)
+                .map_err(|e| Failure::Usage(format!("{}: {e}", path.display())))?;
+            topo
+        }
+        None => {
+            let mem_bw = if probe {
+                hccl::topologies::probe::probe_host().per_rank_gbps(n)
+            } else {
+                hccl::topologies::generate::CPU_MEM_BW
+            };
+            let spec = hccl::topologies::generate::host(n, mem_bw);
+            hccl::topologies::build(spec, "this machine")
+                .map_err(|e| Failure::Usage(e.to_string()))?
+        }
     };
-    let spec = hccl::topologies::generate::host(n, mem_bw);
-    let topo =
-        hccl::topologies::build(spec, "this machine").map_err(|e| Failure::Usage(e.to_string()))?;
     let forced = forced_algo(args);
     let mut kinds = vec![kind];
     if args.backend == Backend::Process && kind != CollectiveKind::AllReduce && forced.is_none() {
@@ -745,9 +768,18 @@ fn obtain_plan(
         None => Failure::Runtime(e.to_string()),
     })?;
     let only = forced.map_or(String::new(), |a| format!(", {a} only"));
+    let calibrated = if topo.spec.calibration.is_some() {
+        ", calibrated"
+    } else {
+        ""
+    };
     Ok((
         compiled.plan,
-        format!("compiled for {} ({mem_bw} GB/s per rank{only})", topo.name),
+        format!(
+            "compiled for {} ({} GB/s per rank{calibrated}{only})",
+            topo.name,
+            topo.mem_bw(0)
+        ),
     ))
 }
 
@@ -767,6 +799,13 @@ fn warn_unforced(plan: &PlanFile, coll: Collective, config: &Config) {
             );
         }
     }
+}
+
+/// The user's plan file, absolute, for the JSON report.
+fn user_plan_file(args: &Args) -> Option<PathBuf> {
+    args.plan
+        .as_ref()
+        .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))
 }
 
 /// The family the default plan is compiled from: `--algo`, else `HCCL_ALGO`.
@@ -809,8 +848,13 @@ fn finish(printer: Printer, label: &str, rows: &[Row]) -> Result<(), Failure> {
     if printer.json {
         let doc = serde_json::json!({
             "collective": printer.sw_coll.kind().name(),
+            "root": printer.sw_coll.root(),
             "ranks": printer.n,
             "plan": label,
+            // The plan file the rows' `entry` indices refer to (after deriving the measured
+            // root), so `hcclc calibrate` can simulate what ran; null for a plan compiled
+            // here.
+            "plan_file": printer.plan_file.as_ref().map(|p| p.display().to_string()),
             "rows": printer.rows,
         });
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
@@ -862,6 +906,7 @@ fn run_threads(args: &Args) -> Result<(), Failure> {
     let sync = Arc::new(ThreadSync::new(n));
     let printer = Printer {
         json: args.json,
+        plan_file: user_plan_file(args),
         plan,
         sw_coll: coll,
         dtype,
@@ -915,6 +960,9 @@ fn run_threads(args: &Args) -> Result<(), Failure> {
 /// Set by `hccl-perf` for the rank processes it starts when they should bind to cores.
 const BIND_ENV: &str = "HCCL_PERF_BIND";
 
+/// Set by `hccl-perf` for its rank processes: how the plan they are handed was made.
+const LABEL_ENV: &str = "HCCL_PERF_PLAN_LABEL";
+
 /// Whether `n` ranks get a core each.
 fn should_bind(args: &Args, n: u32) -> bool {
     !args.no_bind && n as usize <= hccl::executor::affinity::allowed_cpus().len()
@@ -949,10 +997,7 @@ fn run_process_rank(args: &Args) -> Result<(), Failure> {
                 .map_err(|e| Failure::Usage(e.to_string()))?;
             (
                 plan,
-                args.plan.as_ref().map_or_else(
-                    || "compiled for this machine".to_string(),
-                    |p| p.display().to_string(),
-                ),
+                std::env::var(LABEL_ENV).unwrap_or_else(|_| "compiled for this machine".into()),
             )
         }
         None => obtain_plan(args, coll.kind(), world, false)?,
@@ -978,6 +1023,7 @@ fn run_process_rank(args: &Args) -> Result<(), Failure> {
     };
     let mut printer = Printer {
         json: args.json,
+        plan_file: user_plan_file(args),
         plan,
         sw_coll: coll,
         dtype,
@@ -1040,7 +1086,7 @@ fn launch_processes(args: &Args) -> Result<(), Failure> {
     }
     nominal_sizes(args)?;
     // Compile (with the probe) once here and hand the same plan to every rank.
-    let (plan, _) = obtain_plan(args, coll.kind(), n, true)?;
+    let (plan, label) = obtain_plan(args, coll.kind(), n, true)?;
     let mut plan = with_control_entries(plan, n);
     plan.ensure_root(coll);
     let dir = std::env::temp_dir();
@@ -1081,6 +1127,7 @@ fn launch_processes(args: &Args) -> Result<(), Failure> {
             .env("MASTER_PORT", port.to_string())
             .env("HCCL_JOB_TOKEN", &token)
             .env("HCCL_PLAN", &plan_path)
+            .env(LABEL_ENV, &label)
             .spawn()
             .map_err(|e| Failure::Runtime(format!("cannot start rank {rank}: {e}")));
         match child {
@@ -1122,6 +1169,9 @@ fn main() -> ExitCode {
     };
     hccl::executor::config::init_tracing();
     let res = match args.backend {
+        _ if args.calibrate.is_some() && !under_launcher() => {
+            calibrate::run(&args, args.calibrate.as_deref().unwrap_or(Path::new("")))
+        }
         Backend::Threads => run_threads(&args),
         Backend::Process if under_launcher() => run_process_rank(&args),
         Backend::Process => launch_processes(&args),

@@ -1,0 +1,301 @@
+//! `hccl-perf --calibrate OUT.ron`: measures every algorithm family that applies on this
+//! machine, fits the cost model to what it measured (`hccl::compiler::cost::calibrate`) and
+//! writes the calibrated topology, so that plans compiled for it predict this machine.
+//!
+//! Each family is compiled alone into a plan file and run by a child `hccl-perf --json
+//! --plan FILE` with the caller's backend, ranks, sizes and time budget; the rows name the
+//! plan entry that ran, whose schedule the fit simulates.
+
+use super::{Args, Backend, Failure, parse_choice};
+use hccl::compiler::cost::CostModel;
+use hccl::compiler::cost::calibrate::{self, Observation};
+use hccl::compiler::families::all_families;
+use hccl::compiler::search;
+use hccl::ir::{PlanFile, Schedule};
+use hccl::topologies::{Topology, TopologySpec};
+use std::path::Path;
+use std::process::Command;
+
+/// One family's measurement.
+struct Run {
+    family: String,
+    plan: PlanFile,
+    rows: Vec<serde_json::Value>,
+}
+
+pub(crate) fn run(args: &Args, out: &Path) -> Result<(), Failure> {
+    let (coll, _, _) = parse_choice(args)?;
+    let n = args.ranks;
+    if n < 2 {
+        return Err(Failure::Usage("--calibrate needs -g 2 or more ranks".into()));
+    }
+    let topo = base_topology(args, n)?;
+    let sizes = super::nominal_sizes(args)?;
+    let families: Vec<String> = all_families()
+        .iter()
+        .filter(|f| f.supports(coll.kind()))
+        .map(|f| f.name().to_string())
+        .collect();
+    let bar = indicatif::ProgressBar::new(families.len() as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("calibrating {bar:30} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let dir = std::env::temp_dir();
+    let mut runs = Vec::new();
+    let mut skipped = Vec::new();
+    for family in &families {
+        bar.set_message(family.clone());
+        let options = search::Options {
+            collectives: vec![coll.kind()],
+            sizes: search::geometric_sizes(8.min(args.min_bytes), args.max_bytes.max(8), 2),
+            algorithms: Some(vec![family.clone()]),
+            model: CostModel::uncalibrated_for(&topo),
+            ..search::Options::default()
+        };
+        let plan = match search::compile(&topo, &options) {
+            Ok(c) => c.plan,
+            Err(e) => {
+                skipped.push(format!("{family} ({e})"));
+                bar.inc(1);
+                continue;
+            }
+        };
+        let path = dir.join(format!(
+            "hccl-perf-calibrate-{}-{family}.plan.ron",
+            std::process::id()
+        ));
+        plan.save(&path)
+            .map_err(|e| Failure::Runtime(e.to_string()))?;
+        let result = measure(args, &path, &sizes);
+        let _ = std::fs::remove_file(&path);
+        let rows = result?;
+        runs.push(Run {
+            family: family.clone(),
+            plan,
+            rows,
+        });
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    // Observations: each (family, entry) schedule once.
+    let mut schedules: Vec<Schedule> = Vec::new();
+    let mut obs = Vec::new();
+    for run in &runs {
+        let mut index_of = std::collections::HashMap::new();
+        for row in &run.rows {
+            let (Some(entry), Some(bytes), Some(time)) = (
+                row["entry"].as_u64(),
+                row["bytes"].as_u64(),
+                row["time_us"].as_f64(),
+            ) else {
+                continue;
+            };
+            let Some(e) = run.plan.entries.get(entry as usize) else {
+                continue; // a control entry the child added: not this family's
+            };
+            let si = *index_of.entry(entry).or_insert_with(|| {
+                schedules.push(e.schedule.clone());
+                schedules.len() - 1
+            });
+            obs.push(Observation {
+                schedule: si,
+                protocol: e.protocol,
+                bytes,
+                measured_us: time,
+                label: run.family.clone(),
+            });
+        }
+    }
+    let source = format!(
+        "hccl-perf --calibrate: {} on {n} ranks ({} backend), {} families, host {}, {}",
+        coll.kind().name(),
+        match args.backend {
+            Backend::Threads => "threads",
+            Backend::Process => "process",
+        },
+        runs.len(),
+        hostname(),
+        today()
+    );
+    let report = calibrate::fit(&topo, &schedules, &obs, &source)
+        .map_err(|e| Failure::Runtime(format!("cannot fit the measurements: {e}")))?;
+    let mut spec: TopologySpec = topo.spec.clone();
+    spec.calibration = Some(report.calibration.clone());
+    if !spec.description.contains("calibrated") {
+        spec.description = format!("{} (calibrated by hccl-perf)", spec.description);
+    }
+    // The file must build back (it is what users compile for).
+    let text = hccl::topologies::to_ron(&spec);
+    hccl::topologies::from_ron(&text, &out.display().to_string())
+        .map_err(|e| Failure::Runtime(e.to_string()))?;
+    hccl::ir::write_atomic(out, text.as_bytes())
+        .map_err(|e| Failure::Runtime(format!("{}: cannot write: {e}", out.display())))?;
+    if args.json {
+        let rows: Vec<_> = report
+            .rows
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "algorithm": r.label,
+                    "bytes": r.bytes,
+                    "measured_us": r.measured_us,
+                    "predicted_before_us": r.before_us,
+                    "predicted_us": r.after_us,
+                    "error": r.error(),
+                })
+            })
+            .collect();
+        let doc = serde_json::json!({
+            "topology": out.display().to_string(),
+            "ranks": n,
+            "collective": coll.kind().name(),
+            "calibration": {
+                "source": report.calibration.source,
+                "base_scale": report.calibration.base_scale,
+                "message_scale": report.calibration.message_scale,
+                "bandwidth": report.calibration.bandwidth,
+            },
+            "skipped": skipped,
+            "median_abs_error_before": report.median_abs_error(false),
+            "median_abs_error": report.median_abs_error(true),
+            "within_25pct": report.within(0.25),
+            "rows": rows,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+        return Ok(());
+    }
+    println!(
+        "# hccl-perf --calibrate: {} on {n} ranks; {} families measured",
+        coll.kind().name(),
+        runs.len()
+    );
+    for s in &skipped {
+        println!("# skipped: {s}");
+    }
+    println!(
+        "# {:<14} {:>12} {:>12} {:>12} {:>8} {:>12} {:>8}",
+        "algorithm", "bytes", "measured(us)", "before(us)", "error", "after(us)", "error"
+    );
+    for r in &report.rows {
+        println!(
+            "  {:<14} {:>12} {:>12.2} {:>12.2} {:>7.0}% {:>12.2} {:>7.0}%",
+            r.label,
+            r.bytes,
+            r.measured_us,
+            r.before_us,
+            r.error_before() * 100.0,
+            r.after_us,
+            r.error() * 100.0
+        );
+    }
+    let cal = &report.calibration;
+    println!(
+        "# fit: base latency x{}, per-message latency x{} (memory class), bandwidth x{:.2}..x{:.2} over sizes",
+        cal.base_scale,
+        cal.message_scale[0],
+        cal.bandwidth
+            .iter()
+            .map(|k| k.1)
+            .fold(f64::INFINITY, f64::min),
+        cal.bandwidth.iter().map(|k| k.1).fold(0.0, f64::max)
+    );
+    println!(
+        "# median |error|: {:.0}% before, {:.0}% after; {:.0}% of rows within ±25%",
+        report.median_abs_error(false) * 100.0,
+        report.median_abs_error(true) * 100.0,
+        report.within(0.25) * 100.0
+    );
+    println!("# wrote {} (compile for it: hcclc compile {0})", out.display());
+    Ok(())
+}
+
+/// The topology to calibrate: `--topo FILE` (its calibration dropped), else this machine as
+/// a `host` of `n` ranks with the probed memory bandwidth.
+fn base_topology(args: &Args, n: u32) -> Result<Topology, Failure> {
+    let mut spec = match &args.topo {
+        Some(path) => {
+            let topo = hccl::topologies::load(path).map_err(|e| Failure::Usage(e.to_string()))?;
+            hccl::topologies::validate_ranks(&topo, n)
+                .map_err(|e| Failure::Usage(format!("{}: {e}", path.display())))?;
+            topo.spec
+        }
+        None => {
+            let mem_bw = hccl::topologies::probe::probe_host().per_rank_gbps(n);
+            hccl::topologies::generate::host(n, mem_bw)
+        }
+    };
+    spec.calibration = None;
+    hccl::topologies::build(spec, "this machine").map_err(|e| Failure::Usage(e.to_string()))
+}
+
+/// Runs a child `hccl-perf --json --plan PLAN` with the caller's settings; returns its rows.
+fn measure(args: &Args, plan: &Path, sizes: &[u64]) -> Result<Vec<serde_json::Value>, Failure> {
+    let exe = std::env::current_exe().map_err(|e| Failure::Runtime(e.to_string()))?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("--backend")
+        .arg(match args.backend {
+            Backend::Threads => "threads",
+            Backend::Process => "process",
+        })
+        .args(["-g", &args.ranks.to_string()])
+        .args(["-c", &args.collective, "-d", &args.dtype, "-o", &args.op])
+        .args(["-r", &args.root.to_string()])
+        .args(["-b", &sizes[0].to_string()])
+        .args(["-e", &sizes[sizes.len() - 1].to_string()])
+        .args(["-f", &args.factor.to_string()])
+        .args(["-w", &args.warmup.to_string()])
+        .args(["-n", &args.iters.to_string()])
+        .args(["--hosts", &args.hosts.to_string()])
+        .arg("--json")
+        .arg("--plan")
+        .arg(plan)
+        .env_remove("HCCL_ALGO")
+        .env_remove("HCCL_PROTO");
+    if let Some(t) = args.target {
+        cmd.args(["-T", &t.to_string()]);
+    }
+    if args.in_place {
+        cmd.arg("--in-place");
+    }
+    if args.no_bind {
+        cmd.arg("--no-bind");
+    }
+    let output = cmd
+        .output()
+        .map_err(|e| Failure::Runtime(format!("cannot run hccl-perf: {e}")))?;
+    if !output.status.success() {
+        return Err(Failure::Runtime(format!(
+            "measuring {} failed: {}",
+            plan.display(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        )));
+    }
+    let doc: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .map_err(|e| Failure::Runtime(format!("unreadable hccl-perf output: {e}")))?;
+    Ok(doc["rows"].as_array().cloned().unwrap_or_default())
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// Today's UTC date as `YYYY-MM-DD`.
+fn today() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    // Days to civil date (H. Hinnant's algorithm).
+    let z = (secs / 86_400) as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}
