@@ -615,8 +615,10 @@ fn map_region(rank: u32, name: &str, layout: Layout) -> Result<Arena> {
         });
     }
     // SAFETY: the file is private to this job (unguessable name, created exclusively) and
-    // only accessed through the arena protocol.
-    let mut map = unsafe { memmap2::MmapMut::map_mut(&file) }
+    // only accessed through the arena protocol. Populated up front: a region whose pages are
+    // faulted in lazily by the ranks made cross-process traffic up to 5× slower for the
+    // whole job in about half of the launches on the development VM (see `arena::prefault`).
+    let mut map = unsafe { memmap2::MmapOptions::new().populate().map_mut(&file) }
         .map_err(io_err(rank, format!("mapping {name}")))?;
     if map.len() < layout.total {
         return Err(ExecError::Bootstrap {

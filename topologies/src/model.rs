@@ -172,7 +172,8 @@ pub struct TopologySpec {
 /// The model's own constants (NCCL's table for GPUs and networks, the CPU executor's for CPU
 /// hosts) keep their structure and are scaled: every base latency by `base_scale`, every
 /// per-message latency of link class `c` (0: NVLink-class and memory, 1: PCIe, 2: network) by
-/// `message_scale[c]`. Bandwidth depends on how much data a collective touches (a working set
+/// `message_scale[c]`; on CPU ranks of one host also the executor's cost per step
+/// (`step_scale`) and the memory traffic of a send (`send_scale`). Bandwidth depends on how much data a collective touches (a working set
 /// that fits in caches moves faster than one in DRAM), so `bandwidth` is a curve: knots
 /// `(bytes, factor)` ascending in the collective's size (nccl-tests bytes), each factor
 /// multiplying every link's and device's bandwidth at that size, log-linear between knots and
@@ -188,9 +189,24 @@ pub struct Calibration {
     /// Multiplies the model's per-message latency, per link class (memory/NVLink, PCIe,
     /// network).
     pub message_scale: [f64; 3],
+    /// CPU ranks of one host: multiplies the executor's fixed cost per step.
+    #[serde(default = "one_f64", skip_serializing_if = "is_one_f64")]
+    pub step_scale: f64,
+    /// CPU ranks of one host: multiplies the memory traffic of a send (2 passes: the copy
+    /// into the slot; the threads backend passes large messages by pointer instead).
+    #[serde(default = "one_f64", skip_serializing_if = "is_one_f64")]
+    pub send_scale: f64,
     /// Bandwidth factor by collective size: `(bytes, factor)`, bytes strictly ascending.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bandwidth: Vec<(u64, f64)>,
+}
+
+fn one_f64() -> f64 {
+    1.0
+}
+
+fn is_one_f64(v: &f64) -> bool {
+    *v == 1.0
 }
 
 impl Calibration {
@@ -200,6 +216,8 @@ impl Calibration {
             source: source.into(),
             base_scale: 1.0,
             message_scale: [1.0; 3],
+            step_scale: 1.0,
+            send_scale: 1.0,
             bandwidth: Vec::new(),
         }
     }

@@ -278,6 +278,8 @@ fn check_number(
 fn check_calibration(cal: &crate::model::Calibration) -> Result<(), Problem> {
     let what = || "calibration".to_string();
     check_number(what, "base_scale", cal.base_scale)?;
+    check_number(what, "step_scale", cal.step_scale)?;
+    check_number(what, "send_scale", cal.send_scale)?;
     for (class, &scale) in cal.message_scale.iter().enumerate() {
         check_number(
             || format!("calibration, link class {class}"),

@@ -198,6 +198,7 @@ pub fn fit(
         prepared: &prepared,
         obs: observations,
         classes: &classes,
+        cpu: base_model.cpu.is_some(),
         knots: &knots,
         source,
     };
@@ -213,7 +214,11 @@ pub fn fit(
         .iter_mut()
         .map(|k| &mut k.1)
         .chain(cal.message_scale.iter_mut())
-        .chain(std::iter::once(&mut cal.base_scale))
+        .chain([
+            &mut cal.base_scale,
+            &mut cal.step_scale,
+            &mut cal.send_scale,
+        ])
     {
         // Three significant digits: the measurements are not more precise, and the topology
         // file stays readable.
@@ -246,13 +251,16 @@ fn all_of(obs: &[Observation]) -> Vec<usize> {
 }
 
 /// The fit's state. Parameters `θ` are logs of the factors: `θ[0]` the base scale, then one
-/// message scale per class in `classes`, then one bandwidth factor per knot.
+/// message scale per class in `classes`, then (CPU model) the step and send scales, then one
+/// bandwidth factor per knot.
 struct Fitter<'a> {
     sim: &'a mut Simulator,
     base_model: &'a CostModel,
     prepared: &'a [Prepared],
     obs: &'a [Observation],
     classes: &'a [LinkClass],
+    /// Whether the CPU model's step cost and send traffic are fitted too.
+    cpu: bool,
     knots: &'a [u64],
     source: &'a str,
 }
@@ -264,7 +272,12 @@ impl Fitter<'_> {
         for (j, c) in self.classes.iter().enumerate() {
             cal.message_scale[c.index()] = theta[1 + j].exp();
         }
-        let off = 1 + self.classes.len();
+        let mut off = 1 + self.classes.len();
+        if self.cpu {
+            cal.step_scale = theta[off].exp();
+            cal.send_scale = theta[off + 1].exp();
+            off += 2;
+        }
         cal.bandwidth = self
             .knots
             .iter()
@@ -323,7 +336,8 @@ impl Fitter<'_> {
     /// scale's column is exact: it only adds `base × scale`).
     fn solve(&mut self) -> Result<Vec<f64>, CalibrateError> {
         let n = self.obs.len();
-        let np = 1 + self.classes.len() + self.knots.len();
+        let global = 1 + self.classes.len() + if self.cpu { 2 } else { 0 };
+        let np = global + self.knots.len();
         let all = all_of(self.obs);
         let at_knot: Vec<Vec<usize>> = self
             .knots
@@ -357,10 +371,10 @@ impl Fitter<'_> {
                 };
             }
             for j in 1..np {
-                let which: &[usize] = if j <= self.classes.len() {
+                let which: &[usize] = if j < global {
                     &all
                 } else {
-                    &at_knot[j - 1 - self.classes.len()]
+                    &at_knot[j - global]
                 };
                 let mut t2 = theta.clone();
                 t2[j] += h;
@@ -517,6 +531,8 @@ mod tests {
             source: "truth".into(),
             base_scale: 3.0,
             message_scale: [5.0, 1.0, 1.0],
+            step_scale: 4.0,
+            send_scale: 0.5,
             bandwidth: vec![(8, 1.0), (4096, 2.0), (1 << 20, 1.5), (64 << 20, 0.5)],
         };
         let model = CostModel::uncalibrated_for(&topo).calibrated(&truth);

@@ -15,13 +15,14 @@
 pub mod baseline;
 pub mod bounds;
 pub mod calibrate;
+mod cpu;
 pub mod model;
 pub mod network;
 pub mod sim;
 
 pub use baseline::{Baseline, NcclAlgo, NcclChoice, NcclTopo};
 pub use bounds::Bound;
-pub use model::{CostModel, LinkClass};
+pub use model::{CostModel, CpuModel, EXECUTOR_SLOT_BYTES, LinkClass};
 pub use network::{Network, Route};
 pub use sim::{Estimate, Prepared, Simulator};
 

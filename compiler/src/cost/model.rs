@@ -60,6 +60,33 @@ fn proto_index(p: Protocol) -> usize {
     }
 }
 
+/// What the CPU model adds: the executor's per-step cost and the memory traffic of a send.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CpuModel {
+    /// Fixed cost of one step on a rank's thread (µs): the engine's bookkeeping, the flag
+    /// stores and the poll that finds the step ready.
+    pub step_us: f64,
+    /// Memory passes of a send over its bytes (2: read the buffer, write the slot).
+    pub send_passes: f64,
+    /// The executor's slot size (`HCCL_SLOT_BYTES`, default 256 KiB): a call whose chunks do
+    /// not fit is replayed in segments, one after the other.
+    pub slot_bytes: u64,
+}
+
+/// The executor's default slot size (`hccl_executor::config::DEFAULT_SLOT_BYTES`; the facade's
+/// tests check that both agree).
+pub const EXECUTOR_SLOT_BYTES: u64 = 256 * 1024;
+
+impl Default for CpuModel {
+    fn default() -> CpuModel {
+        CpuModel {
+            step_us: 0.05,
+            send_passes: 2.0,
+            slot_bytes: EXECUTOR_SLOT_BYTES,
+        }
+    }
+}
+
 /// Every constant the simulator uses. [`CostModel::default`] is the NCCL-derived table of
 /// the module documentation; tests and experiments may build their own.
 #[derive(Debug, Clone, PartialEq)]
@@ -77,6 +104,9 @@ pub struct CostModel {
     /// Memory traffic of a reduction fused into a receive: the local operand is read and
     /// the result written; the received data streams in with the transfer.
     pub fused_reduce_passes: f64,
+    /// CPU ranks of one host: every rank is one thread that does all of its steps' memory
+    /// work itself, one step at a time ([`super::cpu`]); `None`: the flow model.
+    pub cpu: Option<CpuModel>,
     /// The machine's calibration, when the latencies above were scaled by one: its
     /// bandwidth curve scales every bandwidth by the collective's size
     /// ([`CostModel::bandwidth_factor`]).
@@ -92,6 +122,7 @@ impl Default for CostModel {
             copy_passes: 2.0,
             reduce_passes: 3.0,
             fused_reduce_passes: 2.0,
+            cpu: None,
             calibration: None,
         }
     }
@@ -106,12 +137,22 @@ impl CostModel {
     /// per-collective and per-message terms; bandwidth comes from the topology (the `host`
     /// generator's memory-copy probe).
     ///
-    /// The same model costs clusters of CPU hosts (`host` boxes with a NIC, networked by the
-    /// `cluster` generator): a message that leaves the host pays the same per-message term,
-    /// and its network cost is the topology's: the route's hop latencies (the NIC's port
-    /// latency, by default TCP over Ethernet, about 25 µs NIC to NIC) and the NIC's bandwidth,
-    /// which it shares max-min fairly with the host's other ranks.
+    /// On one host the ranks are modelled as the executor runs them ([`CpuModel`], see
+    /// [`super::cpu`]): each rank one thread doing its steps' memory work in turn.
     pub fn cpu_host() -> CostModel {
+        CostModel {
+            cpu: Some(CpuModel::default()),
+            ..CostModel::cpu_cluster()
+        }
+    }
+
+    /// The model for clusters of CPU hosts (`host` boxes with a NIC, networked by the
+    /// `cluster` generator): the flow model with [`CostModel::cpu_host`]'s latencies. A
+    /// message that leaves the host pays the same per-message term, and its network cost is
+    /// the topology's: the route's hop latencies (the NIC's port latency, by default TCP over
+    /// Ethernet, about 25 µs NIC to NIC) and the NIC's bandwidth, which it shares max-min
+    /// fairly with the host's other ranks.
+    pub fn cpu_cluster() -> CostModel {
         CostModel {
             efficiency: [1.0, 1.0, 1.0],
             base_us: [0.15, 0.15, 0.15],
@@ -147,6 +188,10 @@ impl CostModel {
                 *v *= cal.message_scale[class];
             }
         }
+        if let Some(cpu) = &mut m.cpu {
+            cpu.step_us *= cal.step_scale;
+            cpu.send_passes *= cal.send_scale;
+        }
         m.calibration = Some(cal.clone());
         m
     }
@@ -160,6 +205,10 @@ impl CostModel {
             for v in row {
                 *v /= old.message_scale[class];
             }
+        }
+        if let Some(cpu) = &mut m.cpu {
+            cpu.step_us /= old.step_scale;
+            cpu.send_passes /= old.send_scale;
         }
         m.calibration = None;
         m
@@ -184,7 +233,11 @@ impl CostModel {
             )
         });
         if all_cpu && !topo.ranks.is_empty() {
-            CostModel::cpu_host()
+            if topo.nhosts() == 1 {
+                CostModel::cpu_host()
+            } else {
+                CostModel::cpu_cluster()
+            }
         } else {
             CostModel::default()
         }
@@ -238,7 +291,7 @@ mod tests {
         let cpu_box = hccl_topologies::generate::host_with_nic(2, 10.0, 1.25, 25.0);
         let cluster = hccl_topologies::generate::cluster(3, &cpu_box);
         let cluster = hccl_topologies::build(cluster, "c").unwrap();
-        assert_eq!(CostModel::for_topology(&cluster), CostModel::cpu_host());
+        assert_eq!(CostModel::for_topology(&cluster), CostModel::cpu_cluster());
     }
 
     #[test]

@@ -25,12 +25,12 @@
 use super::CostError;
 use super::model::{CostModel, LinkClass};
 use super::network::{Network, Route};
-use hccl_ir::{CONNECTION_SLOTS, Op, Protocol, Schedule, StepRef};
+use hccl_ir::{CONNECTION_SLOTS, Collective, Op, Protocol, Schedule, StepRef};
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 
-const NONE: u32 = u32::MAX;
+pub(super) const NONE: u32 = u32::MAX;
 
 /// Largest set of interacting flows whose rates are recomputed exactly at every change.
 pub const EXACT_COMPONENT: usize = 256;
@@ -64,7 +64,7 @@ impl Estimate {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Kind {
+pub(super) enum Kind {
     Nop,
     /// Local copy or reduce: memory passes over `count` chunks.
     Local {
@@ -74,40 +74,46 @@ enum Kind {
         msg: u32,
     },
     /// A receive of `msg`, with `passes` of fused local work, optionally forwarding as `out`.
+    /// `cpu_passes`: the memory traffic a CPU rank makes for it (slot read, local operand,
+    /// destination and forwarded copy), see [`super::cpu`].
     Recv {
         msg: u32,
         passes: f64,
         out: u32,
+        cpu_passes: f64,
     },
 }
 
 #[derive(Debug, Clone)]
-struct FlatStep {
-    rank: u32,
-    count: u32,
-    kind: Kind,
+pub(super) struct FlatStep {
+    pub(super) rank: u32,
+    pub(super) count: u32,
+    pub(super) kind: Kind,
 }
 
 /// A schedule flattened for repeated simulation (at several sizes and protocols).
 #[derive(Debug, Clone)]
 pub struct Prepared {
-    steps: Vec<FlatStep>,
-    step_ref: Vec<StepRef>,
+    pub(super) steps: Vec<FlatStep>,
+    pub(super) step_ref: Vec<StepRef>,
     /// Dependents of each step (CSR).
-    succ_start: Vec<u32>,
-    succ: Vec<u32>,
+    pub(super) succ_start: Vec<u32>,
+    pub(super) succ: Vec<u32>,
     /// Unmet predecessors of each step at the start.
-    pending: Vec<u32>,
+    pub(super) pending: Vec<u32>,
     /// Per message: connection, chunk count, send step, receive step (or NONE).
-    msg_conn: Vec<u32>,
-    msg_count: Vec<u32>,
-    msg_send: Vec<u32>,
-    msg_recv: Vec<u32>,
+    pub(super) msg_conn: Vec<u32>,
+    pub(super) msg_count: Vec<u32>,
+    pub(super) msg_send: Vec<u32>,
+    pub(super) msg_recv: Vec<u32>,
     /// Per connection: first message id, number of messages, route.
-    conn_base: Vec<u32>,
-    conn_len: Vec<u32>,
-    conn_route: Vec<Arc<Route>>,
-    chunks: u32,
+    pub(super) conn_base: Vec<u32>,
+    pub(super) conn_len: Vec<u32>,
+    pub(super) conn_route: Vec<Arc<Route>>,
+    pub(super) chunks: u32,
+    /// The collective and the largest step (in chunks): how the executor segments a call.
+    pub(super) collective: Collective,
+    pub(super) max_count: u32,
 }
 
 impl Prepared {
@@ -361,17 +367,32 @@ impl Simulator {
                         },
                         // Message ids are filled in below, once connections are numbered.
                         Op::Send { .. } => Kind::Send { msg: NONE },
-                        Op::Recv { .. } | Op::RecvCopySend { .. } => Kind::Recv {
+                        // CPU traffic: read the slot, write the destination (2); a forward
+                        // writes the next slot too (+1); a reduction reads the local
+                        // operand (+1).
+                        Op::Recv { .. } => Kind::Recv {
                             msg: NONE,
                             passes: 0.0,
                             out: NONE,
+                            cpu_passes: 2.0,
                         },
-                        Op::RecvReduceCopy { .. }
-                        | Op::RecvReduceSend { .. }
-                        | Op::RecvReduceCopySend { .. } => Kind::Recv {
+                        Op::RecvCopySend { .. } => Kind::Recv {
+                            msg: NONE,
+                            passes: 0.0,
+                            out: NONE,
+                            cpu_passes: 3.0,
+                        },
+                        Op::RecvReduceCopy { .. } | Op::RecvReduceSend { .. } => Kind::Recv {
                             msg: NONE,
                             passes: m.fused_reduce_passes,
                             out: NONE,
+                            cpu_passes: 3.0,
+                        },
+                        Op::RecvReduceCopySend { .. } => Kind::Recv {
+                            msg: NONE,
+                            passes: m.fused_reduce_passes,
+                            out: NONE,
+                            cpu_passes: 4.0,
                         },
                     };
                     steps.push(FlatStep {
@@ -447,6 +468,7 @@ impl Simulator {
             fill[a as usize] += 1;
         }
         let pairs: Vec<(u32, u32)> = conn_keys.iter().map(|&(a, b, _)| (a, b)).collect();
+        let max_count = steps.iter().map(|s| s.count).max().unwrap_or(0);
         let conn_route = self.network.routes(&pairs)?;
         Ok(Prepared {
             steps,
@@ -462,6 +484,8 @@ impl Simulator {
             conn_len,
             conn_route,
             chunks: schedule.chunks,
+            collective: schedule.collective,
+            max_count,
         })
     }
 
@@ -472,6 +496,9 @@ impl Simulator {
         bytes: u64,
         protocol: Protocol,
     ) -> Result<Estimate, CostError> {
+        if let Some(cpu) = &self.model.cpu {
+            return super::cpu::run(self, cpu, prepared, bytes, protocol);
+        }
         Run::new(self, prepared, bytes, protocol).execute()
     }
 
@@ -820,7 +847,10 @@ impl<'a> Run<'a> {
 
     /// Receive step `s` takes its (arrived) message.
     fn consume(&mut self, s: u32) {
-        let Kind::Recv { msg, passes, out } = self.p.steps[s as usize].kind else {
+        let Kind::Recv {
+            msg, passes, out, ..
+        } = self.p.steps[s as usize].kind
+        else {
             return;
         };
         self.recv_ready[s as usize] = false;

@@ -27,7 +27,9 @@ pub(crate) fn run(args: &Args, out: &Path) -> Result<(), Failure> {
     let (coll, _, _) = parse_choice(args)?;
     let n = args.ranks;
     if n < 2 {
-        return Err(Failure::Usage("--calibrate needs -g 2 or more ranks".into()));
+        return Err(Failure::Usage(
+            "--calibrate needs -g 2 or more ranks".into(),
+        ));
     }
     let topo = base_topology(args, n)?;
     let sizes = super::nominal_sizes(args)?;
@@ -206,7 +208,10 @@ pub(crate) fn run(args: &Args, out: &Path) -> Result<(), Failure> {
         report.median_abs_error(true) * 100.0,
         report.within(0.25) * 100.0
     );
-    println!("# wrote {} (compile for it: hcclc compile {0})", out.display());
+    println!(
+        "# wrote {} (compile for it: hcclc compile {0})",
+        out.display()
+    );
     Ok(())
 }
 

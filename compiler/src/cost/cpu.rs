@@ -1,0 +1,336 @@
+//! The simulator for CPU ranks of one host: each rank is the executor's one thread, which
+//! does the memory work of its steps itself, one step at a time.
+//!
+//! The flow model ([`super::sim`]) suits GPUs, where copy engines and thread blocks move
+//! many messages at once and a link's bandwidth is what limits them. On a CPU host the
+//! replay engine (`hccl_executor::engine`) interleaves a rank's streams on one thread, and
+//! every byte a step touches costs that thread memory bandwidth; a message costs its
+//! receiver nothing until the receiver gets to it. So here:
+//!
+//! - a rank runs one step at a time; among its runnable steps it takes the one that became
+//!   runnable first (the engine's sweep over streams);
+//! - a step costs `step_us` plus its memory traffic over the rank's bandwidth (the topology's
+//!   memory bandwidth of the device, times the calibration's factor for the collective's
+//!   size): a send `send_passes` over its bytes (the copy into the slot), a receive 2 (read
+//!   the slot, write the destination), plus 1 when it reduces (the local operand) and 1 when
+//!   it forwards (the next slot), a local copy `copy_passes`, a local reduce
+//!   `reduce_passes`;
+//! - a receive is runnable once its message has arrived: `message_us` after the sender's
+//!   step ended (the flag's trip between cores); a send (or a forwarding receive) once its
+//!   connection has a free slot: `message_us` after the receive that freed it ended;
+//! - a call whose chunks do not fit the executor's slots (`slot_bytes`) runs as the
+//!   executor runs it: in segments, each a whole replay of the schedule over a slice of
+//!   the buffers, one after the other;
+//! - the collective's time is `base_us` plus the end of the last step of the last segment.
+//!
+//! Messages between hosts are not modelled here: CPU clusters keep the flow model.
+
+use super::CostError;
+use super::model::CpuModel;
+use super::sim::{Estimate, Kind, NONE, Prepared, Simulator};
+use hccl_ir::{CONNECTION_SLOTS, CollectiveKind, Protocol, StepRef};
+use std::cmp::{Ordering, Reverse};
+use std::collections::BinaryHeap;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    /// All dependencies of the step are done.
+    Ready(u32),
+    /// A message is visible to its receiver.
+    Arrive(u32),
+    /// A slot of a connection is visible as free to its sender.
+    Credit(u32),
+    /// A step ended.
+    Done(u32),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Event {
+    time: f64,
+    seq: u64,
+    ev: Ev,
+}
+
+impl PartialEq for Event {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Event {}
+impl PartialOrd for Event {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Event {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.time
+            .total_cmp(&other.time)
+            .then(self.seq.cmp(&other.seq))
+    }
+}
+
+struct State<'a> {
+    sim: &'a Simulator,
+    cpu: &'a CpuModel,
+    p: &'a Prepared,
+    protocol: Protocol,
+    chunk_bytes: f64,
+    /// Bytes per µs of each rank.
+    bw: Vec<f64>,
+    heap: BinaryHeap<Reverse<Event>>,
+    seq: u64,
+    pending: Vec<u32>,
+    done: Vec<bool>,
+    completed: usize,
+    /// Steps of each rank whose dependencies are done, with the time they became so.
+    candidates: Vec<Vec<(f64, u32)>>,
+    busy: Vec<bool>,
+    arrived: Vec<bool>,
+    /// Slots each connection's sender has seen freed.
+    credits: Vec<u32>,
+    end: f64,
+    messages: usize,
+    payload: f64,
+    resource_bytes: Vec<f64>,
+}
+
+/// Simulates `p` for a collective of `bytes` with the CPU model `cpu`.
+pub(super) fn run(
+    sim: &Simulator,
+    cpu: &CpuModel,
+    p: &Prepared,
+    bytes: u64,
+    protocol: Protocol,
+) -> Result<Estimate, CostError> {
+    // The working set is the whole call's, whatever the segments.
+    let scale = sim.model.bandwidth_factor(bytes);
+    let nranks = sim.network.mem_bw.len();
+    let segs = segments(cpu, p, bytes, nranks as u64);
+    let seg_bytes = bytes as f64 / segs as f64;
+    let mut st = State {
+        sim,
+        cpu,
+        p,
+        protocol,
+        chunk_bytes: seg_bytes / f64::from(p.chunks),
+        bw: sim
+            .network
+            .mem_bw
+            .iter()
+            .map(|&b| {
+                if b.is_finite() && b > 0.0 {
+                    b * scale * 1e3
+                } else {
+                    f64::INFINITY
+                }
+            })
+            .collect(),
+        heap: BinaryHeap::new(),
+        seq: 0,
+        pending: p.pending.clone(),
+        done: vec![false; p.steps.len()],
+        completed: 0,
+        candidates: vec![Vec::new(); nranks],
+        busy: vec![false; nranks],
+        arrived: vec![false; p.msg_conn.len()],
+        credits: vec![0; p.conn_base.len()],
+        end: 0.0,
+        messages: 0,
+        payload: 0.0,
+        resource_bytes: vec![0.0; sim.network.capacity.len()],
+    };
+    for s in 0..p.steps.len() as u32 {
+        if st.pending[s as usize] == 0 {
+            st.push(0.0, Ev::Ready(s));
+        }
+    }
+    while let Some(Reverse(e)) = st.heap.pop() {
+        let now = e.time;
+        match e.ev {
+            Ev::Ready(s) => {
+                let step = &p.steps[s as usize];
+                if matches!(step.kind, Kind::Nop) {
+                    st.finish(s, now);
+                } else {
+                    st.candidates[step.rank as usize].push((now, s));
+                    st.try_run(step.rank, now);
+                }
+            }
+            Ev::Arrive(m) => {
+                st.arrived[m as usize] = true;
+                let r = p.msg_recv[m as usize];
+                if r != NONE {
+                    st.try_run(p.steps[r as usize].rank, now);
+                }
+            }
+            Ev::Credit(c) => {
+                st.credits[c as usize] += 1;
+                let m = p.conn_base[c as usize];
+                let sender = p.steps[p.msg_send[m as usize] as usize].rank;
+                st.try_run(sender, now);
+            }
+            Ev::Done(s) => {
+                let rank = p.steps[s as usize].rank;
+                st.busy[rank as usize] = false;
+                st.finish(s, now);
+                st.try_run(rank, now);
+            }
+        }
+    }
+    if st.completed < p.steps.len() {
+        let at = (0..p.steps.len()).find(|&i| !st.done[i]).map_or(
+            StepRef {
+                rank: 0,
+                stream: 0,
+                step: 0,
+            },
+            |i| p.step_ref[i],
+        );
+        return Err(CostError::Deadlock { at });
+    }
+    let base = sim.model.base_us(protocol);
+    let k = segs as f64;
+    Ok(Estimate {
+        time_us: base + st.end * k,
+        base_us: base,
+        messages: st.messages * segs as usize,
+        payload_bytes: st.payload * k,
+        resource_bytes: st.resource_bytes.iter().map(|b| b * k).collect(),
+    })
+}
+
+/// How many segments the executor cuts a call of `bytes` into (`hccl_executor::comm`): a
+/// segment gives each chunk at most `slot_bytes / max_count` bytes, so that every step
+/// fits a slot.
+fn segments(cpu: &CpuModel, p: &Prepared, bytes: u64, nranks: u64) -> u64 {
+    let blocked = matches!(
+        p.collective.kind(),
+        CollectiveKind::AllGather | CollectiveKind::ReduceScatter | CollectiveKind::AllToAll
+    );
+    let (stride, chunks_per_block) = if blocked {
+        (bytes / nranks.max(1), u64::from(p.chunks) / nranks.max(1))
+    } else {
+        (bytes, u64::from(p.chunks))
+    };
+    let per_chunk = cpu.slot_bytes / u64::from(p.max_count.max(1));
+    let segmax = (per_chunk * chunks_per_block.max(1)).max(1);
+    stride.div_ceil(segmax).max(1)
+}
+
+impl State<'_> {
+    fn push(&mut self, time: f64, ev: Ev) {
+        self.seq += 1;
+        self.heap.push(Reverse(Event {
+            time,
+            seq: self.seq,
+            ev,
+        }));
+    }
+
+    /// The message a step sends (a send, or a forwarding receive), if any.
+    fn out_msg(&self, s: u32) -> u32 {
+        match self.p.steps[s as usize].kind {
+            Kind::Send { msg } => msg,
+            Kind::Recv { out, .. } => out,
+            _ => NONE,
+        }
+    }
+
+    fn latency(&self, m: u32) -> f64 {
+        let route = &self.p.conn_route[self.p.msg_conn[m as usize] as usize];
+        self.sim.model.message_us(route.class, self.protocol)
+    }
+
+    fn runnable(&self, s: u32) -> bool {
+        let step = &self.p.steps[s as usize];
+        if let Kind::Recv { msg, .. } = step.kind
+            && (msg == NONE || !self.arrived[msg as usize])
+        {
+            return false;
+        }
+        let out = self.out_msg(s);
+        if out != NONE {
+            let c = self.p.msg_conn[out as usize] as usize;
+            let k = out - self.p.conn_base[c];
+            if k as usize >= self.credits[c] as usize + CONNECTION_SLOTS {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Starts the earliest runnable candidate of `rank` if the rank is idle.
+    fn try_run(&mut self, rank: u32, now: f64) {
+        let r = rank as usize;
+        if self.busy[r] {
+            return;
+        }
+        let mut best: Option<usize> = None;
+        for (i, &(since, s)) in self.candidates[r].iter().enumerate() {
+            if self.runnable(s)
+                && best.is_none_or(|b| {
+                    let (bs, bid) = self.candidates[r][b];
+                    since < bs || (since == bs && s < bid)
+                })
+            {
+                best = Some(i);
+            }
+        }
+        let Some(i) = best else {
+            return;
+        };
+        let (_, s) = self.candidates[r].swap_remove(i);
+        let step = &self.p.steps[s as usize];
+        let bytes = f64::from(step.count) * self.chunk_bytes;
+        let passes = match step.kind {
+            Kind::Nop => 0.0,
+            Kind::Local { passes } => passes,
+            Kind::Send { .. } => self.cpu.send_passes,
+            Kind::Recv { cpu_passes, .. } => cpu_passes,
+        };
+        let work = if passes > 0.0 && bytes > 0.0 {
+            passes * bytes / self.bw[r]
+        } else {
+            0.0
+        };
+        self.busy[r] = true;
+        self.push(now + self.cpu.step_us + work, Ev::Done(s));
+    }
+
+    fn finish(&mut self, s: u32, now: f64) {
+        let si = s as usize;
+        if self.done[si] {
+            return;
+        }
+        self.done[si] = true;
+        self.completed += 1;
+        self.end = self.end.max(now);
+        let p = self.p;
+        let out = self.out_msg(s);
+        if out != NONE {
+            let bytes = f64::from(p.msg_count[out as usize]) * self.chunk_bytes;
+            self.messages += 1;
+            self.payload += bytes;
+            let route = &p.conn_route[p.msg_conn[out as usize] as usize];
+            for &res in &route.resources {
+                self.resource_bytes[res as usize] += bytes;
+            }
+            let t = now + self.latency(out);
+            self.push(t, Ev::Arrive(out));
+        }
+        if let Kind::Recv { msg, .. } = p.steps[si].kind
+            && msg != NONE
+        {
+            let t = now + self.latency(msg);
+            self.push(t, Ev::Credit(p.msg_conn[msg as usize]));
+        }
+        for i in p.succ_start[si] as usize..p.succ_start[si + 1] as usize {
+            let t = p.succ[i];
+            self.pending[t as usize] -= 1;
+            if self.pending[t as usize] == 0 {
+                self.push(now, Ev::Ready(t));
+            }
+        }
+    }
+}
