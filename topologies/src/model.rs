@@ -173,7 +173,8 @@ pub struct TopologySpec {
 /// hosts) keep their structure and are scaled: every base latency by `base_scale`, every
 /// per-message latency of link class `c` (0: NVLink-class and memory, 1: PCIe, 2: network) by
 /// `message_scale[c]`; on CPU ranks of one host also the executor's cost per step
-/// (`step_scale`) and the memory traffic of a send (`send_scale`). Bandwidth depends on how much data a collective touches (a working set
+/// (`step_scale`), the memory traffic of a send (`send_scale`), of reading a received
+/// message (`recv_scale`) and of passes over the rank's own memory (`local_scale`). Bandwidth depends on how much data a collective touches (a working set
 /// that fits in caches moves faster than one in DRAM), so `bandwidth` is a curve: knots
 /// `(bytes, factor)` ascending in the collective's size (nccl-tests bytes), each factor
 /// multiplying every link's and device's bandwidth at that size, log-linear between knots and
@@ -196,6 +197,14 @@ pub struct Calibration {
     /// into the slot; the threads backend passes large messages by pointer instead).
     #[serde(default = "one_f64", skip_serializing_if = "is_one_f64")]
     pub send_scale: f64,
+    /// CPU ranks of one host: multiplies the memory traffic of reading a received message
+    /// out of its slot (1 pass; the lines come from the sender's core).
+    #[serde(default = "one_f64", skip_serializing_if = "is_one_f64")]
+    pub recv_scale: f64,
+    /// CPU ranks of one host: multiplies the weight of passes over a rank's own memory
+    /// (local copies and reductions, a receive's local operand and destination).
+    #[serde(default = "one_f64", skip_serializing_if = "is_one_f64")]
+    pub local_scale: f64,
     /// Bandwidth factor by collective size: `(bytes, factor)`, bytes strictly ascending.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bandwidth: Vec<(u64, f64)>,
@@ -218,6 +227,8 @@ impl Calibration {
             message_scale: [1.0; 3],
             step_scale: 1.0,
             send_scale: 1.0,
+            recv_scale: 1.0,
+            local_scale: 1.0,
             bandwidth: Vec::new(),
         }
     }

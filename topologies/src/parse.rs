@@ -280,6 +280,8 @@ fn check_calibration(cal: &crate::model::Calibration) -> Result<(), Problem> {
     check_number(what, "base_scale", cal.base_scale)?;
     check_number(what, "step_scale", cal.step_scale)?;
     check_number(what, "send_scale", cal.send_scale)?;
+    check_number(what, "recv_scale", cal.recv_scale)?;
+    check_number(what, "local_scale", cal.local_scale)?;
     for (class, &scale) in cal.message_scale.iter().enumerate() {
         check_number(
             || format!("calibration, link class {class}"),

@@ -80,6 +80,13 @@ pub fn bound(network: &Network, model: &CostModel, collective: Collective, bytes
         .map(|l| l.latency)
         .fold(f64::INFINITY, f64::min);
     let min_hop = if min_hop.is_finite() { min_hop } else { 0.0 };
+    // CPU ranks of one host pay no route latency (the CPU model's message latency is the
+    // whole trip between cores).
+    let (dist, min_hop) = if model.cpu.is_some() {
+        (0.0, 0.0)
+    } else {
+        (dist, min_hop)
+    };
     let mut latency_us = f64::INFINITY;
     let mut total_us = f64::INFINITY;
     for p in Protocol::ALL {

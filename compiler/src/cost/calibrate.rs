@@ -251,7 +251,7 @@ fn all_of(obs: &[Observation]) -> Vec<usize> {
 }
 
 /// The fit's state. Parameters `θ` are logs of the factors: `θ[0]` the base scale, then one
-/// message scale per class in `classes`, then (CPU model) the step and send scales, then one
+/// message scale per class in `classes`, then (CPU model) the step, send, receive and local scales, then one
 /// bandwidth factor per knot.
 struct Fitter<'a> {
     sim: &'a mut Simulator,
@@ -276,7 +276,9 @@ impl Fitter<'_> {
         if self.cpu {
             cal.step_scale = theta[off].exp();
             cal.send_scale = theta[off + 1].exp();
-            off += 2;
+            cal.recv_scale = theta[off + 2].exp();
+            cal.local_scale = theta[off + 3].exp();
+            off += 4;
         }
         cal.bandwidth = self
             .knots
@@ -336,7 +338,7 @@ impl Fitter<'_> {
     /// scale's column is exact: it only adds `base × scale`).
     fn solve(&mut self) -> Result<Vec<f64>, CalibrateError> {
         let n = self.obs.len();
-        let global = 1 + self.classes.len() + if self.cpu { 2 } else { 0 };
+        let global = 1 + self.classes.len() + if self.cpu { 4 } else { 0 };
         let np = global + self.knots.len();
         let all = all_of(self.obs);
         let at_knot: Vec<Vec<usize>> = self
@@ -533,6 +535,8 @@ mod tests {
             message_scale: [5.0, 1.0, 1.0],
             step_scale: 4.0,
             send_scale: 0.5,
+            recv_scale: 2.0,
+            local_scale: 0.5,
             bandwidth: vec![(8, 1.0), (4096, 2.0), (1 << 20, 1.5), (64 << 20, 0.5)],
         };
         let model = CostModel::uncalibrated_for(&topo).calibrated(&truth);

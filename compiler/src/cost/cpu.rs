@@ -11,10 +11,11 @@
 //!   runnable first (the engine's sweep over streams);
 //! - a step costs `step_us` plus its memory traffic over the rank's bandwidth (the topology's
 //!   memory bandwidth of the device, times the calibration's factor for the collective's
-//!   size): a send `send_passes` over its bytes (the copy into the slot), a receive 2 (read
-//!   the slot, write the destination), plus 1 when it reduces (the local operand) and 1 when
-//!   it forwards (the next slot), a local copy `copy_passes`, a local reduce
-//!   `reduce_passes`;
+//!   size), in passes over its bytes: a send `send_passes` (read the buffer, write the slot);
+//!   a receive `recv_passes` for reading the message out of the slot, which another core
+//!   wrote, plus `local_weight` per local pass (writing the destination, reading a
+//!   reduction's local operand) plus half a send when it forwards (writing the next slot); a
+//!   local copy `copy_passes` and a local reduce `reduce_passes`, weighted by `local_weight`;
 //! - a receive is runnable once its message has arrived: `message_us` after the sender's
 //!   step ended (the flag's trip between cores); a send (or a forwarding receive) once its
 //!   connection has a free slot: `message_us` after the receive that freed it ended;
@@ -285,9 +286,16 @@ impl State<'_> {
         let bytes = f64::from(step.count) * self.chunk_bytes;
         let passes = match step.kind {
             Kind::Nop => 0.0,
-            Kind::Local { passes } => passes,
+            Kind::Local { passes } => passes * self.cpu.local_weight,
             Kind::Send { .. } => self.cpu.send_passes,
-            Kind::Recv { cpu_passes, .. } => cpu_passes,
+            Kind::Recv { cpu_local, out, .. } => {
+                let forward = if out == NONE {
+                    0.0
+                } else {
+                    self.cpu.send_passes / 2.0
+                };
+                self.cpu.recv_passes + cpu_local * self.cpu.local_weight + forward
+            }
         };
         let work = if passes > 0.0 && bytes > 0.0 {
             passes * bytes / self.bw[r]

@@ -68,6 +68,13 @@ pub struct CpuModel {
     pub step_us: f64,
     /// Memory passes of a send over its bytes (2: read the buffer, write the slot).
     pub send_passes: f64,
+    /// Memory passes of reading a received message out of its slot (1; the slot's lines
+    /// come from another core's cache, which the calibration may find dearer).
+    pub recv_passes: f64,
+    /// Weight of a pass over the rank's own memory (a local copy or reduce, a receive's
+    /// local operand and destination) against the passes above (1; the calibration finds
+    /// what this machine's caches make of it).
+    pub local_weight: f64,
     /// The executor's slot size (`HCCL_SLOT_BYTES`, default 256 KiB): a call whose chunks do
     /// not fit is replayed in segments, one after the other.
     pub slot_bytes: u64,
@@ -82,6 +89,8 @@ impl Default for CpuModel {
         CpuModel {
             step_us: 0.05,
             send_passes: 2.0,
+            recv_passes: 1.0,
+            local_weight: 1.0,
             slot_bytes: EXECUTOR_SLOT_BYTES,
         }
     }
@@ -191,6 +200,8 @@ impl CostModel {
         if let Some(cpu) = &mut m.cpu {
             cpu.step_us *= cal.step_scale;
             cpu.send_passes *= cal.send_scale;
+            cpu.recv_passes *= cal.recv_scale;
+            cpu.local_weight *= cal.local_scale;
         }
         m.calibration = Some(cal.clone());
         m
@@ -209,6 +220,8 @@ impl CostModel {
         if let Some(cpu) = &mut m.cpu {
             cpu.step_us /= old.step_scale;
             cpu.send_passes /= old.send_scale;
+            cpu.recv_passes /= old.recv_scale;
+            cpu.local_weight /= old.local_scale;
         }
         m.calibration = None;
         m

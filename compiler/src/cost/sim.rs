@@ -74,13 +74,13 @@ pub(super) enum Kind {
         msg: u32,
     },
     /// A receive of `msg`, with `passes` of fused local work, optionally forwarding as `out`.
-    /// `cpu_passes`: the memory traffic a CPU rank makes for it (slot read, local operand,
-    /// destination and forwarded copy), see [`super::cpu`].
+    /// `cpu_local`: the passes over local memory a CPU rank makes for it besides reading the
+    /// message (the local operand, the destination), see [`super::cpu`].
     Recv {
         msg: u32,
         passes: f64,
         out: u32,
-        cpu_passes: f64,
+        cpu_local: f64,
     },
 }
 
@@ -367,32 +367,25 @@ impl Simulator {
                         },
                         // Message ids are filled in below, once connections are numbered.
                         Op::Send { .. } => Kind::Send { msg: NONE },
-                        // CPU traffic: read the slot, write the destination (2); a forward
-                        // writes the next slot too (+1); a reduction reads the local
-                        // operand (+1).
-                        Op::Recv { .. } => Kind::Recv {
+                        // CPU traffic besides reading the message: writing the destination
+                        // (1) and reading the local operand of a reduction (1).
+                        Op::Recv { .. } | Op::RecvCopySend { .. } => Kind::Recv {
                             msg: NONE,
                             passes: 0.0,
                             out: NONE,
-                            cpu_passes: 2.0,
+                            cpu_local: 1.0,
                         },
-                        Op::RecvCopySend { .. } => Kind::Recv {
-                            msg: NONE,
-                            passes: 0.0,
-                            out: NONE,
-                            cpu_passes: 3.0,
-                        },
-                        Op::RecvReduceCopy { .. } | Op::RecvReduceSend { .. } => Kind::Recv {
+                        Op::RecvReduceSend { .. } => Kind::Recv {
                             msg: NONE,
                             passes: m.fused_reduce_passes,
                             out: NONE,
-                            cpu_passes: 3.0,
+                            cpu_local: 1.0,
                         },
-                        Op::RecvReduceCopySend { .. } => Kind::Recv {
+                        Op::RecvReduceCopy { .. } | Op::RecvReduceCopySend { .. } => Kind::Recv {
                             msg: NONE,
                             passes: m.fused_reduce_passes,
                             out: NONE,
-                            cpu_passes: 4.0,
+                            cpu_local: 2.0,
                         },
                     };
                     steps.push(FlatStep {

@@ -34,6 +34,7 @@ use hccl::executor::{
     ThreadGroup,
 };
 use hccl::ir::{Collective, CollectiveKind, PlanFile};
+use hccl::topologies::Topology;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::path::{Path, PathBuf};
@@ -101,6 +102,10 @@ struct Args {
     /// calibrated topology (this machine as a `host`, or `--topo`) to this file.
     #[arg(long, value_name = "OUT.ron")]
     calibrate: Option<PathBuf>,
+    /// With `--calibrate`: measure every family this many times (in turn, each time in a
+    /// different order) and fit the fastest time per size.
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    reps: u32,
     /// Timed iterations per size (ignored when -T is given).
     #[arg(short = 'n', long = "iters", default_value_t = 20)]
     iters: u64,
@@ -591,6 +596,9 @@ fn dispatch(
 /// Prints rows as they come (text) and collects them for JSON.
 struct Printer {
     json: bool,
+    /// Simulates entries at the exact size when the topology is known; otherwise the
+    /// prediction is the entry's fitted cost.
+    predictor: Option<Predictor>,
     plan_file: Option<PathBuf>,
     plan: PlanFile,
     sw_coll: Collective,
@@ -599,6 +607,37 @@ struct Printer {
     n: u32,
     in_place: bool,
     rows: Vec<serde_json::Value>,
+}
+
+/// The cost model of the topology a plan was compiled for, simulating entries at the exact
+/// size measured (an entry's fitted cost is a straight line over its whole size range).
+struct Predictor {
+    sim: hccl::compiler::cost::Simulator,
+    prepared: std::collections::HashMap<usize, Option<hccl::compiler::cost::Prepared>>,
+}
+
+impl Predictor {
+    fn new(topo: &Topology) -> Predictor {
+        Predictor {
+            sim: hccl::compiler::cost::Simulator::new(
+                hccl::compiler::cost::Network::new(topo),
+                hccl::compiler::cost::CostModel::for_topology(topo),
+            ),
+            prepared: Default::default(),
+        }
+    }
+
+    fn predict(&mut self, index: usize, entry: &hccl::ir::PlanEntry, bytes: u64) -> Option<f64> {
+        let sim = &self.sim;
+        let prepared = self
+            .prepared
+            .entry(index)
+            .or_insert_with(|| sim.prepare(&entry.schedule).ok())
+            .as_ref()?;
+        sim.run(prepared, bytes, entry.protocol)
+            .ok()
+            .map(|e| e.time_us)
+    }
 }
 
 impl Printer {
@@ -644,12 +683,13 @@ impl Printer {
         let busbw = algbw * self.sw_coll.kind().busbw_factor(self.n);
         // What the communicator ran (it applies HCCL_ALGO / HCCL_PROTO), not a lookup of
         // our own, so the column and the environment always agree.
-        let predicted = row
-            .entry
-            .as_ref()
-            .and_then(|e| self.plan.entries.get(e.index))
-            .and_then(|e| e.cost)
-            .map(|c| c.predict_us(s.bytes));
+        let predicted = row.entry.as_ref().and_then(|e| {
+            let entry = self.plan.entries.get(e.index)?;
+            self.predictor
+                .as_mut()
+                .and_then(|p| p.predict(e.index, entry, s.bytes))
+                .or_else(|| entry.cost.map(|c| c.predict_us(s.bytes)))
+        });
         let algorithm = row.entry.as_ref().map_or("-".to_string(), |e| {
             format!("{}/{}", e.algorithm, e.protocol)
         });
@@ -716,17 +756,18 @@ fn nominal_sizes(args: &Args) -> Result<Vec<u64>, Failure> {
     Ok(sizes)
 }
 
-/// The plan: given, or compiled for this machine.
+/// The plan (given, or compiled for this machine), its label, and the topology it was
+/// compiled for when it was compiled here.
 fn obtain_plan(
     args: &Args,
     kind: CollectiveKind,
     n: u32,
     probe: bool,
-) -> Result<(PlanFile, String), Failure> {
+) -> Result<(PlanFile, String, Option<Topology>), Failure> {
     if let Some(path) = &args.plan {
         let plan =
             hccl::executor::config::load_path(path).map_err(|e| Failure::Usage(e.to_string()))?;
-        return Ok((plan, path.display().to_string()));
+        return Ok((plan, path.display().to_string(), None));
     }
     let topo = match &args.topo {
         Some(path) => {
@@ -773,14 +814,12 @@ fn obtain_plan(
     } else {
         ""
     };
-    Ok((
-        compiled.plan,
-        format!(
-            "compiled for {} ({} GB/s per rank{calibrated}{only})",
-            topo.name,
-            topo.mem_bw(0)
-        ),
-    ))
+    let label = format!(
+        "compiled for {} ({} GB/s per rank{calibrated}{only})",
+        topo.name,
+        topo.mem_bw(0)
+    );
+    Ok((compiled.plan, label, Some(topo)))
 }
 
 /// Says so on stderr when `HCCL_ALGO` names a family the plan has no entry of for `coll`:
@@ -889,7 +928,7 @@ fn run_threads(args: &Args) -> Result<(), Failure> {
         return Err(Failure::Usage(format!("need -g >= 1 and root < {n}")));
     }
     let sizes = nominal_sizes(args)?;
-    let (mut plan, label) = obtain_plan(args, coll.kind(), n, true)?;
+    let (mut plan, label, topo) = obtain_plan(args, coll.kind(), n, true)?;
     plan.ensure_root(coll);
     let config = Config::from_env()?;
     warn_unforced(&plan, coll, &config);
@@ -906,6 +945,7 @@ fn run_threads(args: &Args) -> Result<(), Failure> {
     let sync = Arc::new(ThreadSync::new(n));
     let printer = Printer {
         json: args.json,
+        predictor: topo.as_ref().map(Predictor::new),
         plan_file: user_plan_file(args),
         plan,
         sw_coll: coll,
@@ -960,6 +1000,10 @@ fn run_threads(args: &Args) -> Result<(), Failure> {
 /// Set by `hccl-perf` for the rank processes it starts when they should bind to cores.
 const BIND_ENV: &str = "HCCL_PERF_BIND";
 
+/// Set by `hccl-perf` for its rank processes: the topology their plan was compiled for (empty:
+/// none known).
+const TOPO_ENV: &str = "HCCL_PERF_TOPO";
+
 /// Set by `hccl-perf` for its rank processes: how the plan they are handed was made.
 const LABEL_ENV: &str = "HCCL_PERF_PLAN_LABEL";
 
@@ -1000,7 +1044,14 @@ fn run_process_rank(args: &Args) -> Result<(), Failure> {
                 std::env::var(LABEL_ENV).unwrap_or_else(|_| "compiled for this machine".into()),
             )
         }
-        None => obtain_plan(args, coll.kind(), world, false)?,
+        None => {
+            let (plan, label, _) = obtain_plan(args, coll.kind(), world, false)?;
+            (plan, label)
+        }
+    };
+    let topo = match std::env::var_os(TOPO_ENV).filter(|p| !p.is_empty()) {
+        Some(p) => hccl::topologies::load(Path::new(&p)).ok(),
+        None => None,
     };
     let mut plan = with_control_entries(plan, world);
     plan.ensure_root(coll);
@@ -1023,6 +1074,7 @@ fn run_process_rank(args: &Args) -> Result<(), Failure> {
     };
     let mut printer = Printer {
         json: args.json,
+        predictor: topo.as_ref().map(Predictor::new),
         plan_file: user_plan_file(args),
         plan,
         sw_coll: coll,
@@ -1086,7 +1138,7 @@ fn launch_processes(args: &Args) -> Result<(), Failure> {
     }
     nominal_sizes(args)?;
     // Compile (with the probe) once here and hand the same plan to every rank.
-    let (plan, label) = obtain_plan(args, coll.kind(), n, true)?;
+    let (plan, label, topo) = obtain_plan(args, coll.kind(), n, true)?;
     let mut plan = with_control_entries(plan, n);
     plan.ensure_root(coll);
     let dir = std::env::temp_dir();
@@ -1097,6 +1149,12 @@ fn launch_processes(args: &Args) -> Result<(), Failure> {
     ));
     plan.save(&plan_path)
         .map_err(|e| Failure::Runtime(e.to_string()))?;
+    // The topology the plan was compiled for, so that rank 0 can simulate its entries.
+    let topo_path = topo.map(|t| {
+        let path = plan_path.with_extension("topo.ron");
+        let _ = hccl::ir::write_atomic(&path, hccl::topologies::to_ron(&t.spec).as_bytes());
+        path
+    });
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map_err(|e| Failure::Runtime(format!("no free port for the rendezvous: {e}")))?
@@ -1127,6 +1185,7 @@ fn launch_processes(args: &Args) -> Result<(), Failure> {
             .env("MASTER_PORT", port.to_string())
             .env("HCCL_JOB_TOKEN", &token)
             .env("HCCL_PLAN", &plan_path)
+            .env(TOPO_ENV, topo_path.as_deref().unwrap_or(Path::new("")))
             .env(LABEL_ENV, &label)
             .spawn()
             .map_err(|e| Failure::Runtime(format!("cannot start rank {rank}: {e}")));
@@ -1138,6 +1197,9 @@ fn launch_processes(args: &Args) -> Result<(), Failure> {
                     let _ = c.wait();
                 }
                 let _ = std::fs::remove_file(&plan_path);
+                if let Some(p) = &topo_path {
+                    let _ = std::fs::remove_file(p);
+                }
                 return Err(e);
             }
         }
@@ -1151,6 +1213,9 @@ fn launch_processes(args: &Args) -> Result<(), Failure> {
         worst = worst.max(code);
     }
     let _ = std::fs::remove_file(&plan_path);
+    if let Some(p) = &topo_path {
+        let _ = std::fs::remove_file(p);
+    }
     match worst {
         0 => Ok(()),
         2 => Err(Failure::Usage("a rank rejected its input".into())),
