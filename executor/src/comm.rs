@@ -349,7 +349,7 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
             (false, false) => {
                 if entry.program.writes_input {
                     stage.reserve(call.in_len * es);
-                    std::ptr::copy_nonoverlapping(call.input, stage.ptr(), call.in_len * es);
+                    crate::copy::copy(stage.ptr(), call.input, call.in_len * es);
                     (stage.ptr(), output)
                 } else {
                     (input, output)
@@ -362,34 +362,34 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
             },
             (false, true) => match kind {
                 CollectiveKind::AllGather => {
-                    std::ptr::copy_nonoverlapping(call.input, output.add(r_off), count * es);
+                    crate::copy::copy(output.add(r_off), call.input, count * es);
                     (output.add(r_off), output)
                 }
                 CollectiveKind::ReduceScatter => {
                     stage.reserve(total * es);
-                    std::ptr::copy_nonoverlapping(call.input, stage.ptr(), total * es);
+                    crate::copy::copy(stage.ptr(), call.input, total * es);
                     post_copy = Some((stage.ptr().add(r_off), output, count * es));
                     (stage.ptr(), stage.ptr().add(r_off))
                 }
                 _ => {
-                    std::ptr::copy_nonoverlapping(call.input, output, total * es);
+                    crate::copy::copy(output, call.input, total * es);
                     (output, output)
                 }
             },
             (true, false) => match kind {
                 CollectiveKind::AllGather => {
                     stage.reserve(count * es);
-                    std::ptr::copy_nonoverlapping(output.add(r_off), stage.ptr(), count * es);
+                    crate::copy::copy(stage.ptr(), output.add(r_off), count * es);
                     (stage.ptr(), output)
                 }
                 CollectiveKind::ReduceScatter => {
                     stage.reserve(total * es);
-                    std::ptr::copy_nonoverlapping(output, stage.ptr(), total * es);
+                    crate::copy::copy(stage.ptr(), output, total * es);
                     (stage.ptr(), output.add(r_off))
                 }
                 _ => {
                     stage.reserve(total * es);
-                    std::ptr::copy_nonoverlapping(output, stage.ptr(), total * es);
+                    crate::copy::copy(stage.ptr(), output, total * es);
                     (stage.ptr(), output)
                 }
             },
@@ -446,7 +446,7 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
     // SAFETY: as above.
     unsafe {
         if let Some((src, dst, len)) = post_copy {
-            std::ptr::copy_nonoverlapping(src, dst, len);
+            crate::copy::copy(dst, src, len);
         }
         if let Some(div) = call.kernels.finish {
             let final_out = if call.in_place && kind == CollectiveKind::ReduceScatter {

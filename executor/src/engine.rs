@@ -444,7 +444,7 @@ impl EngineState {
                     for i in 0..n {
                         let (sp, sl) = Self::loc(geo, bufs, ins.src, i);
                         let (dp, dl) = Self::loc(geo, bufs, ins.dst, i);
-                        std::ptr::copy(sp, dp, sl.min(dl) * es);
+                        crate::copy::copy_overlapping(dp, sp, sl.min(dl) * es);
                     }
                     None
                 }
@@ -521,7 +521,7 @@ impl EngineState {
                         return Some((ins.send_peer, SEND));
                     }
                     let slot = arena.slot(ins.sconn, self.send_seq[ins.sconn as usize]);
-                    std::ptr::copy_nonoverlapping(self.hold[s].ptr(), slot, n as usize * stride);
+                    crate::copy::copy(slot, self.hold[s].ptr(), n as usize * stride);
                     self.publish_inline(arena, ins.sconn, n as usize * stride);
                     None
                 }
@@ -591,9 +591,7 @@ impl EngineState {
         for i in 0..ins.count {
             let (p, l) = chunk(i);
             // SAFETY: per the caller's contract.
-            unsafe {
-                std::ptr::copy_nonoverlapping(p, slot.add(i as usize * geo.maxc * es), l * es)
-            };
+            unsafe { crate::copy::copy(slot.add(i as usize * geo.maxc * es), p, l * es) };
         }
         self.publish_inline(arena, c, ins.count as usize * geo.maxc * es);
     }
@@ -691,7 +689,7 @@ impl EngineState {
                     let (sp, sl) = Self::loc(geo, bufs, ins.src, i);
                     reduce_msg(k, dp, m, sp, dl.min(sl).min(avail));
                 } else {
-                    std::ptr::copy_nonoverlapping(m, dp, dl.min(avail) * es);
+                    crate::copy::copy(dp, m, dl.min(avail) * es);
                 }
             }
         }
@@ -725,9 +723,7 @@ fn settle(arena: &Arena, o: Outstanding) {
     {
         // SAFETY: the receiver has not started reading; the slot is reserved for this
         // message and holds at least `bytes` (one chunk of at most `maxc` elements).
-        unsafe {
-            std::ptr::copy_nonoverlapping(o.ptr as *const u8, arena.slot(o.conn, o.seq), o.bytes)
-        };
+        unsafe { crate::copy::copy(arena.slot(o.conn, o.seq), o.ptr as *const u8, o.bytes) };
         state.store(INLINE, Ordering::Release);
         return;
     }

@@ -52,6 +52,7 @@ pub mod affinity;
 pub mod arena;
 pub mod comm;
 pub mod config;
+mod copy;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod dtype;
