@@ -30,11 +30,15 @@ if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
 fi
 [[ -f "$BENCH_DIR/mpi_coll_bench.c" ]] || { echo "no $BENCH_DIR/mpi_coll_bench.c (set BENCH_DIR)" >&2; exit 2; }
 mpicc -O2 -o "$OUT/mpi_coll_bench" "$BENCH_DIR/mpi_coll_bench.c" -lm
+gcc -O2 -fopenmp -o "$OUT/stream_bw" "$BENCH_DIR/stream_bw.c"
 cargo build --release -q -p hccl --bin hccl-perf
 PERF="$ROOT/target/release/hccl-perf"
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe)
 
 rm -f "$OUT"/*.csv
+# The memory ceiling, measured in this run (before and after the pairs): STREAM with two
+# threads, 256 MiB arrays.
+OMP_NUM_THREADS=2 "$OUT/stream_bw" 256 10 "$OUT/stream.csv" before > /dev/null
 for n in $RANKS; do
   for rep in $(seq 1 "$REPS"); do
     # Alternate who goes first so drift in machine load hits both sides alike.
@@ -50,10 +54,23 @@ for n in $RANKS; do
   done
 done
 
-python3 - "$OUT" "$RANKS" "$REPS" <<'PY'
+OMP_NUM_THREADS=2 "$OUT/stream_bw" 256 10 "$OUT/stream.csv" after > /dev/null
+
+python3 - "$OUT" "$RANKS" "$REPS" "$COLL" <<'PY'
 import csv, json, statistics, sys, os
-out, ranks, reps = sys.argv[1], sys.argv[2].split(), int(sys.argv[3])
+out, ranks, reps, coll = sys.argv[1], sys.argv[2].split(), int(sys.argv[3]), sys.argv[4]
 print(f"# hccl-perf vs OpenMPI, busbw medians over {reps} back-to-back pairs; ratio = median of per-pair ratios")
+stream = {}
+for row in csv.DictReader(open(os.path.join(out, "stream.csv"))):
+    stream.setdefault(row["test"], []).append(float(row["best_GBps"]))
+add = statistics.mean(stream["add"])
+print(f"# memory (stream_bw, 2 threads, 256 MiB arrays, best of 10, mean of before/after): "
+      f"copy {statistics.mean(stream['copy']):.1f}, add {add:.1f}, memcpy {statistics.mean(stream['memcpy']):.1f} GB/s")
+if coll == "allreduce":
+    # A 2-rank AllReduce of M bytes must read both inputs (2M) and write both outputs (2M):
+    # 4M bytes of traffic whatever the algorithm, the pattern of STREAM's add (two reads, one
+    # write), so busbw (= algbw at 2 ranks) <= add / 4.
+    print(f"# ceiling of 2-rank AllReduce busbw: add / 4 = {add / 4:.2f} GB/s")
 for n in ranks:
     pairs = {}
     for r in range(1, reps + 1):
@@ -67,14 +84,17 @@ for n in ranks:
                 if key is None:
                     continue
                 pairs.setdefault(size, []).append((hb[key], (float(row["busbw_GBps"]), float(row["time_us"]))))
+    ceil = n == "2" and coll == "allreduce"
     print(f"\n## {n} ranks")
-    print(f"| size (B) | hccl busbw | mpi busbw | busbw ratio | hccl us | mpi us | time ratio (mpi/hccl) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"| size (B) | hccl busbw | mpi busbw | busbw ratio | hccl us | mpi us | time ratio (mpi/hccl) |"
+          + (" hccl / ceiling |" if ceil else ""))
+    print("|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if ceil else ""))
     for size in sorted(pairs):
         p = pairs[size]
         hb = statistics.median(x[0][0] for x in p); mb = statistics.median(x[1][0] for x in p)
         ht = statistics.median(x[0][1] for x in p); mt = statistics.median(x[1][1] for x in p)
         ratio = statistics.median(x[0][0] / x[1][0] if x[1][0] > 0 else float("nan") for x in p)
         tratio = statistics.median(x[1][1] / x[0][1] for x in p)
-        print(f"| {size} | {hb:.3f} | {mb:.3f} | {ratio:.2f} | {ht:.2f} | {mt:.2f} | {tratio:.2f} |")
+        print(f"| {size} | {hb:.3f} | {mb:.3f} | {ratio:.2f} | {ht:.2f} | {mt:.2f} | {tratio:.2f} |"
+              + (f" {hb / (add / 4) * 100:.0f}% |" if ceil else ""))
 PY

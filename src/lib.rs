@@ -39,3 +39,15 @@ pub use hccl_compiler as compiler;
 pub use hccl_executor as executor;
 pub use hccl_ir as ir;
 pub use hccl_topologies as topologies;
+
+#[cfg(test)]
+mod tests {
+    /// The compiler's CPU model segments calls as the executor does: same slot size.
+    #[test]
+    fn cost_model_knows_the_executors_slot_size() {
+        assert_eq!(
+            crate::compiler::cost::EXECUTOR_SLOT_BYTES,
+            crate::executor::config::DEFAULT_SLOT_BYTES as u64
+        );
+    }
+}

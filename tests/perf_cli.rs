@@ -304,3 +304,128 @@ fn bad_usage_exits_with_2() {
     let out = perf(&["--help"]);
     assert_eq!(out.status.code(), Some(0));
 }
+
+/// `--algo` and `HCCL_ALGO` force a family: the `algorithm` column shows it for every size,
+/// on both backends; an unknown family is bad input.
+#[test]
+fn forced_algorithm_is_what_runs_and_what_the_column_says() {
+    for backend in ["threads", "process"] {
+        for algo in ["ring", "oneshot"] {
+            let out = perf(&[
+                "--backend",
+                backend,
+                "-g",
+                "2",
+                "-b",
+                "8",
+                "-e",
+                "64K",
+                "-f",
+                "64",
+                "-n",
+                "2",
+                "-w",
+                "0",
+                "--algo",
+                algo,
+                "--check",
+                "--json",
+            ]);
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "{backend} {algo}: {}",
+                text(&out)
+            );
+            for row in json(&out)["rows"].as_array().unwrap() {
+                let shown = row["algorithm"].as_str().unwrap();
+                assert!(shown.starts_with(&format!("{algo}/")), "{backend}: {row}");
+                assert_eq!(row["wrong"], 0, "{backend}: {row}");
+                assert!(
+                    row["predicted_us"].as_f64().is_some_and(|p| p > 0.0),
+                    "{row}"
+                );
+            }
+        }
+        let out = Command::new(env!("CARGO_BIN_EXE_hccl-perf"))
+            .args([
+                "--backend",
+                backend,
+                "-g",
+                "2",
+                "-e",
+                "1K",
+                "-n",
+                "1",
+                "-w",
+                "0",
+                "--json",
+            ])
+            .env("HCCL_ALGO", "mesh")
+            .env_remove("HCCL_PLAN")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        for row in json(&out)["rows"].as_array().unwrap() {
+            assert!(
+                row["algorithm"].as_str().unwrap().starts_with("mesh/"),
+                "{row}"
+            );
+        }
+    }
+    let out = perf(&["-g", "2", "-e", "1K", "--algo", "no_such_family"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("no_such_family"), "{}", text(&out));
+}
+
+/// `--calibrate` measures, fits and writes a calibrated topology that compiles and runs.
+#[test]
+fn calibrate_writes_a_topology_that_plans_compile_for() {
+    let dir = std::env::temp_dir().join(format!("hccl-perf-cal-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let topo = dir.join("host2.ron");
+    let out = perf(&[
+        "--backend",
+        "threads",
+        "-g",
+        "2",
+        "-b",
+        "8",
+        "-e",
+        "64K",
+        "-f",
+        "32",
+        "-n",
+        "3",
+        "-w",
+        "1",
+        "--reps",
+        "1",
+        "--calibrate",
+        topo.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let doc = json(&out);
+    assert!(doc["rows"].as_array().unwrap().len() >= 6, "{doc}");
+    assert!(doc["median_abs_error"].as_f64().unwrap().is_finite());
+    let written = hccl::topologies::load(&topo).unwrap();
+    assert!(written.spec.calibration.is_some());
+    let out = perf(&[
+        "-g",
+        "2",
+        "-e",
+        "4K",
+        "-n",
+        "1",
+        "-w",
+        "0",
+        "--topo",
+        topo.to_str().unwrap(),
+        "--check",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(json(&out)["plan"].as_str().unwrap().contains("calibrated"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -205,6 +205,10 @@ pub struct Calibration {
     /// (local copies and reductions, a receive's local operand and destination).
     #[serde(default = "one_f64", skip_serializing_if = "is_one_f64")]
     pub local_scale: f64,
+    /// CPU ranks of one host: the cores they shared when measured (more ranks than cores
+    /// take turns); absent: a core each.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cores: Option<u32>,
     /// Bandwidth factor by collective size: `(bytes, factor)`, bytes strictly ascending.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bandwidth: Vec<(u64, f64)>,
@@ -229,6 +233,7 @@ impl Calibration {
             send_scale: 1.0,
             recv_scale: 1.0,
             local_scale: 1.0,
+            cores: None,
             bandwidth: Vec::new(),
         }
     }

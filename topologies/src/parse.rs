@@ -282,6 +282,9 @@ fn check_calibration(cal: &crate::model::Calibration) -> Result<(), Problem> {
     check_number(what, "send_scale", cal.send_scale)?;
     check_number(what, "recv_scale", cal.recv_scale)?;
     check_number(what, "local_scale", cal.local_scale)?;
+    if let Some(cores) = cal.cores {
+        check_number(what, "cores", f64::from(cores))?;
+    }
     for (class, &scale) in cal.message_scale.iter().enumerate() {
         check_number(
             || format!("calibration, link class {class}"),

@@ -19,6 +19,11 @@ fn bad_files() -> Vec<PathBuf> {
 /// `line:col` position is required.
 const EXPECTED: &[(&str, Option<&str>)] = &[
     ("binary_garbage.ron", Some("not a text file")),
+    (
+        "calibration_knots_unordered.ron",
+        Some("1024 B follows 4096 B"),
+    ),
+    ("calibration_zero_scale.ron", Some("message_scale")),
     ("comments_only.ron", Some("empty topology file")),
     ("deep_nesting.ron", None),
     ("duplicate_host_device_id.ron", Some("\"h0\"")),

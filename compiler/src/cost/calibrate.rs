@@ -142,7 +142,8 @@ const RANGE: f64 = 64.0;
 const ITERATIONS: usize = 60;
 
 /// Fits a calibration of `topo` to `observations` of `schedules`; `source` says where the
-/// measurements come from and is kept in the calibration.
+/// measurements come from and is kept in the calibration, as are the cores of `topo`'s own
+/// calibration, if any (a fact of the machine, not fitted).
 pub fn fit(
     topo: &Topology,
     schedules: &[Schedule],
@@ -200,10 +201,13 @@ pub fn fit(
         classes: &classes,
         cpu: base_model.cpu.is_some(),
         knots: &knots,
-        source,
+        template: Calibration {
+            cores: topo.spec.calibration.as_ref().and_then(|c| c.cores),
+            ..Calibration::identity(source)
+        },
     };
     let before: Vec<f64> = f
-        .parts(&Calibration::identity(source), &all_of(observations))?
+        .parts(&f.template.clone(), &all_of(observations))?
         .iter()
         .map(|&(rest, base)| rest + base)
         .collect();
@@ -262,12 +266,13 @@ struct Fitter<'a> {
     /// Whether the CPU model's step cost and send traffic are fitted too.
     cpu: bool,
     knots: &'a [u64],
-    source: &'a str,
+    /// What the fit starts from and does not fit (the source, the cores).
+    template: Calibration,
 }
 
 impl Fitter<'_> {
     fn calibration(&self, theta: &[f64]) -> Calibration {
-        let mut cal = Calibration::identity(self.source);
+        let mut cal = self.template.clone();
         cal.base_scale = theta[0].exp();
         for (j, c) in self.classes.iter().enumerate() {
             cal.message_scale[c.index()] = theta[1 + j].exp();

@@ -9,6 +9,9 @@
 //!
 //! - a rank runs one step at a time; among its runnable steps it takes the one that became
 //!   runnable first (the engine's sweep over streams);
+//! - with more ranks than cores (`cores`, when the calibration knows them), at most `cores`
+//!   ranks work at once: a rank with work and no free core waits for one (a waiting rank
+//!   yields its core, and a rank that finishes a step keeps its core for its next one);
 //! - a step costs `step_us` plus its memory traffic over the rank's bandwidth (the topology's
 //!   memory bandwidth of the device, times the calibration's factor for the collective's
 //!   size), in passes over its bytes: a send `send_passes` (read the buffer, write the slot);
@@ -90,6 +93,11 @@ struct State<'a> {
     arrived: Vec<bool>,
     /// Slots each connection's sender has seen freed.
     credits: Vec<u32>,
+    /// Cores the ranks share, ranks working now, ranks with work waiting for a core.
+    cores: usize,
+    running: usize,
+    waiting: std::collections::VecDeque<u32>,
+    queued: Vec<bool>,
     end: f64,
     messages: usize,
     payload: f64,
@@ -136,6 +144,10 @@ pub(super) fn run(
         busy: vec![false; nranks],
         arrived: vec![false; p.msg_conn.len()],
         credits: vec![0; p.conn_base.len()],
+        cores: cpu.cores.map_or(usize::MAX, |c| (c as usize).max(1)),
+        running: 0,
+        waiting: std::collections::VecDeque::new(),
+        queued: vec![false; nranks],
         end: 0.0,
         messages: 0,
         payload: 0.0,
@@ -174,8 +186,16 @@ pub(super) fn run(
             Ev::Done(s) => {
                 let rank = p.steps[s as usize].rank;
                 st.busy[rank as usize] = false;
+                st.running -= 1;
                 st.finish(s, now);
                 st.try_run(rank, now);
+                while st.running < st.cores {
+                    let Some(r) = st.waiting.pop_front() else {
+                        break;
+                    };
+                    st.queued[r as usize] = false;
+                    st.try_run(r, now);
+                }
             }
         }
     }
@@ -281,6 +301,13 @@ impl State<'_> {
         let Some(i) = best else {
             return;
         };
+        if self.running >= self.cores {
+            if !self.queued[r] {
+                self.queued[r] = true;
+                self.waiting.push_back(rank);
+            }
+            return;
+        }
         let (_, s) = self.candidates[r].swap_remove(i);
         let step = &self.p.steps[s as usize];
         let bytes = f64::from(step.count) * self.chunk_bytes;
@@ -303,6 +330,7 @@ impl State<'_> {
             0.0
         };
         self.busy[r] = true;
+        self.running += 1;
         self.push(now + self.cpu.step_us + work, Ev::Done(s));
     }
 

@@ -75,6 +75,8 @@ pub struct CpuModel {
     /// local operand and destination) against the passes above (1; the calibration finds
     /// what this machine's caches make of it).
     pub local_weight: f64,
+    /// Cores the ranks share, when known (a calibration records them); `None`: a core each.
+    pub cores: Option<u32>,
     /// The executor's slot size (`HCCL_SLOT_BYTES`, default 256 KiB): a call whose chunks do
     /// not fit is replayed in segments, one after the other.
     pub slot_bytes: u64,
@@ -91,6 +93,7 @@ impl Default for CpuModel {
             send_passes: 2.0,
             recv_passes: 1.0,
             local_weight: 1.0,
+            cores: None,
             slot_bytes: EXECUTOR_SLOT_BYTES,
         }
     }
@@ -202,6 +205,7 @@ impl CostModel {
             cpu.send_passes *= cal.send_scale;
             cpu.recv_passes *= cal.recv_scale;
             cpu.local_weight *= cal.local_scale;
+            cpu.cores = cal.cores;
         }
         m.calibration = Some(cal.clone());
         m
@@ -222,6 +226,7 @@ impl CostModel {
             cpu.send_passes /= old.send_scale;
             cpu.recv_passes /= old.recv_scale;
             cpu.local_weight /= old.local_scale;
+            cpu.cores = None;
         }
         m.calibration = None;
         m

@@ -12,7 +12,7 @@ use hccl::compiler::cost::calibrate::{self, Observation};
 use hccl::compiler::families::all_families;
 use hccl::compiler::search;
 use hccl::ir::{PlanFile, Schedule};
-use hccl::topologies::{Topology, TopologySpec};
+use hccl::topologies::{Calibration, Topology, TopologySpec};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -40,104 +40,70 @@ pub(crate) fn run(args: &Args, out: &Path) -> Result<(), Failure> {
         .map(|f| f.name().to_string())
         .collect();
     let reps = args.reps.max(1) as usize;
-    let bar = indicatif::ProgressBar::new((families.len() * (reps + 1)) as u64);
+    let bar = indicatif::ProgressBar::new((2 * families.len() * (reps + 1)) as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template("calibrating {bar:30} {pos}/{len} {msg}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let dir = std::env::temp_dir();
-    let mut runs = Vec::new();
-    let mut skipped = Vec::new();
-    for family in &families {
-        bar.set_message(family.clone());
-        let options = search::Options {
-            collectives: vec![coll.kind()],
-            sizes: search::geometric_sizes(8.min(args.min_bytes), args.max_bytes.max(8), 2),
-            algorithms: Some(vec![family.clone()]),
-            model: CostModel::uncalibrated_for(&topo),
-            ..search::Options::default()
-        };
-        let plan = match search::compile(&topo, &options) {
-            Ok(c) => c.plan,
-            Err(e) => {
-                skipped.push(format!("{family} ({e})"));
-                bar.inc(1);
-                continue;
-            }
-        };
-        let path = dir.join(format!(
-            "hccl-perf-calibrate-{}-{family}.plan.ron",
-            std::process::id()
-        ));
-        plan.save(&path)
-            .map_err(|e| Failure::Runtime(e.to_string()))?;
-        runs.push(Run {
-            family: family.clone(),
-            plan,
-            path,
-            reps: Vec::new(),
-        });
-        bar.inc(1);
-    }
-    // Every family once per repetition, each repetition starting at another family, so that
-    // a slow spell of the machine does not fall on one family only.
-    let mut failure = None;
-    'outer: for r in 0..reps {
-        for k in 0..runs.len() {
-            let i = (k + r) % runs.len();
-            bar.set_message(format!("{} (repetition {})", runs[i].family, r + 1));
-            match measure(args, &runs[i].path, &sizes) {
-                Ok(rows) => runs[i].reps.push(rows),
-                Err(e) => {
-                    failure = Some(e);
-                    break 'outer;
-                }
-            }
-            bar.inc(1);
-        }
-    }
-    for run in &runs {
-        let _ = std::fs::remove_file(&run.path);
-    }
-    bar.finish_and_clear();
-    if let Some(e) = failure {
-        return Err(e);
-    }
-    // Observations: each (family, entry) schedule once.
-    let mut schedules: Vec<Schedule> = Vec::new();
-    let mut obs = Vec::new();
-    for run in &runs {
-        let mut index_of = std::collections::HashMap::new();
-        for (entry, bytes, time) in fastest(&run.reps) {
-            let Some(e) = run.plan.entries.get(entry as usize) else {
-                continue; // a control entry the child added: not this family's
-            };
-            let si = *index_of.entry(entry).or_insert_with(|| {
-                schedules.push(e.schedule.clone());
-                schedules.len() - 1
-            });
-            obs.push(Observation {
-                schedule: si,
-                protocol: e.protocol,
-                bytes,
-                measured_us: time,
-                label: run.family.clone(),
-            });
-        }
-    }
     let source = format!(
-        "hccl-perf --calibrate: {} on {n} ranks ({} backend), {} families, host {}, {}",
+        "hccl-perf --calibrate: {} on {n} ranks ({} backend), host {}, {}",
         coll.kind().name(),
         match args.backend {
             Backend::Threads => "threads",
             Backend::Process => "process",
         },
-        runs.len(),
         hostname(),
         today()
     );
-    let report = calibrate::fit(&topo, &schedules, &obs, &source)
-        .map_err(|e| Failure::Runtime(format!("cannot fit the measurements: {e}")))?;
+    // Round 1 measures the plans the uncalibrated model compiles; round 2 those the model
+    // fitted to round 1 compiles (more channels, other pipelines: what it would now pick),
+    // and the final fit sees both.
+    let mut schedules: Vec<Schedule> = Vec::new();
+    let mut obs = Vec::new();
+    let mut skipped = Vec::new();
+    let mut measured = 0;
+    let cores = hccl::executor::affinity::allowed_cpus().len() as u32;
+    let start = Calibration {
+        cores: Some(cores.max(1)),
+        ..Calibration::identity(&source)
+    };
+    let mut model = CostModel::uncalibrated_for(&topo).calibrated(&start);
+    let mut report = None;
+    for round in 1..=2 {
+        let runs = measure_round(args, &topo, &model, &families, &sizes, reps, round, &bar)?;
+        measured = measured.max(runs.0.len());
+        if round == 1 {
+            skipped = runs.1;
+        }
+        for run in &runs.0 {
+            let mut index_of = std::collections::HashMap::new();
+            for (entry, bytes, time) in fastest(&run.reps) {
+                let Some(e) = run.plan.entries.get(entry as usize) else {
+                    continue; // a control entry the child added: not this family's
+                };
+                let si = *index_of.entry(entry).or_insert_with(|| {
+                    schedules.push(e.schedule.clone());
+                    schedules.len() - 1
+                });
+                obs.push(Observation {
+                    schedule: si,
+                    protocol: e.protocol,
+                    bytes,
+                    measured_us: time,
+                    label: run.family.clone(),
+                });
+            }
+        }
+        let fitted = calibrate::fit(&topo_with(&topo, &start), &schedules, &obs, &source)
+            .map_err(|e| Failure::Runtime(format!("cannot fit the measurements: {e}")))?;
+        model = CostModel::uncalibrated_for(&topo).calibrated(&fitted.calibration);
+        report = Some(fitted);
+    }
+    bar.finish_and_clear();
+    let Some(report) = report else {
+        return Err(Failure::Runtime("nothing measured".into()));
+    };
+    let runs_len = measured;
     let mut spec: TopologySpec = topo.spec.clone();
     spec.calibration = Some(report.calibration.clone());
     if !spec.description.contains("calibrated") {
@@ -186,7 +152,7 @@ pub(crate) fn run(args: &Args, out: &Path) -> Result<(), Failure> {
     println!(
         "# hccl-perf --calibrate: {} on {n} ranks; {} families measured",
         coll.kind().name(),
-        runs.len()
+        runs_len
     );
     for s in &skipped {
         println!("# skipped: {s}");
@@ -229,6 +195,91 @@ pub(crate) fn run(args: &Args, out: &Path) -> Result<(), Failure> {
         out.display()
     );
     Ok(())
+}
+
+/// `topo` carrying `cal` (the fit keeps what it does not fit, such as the cores).
+fn topo_with(topo: &Topology, cal: &Calibration) -> Topology {
+    let mut t = topo.clone();
+    t.spec.calibration = Some(cal.clone());
+    t
+}
+
+/// Compiles every family with `model` and measures each `reps` times, in turn; returns the
+/// runs and the families that had no schedule.
+#[allow(clippy::too_many_arguments)]
+fn measure_round(
+    args: &Args,
+    topo: &Topology,
+    model: &CostModel,
+    families: &[String],
+    sizes: &[u64],
+    reps: usize,
+    round: usize,
+    bar: &indicatif::ProgressBar,
+) -> Result<(Vec<Run>, Vec<String>), Failure> {
+    let (coll, _, _) = parse_choice(args)?;
+    let dir = std::env::temp_dir();
+    let mut runs = Vec::new();
+    let mut skipped = Vec::new();
+    for family in families {
+        bar.set_message(format!("round {round}: compiling {family}"));
+        let options = search::Options {
+            collectives: vec![coll.kind()],
+            sizes: search::geometric_sizes(8.min(args.min_bytes), args.max_bytes.max(8), 2),
+            algorithms: Some(vec![family.clone()]),
+            model: model.clone(),
+            ..search::Options::default()
+        };
+        let plan = match search::compile(topo, &options) {
+            Ok(c) => c.plan,
+            Err(e) => {
+                skipped.push(format!("{family} ({e})"));
+                bar.inc(1 + reps as u64);
+                continue;
+            }
+        };
+        let path = dir.join(format!(
+            "hccl-perf-calibrate-{}-{round}-{family}.plan.ron",
+            std::process::id()
+        ));
+        plan.save(&path)
+            .map_err(|e| Failure::Runtime(e.to_string()))?;
+        runs.push(Run {
+            family: family.clone(),
+            plan,
+            path,
+            reps: Vec::new(),
+        });
+        bar.inc(1);
+    }
+    // Every family once per repetition, each repetition starting at another family, so that
+    // a slow spell of the machine does not fall on one family only.
+    let mut failure = None;
+    'outer: for r in 0..reps {
+        for k in 0..runs.len() {
+            let i = (k + r) % runs.len();
+            bar.set_message(format!(
+                "round {round}: {} (repetition {})",
+                runs[i].family,
+                r + 1
+            ));
+            match measure(args, &runs[i].path, sizes) {
+                Ok(rows) => runs[i].reps.push(rows),
+                Err(e) => {
+                    failure = Some(e);
+                    break 'outer;
+                }
+            }
+            bar.inc(1);
+        }
+    }
+    for run in &runs {
+        let _ = std::fs::remove_file(&run.path);
+    }
+    match failure {
+        Some(e) => Err(e),
+        None => Ok((runs, skipped)),
+    }
 }
 
 /// The topology to calibrate: `--topo FILE` (its calibration dropped), else this machine as

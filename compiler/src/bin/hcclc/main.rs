@@ -3,6 +3,7 @@
 //! Exit codes: 0 ok; 1 verification or runtime failure; 2 bad input or usage.
 //! Every subcommand takes `--json` and then prints exactly one JSON document on stdout.
 
+mod calibrate_cmd;
 mod cli_error;
 mod compile_cmd;
 mod msccl_cmd;
@@ -40,6 +41,8 @@ enum Command {
     Compile(compile_cmd::CompileArgs),
     /// Explain a plan: predicted time, bandwidth, NCCL baseline and lower bound per size.
     Explain(compile_cmd::ExplainArgs),
+    /// Fit a topology's cost model to `hccl-perf --json` measurements; write it calibrated.
+    Calibrate(calibrate_cmd::CalibrateArgs),
 }
 
 fn main() -> ExitCode {
@@ -60,6 +63,7 @@ fn main() -> ExitCode {
         Command::Export(args) => msccl_cmd::export(args),
         Command::Compile(args) => compile_cmd::compile(args),
         Command::Explain(args) => compile_cmd::explain(args),
+        Command::Calibrate(args) => calibrate_cmd::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -103,6 +103,11 @@ pub enum GenCommand {
         /// included (µs) [default: 25]; needs --nic-bw.
         #[arg(long, allow_negative_numbers = true)]
         nic_latency: Option<f64>,
+        /// Take the cost-model calibration of this calibrated topology (written by
+        /// `hccl-perf --calibrate` or `hcclc calibrate`), and its memory bandwidth unless
+        /// --mem-bw is given (the calibration's bandwidth curve is relative to it).
+        #[arg(long, value_name = "TOPO")]
+        calibration: Option<String>,
         #[command(flatten)]
         out: GenOut,
     },
@@ -325,6 +330,7 @@ fn generate_cmd(cmd: GenCommand) -> Result<(), CliError> {
             mem_bw,
             nic_bw,
             nic_latency,
+            calibration,
             out,
         } => {
             check_ranks("ranks", u64::from(ranks))?;
@@ -343,12 +349,33 @@ fn generate_cmd(cmd: GenCommand) -> Result<(), CliError> {
                 }
                 check_positive("nic-latency", latency)?;
             }
-            let mem_bw = match mem_bw {
-                Some(bw) => bw,
-                None => hccl_topologies::probe::probe_host().per_rank_gbps(ranks),
+            let calibrated = match &calibration {
+                Some(path) => {
+                    let topo = load_topology(path)?;
+                    let Some(cal) = topo.spec.calibration.clone() else {
+                        return Err(CliError::Input(format!(
+                            "{path}: has no calibration (write one with hccl-perf --calibrate)"
+                        )));
+                    };
+                    if topo.nranks() != ranks {
+                        eprintln!(
+                            "hcclc: note: {path} was calibrated for {} ranks, this host has \
+                             {ranks}; latencies depend on the rank count (calibrate with -g \
+                             {ranks} for exact numbers)",
+                            topo.nranks()
+                        );
+                    }
+                    Some((cal, topo.mem_bw(0)))
+                }
+                None => None,
+            };
+            let mem_bw = match (mem_bw, &calibrated) {
+                (Some(bw), _) => bw,
+                (None, Some((_, bw))) => *bw,
+                (None, None) => hccl_topologies::probe::probe_host().per_rank_gbps(ranks),
             };
             check_positive("mem-bw", mem_bw)?;
-            let spec = match nic_bw {
+            let mut spec = match nic_bw {
                 Some(nic_bw) => generate::host_with_nic(
                     ranks,
                     mem_bw,
@@ -357,6 +384,7 @@ fn generate_cmd(cmd: GenCommand) -> Result<(), CliError> {
                 ),
                 None => generate::host(ranks, mem_bw),
             };
+            spec.calibration = calibrated.map(|(cal, _)| cal);
             (spec, out)
         }
     };

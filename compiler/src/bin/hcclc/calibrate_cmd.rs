@@ -1,0 +1,223 @@
+//! `hcclc calibrate TOPO --from RUN.json...`: fits the cost model of a topology (a shipped
+//! machine or a file) to `hccl-perf --json` measurements of any machine (GPUs, a network,
+//! CPU hosts) and writes the calibrated topology.
+//!
+//! Each JSON document must come from a run with `--plan FILE`: its rows name the plan entry
+//! that ran, whose schedule the fit simulates; the plan is read from the `plan_file` the
+//! document records (or `--plan`, for documents moved to another machine).
+
+use crate::cli_error::{CliError, print_json};
+use crate::topo_cmd::load_topology;
+use clap::Args;
+use hccl_compiler::cost::calibrate::{self, Observation};
+use hccl_ir::{Collective, CollectiveKind, PlanFile, Schedule};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+#[derive(Args, Debug)]
+pub struct CalibrateArgs {
+    /// Topology file (RON) or the name of a shipped machine: what the measurements ran on.
+    pub topo: String,
+    /// `hccl-perf --json --plan FILE` output (repeatable; at least one).
+    #[arg(long = "from", value_name = "RUN.json", required = true)]
+    pub from: Vec<PathBuf>,
+    /// The plan the runs used, when it is no longer where their `plan_file` says.
+    #[arg(long, value_name = "PLAN")]
+    pub plan: Option<PathBuf>,
+    /// Output topology file; default `<topology stem>.calibrated.ron`.
+    #[arg(short = 'o', long = "output", value_name = "TOPO")]
+    pub output: Option<PathBuf>,
+    /// Print one JSON document instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: CalibrateArgs) -> Result<(), CliError> {
+    let topo = load_topology(&args.topo)?;
+    let mut plans: HashMap<PathBuf, PlanFile> = HashMap::new();
+    let mut schedules: Vec<Schedule> = Vec::new();
+    let mut index_of: HashMap<(PathBuf, String, usize), usize> = HashMap::new();
+    let mut obs = Vec::new();
+    for path in &args.from {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| CliError::Input(format!("{}: cannot read: {e}", path.display())))?;
+        let doc: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+            CliError::Input(format!(
+                "{}:{}:{}: not JSON: {e}",
+                path.display(),
+                e.line(),
+                e.column()
+            ))
+        })?;
+        let field = |name: &str| CliError::Input(format!("{}: no `{name}` field", path.display()));
+        let kind_name = doc["collective"]
+            .as_str()
+            .ok_or_else(|| field("collective"))?;
+        let kind = CollectiveKind::from_name(kind_name).ok_or_else(|| {
+            CliError::Input(format!(
+                "{}: collective: unknown `{kind_name}`",
+                path.display()
+            ))
+        })?;
+        let ranks = doc["ranks"].as_u64().ok_or_else(|| field("ranks"))?;
+        if ranks != u64::from(topo.nranks()) {
+            return Err(CliError::Input(format!(
+                "{}: measured on {ranks} ranks, but {} has {}",
+                path.display(),
+                topo.name,
+                topo.nranks()
+            )));
+        }
+        let plan_path = match (&args.plan, doc["plan_file"].as_str()) {
+            (Some(p), _) => p.clone(),
+            (None, Some(p)) => PathBuf::from(p),
+            (None, None) => {
+                return Err(CliError::Input(format!(
+                    "{}: the run names no plan file (plan_file is null: hccl-perf compiled its \
+                     own); rerun hccl-perf with --plan FILE, or give --plan",
+                    path.display()
+                )));
+            }
+        };
+        let root = doc["root"].as_u64().map(|r| r as u32).unwrap_or(0);
+        let collective = collective_of(kind, root);
+        if !plans.contains_key(&plan_path) {
+            let mut plan = load_plan(&plan_path)?;
+            plan.ensure_root(collective);
+            plans.insert(plan_path.clone(), plan);
+        }
+        let plan = &plans[&plan_path];
+        let rows = doc["rows"].as_array().ok_or_else(|| field("rows"))?;
+        for (i, row) in rows.iter().enumerate() {
+            let at = |what: &str| CliError::Input(format!("{}: rows[{i}]: {what}", path.display()));
+            let bytes = row["bytes"].as_u64().ok_or_else(|| at("no `bytes`"))?;
+            let time = row["time_us"].as_f64().ok_or_else(|| at("no `time_us`"))?;
+            let entry = row["entry"]
+                .as_u64()
+                .ok_or_else(|| at("no `entry` (hccl-perf older than calibration?)"))?
+                as usize;
+            let e = plan.entries.get(entry).ok_or_else(|| {
+                at(&format!(
+                    "entry {entry} is not in {} ({} entries)",
+                    plan_path.display(),
+                    plan.entries.len()
+                ))
+            })?;
+            if e.schedule.nranks != topo.nranks() {
+                return Err(at(&format!(
+                    "entry {entry} is for {} ranks",
+                    e.schedule.nranks
+                )));
+            }
+            let key = (plan_path.clone(), kind_name.to_string(), entry);
+            let si = *index_of.entry(key).or_insert_with(|| {
+                schedules.push(e.schedule.clone());
+                schedules.len() - 1
+            });
+            obs.push(Observation {
+                schedule: si,
+                protocol: e.protocol,
+                bytes,
+                measured_us: time,
+                label: format!("{}/{}", e.algorithm, kind_name),
+            });
+        }
+    }
+    let source = format!(
+        "hcclc calibrate from {}",
+        args.from
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let report = calibrate::fit(&topo, &schedules, &obs, &source).map_err(CliError::input)?;
+    let mut spec = topo.spec.clone();
+    spec.calibration = Some(report.calibration.clone());
+    let out = args.output.clone().unwrap_or_else(|| {
+        let stem = Path::new(&args.topo)
+            .file_stem()
+            .map_or_else(|| topo.name.clone(), |s| s.to_string_lossy().into_owned());
+        PathBuf::from(format!("{stem}.calibrated.ron"))
+    });
+    let text = hccl_topologies::to_ron(&spec);
+    hccl_topologies::from_ron(&text, &out.display().to_string())
+        .map_err(|e| CliError::Failed(format!("the calibrated topology does not build: {e}")))?;
+    hccl_ir::write_atomic(&out, text.as_bytes())
+        .map_err(|e| CliError::Input(format!("{}: cannot write: {e}", out.display())))?;
+    let cal = &report.calibration;
+    if args.json {
+        print_json(&serde_json::json!({
+            "topology": out.display().to_string(),
+            "calibration": {
+                "base_scale": cal.base_scale,
+                "message_scale": cal.message_scale,
+                "step_scale": cal.step_scale,
+                "send_scale": cal.send_scale,
+                "recv_scale": cal.recv_scale,
+                "local_scale": cal.local_scale,
+                "bandwidth": cal.bandwidth,
+            },
+            "median_abs_error_before": report.median_abs_error(false),
+            "median_abs_error": report.median_abs_error(true),
+            "within_25pct": report.within(0.25),
+            "rows": report.rows.iter().map(|r| serde_json::json!({
+                "label": r.label,
+                "bytes": r.bytes,
+                "measured_us": r.measured_us,
+                "predicted_before_us": r.before_us,
+                "predicted_us": r.after_us,
+                "error": r.error(),
+            })).collect::<Vec<_>>(),
+        }));
+        return Ok(());
+    }
+    println!(
+        "{:<28} {:>12} {:>13} {:>12} {:>8} {:>12} {:>8}",
+        "algorithm", "bytes", "measured_us", "before_us", "error", "after_us", "error"
+    );
+    for r in &report.rows {
+        println!(
+            "{:<28} {:>12} {:>13.2} {:>12.2} {:>7.0}% {:>12.2} {:>7.0}%",
+            r.label,
+            r.bytes,
+            r.measured_us,
+            r.before_us,
+            r.error_before() * 100.0,
+            r.after_us,
+            r.error() * 100.0
+        );
+    }
+    println!(
+        "median |error| {:.0}% before, {:.0}% after; {:.0}% of rows within ±25%",
+        report.median_abs_error(false) * 100.0,
+        report.median_abs_error(true) * 100.0,
+        report.within(0.25) * 100.0
+    );
+    println!("wrote {}", out.display());
+    Ok(())
+}
+
+fn collective_of(kind: CollectiveKind, root: u32) -> Collective {
+    match kind {
+        CollectiveKind::AllReduce => Collective::AllReduce,
+        CollectiveKind::AllGather => Collective::AllGather,
+        CollectiveKind::ReduceScatter => Collective::ReduceScatter,
+        CollectiveKind::AllToAll => Collective::AllToAll,
+        CollectiveKind::Broadcast => Collective::Broadcast { root },
+        CollectiveKind::Reduce => Collective::Reduce { root },
+    }
+}
+
+fn load_plan(path: &Path) -> Result<PlanFile, CliError> {
+    let is_xml = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("xml"));
+    if is_xml {
+        Ok(hccl_ir::msccl::load_xml(path)
+            .map_err(CliError::input)?
+            .into_plan(&path.display().to_string()))
+    } else {
+        PlanFile::load(path).map_err(CliError::input)
+    }
+}
