@@ -133,7 +133,7 @@ fn hcclc_compiles_verified_plans_for_cpu_clusters() {
 fn predictions_follow_the_network() {
     let topo = cpu_cluster(2, 1);
     let model = CostModel::for_topology(&topo);
-    assert_eq!(model, CostModel::cpu_host());
+    assert_eq!(model, CostModel::cpu_cluster());
     let big = 16u64 << 20;
     let options = Options {
         collectives: vec![CollectiveKind::AllReduce],
@@ -155,7 +155,8 @@ fn predictions_follow_the_network() {
         "{large:?}"
     );
 
-    // The same ranks on one host (no NIC on the way) are far faster.
+    // The same ranks on one host (no NIC on the way) are faster: each rank's thread copies
+    // and reduces 4 passes over the buffer at 10 GB/s, against one pass over a 1.25 GB/s NIC.
     let one_host = build(generate::host(2, 10.0), "h").unwrap();
     let options = Options {
         model: CostModel::for_topology(&one_host),
@@ -163,5 +164,9 @@ fn predictions_follow_the_network() {
     };
     let local = search::compile(&one_host, &options).unwrap().rows;
     assert!(local[0].predicted_us < 1.0, "{:?}", local[0]);
-    assert!(local[1].predicted_us < 0.2 * large.predicted_us);
+    assert!(
+        local[1].predicted_us < 0.6 * large.predicted_us,
+        "{:?} vs {large:?}",
+        local[1]
+    );
 }

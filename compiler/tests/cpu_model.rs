@@ -103,13 +103,12 @@ fn no_candidate_beats_the_bound_on_cpu_hosts() {
                 Some(c) => CostModel::for_topology(&topo).calibrated(c),
                 None => CostModel::for_topology(&topo),
             };
-            let network = Network::new(&topo);
-            let sim = Simulator::new(network.clone(), model.clone());
+            let sim = Simulator::new(Network::new(&topo), model.clone());
             for coll in COLLECTIVES {
                 for (name, s) in candidates(&topo, coll) {
                     for bytes in [8u64, 4096, 1 << 20, 64 << 20] {
                         let t = sim.simulate(&s, bytes, Protocol::Simple).unwrap().time_us;
-                        let b = bounds::bound(&network, &model, coll, bytes).total_us;
+                        let b = bounds::bound(&sim.network, &model, coll, bytes).total_us;
                         assert!(
                             t >= b * (1.0 - 1e-9),
                             "{n} ranks, {coll}, {name} ({} chunks), {bytes} B: {t} < bound {b} ({:?})",

@@ -87,6 +87,16 @@ pub fn bound(network: &Network, model: &CostModel, collective: Collective, bytes
     } else {
         (dist, min_hop)
     };
+    // On CPU ranks every byte that crosses a cut is sent (at least half a send's passes, for
+    // a forward) and received (the read plus at least one local pass) by a rank's thread at
+    // the rank's bandwidth; where the calibration makes those cheaper than one pass, the cut
+    // moves bytes faster than its links' capacity.
+    let cpu_factor = model.cpu.as_ref().map_or(1.0, |c| {
+        (c.recv_passes + c.local_weight)
+            .min(c.send_passes / 2.0)
+            .min(1.0)
+    });
+    let bandwidth_us = bandwidth_us * cpu_factor;
     let mut latency_us = f64::INFINITY;
     let mut total_us = f64::INFINITY;
     for p in Protocol::ALL {

@@ -542,6 +542,7 @@ mod tests {
             send_scale: 0.5,
             recv_scale: 2.0,
             local_scale: 0.5,
+            cores: None,
             bandwidth: vec![(8, 1.0), (4096, 2.0), (1 << 20, 1.5), (64 << 20, 0.5)],
         };
         let model = CostModel::uncalibrated_for(&topo).calibrated(&truth);
@@ -577,8 +578,10 @@ mod tests {
         );
         let cal = &report.calibration;
         assert!((cal.message_scale[0] / 5.0 - 1.0).abs() < 0.1, "{cal:?}");
+        // The CPU weights and the bandwidth factors trade against each other (all weights
+        // and all factors × c predict the same), so parameters are only pinned to about 10%.
         assert!(
-            (cal.bandwidth_factor(64 << 20) / 0.5 - 1.0).abs() < 0.05,
+            (cal.bandwidth_factor(64 << 20) / 0.5 - 1.0).abs() < 0.1,
             "{cal:?}"
         );
         assert_eq!(
