@@ -222,6 +222,8 @@ pub fn fit(
             &mut cal.base_scale,
             &mut cal.step_scale,
             &mut cal.send_scale,
+            &mut cal.recv_scale,
+            &mut cal.local_scale,
         ])
     {
         // Three significant digits: the measurements are not more precise, and the topology
@@ -248,6 +250,111 @@ pub fn fit(
         calibration: cal,
         rows,
     })
+}
+
+/// The calibration a CPU host gets when it has none of its own (`hccl-perf` without `--topo`,
+/// `hcclc topo gen host` without `--calibration`): the fits `scripts/fidelity.sh` made on the
+/// development VM (AMD EPYC, 2 cores, process backend, 2026-12-01) for 2 ranks (a core each),
+/// 3 ranks and 4 ranks on 2 cores, chosen by how many ranks share a core, with `cores` set to
+/// this machine's. Its bandwidth factors are relative to the topology's memory bandwidth (the
+/// probe's), so the cache-against-DRAM shape carries over to similar machines; calibrate a
+/// machine for numbers of its own.
+pub fn builtin_cpu_calibration(ranks: u32, cores: u32) -> Calibration {
+    let cores = cores.max(1);
+    let (setting, mut cal) = if ranks <= cores {
+        (
+            "a core per rank",
+            Calibration {
+                base_scale: 0.0254,
+                message_scale: [0.286, 1.0, 1.0],
+                step_scale: 2.67,
+                send_scale: 0.495,
+                recv_scale: 0.476,
+                local_scale: 0.0156,
+                bandwidth: vec![
+                    (8, 2.66),
+                    (32, 3.57),
+                    (128, 1.33),
+                    (512, 2.91),
+                    (2048, 3.04),
+                    (8192, 2.66),
+                    (32768, 2.83),
+                    (131072, 2.85),
+                    (524288, 3.26),
+                    (2097152, 3.57),
+                    (8388608, 1.12),
+                    (33554432, 1.01),
+                    (134217728, 0.986),
+                    (268435456, 0.998),
+                ],
+                ..Calibration::identity("")
+            },
+        )
+    } else if ranks < 2 * cores {
+        (
+            "up to two ranks per core",
+            Calibration {
+                base_scale: 0.193,
+                message_scale: [15.6, 1.0, 1.0],
+                step_scale: 5.0,
+                send_scale: 0.266,
+                recv_scale: 3.12,
+                local_scale: 0.0156,
+                bandwidth: vec![
+                    (8, 1.35),
+                    (32, 2.7),
+                    (128, 12.6),
+                    (512, 17.5),
+                    (2048, 17.1),
+                    (8192, 8.56),
+                    (32768, 6.84),
+                    (131072, 6.65),
+                    (524288, 8.1),
+                    (2097152, 5.48),
+                    (8388608, 3.13),
+                    (33554432, 3.23),
+                    (134217728, 3.12),
+                    (268435456, 2.9),
+                ],
+                ..Calibration::identity("")
+            },
+        )
+    } else {
+        (
+            "two or more ranks per core",
+            Calibration {
+                base_scale: 24.8,
+                message_scale: [18.0, 1.0, 1.0],
+                step_scale: 0.949,
+                send_scale: 0.558,
+                recv_scale: 1.81,
+                local_scale: 0.624,
+                bandwidth: vec![
+                    (8, 3.16),
+                    (32, 2.98),
+                    (128, 31.8),
+                    (512, 56.7),
+                    (2048, 20.2),
+                    (8192, 9.8),
+                    (32768, 9.46),
+                    (131072, 9.83),
+                    (524288, 13.1),
+                    (2097152, 7.43),
+                    (8388608, 4.91),
+                    (33554432, 4.95),
+                    (134217728, 4.67),
+                    (268435456, 4.47),
+                ],
+                ..Calibration::identity("")
+            },
+        )
+    };
+    cal.source = format!(
+        "built-in: fitted on the development VM (2 cores, process backend, 2026-12-01), \
+         {setting}"
+    );
+    cal.cores = Some(cores);
+    cal
 }
 
 fn all_of(obs: &[Observation]) -> Vec<usize> {

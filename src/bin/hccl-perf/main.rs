@@ -782,7 +782,13 @@ fn obtain_plan(
             } else {
                 hccl::topologies::generate::CPU_MEM_BW
             };
-            let spec = hccl::topologies::generate::host(n, mem_bw);
+            let mut spec = hccl::topologies::generate::host(n, mem_bw);
+            // Until this machine is calibrated (`--calibrate`, then `--topo`), the fits of the
+            // development machine for as many ranks per core.
+            let cores = hccl::executor::affinity::allowed_cpus().len() as u32;
+            spec.calibration = Some(hccl::compiler::cost::calibrate::builtin_cpu_calibration(
+                n, cores,
+            ));
             hccl::topologies::build(spec, "this machine")
                 .map_err(|e| Failure::Usage(e.to_string()))?
         }
@@ -809,10 +815,10 @@ fn obtain_plan(
         None => Failure::Runtime(e.to_string()),
     })?;
     let only = forced.map_or(String::new(), |a| format!(", {a} only"));
-    let calibrated = if topo.spec.calibration.is_some() {
-        ", calibrated"
-    } else {
-        ""
+    let calibrated = match &topo.spec.calibration {
+        Some(c) if c.source.starts_with("built-in") => ", built-in calibration",
+        Some(_) => ", calibrated",
+        None => "",
     };
     let label = format!(
         "compiled for {} ({} GB/s per rank{calibrated}{only})",

@@ -384,7 +384,19 @@ fn generate_cmd(cmd: GenCommand) -> Result<(), CliError> {
                 ),
                 None => generate::host(ranks, mem_bw),
             };
-            spec.calibration = calibrated.map(|(cal, _)| cal);
+            // Without a calibration of its own, a host without NIC gets the built-in one (the
+            // development machine's fits for as many ranks per core); a networked host keeps
+            // the uncalibrated model, since the built-in fits know nothing of its network.
+            spec.calibration = match calibrated {
+                Some((cal, _)) => Some(cal),
+                None if nic_bw.is_none() => {
+                    let cores = std::thread::available_parallelism().map_or(1, |c| c.get() as u32);
+                    Some(hccl_compiler::cost::calibrate::builtin_cpu_calibration(
+                        ranks, cores,
+                    ))
+                }
+                None => None,
+            };
             (spec, out)
         }
     };
