@@ -89,6 +89,56 @@ impl FitReport {
         e.get(e.len() / 2).copied().unwrap_or(0.0)
     }
 
+    /// The rows as a table: label, size, measured, predicted before and after, errors.
+    pub fn table(&self) -> String {
+        let mut out = format!(
+            "{:<28} {:>12} {:>13} {:>12} {:>8} {:>12} {:>8}\n",
+            "algorithm", "bytes", "measured_us", "before_us", "error", "after_us", "error"
+        );
+        for r in &self.rows {
+            out += &format!(
+                "{:<28} {:>12} {:>13.2} {:>12.2} {:>7.0}% {:>12.2} {:>7.0}%\n",
+                r.label,
+                r.bytes,
+                r.measured_us,
+                r.before_us,
+                r.error_before() * 100.0,
+                r.after_us,
+                r.error() * 100.0
+            );
+        }
+        out
+    }
+
+    /// The report as JSON: the calibration, the error summary and every row.
+    pub fn to_json(&self) -> serde_json::Value {
+        let cal = &self.calibration;
+        serde_json::json!({
+            "calibration": {
+                "source": cal.source,
+                "base_scale": cal.base_scale,
+                "message_scale": cal.message_scale,
+                "step_scale": cal.step_scale,
+                "send_scale": cal.send_scale,
+                "recv_scale": cal.recv_scale,
+                "local_scale": cal.local_scale,
+                "cores": cal.cores,
+                "bandwidth": cal.bandwidth,
+            },
+            "median_abs_error_before": self.median_abs_error(false),
+            "median_abs_error": self.median_abs_error(true),
+            "within_25pct": self.within(0.25),
+            "rows": self.rows.iter().map(|r| serde_json::json!({
+                "algorithm": r.label,
+                "bytes": r.bytes,
+                "measured_us": r.measured_us,
+                "predicted_before_us": r.before_us,
+                "predicted_us": r.after_us,
+                "error": r.error(),
+            })).collect::<Vec<_>>(),
+        })
+    }
+
     /// Fraction of rows whose fitted prediction is within `tolerance` (0.25 = ±25%).
     pub fn within(&self, tolerance: f64) -> f64 {
         if self.rows.is_empty() {

@@ -116,36 +116,11 @@ pub(crate) fn run(args: &Args, out: &Path) -> Result<(), Failure> {
     hccl::ir::write_atomic(out, text.as_bytes())
         .map_err(|e| Failure::Runtime(format!("{}: cannot write: {e}", out.display())))?;
     if args.json {
-        let rows: Vec<_> = report
-            .rows
-            .iter()
-            .map(|r| {
-                serde_json::json!({
-                    "algorithm": r.label,
-                    "bytes": r.bytes,
-                    "measured_us": r.measured_us,
-                    "predicted_before_us": r.before_us,
-                    "predicted_us": r.after_us,
-                    "error": r.error(),
-                })
-            })
-            .collect();
-        let doc = serde_json::json!({
-            "topology": out.display().to_string(),
-            "ranks": n,
-            "collective": coll.kind().name(),
-            "calibration": {
-                "source": report.calibration.source,
-                "base_scale": report.calibration.base_scale,
-                "message_scale": report.calibration.message_scale,
-                "bandwidth": report.calibration.bandwidth,
-            },
-            "skipped": skipped,
-            "median_abs_error_before": report.median_abs_error(false),
-            "median_abs_error": report.median_abs_error(true),
-            "within_25pct": report.within(0.25),
-            "rows": rows,
-        });
+        let mut doc = report.to_json();
+        doc["topology"] = serde_json::json!(out.display().to_string());
+        doc["ranks"] = serde_json::json!(n);
+        doc["collective"] = serde_json::json!(coll.kind().name());
+        doc["skipped"] = serde_json::json!(skipped);
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
         return Ok(());
     }
@@ -157,22 +132,7 @@ pub(crate) fn run(args: &Args, out: &Path) -> Result<(), Failure> {
     for s in &skipped {
         println!("# skipped: {s}");
     }
-    println!(
-        "# {:<14} {:>12} {:>12} {:>12} {:>8} {:>12} {:>8}",
-        "algorithm", "bytes", "measured(us)", "before(us)", "error", "after(us)", "error"
-    );
-    for r in &report.rows {
-        println!(
-            "  {:<14} {:>12} {:>12.2} {:>12.2} {:>7.0}% {:>12.2} {:>7.0}%",
-            r.label,
-            r.bytes,
-            r.measured_us,
-            r.before_us,
-            r.error_before() * 100.0,
-            r.after_us,
-            r.error() * 100.0
-        );
-    }
+    print!("{}", report.table());
     let cal = &report.calibration;
     println!(
         "# fit: base latency x{}, per-message latency x{} (memory class), bandwidth x{:.2}..x{:.2} over sizes",

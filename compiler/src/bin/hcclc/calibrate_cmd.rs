@@ -82,7 +82,7 @@ pub fn run(args: CalibrateArgs) -> Result<(), CliError> {
         let root = doc["root"].as_u64().map(|r| r as u32).unwrap_or(0);
         let collective = collective_of(kind, root);
         if !plans.contains_key(&plan_path) {
-            let mut plan = load_plan(&plan_path)?;
+            let mut plan = crate::compile_cmd::load_plan_or_xml(&plan_path)?;
             plan.ensure_root(collective);
             plans.insert(plan_path.clone(), plan);
         }
@@ -145,49 +145,13 @@ pub fn run(args: CalibrateArgs) -> Result<(), CliError> {
         .map_err(|e| CliError::Failed(format!("the calibrated topology does not build: {e}")))?;
     hccl_ir::write_atomic(&out, text.as_bytes())
         .map_err(|e| CliError::Input(format!("{}: cannot write: {e}", out.display())))?;
-    let cal = &report.calibration;
     if args.json {
-        print_json(&serde_json::json!({
-            "topology": out.display().to_string(),
-            "calibration": {
-                "base_scale": cal.base_scale,
-                "message_scale": cal.message_scale,
-                "step_scale": cal.step_scale,
-                "send_scale": cal.send_scale,
-                "recv_scale": cal.recv_scale,
-                "local_scale": cal.local_scale,
-                "bandwidth": cal.bandwidth,
-            },
-            "median_abs_error_before": report.median_abs_error(false),
-            "median_abs_error": report.median_abs_error(true),
-            "within_25pct": report.within(0.25),
-            "rows": report.rows.iter().map(|r| serde_json::json!({
-                "label": r.label,
-                "bytes": r.bytes,
-                "measured_us": r.measured_us,
-                "predicted_before_us": r.before_us,
-                "predicted_us": r.after_us,
-                "error": r.error(),
-            })).collect::<Vec<_>>(),
-        }));
+        let mut doc = report.to_json();
+        doc["topology"] = serde_json::json!(out.display().to_string());
+        print_json(&doc);
         return Ok(());
     }
-    println!(
-        "{:<28} {:>12} {:>13} {:>12} {:>8} {:>12} {:>8}",
-        "algorithm", "bytes", "measured_us", "before_us", "error", "after_us", "error"
-    );
-    for r in &report.rows {
-        println!(
-            "{:<28} {:>12} {:>13.2} {:>12.2} {:>7.0}% {:>12.2} {:>7.0}%",
-            r.label,
-            r.bytes,
-            r.measured_us,
-            r.before_us,
-            r.error_before() * 100.0,
-            r.after_us,
-            r.error() * 100.0
-        );
-    }
+    print!("{}", report.table());
     println!(
         "median |error| {:.0}% before, {:.0}% after; {:.0}% of rows within ±25%",
         report.median_abs_error(false) * 100.0,
@@ -206,18 +170,5 @@ fn collective_of(kind: CollectiveKind, root: u32) -> Collective {
         CollectiveKind::AllToAll => Collective::AllToAll,
         CollectiveKind::Broadcast => Collective::Broadcast { root },
         CollectiveKind::Reduce => Collective::Reduce { root },
-    }
-}
-
-fn load_plan(path: &Path) -> Result<PlanFile, CliError> {
-    let is_xml = path
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("xml"));
-    if is_xml {
-        Ok(hccl_ir::msccl::load_xml(path)
-            .map_err(CliError::input)?
-            .into_plan(&path.display().to_string()))
-    } else {
-        PlanFile::load(path).map_err(CliError::input)
     }
 }

@@ -38,7 +38,7 @@ pub struct CompileArgs {
 }
 
 /// Loads a plan file or imports an MSCCL algorithm (by its `.xml` extension).
-fn load_plan_or_xml(path: &Path) -> Result<PlanFile, CliError> {
+pub fn load_plan_or_xml(path: &Path) -> Result<PlanFile, CliError> {
     let is_xml = path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("xml"));
