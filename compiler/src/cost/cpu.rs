@@ -31,9 +31,8 @@
 
 use super::CostError;
 use super::model::CpuModel;
-use super::sim::{Estimate, Kind, NONE, Prepared, Simulator};
+use super::sim::{Estimate, Event, Kind, NONE, Prepared, Simulator};
 use hccl_ir::{CONNECTION_SLOTS, CollectiveKind, Protocol, StepRef};
-use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -48,32 +47,6 @@ enum Ev {
     Done(u32),
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Event {
-    time: f64,
-    seq: u64,
-    ev: Ev,
-}
-
-impl PartialEq for Event {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-impl Eq for Event {}
-impl PartialOrd for Event {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Event {
-    fn cmp(&self, other: &Self) -> Ordering {
-        self.time
-            .total_cmp(&other.time)
-            .then(self.seq.cmp(&other.seq))
-    }
-}
-
 struct State<'a> {
     sim: &'a Simulator,
     cpu: &'a CpuModel,
@@ -82,7 +55,7 @@ struct State<'a> {
     chunk_bytes: f64,
     /// Bytes per µs of each rank.
     bw: Vec<f64>,
-    heap: BinaryHeap<Reverse<Event>>,
+    heap: BinaryHeap<Event<Ev>>,
     seq: u64,
     pending: Vec<u32>,
     done: Vec<bool>,
@@ -158,9 +131,9 @@ pub(super) fn run(
             st.push(0.0, Ev::Ready(s));
         }
     }
-    while let Some(Reverse(e)) = st.heap.pop() {
+    while let Some(e) = st.heap.pop() {
         let now = e.time;
-        match e.ev {
+        match e.kind {
             Ev::Ready(s) => {
                 let step = &p.steps[s as usize];
                 if matches!(step.kind, Kind::Nop) {
@@ -242,11 +215,11 @@ fn segments(cpu: &CpuModel, p: &Prepared, bytes: u64, nranks: u64) -> u64 {
 impl State<'_> {
     fn push(&mut self, time: f64, ev: Ev) {
         self.seq += 1;
-        self.heap.push(Reverse(Event {
+        self.heap.push(Event {
             time,
             seq: self.seq,
-            ev,
-        }));
+            kind: ev,
+        });
     }
 
     /// The message a step sends (a send, or a forwarding receive), if any.

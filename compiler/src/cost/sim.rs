@@ -150,25 +150,27 @@ enum EventKind {
     Arrive(u32),
 }
 
+/// A timed event; ordered so that a `BinaryHeap` pops the earliest first, ties in push order
+/// (`seq`). Shared by the flow simulator and the CPU one ([`super::cpu`]).
 #[derive(Debug, Clone, Copy)]
-struct Event {
-    time: f64,
-    seq: u64,
-    kind: EventKind,
+pub(super) struct Event<K> {
+    pub(super) time: f64,
+    pub(super) seq: u64,
+    pub(super) kind: K,
 }
 
-impl PartialEq for Event {
+impl<K> PartialEq for Event<K> {
     fn eq(&self, other: &Self) -> bool {
         self.cmp(other) == Ordering::Equal
     }
 }
-impl Eq for Event {}
-impl PartialOrd for Event {
+impl<K> Eq for Event<K> {}
+impl<K> PartialOrd for Event<K> {
     fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
         Some(self.cmp(other))
     }
 }
-impl Ord for Event {
+impl<K> Ord for Event<K> {
     fn cmp(&self, other: &Self) -> Ordering {
         other
             .time
@@ -517,7 +519,7 @@ struct Run<'a> {
     mem_scale: f64,
     now: f64,
     seq: u64,
-    events: BinaryHeap<Event>,
+    events: BinaryHeap<Event<EventKind>>,
     pending: Vec<u32>,
     ready_at: Vec<f64>,
     /// When a relaying step's fused local work ends.
