@@ -40,6 +40,48 @@ pub struct Observation {
     pub label: String,
 }
 
+/// Measurements being gathered for [`fit`]: each distinct schedule stored once, under a key
+/// the caller chooses (a plan file and entry, a family and entry).
+#[derive(Debug, Default)]
+pub struct Measurements<K> {
+    pub schedules: Vec<Schedule>,
+    pub observations: Vec<Observation>,
+    index: std::collections::HashMap<K, usize>,
+}
+
+impl<K: std::hash::Hash + Eq> Measurements<K> {
+    pub fn new() -> Measurements<K> {
+        Measurements {
+            schedules: Vec::new(),
+            observations: Vec::new(),
+            index: std::collections::HashMap::new(),
+        }
+    }
+
+    /// Records that `entry` (known as `key`) took `measured_us` at `bytes`.
+    pub fn add(
+        &mut self,
+        key: K,
+        entry: &hccl_ir::PlanEntry,
+        bytes: u64,
+        measured_us: f64,
+        label: String,
+    ) {
+        let schedules = &mut self.schedules;
+        let schedule = *self.index.entry(key).or_insert_with(|| {
+            schedules.push(entry.schedule.clone());
+            schedules.len() - 1
+        });
+        self.observations.push(Observation {
+            schedule,
+            protocol: entry.protocol,
+            bytes,
+            measured_us,
+            label,
+        });
+    }
+}
+
 /// One observation's predictions.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FitRow {

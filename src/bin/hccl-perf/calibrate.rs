@@ -8,10 +8,10 @@
 
 use super::{Args, Backend, Failure, parse_choice};
 use hccl::compiler::cost::CostModel;
-use hccl::compiler::cost::calibrate::{self, Observation};
+use hccl::compiler::cost::calibrate::{self, Measurements};
 use hccl::compiler::families::all_families;
 use hccl::compiler::search;
-use hccl::ir::{PlanFile, Schedule};
+use hccl::ir::PlanFile;
 use hccl::topologies::{Calibration, Topology, TopologySpec};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -58,10 +58,9 @@ pub(crate) fn run(args: &Args, out: &Path) -> Result<(), Failure> {
     // Round 1 measures the plans the uncalibrated model compiles; round 2 those the model
     // fitted to round 1 compiles (more channels, other pipelines: what it would now pick),
     // and the final fit sees both.
-    let mut schedules: Vec<Schedule> = Vec::new();
-    let mut obs = Vec::new();
+    let mut gathered: Measurements<(usize, String, u64)> = Measurements::new();
     let mut skipped = Vec::new();
-    let mut measured = 0;
+    let mut families_measured = 0;
     let cores = hccl::executor::affinity::allowed_cpus().len() as u32;
     let start = Calibration {
         cores: Some(cores.max(1)),
@@ -71,31 +70,26 @@ pub(crate) fn run(args: &Args, out: &Path) -> Result<(), Failure> {
     let mut report = None;
     for round in 1..=2 {
         let runs = measure_round(args, &topo, &model, &families, &sizes, reps, round, &bar)?;
-        measured = measured.max(runs.0.len());
+        families_measured = families_measured.max(runs.0.len());
         if round == 1 {
             skipped = runs.1;
         }
         for run in &runs.0 {
-            let mut index_of = std::collections::HashMap::new();
             for (entry, bytes, time) in fastest(&run.reps) {
                 let Some(e) = run.plan.entries.get(entry as usize) else {
                     continue; // a control entry the child added: not this family's
                 };
-                let si = *index_of.entry(entry).or_insert_with(|| {
-                    schedules.push(e.schedule.clone());
-                    schedules.len() - 1
-                });
-                obs.push(Observation {
-                    schedule: si,
-                    protocol: e.protocol,
-                    bytes,
-                    measured_us: time,
-                    label: run.family.clone(),
-                });
+                let key = (round, run.family.clone(), entry);
+                gathered.add(key, e, bytes, time, run.family.clone());
             }
         }
-        let fitted = calibrate::fit(&topo_with(&topo, &start), &schedules, &obs, &source)
-            .map_err(|e| Failure::Runtime(format!("cannot fit the measurements: {e}")))?;
+        let fitted = calibrate::fit(
+            &topo_with(&topo, &start),
+            &gathered.schedules,
+            &gathered.observations,
+            &source,
+        )
+        .map_err(|e| Failure::Runtime(format!("cannot fit the measurements: {e}")))?;
         model = CostModel::uncalibrated_for(&topo).calibrated(&fitted.calibration);
         report = Some(fitted);
     }
@@ -103,7 +97,6 @@ pub(crate) fn run(args: &Args, out: &Path) -> Result<(), Failure> {
     let Some(report) = report else {
         return Err(Failure::Runtime("nothing measured".into()));
     };
-    let runs_len = measured;
     let mut spec: TopologySpec = topo.spec.clone();
     spec.calibration = Some(report.calibration.clone());
     if !spec.description.contains("calibrated") {
@@ -127,7 +120,7 @@ pub(crate) fn run(args: &Args, out: &Path) -> Result<(), Failure> {
     println!(
         "# hccl-perf --calibrate: {} on {n} ranks; {} families measured",
         coll.kind().name(),
-        runs_len
+        families_measured
     );
     for s in &skipped {
         println!("# skipped: {s}");

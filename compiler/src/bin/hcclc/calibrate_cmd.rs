@@ -9,8 +9,8 @@
 use crate::cli_error::{CliError, print_json};
 use crate::topo_cmd::load_topology;
 use clap::Args;
-use hccl_compiler::cost::calibrate::{self, Observation};
-use hccl_ir::{Collective, CollectiveKind, PlanFile, Schedule};
+use hccl_compiler::cost::calibrate::{self, Measurements};
+use hccl_ir::{Collective, CollectiveKind, PlanFile};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -35,9 +35,7 @@ pub struct CalibrateArgs {
 pub fn run(args: CalibrateArgs) -> Result<(), CliError> {
     let topo = load_topology(&args.topo)?;
     let mut plans: HashMap<PathBuf, PlanFile> = HashMap::new();
-    let mut schedules: Vec<Schedule> = Vec::new();
-    let mut index_of: HashMap<(PathBuf, String, usize), usize> = HashMap::new();
-    let mut obs = Vec::new();
+    let mut gathered: Measurements<(PathBuf, String, usize)> = Measurements::new();
     for path in &args.from {
         let text = std::fs::read_to_string(path)
             .map_err(|e| CliError::Input(format!("{}: cannot read: {e}", path.display())))?;
@@ -109,18 +107,13 @@ pub fn run(args: CalibrateArgs) -> Result<(), CliError> {
                     e.schedule.nranks
                 )));
             }
-            let key = (plan_path.clone(), kind_name.to_string(), entry);
-            let si = *index_of.entry(key).or_insert_with(|| {
-                schedules.push(e.schedule.clone());
-                schedules.len() - 1
-            });
-            obs.push(Observation {
-                schedule: si,
-                protocol: e.protocol,
+            gathered.add(
+                (plan_path.clone(), kind_name.to_string(), entry),
+                e,
                 bytes,
-                measured_us: time,
-                label: format!("{}/{}", e.algorithm, kind_name),
-            });
+                time,
+                format!("{}/{}", e.algorithm, kind_name),
+            );
         }
     }
     let source = format!(
@@ -131,7 +124,8 @@ pub fn run(args: CalibrateArgs) -> Result<(), CliError> {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    let report = calibrate::fit(&topo, &schedules, &obs, &source).map_err(CliError::input)?;
+    let report = calibrate::fit(&topo, &gathered.schedules, &gathered.observations, &source)
+        .map_err(CliError::input)?;
     let mut spec = topo.spec.clone();
     spec.calibration = Some(report.calibration.clone());
     let out = args.output.clone().unwrap_or_else(|| {
