@@ -42,12 +42,21 @@ pub use hccl_topologies as topologies;
 
 #[cfg(test)]
 mod tests {
-    /// The compiler's CPU model segments calls as the executor does: same slot size.
+    /// The compiler's CPU model segments calls as the executor does: same slot sizes, same LL
+    /// ring depth.
     #[test]
     fn cost_model_knows_the_executors_slot_size() {
         assert_eq!(
             crate::compiler::cost::EXECUTOR_SLOT_BYTES,
             crate::executor::config::DEFAULT_SLOT_BYTES as u64
+        );
+        assert_eq!(
+            crate::compiler::cost::EXECUTOR_LL_BYTES,
+            crate::executor::arena::LL_BYTES as u64
+        );
+        assert_eq!(
+            crate::compiler::cost::EXECUTOR_LL_SLOTS,
+            crate::executor::arena::LL_SLOTS
         );
     }
 }

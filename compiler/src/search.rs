@@ -231,6 +231,36 @@ pub fn compile_with_progress(
             "no protocols to compile for".into(),
         ));
     }
+    // Only the protocols the target's executor implements compete.
+    let offered: Vec<Protocol> = options
+        .protocols
+        .iter()
+        .copied()
+        .filter(|&p| options.model.offers(p))
+        .collect();
+    if offered.is_empty() {
+        let names: Vec<&str> = options.protocols.iter().map(|p| p.name()).collect();
+        return Err(SearchError::BadOptions(format!(
+            "none of the protocols {} runs on this target (it offers {})",
+            names.join(", "),
+            Protocol::ALL
+                .iter()
+                .filter(|&&p| options.model.offers(p))
+                .map(|p| p.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    let owned;
+    let options = if offered.len() == options.protocols.len() {
+        options
+    } else {
+        owned = Options {
+            protocols: offered,
+            ..options.clone()
+        };
+        &owned
+    };
     let mut sizes = options.sizes.clone();
     sizes.sort_unstable();
     sizes.dedup();

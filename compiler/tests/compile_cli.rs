@@ -144,6 +144,8 @@ fn bad_input_exits_2() {
             "allreduce",
         ],
         &["explain", "missing.plan.ron"],
+        &["compile", "dgx1-v100", "--proto", "LL256"],
+        &["compile", "dgx1-v100", "--proto", ","],
     ] {
         let out = hcclc(args, &dir);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stdout(&out));
@@ -171,5 +173,45 @@ fn bad_input_exits_2() {
     .unwrap();
     let out = hcclc(&["explain", "p.ron", "--topo", "c.ron"], &dir);
     assert_eq!(out.status.code(), Some(2));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--proto` restricts the protocols; a CPU host offers LL and Simple only, and asking it for
+/// LL128 alone is bad input that says what it offers.
+#[test]
+fn proto_restricts_protocols_and_cpu_hosts_offer_ll_and_simple() {
+    let dir = scratch("proto");
+    std::fs::write(
+        dir.join("h.ron"),
+        hccl_topologies::to_ron(&hccl_topologies::generate::host(2, 6.0)),
+    )
+    .unwrap();
+    let protocols = |args: &[&str]| -> Vec<String> {
+        let mut full = vec!["compile", "h.ron", "-c", "allreduce", "--sizes", "8..16M"];
+        full.extend_from_slice(args);
+        full.extend_from_slice(&["-o", "p.ron", "--json"]);
+        let out = hcclc(&full, &dir);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stdout(&out));
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let mut seen: Vec<String> = doc["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["protocol"].as_str().unwrap().to_string())
+            .collect();
+        seen.dedup();
+        seen
+    };
+    // The model's own choice: LL for small calls, Simple once LL's small slots cost more.
+    assert_eq!(protocols(&[]), ["LL", "Simple"]);
+    assert_eq!(protocols(&["--proto", "simple"]), ["Simple"]);
+    assert_eq!(protocols(&["--proto", "LL"]), ["LL"]);
+    let out = hcclc(
+        &["compile", "h.ron", "-c", "allreduce", "--proto", "LL128"],
+        &dir,
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("offers LL, Simple"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -6,6 +6,7 @@
 //! header  : magic | abort word | per rank: { pid, gone } (one line each)
 //! control : per connection: { sent (line) | consumed (line) | slot descriptors (line) }
 //! data    : per connection: CONNECTION_SLOTS slots of `slot_bytes`
+//! ll      : per connection: LL_SLOTS slots of { flag (8 bytes) | LL_BYTES of data }
 //! ```
 //!
 //! A connection is a single-producer single-consumer ring of [`CONNECTION_SLOTS`] message
@@ -24,7 +25,19 @@
 //! *materializes* it: it wins `POINTER → MATERIALIZING` by compare-and-swap, copies the data
 //! into the slot and stores `INLINE`. A receiver wins `POINTER → READING` instead and the
 //! sender then waits for its (bounded) read. Either way the IR's buffered-send semantics
-//! hold exactly: a send never waits for its receiver. The threads backend keeps
+//! hold exactly: a send never waits for its receiver.
+//!
+//! Entries of protocol LL (small messages) use the *LL slots* instead, NCCL's LL idea on
+//! CPUs: the message's flag and its first 56 bytes share one cache line. The sender writes
+//! the data after the flag word and then stores the flag (`seq + 1`, Release); the
+//! receiver polls that flag (Acquire) and finds the data in the line the poll brought in.
+//! A small message so costs its receiver one cache-line transfer instead of three (`sent`,
+//! the descriptor, the data). The flag of message `k` lives at the start of LL slot
+//! `k % LL_SLOTS`, a word only ever holding flags, and each slot's flags only grow, so a
+//! stale flag never passes for a new one. `sent` is not advanced for LL messages (the next
+//! regular message stores the full count), `consumed` is, as for any message; the LL ring
+//! is [`LL_SLOTS`] deep, so a sender rereads `consumed` (a line the receiver owns) only
+//! once every few messages. The threads backend keeps
 //! the region on the heap, the process backend in a file in `/dev/shm` mapped by every rank.
 
 use hccl_ir::CONNECTION_SLOTS;
@@ -42,6 +55,14 @@ pub(crate) const POINTER: u64 = 1;
 pub(crate) const READING: u64 = 2;
 /// The sender is copying the pointed-to data into the slot.
 pub(crate) const MATERIALIZING: u64 = 3;
+/// Depth of a connection's LL ring (the IR assumes [`CONNECTION_SLOTS`]; deeper only buffers
+/// more).
+pub const LL_SLOTS: usize = 8;
+/// Data capacity of one LL slot: calls of LL entries run in segments that fit it.
+pub const LL_BYTES: usize = 8192;
+/// Bytes between LL slots: the flag word, the data, rounded up to whole lines.
+const LL_STRIDE: usize = (8 + LL_BYTES).div_ceil(LINE) * LINE;
+
 /// Magic value at offset 0 (checked by ranks that map a region made by another).
 pub(crate) const MAGIC: u64 = 0x4843_434c_4152_4e31; // "HCCLARN1"
 
@@ -51,6 +72,7 @@ pub(crate) struct Layout {
     pub slot_bytes: usize,
     control: usize,
     data: usize,
+    ll: usize,
     pub total: usize,
 }
 
@@ -60,11 +82,13 @@ impl Layout {
         let slot_bytes = slot_bytes.div_ceil(LINE).max(1) * LINE;
         let control = 2 * LINE + nranks * LINE;
         let data = control + nconns * CTRL;
-        let total = data + nconns * CONNECTION_SLOTS * slot_bytes;
+        let ll = data + nconns * CONNECTION_SLOTS * slot_bytes;
+        let total = ll + nconns * LL_SLOTS * LL_STRIDE;
         Layout {
             slot_bytes,
             control,
             data,
+            ll,
             total,
         }
     }
@@ -219,5 +243,26 @@ impl Arena {
             self.base
                 .add(self.layout.data + idx * self.layout.slot_bytes)
         }
+    }
+
+    /// The flag word of LL slot `seq % LL_SLOTS` of connection `c`: `k + 1` once message `k`
+    /// is written there.
+    #[inline]
+    pub(crate) fn ll_flag(&self, c: u32, seq: u64) -> &AtomicU64 {
+        self.word(self.ll_offset(c, seq))
+    }
+
+    /// Start of the data of LL slot `seq % LL_SLOTS` of connection `c` (8-byte aligned,
+    /// [`LL_BYTES`] long, right after the flag in the same line).
+    #[inline]
+    pub(crate) fn ll_data(&self, c: u32, seq: u64) -> *mut u8 {
+        // SAFETY: in bounds of the region by the layout.
+        unsafe { self.base.add(self.ll_offset(c, seq) + 8) }
+    }
+
+    #[inline]
+    fn ll_offset(&self, c: u32, seq: u64) -> usize {
+        let idx = c as usize * LL_SLOTS + (seq % LL_SLOTS as u64) as usize;
+        self.layout.ll + idx * LL_STRIDE
     }
 }

@@ -325,7 +325,17 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
         entry.chunks
     })
     .max(1);
-    let cap = shared.config.slot_bytes / (es * entry.max_count.max(1) as usize);
+    // LL entries run in segments whose messages fit an LL slot (when a chunk of at least
+    // one element does); no message ever exceeds `slot_bytes`, which sizes scratch, hold
+    // buffers and what the network accepts.
+    let per_step = es * entry.max_count.max(1) as usize;
+    let ll_bytes = crate::arena::LL_BYTES.min(shared.config.slot_bytes);
+    let ll = entry.protocol == Protocol::LL && ll_bytes >= per_step;
+    let cap = if ll {
+        ll_bytes
+    } else {
+        shared.config.slot_bytes
+    } / per_step;
     if cap == 0 {
         return Err(ExecError::Invalid(format!(
             "plan entry {}: steps of {} chunks do not fit a {}-byte slot",
@@ -434,7 +444,7 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
         entry,
         &bufs,
         call,
-        (segs, seglen, stride, cpb),
+        (segs, seglen, stride, cpb, ll),
     );
     if let Some(net) = &shared.net {
         net.end_call();
@@ -473,7 +483,7 @@ fn run_segments(
     entry: &Entry,
     bufs: &Bufs,
     call: &Call,
-    (segs, seglen, stride, cpb): (u64, u64, u64, u64),
+    (segs, seglen, stride, cpb, ll): (u64, u64, u64, u64, bool),
 ) -> Result<()> {
     let rank = ctx.rank;
     for s in 0..segs {
@@ -486,6 +496,7 @@ fn run_segments(
             lo,
             len,
             maxc: len.div_ceil(cpb) as usize,
+            ll,
         };
         if let Err(e) = engine.run_segment(ctx, &entry.program, &geo, bufs, &call.kernels) {
             engine.settle_all(&shared.arena);

@@ -52,7 +52,7 @@
 //! elements of the slot, and a step moves as many elements as its user-buffer side holds
 //! (the full padded chunk between scratch locations).
 
-use crate::arena::{Arena, INLINE, MATERIALIZING, POINTER, READING};
+use crate::arena::{Arena, INLINE, LL_SLOTS, MATERIALIZING, POINTER, READING};
 use crate::dtype::Kernels;
 use crate::error::{ExecError, Result};
 use crate::program::{Instr, Kind, Program};
@@ -72,6 +72,9 @@ pub(crate) struct Geometry {
     pub len: u64,
     /// Largest chunk of the segment, in elements.
     pub maxc: usize,
+    /// Messages on this host's connections travel in LL slots (the entry's protocol is LL
+    /// and a message fits one, see [`crate::arena`]).
+    pub ll: bool,
 }
 
 impl Geometry {
@@ -244,13 +247,23 @@ impl EngineState {
         }
     }
 
+    /// Whether messages of connection `c` travel in LL slots in segment `geo`.
     #[inline]
-    fn can_send(&mut self, arena: &Arena, c: u32) -> bool {
+    fn ll(&self, geo: &Geometry, c: u32) -> bool {
+        geo.ll && self.remote.get(c as usize) == Some(&LOCAL)
+    }
+
+    #[inline]
+    fn can_send(&mut self, arena: &Arena, c: u32, ll: bool) -> bool {
         let c_ = c as usize;
-        if self.send_seq[c_] - self.peer_consumed[c_] < CONNECTION_SLOTS as u64 {
+        let depth = if ll { LL_SLOTS } else { CONNECTION_SLOTS } as u64;
+        if self.send_seq[c_] - self.peer_consumed[c_] < depth {
             return true;
         }
         self.peer_consumed[c_] = arena.consumed(c).load(Ordering::Acquire);
+        if ll {
+            return self.send_seq[c_] - self.peer_consumed[c_] < depth;
+        }
         if self.send_seq[c_] - self.peer_consumed[c_] >= CONNECTION_SLOTS as u64
             && self.remote[c_] == NET_OUT
             && let Some(net) = &self.net
@@ -262,10 +275,14 @@ impl EngineState {
     }
 
     #[inline]
-    fn can_recv(&mut self, arena: &Arena, c: u32) -> bool {
+    fn can_recv(&mut self, arena: &Arena, c: u32, ll: bool) -> bool {
         let c_ = c as usize;
         if self.recv_seq[c_] < self.peer_sent[c_] {
             return true;
+        }
+        if ll {
+            let seq = self.recv_seq[c_];
+            return arena.ll_flag(c, seq).load(Ordering::Acquire) == seq + 1;
         }
         self.peer_sent[c_] = arena.sent(c).load(Ordering::Acquire);
         if self.recv_seq[c_] >= self.peer_sent[c_]
@@ -418,6 +435,7 @@ impl EngineState {
         let es = geo.esize;
         let stride = geo.maxc * es;
         let n = ins.count;
+        let (ll_in, ll_out) = (self.ll(geo, ins.rconn), self.ll(geo, ins.sconn));
         const SEND: &str = "a free slot on its connection to";
         const RECV: &str = "a message from";
         let writes = matches!(
@@ -465,28 +483,28 @@ impl EngineState {
                     None
                 }
                 Kind::Send => {
-                    if !self.can_send(arena, ins.sconn) {
+                    if !self.can_send(arena, ins.sconn, ll_out) {
                         return Some((ins.send_peer, SEND));
                     }
                     self.send_from(arena, sc, ins, ins.src, None, geo, bufs);
                     None
                 }
                 Kind::Recv | Kind::RecvReduceCopy => {
-                    if !self.can_recv(arena, ins.rconn) {
+                    if !self.can_recv(arena, ins.rconn, ll_in) {
                         return Some((ins.recv_peer, RECV));
                     }
-                    self.recv_into(arena, ins, geo, bufs, k);
+                    self.recv_into(arena, sc, ins, geo, bufs, k);
                     None
                 }
                 Kind::RecvCopySend | Kind::RecvReduceCopySend => {
                     if self.phase[s] == 0 {
-                        if !self.can_recv(arena, ins.rconn) {
+                        if !self.can_recv(arena, ins.rconn, ll_in) {
                             return Some((ins.recv_peer, RECV));
                         }
-                        self.recv_into(arena, ins, geo, bufs, k);
+                        self.recv_into(arena, sc, ins, geo, bufs, k);
                         self.phase[s] = 1;
                     }
-                    if !self.can_send(arena, ins.sconn) {
+                    if !self.can_send(arena, ins.sconn, ll_out) {
                         return Some((ins.send_peer, SEND));
                     }
                     let clamp = (ins.kind == Kind::RecvReduceCopySend).then_some(ins.src);
@@ -495,16 +513,16 @@ impl EngineState {
                 }
                 Kind::RecvReduceSend => {
                     if self.phase[s] == 0 {
-                        if !self.can_recv(arena, ins.rconn) {
+                        if !self.can_recv(arena, ins.rconn, ll_in) {
                             return Some((ins.recv_peer, RECV));
                         }
-                        let direct = self.can_send(arena, ins.sconn);
+                        let direct = self.can_send(arena, ins.sconn, ll_out);
                         let out = if direct {
-                            arena.slot(ins.sconn, self.send_seq[ins.sconn as usize])
+                            self.out_slot(arena, ins.sconn, ll_out)
                         } else {
                             self.hold[s].ptr()
                         };
-                        let (msg, avail) = self.message(arena, ins.rconn, es);
+                        let (msg, avail) = self.message(arena, sc, ins.rconn, ll_in, es);
                         for i in 0..n {
                             let (sp, sl) = Self::loc(geo, bufs, ins.src, i);
                             let off = i as usize * stride;
@@ -512,17 +530,17 @@ impl EngineState {
                         }
                         self.consume(arena, ins.rconn);
                         if direct {
-                            self.publish_inline(arena, ins.sconn, n as usize * stride);
+                            self.publish_slot(arena, sc, ins.sconn, ll_out, n as usize * stride);
                             return None;
                         }
                         self.phase[s] = 1;
                     }
-                    if !self.can_send(arena, ins.sconn) {
+                    if !self.can_send(arena, ins.sconn, ll_out) {
                         return Some((ins.send_peer, SEND));
                     }
-                    let slot = arena.slot(ins.sconn, self.send_seq[ins.sconn as usize]);
+                    let slot = self.out_slot(arena, ins.sconn, ll_out);
                     crate::copy::copy(slot, self.hold[s].ptr(), n as usize * stride);
-                    self.publish_inline(arena, ins.sconn, n as usize * stride);
+                    self.publish_slot(arena, sc, ins.sconn, ll_out, n as usize * stride);
                     None
                 }
             }
@@ -570,7 +588,8 @@ impl EngineState {
             self.publish_net(c, &segs);
             return;
         }
-        if sc && ins.count == 1 {
+        let ll = self.ll(geo, c);
+        if sc && !ll && ins.count == 1 {
             let (p, l) = chunk(0);
             if l * es >= SINGLE_COPY_MIN {
                 let (state, ptr, len) = arena.desc(c, seq);
@@ -587,19 +606,46 @@ impl EngineState {
                 return;
             }
         }
-        let slot = arena.slot(c, seq);
+        let slot = self.out_slot(arena, c, ll);
         for i in 0..ins.count {
             let (p, l) = chunk(i);
             // SAFETY: per the caller's contract.
             unsafe { crate::copy::copy(slot.add(i as usize * geo.maxc * es), p, l * es) };
         }
-        self.publish_inline(arena, c, ins.count as usize * geo.maxc * es);
+        self.publish_slot(arena, sc, c, ll, ins.count as usize * geo.maxc * es);
+    }
+
+    /// Where the next message of `c` is written: its LL slot or its regular slot.
+    #[inline]
+    fn out_slot(&self, arena: &Arena, c: u32, ll: bool) -> *mut u8 {
+        let seq = self.send_seq[c as usize];
+        if ll {
+            arena.ll_data(c, seq)
+        } else {
+            arena.slot(c, seq)
+        }
+    }
+
+    /// Publishes the next message of `c`, written at [`EngineState::out_slot`] (its first
+    /// `bytes`): an LL flag, or the slot marked as holding the data (`sc`: descriptors are
+    /// in use) and `sent` advanced.
+    #[inline]
+    fn publish_slot(&mut self, arena: &Arena, sc: bool, c: u32, ll: bool, bytes: usize) {
+        if ll {
+            let c_ = c as usize;
+            let seq = self.send_seq[c_];
+            self.send_seq[c_] = seq + 1;
+            arena.ll_flag(c, seq).store(seq + 1, Ordering::Release);
+            self.progressed = true;
+            return;
+        }
+        self.publish_inline(arena, sc, c, bytes);
     }
 
     /// Marks the next message of `c` as held in its slot (its first `bytes`) and publishes
     /// it.
     #[inline]
-    fn publish_inline(&mut self, arena: &Arena, c: u32, bytes: usize) {
+    fn publish_inline(&mut self, arena: &Arena, sc: bool, c: u32, bytes: usize) {
         if self.remote[c as usize] == NET_OUT {
             let seg = crate::net::proto::Seg {
                 off: 0,
@@ -609,15 +655,24 @@ impl EngineState {
             self.publish_net(c, &[seg]);
             return;
         }
-        let (state, _, _) = arena.desc(c, self.send_seq[c as usize]);
-        state.store(INLINE, Ordering::Relaxed);
+        if sc {
+            // Without single copy no descriptor ever leaves INLINE: neither side touches it.
+            let (state, _, _) = arena.desc(c, self.send_seq[c as usize]);
+            state.store(INLINE, Ordering::Relaxed);
+        }
         self.publish(arena, c);
     }
 
     /// Where the next message of `c` can be read, and how many elements it holds at most
     /// (`usize::MAX` for a padded slot).
-    fn message(&self, arena: &Arena, c: u32, es: usize) -> (*const u8, usize) {
+    fn message(&self, arena: &Arena, sc: bool, c: u32, ll: bool, es: usize) -> (*const u8, usize) {
         let seq = self.recv_seq[c as usize];
+        if ll {
+            return (arena.ll_data(c, seq), usize::MAX);
+        }
+        if !sc {
+            return (arena.slot(c, seq), usize::MAX);
+        }
         let (state, ptr, len) = arena.desc(c, seq);
         let mut spins = 0u32;
         loop {
@@ -671,6 +726,7 @@ impl EngineState {
     unsafe fn recv_into(
         &mut self,
         arena: &Arena,
+        sc: bool,
         ins: &Instr,
         geo: &Geometry,
         bufs: &Bufs,
@@ -678,7 +734,8 @@ impl EngineState {
     ) {
         let es = geo.esize;
         let stride = geo.maxc * es;
-        let (msg, avail) = self.message(arena, ins.rconn, es);
+        let ll = self.ll(geo, ins.rconn);
+        let (msg, avail) = self.message(arena, sc, ins.rconn, ll, es);
         let reduces = matches!(ins.kind, Kind::RecvReduceCopy | Kind::RecvReduceCopySend);
         for i in 0..ins.count {
             let (dp, dl) = Self::loc(geo, bufs, ins.dst, i);

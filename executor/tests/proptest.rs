@@ -1,11 +1,11 @@
 //! Property test: random rank counts, element counts, data types, operators, collectives,
-//! placements and schedule shapes all match the sequential reference.
+//! placements, schedule shapes and protocols all match the sequential reference.
 
 mod common;
 
 use common::{Case, config, run_cases};
 use hccl_executor::{DataType, ReduceOp, fallback};
-use hccl_ir::Collective;
+use hccl_ir::{Collective, Protocol};
 use proptest::prelude::*;
 
 fn collective(n: u32) -> impl Strategy<Value = Collective> {
@@ -19,19 +19,24 @@ fn collective(n: u32) -> impl Strategy<Value = Collective> {
     ]
 }
 
-fn scenario() -> impl Strategy<Value = (u32, u32, u32, usize, Case)> {
+/// Rank count, channels, pipelined parts, slot bytes, protocol (LL slots or regular), call.
+type Scenario = (u32, u32, u32, usize, Protocol, Case);
+
+fn scenario() -> impl Strategy<Value = Scenario> {
     (
         1u32..=5,
         1u32..=3,
         1u32..=3,
         prop_oneof![Just(64usize), Just(4096), Just(1 << 20)],
+        prop_oneof![Just(Protocol::LL), Just(Protocol::Simple)],
     )
-        .prop_flat_map(|(n, channels, parts, slot)| {
+        .prop_flat_map(|(n, channels, parts, slot, proto)| {
             (
                 Just(n),
                 Just(channels),
                 Just(parts),
                 Just(slot),
+                Just(proto),
                 collective(n),
                 0usize..400,
                 0usize..DataType::ALL.len(),
@@ -41,7 +46,7 @@ fn scenario() -> impl Strategy<Value = (u32, u32, u32, usize, Case)> {
             )
         })
         .prop_map(
-            |(n, channels, parts, slot, coll, base, d, o, in_place, seed)| {
+            |(n, channels, parts, slot, proto, coll, base, d, o, in_place, seed)| {
                 let count = match coll {
                     Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => {
                         base / n as usize * n as usize
@@ -56,7 +61,7 @@ fn scenario() -> impl Strategy<Value = (u32, u32, u32, usize, Case)> {
                     count,
                     seed,
                 };
-                (n, channels, parts, slot, case)
+                (n, channels, parts, slot, proto, case)
             },
         )
 }
@@ -64,9 +69,13 @@ fn scenario() -> impl Strategy<Value = (u32, u32, u32, usize, Case)> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
     #[test]
-    fn random_calls_match_the_reference((n, channels, parts, slot, case) in scenario()) {
+    fn random_calls_match_the_reference((n, channels, parts, slot, proto, case) in scenario()) {
         let cfg = config().with_slot_bytes(slot);
-        let errors = run_cases(fallback::plan_with(n, channels, parts), n, cfg, &[case]);
+        let mut plan = fallback::plan_with(n, channels, parts);
+        for e in &mut plan.entries {
+            e.protocol = proto;
+        }
+        let errors = run_cases(plan, n, cfg, &[case]);
         prop_assert!(errors.is_empty(), "{:?}", errors);
     }
 }

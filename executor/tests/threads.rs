@@ -117,6 +117,43 @@ fn shapes_and_segments() {
     }
 }
 
+/// Entries of protocol LL (small calls, in LL slots) and Simple (larger calls, in regular
+/// slots) of the same schedules share every connection; calls alternate between them, and
+/// LL calls larger than an LL slot run in segments. Every result matches the reference.
+#[test]
+fn ll_and_simple_entries_share_connections() {
+    use hccl_executor::arena::LL_BYTES;
+    use hccl_ir::Protocol;
+    for n in [2u32, 3, 4] {
+        for (channels, parts) in [(1u32, 1u32), (2, 2)] {
+            let mut plan = fallback::plan_with(n, channels, parts);
+            let split = 3 * LL_BYTES as u64;
+            let mut entries = Vec::new();
+            for e in plan.entries.drain(..) {
+                let mut ll = e.clone();
+                ll.protocol = Protocol::LL;
+                ll.max_bytes = Some(split);
+                let mut simple = e;
+                simple.protocol = Protocol::Simple;
+                simple.min_bytes = split;
+                entries.extend([ll, simple]);
+            }
+            plan.entries = entries;
+            // Element counts that switch protocol on every call for 4-byte elements (LL up
+            // to 6144) and that make 1-byte LL calls of several segments.
+            let counts = [1, 9000, 5, 3000 + 7, 13];
+            let cases = cases_for(n, &counts, &[DataType::F32, DataType::U8]);
+            let errors = run_cases(plan, n, config(), &cases);
+            assert!(
+                errors.is_empty(),
+                "n={n} channels={channels} parts={parts}: {} failures: {:#?}",
+                errors.len(),
+                &errors[..errors.len().min(5)]
+            );
+        }
+    }
+}
+
 #[test]
 fn large_counts() {
     for n in [2u32, 4] {

@@ -87,6 +87,23 @@ impl Protocol {
             .into_iter()
             .find(|p| p.name().eq_ignore_ascii_case(name))
     }
+
+    /// Parses a comma-separated list of protocol names (`LL,Simple`, any case), without
+    /// repeats; an empty list or an unknown name is an error saying which.
+    pub fn parse_list(text: &str) -> Result<Vec<Protocol>, String> {
+        let mut out = Vec::new();
+        for name in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let p = Protocol::from_name(name)
+                .ok_or_else(|| format!("unknown protocol `{name}` (known: LL, LL128, Simple)"))?;
+            if !out.contains(&p) {
+                out.push(p);
+            }
+        }
+        if out.is_empty() {
+            return Err("no protocol given".into());
+        }
+        Ok(out)
+    }
 }
 
 impl std::fmt::Display for Protocol {

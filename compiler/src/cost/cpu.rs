@@ -30,7 +30,7 @@
 //! Messages between hosts are not modelled here: CPU clusters keep the flow model.
 
 use super::CostError;
-use super::model::CpuModel;
+use super::model::{CpuModel, EXECUTOR_LL_SLOTS};
 use super::sim::{Estimate, Event, Kind, NONE, Prepared, Simulator};
 use hccl_ir::{CONNECTION_SLOTS, CollectiveKind, Protocol, StepRef};
 use std::collections::BinaryHeap;
@@ -52,6 +52,8 @@ struct State<'a> {
     cpu: &'a CpuModel,
     p: &'a Prepared,
     protocol: Protocol,
+    /// Messages a connection buffers: [`CONNECTION_SLOTS`], or the LL ring's depth.
+    depth: usize,
     chunk_bytes: f64,
     /// Bytes per µs of each rank.
     bw: Vec<f64>,
@@ -88,13 +90,18 @@ pub(super) fn run(
     // The working set is the whole call's, whatever the segments.
     let scale = sim.model.bandwidth_factor(bytes);
     let nranks = sim.network.mem_bw.len();
-    let segs = segments(cpu, p, bytes, nranks as u64);
+    let segs = segments(cpu, p, bytes, nranks as u64, protocol);
     let seg_bytes = bytes as f64 / segs as f64;
     let mut st = State {
         sim,
         cpu,
         p,
         protocol,
+        depth: if protocol == Protocol::LL {
+            EXECUTOR_LL_SLOTS
+        } else {
+            CONNECTION_SLOTS
+        },
         chunk_bytes: seg_bytes / f64::from(p.chunks),
         bw: sim
             .network
@@ -197,7 +204,7 @@ pub(super) fn run(
 /// How many segments the executor cuts a call of `bytes` into (`hccl_executor::comm`): a
 /// segment gives each chunk at most `slot_bytes / max_count` bytes, so that every step
 /// fits a slot.
-fn segments(cpu: &CpuModel, p: &Prepared, bytes: u64, nranks: u64) -> u64 {
+fn segments(cpu: &CpuModel, p: &Prepared, bytes: u64, nranks: u64, protocol: Protocol) -> u64 {
     let blocked = matches!(
         p.collective.kind(),
         CollectiveKind::AllGather | CollectiveKind::ReduceScatter | CollectiveKind::AllToAll
@@ -207,7 +214,15 @@ fn segments(cpu: &CpuModel, p: &Prepared, bytes: u64, nranks: u64) -> u64 {
     } else {
         (bytes, u64::from(p.chunks))
     };
-    let per_chunk = cpu.slot_bytes / u64::from(p.max_count.max(1));
+    let max_count = u64::from(p.max_count.max(1));
+    // LL entries use the LL slots when a step's chunks fit one (at one byte each at least).
+    let ll_bytes = cpu.ll_bytes.min(cpu.slot_bytes);
+    let slot = if protocol == Protocol::LL && ll_bytes >= max_count {
+        ll_bytes
+    } else {
+        cpu.slot_bytes
+    };
+    let per_chunk = slot / max_count;
     let segmax = (per_chunk * chunks_per_block.max(1)).max(1);
     stride.div_ceil(segmax).max(1)
 }
@@ -247,7 +262,7 @@ impl State<'_> {
         if out != NONE {
             let c = self.p.msg_conn[out as usize] as usize;
             let k = out - self.p.conn_base[c];
-            if k as usize >= self.credits[c] as usize + CONNECTION_SLOTS {
+            if k as usize >= self.credits[c] as usize + self.depth {
                 return false;
             }
         }

@@ -22,7 +22,10 @@ pub mod sim;
 
 pub use baseline::{Baseline, NcclAlgo, NcclChoice, NcclTopo};
 pub use bounds::Bound;
-pub use model::{CostModel, CpuModel, EXECUTOR_SLOT_BYTES, LinkClass};
+pub use model::{
+    CPU_LL_MESSAGE, CostModel, CpuModel, EXECUTOR_LL_BYTES, EXECUTOR_LL_SLOTS, EXECUTOR_SLOT_BYTES,
+    LinkClass,
+};
 pub use network::{Network, Route};
 pub use sim::{Estimate, Prepared, Simulator};
 

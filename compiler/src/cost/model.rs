@@ -80,11 +80,19 @@ pub struct CpuModel {
     /// The executor's slot size (`HCCL_SLOT_BYTES`, default 256 KiB): a call whose chunks do
     /// not fit is replayed in segments, one after the other.
     pub slot_bytes: u64,
+    /// The executor's LL slot size (`hccl_executor::arena::LL_BYTES`): calls of LL entries
+    /// run in segments whose messages fit it.
+    pub ll_bytes: u64,
 }
 
 /// The executor's default slot size (`hccl_executor::config::DEFAULT_SLOT_BYTES`; the facade's
 /// tests check that both agree).
 pub const EXECUTOR_SLOT_BYTES: u64 = 256 * 1024;
+/// The executor's LL slot size (`hccl_executor::arena::LL_BYTES`; checked as above).
+pub const EXECUTOR_LL_BYTES: u64 = 8192;
+/// Depth of the executor's LL rings (`hccl_executor::arena::LL_SLOTS`): an LL send waits
+/// for a free slot only this many messages ahead.
+pub const EXECUTOR_LL_SLOTS: usize = 8;
 
 impl Default for CpuModel {
     fn default() -> CpuModel {
@@ -95,9 +103,16 @@ impl Default for CpuModel {
             local_weight: 1.0,
             cores: None,
             slot_bytes: EXECUTOR_SLOT_BYTES,
+            ll_bytes: EXECUTOR_LL_BYTES,
         }
     }
 }
+
+/// The CPU models' per-message and per-collective latency (µs), before calibration.
+const CPU_MESSAGE_US: f64 = 0.15;
+/// An LL message's latency against a Simple one's on a CPU host: its receiver waits for one
+/// cache line (flag and data together) instead of three (`sent`, descriptor, data).
+pub const CPU_LL_MESSAGE: f64 = 0.7;
 
 /// Every constant the simulator uses. [`CostModel::default`] is the NCCL-derived table of
 /// the module documentation; tests and experiments may build their own.
@@ -123,6 +138,10 @@ pub struct CostModel {
     /// bandwidth curve scales every bandwidth by the collective's size
     /// ([`CostModel::bandwidth_factor`]).
     pub calibration: Option<Calibration>,
+    /// The protocols the target's executor implements (LL, LL128, Simple): only these
+    /// compete in a search. Any protocol can still be simulated (an entry of a plan made
+    /// elsewhere), as the executor would run it.
+    pub offered: [bool; 3],
 }
 
 impl Default for CostModel {
@@ -136,6 +155,7 @@ impl Default for CostModel {
             fused_reduce_passes: 2.0,
             cpu: None,
             calibration: None,
+            offered: [true; 3],
         }
     }
 }
@@ -151,9 +171,19 @@ impl CostModel {
     ///
     /// On one host the ranks are modelled as the executor runs them ([`CpuModel`], see
     /// [`super::cpu`]): each rank one thread doing its steps' memory work in turn.
+    ///
+    /// The CPU executor implements LL (small messages whose flag shares the data's cache
+    /// line, in small slots: `hccl_executor::arena`) and Simple; it runs an LL128 entry as
+    /// Simple, so LL128 is not offered.
     pub fn cpu_host() -> CostModel {
+        let mut message_us = [[CPU_MESSAGE_US; 3]; 3];
+        for row in &mut message_us {
+            row[proto_index(Protocol::LL)] = CPU_MESSAGE_US * CPU_LL_MESSAGE;
+        }
         CostModel {
             cpu: Some(CpuModel::default()),
+            message_us,
+            offered: [true, false, true],
             ..CostModel::cpu_cluster()
         }
     }
@@ -164,13 +194,22 @@ impl CostModel {
     /// the topology's: the route's hop latencies (the NIC's port latency, by default TCP over
     /// Ethernet, about 25 µs NIC to NIC) and the NIC's bandwidth, which it shares max-min
     /// fairly with the host's other ranks.
+    ///
+    /// Only Simple is offered: the flow model does not see what LL changes on a host (a
+    /// cache line less per message, smaller slots), and between hosts LL buys nothing.
     pub fn cpu_cluster() -> CostModel {
         CostModel {
             efficiency: [1.0, 1.0, 1.0],
-            base_us: [0.15, 0.15, 0.15],
-            message_us: [[0.15; 3], [0.15; 3], [0.15; 3]],
+            base_us: [CPU_MESSAGE_US; 3],
+            message_us: [[CPU_MESSAGE_US; 3]; 3],
+            offered: [false, false, true],
             ..CostModel::default()
         }
+    }
+
+    /// Whether the target's executor implements `protocol` (see [`CostModel::offered`]).
+    pub fn offers(&self, protocol: Protocol) -> bool {
+        self.offered[proto_index(protocol)]
     }
 
     /// The model that fits `topo`: [`CostModel::cpu_host`] when every rank is a CPU (one

@@ -33,7 +33,7 @@ use hccl::executor::{
     Bootstrap, Buffers, Communicator, Config, DataType, Element, ExecError, ProcessGroup, ReduceOp,
     ThreadGroup,
 };
-use hccl::ir::{Collective, CollectiveKind, PlanFile};
+use hccl::ir::{Collective, CollectiveKind, PlanFile, Protocol};
 use hccl::topologies::Topology;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -93,6 +93,10 @@ struct Args {
     /// `HCCL_ALGO` does the same; the `algorithm` column always shows what ran.
     #[arg(long)]
     algo: Option<String>,
+    /// Compile the default plan with these protocols only (comma-separated: LL, LL128,
+    /// Simple; a CPU host runs LL and Simple). Without `--plan`, `HCCL_PROTO` does the same.
+    #[arg(long, value_name = "LIST")]
+    proto: Option<String>,
     /// Compile the default plan for this topology file (e.g. one written by `--calibrate`)
     /// instead of this machine as probed.
     #[arg(long, value_name = "TOPO.ron")]
@@ -805,6 +809,7 @@ fn obtain_plan(
         sizes: search::geometric_sizes(8.min(args.min_bytes), args.max_bytes.max(8), 2),
         algorithms: forced.clone().map(|a| vec![a]),
         model: hccl::compiler::cost::CostModel::for_topology(&topo),
+        protocols: forced_protocols(args)?,
         ..search::Options::default()
     };
     let compiled = search::compile(&topo, &options).map_err(|e| match &forced {
@@ -851,6 +856,21 @@ fn user_plan_file(args: &Args) -> Option<PathBuf> {
     args.plan
         .as_ref()
         .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))
+}
+
+/// The protocols the default plan is compiled with: `--proto`, else `HCCL_PROTO`, else all.
+fn forced_protocols(args: &Args) -> Result<Vec<Protocol>, Failure> {
+    let text = args.proto.clone().or_else(|| {
+        std::env::var("HCCL_PROTO")
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+    });
+    match text {
+        Some(text) => {
+            Protocol::parse_list(&text).map_err(|e| Failure::Usage(format!("--proto: {e}")))
+        }
+        None => Ok(Protocol::ALL.to_vec()),
+    }
 }
 
 /// The family the default plan is compiled from: `--algo`, else `HCCL_ALGO`.

@@ -26,6 +26,10 @@ pub struct CompileArgs {
     /// Only consider these algorithms (comma-separated family names).
     #[arg(long, value_name = "NAME")]
     pub algo: Option<String>,
+    /// Only consider these protocols (comma-separated: LL, LL128, Simple); default every
+    /// protocol the target's executor implements (CPU hosts: LL and Simple).
+    #[arg(long, value_name = "LIST")]
+    pub proto: Option<String>,
     /// Output plan file; default `<topology stem>.plan.ron` in the current directory.
     #[arg(short = 'o', long = "output", value_name = "PLAN")]
     pub output: Option<PathBuf>,
@@ -132,6 +136,15 @@ pub fn parse_sizes(text: Option<&str>) -> Result<Vec<u64>, CliError> {
     Ok(search::geometric_sizes(min, max, 2))
 }
 
+/// Parses `--proto LL,Simple` (every protocol when absent).
+pub fn parse_protocols(text: Option<&str>) -> Result<Vec<hccl_ir::Protocol>, CliError> {
+    match text {
+        Some(text) => hccl_ir::Protocol::parse_list(text)
+            .map_err(|e| CliError::Input(format!("--proto: {e}"))),
+        None => Ok(hccl_ir::Protocol::ALL.to_vec()),
+    }
+}
+
 fn parse_collectives(text: Option<&str>) -> Result<Vec<CollectiveKind>, CliError> {
     let Some(text) = text else {
         return Ok(CollectiveKind::ALL.to_vec());
@@ -201,6 +214,7 @@ pub fn compile(args: CompileArgs) -> Result<(), CliError> {
         }),
         extra: external_candidates(&args.with, &topo)?,
         model: hccl_compiler::cost::CostModel::for_topology(&topo),
+        protocols: parse_protocols(args.proto.as_deref())?,
         ..Options::default()
     };
     let bar = progress_bar();
