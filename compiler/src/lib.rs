@@ -5,3 +5,4 @@ pub mod builder;
 pub mod cost;
 pub mod families;
 pub mod search;
+pub mod synth;

@@ -126,6 +126,7 @@ pub fn all_families() -> Vec<Box<dyn Family>> {
         Box::new(Pairwise),
         Box::new(Bruck),
         Box::new(TwoPhase),
+        Box::new(crate::synth::PackedTrees),
     ]
 }
 
