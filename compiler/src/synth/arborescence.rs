@@ -198,7 +198,10 @@ mod tests {
                     assert!(is_arborescence(&parent, root));
                     let got = total(&parent, &cost);
                     let want = brute(n, root, &cost);
-                    assert!((got - want).abs() < 1e-9, "n={n} root={root}: {got} vs {want}");
+                    assert!(
+                        (got - want).abs() < 1e-9,
+                        "n={n} root={root}: {got} vs {want}"
+                    );
                 }
             }
         }

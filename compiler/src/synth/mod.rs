@@ -22,7 +22,9 @@ use crate::families::tree::{Tree, tree_chunk};
 use crate::families::{Candidate, Family, FamilyParams};
 use hccl_ir::{Collective, CollectiveKind, Loc};
 use hccl_topologies::Topology;
-pub use packing::{Direction, MAX_TREES, Packing, pack};
+pub use packing::{Direction, MAX_TREES, Packing, Pool, grow_pool, pack, prune};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 use thiserror::Error;
 
 /// Why a synthesis produced nothing.
@@ -40,6 +42,37 @@ pub enum SynthError {
 pub const SYNTH_MAX_RANKS: u32 = 32;
 /// Chunk counts (pipeline depths) the packed-tree family is compiled with.
 const PIPELINES: [u32; 4] = [16, 64, 256, 1024];
+/// Tree limits (channels) the packed-tree family is compiled with, besides the LP's own
+/// support: fewer trees give each a deeper pipeline for the same chunk count.
+const TREE_LIMITS: [u32; 2] = [4, 8];
+
+/// Pools already priced, by topology hash, root and direction: a search asks for the same
+/// packing once per parameter set, and recompiling a topology reuses them.
+fn pool_for(topo: &Topology, root: u32, direction: Direction) -> Option<Arc<Pool>> {
+    type Key = (String, u32, Direction);
+    static CACHE: OnceLock<Mutex<HashMap<Key, Option<Arc<Pool>>>>> = OnceLock::new();
+    let key = (topo.hash.clone(), root, direction);
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    if let Some(found) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        return found.clone();
+    }
+    let pool = grow_pool(&Network::new(topo), root, direction)
+        .ok()
+        .map(Arc::new);
+    cache
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(key, pool.clone());
+    pool
+}
+
+fn root_and_direction(collective: Collective) -> Option<(u32, Direction)> {
+    match collective {
+        Collective::Broadcast { root } => Some((root, Direction::FromRoot)),
+        Collective::Reduce { root } => Some((root, Direction::ToRoot)),
+        _ => None,
+    }
+}
 
 /// Broadcast and Reduce over an LP packing of spanning trees ([`packing`]).
 #[derive(Debug, Clone, Copy, Default)]
@@ -54,17 +87,28 @@ impl Family for PackedTrees {
         matches!(kind, CollectiveKind::Broadcast | CollectiveKind::Reduce)
     }
 
-    fn param_space(&self, topo: &Topology, _collective: Collective) -> Vec<FamilyParams> {
+    /// Chunk counts × tree limits: the LP's whole support (at most [`MAX_TREES`]) and the
+    /// smaller limits below it.
+    fn param_space(&self, topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
         if topo.nranks() < 2 || topo.nranks() > SYNTH_MAX_RANKS {
             return Vec::new();
         }
-        PIPELINES
-            .iter()
-            .map(|&pipeline| FamilyParams {
-                channels: MAX_TREES as u32,
-                pipeline,
-            })
-            .collect()
+        let Some((root, direction)) = root_and_direction(collective) else {
+            return Vec::new();
+        };
+        let Some(pool) = pool_for(topo, root, direction) else {
+            return Vec::new();
+        };
+        let support = (pool.support() as u32).clamp(1, MAX_TREES as u32);
+        let mut limits: Vec<u32> = TREE_LIMITS.into_iter().filter(|&k| k < support).collect();
+        limits.push(support);
+        let mut out = Vec::new();
+        for &channels in &limits {
+            for &pipeline in &PIPELINES {
+                out.push(FamilyParams { channels, pipeline });
+            }
+        }
+        out
     }
 
     fn schedules(
@@ -74,10 +118,8 @@ impl Family for PackedTrees {
         params: FamilyParams,
         in_place: bool,
     ) -> Vec<Candidate> {
-        let (root, direction) = match collective {
-            Collective::Broadcast { root } => (root, Direction::FromRoot),
-            Collective::Reduce { root } => (root, Direction::ToRoot),
-            _ => return Vec::new(),
+        let Some((root, direction)) = root_and_direction(collective) else {
+            return Vec::new();
         };
         let n = topo.nranks();
         if n == 1 {
@@ -86,7 +128,10 @@ impl Family for PackedTrees {
         if n > SYNTH_MAX_RANKS {
             return Vec::new();
         }
-        let Ok(packing) = pack(&Network::new(topo), root, direction) else {
+        let Some(pool) = pool_for(topo, root, direction) else {
+            return Vec::new();
+        };
+        let Ok(packing) = prune(&pool, params.channels.max(1) as usize) else {
             return Vec::new();
         };
         lower(self.name(), &packing, collective, params.pipeline, in_place)

@@ -24,8 +24,8 @@ use good_lp::{
 };
 use std::collections::HashMap;
 
-/// Trees kept in a packing: every tree is a channel of the lowered schedule.
-pub const MAX_TREES: usize = 8;
+/// Most trees a packing keeps: every tree is a channel of the lowered schedule.
+pub const MAX_TREES: usize = 16;
 /// Pricing rounds per rank (the pool grows by at most one tree per round).
 const ROUNDS_PER_RANK: usize = 6;
 /// Least pricing rounds.
@@ -36,7 +36,7 @@ const EPSILON: f64 = 0.25;
 const MIN_SHARE: f64 = 0.01;
 
 /// Direction of a packing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Direction {
     /// Data leaves the root (Broadcast): tree edge `parent → child`.
     FromRoot,
@@ -63,8 +63,43 @@ pub struct Packing {
 /// Resources a tree occupies, with multiplicity (sorted by resource).
 type Usage = Vec<(u32, f64)>;
 
-/// Packs spanning arborescences rooted at `root` on `net`'s routes (see the module docs).
+/// Packs at most [`MAX_TREES`] spanning arborescences rooted at `root` on `net`'s routes (see
+/// the module docs).
 pub fn pack(net: &Network, root: u32, direction: Direction) -> Result<Packing, SynthError> {
+    prune(&grow_pool(net, root, direction)?, MAX_TREES)
+}
+
+/// The priced trees and their optimal weights over the whole pool.
+#[derive(Debug, Clone)]
+pub struct Pool {
+    pub root: u32,
+    pub direction: Direction,
+    /// Trees with the resources they occupy.
+    trees: Vec<(Vec<Option<u32>>, Usage)>,
+    /// The LP's weight of every tree.
+    weights: Vec<f64>,
+    /// Capacity of every resource (GB/s).
+    capacity: Vec<f64>,
+}
+
+impl Pool {
+    /// Rate of the LP over the whole pool (GB/s).
+    pub fn rate(&self) -> f64 {
+        self.weights.iter().sum()
+    }
+
+    /// Trees the LP gives a share of at least 1% of the rate.
+    pub fn support(&self) -> usize {
+        let rate = self.rate();
+        self.weights
+            .iter()
+            .filter(|&&w| w > MIN_SHARE * rate)
+            .count()
+    }
+}
+
+/// Prices trees for `root` and weighs them by the LP (see the module docs).
+pub fn grow_pool(net: &Network, root: u32, direction: Direction) -> Result<Pool, SynthError> {
     let n = net.nranks() as usize;
     if root as usize >= n {
         return Err(SynthError::Instance(format!(
@@ -72,14 +107,9 @@ pub fn pack(net: &Network, root: u32, direction: Direction) -> Result<Packing, S
         )));
     }
     if n == 1 {
-        return Ok(Packing {
-            root,
-            direction,
-            trees: vec![(vec![None], f64::INFINITY)],
-            rate: f64::INFINITY,
-            pool_rate: f64::INFINITY,
-            pool: 1,
-        });
+        return Err(SynthError::Instance(
+            "a single rank has nothing to send".into(),
+        ));
     }
     // Route of every tree edge u → v (data direction), indexed u·n + v.
     let pairs: Vec<(u32, u32)> = (0..n as u32)
@@ -135,17 +165,44 @@ pub fn pack(net: &Network, root: u32, direction: Direction) -> Result<Packing, S
         }
     }
     let weights = solve_lp(&pool, &cap)?;
-    let pool_rate: f64 = weights.iter().sum();
-    // Keep the heaviest trees and weigh them again.
-    let mut order: Vec<usize> = (0..pool.len()).collect();
-    order.sort_by(|&a, &b| weights[b].total_cmp(&weights[a]).then(a.cmp(&b)));
-    let kept: Vec<(Vec<Option<u32>>, Usage)> = order
-        .into_iter()
-        .filter(|&i| weights[i] > MIN_SHARE * pool_rate)
-        .take(MAX_TREES)
-        .map(|i| pool[i].clone())
+    Ok(Pool {
+        root,
+        direction,
+        trees: pool,
+        weights,
+        capacity: net.capacity.clone(),
+    })
+}
+
+/// The best packing of at most `max_trees` trees of `pool`: the lightest tree of the LP's
+/// support is dropped and the rest weighed again (the LP moves its share to the others)
+/// until few enough remain.
+pub fn prune(pool: &Pool, max_trees: usize) -> Result<Packing, SynthError> {
+    let cap = |r: u32| pool.capacity[r as usize];
+    let pool_rate = pool.rate();
+    let mut kept: Vec<(Vec<Option<u32>>, Usage)> = pool
+        .trees
+        .iter()
+        .zip(&pool.weights)
+        .filter(|(_, w)| **w > MIN_SHARE * pool_rate)
+        .map(|(t, _)| t.clone())
         .collect();
-    let weights = solve_lp(&kept, &cap)?;
+    let mut weights = solve_lp(&kept, &cap)?;
+    while kept.len() > max_trees.max(1) {
+        let lightest = (0..kept.len())
+            .min_by(|&a, &b| weights[a].total_cmp(&weights[b]).then(b.cmp(&a)))
+            .unwrap_or(0);
+        kept.remove(lightest);
+        weights = solve_lp(&kept, &cap)?;
+        let total: f64 = weights.iter().sum();
+        let (k2, w2): (Vec<_>, Vec<_>) = kept
+            .into_iter()
+            .zip(weights)
+            .filter(|(_, w)| *w > MIN_SHARE * total)
+            .unzip();
+        kept = k2;
+        weights = w2;
+    }
     let trees: Vec<(Vec<Option<u32>>, f64)> = kept
         .into_iter()
         .zip(weights)
@@ -159,12 +216,12 @@ pub fn pack(net: &Network, root: u32, direction: Direction) -> Result<Packing, S
         ));
     }
     Ok(Packing {
-        root,
-        direction,
+        root: pool.root,
+        direction: pool.direction,
         trees,
         rate,
         pool_rate,
-        pool: pool.len(),
+        pool: pool.trees.len(),
     })
 }
 
