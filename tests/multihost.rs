@@ -53,6 +53,9 @@ fn cluster_plan(hosts: u32, per_host: u32) -> PathBuf {
     path
 }
 
+/// The rendezvous port inside namespaced hosts (below Linux's ephemeral range, 32768–60999).
+const NETNS_MASTER_PORT: u16 = 29500;
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -76,10 +79,12 @@ fn spawn_ranks(
     extra: &[(&str, &str)],
 ) -> Vec<Child> {
     let exe = std::env::current_exe().expect("test executable");
-    let port = free_port().to_string();
-    let master = match hosts {
-        Hosts::Netns(c, _) => c.addr(0),
-        Hosts::Loopback => "127.0.0.1".to_string(),
+    // In a cluster's own namespaces a fixed port below the ephemeral range cannot collide:
+    // not with other tests (other namespaces), not with the ranks' data listeners (ephemeral
+    // ports on the same address, one of which once took a "free" port picked outside).
+    let (master, port) = match hosts {
+        Hosts::Netns(c, _) => (c.addr(0), NETNS_MASTER_PORT.to_string()),
+        Hosts::Loopback => ("127.0.0.1".to_string(), free_port().to_string()),
     };
     (0..n)
         .map(|r| {

@@ -14,114 +14,31 @@ use petgraph::visit::EdgeRef;
 use serde::Serialize;
 use std::collections::{BTreeMap, VecDeque};
 
-/// Residual capacities below this (GB/s) count as saturated.
+/// Flows closer than this (GB/s) are equal.
 const EPS: f64 = 1e-9;
 
-/// A flow network in adjacency-list form, solved with Dinic's algorithm.
+/// A flow network on dense node ids, solved with petgraph's Dinic (`algo::dinics`).
 struct FlowNet {
-    head: Vec<Vec<usize>>,
-    to: Vec<usize>,
-    cap: Vec<f64>,
+    graph: petgraph::Graph<(), f64>,
 }
 
 impl FlowNet {
     fn new(n: usize) -> FlowNet {
-        FlowNet {
-            head: vec![Vec::new(); n],
-            to: Vec::new(),
-            cap: Vec::new(),
+        let mut graph = petgraph::Graph::with_capacity(n, 4 * n);
+        for _ in 0..n {
+            graph.add_node(());
         }
+        FlowNet { graph }
     }
 
     fn add(&mut self, u: usize, v: usize, c: f64) {
-        self.head[u].push(self.to.len());
-        self.to.push(v);
-        self.cap.push(c);
-        self.head[v].push(self.to.len());
-        self.to.push(u);
-        self.cap.push(0.0);
-    }
-
-    fn levels(&self, s: usize) -> Vec<u32> {
-        let mut level = vec![u32::MAX; self.head.len()];
-        level[s] = 0;
-        let mut queue = VecDeque::from([s]);
-        while let Some(u) = queue.pop_front() {
-            for &e in &self.head[u] {
-                let v = self.to[e];
-                if self.cap[e] > EPS && level[v] == u32::MAX {
-                    level[v] = level[u] + 1;
-                    queue.push_back(v);
-                }
-            }
-        }
-        level
-    }
-
-    /// Saturates the level graph from `s` to `t` (iterative DFS, one path at a time); returns
-    /// the flow pushed.
-    fn augment(&mut self, s: usize, t: usize, level: &[u32], next: &mut [usize]) -> f64 {
-        let mut total = 0.0;
-        loop {
-            // Find one path s -> t in the level graph, remembering edges.
-            let mut path: Vec<usize> = Vec::new();
-            let mut u = s;
-            let found = loop {
-                if u == t {
-                    break true;
-                }
-                let mut advanced = false;
-                while next[u] < self.head[u].len() {
-                    let e = self.head[u][next[u]];
-                    let v = self.to[e];
-                    if self.cap[e] > EPS && level[v] == level[u].wrapping_add(1) {
-                        path.push(e);
-                        u = v;
-                        advanced = true;
-                        break;
-                    }
-                    next[u] += 1;
-                }
-                if !advanced {
-                    // Dead end: retreat.
-                    match path.pop() {
-                        Some(e) => {
-                            u = self.to[e ^ 1];
-                            next[u] += 1;
-                        }
-                        None => break false,
-                    }
-                }
-            };
-            if !found {
-                return total;
-            }
-            let push = path
-                .iter()
-                .map(|&e| self.cap[e])
-                .fold(f64::INFINITY, f64::min);
-            for &e in &path {
-                self.cap[e] -= push;
-                self.cap[e ^ 1] += push;
-            }
-            total += push;
+        if c > 0.0 {
+            self.graph.add_edge(NodeIndex::new(u), NodeIndex::new(v), c);
         }
     }
 
-    fn max_flow(&mut self, s: usize, t: usize) -> f64 {
-        let mut flow = 0.0;
-        loop {
-            let level = self.levels(s);
-            if level[t] == u32::MAX {
-                return flow;
-            }
-            let mut next = vec![0usize; self.head.len()];
-            let pushed = self.augment(s, t, &level, &mut next);
-            if pushed <= EPS {
-                return flow;
-            }
-            flow += pushed;
-        }
+    fn max_flow(&self, s: usize, t: usize) -> f64 {
+        petgraph::algo::dinics(&self.graph, NodeIndex::new(s), NodeIndex::new(t)).0
     }
 }
 

@@ -350,26 +350,27 @@ fn flow_samples(network: &Network, root: u32) -> Vec<u32> {
     out
 }
 
-/// Max-flow (GB/s) from rank `s` to rank `t` over links and NIC directions (Dinic).
+/// Max-flow (GB/s) from rank `s` to rank `t` over links and NIC directions (petgraph's
+/// Dinic, `algo::dinics`).
 pub fn max_flow(network: &Network, s: u32, t: u32) -> f64 {
+    use petgraph::graph::NodeIndex;
     let nv = network.vertices.len();
     // Node ids: vertices, then per NIC a tx and an rx node.
-    let mut nodes = nv;
+    let mut g: petgraph::Graph<(), f64> = petgraph::Graph::new();
+    for _ in 0..nv {
+        g.add_node(());
+    }
     let mut tx_node = vec![usize::MAX; nv];
     let mut rx_node = vec![usize::MAX; nv];
-    let mut g = FlowGraph::default();
+    let node = |i: usize| NodeIndex::new(i);
     for v in 0..nv {
         if let Some(r) = network.nic_tx[v] {
-            tx_node[v] = nodes;
-            nodes += 1;
-            g.pending
-                .push((v, tx_node[v], network.capacity[r as usize]));
+            tx_node[v] = g.add_node(()).index();
+            g.add_edge(node(v), node(tx_node[v]), network.capacity[r as usize]);
         }
         if let Some(r) = network.nic_rx[v] {
-            rx_node[v] = nodes;
-            nodes += 1;
-            g.pending
-                .push((v, rx_node[v], network.capacity[r as usize]));
+            rx_node[v] = g.add_node(()).index();
+            g.add_edge(node(v), node(rx_node[v]), network.capacity[r as usize]);
         }
     }
     for l in &network.links {
@@ -381,113 +382,14 @@ pub fn max_flow(network: &Network, s: u32, t: u32) -> f64 {
         } else {
             from
         };
-        g.pending.push((src, l.to as usize, l.cap));
+        g.add_edge(node(src), node(l.to as usize), l.cap);
     }
-    g.build(nodes);
-    g.dinic(
-        network.rank_vertex[s as usize] as usize,
-        network.rank_vertex[t as usize] as usize,
+    petgraph::algo::dinics(
+        &g,
+        node(network.rank_vertex[s as usize] as usize),
+        node(network.rank_vertex[t as usize] as usize),
     )
-}
-
-#[derive(Default)]
-struct FlowGraph {
-    pending: Vec<(usize, usize, f64)>,
-    head: Vec<Vec<usize>>,
-    to: Vec<usize>,
-    cap: Vec<f64>,
-}
-
-impl FlowGraph {
-    fn build(&mut self, nodes: usize) {
-        self.head = vec![Vec::new(); nodes];
-        for (a, b, c) in std::mem::take(&mut self.pending) {
-            self.head[a].push(self.to.len());
-            self.to.push(b);
-            self.cap.push(c);
-            self.head[b].push(self.to.len());
-            self.to.push(a);
-            self.cap.push(0.0);
-        }
-    }
-
-    fn dinic(&mut self, s: usize, t: usize) -> f64 {
-        const EPS: f64 = 1e-9;
-        let n = self.head.len();
-        let mut flow = 0.0;
-        loop {
-            let mut level = vec![usize::MAX; n];
-            level[s] = 0;
-            let mut queue = std::collections::VecDeque::from([s]);
-            while let Some(u) = queue.pop_front() {
-                for &e in &self.head[u] {
-                    let v = self.to[e];
-                    if self.cap[e] > EPS && level[v] == usize::MAX {
-                        level[v] = level[u] + 1;
-                        queue.push_back(v);
-                    }
-                }
-            }
-            if level[t] == usize::MAX {
-                return flow;
-            }
-            let mut iter = vec![0usize; n];
-            loop {
-                let pushed = self.augment(s, t, f64::INFINITY, &level, &mut iter);
-                if pushed <= EPS {
-                    break;
-                }
-                flow += pushed;
-            }
-        }
-    }
-
-    /// Iterative blocking-flow step: one augmenting path in the level graph.
-    fn augment(
-        &mut self,
-        s: usize,
-        t: usize,
-        limit: f64,
-        level: &[usize],
-        iter: &mut [usize],
-    ) -> f64 {
-        const EPS: f64 = 1e-9;
-        let mut path: Vec<usize> = Vec::new();
-        let mut u = s;
-        loop {
-            if u == t {
-                let mut f = limit;
-                for &e in &path {
-                    f = f.min(self.cap[e]);
-                }
-                for &e in &path {
-                    self.cap[e] -= f;
-                    self.cap[e ^ 1] += f;
-                }
-                return f;
-            }
-            let mut advanced = false;
-            while iter[u] < self.head[u].len() {
-                let e = self.head[u][iter[u]];
-                let v = self.to[e];
-                if self.cap[e] > EPS && level[v] == level[u] + 1 {
-                    path.push(e);
-                    u = v;
-                    advanced = true;
-                    break;
-                }
-                iter[u] += 1;
-            }
-            if !advanced {
-                // Dead end: retreat.
-                let Some(e) = path.pop() else {
-                    return 0.0;
-                };
-                u = self.to[e ^ 1];
-                iter[u] += 1;
-            }
-        }
-    }
+    .0
 }
 
 /// Latency distance (µs, any path, devices may relay) of the farthest pair the collective

@@ -44,7 +44,7 @@ pub const SYNTH_MAX_RANKS: u32 = 32;
 const PIPELINES: [u32; 4] = [16, 64, 256, 1024];
 /// Tree limits (channels) the packed-tree family is compiled with, besides the LP's own
 /// support: fewer trees give each a deeper pipeline for the same chunk count.
-const TREE_LIMITS: [u32; 2] = [4, 8];
+const TREE_LIMITS: [u32; 1] = [8];
 
 /// Pools already priced, by topology hash, root and direction: a search asks for the same
 /// packing once per parameter set, and recompiling a topology reuses them.
@@ -154,7 +154,7 @@ pub fn chunk_shares(rates: &[f64], chunks: u32) -> Vec<u32> {
     let k = all.min(chunks as usize);
     let rates = &rates[..k];
     let total: f64 = rates.iter().sum();
-    if k == 0 || !(total > 0.0) {
+    if k == 0 || total.is_nan() || total <= 0.0 {
         return vec![0; all];
     }
     let spare = chunks - k as u32;

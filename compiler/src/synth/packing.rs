@@ -209,8 +209,8 @@ pub fn prune(pool: &Pool, max_trees: usize) -> Result<Packing, SynthError> {
         .filter(|(_, w)| *w > 0.0)
         .map(|((p, _), w)| (p, w))
         .collect();
-    let rate = trees.iter().map(|t| t.1).sum();
-    if trees.is_empty() || !(rate > 0.0) {
+    let rate: f64 = trees.iter().map(|t| t.1).sum();
+    if trees.is_empty() || rate.is_nan() || rate <= 0.0 {
         return Err(SynthError::Instance(
             "the tree packing carries nothing (no capacity on the routes)".into(),
         ));
