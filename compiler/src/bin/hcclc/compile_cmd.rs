@@ -168,7 +168,7 @@ fn parse_collectives(text: Option<&str>) -> Result<Vec<CollectiveKind>, CliError
 }
 
 /// A topology from a file path, or a shipped machine's name.
-fn load_topology(spec: &str) -> Result<Topology, CliError> {
+pub fn load_topology(spec: &str) -> Result<Topology, CliError> {
     let path = Path::new(spec);
     if path.exists() {
         return hccl_topologies::load(path).map_err(CliError::input);

@@ -8,6 +8,7 @@ mod cli_error;
 mod compile_cmd;
 mod msccl_cmd;
 mod plan_cmd;
+mod synth_cmd;
 mod topo_cmd;
 
 use clap::{Parser, Subcommand};
@@ -43,6 +44,9 @@ enum Command {
     Explain(compile_cmd::ExplainArgs),
     /// Fit a topology's cost model to `hccl-perf --json` measurements; write it calibrated.
     Calibrate(calibrate_cmd::CalibrateArgs),
+    /// Run a synthesizer alone (LP tree packing for broadcast and reduce): its trees, its rate
+    /// against the max-flow bound, its predicted time, and the verified schedule as a plan.
+    Synth(synth_cmd::SynthArgs),
 }
 
 fn main() -> ExitCode {
@@ -64,6 +68,7 @@ fn main() -> ExitCode {
         Command::Compile(args) => compile_cmd::compile(args),
         Command::Explain(args) => compile_cmd::explain(args),
         Command::Calibrate(args) => calibrate_cmd::run(args),
+        Command::Synth(args) => synth_cmd::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
