@@ -287,6 +287,12 @@ fn bandwidth_bound(network: &Network, collective: Collective, m: f64) -> f64 {
         }
         best = best.max(time_us(received_bytes(collective, n, m), caps.gossip));
     }
+    if collective == Collective::AllToAll
+        && let Some(rate) = network.alltoall_rate()
+    {
+        // Every ordered pair moves M/N bytes at no more than the flow LP's rate.
+        best = best.max(time_us(m / f64::from(n), rate));
+    }
     if collective == Collective::AllReduce {
         // Gossip bound: 2(N-1)·M bytes enter (and leave) devices in total.
         let mut ejection = 0.0;

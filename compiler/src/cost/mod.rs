@@ -16,6 +16,7 @@ pub mod baseline;
 pub mod bounds;
 pub mod calibrate;
 mod cpu;
+pub mod mcf;
 pub mod model;
 pub mod network;
 pub mod sim;

@@ -88,6 +88,8 @@ pub struct Network {
     /// Number of hosts.
     pub nhosts: usize,
     routes: Mutex<HashMap<(u32, u32), Arc<Route>>>,
+    /// [`super::mcf::alltoall_rate`], computed on first use.
+    alltoall: std::sync::OnceLock<Option<f64>>,
 }
 
 /// Dijkstra label: least latency first, then the widest bottleneck, then fewer hops.
@@ -271,7 +273,16 @@ impl Network {
             mem_bw,
             nhosts: topo.nhosts(),
             routes: Mutex::new(HashMap::new()),
+            alltoall: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The AllToAll flow rate of this network (GB/s per ordered rank pair; see
+    /// [`super::mcf`]), solved once.
+    pub fn alltoall_rate(&self) -> Option<f64> {
+        *self
+            .alltoall
+            .get_or_init(|| super::mcf::alltoall_rate(self))
     }
 
     /// Number of ranks.
