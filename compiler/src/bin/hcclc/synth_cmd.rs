@@ -75,7 +75,7 @@ pub fn run(args: SynthArgs) -> Result<(), CliError> {
             n.saturating_sub(1)
         )));
     }
-    if n < 2 || n > MAX_RANKS {
+    if !(2..=MAX_RANKS).contains(&n) {
         return Err(CliError::Input(format!(
             "{} has {n} ranks; hcclc synth takes 2 to {MAX_RANKS}",
             topo.name
