@@ -105,7 +105,9 @@ fn killed_rank_is_named_by_the_others() {
         assert_eq!(code, Some(3), "rank {r} should report an error:\n{out}");
         let err = out
             .lines()
-            .find(|l| l.starts_with("ERROR:"))
+            // The line may follow libtest's "test <child> ... " when the rank
+            // failed before printing anything else.
+            .find_map(|l| l.find("ERROR:").map(|i| &l[i..]))
             .unwrap_or_default();
         assert!(err.contains("rank 3 failed"), "rank {r}: {err}");
     }
