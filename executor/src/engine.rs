@@ -261,17 +261,14 @@ impl EngineState {
             return true;
         }
         self.peer_consumed[c_] = arena.consumed(c).load(Ordering::Acquire);
-        if ll {
-            return self.send_seq[c_] - self.peer_consumed[c_] < depth;
-        }
-        if self.send_seq[c_] - self.peer_consumed[c_] >= CONNECTION_SLOTS as u64
+        if self.send_seq[c_] - self.peer_consumed[c_] >= depth
             && self.remote[c_] == NET_OUT
             && let Some(net) = &self.net
         {
             net.poll(c);
             self.peer_consumed[c_] = arena.consumed(c).load(Ordering::Acquire);
         }
-        self.send_seq[c_] - self.peer_consumed[c_] < CONNECTION_SLOTS as u64
+        self.send_seq[c_] - self.peer_consumed[c_] < depth
     }
 
     #[inline]
