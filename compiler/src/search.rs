@@ -32,9 +32,7 @@ use crate::cost::{
     device_models,
 };
 use crate::families::{Candidate, Family, FamilyParams, all_families};
-use hccl_ir::{
-    Collective, CollectiveKind, CostFit, PlanEntry, PlanFile, PlanMeta, Protocol, Schedule,
-};
+use hccl_ir::{Collective, CollectiveKind, CostFit, PlanEntry, PlanFile, PlanMeta, Protocol};
 use hccl_topologies::Topology;
 
 /// Default smallest size bucket (1 KiB).
@@ -340,14 +338,8 @@ pub fn compile_with_progress(
         let mut all_times = par_map(&indexed, |&(i, candidate)| {
             if probes[i].keep {
                 let started = std::time::Instant::now();
-                let times = cost_candidate(
-                    &sim,
-                    &candidate.schedule,
-                    &sizes,
-                    options,
-                    budget,
-                    &probes[i].known,
-                );
+                let times =
+                    cost_candidate(&sim, candidate, &sizes, options, budget, &probes[i].known);
                 trace_candidate("cost", candidate, started, "");
                 times
             } else {
@@ -524,7 +516,7 @@ pub fn evaluate_plan(
                 capped.push(family.name());
             }
             for c in generated.candidates {
-                let times = cost_candidate(&sim, &c.schedule, &sizes, options, budget, &[]);
+                let times = cost_candidate(&sim, &c, &sizes, options, budget, &[]);
                 base.push((c.algorithm, times));
             }
         }
@@ -840,7 +832,14 @@ fn screen(
             sim.run(&prep, bytes, p)
                 .map_or(f64::INFINITY, |e| e.time_us)
         };
-        let times = [at(small, p_small), at(large, p_large)];
+        let times = [
+            if small >= c.min_bytes {
+                at(small, p_small)
+            } else {
+                f64::INFINITY
+            },
+            at(large, p_large),
+        ];
         let shown = format!(" ({:.1} µs, {:.1} µs at the probes)", times[0], times[1]);
         trace_candidate("screen", c, started, &shown);
         times
@@ -896,69 +895,74 @@ fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> 
     done.into_iter().map(|(_, r)| r).collect()
 }
 
-/// Predicted times of one schedule at every size, per protocol, simulating at most
+/// Predicted times of one candidate at every size, per protocol, simulating at most
 /// `budget` steps per protocol (see [`sample_indices`]); `known` times (size index,
-/// protocol index, µs) are used instead of simulating again.
+/// protocol index, µs) are used instead of simulating again. Sizes below the candidate's
+/// [`Candidate::min_bytes`] are not simulated and get an infinite time.
 fn cost_candidate(
     sim: &Simulator,
-    schedule: &Schedule,
+    candidate: &Candidate,
     sizes: &[u64],
     options: &Options,
     budget: usize,
     known: &[(usize, usize, f64)],
 ) -> Vec<Option<Vec<f64>>> {
-    let Ok(prepared) = sim.prepare(schedule) else {
-        return vec![None; options.protocols.len()];
+    let np = options.protocols.len();
+    let first = sizes.partition_point(|&s| s < candidate.min_bytes);
+    if first == sizes.len() {
+        return vec![None; np];
+    }
+    let Ok(prepared) = sim.prepare(&candidate.schedule) else {
+        return vec![None; np];
     };
-    let samples = sample_indices(sizes.len(), prepared.step_count(), budget);
-    options
-        .protocols
-        .iter()
-        .enumerate()
-        .map(|(pi, &p)| {
-            let known_at = |si: usize| {
-                known
-                    .iter()
-                    .find(|&&(ks, kp, _)| ks == si && kp == pi)
-                    .map(|k| k.2)
+    let samples: Vec<usize> = sample_indices(sizes.len() - first, prepared.step_count(), budget)
+        .into_iter()
+        .map(|i| i + first)
+        .collect();
+    // Times at the sampled sizes, per protocol; `None` once a protocol fails to simulate.
+    let mut at: Vec<Option<Vec<(usize, f64)>>> = vec![Some(Vec::new()); np];
+    for &si in &samples {
+        for (pi, &p) in options.protocols.iter().enumerate() {
+            let Some(list) = at[pi].as_mut() else {
+                continue;
             };
-            times_at(sim, &prepared, p, sizes, &samples, known_at)
-        })
+            let t = if let Some(k) = known.iter().find(|&&(ks, kp, _)| ks == si && kp == pi) {
+                k.2
+            } else {
+                match sim.run(&prepared, sizes[si], p) {
+                    Ok(e) => e.time_us,
+                    Err(_) => {
+                        at[pi] = None;
+                        continue;
+                    }
+                }
+            };
+            list.push((si, t));
+        }
+    }
+    at.into_iter()
+        .map(|list| list.map(|list| interpolate(sizes, &list)))
         .collect()
 }
 
-fn times_at(
-    sim: &Simulator,
-    prepared: &Prepared,
-    protocol: Protocol,
-    sizes: &[u64],
-    samples: &[usize],
-    known: impl Fn(usize) -> Option<f64>,
-) -> Option<Vec<f64>> {
-    let mut at = Vec::with_capacity(samples.len());
-    for &i in samples {
-        let t = match known(i) {
-            Some(t) => t,
-            None => sim.run(prepared, sizes[i], protocol).ok()?.time_us,
+/// Times at every size from times at sampled size indices (ascending): linear in bytes
+/// between samples; infinite outside them and where either end is infinite.
+fn interpolate(sizes: &[u64], at: &[(usize, f64)]) -> Vec<f64> {
+    let mut out = vec![f64::INFINITY; sizes.len()];
+    for (k, &(i0, t0)) in at.iter().enumerate() {
+        out[i0] = t0;
+        let Some(&(i1, t1)) = at.get(k + 1) else {
+            continue;
         };
-        at.push((i, t));
-    }
-    let mut out = Vec::with_capacity(sizes.len());
-    let mut k = 0;
-    for (i, &bytes) in sizes.iter().enumerate() {
-        while k + 1 < at.len() && at[k + 1].0 <= i {
-            k += 1;
+        if !(t0.is_finite() && t1.is_finite()) {
+            continue;
         }
-        let (i0, t0) = at[k];
-        if i0 == i || k + 1 >= at.len() {
-            out.push(t0);
-        } else {
-            let (i1, t1) = at[k + 1];
-            let (x0, x1) = (sizes[i0] as f64, sizes[i1] as f64);
-            out.push(t0 + (t1 - t0) * (bytes as f64 - x0) / (x1 - x0));
+        let (x0, x1) = (sizes[i0] as f64, sizes[i1] as f64);
+        for i in i0 + 1..i1 {
+            out[i] = t0 + (t1 - t0) * (sizes[i] as f64 - x0) / (x1 - x0);
         }
     }
-    Some(out)
+    out
 }
 
 /// Which size indices to simulate: all when `steps × n ≤ budget`, else an even subsample
@@ -980,11 +984,14 @@ fn fit(sizes: &[u64], times: &[f64], start: usize, end: usize) -> Option<CostFit
     if times.len() != sizes.len() {
         return None;
     }
+    // A neighbour outside the range may be below the candidate's least size (no time
+    // there): then the range's own ends (one point: all bandwidth).
+    let usable = |i: usize| times[i].is_finite() && times[i] > 0.0;
     let (i0, i1) = if end - start >= 2 {
         (start, end - 1)
-    } else if end < sizes.len() {
+    } else if end < sizes.len() && usable(end) {
         (start, end)
-    } else if start > 0 {
+    } else if start > 0 && usable(start - 1) {
         (start - 1, start)
     } else {
         (start, start)
@@ -1095,5 +1102,10 @@ mod tests {
         // One-size last range uses the previous point.
         let g = fit(&sizes, &times, 2, 3).unwrap();
         assert!((g.predict_us(2000) - 12.0).abs() < 1e-9);
+        // A candidate with no time below its least size: its one point, all bandwidth.
+        let times = [f64::INFINITY, f64::INFINITY, 14.0];
+        let h = fit(&sizes, &times, 2, 3).unwrap();
+        assert_eq!(h.latency_us, 0.0);
+        assert!((h.predict_us(4000) - 14.0).abs() < 1e-9);
     }
 }

@@ -25,6 +25,14 @@
 //! Broadcast and Reduce also use `M / maxflow(root → v)` (resp. `v → root`) for a sample of
 //! ranks `v`.
 //!
+//! **Routes.** Every transfer between two ranks takes the simulator's route between them (as
+//! CUDA peer copies and the transports do: two GPUs joined by NVLink never also talk over
+//! PCIe), while cuts and max-flows let data take any path. For Broadcast, Reduce, AllGather
+//! and ReduceScatter up to [`crate::synth::SYNTH_MAX_RANKS`] (resp.
+//! [`crate::synth::SYNTH_MAX_RANKS_ALL`]) ranks, the bound also uses the optimum of the
+//! tree-packing LP over those routes, proved by its dual ([`crate::synth::packing`]): any
+//! schedule of these collectives is such a packing in the limit of small pieces.
+//!
 //! Cuts evaluated: every single rank and its complement, every host and its complement, and
 //! unions of the first `j` hosts (at most [`MAX_PREFIX_CUTS`] values of `j`). Any cut gives a
 //! valid bound, so sampling only weakens it.
@@ -312,6 +320,15 @@ fn bandwidth_bound(network: &Network, collective: Collective, m: f64) -> f64 {
         best = best
             .max(time_us(total, ejection))
             .max(time_us(total, injection));
+    }
+    if let Some(rate) = crate::synth::packing_bound(network, collective) {
+        // Every piece reaches every rank over an arborescence of routes (from its owner, or
+        // to it for reductions): the packing LP's dual bounds the rate of them all.
+        let per_root = match collective {
+            Collective::AllGather | Collective::ReduceScatter => m / f64::from(n),
+            _ => m,
+        };
+        best = best.max(time_us(per_root, rate));
     }
     if let Some(root) = collective.root() {
         let reverse = matches!(collective, Collective::Reduce { .. });

@@ -87,6 +87,8 @@ pub struct Network {
     pub mem_bw: Vec<f64>,
     /// Number of hosts.
     pub nhosts: usize,
+    /// Hash of the topology this network was built from (keys solver caches).
+    pub topo_hash: String,
     routes: Mutex<HashMap<(u32, u32), Arc<Route>>>,
     /// [`super::mcf::alltoall_rate`], computed on first use.
     alltoall: std::sync::OnceLock<Option<f64>>,
@@ -272,6 +274,7 @@ impl Network {
             vertex_host,
             mem_bw,
             nhosts: topo.nhosts(),
+            topo_hash: topo.hash.clone(),
             routes: Mutex::new(HashMap::new()),
             alltoall: std::sync::OnceLock::new(),
         }

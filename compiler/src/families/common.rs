@@ -262,6 +262,7 @@ pub fn candidate(name: &str, params: FamilyParams, b: ScheduleBuilder) -> Vec<Ca
             params,
             schedule,
             symmetry: None,
+            min_bytes: 0,
         }],
         Err(_) => Vec::new(),
     }

@@ -48,12 +48,22 @@ pub struct Candidate {
     /// file stores the schedule as one template program when it really is invariant under
     /// it ([`hccl_ir::PlanEntry::is_compact`]), else in full. `None`: store in full.
     pub symmetry: Option<Symmetry>,
+    /// Smallest size (bytes) the search costs the candidate at: below it the schedule's
+    /// pieces are too small to compete (a deep pipeline of a few bytes per piece), and it is
+    /// not simulated there. 0 for every size.
+    pub min_bytes: u64,
 }
 
 impl Candidate {
     /// The candidate with `symmetry` claimed for its schedule.
     pub fn with_symmetry(mut self, symmetry: Option<Symmetry>) -> Candidate {
         self.symmetry = symmetry;
+        self
+    }
+
+    /// The candidate costed only from `bytes` up (see [`Candidate::min_bytes`]).
+    pub fn from_bytes(mut self, bytes: u64) -> Candidate {
+        self.min_bytes = bytes;
         self
     }
 }

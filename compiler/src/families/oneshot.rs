@@ -107,6 +107,7 @@ impl Family for OneShot {
             params,
             schedule,
             symmetry: None,
+            min_bytes: 0,
         }]
     }
 

@@ -1,13 +1,16 @@
 //! Schedule synthesis by optimisation: schedules derived from the topology by a solver
 //! rather than written by hand.
 //!
-//! - [`packing`]: the bandwidth-optimal Broadcast and Reduce, a linear program over spanning
-//!   arborescences of the rank graph (every ordered pair of ranks joined by its simulator
-//!   route), priced by minimum-cost arborescences ([`arborescence`]) and solved with
-//!   `good_lp` (microlp).
-//! - [`PackedTrees`]: the family that lowers a packing to chunk schedules: tree `t` carries a
-//!   share of the chunks proportional to its rate, on a channel of its own, pipelined chunk
-//!   by chunk with the trees interleaved; deeper pipelines (more chunks) for larger sizes.
+//! - [`packing`]: the bandwidth-optimal Broadcast and Reduce (spanning arborescences of one
+//!   root) and AllGather and ReduceScatter (of every root at once): a linear program over
+//!   trees of the rank graph (every ordered pair of ranks joined by its simulator route),
+//!   priced by minimum-cost arborescences ([`arborescence`]), solved with `good_lp`
+//!   (microlp) by column generation until its dual proves the packing optimal.
+//! - [`PackedTrees`]: the family that lowers a packing to chunk schedules ([`lower`]): every
+//!   tree carries the same number of pieces, each as large as the tree's share of its root's
+//!   rate, on a channel of its own; pieces go round-robin over the trees so all pipelines
+//!   advance together; deeper pipelines (more pieces) for larger sizes.
+//! - [`packing_bound`]: the dual's proof, which [`crate::cost::bounds`] uses as a lower bound.
 //!
 //! A synthesizer is only a source of [`Candidate`]s: its schedules are costed by the
 //! simulator, verified and chosen by the search like any hand-written family's.
@@ -18,11 +21,11 @@ pub mod packing;
 use crate::builder::ScheduleBuilder;
 use crate::cost::Network;
 use crate::families::common::{candidate, single_rank};
-use crate::families::tree::{Tree, tree_chunk};
+use crate::families::tree::Tree;
 use crate::families::{Candidate, Family, FamilyParams};
 use hccl_ir::{Collective, CollectiveKind, Loc};
 use hccl_topologies::Topology;
-pub use packing::{Direction, MAX_TREES, Packing, Pool, grow_pool, pack, prune};
+pub use packing::{Direction, MAX_TREES, PackedTree, Packing, Pool, grow_pool, pack, prune};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use thiserror::Error;
@@ -38,43 +41,111 @@ pub enum SynthError {
     Solver(String),
 }
 
-/// Largest rank count the synthesizers run on inside a search.
+/// Largest rank count Broadcast and Reduce are packed for inside a search.
 pub const SYNTH_MAX_RANKS: u32 = 32;
-/// Chunk counts (pipeline depths) the packed-tree family is compiled with.
-const PIPELINES: [u32; 4] = [16, 64, 256, 1024];
-/// Tree limits (channels) the packed-tree family is compiled with, besides the LP's own
-/// support: fewer trees give each a deeper pipeline for the same chunk count.
-const TREE_LIMITS: [u32; 1] = [8];
+/// Largest rank count AllGather and ReduceScatter are packed for inside a search (every
+/// rank is a root: one pricing problem per rank per round).
+pub const SYNTH_MAX_RANKS_ALL: u32 = 16;
+/// Pieces over all channels (pipeline depth × channels) Broadcast and Reduce are compiled
+/// with.
+const TOTAL_PIECES: [u32; 4] = [16, 64, 256, 1024];
+/// Pieces per tree AllGather and ReduceScatter are compiled with.
+const PIPELINES_ALL: [u32; 2] = [8, 32];
+/// Channels of the wider Broadcast and Reduce schedules (copies of the wider trees).
+const WIDE_CHANNELS: u32 = 16;
+/// Most trees a rooted packing keeps in a search; spare channels run copies of the wider
+/// ones (more distinct trees lengthen the pipelines' tails more than they add rate).
+const TREE_LIMIT: u32 = 8;
+/// Average piece size below which a packed schedule is not costed (the search leaves those
+/// sizes to shallower pipelines): `pieces × channels × MIN_PIECE_BYTES` is its least size.
+const MIN_PIECE_BYTES: u64 = 4096;
+/// Most channels (all roots together) of an AllGather or ReduceScatter packing.
+const MAX_CHANNELS_ALL: u32 = 32;
 
-/// Pools already priced, by topology hash, root and direction: a search asks for the same
-/// packing once per parameter set, and recompiling a topology reuses them.
-fn pool_for(topo: &Topology, root: u32, direction: Direction) -> Option<Arc<Pool>> {
-    type Key = (String, u32, Direction);
-    static CACHE: OnceLock<Mutex<HashMap<Key, Option<Arc<Pool>>>>> = OnceLock::new();
-    let key = (topo.hash.clone(), root, direction);
-    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-    if let Some(found) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
-        return found.clone();
-    }
-    let pool = grow_pool(&Network::new(topo), root, direction)
-        .ok()
-        .map(Arc::new);
-    cache
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(key, pool.clone());
-    pool
-}
-
-fn root_and_direction(collective: Collective) -> Option<(u32, Direction)> {
+/// The roots and direction of the packing `collective` runs on (`None`: not a packing).
+pub fn packing_of(collective: Collective, nranks: u32) -> Option<(Vec<u32>, Direction)> {
     match collective {
-        Collective::Broadcast { root } => Some((root, Direction::FromRoot)),
-        Collective::Reduce { root } => Some((root, Direction::ToRoot)),
+        Collective::Broadcast { root } => Some((vec![root], Direction::FromRoot)),
+        Collective::Reduce { root } => Some((vec![root], Direction::ToRoot)),
+        Collective::AllGather => Some(((0..nranks).collect(), Direction::FromRoot)),
+        Collective::ReduceScatter => Some(((0..nranks).collect(), Direction::ToRoot)),
         _ => None,
     }
 }
 
-/// Broadcast and Reduce over an LP packing of spanning trees ([`packing`]).
+/// Largest rank count `collective` is packed for.
+fn max_ranks(collective: Collective) -> u32 {
+    match collective.kind() {
+        CollectiveKind::AllGather | CollectiveKind::ReduceScatter => SYNTH_MAX_RANKS_ALL,
+        _ => SYNTH_MAX_RANKS,
+    }
+}
+
+type PoolKey = (String, Vec<u32>, Direction);
+type PoolCell = Arc<OnceLock<Option<Arc<Pool>>>>;
+
+/// The pool for `key`, computed once per process by `compute` (concurrent callers wait for
+/// the first): a search asks for the same packing once per parameter set and once per bound,
+/// and recompiling a topology reuses it.
+fn cached(key: PoolKey, compute: impl FnOnce() -> Option<Arc<Pool>>) -> Option<Arc<Pool>> {
+    static CACHE: OnceLock<Mutex<HashMap<PoolKey, PoolCell>>> = OnceLock::new();
+    let cell = {
+        let mut map = CACHE
+            .get_or_init(|| Mutex::new(HashMap::new()))
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        Arc::clone(map.entry(key).or_default())
+    };
+    cell.get_or_init(compute).clone()
+}
+
+/// `pool` pruned to `max_trees` trees per root ([`prune`]; the selection MILP is the costly
+/// part), once per process.
+fn pruned(key: PoolKey, pool: &Pool, max_trees: usize) -> Option<Arc<Packing>> {
+    type Cell = Arc<OnceLock<Option<Arc<Packing>>>>;
+    static CACHE: OnceLock<Mutex<HashMap<(PoolKey, usize), Cell>>> = OnceLock::new();
+    let cell = {
+        let mut map = CACHE
+            .get_or_init(|| Mutex::new(HashMap::new()))
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        Arc::clone(map.entry((key, max_trees)).or_default())
+    };
+    cell.get_or_init(|| prune(pool, max_trees).ok().map(Arc::new))
+        .clone()
+}
+
+/// The optimal pool of trees for `roots` on `net` (cached by topology hash).
+pub fn pool(net: &Network, roots: &[u32], direction: Direction) -> Option<Arc<Pool>> {
+    cached((net.topo_hash.clone(), roots.to_vec(), direction), || {
+        grow_pool(net, roots, direction).ok().map(Arc::new)
+    })
+}
+
+fn pool_for_topo(topo: &Topology, roots: &[u32], direction: Direction) -> Option<Arc<Pool>> {
+    cached((topo.hash.clone(), roots.to_vec(), direction), || {
+        grow_pool(&Network::new(topo), roots, direction)
+            .ok()
+            .map(Arc::new)
+    })
+}
+
+/// The proven upper bound on the rate (GB/s per root) of any schedule of `collective` over
+/// `net`'s routes, from the packing LP's dual ([`packing`]): Broadcast and Reduce move the
+/// whole buffer at no more than this, AllGather and ReduceScatter each rank's block. `None`
+/// for other collectives and outside the sizes the synthesizer runs on.
+pub fn packing_bound(net: &Network, collective: Collective) -> Option<f64> {
+    let n = net.nranks();
+    if n < 2 || n > max_ranks(collective) {
+        return None;
+    }
+    let (roots, direction) = packing_of(collective, n)?;
+    let bound = pool(net, &roots, direction)?.bound;
+    (bound.is_finite() && bound > 0.0).then_some(bound)
+}
+
+/// Broadcast, Reduce, AllGather and ReduceScatter over an LP packing of spanning trees
+/// ([`packing`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PackedTrees;
 
@@ -84,33 +155,60 @@ impl Family for PackedTrees {
     }
 
     fn supports(&self, kind: CollectiveKind) -> bool {
-        matches!(kind, CollectiveKind::Broadcast | CollectiveKind::Reduce)
+        matches!(
+            kind,
+            CollectiveKind::Broadcast
+                | CollectiveKind::Reduce
+                | CollectiveKind::AllGather
+                | CollectiveKind::ReduceScatter
+        )
     }
 
-    /// Chunk counts × tree limits: the LP's whole support (at most [`MAX_TREES`]) and the
-    /// smaller limits below it.
+    /// Pieces per tree × tree limits: the LP's whole support (at most [`MAX_TREES`] per root)
+    /// and the smaller limits below it.
     fn param_space(&self, topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
-        if topo.nranks() < 2 || topo.nranks() > SYNTH_MAX_RANKS {
+        let n = topo.nranks();
+        if n < 2 || n > max_ranks(collective) {
             return Vec::new();
         }
-        let Some((root, direction)) = root_and_direction(collective) else {
+        let Some((roots, direction)) = packing_of(collective, n) else {
             return Vec::new();
         };
-        let Some(pool) = pool_for(topo, root, direction) else {
+        let Some(pool) = pool_for_topo(topo, &roots, direction) else {
             return Vec::new();
         };
         let support = (pool.support() as u32).clamp(1, MAX_TREES as u32);
-        let mut limits: Vec<u32> = TREE_LIMITS.into_iter().filter(|&k| k < support).collect();
-        limits.push(support);
         let mut out = Vec::new();
-        for &channels in &limits {
-            for &pipeline in &PIPELINES {
-                out.push(FamilyParams { channels, pipeline });
+        if roots.len() > 1 {
+            // Channels per root: the trees alone, and twice as many (copies of the wider
+            // trees), within the verifier's and executors' reach.
+            let most = (MAX_CHANNELS_ALL / n).max(1);
+            for channels in [support.min(most)] {
+                for &pipeline in &PIPELINES_ALL {
+                    out.push(FamilyParams { channels, pipeline });
+                }
             }
+        } else {
+            // Pieces per channel for the same piece counts in all; the wider budget (copies
+            // of the wider trees) only for the deepest pipeline, where it matters.
+            for &total in &TOTAL_PIECES {
+                out.push(FamilyParams {
+                    channels: TREE_LIMIT,
+                    pipeline: (total / TREE_LIMIT).max(1),
+                });
+            }
+            let deepest = TOTAL_PIECES[TOTAL_PIECES.len() - 1];
+            out.push(FamilyParams {
+                channels: WIDE_CHANNELS,
+                pipeline: deepest / WIDE_CHANNELS,
+            });
         }
         out
     }
 
+    /// For `params.channels` channels per root: the packing pruned to as many trees as
+    /// channels (and, for rooted collectives, also to [`TREE_LIMIT`]), the wider trees copied
+    /// onto the spare channels, lowered with `params.pipeline` pieces per tree.
     fn schedules(
         &self,
         topo: &Topology,
@@ -118,116 +216,293 @@ impl Family for PackedTrees {
         params: FamilyParams,
         in_place: bool,
     ) -> Vec<Candidate> {
-        let Some((root, direction)) = root_and_direction(collective) else {
-            return Vec::new();
-        };
         let n = topo.nranks();
-        if n == 1 {
+        if n == 1 && self.supports(collective.kind()) {
             return single_rank(self.name(), collective, in_place, params);
         }
-        if n > SYNTH_MAX_RANKS {
+        if n > max_ranks(collective) {
             return Vec::new();
         }
-        let Some(pool) = pool_for(topo, root, direction) else {
+        let Some((roots, direction)) = packing_of(collective, n) else {
             return Vec::new();
         };
-        let Ok(packing) = prune(&pool, params.channels.max(1) as usize) else {
+        let Some(pool) = pool_for_topo(topo, &roots, direction) else {
             return Vec::new();
         };
-        lower(self.name(), &packing, collective, params.pipeline, in_place)
+        let channels = params.channels.max(1);
+        // Beyond TREE_LIMIT channels, two ways to fill them: more trees (closer to the LP
+        // rate), or the TREE_LIMIT widest trees copied (fewer, shallower pipelines sharing
+        // links fairly); which wins depends on the machine.
+        let most = channels
+            .min(MAX_TREES as u32)
+            .min(pool.support() as u32)
+            .max(1);
+        let mut limits = vec![most];
+        if roots.len() == 1 && most > TREE_LIMIT {
+            limits.push(TREE_LIMIT);
+        }
+        let mut out = Vec::new();
+        for limit in limits {
+            let key = (topo.hash.clone(), roots.clone(), direction);
+            let Some(packing) = pruned(key, &pool, limit as usize) else {
+                continue;
+            };
+            out.extend(lower(
+                self.name(),
+                &packing,
+                collective,
+                params.pipeline,
+                channels,
+                in_place,
+            ));
+        }
+        out
     }
 
     fn estimated_steps(
         &self,
         topo: &Topology,
-        _collective: Collective,
+        collective: Collective,
         params: FamilyParams,
     ) -> Option<u64> {
-        Some(u64::from(params.pipeline) * 2 * u64::from(topo.nranks().saturating_sub(1)))
+        let n = u64::from(topo.nranks());
+        let roots = match collective.kind() {
+            CollectiveKind::AllGather | CollectiveKind::ReduceScatter => n,
+            _ => 1,
+        };
+        let trees = u64::from(params.channels.max(1));
+        Some(roots * trees * u64::from(params.pipeline) * 2 * n.saturating_sub(1))
     }
 }
 
-/// Chunks per tree for `chunks` chunks in all: proportional to the trees' rates (largest
-/// remainders), at least one each; trees beyond `chunks` are dropped.
-pub fn chunk_shares(rates: &[f64], chunks: u32) -> Vec<u32> {
-    let all = rates.len();
-    let k = all.min(chunks as usize);
-    let rates = &rates[..k];
-    let total: f64 = rates.iter().sum();
-    if k == 0 || total.is_nan() || total <= 0.0 {
-        return vec![0; all];
+/// `units` chunk units shared among trees of the given rates so that the slowest tree
+/// finishes first: each unit goes to the tree that would finish its load soonest with it
+/// (`(w + 1) / rate` least), which is optimal for unit loads on machines of different
+/// speeds. A tree too slow to deserve a unit gets none.
+pub fn piece_widths(rates: &[f64], units: u32) -> Vec<u32> {
+    let mut widths = vec![0u32; rates.len()];
+    if !rates.iter().any(|r| r.is_finite() && *r > 0.0) {
+        return widths;
     }
-    let spare = chunks - k as u32;
-    let exact: Vec<f64> = rates.iter().map(|r| r / total * f64::from(spare)).collect();
-    let mut shares: Vec<u32> = exact.iter().map(|e| 1 + e.floor() as u32).collect();
-    let mut left = chunks - shares.iter().sum::<u32>();
-    let mut order: Vec<usize> = (0..k).collect();
-    order.sort_by(|&a, &b| {
-        (exact[b] - exact[b].floor())
-            .total_cmp(&(exact[a] - exact[a].floor()))
-            .then(a.cmp(&b))
-    });
-    for i in order {
-        if left == 0 {
-            break;
+    for _ in 0..units {
+        let best = (0..rates.len())
+            .filter(|&t| rates[t].is_finite() && rates[t] > 0.0)
+            .min_by(|&a, &b| {
+                (f64::from(widths[a] + 1) / rates[a])
+                    .total_cmp(&(f64::from(widths[b] + 1) / rates[b]))
+                    .then(a.cmp(&b))
+            });
+        if let Some(t) = best {
+            widths[t] += 1;
         }
-        shares[i] += 1;
-        left -= 1;
     }
-    shares.resize(all, 0);
-    shares
+    widths
 }
 
-/// Lowers a packing to a schedule of `chunks` chunks (see the module docs).
+/// Copies of every tree (channels running it, each with an equal part of its width) for at
+/// most `budget` channels per root: one each, then each spare copy to the tree with the
+/// widest copies. Links share their bandwidth fairly among the messages crossing them, so a
+/// tree owed three times another's rate gets it by running as three flows, not one.
+pub fn copy_counts(widths: &[u32], budget: u32) -> Vec<u32> {
+    let mut copies: Vec<u32> = widths.iter().map(|&w| u32::from(w > 0)).collect();
+    let mut used: u32 = copies.iter().sum();
+    while used < budget {
+        let widest = (0..widths.len())
+            .filter(|&t| copies[t] > 0 && copies[t] < widths[t])
+            .max_by(|&a, &b| {
+                (f64::from(widths[a]) / f64::from(copies[a]))
+                    .total_cmp(&(f64::from(widths[b]) / f64::from(copies[b])))
+                    .then(b.cmp(&a))
+            });
+        let Some(t) = widest else { break };
+        copies[t] += 1;
+        used += 1;
+    }
+    copies
+}
+
+/// Chunk units a root's buffer is cut into per piece: a tree's piece spans its share of them
+/// ([`piece_widths`] of the trees' rates), so one root's buffer is `pieces × RESOLUTION`
+/// chunks.
+pub const RESOLUTION: u32 = 64;
+
+/// Lowers a packing to a schedule in which every tree carries `pieces` pieces (see the
+/// module docs). A tree's pieces are as large as its share of the root's rate: every tree
+/// then spends the same time per piece on each hop, so all pipelines fill and drain
+/// together (equal-sized pieces would leave a slow tree's few large pieces trailing). The
+/// whole buffer is shared for Broadcast and Reduce, each rank's block for AllGather and
+/// ReduceScatter.
 pub fn lower(
     name: &str,
     packing: &Packing,
     collective: Collective,
-    chunks: u32,
+    pieces: u32,
+    copies_per_root: u32,
     in_place: bool,
 ) -> Vec<Candidate> {
-    let n = packing.trees.first().map_or(0, |t| t.0.len());
-    let rank_of: Vec<u32> = (0..n as u32).collect();
-    let trees: Vec<Tree> = packing
-        .trees
-        .iter()
-        .filter_map(|(parents, _)| {
-            let vp: Vec<Option<usize>> = parents.iter().map(|p| p.map(|u| u as usize)).collect();
-            Tree::from_parents(&vp, &rank_of)
-        })
-        .collect();
-    if trees.len() != packing.trees.len() || chunks == 0 {
+    let n = packing.trees.first().map_or(0, |t| t.parents.len()) as u32;
+    let expected = packing_of(collective, n);
+    if n == 0
+        || pieces == 0
+        || expected.as_ref().map(|(r, d)| (r, *d)) != Some((&packing.roots, packing.direction))
+    {
         return Vec::new();
     }
-    let rates: Vec<f64> = packing.trees.iter().map(|t| t.1).collect();
-    let shares = chunk_shares(&rates, chunks);
-    // Tree t owns chunks first[t] .. first[t] + shares[t]; chunks are emitted in the order
-    // of their midpoints in each tree's own time, so every tree's pipeline advances evenly.
-    let mut first = Vec::with_capacity(shares.len());
-    let mut next = 0u32;
-    for &s in &shares {
-        first.push(next);
-        next += s;
+    let per_root_chunks = pieces * RESOLUTION;
+    let rank_of: Vec<u32> = (0..n).collect();
+    // Tree t of a root owns that root's chunks pieces·off .. pieces·(off + width): piece j
+    // is the `width` chunks from pieces·off + j·width.
+    struct Owned {
+        root: u32,
+        tree: Tree,
+        channel: u32,
+        off: u32,
+        width: u32,
     }
-    let mut order: Vec<(f64, usize, u32)> = Vec::with_capacity(chunks as usize);
-    for (t, &s) in shares.iter().enumerate() {
-        for j in 0..s {
-            order.push(((f64::from(j) + 0.5) / f64::from(s), t, j));
+    // Every tree has a channel of its own: trees of different roots on one channel would
+    // share a stream on every rank they both pass through, and serialise.
+    let mut owned: Vec<Owned> = Vec::new();
+    for &root in &packing.roots {
+        let mine: Vec<&PackedTree> = packing.trees_of(root).collect();
+        let rates: Vec<f64> = mine.iter().map(|t| t.rate).collect();
+        let widths = piece_widths(&rates, RESOLUTION);
+        let copies = copy_counts(&widths, copies_per_root);
+        let mut off = 0;
+        for ((tree, &width), &copies) in mine.iter().zip(&widths).zip(&copies) {
+            if width == 0 || copies == 0 {
+                continue;
+            }
+            let vp: Vec<Option<usize>> =
+                tree.parents.iter().map(|p| p.map(|u| u as usize)).collect();
+            let Some(tree) = Tree::from_parents(&vp, &rank_of) else {
+                return Vec::new();
+            };
+            for c in 0..copies {
+                let w = width / copies + u32::from(c < width % copies);
+                let channel = owned.len() as u32;
+                owned.push(Owned {
+                    root,
+                    tree: tree.clone(),
+                    channel,
+                    off,
+                    width: w,
+                });
+                off += w;
+            }
         }
     }
-    order.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-    let mut b = ScheduleBuilder::new(collective, n as u32, chunks, in_place);
-    if let (Collective::Broadcast { root }, false) = (collective, in_place) {
-        b.copy((root, Loc::input(0)), (root, Loc::output(0)), chunks, 0);
+    let chunks = if packing.roots.len() > 1 {
+        n * per_root_chunks
+    } else {
+        per_root_chunks
+    };
+    let mut b = ScheduleBuilder::new(collective, n, chunks, in_place);
+    match (collective, in_place) {
+        (Collective::Broadcast { root }, false) => {
+            b.copy((root, Loc::input(0)), (root, Loc::output(0)), chunks, 0);
+        }
+        (Collective::AllGather, false) => {
+            for r in 0..n {
+                b.copy(
+                    (r, Loc::input(0)),
+                    (r, Loc::output(r * per_root_chunks)),
+                    per_root_chunks,
+                    0,
+                );
+            }
+        }
+        _ => {}
     }
-    for (_, t, j) in order {
-        tree_chunk(&mut b, &trees[t], first[t] + j, t as u32);
+    for j in 0..pieces {
+        for o in &owned {
+            let k = pieces * o.off + j * o.width;
+            let (w, ch) = (o.width, o.channel);
+            match collective {
+                Collective::Broadcast { .. } => {
+                    down_piece(&mut b, &o.tree, Loc::input(k), Loc::output(k), w, ch);
+                }
+                Collective::Reduce { .. } => {
+                    up_piece(&mut b, &o.tree, Loc::input(k), Loc::output(k), w, ch);
+                }
+                Collective::AllGather => {
+                    let src = b.input_loc(o.root, k);
+                    let dst = Loc::output(o.root * per_root_chunks + k);
+                    down_piece(&mut b, &o.tree, src, dst, w, ch);
+                }
+                Collective::ReduceScatter => {
+                    let src = Loc::input(o.root * per_root_chunks + k);
+                    let out = b.output_loc(o.root, k);
+                    up_piece(&mut b, &o.tree, src, out, w, ch);
+                }
+                _ => return Vec::new(),
+            }
+        }
     }
     let params = FamilyParams {
-        channels: trees.len() as u32,
-        pipeline: chunks,
+        channels: owned.len() as u32,
+        pipeline: pieces,
     };
+    let min_bytes = u64::from(pieces) * owned.len() as u64 * MIN_PIECE_BYTES;
     candidate(name, params, b)
+        .into_iter()
+        .map(|c| c.from_bytes(min_bytes))
+        .collect()
+}
+
+/// One piece of `count` chunks down `tree`: the root sends `src`, every other rank stores it
+/// at `dst` and forwards it to its children.
+fn down_piece(b: &mut ScheduleBuilder, tree: &Tree, src: Loc, dst: Loc, count: u32, channel: u32) {
+    for &v in &tree.top_down {
+        let cs = &tree.children[v as usize];
+        match tree.parent[v as usize] {
+            None => {
+                for &c in cs {
+                    b.send(v, c, src, count, channel);
+                }
+            }
+            Some(p) => match cs.split_first() {
+                None => b.recv(v, p, dst, count, channel),
+                Some((&c0, rest)) => {
+                    b.recv_copy_send(v, p, c0, dst, count, channel);
+                    for &c in rest {
+                        b.send(v, c, dst, count, channel);
+                    }
+                }
+            },
+        }
+    }
+}
+
+/// One piece of `count` chunks up `tree`: every rank adds its `src` to what its children
+/// send and passes the sum to its parent (accumulating in scratch when it has several
+/// children); the root stores the total at `out`.
+fn up_piece(b: &mut ScheduleBuilder, tree: &Tree, src: Loc, out: Loc, count: u32, channel: u32) {
+    for &v in tree.top_down.iter().rev() {
+        let cs = tree.children[v as usize].clone();
+        let Some((&last, before)) = cs.split_last() else {
+            if let Some(p) = tree.parent[v as usize] {
+                b.send(v, p, src, count, channel);
+            }
+            continue;
+        };
+        match tree.parent[v as usize] {
+            None => {
+                for (i, &c) in cs.iter().enumerate() {
+                    let from = if i == 0 { src } else { out };
+                    b.recv_reduce_copy(v, c, from, out, count, channel);
+                }
+            }
+            Some(p) if before.is_empty() => b.recv_reduce_send(v, last, p, src, count, channel),
+            Some(p) => {
+                let acc = b.scratch(v, count);
+                for (i, &c) in before.iter().enumerate() {
+                    let from = if i == 0 { src } else { acc };
+                    b.recv_reduce_copy(v, c, from, acc, count, channel);
+                }
+                b.recv_reduce_send(v, last, p, acc, count, channel);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -235,13 +510,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn shares_follow_rates_and_add_up() {
-        assert_eq!(chunk_shares(&[1.0, 1.0], 16), vec![8, 8]);
-        assert_eq!(chunk_shares(&[3.0, 1.0], 16), vec![12, 4]);
-        let s = chunk_shares(&[5.0, 0.1, 0.1], 10);
-        assert_eq!(s.iter().sum::<u32>(), 10);
-        assert!(s.iter().all(|&c| c >= 1));
-        // More trees than chunks: the first `chunks` trees get one each.
-        assert_eq!(chunk_shares(&[1.0, 1.0, 1.0], 2), vec![1, 1, 0]);
+    fn widths_follow_rates_and_add_up() {
+        assert_eq!(piece_widths(&[1.0, 1.0], 16), vec![8, 8]);
+        assert_eq!(piece_widths(&[3.0, 1.0], 16), vec![12, 4]);
+        let w = piece_widths(&[5.0, 0.1, 0.1], 10);
+        assert_eq!(w.iter().sum::<u32>(), 10);
+        // The slow trees would finish last with a unit of their own.
+        assert_eq!(w, vec![10, 0, 0]);
+        // Nothing to share over: no widths.
+        assert_eq!(piece_widths(&[0.0, f64::NAN], 4), vec![0, 0]);
+        // The finishing time max(w / rate) is the least any split reaches (brute force).
+        let rates = [7.0, 3.0, 2.5, 0.4];
+        let w = piece_widths(&rates, 9);
+        let time = |w: &[u32]| {
+            w.iter()
+                .zip(&rates)
+                .map(|(&w, r)| f64::from(w) / r)
+                .fold(0.0, f64::max)
+        };
+        let mut best = f64::INFINITY;
+        for a in 0..=9u32 {
+            for b in 0..=9 - a {
+                for c in 0..=9 - a - b {
+                    best = best.min(time(&[a, b, c, 9 - a - b - c]));
+                }
+            }
+        }
+        assert!((time(&w) - best).abs() < 1e-12, "{w:?}");
     }
 }

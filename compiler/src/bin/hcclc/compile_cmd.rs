@@ -86,6 +86,7 @@ fn external_candidates(paths: &[PathBuf], topo: &Topology) -> Result<Vec<Candida
                 },
                 schedule: entry.schedule,
                 symmetry: entry.symmetry,
+                min_bytes: 0,
             });
         }
     }
