@@ -31,8 +31,11 @@ use crate::cost::{
     Bound, CostModel, NcclChoice, NcclTopo, Network, Prepared, Simulator, bounds::bound,
     device_models,
 };
-use crate::families::{Candidate, Family, FamilyParams, all_families};
-use hccl_ir::{Collective, CollectiveKind, CostFit, PlanEntry, PlanFile, PlanMeta, Protocol};
+use crate::families::{Candidate, Family, FamilyParams, all_families, families_for};
+use crate::synth::SynthLevel;
+use hccl_ir::{
+    Collective, CollectiveKind, CostFit, PlanEntry, PlanFile, PlanMeta, Protocol, Synthesis,
+};
 use hccl_topologies::Topology;
 
 /// Default smallest size bucket (1 KiB).
@@ -58,6 +61,8 @@ pub struct Options {
     /// Simulated steps allowed per candidate and protocol over all sizes; beyond it the
     /// sizes are subsampled (at least the smallest and largest are always simulated).
     pub sim_budget: usize,
+    /// Which synthesizers compete ([`SynthLevel`]).
+    pub synth: SynthLevel,
 }
 
 impl Default for Options {
@@ -70,6 +75,7 @@ impl Default for Options {
             extra: Vec::new(),
             model: CostModel::default(),
             sim_budget: 400_000,
+            synth: SynthLevel::Auto,
         }
     }
 }
@@ -127,6 +133,8 @@ pub struct Row {
     pub bound_us: f64,
     /// Number of ranks (for bus bandwidth).
     pub nranks: u32,
+    /// How a synthesizer found the schedule, when one did.
+    pub synthesis: Option<Synthesis>,
 }
 
 impl Row {
@@ -262,7 +270,7 @@ pub fn compile_with_progress(
     let mut sizes = options.sizes.clone();
     sizes.sort_unstable();
     sizes.dedup();
-    let families = all_families();
+    let families = families_for(options.synth);
     if let Some(wanted) = &options.algorithms {
         for name in wanted {
             let known = families.iter().any(|f| f.name() == name)
@@ -434,6 +442,7 @@ pub fn compile_with_progress(
                 baseline_us: baseline.as_ref().map(|b| b.2),
                 bound_us: b.total_us,
                 nranks,
+                synthesis: cand.synthesis.clone(),
             });
         }
         phase.done("rows and bounds");
@@ -454,6 +463,7 @@ pub fn compile_with_progress(
                 protocol: options.protocols[p],
                 cost,
                 symmetry: costed[c].candidate.symmetry.clone(),
+                synthesis: costed[c].candidate.synthesis.clone(),
                 schedule: costed[c].candidate.schedule.clone(),
             });
             start = end;
@@ -572,6 +582,7 @@ pub fn evaluate_plan(
                 baseline_us: baseline.as_ref().map(|b| b.2),
                 bound_us: b.total_us,
                 nranks,
+                synthesis: entry.synthesis.clone(),
             });
         }
     }

@@ -58,13 +58,15 @@ fn synth_reports_the_packing_and_writes_a_plan_that_verifies() {
         assert!(!trees.is_empty() && trees.len() <= 8);
         let shares: f64 = trees.iter().map(|t| t["share"].as_f64().unwrap()).sum();
         assert!((shares - 1.0).abs() < 1e-9);
-        // Piece widths share the resolution (64 chunk units per piece round) by rate.
+        // Piece widths share the resolution (chunk units per piece round) by rate.
+        let units = doc["resolution"].as_u64().unwrap();
+        assert!(hccl_compiler::synth::RESOLUTIONS.contains(&(units as u32)));
         let widths: u64 = trees
             .iter()
             .map(|t| t["piece_chunks"].as_u64().unwrap())
             .sum();
-        assert_eq!(widths, 64);
-        assert_eq!(doc["chunks"], 8 * 64);
+        assert_eq!(widths, units);
+        assert_eq!(doc["chunks"], 8 * units);
         assert!(doc["lp_bound_gbps"].as_f64().unwrap() >= rate * (1.0 - 1e-9));
         assert_eq!(doc["optimal"], true);
         for t in trees {

@@ -151,6 +151,7 @@ fn algo_filter_and_extra_candidates() {
             schedule: ring,
             symmetry: None,
             min_bytes: 0,
+            synthesis: None,
         }],
         ..opts
     };

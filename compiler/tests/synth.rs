@@ -158,7 +158,7 @@ fn all_root_packings_respect_the_cut() {
 /// Every packed-tree schedule verifies, both placements, for every collective packed.
 #[test]
 fn packed_tree_schedules_verify() {
-    let family = PackedTrees;
+    let family = PackedTrees::default();
     for (name, topo) in machines() {
         let n = topo.nranks();
         let mut collectives = vec![
@@ -183,7 +183,9 @@ fn packed_tree_schedules_verify() {
                     );
                     for c in &cands {
                         let s = &c.schedule;
-                        assert_eq!(s.chunks, roots * params.pipeline * synth::RESOLUTION);
+                        let units = s.chunks / (roots * params.pipeline);
+                        assert_eq!(s.chunks, roots * params.pipeline * units);
+                        assert!(synth::RESOLUTIONS.contains(&units), "{units} units");
                         assert!(c.min_bytes > 0);
                         if let Err(e) = verify(s) {
                             panic!("{name} {collective} {params:?} in_place={in_place}: {e:?}");
@@ -203,8 +205,17 @@ fn lowering_shares_pieces_by_rate() {
     let net = Network::new(&topo);
     let packing = pack(&net, 0, Direction::FromRoot).unwrap();
     let rates: Vec<f64> = packing.trees.iter().map(|t| t.rate).collect();
-    let widths = synth::piece_widths(&rates, synth::RESOLUTION);
-    assert_eq!(widths.iter().sum::<u32>(), synth::RESOLUTION);
+    let units = synth::resolution(&packing);
+    let widths = synth::piece_widths(&rates, units);
+    assert_eq!(widths.iter().sum::<u32>(), units);
+    // The resolution rounds the shares within the allowed loss (or is the finest), and is
+    // the least that does; finer never rounds worse here.
+    let finest = *synth::RESOLUTIONS.last().unwrap();
+    assert!(synth::rounding_loss(&rates, units) <= synth::ROUNDING_LOSS || units == finest);
+    assert!(synth::rounding_loss(&rates, finest) <= synth::rounding_loss(&rates, 64));
+    for &coarser in synth::RESOLUTIONS.iter().filter(|&&r| r < units) {
+        assert!(synth::rounding_loss(&rates, coarser) > synth::ROUNDING_LOSS);
+    }
     for (i, j) in (0..rates.len()).flat_map(|i| (0..rates.len()).map(move |j| (i, j))) {
         if rates[i] > rates[j] {
             assert!(widths[i] >= widths[j], "{rates:?} -> {widths:?}");
@@ -213,7 +224,7 @@ fn lowering_shares_pieces_by_rate() {
     let used = widths.iter().filter(|&&w| w > 0).count() as u32;
     for budget in [used, used + 3, 2 * used] {
         let copies = synth::copy_counts(&widths, budget);
-        assert_eq!(copies.iter().sum::<u32>(), budget.min(synth::RESOLUTION));
+        assert_eq!(copies.iter().sum::<u32>(), budget.min(units));
         let cands = synth::lower(
             "packed_trees",
             &packing,

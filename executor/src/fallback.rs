@@ -459,6 +459,7 @@ fn entry(min: u64, max: Option<u64>, algorithm: &str, schedule: Schedule) -> Pla
         protocol: Protocol::Simple,
         cost: None,
         symmetry: None,
+        synthesis: None,
         schedule,
     }
 }

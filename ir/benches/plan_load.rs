@@ -46,6 +46,7 @@ fn plan_text_with(schedule: Schedule, symmetry: Option<Symmetry>) -> String {
         protocol: Protocol::Simple,
         cost: None,
         symmetry,
+        synthesis: None,
         schedule,
     });
     plan.to_ron()

@@ -143,6 +143,29 @@ impl CostFit {
     }
 }
 
+/// How a synthesized entry's schedule was found: the synthesizer, what it optimised, the
+/// value its schedule reaches and the best value the solver proved possible. Written by the
+/// compiler for schedules that come from a solver rather than a hand-written family;
+/// informational (the executor ignores it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Synthesis {
+    /// The synthesizer, e.g. `lp-tree-packing`.
+    pub method: String,
+    /// What it maximised or minimised, in words.
+    pub objective: String,
+    /// The objective's value for this entry's schedule.
+    pub value: f64,
+    /// The optimum over every schedule of the synthesizer's model, as far as the solver
+    /// proved it (`value == optimum` when the schedule is optimal).
+    pub optimum: f64,
+    /// Unit of `value` and `optimum` (`GB/s`, `steps`, …).
+    pub unit: String,
+    /// Whether the solver proved `optimum` optimal (else it stopped early, e.g. at a time
+    /// limit, and `optimum` is its best bound).
+    pub proven: bool,
+}
+
 /// One schedule and the message sizes it is chosen for.
 ///
 /// Serialised by hand (see the module docs): the schedule is written `symmetric:` when
@@ -165,6 +188,8 @@ pub struct PlanEntry {
     /// written explicitly and the claim is dropped. Entries read from a file have `Some` iff
     /// they were written symmetric.
     pub symmetry: Option<Symmetry>,
+    /// How the schedule was synthesized, when a solver made it.
+    pub synthesis: Option<Synthesis>,
 }
 
 impl PlanEntry {
@@ -186,7 +211,7 @@ impl PlanEntry {
 
 /// The RON form of entries, shared by the full and the one-rank reader.
 mod wire {
-    use super::{CostFit, PlanEntry, Protocol};
+    use super::{CostFit, PlanEntry, Protocol, Synthesis};
     use crate::schedule::Schedule;
     use crate::symmetric::{SymmetricSchedule, Symmetry};
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -201,6 +226,8 @@ mod wire {
         pub protocol: Protocol,
         #[serde(skip_serializing_if = "Option::is_none")]
         pub cost: Option<CostFit>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub synthesis: Option<&'a Synthesis>,
         #[serde(skip_serializing_if = "Option::is_none", serialize_with = "bare")]
         pub schedule: Option<&'a Schedule>,
         #[serde(skip_serializing_if = "Option::is_none", serialize_with = "bare")]
@@ -222,6 +249,8 @@ mod wire {
         pub protocol: Protocol,
         #[serde(default)]
         pub cost: Option<CostFit>,
+        #[serde(default)]
+        pub synthesis: Option<Synthesis>,
         #[serde(default = "none", deserialize_with = "present")]
         pub schedule: Option<S>,
         #[serde(default, deserialize_with = "present")]
@@ -283,6 +312,7 @@ mod wire {
                 cost: self.cost,
                 schedule,
                 symmetry,
+                synthesis: self.synthesis,
             })
         }
     }
@@ -297,6 +327,7 @@ impl Serialize for PlanEntry {
             algorithm: &self.algorithm,
             protocol: self.protocol,
             cost: self.cost,
+            synthesis: self.synthesis.as_ref(),
             schedule: symmetric.is_none().then_some(&self.schedule),
             symmetric,
         }
@@ -388,6 +419,7 @@ impl PlanFile {
                 Some(PlanEntry {
                     schedule: e.schedule.with_root(root)?,
                     symmetry: None,
+                    synthesis: None,
                     ..e.clone()
                 })
             })
@@ -726,6 +758,7 @@ mod tests {
                 }),
                 schedule,
                 symmetry: None,
+                synthesis: None,
             });
         }
         plan

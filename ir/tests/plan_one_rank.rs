@@ -19,6 +19,7 @@ fn entry(schedule: Schedule, symmetry: Option<Symmetry>) -> PlanEntry {
         cost: None,
         schedule,
         symmetry,
+        synthesis: None,
     }
 }
 

@@ -49,6 +49,7 @@ fn ensure_root_adds_entries_only_when_missing() {
         protocol: Protocol::Simple,
         cost: None,
         symmetry: None,
+        synthesis: None,
         schedule: common::ring_broadcast(4, 0, 2, 1, 2, false),
     });
     assert_eq!(plan.ensure_root(Collective::Broadcast { root: 3 }), 1);

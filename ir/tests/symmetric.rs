@@ -374,6 +374,7 @@ fn plan_of(schedule: Schedule, symmetry: Option<Symmetry>) -> PlanFile {
         cost: None,
         schedule,
         symmetry,
+        synthesis: None,
     });
     plan
 }

@@ -122,6 +122,7 @@ fn ring_plan() -> PlanFile {
         protocol: Protocol::Simple,
         cost: None,
         symmetry: None,
+        synthesis: None,
         schedule: ring_allreduce_8(),
     });
     plan

@@ -263,6 +263,7 @@ pub fn candidate(name: &str, params: FamilyParams, b: ScheduleBuilder) -> Vec<Ca
             schedule,
             symmetry: None,
             min_bytes: 0,
+            synthesis: None,
         }],
         Err(_) => Vec::new(),
     }

@@ -7,7 +7,8 @@
 //! built-in families (imported MSCCL files, an LP synthesizer) enter the search as plain
 //! [`Candidate`] values.
 
-use hccl_ir::{Collective, CollectiveKind, Schedule, Symmetry};
+use crate::synth::SynthLevel;
+use hccl_ir::{Collective, CollectiveKind, Schedule, Symmetry, Synthesis};
 use hccl_topologies::Topology;
 
 pub mod common;
@@ -52,12 +53,21 @@ pub struct Candidate {
     /// pieces are too small to compete (a deep pipeline of a few bytes per piece), and it is
     /// not simulated there. 0 for every size.
     pub min_bytes: u64,
+    /// How a synthesizer found the schedule (recorded in the plan entry); `None` for
+    /// hand-written families and imported algorithms.
+    pub synthesis: Option<Synthesis>,
 }
 
 impl Candidate {
     /// The candidate with `symmetry` claimed for its schedule.
     pub fn with_symmetry(mut self, symmetry: Option<Symmetry>) -> Candidate {
         self.symmetry = symmetry;
+        self
+    }
+
+    /// The candidate with its synthesis recorded (see [`Candidate::synthesis`]).
+    pub fn synthesized(mut self, synthesis: Synthesis) -> Candidate {
+        self.synthesis = Some(synthesis);
         self
     }
 
@@ -120,8 +130,24 @@ pub fn steps_per_piece(params: FamilyParams, per_piece: u64) -> u64 {
         .saturating_mul(u64::from(params.pipeline.max(1)))
 }
 
-/// Every built-in family, in a fixed order (the search is deterministic).
+/// Every built-in family, in a fixed order (the search is deterministic), with the
+/// synthesizers at their default level ([`SynthLevel::Auto`]).
 pub fn all_families() -> Vec<Box<dyn Family>> {
+    families_for(SynthLevel::Auto)
+}
+
+/// Every built-in family with the synthesizers at `level` (none when `Off`), in a fixed
+/// order.
+pub fn families_for(level: SynthLevel) -> Vec<Box<dyn Family>> {
+    let mut families = hand_written();
+    if level != SynthLevel::Off {
+        families.push(Box::new(crate::synth::PackedTrees::at(level)));
+    }
+    families
+}
+
+/// The hand-written families.
+fn hand_written() -> Vec<Box<dyn Family>> {
     vec![
         Box::new(Ring),
         Box::new(DoubleRing),
@@ -136,7 +162,6 @@ pub fn all_families() -> Vec<Box<dyn Family>> {
         Box::new(Pairwise),
         Box::new(Bruck),
         Box::new(TwoPhase),
-        Box::new(crate::synth::PackedTrees),
     ]
 }
 
@@ -149,7 +174,7 @@ pub fn generate_with(
     params: FamilyParams,
     in_place: bool,
 ) -> Option<Vec<Candidate>> {
-    all_families()
+    families_for(SynthLevel::Full)
         .into_iter()
         .find(|f| f.name() == name)
         .map(|f| f.schedules(topo, collective, params, in_place))

@@ -108,6 +108,7 @@ impl Family for OneShot {
             schedule,
             symmetry: None,
             min_bytes: 0,
+            synthesis: None,
         }]
     }
 

@@ -23,7 +23,7 @@ use crate::cost::Network;
 use crate::families::common::{candidate, single_rank};
 use crate::families::tree::Tree;
 use crate::families::{Candidate, Family, FamilyParams};
-use hccl_ir::{Collective, CollectiveKind, Loc};
+use hccl_ir::{Collective, CollectiveKind, Loc, Synthesis};
 use hccl_topologies::Topology;
 pub use packing::{Direction, MAX_TREES, PackedTree, Packing, Pool, grow_pool, pack, prune};
 use std::collections::HashMap;
@@ -41,16 +41,55 @@ pub enum SynthError {
     Solver(String),
 }
 
-/// Largest rank count Broadcast and Reduce are packed for inside a search.
+/// Which synthesizers compete in a search (`hcclc compile --synth`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum SynthLevel {
+    /// The hand-written families only.
+    Off,
+    /// Synthesizers within a time budget that keeps compiling an 8-rank machine under 2 s
+    /// (release build): tree packing up to [`SYNTH_MAX_RANKS`] ranks for Broadcast and
+    /// Reduce and [`SYNTH_MAX_RANKS_ALL`] for AllGather and ReduceScatter.
+    #[default]
+    Auto,
+    /// Every synthesizer at every size it can solve: twice the rank limits of `Auto`, deeper
+    /// pipelines and more channels (compiles take seconds to minutes).
+    Full,
+}
+
+impl SynthLevel {
+    /// Every level, in order.
+    pub const ALL: [SynthLevel; 3] = [SynthLevel::Off, SynthLevel::Auto, SynthLevel::Full];
+
+    /// The level's name (`off`, `auto`, `full`).
+    pub fn name(self) -> &'static str {
+        match self {
+            SynthLevel::Off => "off",
+            SynthLevel::Auto => "auto",
+            SynthLevel::Full => "full",
+        }
+    }
+
+    /// The level called `name`.
+    pub fn from_name(name: &str) -> Option<SynthLevel> {
+        SynthLevel::ALL.into_iter().find(|l| l.name() == name)
+    }
+}
+
+/// Largest rank count Broadcast and Reduce are packed for inside a search (`--synth auto`;
+/// twice as many with `full`).
 pub const SYNTH_MAX_RANKS: u32 = 32;
 /// Largest rank count AllGather and ReduceScatter are packed for inside a search (every
-/// rank is a root: one pricing problem per rank per round).
+/// rank is a root: one pricing problem per rank per round; twice as many with `full`).
 pub const SYNTH_MAX_RANKS_ALL: u32 = 16;
 /// Pieces over all channels (pipeline depth × channels) Broadcast and Reduce are compiled
-/// with.
+/// with; `full` adds [`DEEPEST_FULL`].
 const TOTAL_PIECES: [u32; 4] = [16, 64, 256, 1024];
-/// Pieces per tree AllGather and ReduceScatter are compiled with.
+/// The deeper pipeline `--synth full` adds for Broadcast and Reduce.
+const DEEPEST_FULL: u32 = 4096;
+/// Pieces per tree AllGather and ReduceScatter are compiled with; `full` adds [`DEEPEST_ALL_FULL`].
 const PIPELINES_ALL: [u32; 2] = [8, 32];
+/// The deeper pipeline `--synth full` adds for AllGather and ReduceScatter.
+const DEEPEST_ALL_FULL: u32 = 128;
 /// Channels of the wider Broadcast and Reduce schedules (copies of the wider trees).
 const WIDE_CHANNELS: u32 = 16;
 /// Most trees a rooted packing keeps in a search; spare channels run copies of the wider
@@ -73,11 +112,16 @@ pub fn packing_of(collective: Collective, nranks: u32) -> Option<(Vec<u32>, Dire
     }
 }
 
-/// Largest rank count `collective` is packed for.
-fn max_ranks(collective: Collective) -> u32 {
-    match collective.kind() {
+/// Largest rank count `collective` is packed for at `level`.
+fn max_ranks(collective: Collective, level: SynthLevel) -> u32 {
+    let auto = match collective.kind() {
         CollectiveKind::AllGather | CollectiveKind::ReduceScatter => SYNTH_MAX_RANKS_ALL,
         _ => SYNTH_MAX_RANKS,
+    };
+    match level {
+        SynthLevel::Off => 0,
+        SynthLevel::Auto => auto,
+        SynthLevel::Full => 2 * auto,
     }
 }
 
@@ -136,7 +180,7 @@ fn pool_for_topo(topo: &Topology, roots: &[u32], direction: Direction) -> Option
 /// for other collectives and outside the sizes the synthesizer runs on.
 pub fn packing_bound(net: &Network, collective: Collective) -> Option<f64> {
     let n = net.nranks();
-    if n < 2 || n > max_ranks(collective) {
+    if n < 2 || n > max_ranks(collective, SynthLevel::Auto) {
         return None;
     }
     let (roots, direction) = packing_of(collective, n)?;
@@ -145,9 +189,18 @@ pub fn packing_bound(net: &Network, collective: Collective) -> Option<f64> {
 }
 
 /// Broadcast, Reduce, AllGather and ReduceScatter over an LP packing of spanning trees
-/// ([`packing`]).
+/// ([`packing`]), at a [`SynthLevel`] (`Auto` by default).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct PackedTrees;
+pub struct PackedTrees {
+    pub level: SynthLevel,
+}
+
+impl PackedTrees {
+    /// The family at `level`.
+    pub fn at(level: SynthLevel) -> PackedTrees {
+        PackedTrees { level }
+    }
+}
 
 impl Family for PackedTrees {
     fn name(&self) -> &'static str {
@@ -168,7 +221,7 @@ impl Family for PackedTrees {
     /// and the smaller limits below it.
     fn param_space(&self, topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
         let n = topo.nranks();
-        if n < 2 || n > max_ranks(collective) {
+        if n < 2 || n > max_ranks(collective, self.level) {
             return Vec::new();
         }
         let Some((roots, direction)) = packing_of(collective, n) else {
@@ -183,10 +236,15 @@ impl Family for PackedTrees {
             // Channels per root: the trees alone, and twice as many (copies of the wider
             // trees), within the verifier's and executors' reach.
             let most = (MAX_CHANNELS_ALL / n).max(1);
-            for channels in [support.min(most)] {
-                for &pipeline in &PIPELINES_ALL {
-                    out.push(FamilyParams { channels, pipeline });
-                }
+            let channels = support.min(most);
+            for &pipeline in &PIPELINES_ALL {
+                out.push(FamilyParams { channels, pipeline });
+            }
+            if self.level == SynthLevel::Full {
+                out.push(FamilyParams {
+                    channels,
+                    pipeline: DEEPEST_ALL_FULL,
+                });
             }
         } else {
             // Pieces per channel for the same piece counts in all; the wider budget (copies
@@ -202,6 +260,12 @@ impl Family for PackedTrees {
                 channels: WIDE_CHANNELS,
                 pipeline: deepest / WIDE_CHANNELS,
             });
+            if self.level == SynthLevel::Full {
+                out.push(FamilyParams {
+                    channels: WIDE_CHANNELS,
+                    pipeline: DEEPEST_FULL / WIDE_CHANNELS,
+                });
+            }
         }
         out
     }
@@ -220,7 +284,7 @@ impl Family for PackedTrees {
         if n == 1 && self.supports(collective.kind()) {
             return single_rank(self.name(), collective, in_place, params);
         }
-        if n > max_ranks(collective) {
+        if n > max_ranks(collective, self.level) {
             return Vec::new();
         }
         let Some((roots, direction)) = packing_of(collective, n) else {
@@ -321,10 +385,44 @@ pub fn copy_counts(widths: &[u32], budget: u32) -> Vec<u32> {
     copies
 }
 
-/// Chunk units a root's buffer is cut into per piece: a tree's piece spans its share of them
-/// ([`piece_widths`] of the trees' rates), so one root's buffer is `pieces × RESOLUTION`
-/// chunks.
-pub const RESOLUTION: u32 = 64;
+/// Chunk units a root's buffer may be cut into per piece, least first: a tree's piece spans
+/// its share of them ([`piece_widths`] of the trees' rates), so one root's buffer is
+/// `pieces × resolution` chunks. [`resolution`] picks the least that rounds the shares
+/// closely enough.
+pub const RESOLUTIONS: [u32; 5] = [64, 128, 256, 512, 1024];
+/// Most slowdown the rounding of the trees' shares to whole chunk units may cost: the
+/// slowest tree finishes its whole-unit share this much later than exact shares would.
+pub const ROUNDING_LOSS: f64 = 1.005;
+
+/// How much later than with exact shares the slowest of trees of `rates` finishes when each
+/// gets `units` chunk units by [`piece_widths`] (1 = no loss).
+pub fn rounding_loss(rates: &[f64], units: u32) -> f64 {
+    let total: f64 = rates.iter().filter(|r| r.is_finite() && **r > 0.0).sum();
+    if total <= 0.0 || units == 0 {
+        return f64::INFINITY;
+    }
+    piece_widths(rates, units)
+        .iter()
+        .zip(rates)
+        .filter(|(w, _)| **w > 0)
+        .map(|(&w, &r)| f64::from(w) / f64::from(units) * total / r)
+        .fold(1.0, f64::max)
+}
+
+/// The least of [`RESOLUTIONS`] whose rounding of every root's tree shares costs at most
+/// [`ROUNDING_LOSS`] (the finest otherwise).
+pub fn resolution(packing: &Packing) -> u32 {
+    let finest = RESOLUTIONS[RESOLUTIONS.len() - 1];
+    RESOLUTIONS
+        .into_iter()
+        .find(|&units| {
+            packing.roots.iter().all(|&root| {
+                let rates: Vec<f64> = packing.trees_of(root).map(|t| t.rate).collect();
+                rounding_loss(&rates, units) <= ROUNDING_LOSS
+            })
+        })
+        .unwrap_or(finest)
+}
 
 /// Lowers a packing to a schedule in which every tree carries `pieces` pieces (see the
 /// module docs). A tree's pieces are as large as its share of the root's rate: every tree
@@ -348,7 +446,8 @@ pub fn lower(
     {
         return Vec::new();
     }
-    let per_root_chunks = pieces * RESOLUTION;
+    let units = resolution(packing);
+    let per_root_chunks = pieces * units;
     let rank_of: Vec<u32> = (0..n).collect();
     // Tree t of a root owns that root's chunks pieces·off .. pieces·(off + width): piece j
     // is the `width` chunks from pieces·off + j·width.
@@ -365,7 +464,7 @@ pub fn lower(
     for &root in &packing.roots {
         let mine: Vec<&PackedTree> = packing.trees_of(root).collect();
         let rates: Vec<f64> = mine.iter().map(|t| t.rate).collect();
-        let widths = piece_widths(&rates, RESOLUTION);
+        let widths = piece_widths(&rates, units);
         let copies = copy_counts(&widths, copies_per_root);
         let mut off = 0;
         for ((tree, &width), &copies) in mine.iter().zip(&widths).zip(&copies) {
@@ -443,10 +542,32 @@ pub fn lower(
         pipeline: pieces,
     };
     let min_bytes = u64::from(pieces) * owned.len() as u64 * MIN_PIECE_BYTES;
+    let record = record(packing);
     candidate(name, params, b)
         .into_iter()
-        .map(|c| c.from_bytes(min_bytes))
+        .map(|c| c.from_bytes(min_bytes).synthesized(record.clone()))
         .collect()
+}
+
+/// What a plan entry records of a packing: the rate its kept trees reach against the LP's
+/// proven optimum.
+pub fn record(packing: &Packing) -> Synthesis {
+    let what = match (packing.roots.len() > 1, packing.direction) {
+        (false, Direction::FromRoot) => "the root's data reaches every rank",
+        (false, Direction::ToRoot) => "every rank's data is reduced into the root",
+        (true, Direction::FromRoot) => "each rank's block reaches every other rank",
+        (true, Direction::ToRoot) => "each block is reduced from every rank into its owner",
+    };
+    Synthesis {
+        method: "lp-tree-packing".into(),
+        objective: format!(
+            "maximise the rate at which {what}, over spanning trees of the simulator's routes"
+        ),
+        value: packing.rate,
+        optimum: packing.bound,
+        unit: "GB/s".into(),
+        proven: packing.pool_rate >= packing.bound * (1.0 - 1e-3),
+    }
 }
 
 /// One piece of `count` chunks down `tree`: the root sends `src`, every other rank stores it

@@ -397,6 +397,7 @@ impl<'a, 'input> Importer<'a, 'input> {
                 protocol,
                 cost: None,
                 symmetry: None,
+                synthesis: None,
                 schedule: Schedule {
                     collective,
                     nranks,

@@ -7,7 +7,8 @@ use hccl_compiler::families::{Candidate, FamilyParams};
 use hccl_compiler::search::{
     self, CompiledPlan, DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES, Options, Progress, Row, SearchError,
 };
-use hccl_ir::{CollectiveKind, PlanFile};
+use hccl_compiler::synth::SynthLevel;
+use hccl_ir::{CollectiveKind, PlanFile, Synthesis};
 use hccl_topologies::Topology;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -36,6 +37,10 @@ pub struct CompileArgs {
     /// MSCCL algorithms (XML) or plan files that join the search as candidates (repeatable).
     #[arg(long = "with", value_name = "ALGO.xml")]
     pub with: Vec<PathBuf>,
+    /// Synthesizers in the search: off (hand-written families only), auto (those that fit
+    /// a compile of a few seconds) or full (every synthesizer at every size it solves).
+    #[arg(long, default_value = "auto", value_name = "off|auto|full")]
+    pub synth: String,
     /// Print one JSON document instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -87,6 +92,7 @@ fn external_candidates(paths: &[PathBuf], topo: &Topology) -> Result<Vec<Candida
                 schedule: entry.schedule,
                 symmetry: entry.symmetry,
                 min_bytes: 0,
+                synthesis: None,
             });
         }
     }
@@ -216,6 +222,12 @@ pub fn compile(args: CompileArgs) -> Result<(), CliError> {
         extra: external_candidates(&args.with, &topo)?,
         model: hccl_compiler::cost::CostModel::for_topology(&topo),
         protocols: parse_protocols(args.proto.as_deref())?,
+        synth: SynthLevel::from_name(&args.synth).ok_or_else(|| {
+            CliError::Input(format!(
+                "--synth {}: expected off, auto or full",
+                args.synth
+            ))
+        })?,
         ..Options::default()
     };
     let bar = progress_bar();
@@ -360,6 +372,7 @@ fn row_json(r: &Row) -> serde_json::Value {
         "speedup": r.speedup().map(round3),
         "bound_us": round3(r.bound_us),
         "bound_ratio": round3(r.bound_ratio()),
+        "synthesis": r.synthesis.as_ref().map(synthesis_json),
     })
 }
 
@@ -387,6 +400,7 @@ pub fn table(plan_path: &Path, topo: &Topology, rows: &[Row]) -> String {
     let mut i = 0;
     while i < rows.len() {
         let kind = rows[i].collective;
+        let start = i;
         let _ = writeln!(out, "\n{kind}");
         let _ = writeln!(
             out,
@@ -430,6 +444,52 @@ pub fn table(plan_path: &Path, topo: &Topology, rows: &[Row]) -> String {
             );
             i += 1;
         }
+        // What the synthesizers behind this collective's entries proved, once per record.
+        let mut seen: Vec<(&str, &Synthesis)> = Vec::new();
+        for r in rows[start..i].iter() {
+            if let Some(s) = &r.synthesis
+                && !seen.iter().any(|(a, t)| *a == r.algorithm && *t == s)
+            {
+                seen.push((&r.algorithm, s));
+            }
+        }
+        for (algorithm, s) in seen {
+            let _ = writeln!(out, "  {algorithm}: {}", describe(s));
+        }
     }
     out
+}
+
+/// One line on a synthesized schedule: method, value against the proven optimum, objective.
+pub fn describe(s: &Synthesis) -> String {
+    let share = if s.optimum > 0.0 {
+        format!(" ({:.1}%)", 100.0 * s.value / s.optimum)
+    } else {
+        String::new()
+    };
+    format!(
+        "{} reaches {:.2} {} of the {} {:.2} {}{share}; objective: {}",
+        s.method,
+        s.value,
+        s.unit,
+        if s.proven {
+            "proven optimum"
+        } else {
+            "best bound"
+        },
+        s.optimum,
+        s.unit,
+        s.objective
+    )
+}
+
+fn synthesis_json(s: &Synthesis) -> serde_json::Value {
+    serde_json::json!({
+        "method": s.method,
+        "objective": s.objective,
+        "value": round3(s.value),
+        "optimum": round3(s.optimum),
+        "unit": s.unit,
+        "proven": s.proven,
+    })
 }

@@ -167,10 +167,11 @@ pub fn run(args: SynthArgs) -> Result<(), CliError> {
     }
 
     // Chunks per piece of every tree (its share of the root's buffer).
+    let units = synth::resolution(&packing);
     let mut widths = Vec::with_capacity(packing.trees.len());
     for &root in &packing.roots {
         let rates: Vec<f64> = packing.trees_of(root).map(|t| t.rate).collect();
-        widths.extend(synth::piece_widths(&rates, synth::RESOLUTION));
+        widths.extend(synth::piece_widths(&rates, units));
     }
     let trees: Vec<&synth::PackedTree> = packing
         .roots
@@ -191,6 +192,7 @@ pub fn run(args: SynthArgs) -> Result<(), CliError> {
             protocol,
             cost: None,
             symmetry: None,
+            synthesis: candidate.synthesis.clone(),
             schedule: candidate.schedule.clone(),
         });
         plan.save(out).map_err(CliError::input)?;
@@ -226,6 +228,7 @@ pub fn run(args: SynthArgs) -> Result<(), CliError> {
             "pool_rate_gbps": packing.pool_rate,
             "solver_ms": solver_ms,
             "pieces": args.pieces,
+            "resolution": units,
             "chunks": candidate.schedule.chunks,
             "steps": candidate.schedule.step_count(),
             "trees": trees.iter().zip(&widths).map(|(t, &width)| json!({
@@ -307,8 +310,8 @@ pub fn run(args: SynthArgs) -> Result<(), CliError> {
     println!(
         "\n  schedule: {} pieces per tree, {} chunks per root ({} per piece round), {} steps, verified",
         args.pieces,
-        args.pieces * synth::RESOLUTION,
-        synth::RESOLUTION,
+        args.pieces * units,
+        units,
         candidate.schedule.step_count()
     );
     println!(

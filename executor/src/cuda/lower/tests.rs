@@ -414,6 +414,7 @@ fn cyclic_plan() -> PlanFile {
         protocol: Protocol::Simple,
         cost: None,
         symmetry: None,
+        synthesis: None,
         schedule: s,
     });
     plan
