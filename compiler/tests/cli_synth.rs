@@ -157,3 +157,64 @@ fn bad_input_exits_2_with_the_reason() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `hcclc compile --synth`: `off` leaves the synthesizers out, `auto` lets the packed trees
+/// win where they are faster and records their synthesis in the plan, the table and the JSON
+/// rows; `explain` shows the record again from the plan file; a bad level exits 2.
+#[test]
+fn compile_synth_levels_and_the_recorded_synthesis() {
+    let dir = scratch("levels");
+    let compile = |level: &str, out: &str| {
+        hcclc(
+            &[
+                "compile",
+                "dgx-h100",
+                "-c",
+                "broadcast",
+                "--sizes",
+                "1G..1G",
+                "--synth",
+                level,
+                "-o",
+                out,
+                "--json",
+            ],
+            &dir,
+        )
+    };
+    let off = compile("off", "off.plan.ron");
+    assert_eq!(off.status.code(), Some(0));
+    let off: serde_json::Value = serde_json::from_slice(&off.stdout).unwrap();
+    let auto = compile("auto", "auto.plan.ron");
+    assert_eq!(auto.status.code(), Some(0));
+    let auto: serde_json::Value = serde_json::from_slice(&auto.stdout).unwrap();
+    let (off, auto) = (&off["rows"][0], &auto["rows"][0]);
+    assert_ne!(off["algorithm"], "packed_trees");
+    assert!(off["synthesis"].is_null());
+    assert_eq!(auto["algorithm"], "packed_trees");
+    assert!(auto["predicted_us"].as_f64().unwrap() < off["predicted_us"].as_f64().unwrap());
+    let record = &auto["synthesis"];
+    assert_eq!(record["method"], "lp-tree-packing");
+    assert_eq!(record["unit"], "GB/s");
+    assert_eq!(record["proven"], true);
+    let (value, optimum) = (
+        record["value"].as_f64().unwrap(),
+        record["optimum"].as_f64().unwrap(),
+    );
+    assert!(value > 0.0 && value <= optimum * (1.0 + 1e-9), "{record}");
+    // The plan file keeps the record; explain reads it back and prints it under the table.
+    let text = std::fs::read_to_string(dir.join("auto.plan.ron")).unwrap();
+    assert!(text.contains("lp-tree-packing"));
+    let explain = hcclc(&["explain", "auto.plan.ron", "--sizes", "1G..1G"], &dir);
+    assert_eq!(explain.status.code(), Some(0));
+    let shown = String::from_utf8_lossy(&explain.stdout);
+    assert!(
+        shown.contains("packed_trees: lp-tree-packing reaches") && shown.contains("proven optimum"),
+        "{shown}"
+    );
+    let bad = compile("most", "bad.plan.ron");
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--synth most"));
+    assert!(!dir.join("bad.plan.ron").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

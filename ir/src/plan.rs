@@ -758,7 +758,15 @@ mod tests {
                 }),
                 schedule,
                 symmetry: None,
-                synthesis: None,
+                // One entry records a synthesis: it survives both readers.
+                synthesis: (i == 1).then(|| Synthesis {
+                    method: "lp-tree-packing".into(),
+                    objective: "maximise the rate".into(),
+                    value: 150.5,
+                    optimum: 157.875,
+                    unit: "GB/s".into(),
+                    proven: true,
+                }),
             });
         }
         plan
