@@ -137,6 +137,7 @@ pub fn all_families() -> Vec<Box<dyn Family>> {
         Box::new(Bruck),
         Box::new(TwoPhase),
         Box::new(crate::synth::PackedTrees),
+        Box::new(crate::synth::alltoall::FlowAllToAll),
     ]
 }
 

@@ -15,6 +15,7 @@
 //! A synthesizer is only a source of [`Candidate`]s: its schedules are costed by the
 //! simulator, verified and chosen by the search like any hand-written family's.
 
+pub mod alltoall;
 pub mod arborescence;
 pub mod packing;
 
