@@ -47,9 +47,9 @@ pub const MAX_PATHS: usize = 4;
 const MIN_SHARE: f64 = 0.03;
 /// Chunk units a pair's block is cut into per piece: a path's piece spans its share of them
 /// ([`piece_widths`] of the paths' rates), so a block is `pieces × RESOLUTION` chunks.
-pub const RESOLUTION: u32 = 32;
+pub const RESOLUTION: u32 = 128;
 /// Pieces per path the family compiles with (deeper pipelines for larger sizes).
-const PIPELINES: [u32; 3] = [2, 8, 32];
+const PIPELINES: [u32; 4] = [2, 8, 32, 128];
 /// Path limits per pair the family compiles with.
 const PATH_LIMITS: [u32; 2] = [MAX_PATHS as u32, 2];
 /// Average piece size below which a schedule is not costed (see [`Candidate::min_bytes`]).
@@ -647,12 +647,18 @@ impl Family for FlowAllToAll {
             return Vec::new();
         }
         let mut out = Vec::new();
+        let widest = pruned_for(topo, PATH_LIMITS[0] as usize);
         for &paths in &PATH_LIMITS {
-            for &pipeline in &PIPELINES {
-                // Fewer paths only at the middle depth: the widest paths alone.
-                if paths != PATH_LIMITS[0] && pipeline != PIPELINES[1] {
-                    continue;
-                }
+            // A tighter path limit only where it changes the paths, and only at the middle
+            // depth: fewer, wider pipelines.
+            let depths: &[u32] = if paths == PATH_LIMITS[0] {
+                &PIPELINES
+            } else if pruned_for(topo, paths as usize).is_some_and(|f| Some(f) != widest) {
+                &PIPELINES[1..2]
+            } else {
+                &[]
+            };
+            for &pipeline in depths {
                 out.push(FamilyParams {
                     channels: paths,
                     pipeline,
