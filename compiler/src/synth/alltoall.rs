@@ -53,7 +53,7 @@ const PIPELINES: [u32; 4] = [2, 8, 32, 128];
 /// Path limits per pair the family compiles with.
 const PATH_LIMITS: [u32; 2] = [MAX_PATHS as u32, 2];
 /// Average piece size below which a schedule is not costed (see [`Candidate::min_bytes`]).
-const MIN_PIECE_BYTES: u64 = 4096;
+const MIN_PIECE_BYTES: u64 = 16 << 10;
 /// Relative slack on `λ*` in the least-load LP (keeps it feasible despite rounding).
 const RATE_SLACK: f64 = 1e-6;
 
