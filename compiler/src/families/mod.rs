@@ -142,6 +142,7 @@ pub fn families_for(level: SynthLevel) -> Vec<Box<dyn Family>> {
     let mut families = hand_written();
     if level != SynthLevel::Off {
         families.push(Box::new(crate::synth::PackedTrees::at(level)));
+        families.push(Box::new(crate::synth::alltoall::FlowAllToAll));
     }
     families
 }

@@ -11,10 +11,13 @@
 //!   rate, on a channel of its own; pieces go round-robin over the trees so all pipelines
 //!   advance together; deeper pipelines (more pieces) for larger sizes.
 //! - [`packing_bound`]: the dual's proof, which [`crate::cost::bounds`] uses as a lower bound.
+//! - [`alltoall`]: AllToAll from the multi-commodity flow LP of [`crate::cost::mcf`] (split
+//!   routes of every rank pair, pipelined on channels of their own): [`alltoall::FlowAllToAll`].
 //!
 //! A synthesizer is only a source of [`Candidate`]s: its schedules are costed by the
 //! simulator, verified and chosen by the search like any hand-written family's.
 
+pub mod alltoall;
 pub mod arborescence;
 pub mod packing;
 
