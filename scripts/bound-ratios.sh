@@ -3,6 +3,7 @@
 # and collective, at one size (default 1 GiB): the table issue 11 is measured by.
 #   scripts/bound-ratios.sh [SIZE] [HCCLC]
 # Needs a built hcclc (default target/release/hcclc; `cargo build --release` first).
+# SYNTH=off|auto|full picks the synthesizers (default auto).
 set -euo pipefail
 size=${1:-1G}
 hcclc=${2:-target/release/hcclc}
@@ -17,7 +18,7 @@ colls=broadcast,reduce,allgather,reducescatter,allreduce,alltoall
 printf '| machine | Broadcast | Reduce | AllGather | ReduceScatter | AllReduce | AllToAll | compile s |\n|---|---|---|---|---|---|---|---|\n'
 for m in "${machines[@]}"; do
   start=$(date +%s.%N)
-  "$hcclc" compile "$m" -c "$colls" --sizes "$size..$size" --json -o "$tmp/out.plan" >"$tmp/out.json"
+  "$hcclc" compile "$m" -c "$colls" --sizes "$size..$size" --synth "${SYNTH:-auto}" --json -o "$tmp/out.plan" >"$tmp/out.json"
   end=$(date +%s.%N)
   python3 - "$tmp/out.json" "$(basename "$m" .ron)" "$(echo "$end - $start" | bc)" <<'PY'
 import json, sys
