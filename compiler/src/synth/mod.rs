@@ -16,6 +16,7 @@
 //! simulator, verified and chosen by the search like any hand-written family's.
 
 pub mod arborescence;
+pub mod milp;
 pub mod packing;
 
 use crate::builder::ScheduleBuilder;
