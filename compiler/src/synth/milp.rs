@@ -1497,7 +1497,7 @@ impl Default for ParetoOptions {
         ParetoOptions {
             max_steps: 4,
             max_chunks: 8,
-            time_limit: 60.0,
+            time_limit: 10.0,
         }
     }
 }
@@ -1656,6 +1656,10 @@ pub fn lower(name: &str, alg: &Algorithm) -> Option<Candidate> {
             let all_gather = alg.collective == Collective::AllGather;
             let chunks = if all_gather { n * c } else { c };
             let mut b = ScheduleBuilder::new(alg.collective, n, chunks, false);
+            // No receive-and-forward fusion: a fused op joins two connections on one
+            // stream, and a rank forwarding a chunk to several peers would give one stream
+            // several send peers, which MSCCL's thread blocks cannot express.
+            b.set_fusion(false);
             for &o in &alg.origins {
                 let dst = if all_gather { o * c } else { 0 };
                 b.copy((o, Loc::input(0)), (o, Loc::output(dst)), c, 0);
@@ -1701,6 +1705,10 @@ pub fn lower(name: &str, alg: &Algorithm) -> Option<Candidate> {
             let scatter = alg.collective == Collective::ReduceScatter;
             let chunks = if scatter { n * c } else { c };
             let mut b = ScheduleBuilder::new(alg.collective, n, chunks, false);
+            // No receive-and-forward fusion: a fused op joins two connections on one
+            // stream, and a rank forwarding a chunk to several peers would give one stream
+            // several send peers, which MSCCL's thread blocks cannot express.
+            b.set_fusion(false);
             // Every rank's partial sum of every chunk: None until it receives one.
             let mut partial: HashMap<(u32, u32), Loc> = HashMap::new();
             // Children still to come, to know the last receive (the root's goes to output).

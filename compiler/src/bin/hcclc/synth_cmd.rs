@@ -61,7 +61,7 @@ pub struct SynthArgs {
     #[arg(long, default_value_t = 8, value_name = "C")]
     pub max_chunks: u32,
     /// With --pareto: seconds each instance's solver calls may take together.
-    #[arg(long, default_value_t = 60.0, value_name = "SECS")]
+    #[arg(long, default_value_t = 10.0, value_name = "SECS")]
     pub time_limit: f64,
     /// Print one JSON document instead of the table.
     #[arg(long)]
