@@ -232,3 +232,13 @@ fn dgx1_allgather_frontier_is_sccls_two_points() {
     assert_eq!(points(&f), vec![(2, 3, 2), (3, 7, 6)]);
     check_points(&f, &links);
 }
+
+#[test]
+fn candidates_for_a_search_verify() {
+    let topo = build(generate::ring(4, 25.0, 0.5), "test").unwrap();
+    let cands = milp::candidates(&topo, Collective::AllGather, opts(3, 4)).unwrap();
+    assert_eq!(cands.len(), 1);
+    assert_eq!(cands[0].algorithm, "milp_s2_r3_c2");
+    assert_eq!(cands[0].schedule.chunks, 4 * 2);
+    hccl_ir::verify::verify(&cands[0].schedule).unwrap();
+}

@@ -24,18 +24,28 @@
 //!
 //! Possession is implicit (a rank holds `c` from the step after it receives it); a chunk is
 //! never sent twice to one rank; sends from a rank that cannot hold the chunk yet (hop
-//! distance from its origin ≥ s) are not variables at all. Three solves, cheapest first:
+//! distance from its origin ≥ s) are not variables at all. The solves, cheapest first
+//! ([`solve_base`]):
 //!
 //! 1. the **relaxation**: chunks of one origin are interchangeable, so their sends are summed
 //!    into integer counts `y[o, u, v, s]` (the same constraints summed over the origin's
 //!    chunks). Every algorithm gives a solution of it, so its infeasibility proves the
-//!    instance infeasible;
-//! 2. the **symmetric** model: with automorphisms `π_o` of the link matrix taking a
-//!    representative origin `ρ` to every origin `o` of its orbit ([`automorphisms`]), only
-//!    the representatives' chunks are variables, chunk `k` of `o` follows `π_o` of the path
-//!    of chunk `k` of `ρ`, and the capacities sum over the images. Fewer variables; a
-//!    solution is an algorithm (its infeasibility proves nothing: an asymmetric one may exist);
-//! 3. the **exact** model above, when the symmetric one finds nothing.
+//!    instance infeasible. It runs once with the rounds split free, then once per split
+//!    `r_1 + … + r_S = R` (balanced splits first), each split it refutes is proven
+//!    impossible; an instance whose every split is refuted is proven infeasible;
+//! 2. per split left, a **dive** over the **symmetric** per-chunk model: with automorphisms
+//!    `π_o` of the link matrix taking a representative origin `ρ` to every origin `o` of its
+//!    orbit ([`automorphisms`]; on DGX-1 two orbits of four), only the representatives'
+//!    chunks are variables, chunk `k` of `o` follows `π_o` of the path of chunk `k` of `ρ`,
+//!    and the capacities sum over the images. The dive solves its LP, fixes the largest
+//!    fractional send to 1 (to 0 when that makes the LP infeasible) and repeats until the LP
+//!    is integral: an algorithm, checked against the model ([`Algorithm::check`]). A dive that
+//!    dies proves nothing (microlp's own branch and bound on this model runs past a minute
+//!    for DGX-1's 3-step instance; the dive takes half a second);
+//! 3. per split still left, the aggregate over the representatives and its decomposition into
+//!    chunks, origin by origin (a small MILP per origin within the aggregate's sends, else
+//!    within what the others leave of the links);
+//! 4. the **exact** per-chunk model over every split, with the time left.
 //!
 //! Chunks of one origin are ordered by the sum of their send steps (symmetry breaking).
 //! Every solve has a time limit; a call that runs out reports [`Stop::TimeLimit`] (microlp
@@ -650,18 +660,23 @@ enum ModelKind {
     SymmetricChunks,
 }
 
+/// One class of an aggregate solution: its origin, its images and its sends
+/// (`(link, step) → chunks`).
+type Aggregate = (usize, Vec<Perm>, HashMap<(usize, u32), u32>);
+
 /// A model's solution: the rounds of every step, and per class its origin, images and sends
 /// (`(link, step) → chunks`), and the transfers of the exact model.
 struct ModelSolution {
     /// Every send variable's value, `(class, link, step)`.
     values: HashMap<(usize, usize, u32), f64>,
     rounds: Vec<u32>,
-    aggregates: Vec<(usize, Vec<Perm>, HashMap<(usize, u32), u32>)>,
+    aggregates: Vec<Aggregate>,
     transfers: Vec<Transfer>,
 }
 
 /// Builds and solves one model: `Ok(Some((rounds per step, transfers)))` (no transfers
 /// from the relaxation), `Ok(None)` proven infeasible, `Err` time limit or solver trouble.
+#[allow(clippy::too_many_arguments)]
 fn solve_model(
     links: &LinkMatrix,
     origins: &[u32],
@@ -783,11 +798,11 @@ fn solve_model(
     }
     for (ci, cl) in classes.iter().enumerate() {
         let get = |li: usize, s: u32| cl.x.get(&(li, s)).copied();
-        for v in 0..n {
+        for (v, ins) in into.iter().enumerate() {
             if v == cl.origin {
                 continue;
             }
-            let recv: Expression = into[v]
+            let recv: Expression = ins
                 .iter()
                 .flat_map(|&li| (1..=steps).filter_map(move |s| get(li, s)))
                 .sum();
@@ -1170,8 +1185,8 @@ pub fn compositions(rounds: u32, steps: u32) -> Vec<Vec<u32>> {
 }
 
 /// Solves one instance of the non-combining problem `origins` over `links` (see the module
-/// docs): the relaxation, then the symmetric model, then the exact one, each within
-/// `time_limit` seconds.
+/// docs): the relaxations, the dives, the decompositions and the exact model, all within
+/// `time_limit` seconds together (each split gets an equal share of what is left).
 pub fn solve_base(links: &LinkMatrix, origins: &[u32], inst: Instance, time_limit: f64) -> Solved {
     let started = Instant::now();
     let mut solved = Solved {
@@ -1357,8 +1372,7 @@ pub fn solve_base(links: &LinkMatrix, origins: &[u32], inst: Instance, time_limi
             };
             if found.is_none() {
                 let mut fixed = done.clone();
-                for (aj, load) in loads.iter().enumerate().skip(ai + 1) {
-                    let _ = aj;
+                for load in loads.iter().skip(ai + 1) {
                     for (&key, &k) in load {
                         *fixed.entry(key).or_insert(0) += k;
                     }
@@ -1543,7 +1557,7 @@ pub fn pareto(
 ) -> Result<Frontier, SynthError> {
     let started = Instant::now();
     let n = links.n as u32;
-    if n < 2 || n > MAX_RANKS {
+    if !(2..=MAX_RANKS).contains(&n) {
         return Err(SynthError::Instance(format!(
             "{n} ranks: the MILP synthesizer takes 2 to {MAX_RANKS}"
         )));
@@ -1640,6 +1654,32 @@ pub fn pareto(
     }
     frontier.seconds = started.elapsed().as_secs_f64();
     Ok(frontier)
+}
+
+/// The frontier of `collective` on `topo`'s direct links ([`pareto`]), every point lowered
+/// ([`lower`]) and verified, as candidates named `milp_s<S>_r<R>_c<C>` (out of place).
+pub fn candidates(
+    topo: &Topology,
+    collective: Collective,
+    opts: ParetoOptions,
+) -> Result<Vec<Candidate>, SynthError> {
+    let links = LinkMatrix::from_topology(topo)?;
+    let frontier = pareto(&links, collective, opts)?;
+    let mut out = Vec::new();
+    for p in &frontier.points {
+        let i = p.instance();
+        let name = format!("milp_s{}_r{}_c{}", i.steps, i.rounds, i.chunks);
+        let cand = lower(&name, &p.algorithm)
+            .ok_or_else(|| SynthError::Instance(format!("{name} cannot be lowered")))?;
+        if let Err(errors) = hccl_ir::verify::verify(&cand.schedule) {
+            return Err(SynthError::Solver(format!(
+                "{name} does not verify: {}",
+                errors[0]
+            )));
+        }
+        out.push(cand);
+    }
+    Ok(out)
 }
 
 /// The chunk schedule of `alg` (see the module docs), as a [`Candidate`] named `name`
