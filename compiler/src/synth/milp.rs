@@ -298,10 +298,11 @@ pub fn cut_bound(links: &LinkMatrix, origins: &[u32]) -> Option<Ratio> {
             .collect()
     };
     let mut best = Ratio::new(0, 1);
+    let link_list = links.links();
     for x in sets {
         let inside = |v: usize| x >> v & 1 == 1;
         let (mut cap_in, mut cap_out) = (0u64, 0u64);
-        for (u, v) in links.links() {
+        for &(u, v) in &link_list {
             let b = u64::from(links.get(u, v));
             match (inside(u), inside(v)) {
                 (false, true) => cap_in += b,
@@ -1111,8 +1112,9 @@ fn decompose_residual(
 
 /// A diving heuristic over the symmetric per-chunk model with the rounds `split`: solve the
 /// LP, fix the largest fractional send to 1 (to 0 when that makes the LP infeasible), until
-/// the LP solution is integral. (Fixing every send the LP puts at 1 as well dives faster
-/// and dies on DGX-1.) `Ok(Some)`: an algorithm (with
+/// the LP solution is integral; `earliest_first`: the fractional send of the earliest step
+/// (then the largest). (Fixing every send the LP puts at 1 as well dives faster and dies on
+/// DGX-1.) `Ok(Some)`: an algorithm (with
 /// transfers); `Ok(None)` never (a dead end proves nothing); `Err`: dead end or time limit.
 fn dive(
     links: &LinkMatrix,
@@ -1120,6 +1122,7 @@ fn dive(
     inst: Instance,
     sym: &[(usize, Perm)],
     split: &[u32],
+    earliest_first: bool,
     time_limit: f64,
 ) -> Result<Option<ModelSolution>, String> {
     const EPS: f64 = 1e-6;
@@ -1155,7 +1158,14 @@ fn dive(
                     .values
                     .iter()
                     .filter(|(key, v)| !fixed.contains_key(key) && **v > EPS && **v < 1.0 - EPS)
-                    .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(a.0)));
+                    .max_by(|a, b| {
+                        let by_step = if earliest_first {
+                            b.0.2.cmp(&a.0.2)
+                        } else {
+                            std::cmp::Ordering::Equal
+                        };
+                        by_step.then(a.1.total_cmp(b.1)).then(b.0.cmp(a.0))
+                    });
                 let Some((&key, _)) = frac else {
                     return Ok(Some(m));
                 };
@@ -1288,7 +1298,11 @@ pub fn solve_base(links: &LinkMatrix, origins: &[u32], inst: Instance, time_limi
         let name = if symmetric { "symmetric" } else { "aggregate" };
         // The dive first: an algorithm when it reaches an integral point.
         let t0 = Instant::now();
-        let dived = dive(links, origins, inst, &sym, &split, split_left());
+        // Largest fractional send first; when that dies, earliest step first.
+        let mut dived = dive(links, origins, inst, &sym, &split, false, split_left());
+        if matches!(&dived, Err(e) if e != "time limit") {
+            dived = dive(links, origins, inst, &sym, &split, true, split_left());
+        }
         let dead_end = matches!(&dived, Err(e) if e != "time limit");
         if let Ok(Some(m)) = dived {
             let alg = Algorithm {
