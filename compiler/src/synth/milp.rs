@@ -1266,8 +1266,7 @@ pub fn solve_base(links: &LinkMatrix, origins: &[u32], inst: Instance, time_limi
     let nsplits = splits.len();
     'splits: for (si, split) in splits.into_iter().enumerate() {
         let share = left(started) / (nsplits - si) as f64;
-        let split_t0 = Instant::now();
-        let split_left = || share - split_t0.elapsed().as_secs_f64();
+
         if left(started) <= 0.0 {
             splits_left = true;
             break;
@@ -1299,9 +1298,11 @@ pub fn solve_base(links: &LinkMatrix, origins: &[u32], inst: Instance, time_limi
         // The dive first: an algorithm when it reaches an integral point.
         let t0 = Instant::now();
         // Largest fractional send first; when that dies, earliest step first.
-        let mut dived = dive(links, origins, inst, &sym, &split, false, split_left());
+        // A dive ends by itself (one LP per fixed send), so it may take all the time left;
+        // the split's share bounds only the decomposition below.
+        let mut dived = dive(links, origins, inst, &sym, &split, false, left(started));
         if matches!(&dived, Err(e) if e != "time limit") {
-            dived = dive(links, origins, inst, &sym, &split, true, split_left());
+            dived = dive(links, origins, inst, &sym, &split, true, left(started));
         }
         let dead_end = matches!(&dived, Err(e) if e != "time limit");
         if let Ok(Some(m)) = dived {
@@ -1332,6 +1333,8 @@ pub fn solve_base(links: &LinkMatrix, origins: &[u32], inst: Instance, time_limi
             t0,
         );
         let t0 = Instant::now();
+        let share = share.min(left(started));
+        let split_left = || share - t0.elapsed().as_secs_f64();
         let agg = match solve_model(
             links,
             origins,
