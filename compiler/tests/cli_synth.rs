@@ -218,3 +218,167 @@ fn compile_synth_levels_and_the_recorded_synthesis() {
     assert!(!dir.join("bad.plan.ron").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn pareto_prints_sccls_dgx1_frontier_and_writes_plans_that_verify() {
+    let dir = scratch("pareto");
+    let out = hcclc(
+        &[
+            "synth",
+            "dgx1-v100",
+            "-c",
+            "allgather",
+            "--pareto",
+            "--max-steps",
+            "4",
+            "-o",
+            "front",
+        ],
+        &dir,
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(">= 2 steps") && text.contains(">= 7/6"),
+        "{text}"
+    );
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|w| w.len() > 9 && w[3].contains('.') && w[9].starts_with("least"))
+        .collect();
+    let points: Vec<(&str, &str, &str)> = rows.iter().map(|w| (w[0], w[1], w[2])).collect();
+    assert_eq!(points, vec![("2", "3", "2"), ("3", "7", "6")], "{text}");
+    assert!(text.contains("meets the bound"), "{text}");
+    for name in ["allgather-s2-r3-c2.plan.ron", "allgather-s3-r7-c6.plan.ron"] {
+        let path = format!("front/{name}");
+        let verify = hcclc(&["verify", &path], &dir);
+        assert_eq!(
+            verify.status.code(),
+            Some(0),
+            "{name}: {}",
+            String::from_utf8_lossy(&verify.stdout)
+        );
+        let xml = hcclc(&["export", &path, "--to", "msccl-xml"], &dir);
+        assert_eq!(xml.status.code(), Some(0), "{name}");
+        assert!(String::from_utf8_lossy(&xml.stdout).contains("coll=\"allgather\""));
+    }
+    // The JSON document: the bound, both points with predictions, and every instance tried.
+    let out = hcclc(
+        &[
+            "synth",
+            "dgx1-v100",
+            "-c",
+            "reducescatter",
+            "--pareto",
+            "--max-steps",
+            "3",
+            "--json",
+        ],
+        &dir,
+    );
+    assert_eq!(out.status.code(), Some(0));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["collective"], "reducescatter");
+    assert_eq!(doc["bound"]["rounds"], 7);
+    assert_eq!(doc["bound"]["chunks"], 6);
+    assert_eq!(doc["least_steps"], 2);
+    assert_eq!(doc["at_bound"], true);
+    assert_eq!(doc["links"][0], serde_json::json!([0, 2, 1, 1, 2, 0, 0, 0]));
+    let points = doc["points"].as_array().unwrap();
+    let got: Vec<(u64, u64, u64)> = points
+        .iter()
+        .map(|p| {
+            (
+                p["steps"].as_u64().unwrap(),
+                p["rounds"].as_u64().unwrap(),
+                p["chunks"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(got, vec![(2, 3, 2), (3, 7, 6)]);
+    for p in points {
+        assert_eq!(p["verified"], true);
+        assert_eq!(p["proven"], true);
+        let split: u64 = p["rounds_per_step"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r.as_u64().unwrap())
+            .sum();
+        assert_eq!(split, p["rounds"].as_u64().unwrap());
+        let predicted = p["predicted"].as_array().unwrap();
+        assert_eq!(predicted.len(), 3);
+        assert!(
+            predicted
+                .iter()
+                .all(|t| t["time_us"].as_f64().unwrap() > 0.0)
+        );
+        assert!(p["solver_s"].as_f64().unwrap() >= 0.0);
+    }
+    let tried = doc["tried"].as_array().unwrap();
+    assert!(tried.iter().any(|t| t["stop"] == "infeasible"));
+    assert!(tried.iter().all(|t| t["stop"] != "time-limit"));
+    // A time limit too short for any solve is reported as such, and is no failure.
+    let out = hcclc(
+        &[
+            "synth",
+            "dgx1-v100",
+            "-c",
+            "allgather",
+            "--pareto",
+            "--max-steps",
+            "2",
+            "--max-chunks",
+            "2",
+            "--time-limit",
+            "0.000001",
+        ],
+        &dir,
+    );
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("time-limit"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn pareto_bad_input_exits_2_with_the_reason() {
+    let dir = scratch("pareto-bad");
+    // A machine whose GPUs meet only at a switch: no direct links for the model.
+    let spec = hccl_topologies::generate::fat_tree(4, 4, 25.0, 1.0);
+    std::fs::write(dir.join("switched.ron"), hccl_topologies::to_ron(&spec)).unwrap();
+    let p = ["synth", "dgx1-v100", "--pareto"];
+    let with = |extra: &[&'static str]| -> Vec<&'static str> {
+        let mut v: Vec<&'static str> = p.to_vec();
+        v.extend_from_slice(extra);
+        v
+    };
+    for (args, says) in [
+        (with(&["-c", "alltoall"]), "not alltoall"),
+        (with(&["-c", "gather"]), "unknown collective"),
+        (with(&["--max-steps", "0"]), "--max-steps 0"),
+        (with(&["--max-steps", "1000"]), "--max-steps 1000"),
+        (with(&["--max-chunks", "0"]), "--max-chunks 0"),
+        (with(&["--time-limit", "0"]), "--time-limit 0"),
+        (with(&["--time-limit=-3"]), "--time-limit -3"),
+        (with(&["--time-limit", "NaN"]), "--time-limit NaN"),
+        (with(&["--time-limit", "soon"]), "soon"),
+        (with(&["-c", "broadcast", "--root", "8"]), "--root 8"),
+        (
+            vec!["synth", "switched.ron", "--pareto"],
+            "no direct device-to-device links",
+        ),
+    ] {
+        let out = hcclc(&args, &dir);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

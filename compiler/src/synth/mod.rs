@@ -19,6 +19,7 @@
 
 pub mod alltoall;
 pub mod arborescence;
+pub mod milp;
 pub mod packing;
 
 use crate::builder::ScheduleBuilder;

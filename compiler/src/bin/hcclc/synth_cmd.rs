@@ -45,15 +45,33 @@ pub struct SynthArgs {
     /// large as its share of the rate.
     #[arg(long, default_value_t = 32)]
     pub pieces: u32,
-    /// Write the verified schedule as a plan of one entry (every size).
-    #[arg(short = 'o', long = "output", value_name = "PLAN")]
+    /// Write the verified schedule as a plan of one entry (every size); with --pareto, a
+    /// directory that gets one plan per frontier point, `<coll>-s<S>-r<R>-c<C>.plan.ron`.
+    #[arg(short = 'o', long = "output", value_name = "PLAN|DIR")]
     pub output: Option<PathBuf>,
+    /// The Pareto frontier over (steps, rounds per chunk) in SCCL's model, by MILP over the
+    /// direct links (allgather, broadcast; reducescatter and reduce as their duals).
+    #[arg(long)]
+    pub pareto: bool,
+    /// With --pareto: most steps, 1 to 8.
+    #[arg(long, default_value_t = 4, value_name = "S")]
+    pub max_steps: u32,
+    /// With --pareto: most chunks per rank's buffer (allgather) or per buffer (broadcast),
+    /// 1 to 16.
+    #[arg(long, default_value_t = 8, value_name = "C")]
+    pub max_chunks: u32,
+    /// With --pareto: seconds each instance's solver calls may take together.
+    #[arg(long, default_value_t = 10.0, value_name = "SECS")]
+    pub time_limit: f64,
     /// Print one JSON document instead of the table.
     #[arg(long)]
     pub json: bool,
 }
 
 pub fn run(args: SynthArgs) -> Result<(), CliError> {
+    if args.pareto {
+        return run_pareto(&args);
+    }
     let topo = load_topology(&args.topo)?;
     let n = topo.nranks();
     let kind = CollectiveKind::from_name(&args.collective).ok_or_else(|| {
@@ -328,6 +346,313 @@ pub fn run(args: SynthArgs) -> Result<(), CliError> {
     }
     if let Some(out) = &args.output {
         println!("\n  wrote {}", out.display());
+    }
+    Ok(())
+}
+
+/// The time of `schedule` on `topo` at every size of [`SIZES`], each with its best protocol.
+fn predict(
+    topo: &hccl_topologies::Topology,
+    schedule: &hccl_ir::Schedule,
+) -> Result<Vec<(u64, Protocol, f64)>, CliError> {
+    let model = CostModel::for_topology(topo);
+    let sim = Simulator::new(Network::new(topo), model);
+    let prepared = sim
+        .prepare(schedule)
+        .map_err(|e| CliError::Failed(e.to_string()))?;
+    let mut out = Vec::new();
+    for bytes in SIZES {
+        let best = Protocol::ALL
+            .into_iter()
+            .filter(|&p| sim.model.offers(p))
+            .filter_map(|p| sim.run(&prepared, bytes, p).ok().map(|e| (p, e.time_us)))
+            .min_by(|a, b| a.1.total_cmp(&b.1));
+        if let Some((protocol, time_us)) = best {
+            out.push((bytes, protocol, time_us));
+        }
+    }
+    Ok(out)
+}
+
+/// `hcclc synth --pareto`: the frontier over (steps, rounds per chunk) in SCCL's model
+/// (`hccl_compiler::synth::milp`), every point lowered, verified, predicted and optionally
+/// written as a plan.
+fn run_pareto(args: &SynthArgs) -> Result<(), CliError> {
+    use hccl_compiler::synth::milp::{self, LinkMatrix, ParetoOptions};
+    let topo = load_topology(&args.topo)?;
+    let n = topo.nranks();
+    let kind = CollectiveKind::from_name(&args.collective).ok_or_else(|| {
+        CliError::Input(format!(
+            "unknown collective `{}` (hcclc synth --pareto: allgather, broadcast, \
+             reducescatter, reduce)",
+            args.collective
+        ))
+    })?;
+    let collective = match kind {
+        CollectiveKind::Broadcast => Collective::Broadcast { root: args.root },
+        CollectiveKind::Reduce => Collective::Reduce { root: args.root },
+        CollectiveKind::AllGather => Collective::AllGather,
+        CollectiveKind::ReduceScatter => Collective::ReduceScatter,
+        _ => {
+            return Err(CliError::Input(format!(
+                "hcclc synth --pareto does allgather, broadcast, reducescatter and reduce, \
+                 not {}",
+                kind.name()
+            )));
+        }
+    };
+    let rooted = collective.root().is_some();
+    if args.root >= n {
+        return Err(CliError::Input(format!(
+            "--root {}: {} has ranks 0..{}",
+            args.root,
+            topo.name,
+            n.saturating_sub(1)
+        )));
+    }
+    if !(2..=milp::MAX_RANKS).contains(&n) {
+        return Err(CliError::Input(format!(
+            "{} has {n} ranks; hcclc synth --pareto takes 2 to {}",
+            topo.name,
+            milp::MAX_RANKS
+        )));
+    }
+    if !(1..=milp::MAX_STEPS).contains(&args.max_steps) {
+        return Err(CliError::Input(format!(
+            "--max-steps {}: expected 1 to {}",
+            args.max_steps,
+            milp::MAX_STEPS
+        )));
+    }
+    if !(1..=milp::MAX_CHUNKS).contains(&args.max_chunks) {
+        return Err(CliError::Input(format!(
+            "--max-chunks {}: expected 1 to {}",
+            args.max_chunks,
+            milp::MAX_CHUNKS
+        )));
+    }
+    if !(args.time_limit.is_finite() && args.time_limit > 0.0 && args.time_limit <= 86_400.0) {
+        return Err(CliError::Input(format!(
+            "--time-limit {}: expected seconds, more than 0 and at most 86400",
+            args.time_limit
+        )));
+    }
+    let links = LinkMatrix::from_topology(&topo).map_err(|e| CliError::Input(e.to_string()))?;
+    let opts = ParetoOptions {
+        max_steps: args.max_steps,
+        max_chunks: args.max_chunks,
+        time_limit: args.time_limit,
+    };
+    let frontier =
+        milp::pareto(&links, collective, opts).map_err(|e| CliError::Input(e.to_string()))?;
+    if let Some(dir) = &args.output {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| CliError::Input(format!("{}: {e}", dir.display())))?;
+    }
+    struct Row {
+        predicted: Vec<(u64, Protocol, f64)>,
+        plan: Option<PathBuf>,
+    }
+    let mut rows = Vec::new();
+    for p in &frontier.points {
+        let inst = p.instance();
+        let name = format!("milp_s{}_r{}_c{}", inst.steps, inst.rounds, inst.chunks);
+        let cand = milp::lower(&name, &p.algorithm).ok_or_else(|| {
+            CliError::Failed(format!("{name}: the algorithm could not be lowered"))
+        })?;
+        if let Err(errors) = hccl_ir::verify::verify(&cand.schedule) {
+            return Err(CliError::Failed(format!(
+                "{name}: the synthesized schedule does not verify: {}",
+                errors[0]
+            )));
+        }
+        let predicted = predict(&topo, &cand.schedule)?;
+        let plan = match &args.output {
+            None => None,
+            Some(dir) => {
+                let path = dir.join(format!(
+                    "{}-s{}-r{}-c{}.plan.ron",
+                    kind.name(),
+                    inst.steps,
+                    inst.rounds,
+                    inst.chunks
+                ));
+                let mut plan = PlanFile::new(PlanMeta {
+                    topology: topo.name.clone(),
+                    topology_hash: topo.hash.clone(),
+                    compiler: format!("hcclc {} synth --pareto", env!("CARGO_PKG_VERSION")),
+                });
+                let protocol = predicted.last().map_or(Protocol::Simple, |&(_, p, _)| p);
+                plan.entries.push(PlanEntry {
+                    min_bytes: 0,
+                    max_bytes: None,
+                    algorithm: name.clone(),
+                    protocol,
+                    cost: None,
+                    symmetry: None,
+                    synthesis: Some(milp::record(p, &frontier)),
+                    schedule: cand.schedule.clone(),
+                });
+                plan.save(&path).map_err(CliError::input)?;
+                Some(path)
+            }
+        };
+        rows.push(Row { predicted, plan });
+    }
+    let stop_of = |p: &milp::ParetoPoint| {
+        if p.proven {
+            "least (lower ratios infeasible)"
+        } else {
+            "feasible; a lower ratio hit the time limit"
+        }
+    };
+    if args.json {
+        print_json(&json!({
+            "topology": topo.name,
+            "collective": kind.name(),
+            "root": rooted.then_some(args.root),
+            "links": links.rows(),
+            "link_unit_gbps": links.unit_gbps,
+            "bound": {
+                "rounds": frontier.bound.num,
+                "chunks": frontier.bound.den,
+                "rounds_per_chunk": frontier.bound.value(),
+            },
+            "least_steps": frontier.least_steps,
+            "at_bound": frontier.at_bound,
+            "max_steps": args.max_steps,
+            "max_chunks": args.max_chunks,
+            "time_limit_s": args.time_limit,
+            "solver_s": frontier.seconds,
+            "points": frontier.points.iter().zip(&rows).map(|(p, row)| {
+                let i = p.instance();
+                json!({
+                    "steps": i.steps,
+                    "rounds": i.rounds,
+                    "chunks": i.chunks,
+                    "rounds_per_chunk": i.ratio().value(),
+                    "rounds_per_step": p.algorithm.rounds_per_step,
+                    "transfers": p.algorithm.transfers.len(),
+                    "proven": p.proven,
+                    "stop": stop_of(p),
+                    "solver_s": p.seconds,
+                    "verified": true,
+                    "predicted": row.predicted.iter().map(|&(bytes, protocol, time_us)| json!({
+                        "bytes": bytes,
+                        "protocol": protocol.name(),
+                        "time_us": time_us,
+                    })).collect::<Vec<_>>(),
+                    "plan": row.plan.as_ref().map(|p| p.display().to_string()),
+                })
+            }).collect::<Vec<_>>(),
+            "tried": frontier.tried.iter().map(|t| json!({
+                "steps": t.instance.steps,
+                "rounds": t.instance.rounds,
+                "chunks": t.instance.chunks,
+                "stop": t.stop.name(),
+                "solver_s": t.seconds,
+                "solves": t.solves.iter().map(|(model, stop, s)| json!({
+                    "model": model,
+                    "stop": stop.name(),
+                    "seconds": s,
+                })).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+        }));
+        return Ok(());
+    }
+    println!(
+        "{}{} on {} ({n} ranks): Pareto frontier in SCCL's model (MILP over the direct links, \
+         {} GB/s per unit)",
+        kind.name(),
+        if rooted {
+            format!(" (root {})", args.root)
+        } else {
+            String::new()
+        },
+        topo.name,
+        links.unit_gbps
+    );
+    println!(
+        "  needs >= {} steps and >= {} = {:.4} rounds per chunk (cut bound); searched steps \
+         {}..={} and chunks <= {}, {:.1} s per instance",
+        frontier.least_steps,
+        frontier.bound,
+        frontier.bound.value(),
+        frontier.least_steps.max(1),
+        args.max_steps,
+        args.max_chunks,
+        args.time_limit
+    );
+    println!(
+        "\n  {:>5} {:>6} {:>6} {:>7} {:>10} {:>12} {:>12} {:>12} {:>9}  stop",
+        "steps",
+        "rounds",
+        "chunks",
+        "R/C",
+        "split",
+        "t(1KiB)us",
+        "t(1MiB)us",
+        "t(1GiB)us",
+        "solver_s"
+    );
+    for (p, row) in frontier.points.iter().zip(&rows) {
+        let i = p.instance();
+        let split: Vec<String> = p
+            .algorithm
+            .rounds_per_step
+            .iter()
+            .map(u32::to_string)
+            .collect();
+        let t = |k: usize| {
+            row.predicted
+                .get(k)
+                .map_or("-".to_string(), |&(_, _, us)| format!("{us:.2}"))
+        };
+        println!(
+            "  {:>5} {:>6} {:>6} {:>7.4} {:>10} {:>12} {:>12} {:>12} {:>9.3}  {}",
+            i.steps,
+            i.rounds,
+            i.chunks,
+            i.ratio().value(),
+            split.join("+"),
+            t(0),
+            t(1),
+            t(2),
+            p.seconds,
+            stop_of(p)
+        );
+    }
+    if frontier.points.is_empty() {
+        println!("  (no point within the limits)");
+    }
+    println!(
+        "\n  {}; every point verified; {} instances tried in {:.2} s:",
+        if frontier.at_bound {
+            "the last point meets the bound"
+        } else {
+            "the bound is not met within the limits"
+        },
+        frontier.tried.len(),
+        frontier.seconds
+    );
+    println!(
+        "  {:>5} {:>6} {:>6} {:>9}  stop",
+        "steps", "rounds", "chunks", "solver_s"
+    );
+    for t in &frontier.tried {
+        println!(
+            "  {:>5} {:>6} {:>6} {:>9.3}  {}",
+            t.instance.steps,
+            t.instance.rounds,
+            t.instance.chunks,
+            t.seconds,
+            t.stop.name()
+        );
+    }
+    for row in &rows {
+        if let Some(p) = &row.plan {
+            println!("  wrote {}", p.display());
+        }
     }
     Ok(())
 }
