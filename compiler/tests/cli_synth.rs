@@ -209,7 +209,7 @@ fn compile_synth_levels_and_the_recorded_synthesis() {
     assert_eq!(explain.status.code(), Some(0));
     let shown = String::from_utf8_lossy(&explain.stdout);
     assert!(
-        shown.contains("packed_trees: lp-tree-packing reaches") && shown.contains("proven optimum"),
+        shown.contains("packed_trees: lp-tree-packing gives") && shown.contains("proven optimum"),
         "{shown}"
     );
     let bad = compile("most", "bad.plan.ron");

@@ -144,6 +144,9 @@ pub fn families_for(level: SynthLevel) -> Vec<Box<dyn Family>> {
         families.push(Box::new(crate::synth::PackedTrees::at(level)));
         families.push(Box::new(crate::synth::alltoall::FlowAllToAll));
     }
+    if level == SynthLevel::Full {
+        families.push(Box::new(crate::synth::milp::MilpFrontier));
+    }
     families
 }
 

@@ -1824,3 +1824,173 @@ pub fn lower(name: &str, alg: &Algorithm) -> Option<Candidate> {
         _ => None,
     }
 }
+
+/// AllReduce as the ReduceScatter `rs` followed by the AllGather `ag` (both over every rank,
+/// with the same chunks per rank), as one out-of-place schedule named `name`: chunk `ch` is
+/// reduced into its owner's output slot `ch` by `rs`'s transfers, then sent on from there by
+/// `ag`'s. `None` when the two do not fit together or the schedule cannot be built.
+pub fn lower_allreduce(name: &str, rs: &Algorithm, ag: &Algorithm) -> Option<Candidate> {
+    let n = rs.nranks;
+    let c = rs.instance.chunks;
+    if rs.collective != Collective::ReduceScatter
+        || ag.collective != Collective::AllGather
+        || ag.nranks != n
+        || ag.instance.chunks != c
+        || rs.origins != ag.origins
+    {
+        return None;
+    }
+    let params = FamilyParams {
+        channels: 1,
+        pipeline: c,
+    };
+    let mut b = ScheduleBuilder::new(Collective::AllReduce, n, n * c, false);
+    b.set_fusion(false);
+    let mut partial: HashMap<(u32, u32), Loc> = HashMap::new();
+    for t in &rs.transfers {
+        let ch = t.chunk;
+        let origin = rs.origins[(ch / c) as usize];
+        let input = Loc::input(ch);
+        let src = partial.get(&(t.from, ch)).copied().unwrap_or(input);
+        let recv_src = partial.get(&(t.to, ch)).copied().unwrap_or(input);
+        let dst = match partial.get(&(t.to, ch)) {
+            Some(&l) => l,
+            None if t.to == origin => Loc::output(ch),
+            None => b.scratch(t.to, 1),
+        };
+        b.send(t.from, t.to, src, 1, 0);
+        b.recv_reduce_copy(t.to, t.from, recv_src, dst, 1, 0);
+        partial.insert((t.to, ch), dst);
+    }
+    for (oi, &o) in rs.origins.iter().enumerate() {
+        for k in 0..c {
+            let ch = oi as u32 * c + k;
+            if !partial.contains_key(&(o, ch)) {
+                b.copy((o, Loc::input(ch)), (o, Loc::output(ch)), 1, 0);
+            }
+        }
+    }
+    for t in &ag.transfers {
+        b.copy(
+            (t.from, Loc::output(t.chunk)),
+            (t.to, Loc::output(t.chunk)),
+            1,
+            0,
+        );
+    }
+    candidate(name, params, b).into_iter().next()
+}
+
+/// The frontier of `collective` on `topo` for a search, computed once per process per
+/// topology hash and collective (`None` when the topology has no direct links or the search
+/// fails).
+fn search_frontier(topo: &Topology, collective: Collective) -> Option<std::sync::Arc<Frontier>> {
+    type Cell = std::sync::Arc<std::sync::OnceLock<Option<std::sync::Arc<Frontier>>>>;
+    static CACHE: std::sync::OnceLock<std::sync::Mutex<HashMap<(String, String), Cell>>> =
+        std::sync::OnceLock::new();
+    let cell = {
+        let mut map = CACHE
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        std::sync::Arc::clone(
+            map.entry((topo.hash.clone(), collective.to_string()))
+                .or_default(),
+        )
+    };
+    cell.get_or_init(|| {
+        let opts = ParetoOptions {
+            max_steps: SEARCH_MAX_STEPS,
+            max_chunks: SEARCH_MAX_CHUNKS,
+            time_limit: SEARCH_TIME_LIMIT,
+        };
+        let links = LinkMatrix::from_topology(topo).ok()?;
+        pareto(&links, collective, opts)
+            .ok()
+            .map(std::sync::Arc::new)
+    })
+    .clone()
+}
+
+/// Frontier points of `collective` on `topo` as verified candidates, all named `milp` (the
+/// point is in their [`Synthesis`] record): AllGather and ReduceScatter from their own
+/// frontiers, AllReduce as each AllGather point's dual ReduceScatter followed by the point.
+fn frontier_candidates(topo: &Topology, collective: Collective) -> Vec<Candidate> {
+    let solved = match collective {
+        Collective::AllReduce => Collective::AllGather,
+        c => c,
+    };
+    let Some(frontier) = search_frontier(topo, solved) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for p in &frontier.points {
+        let cand = if collective == Collective::AllReduce {
+            let rs = p.algorithm.reversed(Collective::ReduceScatter);
+            lower_allreduce("milp", &rs, &p.algorithm)
+        } else {
+            lower("milp", &p.algorithm)
+        };
+        let Some(cand) = cand else { continue };
+        if hccl_ir::verify::verify(&cand.schedule).is_ok() {
+            let mut record = record(p, &frontier);
+            if collective == Collective::AllReduce {
+                record.objective = format!(
+                    "ReduceScatter then AllGather, each the {}",
+                    record.objective
+                );
+            }
+            out.push(cand.synthesized(record));
+        }
+    }
+    out
+}
+
+/// Steps a frontier search inside a compile goes up to.
+const SEARCH_MAX_STEPS: u32 = 3;
+/// Chunks per rank a frontier search inside a compile goes up to.
+const SEARCH_MAX_CHUNKS: u32 = 6;
+/// Seconds per instance of a frontier search inside a compile.
+const SEARCH_TIME_LIMIT: f64 = 5.0;
+/// Largest rank count the search runs the frontier for.
+pub const SEARCH_MAX_RANKS: u32 = 8;
+
+/// The latency-optimal frontier as a family (`--synth full` only): AllGather, ReduceScatter
+/// and AllReduce (as ReduceScatter + AllGather) in SCCL's model, up to
+/// [`SEARCH_MAX_RANKS`] ranks with direct links.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MilpFrontier;
+
+impl crate::families::Family for MilpFrontier {
+    fn name(&self) -> &'static str {
+        "milp"
+    }
+
+    fn supports(&self, kind: hccl_ir::CollectiveKind) -> bool {
+        use hccl_ir::CollectiveKind as K;
+        matches!(kind, K::AllGather | K::ReduceScatter | K::AllReduce)
+    }
+
+    fn param_space(&self, topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
+        if !(2..=SEARCH_MAX_RANKS).contains(&topo.nranks()) || !self.supports(collective.kind()) {
+            return Vec::new();
+        }
+        vec![FamilyParams {
+            channels: 1,
+            pipeline: 1,
+        }]
+    }
+
+    fn schedules(
+        &self,
+        topo: &Topology,
+        collective: Collective,
+        _params: FamilyParams,
+        in_place: bool,
+    ) -> Vec<Candidate> {
+        if in_place || !(2..=SEARCH_MAX_RANKS).contains(&topo.nranks()) {
+            return Vec::new();
+        }
+        frontier_candidates(topo, collective)
+    }
+}

@@ -460,15 +460,10 @@ pub fn table(plan_path: &Path, topo: &Topology, rows: &[Row]) -> String {
     out
 }
 
-/// One line on a synthesized schedule: method, value against the proven optimum, objective.
+/// One line on a synthesized schedule: method, its value and the proven optimum, objective.
 pub fn describe(s: &Synthesis) -> String {
-    let share = if s.optimum > 0.0 {
-        format!(" ({:.1}%)", 100.0 * s.value / s.optimum)
-    } else {
-        String::new()
-    };
     format!(
-        "{} reaches {:.2} {} of the {} {:.2} {}{share}; objective: {}",
+        "{} gives {:.2} {}, {} {:.2}; objective: {}",
         s.method,
         s.value,
         s.unit,
@@ -478,7 +473,6 @@ pub fn describe(s: &Synthesis) -> String {
             "best bound"
         },
         s.optimum,
-        s.unit,
         s.objective
     )
 }
