@@ -113,7 +113,8 @@ pub(crate) struct Entry {
     pub chunks: u32,
     pub algorithm: String,
     pub protocol: Protocol,
-    /// Largest step count over all ranks (identical everywhere: it sizes the segments).
+    /// Largest count of a message (a step with a peer) over all ranks (identical everywhere:
+    /// it sizes the segments).
     pub max_count: u32,
     pub program: Program,
 }
@@ -164,11 +165,17 @@ pub(crate) fn compile(
     {
         return Err(header(format!("root {root} out of range")));
     }
+    // Only messages pass through connection slots; local copies and reductions work chunk
+    // by chunk in the caller's buffers and scratch, so a whole-buffer local copy (the root's
+    // Input to Output of an out-of-place Broadcast of many chunks) must not shrink the
+    // segments, nor make an entry unrunnable when its chunk count times the element size
+    // exceeds a slot.
     let max_count = s
         .ranks
         .iter()
         .flat_map(|r| &r.streams)
         .flat_map(|st| &st.steps)
+        .filter(|st| st.op.recv_peer().is_some() || st.op.send_peer().is_some())
         .map(|st| st.count)
         .max()
         .unwrap_or(0);
