@@ -719,3 +719,93 @@ fn hccl_perf_checks_synthesized_plans_on_processes() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Plans the search compiles with only the synthesizers competing (`--synth full --algo
+/// packed_trees,flow_alltoall,milp`), through a plan file, every entry run at sizes of its
+/// range on threads and a few on the process backend.
+#[test]
+fn compiled_synthesized_plans_run() {
+    use hccl_compiler::search::{Options, compile, geometric_sizes};
+    use hccl_ir::CollectiveKind as K;
+    let dir = std::env::temp_dir().join(format!("hccl-synth-compiled-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    for (topo, kinds) in [
+        (
+            ring4(),
+            // (AllToAll's flow pieces start at 16 KiB per path, above these sizes.)
+            vec![K::Broadcast, K::Reduce, K::AllGather, K::ReduceScatter],
+        ),
+        (shipped("dgx1-v100"), vec![K::AllReduce]),
+    ] {
+        let t = Instant::now();
+        let opts = Options {
+            collectives: kinds.clone(),
+            // From 256 KiB: below a synthesized candidate's `min_bytes` (pieces × channels ×
+            // 4 KiB) the search costs none, and with only synthesizers allowed a size without
+            // a costed candidate fails the compile ("no verified schedule").
+            sizes: geometric_sizes(256 << 10, 1 << 20, 4),
+            algorithms: Some(vec![
+                "packed_trees".into(),
+                "flow_alltoall".into(),
+                "milp".into(),
+            ]),
+            synth: SynthLevel::Full,
+            ..Options::default()
+        };
+        let compiled = compile(&topo, &opts).unwrap_or_else(|e| panic!("{}: {e}", topo.name));
+        let path = dir.join(format!("{}.plan.ron", topo.name));
+        compiled.plan.save(&path).expect("plan written");
+        let plan = PlanFile::load(&path).expect("plan read back");
+        eprintln!(
+            "{}: compiled {} entries in {:.2} s",
+            topo.name,
+            plan.entries.len(),
+            t.elapsed().as_secs_f64()
+        );
+        let n = topo.nranks();
+        let mut all = Vec::new();
+        for (i, e) in plan.entries.iter().enumerate() {
+            let coll = e.schedule.collective;
+            assert!(kinds.contains(&coll.kind()), "{}: {coll}", topo.name);
+            assert!(
+                ["packed_trees", "flow_alltoall", "milp"]
+                    .iter()
+                    .any(|a| e.algorithm.starts_with(a)),
+                "{}: entry {i} is {}",
+                topo.name,
+                e.algorithm
+            );
+            // Sizes inside the entry's range: its least size and one not a power of two.
+            let lo = (e.min_bytes / 4).max(1) as usize;
+            let hi = e
+                .max_bytes
+                .map_or(lo * 3, |m| (m / 4) as usize - 1)
+                .min(lo * 3);
+            // The least size of every entry; one inside the range of the first of each.
+            let sizes = if i == 0 || plan.entries[i - 1].schedule.collective != coll {
+                vec![lo, (lo + hi) / 2 + 3]
+            } else {
+                vec![lo]
+            };
+            for (j, elems) in sizes.into_iter().enumerate() {
+                let blocked = matches!(coll.kind(), K::AllGather | K::ReduceScatter | K::AllToAll);
+                let count = if blocked {
+                    (elems / n as usize).max(1) * n as usize
+                } else {
+                    elems
+                };
+                all.push(Case {
+                    collective: coll,
+                    dtype: if j == 0 { DataType::F32 } else { DataType::I32 },
+                    op: if j == 0 { ReduceOp::Sum } else { ReduceOp::Max },
+                    in_place: (i + j) % 2 == 1,
+                    count,
+                    seed: (i * 2 + j) as u64,
+                });
+            }
+        }
+        let label = format!("{} compiled", topo.name);
+        run_checked(&label, &plan, n, &all, &thin(&all, 4));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
