@@ -383,8 +383,8 @@ fn packed_trees_dgx1_broadcast_reduce() {
                 })
             } else if last(i, len) {
                 Some(Budget {
-                    calls: 4,
-                    process: 2,
+                    calls: 3,
+                    process: 1,
                 })
             } else {
                 None
