@@ -116,10 +116,30 @@ pub(crate) struct Entry {
     /// Largest count of a message (a step with a peer) over all ranks (identical everywhere:
     /// it sizes the segments).
     pub max_count: u32,
+    /// Largest scratch buffer over all ranks, in chunks (identical everywhere).
+    pub max_scratch: u32,
     pub program: Program,
 }
 
+/// Most bytes of scratch a rank's entry may need at the largest chunk of a segment; beyond
+/// it the segments are cut smaller (see [`Entry::geometry_count`]).
+pub(crate) const SCRATCH_BUDGET: usize = 32 << 20;
+
 impl Entry {
+    /// The chunk count that sizes the segments for `slot_bytes`-byte slots: a chunk holds
+    /// at most `slot_bytes / geometry_count` bytes, so the largest message fits a slot and
+    /// the largest scratch fits [`SCRATCH_BUDGET`] (schedules forwarding through a lot of
+    /// scratch, such as the flow AllToAll's, would otherwise need gigabytes). The same on
+    /// every rank: it depends only on the schedule and the slot size.
+    pub(crate) fn geometry_count(&self, slot_bytes: usize) -> u32 {
+        let scratch = (self.max_scratch as usize)
+            .saturating_mul(slot_bytes)
+            .div_ceil(SCRATCH_BUDGET);
+        self.max_count
+            .max(u32::try_from(scratch).unwrap_or(u32::MAX))
+            .max(1)
+    }
+
     /// Whether the entry serves `bytes`.
     pub(crate) fn covers(&self, bytes: u64) -> bool {
         self.min_bytes <= bytes && self.max_bytes.is_none_or(|m| bytes < m)
@@ -287,6 +307,7 @@ pub(crate) fn compile(
         algorithm: entry.algorithm.clone(),
         protocol: entry.protocol,
         max_count,
+        max_scratch: s.ranks.iter().map(|r| r.scratch_chunks).max().unwrap_or(0),
         program: out,
     })
 }
