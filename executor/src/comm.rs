@@ -137,7 +137,9 @@ impl RankState {
         let mut engine = EngineState::new(conns.len());
         for &i in keep {
             let e = program::compile(i, &plan.entries[i], rank, conns)?;
-            let per_chunk = config.slot_bytes / e.max_count.max(1) as usize;
+            // The largest chunk of a segment: at most this many bytes, or one element.
+            let per_chunk = (config.slot_bytes / e.geometry_count(config.slot_bytes) as usize)
+                .max(crate::dtype::MAX_ELEMENT_BYTES);
             scratch_bytes = scratch_bytes.max(e.program.scratch_chunks as usize * per_chunk);
             engine.prepare(&e.program, config.slot_bytes);
             entries.push(e);
@@ -336,6 +338,10 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
     } else {
         shared.config.slot_bytes
     } / per_step;
+    // Chunks small enough for the scratch budget too (at least one element: scratch chunks
+    // are sized for that, see `RankState::new`).
+    let geometry = es * entry.geometry_count(shared.config.slot_bytes) as usize;
+    let cap = cap.min((shared.config.slot_bytes / geometry).max(1));
     if cap == 0 {
         return Err(ExecError::Invalid(format!(
             "plan entry {}: steps of {} chunks do not fit a {}-byte slot",

@@ -22,6 +22,9 @@ pub enum DataType {
     U64,
 }
 
+/// Bytes of the widest element type (`f64`, `i64`, `u64`).
+pub const MAX_ELEMENT_BYTES: usize = 8;
+
 impl DataType {
     /// Every data type.
     pub const ALL: [DataType; 10] = [

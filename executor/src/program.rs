@@ -113,12 +113,33 @@ pub(crate) struct Entry {
     pub chunks: u32,
     pub algorithm: String,
     pub protocol: Protocol,
-    /// Largest step count over all ranks (identical everywhere: it sizes the segments).
+    /// Largest count of a message (a step with a peer) over all ranks (identical everywhere:
+    /// it sizes the segments).
     pub max_count: u32,
+    /// Largest scratch buffer over all ranks, in chunks (identical everywhere).
+    pub max_scratch: u32,
     pub program: Program,
 }
 
+/// Most bytes of scratch a rank's entry may need at the largest chunk of a segment; beyond
+/// it the segments are cut smaller (see [`Entry::geometry_count`]).
+pub(crate) const SCRATCH_BUDGET: usize = 32 << 20;
+
 impl Entry {
+    /// The chunk count that sizes the segments for `slot_bytes`-byte slots: a chunk holds
+    /// at most `slot_bytes / geometry_count` bytes, so the largest message fits a slot and
+    /// the largest scratch fits [`SCRATCH_BUDGET`] (schedules forwarding through a lot of
+    /// scratch, such as the flow AllToAll's, would otherwise need gigabytes). The same on
+    /// every rank: it depends only on the schedule and the slot size.
+    pub(crate) fn geometry_count(&self, slot_bytes: usize) -> u32 {
+        let scratch = (self.max_scratch as usize)
+            .saturating_mul(slot_bytes)
+            .div_ceil(SCRATCH_BUDGET);
+        self.max_count
+            .max(u32::try_from(scratch).unwrap_or(u32::MAX))
+            .max(1)
+    }
+
     /// Whether the entry serves `bytes`.
     pub(crate) fn covers(&self, bytes: u64) -> bool {
         self.min_bytes <= bytes && self.max_bytes.is_none_or(|m| bytes < m)
@@ -164,11 +185,17 @@ pub(crate) fn compile(
     {
         return Err(header(format!("root {root} out of range")));
     }
+    // Only messages pass through connection slots; local copies and reductions work chunk
+    // by chunk in the caller's buffers and scratch, so a whole-buffer local copy (the root's
+    // Input to Output of an out-of-place Broadcast of many chunks) must not shrink the
+    // segments, nor make an entry unrunnable when its chunk count times the element size
+    // exceeds a slot.
     let max_count = s
         .ranks
         .iter()
         .flat_map(|r| &r.streams)
         .flat_map(|st| &st.steps)
+        .filter(|st| st.op.recv_peer().is_some() || st.op.send_peer().is_some())
         .map(|st| st.count)
         .max()
         .unwrap_or(0);
@@ -280,6 +307,7 @@ pub(crate) fn compile(
         algorithm: entry.algorithm.clone(),
         protocol: entry.protocol,
         max_count,
+        max_scratch: s.ranks.iter().map(|r| r.scratch_chunks).max().unwrap_or(0),
         program: out,
     })
 }

@@ -434,3 +434,178 @@ fn algorithm_filter_and_nearest_entry() {
         assert!(errors.is_empty(), "{algo}: {errors:#?}");
     }
 }
+
+/// A whole-buffer local copy (the root's Input to Output of an out-of-place Broadcast, as
+/// the packed-tree synthesizer lowers it) over more chunks than a slot holds elements: only
+/// messages pass through slots, so the entry runs (it used to fail with "steps of 256 chunks
+/// do not fit a 256-byte slot") and its one-chunk messages size the segments.
+#[test]
+fn local_copy_of_many_chunks_runs_in_small_slots() {
+    use hccl_ir::{Loc, Op, PlanEntry, PlanMeta, Protocol, RankProgram, Schedule, Step, Stream};
+    const C: u32 = 256;
+    let root = 0;
+    let coll = Collective::Broadcast { root };
+    let mut schedule = Schedule::empty(coll, 2, C, false).expect("extents");
+    let mut sends = vec![Step::new(
+        Op::Copy {
+            src: Loc::input(0),
+            dst: Loc::output(0),
+        },
+        C,
+    )];
+    sends.extend((0..C).map(|k| {
+        Step::new(
+            Op::Send {
+                to: 1,
+                src: Loc::input(k),
+            },
+            1,
+        )
+    }));
+    let recvs = (0..C)
+        .map(|k| {
+            Step::new(
+                Op::Recv {
+                    from: 0,
+                    dst: Loc::output(k),
+                },
+                1,
+            )
+        })
+        .collect();
+    schedule.ranks = vec![
+        RankProgram {
+            scratch_chunks: 0,
+            streams: vec![Stream {
+                channel: 0,
+                steps: sends,
+            }],
+        },
+        RankProgram {
+            scratch_chunks: 0,
+            streams: vec![Stream {
+                channel: 0,
+                steps: recvs,
+            }],
+        },
+    ];
+    hccl_ir::verify::verify(&schedule).expect("the schedule verifies");
+    let mut plan = PlanFile::new(PlanMeta {
+        topology: "builtin-2".into(),
+        topology_hash: String::new(),
+        compiler: "test".into(),
+    });
+    plan.entries.push(PlanEntry {
+        min_bytes: 0,
+        max_bytes: None,
+        algorithm: "copy_then_send".into(),
+        protocol: Protocol::Simple,
+        cost: None,
+        schedule,
+        symmetry: None,
+        synthesis: None,
+    });
+    let mut cases = Vec::new();
+    for (seed, count) in [1usize, 3, 255, 257, 5000].into_iter().enumerate() {
+        for in_place in [false, true] {
+            cases.push(Case {
+                collective: coll,
+                dtype: DataType::F32,
+                op: ReduceOp::Sum,
+                in_place,
+                count,
+                seed: seed as u64,
+            });
+        }
+    }
+    let errors = run_cases(plan, 2, config().with_slot_bytes(256), &cases);
+    assert!(errors.is_empty(), "{errors:#?}");
+}
+
+/// A schedule with a large scratch buffer (the flow AllToAll forwards through 190208
+/// scratch chunks): segments are cut so that its scratch stays within the budget instead of
+/// `scratch_chunks × slot_bytes / max_count` (here 1 TiB), and the data still arrives.
+#[test]
+fn large_scratch_is_bounded_by_smaller_segments() {
+    use hccl_ir::{Loc, Op, PlanEntry, PlanMeta, Protocol, RankProgram, Schedule, Step, Stream};
+    const C: u32 = 64;
+    const SCRATCH: u32 = 1 << 22;
+    let coll = Collective::Broadcast { root: 0 };
+    let mut schedule = Schedule::empty(coll, 2, C, true).expect("extents");
+    let sends = (0..C)
+        .map(|k| {
+            Step::new(
+                Op::Send {
+                    to: 1,
+                    src: Loc::output(k),
+                },
+                1,
+            )
+        })
+        .collect();
+    let mut recvs = Vec::new();
+    for k in 0..C {
+        let far = SCRATCH - C + k;
+        recvs.push(Step::new(
+            Op::Recv {
+                from: 0,
+                dst: Loc::scratch(far),
+            },
+            1,
+        ));
+        recvs.push(Step::new(
+            Op::Copy {
+                src: Loc::scratch(far),
+                dst: Loc::output(k),
+            },
+            1,
+        ));
+    }
+    schedule.ranks = vec![
+        RankProgram {
+            scratch_chunks: 0,
+            streams: vec![Stream {
+                channel: 0,
+                steps: sends,
+            }],
+        },
+        RankProgram {
+            scratch_chunks: SCRATCH,
+            streams: vec![Stream {
+                channel: 0,
+                steps: recvs,
+            }],
+        },
+    ];
+    hccl_ir::verify::verify(&schedule).expect("the schedule verifies");
+    let mut plan = PlanFile::new(PlanMeta {
+        topology: "builtin-2".into(),
+        topology_hash: String::new(),
+        compiler: "test".into(),
+    });
+    plan.entries.push(PlanEntry {
+        min_bytes: 0,
+        max_bytes: None,
+        algorithm: "through_scratch".into(),
+        protocol: Protocol::Simple,
+        cost: None,
+        schedule,
+        symmetry: None,
+        synthesis: None,
+    });
+    let mut cases = Vec::new();
+    for (seed, count) in [1usize, 63, 65, 5000].into_iter().enumerate() {
+        for (dtype, in_place) in [(DataType::F32, true), (DataType::F64, false)] {
+            cases.push(Case {
+                collective: coll,
+                dtype,
+                op: ReduceOp::Sum,
+                in_place,
+                count,
+                seed: seed as u64,
+            });
+        }
+    }
+    let errors = run_cases(plan, 2, config(), &cases);
+    assert!(errors.is_empty(), "{errors:#?}");
+}

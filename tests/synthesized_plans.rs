@@ -1,0 +1,811 @@
+//! Synthesized schedules run: plans of the synthesizers (`packed_trees`, `flow_alltoall`,
+//! `milp`) for small shipped and generated machines, at the parameter sets the search tries
+//! (many channels, pieces of unequal width, deep pipelines, forwarding through scratch),
+//! replayed on the threads backend and the process backend and checked element by element
+//! against a sequential reference: several data types and operators, in and out of place,
+//! element counts smaller than the chunk count and not divisible by it.
+
+#[path = "../executor/tests/common/mod.rs"]
+mod common;
+
+use common::{Case, check, config, count_for};
+use hccl_compiler::families::{Candidate, FamilyParams, families_for};
+use hccl_compiler::synth::SynthLevel;
+use hccl_executor::{
+    Bootstrap, Communicator, Config, DataType, ProcessGroup, ReduceOp, ThreadGroup,
+};
+use hccl_ir::{Collective, PlanEntry, PlanFile, PlanMeta, Protocol};
+use hccl_topologies::Topology;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+fn shipped(name: &str) -> Topology {
+    hccl_topologies::shipped_by_name(name).unwrap_or_else(|| panic!("{name} is shipped"))
+}
+
+/// What `hcclc topo gen ring --ranks 4 --bw 25 --latency 1` makes.
+fn ring4() -> Topology {
+    hccl_topologies::build(hccl_topologies::generate::ring(4, 25.0, 1.0), "ring4")
+        .expect("a 4-ring builds")
+}
+
+/// The parameter sets `family` offers for `collective` on `topo` (the search's space).
+fn params_of(family: &str, topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
+    families_for(SynthLevel::Full)
+        .into_iter()
+        .find(|f| f.name() == family)
+        .unwrap_or_else(|| panic!("no family {family}"))
+        .param_space(topo, collective)
+}
+
+/// The schedules of `family` at `params`, out of place and (where it has them) in place.
+fn candidates(
+    family: &str,
+    topo: &Topology,
+    collective: Collective,
+    params: FamilyParams,
+) -> Vec<Candidate> {
+    let mut out = Vec::new();
+    for in_place in [false, true] {
+        let got =
+            hccl_compiler::families::generate_with(family, topo, collective, params, in_place)
+                .unwrap_or_else(|| panic!("no family {family}"));
+        out.extend(got);
+    }
+    out
+}
+
+/// A plan whose entries are `cands` (every size, protocol `proto`), for `topo`.
+fn plan_of(topo: &Topology, cands: &[&Candidate], proto: Protocol) -> PlanFile {
+    let mut plan = PlanFile::new(PlanMeta {
+        topology: topo.name.clone(),
+        topology_hash: topo.hash.clone(),
+        compiler: "tests/synthesized_plans.rs".into(),
+    });
+    for c in cands {
+        plan.entries.push(PlanEntry {
+            min_bytes: 0,
+            max_bytes: None,
+            algorithm: c.algorithm.clone(),
+            protocol: proto,
+            cost: None,
+            symmetry: c.symmetry.clone(),
+            synthesis: c.synthesis.clone(),
+            schedule: c.schedule.clone(),
+        });
+    }
+    plan
+}
+
+fn shape(c: &Candidate) -> String {
+    let s = &c.schedule;
+    let streams = s.ranks.iter().map(|r| r.streams.len()).max().unwrap_or(0);
+    let steps: usize = s
+        .ranks
+        .iter()
+        .flat_map(|r| r.streams.iter().map(|st| st.steps.len()))
+        .sum();
+    let scratch = s.ranks.iter().map(|r| r.scratch_chunks).max().unwrap_or(0);
+    let all = || {
+        s.ranks
+            .iter()
+            .flat_map(|r| r.streams.iter().flat_map(|st| &st.steps))
+    };
+    let msg = all()
+        .filter(|st| st.op.recv_peer().is_some() || st.op.send_peer().is_some())
+        .map(|st| st.count)
+        .max()
+        .unwrap_or(0);
+    let local = all()
+        .filter(|st| st.op.recv_peer().is_none() && st.op.send_peer().is_none())
+        .map(|st| st.count)
+        .max()
+        .unwrap_or(0);
+    format!(
+        "{} {:?} in_place={} chunks={} streams/rank={} steps={} scratch={} max message {} max local {}",
+        c.algorithm, c.params, s.in_place, s.chunks, streams, steps, scratch, msg, local
+    )
+}
+
+/// Data types × operators: every operator for reductions, a few element sizes otherwise.
+fn combos(collective: Collective) -> Vec<(DataType, ReduceOp)> {
+    if collective.kind().reduces() {
+        vec![
+            (DataType::F32, ReduceOp::Sum),
+            (DataType::BF16, ReduceOp::Max),
+            (DataType::I32, ReduceOp::Prod),
+            (DataType::U8, ReduceOp::Min),
+            (DataType::F64, ReduceOp::Avg),
+        ]
+    } else {
+        vec![
+            (DataType::F32, ReduceOp::Sum),
+            (DataType::U8, ReduceOp::Sum),
+            (DataType::F16, ReduceOp::Sum),
+            (DataType::I64, ReduceOp::Sum),
+        ]
+    }
+}
+
+/// Calls for `collective` on `n` ranks whose schedule has `chunks` chunks: element counts
+/// (per block for rank-blocked collectives) of 1, fewer than the chunks, not a multiple of
+/// them and more than them; every data type × operator, in and out of place.
+fn cases(collective: Collective, n: u32, chunks: u32, seed: u64) -> Vec<Case> {
+    let per = match collective.kind() {
+        hccl_ir::CollectiveKind::AllGather
+        | hccl_ir::CollectiveKind::ReduceScatter
+        | hccl_ir::CollectiveKind::AllToAll => (chunks / n).max(1) as usize,
+        _ => chunks as usize,
+    };
+    // And one count of many elements per chunk (segments) where the chunks are few.
+    let many = if 2 * per + 5 < 5003 { 5003 } else { 2 };
+    let bases = [
+        1,
+        3,
+        per.saturating_sub(1).max(2),
+        per + 1,
+        2 * per + 5,
+        many,
+    ];
+    let mut out = Vec::new();
+    let mut seed = seed;
+    for (i, (dtype, op)) in combos(collective).into_iter().enumerate() {
+        for in_place in [false, true] {
+            for (j, &base) in bases.iter().enumerate() {
+                // Every count once per placement, spread over the data types.
+                if (i + j) % 2 == 1 && j != 0 {
+                    continue;
+                }
+                seed += 1;
+                out.push(Case {
+                    collective,
+                    dtype,
+                    op,
+                    in_place,
+                    count: count_for(collective, n, base),
+                    seed,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Runs `cases` on a thread group of `plan`; returns the mismatches.
+fn run_threads(plan: &PlanFile, n: u32, cases: &[Case], cfg: Config) -> Vec<String> {
+    let t = Instant::now();
+    let comms = match ThreadGroup::with_config(plan.clone(), n, cfg) {
+        Ok(c) => c,
+        Err(e) => return vec![format!("thread group: {e}")],
+    };
+    eprintln!(
+        "    thread group set up in {:.2} s",
+        t.elapsed().as_secs_f64()
+    );
+    run_on(comms.into_iter().map(Ok).collect(), cases)
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// Runs `cases` on the process backend (rendezvous over TCP, one `/dev/shm` arena), its
+/// ranks threads of this process; returns the mismatches.
+fn run_process(plan: &PlanFile, n: u32, cases: &[Case]) -> Vec<String> {
+    let boot = Bootstrap {
+        addr: format!("127.0.0.1:{}", free_port()),
+        token: "synthesized".into(),
+        host: None,
+    };
+    let comms: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                let (boot, plan) = (boot.clone(), plan.clone());
+                s.spawn(move || ProcessGroup::init_with(plan, r, n, &boot, config()))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    });
+    run_on(comms, cases)
+}
+
+fn run_on(comms: Vec<hccl_executor::Result<Communicator>>, cases: &[Case]) -> Vec<String> {
+    let errors = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for comm in comms {
+            let errors = &errors;
+            s.spawn(move || {
+                let mut comm = match comm {
+                    Ok(c) => c,
+                    Err(e) => {
+                        errors.lock().unwrap().push(format!("init: {e}"));
+                        return;
+                    }
+                };
+                for case in cases {
+                    if let Err(e) = check(&mut comm, case) {
+                        errors.lock().unwrap().push(e);
+                        comm.abort();
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    errors.into_inner().unwrap()
+}
+
+/// Runs `threads` on the threads backend and `process` on the process backend, panicking
+/// with the mismatches.
+fn run_checked(label: &str, plan: &PlanFile, n: u32, threads: &[Case], process: &[Case]) {
+    run_checked_with(label, plan, n, threads, process, config());
+}
+
+/// [`run_checked`] with `cfg` on the threads backend.
+fn run_checked_with(
+    label: &str,
+    plan: &PlanFile,
+    n: u32,
+    threads: &[Case],
+    process: &[Case],
+    cfg: Config,
+) {
+    let t = Instant::now();
+    let errors = run_threads(plan, n, threads, cfg);
+    assert!(
+        errors.is_empty(),
+        "{label} (threads): {} failures: {:#?}",
+        errors.len(),
+        &errors[..errors.len().min(4)]
+    );
+    let threads_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    if !process.is_empty() {
+        let errors = run_process(plan, n, process);
+        assert!(
+            errors.is_empty(),
+            "{label} (process): {} failures: {:#?}",
+            errors.len(),
+            &errors[..errors.len().min(4)]
+        );
+    }
+    eprintln!(
+        "{label}: threads {} calls {threads_s:.2} s, process {} calls {:.2} s",
+        threads.len(),
+        process.len(),
+        t.elapsed().as_secs_f64()
+    );
+}
+
+/// How much of a parameter set to run: at most `calls` of its calls on the threads backend,
+/// `process` of them (0: none) on the process backend.
+#[derive(Clone, Copy)]
+struct Budget {
+    calls: usize,
+    process: usize,
+}
+
+/// At most `max` of `cases`, spread over them (every data type, placement and count class
+/// still appears when `max` allows).
+fn thin(cases: &[Case], max: usize) -> Vec<Case> {
+    if cases.len() <= max {
+        return cases.to_vec();
+    }
+    let step = cases.len() as f64 / max as f64;
+    (0..max)
+        // From the end: a single call is the largest count of the last data type, in place.
+        .map(|i| cases[cases.len() - 1 - (i as f64 * step) as usize])
+        .collect()
+}
+
+/// The parameter sets of `family` for `collective` on `topo` that `budget` gives a budget
+/// (by index and count of sets): each set's schedules (the first out of place and the first
+/// in place) in one plan, run on the threads and the process backend. Returns the plans
+/// and their chunk counts.
+fn check_family(
+    family: &str,
+    topo: &Topology,
+    collective: Collective,
+    budget: &dyn Fn(usize, usize, FamilyParams) -> Option<Budget>,
+) -> Vec<(String, PlanFile, u32)> {
+    let n = topo.nranks();
+    let params = params_of(family, topo, collective);
+    assert!(
+        !params.is_empty(),
+        "{family} offers nothing for {collective} on {}",
+        topo.name
+    );
+    let mut plans = Vec::new();
+    for (i, &p) in params.iter().enumerate() {
+        let Some(b) = budget(i, params.len(), p) else {
+            continue;
+        };
+        let t = Instant::now();
+        let cands = candidates(family, topo, collective, p);
+        let gen_s = t.elapsed().as_secs_f64();
+        assert!(
+            !cands.is_empty(),
+            "{family} {collective} {p:?} on {}: no schedule",
+            topo.name
+        );
+        for c in &cands {
+            eprintln!("  {} {collective}: {} ({gen_s:.2} s)", topo.name, shape(c));
+        }
+        let first_out = cands.iter().find(|c| !c.schedule.in_place);
+        let first_in = cands.iter().find(|c| c.schedule.in_place);
+        let chosen: Vec<&Candidate> = first_out.into_iter().chain(first_in).collect();
+        let chunks = chosen.iter().map(|c| c.schedule.chunks).max().unwrap_or(1);
+        // Alternate the protocols over the parameter sets: LL rings and regular ones.
+        let proto = if i % 2 == 0 {
+            Protocol::Simple
+        } else {
+            Protocol::LL
+        };
+        let plan = plan_of(topo, &chosen, proto);
+        let label = format!("{} {family} {collective} {p:?} {proto:?}", topo.name);
+        let all = cases(collective, n, chunks, 1000 * i as u64);
+        let on_threads = thin(&all, b.calls);
+        let on_process = thin(&all, b.process);
+        run_checked(&label, &plan, n, &on_threads, &on_process);
+        plans.push((label, plan, chunks));
+    }
+    plans
+}
+
+fn first(i: usize, _: usize) -> bool {
+    i == 0
+}
+
+fn last(i: usize, len: usize) -> bool {
+    i + 1 == len
+}
+
+#[test]
+fn packed_trees_dgx1_broadcast_reduce() {
+    let topo = shipped("dgx1-v100");
+    // 8 trees of 2 pieces (2048 chunks); 16 channels × 256 pieces (262144 chunks).
+    check_family(
+        "packed_trees",
+        &topo,
+        Collective::Broadcast { root: 3 },
+        &|i, len, _| {
+            if first(i, len) {
+                Some(Budget {
+                    calls: 24,
+                    process: 8,
+                })
+            } else if last(i, len) {
+                Some(Budget {
+                    calls: 3,
+                    process: 1,
+                })
+            } else {
+                None
+            }
+        },
+    );
+    // 8 trees × 8 and × 128 pieces (65536 chunks). (Its 16-channel sets prune the packing
+    // to 16 trees, 10 s of LP here; dgx-h100 below runs 16 channels with scratch.)
+    check_family(
+        "packed_trees",
+        &topo,
+        Collective::Reduce { root: 5 },
+        &|_, _, p| match (p.channels, p.pipeline) {
+            (8, 8) => Some(Budget {
+                calls: 30,
+                process: 8,
+            }),
+            (8, 128) => Some(Budget {
+                calls: 6,
+                process: 3,
+            }),
+            _ => None,
+        },
+    );
+}
+
+#[test]
+fn packed_trees_dgx1_allgather_reducescatter() {
+    let topo = shipped("dgx1-v100");
+    for coll in [Collective::AllGather, Collective::ReduceScatter] {
+        // 4 trees per root (32 channels) × 8 and × 128 pieces (524288 chunks).
+        check_family("packed_trees", &topo, coll, &|i, len, _| {
+            if first(i, len) {
+                Some(Budget {
+                    calls: 24,
+                    process: 8,
+                })
+            } else if last(i, len) {
+                Some(Budget {
+                    calls: 2,
+                    process: 1,
+                })
+            } else {
+                None
+            }
+        });
+    }
+}
+
+#[test]
+fn packed_trees_ring4() {
+    // Both directions of the ring; every parameter set of every collective.
+    let topo = ring4();
+    for coll in [
+        Collective::Broadcast { root: 2 },
+        Collective::Reduce { root: 1 },
+        Collective::AllGather,
+        Collective::ReduceScatter,
+    ] {
+        check_family("packed_trees", &topo, coll, &|i, len, _| {
+            Some(if first(i, len) {
+                Budget {
+                    calls: 30,
+                    process: 10,
+                }
+            } else {
+                Budget {
+                    calls: 6,
+                    process: if last(i, len) { 3 } else { 0 },
+                }
+            })
+        });
+    }
+}
+
+#[test]
+fn packed_trees_dgx_h100() {
+    // All NVSwitch planes: the shallowest and the most channels × deepest pipelines.
+    let topo = shipped("dgx-h100");
+    for coll in [
+        Collective::Broadcast { root: 7 },
+        Collective::Reduce { root: 0 },
+        Collective::AllGather,
+        Collective::ReduceScatter,
+    ] {
+        check_family("packed_trees", &topo, coll, &|i, len, _| {
+            if first(i, len) {
+                Some(Budget {
+                    calls: 12,
+                    process: 4,
+                })
+            } else if last(i, len) {
+                Some(Budget {
+                    calls: 3,
+                    process: 2,
+                })
+            } else {
+                None
+            }
+        });
+    }
+}
+
+#[test]
+fn flow_alltoall_forwards_through_scratch() {
+    // DGX-1's pairs without a direct NVLink forward through other ranks' scratch; the ring's
+    // non-neighbours too; DGX-H100 goes direct.
+    for topo in [shipped("dgx1-v100"), ring4(), shipped("dgx-h100")] {
+        let plans = check_family(
+            "flow_alltoall",
+            &topo,
+            Collective::AllToAll,
+            &|i, len, _| {
+                Some(if first(i, len) {
+                    Budget {
+                        calls: 16,
+                        process: 6,
+                    }
+                } else if last(i, len) {
+                    Budget {
+                        calls: 2,
+                        process: 1,
+                    }
+                } else {
+                    Budget {
+                        calls: 3,
+                        process: 0,
+                    }
+                })
+            },
+        );
+        if topo.name != "dgx-h100" {
+            let forwards = plans.iter().any(|(_, plan, _)| {
+                plan.entries
+                    .iter()
+                    .any(|e| e.schedule.ranks.iter().any(|r| r.scratch_chunks > 0))
+            });
+            assert!(forwards, "{}: no plan forwards through scratch", topo.name);
+        }
+    }
+}
+
+#[test]
+fn milp_frontier_dgx1() {
+    // Every frontier point of AllGather, ReduceScatter and AllReduce (the ReduceScatter
+    // then the AllGather point); out-of-place schedules (in-place calls adapted).
+    let topo = shipped("dgx1-v100");
+    for coll in [
+        Collective::AllGather,
+        Collective::ReduceScatter,
+        Collective::AllReduce,
+    ] {
+        let params = params_of("milp", &topo, coll);
+        assert_eq!(params.len(), 1, "{coll}: {params:?}");
+        let t = Instant::now();
+        let cands = candidates("milp", &topo, coll, params[0]);
+        let gen_s = t.elapsed().as_secs_f64();
+        assert!(
+            cands.len() >= 2,
+            "{coll}: frontier of {} points",
+            cands.len()
+        );
+        for (k, c) in cands.iter().enumerate() {
+            eprintln!("  {} {coll}: {} ({gen_s:.2} s)", topo.name, shape(c));
+            for proto in [Protocol::Simple, Protocol::LL] {
+                let plan = plan_of(&topo, &[c], proto);
+                let label = format!("{} milp {coll} point {k} {proto:?}", topo.name);
+                let all = cases(coll, topo.nranks(), c.schedule.chunks, 500 + k as u64);
+                // LL over slots of 512 bytes: many segments of a few elements per chunk.
+                let (process, cfg) = if proto == Protocol::Simple {
+                    (8, config())
+                } else {
+                    (0, config().with_slot_bytes(512))
+                };
+                let label = format!("{label} slot {}", cfg.slot_bytes);
+                run_checked_with(
+                    &label,
+                    &plan,
+                    topo.nranks(),
+                    &all,
+                    &thin(&all, process),
+                    cfg,
+                );
+            }
+        }
+    }
+}
+
+/// `hccl-perf --check` on real processes: the deepest plans the tests above run in threads.
+#[test]
+fn hccl_perf_checks_synthesized_plans_on_processes() {
+    let dir = std::env::temp_dir().join(format!("hccl-synth-plans-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dgx1 = shipped("dgx1-v100");
+    let ring = ring4();
+    let pick = |family: &str, topo: &Topology, coll: Collective, deepest: bool| {
+        let params = params_of(family, topo, coll);
+        let p = if deepest {
+            params[params.len() - 1]
+        } else {
+            params[0]
+        };
+        let cands = candidates(family, topo, coll, p);
+        let out = cands.iter().find(|c| !c.schedule.in_place);
+        let inp = cands.iter().find(|c| c.schedule.in_place);
+        plan_of(
+            topo,
+            &out.into_iter().chain(inp).collect::<Vec<_>>(),
+            Protocol::Simple,
+        )
+    };
+    let runs: Vec<(&str, PlanFile, u32, Collective, DataType, ReduceOp)> = vec![
+        (
+            "dgx1-broadcast",
+            pick(
+                "packed_trees",
+                &dgx1,
+                Collective::Broadcast { root: 6 },
+                false,
+            ),
+            8,
+            Collective::Broadcast { root: 6 },
+            DataType::F32,
+            ReduceOp::Sum,
+        ),
+        (
+            "dgx1-reducescatter",
+            pick("packed_trees", &dgx1, Collective::ReduceScatter, false),
+            8,
+            Collective::ReduceScatter,
+            DataType::BF16,
+            ReduceOp::Max,
+        ),
+        (
+            "ring4-reduce",
+            pick("packed_trees", &ring, Collective::Reduce { root: 3 }, true),
+            4,
+            Collective::Reduce { root: 3 },
+            DataType::I32,
+            ReduceOp::Sum,
+        ),
+        (
+            "dgx1-alltoall",
+            pick("flow_alltoall", &dgx1, Collective::AllToAll, false),
+            8,
+            Collective::AllToAll,
+            DataType::U8,
+            ReduceOp::Sum,
+        ),
+        (
+            "dgx1-allreduce-milp",
+            plan_of(
+                &dgx1,
+                &[&candidates(
+                    "milp",
+                    &dgx1,
+                    Collective::AllReduce,
+                    params_of("milp", &dgx1, Collective::AllReduce)[0],
+                )[0]],
+                Protocol::Simple,
+            ),
+            8,
+            Collective::AllReduce,
+            DataType::F32,
+            ReduceOp::Avg,
+        ),
+    ];
+    for (name, plan, n, coll, dtype, op) in runs {
+        let path: PathBuf = dir.join(format!("{name}.plan.ron"));
+        plan.save(&path).expect("plan written");
+        let coll_name = hccl_ir::CollectiveKind::name(coll.kind());
+        let root = coll.root().unwrap_or(0).to_string();
+        let n_s = n.to_string();
+        for in_place in [false, true] {
+            let t = Instant::now();
+            let mut args = vec![
+                "--plan",
+                path.to_str().expect("utf-8 path"),
+                "-g",
+                &n_s,
+                "--backend",
+                "process",
+                "-c",
+                coll_name,
+                "-r",
+                &root,
+                "-d",
+                dtype.name(),
+                "-o",
+                op.name(),
+                // 24 bytes (fewer elements than chunks), 2424 and 244824 bytes, 300 KiB.
+                "-b",
+                "24",
+                "-e",
+                "300K",
+                "-f",
+                "101",
+                "--check",
+                "--json",
+                "-n",
+                "1",
+                "-w",
+                "0",
+            ];
+            if in_place {
+                args.push("--in-place");
+            }
+            let out = Command::new(env!("CARGO_BIN_EXE_hccl-perf"))
+                .args(&args)
+                .env_remove("HCCL_PLAN")
+                .env("HCCL_TIMEOUT", "60")
+                .output()
+                .expect("hccl-perf runs");
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_eq!(out.status.code(), Some(0), "{name} {args:?}: {text}");
+            let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
+                .unwrap_or_else(|e| panic!("{name}: {e}: {text}"));
+            let rows = doc["rows"].as_array().expect("rows");
+            assert_eq!(rows.len(), 4, "{name}: {text}");
+            for row in rows {
+                assert_eq!(row["wrong"], 0, "{name} in_place={in_place}: {row}");
+            }
+            eprintln!(
+                "hccl-perf {name} in_place={in_place}: {:.2} s",
+                t.elapsed().as_secs_f64()
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Plans the search compiles with only the synthesizers competing (`--synth full --algo
+/// packed_trees,flow_alltoall,milp`), through a plan file, every entry run at sizes of its
+/// range on threads and a few on the process backend.
+#[test]
+fn compiled_synthesized_plans_run() {
+    use hccl_compiler::search::{Options, compile, geometric_sizes};
+    use hccl_ir::CollectiveKind as K;
+    let dir = std::env::temp_dir().join(format!("hccl-synth-compiled-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    for (topo, kinds) in [
+        (
+            ring4(),
+            // (AllToAll's flow pieces start at 16 KiB per path, above these sizes.)
+            vec![K::Broadcast, K::Reduce, K::AllGather, K::ReduceScatter],
+        ),
+        (shipped("dgx1-v100"), vec![K::AllReduce]),
+    ] {
+        let t = Instant::now();
+        let opts = Options {
+            collectives: kinds.clone(),
+            // From 256 KiB: below a synthesized candidate's `min_bytes` (pieces × channels ×
+            // 4 KiB) the search costs none, and with only synthesizers allowed a size without
+            // a costed candidate fails the compile ("no verified schedule").
+            sizes: geometric_sizes(256 << 10, 1 << 20, 4),
+            algorithms: Some(vec![
+                "packed_trees".into(),
+                "flow_alltoall".into(),
+                "milp".into(),
+            ]),
+            synth: SynthLevel::Full,
+            ..Options::default()
+        };
+        let compiled = compile(&topo, &opts).unwrap_or_else(|e| panic!("{}: {e}", topo.name));
+        let path = dir.join(format!("{}.plan.ron", topo.name));
+        compiled.plan.save(&path).expect("plan written");
+        let plan = PlanFile::load(&path).expect("plan read back");
+        eprintln!(
+            "{}: compiled {} entries in {:.2} s",
+            topo.name,
+            plan.entries.len(),
+            t.elapsed().as_secs_f64()
+        );
+        let n = topo.nranks();
+        let mut all = Vec::new();
+        for (i, e) in plan.entries.iter().enumerate() {
+            let coll = e.schedule.collective;
+            assert!(kinds.contains(&coll.kind()), "{}: {coll}", topo.name);
+            assert!(
+                ["packed_trees", "flow_alltoall", "milp"]
+                    .iter()
+                    .any(|a| e.algorithm.starts_with(a)),
+                "{}: entry {i} is {}",
+                topo.name,
+                e.algorithm
+            );
+            // Sizes inside the entry's range: its least size and one not a power of two.
+            let lo = (e.min_bytes / 4).max(1) as usize;
+            let hi = e
+                .max_bytes
+                .map_or(lo * 3, |m| (m / 4) as usize - 1)
+                .min(lo * 3);
+            // The least size of every entry; one inside the range of the first of each.
+            let sizes = if i == 0 || plan.entries[i - 1].schedule.collective != coll {
+                vec![lo, (lo + hi) / 2 + 3]
+            } else {
+                vec![lo]
+            };
+            for (j, elems) in sizes.into_iter().enumerate() {
+                let blocked = matches!(coll.kind(), K::AllGather | K::ReduceScatter | K::AllToAll);
+                let count = if blocked {
+                    (elems / n as usize).max(1) * n as usize
+                } else {
+                    elems
+                };
+                all.push(Case {
+                    collective: coll,
+                    dtype: if j == 0 { DataType::F32 } else { DataType::I32 },
+                    op: if j == 0 { ReduceOp::Sum } else { ReduceOp::Max },
+                    in_place: (i + j) % 2 == 1,
+                    count,
+                    seed: (i * 2 + j) as u64,
+                });
+            }
+        }
+        let label = format!("{} compiled", topo.name);
+        run_checked(&label, &plan, n, &all, &thin(&all, 4));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
