@@ -396,6 +396,24 @@ pub fn compile_with_progress(
                 break winners;
             }
         };
+        if let Some(si) = winners.iter().position(Option::is_none) {
+            // A size below the least size of every selectable candidate (deep synthesized
+            // pipelines start at some size) is an option the user can change.
+            let bytes = sizes[si];
+            let selectable: Vec<&Costed> = costed.iter().filter(|c| c.selectable).collect();
+            if !selectable.is_empty() && selectable.iter().all(|c| c.candidate.min_bytes > bytes)
+            {
+                let least = selectable
+                    .iter()
+                    .map(|c| c.candidate.min_bytes)
+                    .min()
+                    .unwrap_or(0);
+                return Err(SearchError::BadOptions(format!(
+                    "{kind} at {bytes} B: every allowed candidate starts at a larger size (the \
+                     least at {least} B); allow more algorithms (--algo) or start --sizes there"
+                )));
+            }
+        }
         let Some(winners) = winners.into_iter().collect::<Option<Vec<_>>>() else {
             return Err(SearchError::NoCandidate {
                 collective: kind,
