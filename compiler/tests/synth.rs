@@ -183,8 +183,18 @@ fn packed_tree_schedules_verify() {
                     );
                     for c in &cands {
                         let s = &c.schedule;
-                        let units = s.chunks / (roots * params.pipeline);
-                        assert_eq!(s.chunks, roots * params.pipeline * units);
+                        // Rooted: the pieces of all channels shared by the copies run.
+                        let pieces = c.params.pipeline;
+                        if roots == 1 {
+                            assert!(pieces >= params.pipeline, "{pieces} pieces");
+                            assert!(
+                                pieces * c.params.channels <= params.pipeline * params.channels
+                            );
+                        } else {
+                            assert_eq!(pieces, params.pipeline);
+                        }
+                        let units = s.chunks / (roots * pieces);
+                        assert_eq!(s.chunks, roots * pieces * units);
                         assert!(synth::RESOLUTIONS.contains(&units), "{units} units");
                         assert!(c.min_bytes > 0);
                         if let Err(e) = verify(s) {
@@ -224,7 +234,30 @@ fn lowering_shares_pieces_by_rate() {
     let used = widths.iter().filter(|&&w| w > 0).count() as u32;
     for budget in [used, used + 3, 2 * used] {
         let copies = synth::copy_counts(&widths, budget);
-        assert_eq!(copies.iter().sum::<u32>(), budget.min(units));
+        let total = copies.iter().sum::<u32>();
+        assert!(used <= total && total <= budget, "{copies:?} for {budget}");
+        // Every tree kept runs, and its copies carry nearly equal rates: the spread of the
+        // copies' rates is within the allowed one, or the least the budget allows.
+        let spread = |copies: &[u32]| {
+            let per: Vec<f64> = widths
+                .iter()
+                .zip(copies)
+                .filter(|(w, _)| **w > 0)
+                .map(|(&w, &c)| f64::from(w) / f64::from(c))
+                .collect();
+            per.iter().copied().fold(0.0, f64::max)
+                / per.iter().copied().fold(f64::INFINITY, f64::min)
+        };
+        for (&w, &c) in widths.iter().zip(&copies) {
+            assert_eq!(w > 0, c > 0, "{widths:?} -> {copies:?}");
+            assert!(c <= w.max(1));
+        }
+        let ones: Vec<u32> = widths.iter().map(|&w| u32::from(w > 0)).collect();
+        assert!(spread(&copies) <= spread(&ones));
+        if budget >= 2 * used {
+            assert!(spread(&copies) < spread(&ones) || spread(&ones) <= synth::COPY_SPREAD);
+        }
+        assert_eq!(synth::channels_for(&packing, budget), total);
         let cands = synth::lower(
             "packed_trees",
             &packing,
@@ -234,7 +267,7 @@ fn lowering_shares_pieces_by_rate() {
             false,
         );
         assert_eq!(cands.len(), 1);
-        assert_eq!(cands[0].params.channels, budget);
+        assert_eq!(cands[0].params.channels, total);
         verify(&cands[0].schedule).expect("verifies");
     }
     // A packing lowered for the wrong collective gives nothing rather than a wrong schedule.

@@ -314,11 +314,19 @@ impl Family for PackedTrees {
             let Some(packing) = pruned(key, &pool, limit as usize) else {
                 continue;
             };
+            // Rooted collectives: the parameters' pieces over all channels, shared by the
+            // copies the trees get (fewer copies, deeper pipelines, for the same steps).
+            let pieces = if roots.len() == 1 {
+                let copies = channels_for(&packing, channels).max(1);
+                (params.pipeline * channels / copies).max(1)
+            } else {
+                params.pipeline
+            };
             out.extend(lower(
                 self.name(),
                 &packing,
                 collective,
-                params.pipeline,
+                pieces,
                 channels,
                 in_place,
             ));
@@ -366,26 +374,76 @@ pub fn piece_widths(rates: &[f64], units: u32) -> Vec<u32> {
     widths
 }
 
+/// Most spread of the copies' rates (widest copy / narrowest) [`copy_counts`] settles for
+/// when fewer copies reach it than the budget allows.
+pub const COPY_SPREAD: f64 = 1.1;
+
 /// Copies of every tree (channels running it, each with an equal part of its width) for at
-/// most `budget` channels per root: one each, then each spare copy to the tree with the
-/// widest copies. Links share their bandwidth fairly among the messages crossing them, so a
-/// tree owed three times another's rate gets it by running as three flows, not one.
+/// most `budget` channels per root, chosen so that every copy carries nearly the same rate.
+/// Links share their bandwidth fairly among the messages crossing them, so trees owed
+/// unequal rates, sharing a link, would otherwise get equal shares of it: a tree owed three
+/// times another's rate gets it by running as three flows of the same rate, not one. The
+/// copies are `round(w / u)` (at least one) for a unit `u`: the fewest copies whose rates
+/// spread by at most [`COPY_SPREAD`], else the least spread within the budget.
 pub fn copy_counts(widths: &[u32], budget: u32) -> Vec<u32> {
-    let mut copies: Vec<u32> = widths.iter().map(|&w| u32::from(w > 0)).collect();
-    let mut used: u32 = copies.iter().sum();
-    while used < budget {
-        let widest = (0..widths.len())
-            .filter(|&t| copies[t] > 0 && copies[t] < widths[t])
-            .max_by(|&a, &b| {
-                (f64::from(widths[a]) / f64::from(copies[a]))
-                    .total_cmp(&(f64::from(widths[b]) / f64::from(copies[b])))
-                    .then(b.cmp(&a))
-            });
-        let Some(t) = widest else { break };
-        copies[t] += 1;
-        used += 1;
+    let ones: Vec<u32> = widths.iter().map(|&w| u32::from(w > 0)).collect();
+    let widest = widths.iter().copied().max().unwrap_or(0);
+    if widest == 0 || budget <= ones.iter().sum::<u32>() {
+        return ones;
     }
-    copies
+    let spread = |copies: &[u32]| -> f64 {
+        let per = widths
+            .iter()
+            .zip(copies)
+            .filter(|(w, _)| **w > 0)
+            .map(|(&w, &c)| f64::from(w) / f64::from(c));
+        let (lo, hi) = per.fold((f64::INFINITY, 0.0f64), |(lo, hi), r| {
+            (lo.min(r), hi.max(r))
+        });
+        hi / lo
+    };
+    let mut best = (spread(&ones), ones);
+    for k in 2..=budget.min(widest) {
+        let unit = f64::from(widest) / f64::from(k);
+        let copies: Vec<u32> = widths
+            .iter()
+            .map(|&w| {
+                if w == 0 {
+                    0
+                } else {
+                    ((f64::from(w) / unit).round() as u32).clamp(1, w)
+                }
+            })
+            .collect();
+        if copies.iter().sum::<u32>() > budget {
+            break;
+        }
+        let s = spread(&copies);
+        if s < best.0 * (1.0 - 1e-9) {
+            best = (s, copies);
+        }
+        if best.0 <= COPY_SPREAD {
+            break;
+        }
+    }
+    best.1
+}
+
+/// Channels (tree copies, [`copy_counts`]) the busiest root of `packing` runs on with at
+/// most `budget` per root.
+pub fn channels_for(packing: &Packing, budget: u32) -> u32 {
+    let units = resolution(packing);
+    packing
+        .roots
+        .iter()
+        .map(|&root| {
+            let rates: Vec<f64> = packing.trees_of(root).map(|t| t.rate).collect();
+            copy_counts(&piece_widths(&rates, units), budget)
+                .iter()
+                .sum::<u32>()
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// Chunk units a root's buffer may be cut into per piece, least first: a tree's piece spans
