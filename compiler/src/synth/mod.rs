@@ -8,8 +8,10 @@
 //!   (microlp) by column generation until its dual proves the packing optimal.
 //! - [`PackedTrees`]: the family that lowers a packing to chunk schedules ([`lower`]): every
 //!   tree carries the same number of pieces, each as large as the tree's share of its root's
-//!   rate, on a channel of its own; pieces go round-robin over the trees so all pipelines
-//!   advance together; deeper pipelines (more pieces) for larger sizes.
+//!   rate, on channels of its own: a wider tree runs as several copies of nearly equal rates
+//!   ([`copy_counts`]), since links share their bandwidth fairly among messages; pieces go
+//!   round-robin over the trees so all pipelines advance together; deeper pipelines (more
+//!   pieces) for larger sizes.
 //! - [`packing_bound`]: the dual's proof, which [`crate::cost::bounds`] uses as a lower bound.
 //! - [`alltoall`]: AllToAll from the multi-commodity flow LP of [`crate::cost::mcf`] (split
 //!   routes of every rank pair, pipelined on channels of their own): [`alltoall::FlowAllToAll`].
@@ -95,12 +97,20 @@ const PIPELINES_ALL: [u32; 2] = [8, 32];
 const DEEPEST_ALL_FULL: u32 = 128;
 /// Channels of the wider Broadcast and Reduce schedules (copies of the wider trees).
 const WIDE_CHANNELS: u32 = 16;
+/// Pieces over all channels of the wider Broadcast and Reduce schedules.
+const WIDE_PIECES: u32 = 2048;
 /// Most trees a rooted packing keeps in a search; spare channels run copies of the wider
 /// ones (more distinct trees lengthen the pipelines' tails more than they add rate).
 const TREE_LIMIT: u32 = 8;
 /// Average piece size below which a packed schedule is not costed (the search leaves those
 /// sizes to shallower pipelines): `pieces × channels × MIN_PIECE_BYTES` is its least size.
 const MIN_PIECE_BYTES: u64 = 4096;
+/// Pieces over all channels beyond which a schedule is costed only where its pieces are
+/// at least [`DEEP_PIECE_BYTES`]: deeper pipelines win only at the largest sizes, where the
+/// pipeline's fill outweighs the per-message latency.
+const DEEP_PIECES: u64 = 1024;
+/// Least average piece of the pipelines deeper than [`DEEP_PIECES`].
+const DEEP_PIECE_BYTES: u64 = 1 << 16;
 /// Most channels (all roots together) of an AllGather or ReduceScatter packing.
 const MAX_CHANNELS_ALL: u32 = 32;
 
@@ -251,17 +261,17 @@ impl Family for PackedTrees {
             }
         } else {
             // Pieces per channel for the same piece counts in all; the wider budget (copies
-            // of the wider trees) only for the deepest pipeline, where it matters.
+            // of the wider trees) only for the deepest pipeline ([`WIDE_PIECES`]), costed at
+            // the large sizes where it matters.
             for &total in &TOTAL_PIECES {
                 out.push(FamilyParams {
                     channels: TREE_LIMIT,
                     pipeline: (total / TREE_LIMIT).max(1),
                 });
             }
-            let deepest = TOTAL_PIECES[TOTAL_PIECES.len() - 1];
             out.push(FamilyParams {
                 channels: WIDE_CHANNELS,
-                pipeline: deepest / WIDE_CHANNELS,
+                pipeline: WIDE_PIECES / WIDE_CHANNELS,
             });
             if self.level == SynthLevel::Full {
                 out.push(FamilyParams {
@@ -602,7 +612,13 @@ pub fn lower(
         channels: owned.len() as u32,
         pipeline: pieces,
     };
-    let min_bytes = u64::from(pieces) * owned.len() as u64 * MIN_PIECE_BYTES;
+    let total = u64::from(pieces) * owned.len() as u64;
+    let min_bytes = total
+        * if total > DEEP_PIECES {
+            DEEP_PIECE_BYTES
+        } else {
+            MIN_PIECE_BYTES
+        };
     let record = record(packing);
     candidate(name, params, b)
         .into_iter()
