@@ -102,6 +102,9 @@ const WIDE_PIECES: u32 = 2048;
 /// Most trees a rooted packing keeps in a search; spare channels run copies of the wider
 /// ones (more distinct trees lengthen the pipelines' tails more than they add rate).
 const TREE_LIMIT: u32 = 8;
+/// Least rate gain (factor) for which a wide rooted schedule runs more than [`TREE_LIMIT`]
+/// trees: below it the [`TREE_LIMIT`] widest, copied, do as well with shallower tails.
+const MORE_TREES_GAIN: f64 = 1.03;
 /// Average piece size below which a packed schedule is not costed (the search leaves those
 /// sizes to shallower pipelines): `pieces × channels × MIN_PIECE_BYTES` is its least size.
 const MIN_PIECE_BYTES: u64 = 4096;
@@ -318,12 +321,19 @@ impl Family for PackedTrees {
         if roots.len() == 1 && most > TREE_LIMIT {
             limits.push(TREE_LIMIT);
         }
+        let key = (topo.hash.clone(), roots.clone(), direction);
+        let mut packings: Vec<Arc<Packing>> = limits
+            .iter()
+            .filter_map(|&limit| pruned(key.clone(), &pool, limit as usize))
+            .collect();
+        // More trees only where they add rate enough to pay for their tails and copies.
+        if let [wide, few] = packings.as_slice()
+            && wide.rate < few.rate * MORE_TREES_GAIN
+        {
+            packings.remove(0);
+        }
         let mut out = Vec::new();
-        for limit in limits {
-            let key = (topo.hash.clone(), roots.clone(), direction);
-            let Some(packing) = pruned(key, &pool, limit as usize) else {
-                continue;
-            };
+        for packing in packings {
             // Rooted collectives: the parameters' pieces over all channels, shared by the
             // copies the trees get (fewer copies, deeper pipelines, for the same steps).
             let pieces = if roots.len() == 1 {
