@@ -97,6 +97,11 @@ const PIPELINES_ALL: [u32; 2] = [8, 32];
 const DEEPEST_ALL_FULL: u32 = 128;
 /// Channels of the wider Broadcast and Reduce schedules (copies of the wider trees).
 const WIDE_CHANNELS: u32 = 16;
+/// Channels of the widest Broadcast and Reduce schedules, on machines of at least
+/// [`WIDEST_MIN_RANKS`] ranks (their packings have more trees of more unequal rates to copy).
+const WIDEST_CHANNELS: u32 = 32;
+/// Least ranks of a machine whose Broadcast and Reduce also get [`WIDEST_CHANNELS`].
+const WIDEST_MIN_RANKS: u32 = 16;
 /// Pieces over all channels of the wider Broadcast and Reduce schedules.
 const WIDE_PIECES: u32 = 2048;
 /// Most trees a rooted packing keeps in a search; spare channels run copies of the wider
@@ -276,6 +281,12 @@ impl Family for PackedTrees {
                 channels: WIDE_CHANNELS,
                 pipeline: WIDE_PIECES / WIDE_CHANNELS,
             });
+            if n >= WIDEST_MIN_RANKS {
+                out.push(FamilyParams {
+                    channels: WIDEST_CHANNELS,
+                    pipeline: WIDE_PIECES / WIDEST_CHANNELS,
+                });
+            }
             if self.level == SynthLevel::Full {
                 out.push(FamilyParams {
                     channels: WIDE_CHANNELS,
