@@ -8,8 +8,10 @@
 //!   (microlp) by column generation until its dual proves the packing optimal.
 //! - [`PackedTrees`]: the family that lowers a packing to chunk schedules ([`lower`]): every
 //!   tree carries the same number of pieces, each as large as the tree's share of its root's
-//!   rate, on a channel of its own; pieces go round-robin over the trees so all pipelines
-//!   advance together; deeper pipelines (more pieces) for larger sizes.
+//!   rate, on channels of its own: a wider tree runs as several copies of nearly equal rates
+//!   ([`copy_counts`]), since links share their bandwidth fairly among messages; pieces go
+//!   round-robin over the trees so all pipelines advance together; deeper pipelines (more
+//!   pieces) for larger sizes.
 //! - [`packing_bound`]: the dual's proof, which [`crate::cost::bounds`] uses as a lower bound.
 //! - [`alltoall`]: AllToAll from the multi-commodity flow LP of [`crate::cost::mcf`] (split
 //!   routes of every rank pair, pipelined on channels of their own): [`alltoall::FlowAllToAll`].
@@ -96,12 +98,28 @@ const PIPELINES_ALL: [u32; 2] = [8, 32];
 const DEEPEST_ALL_FULL: u32 = 128;
 /// Channels of the wider Broadcast and Reduce schedules (copies of the wider trees).
 const WIDE_CHANNELS: u32 = 16;
+/// Channels of the widest Broadcast and Reduce schedules, on machines of at least
+/// [`WIDEST_MIN_RANKS`] ranks (their packings have more trees of more unequal rates to copy).
+const WIDEST_CHANNELS: u32 = 32;
+/// Least ranks of a machine whose Broadcast and Reduce also get [`WIDEST_CHANNELS`].
+const WIDEST_MIN_RANKS: u32 = 16;
+/// Pieces over all channels of the wider Broadcast and Reduce schedules.
+const WIDE_PIECES: u32 = 2048;
 /// Most trees a rooted packing keeps in a search; spare channels run copies of the wider
 /// ones (more distinct trees lengthen the pipelines' tails more than they add rate).
 const TREE_LIMIT: u32 = 8;
+/// Least rate gain (factor) for which a wide rooted schedule runs more than [`TREE_LIMIT`]
+/// trees: below it the [`TREE_LIMIT`] widest, copied, do as well with shallower tails.
+const MORE_TREES_GAIN: f64 = 1.03;
 /// Average piece size below which a packed schedule is not costed (the search leaves those
 /// sizes to shallower pipelines): `pieces × channels × MIN_PIECE_BYTES` is its least size.
 const MIN_PIECE_BYTES: u64 = 4096;
+/// Pieces over all channels beyond which a schedule is costed only where its pieces are
+/// at least [`DEEP_PIECE_BYTES`]: deeper pipelines win only at the largest sizes, where the
+/// pipeline's fill outweighs the per-message latency.
+const DEEP_PIECES: u64 = 1024;
+/// Least average piece of the pipelines deeper than [`DEEP_PIECES`].
+const DEEP_PIECE_BYTES: u64 = 1 << 16;
 /// Most channels (all roots together) of an AllGather or ReduceScatter packing.
 const MAX_CHANNELS_ALL: u32 = 32;
 
@@ -252,18 +270,24 @@ impl Family for PackedTrees {
             }
         } else {
             // Pieces per channel for the same piece counts in all; the wider budget (copies
-            // of the wider trees) only for the deepest pipeline, where it matters.
+            // of the wider trees) only for the deepest pipeline ([`WIDE_PIECES`]), costed at
+            // the large sizes where it matters.
             for &total in &TOTAL_PIECES {
                 out.push(FamilyParams {
                     channels: TREE_LIMIT,
                     pipeline: (total / TREE_LIMIT).max(1),
                 });
             }
-            let deepest = TOTAL_PIECES[TOTAL_PIECES.len() - 1];
             out.push(FamilyParams {
                 channels: WIDE_CHANNELS,
-                pipeline: deepest / WIDE_CHANNELS,
+                pipeline: WIDE_PIECES / WIDE_CHANNELS,
             });
+            if n >= WIDEST_MIN_RANKS {
+                out.push(FamilyParams {
+                    channels: WIDEST_CHANNELS,
+                    pipeline: WIDE_PIECES / WIDEST_CHANNELS,
+                });
+            }
             if self.level == SynthLevel::Full {
                 out.push(FamilyParams {
                     channels: WIDE_CHANNELS,
@@ -309,17 +333,32 @@ impl Family for PackedTrees {
         if roots.len() == 1 && most > TREE_LIMIT {
             limits.push(TREE_LIMIT);
         }
+        let key = (topo.hash.clone(), roots.clone(), direction);
+        let mut packings: Vec<Arc<Packing>> = limits
+            .iter()
+            .filter_map(|&limit| pruned(key.clone(), &pool, limit as usize))
+            .collect();
+        // More trees only where they add rate enough to pay for their tails and copies.
+        if let [wide, few] = packings.as_slice()
+            && wide.rate < few.rate * MORE_TREES_GAIN
+        {
+            packings.remove(0);
+        }
         let mut out = Vec::new();
-        for limit in limits {
-            let key = (topo.hash.clone(), roots.clone(), direction);
-            let Some(packing) = pruned(key, &pool, limit as usize) else {
-                continue;
+        for packing in packings {
+            // Rooted collectives: the parameters' pieces over all channels, shared by the
+            // copies the trees get (fewer copies, deeper pipelines, for the same steps).
+            let pieces = if roots.len() == 1 {
+                let copies = channels_for(&packing, channels).max(1);
+                (params.pipeline * channels / copies).max(1)
+            } else {
+                params.pipeline
             };
             out.extend(lower(
                 self.name(),
                 &packing,
                 collective,
-                params.pipeline,
+                pieces,
                 channels,
                 in_place,
             ));
@@ -367,26 +406,76 @@ pub fn piece_widths(rates: &[f64], units: u32) -> Vec<u32> {
     widths
 }
 
+/// Most spread of the copies' rates (widest copy / narrowest) [`copy_counts`] settles for
+/// when fewer copies reach it than the budget allows.
+pub const COPY_SPREAD: f64 = 1.1;
+
 /// Copies of every tree (channels running it, each with an equal part of its width) for at
-/// most `budget` channels per root: one each, then each spare copy to the tree with the
-/// widest copies. Links share their bandwidth fairly among the messages crossing them, so a
-/// tree owed three times another's rate gets it by running as three flows, not one.
+/// most `budget` channels per root, chosen so that every copy carries nearly the same rate.
+/// Links share their bandwidth fairly among the messages crossing them, so trees owed
+/// unequal rates, sharing a link, would otherwise get equal shares of it: a tree owed three
+/// times another's rate gets it by running as three flows of the same rate, not one. The
+/// copies are `round(w / u)` (at least one) for a unit `u`: the fewest copies whose rates
+/// spread by at most [`COPY_SPREAD`], else the least spread within the budget.
 pub fn copy_counts(widths: &[u32], budget: u32) -> Vec<u32> {
-    let mut copies: Vec<u32> = widths.iter().map(|&w| u32::from(w > 0)).collect();
-    let mut used: u32 = copies.iter().sum();
-    while used < budget {
-        let widest = (0..widths.len())
-            .filter(|&t| copies[t] > 0 && copies[t] < widths[t])
-            .max_by(|&a, &b| {
-                (f64::from(widths[a]) / f64::from(copies[a]))
-                    .total_cmp(&(f64::from(widths[b]) / f64::from(copies[b])))
-                    .then(b.cmp(&a))
-            });
-        let Some(t) = widest else { break };
-        copies[t] += 1;
-        used += 1;
+    let ones: Vec<u32> = widths.iter().map(|&w| u32::from(w > 0)).collect();
+    let widest = widths.iter().copied().max().unwrap_or(0);
+    if widest == 0 || budget <= ones.iter().sum::<u32>() {
+        return ones;
     }
-    copies
+    let spread = |copies: &[u32]| -> f64 {
+        let per = widths
+            .iter()
+            .zip(copies)
+            .filter(|(w, _)| **w > 0)
+            .map(|(&w, &c)| f64::from(w) / f64::from(c));
+        let (lo, hi) = per.fold((f64::INFINITY, 0.0f64), |(lo, hi), r| {
+            (lo.min(r), hi.max(r))
+        });
+        hi / lo
+    };
+    let mut best = (spread(&ones), ones);
+    for k in 2..=budget.min(widest) {
+        let unit = f64::from(widest) / f64::from(k);
+        let copies: Vec<u32> = widths
+            .iter()
+            .map(|&w| {
+                if w == 0 {
+                    0
+                } else {
+                    ((f64::from(w) / unit).round() as u32).clamp(1, w)
+                }
+            })
+            .collect();
+        if copies.iter().sum::<u32>() > budget {
+            break;
+        }
+        let s = spread(&copies);
+        if s < best.0 * (1.0 - 1e-9) {
+            best = (s, copies);
+        }
+        if best.0 <= COPY_SPREAD {
+            break;
+        }
+    }
+    best.1
+}
+
+/// Channels (tree copies, [`copy_counts`]) the busiest root of `packing` runs on with at
+/// most `budget` per root.
+pub fn channels_for(packing: &Packing, budget: u32) -> u32 {
+    let units = resolution(packing);
+    packing
+        .roots
+        .iter()
+        .map(|&root| {
+            let rates: Vec<f64> = packing.trees_of(root).map(|t| t.rate).collect();
+            copy_counts(&piece_widths(&rates, units), budget)
+                .iter()
+                .sum::<u32>()
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// Chunk units a root's buffer may be cut into per piece, least first: a tree's piece spans
@@ -545,7 +634,13 @@ pub fn lower(
         channels: owned.len() as u32,
         pipeline: pieces,
     };
-    let min_bytes = u64::from(pieces) * owned.len() as u64 * MIN_PIECE_BYTES;
+    let total = u64::from(pieces) * owned.len() as u64;
+    let min_bytes = total
+        * if total > DEEP_PIECES {
+            DEEP_PIECE_BYTES
+        } else {
+            MIN_PIECE_BYTES
+        };
     let record = record(packing);
     candidate(name, params, b)
         .into_iter()
