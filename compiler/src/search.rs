@@ -401,8 +401,7 @@ pub fn compile_with_progress(
             // pipelines start at some size) is an option the user can change.
             let bytes = sizes[si];
             let selectable: Vec<&Costed> = costed.iter().filter(|c| c.selectable).collect();
-            if !selectable.is_empty() && selectable.iter().all(|c| c.candidate.min_bytes > bytes)
-            {
+            if !selectable.is_empty() && selectable.iter().all(|c| c.candidate.min_bytes > bytes) {
                 let least = selectable
                     .iter()
                     .map(|c| c.candidate.min_bytes)
