@@ -45,9 +45,11 @@
 //! each; the others one block of `N` elements and `C` chunks. A segment covers the same
 //! element range `[lo, lo+len)` of every block, and chunk `k` (block `b = k / cpb`, index
 //! `j = k % cpb`) covers `b·stride + lo + [j·len/cpb, (j+1)·len/cpb)`. With one segment this
-//! is exactly the IR's `[k·N/C, (k+1)·N/C)`; more segments are used when one chunk would not
-//! fit a connection slot (`count · max_chunk · elem_size ≤ slot_bytes`), so slots and scratch
-//! stay small (cache-resident) and memory does not grow with the message size. Scratch chunks
+//! is exactly the IR's `[k·N/C, (k+1)·N/C)`; more segments are used when one message would
+//! not fit a connection slot (`count · max_chunk · elem_size ≤ slot_bytes`, `count` the
+//! largest chunk count of any step with a peer: local copies never pass through a slot), or
+//! when the rank's scratch would exceed its budget (32 MiB, `program::SCRATCH_BUDGET`), so
+//! slots and scratch stay small and memory does not grow with the message size. Scratch chunks
 //! are sized to the largest chunk of the segment; messages lay chunk `i` at `i · max_chunk`
 //! elements of the slot, and a step moves as many elements as its user-buffer side holds
 //! (the full padded chunk between scratch locations).

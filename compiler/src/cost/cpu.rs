@@ -201,9 +201,14 @@ pub(super) fn run(
     })
 }
 
+/// Scratch the executor allows a rank (`hccl_executor` `program::SCRATCH_BUDGET`): a
+/// schedule with more scratch chunks than this holds at a chunk per slot runs in smaller
+/// segments.
+const EXECUTOR_SCRATCH_BUDGET: u64 = 32 << 20;
+
 /// How many segments the executor cuts a call of `bytes` into (`hccl_executor::comm`): a
-/// segment gives each chunk at most `slot_bytes / max_count` bytes, so that every step
-/// fits a slot.
+/// segment gives each chunk at most `slot_bytes / count` bytes, `count` the largest message
+/// (so every message fits a slot) or more where the rank's scratch would exceed its budget.
 fn segments(cpu: &CpuModel, p: &Prepared, bytes: u64, nranks: u64, protocol: Protocol) -> u64 {
     let blocked = matches!(
         p.collective.kind(),
@@ -222,7 +227,10 @@ fn segments(cpu: &CpuModel, p: &Prepared, bytes: u64, nranks: u64, protocol: Pro
     } else {
         cpu.slot_bytes
     };
-    let per_chunk = slot / max_count;
+    let scratch = u64::from(p.max_scratch)
+        .saturating_mul(slot)
+        .div_ceil(EXECUTOR_SCRATCH_BUDGET);
+    let per_chunk = slot / max_count.max(scratch).max(1);
     let segmax = (per_chunk * chunks_per_block.max(1)).max(1);
     stride.div_ceil(segmax).max(1)
 }

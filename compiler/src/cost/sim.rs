@@ -111,9 +111,11 @@ pub struct Prepared {
     pub(super) conn_len: Vec<u32>,
     pub(super) conn_route: Vec<Arc<Route>>,
     pub(super) chunks: u32,
-    /// The collective and the largest step (in chunks): how the executor segments a call.
+    /// The collective, the largest message (in chunks) and the most scratch chunks of any
+    /// rank: how the executor segments a call.
     pub(super) collective: Collective,
     pub(super) max_count: u32,
+    pub(super) max_scratch: u32,
 }
 
 impl Prepared {
@@ -463,7 +465,15 @@ impl Simulator {
             fill[a as usize] += 1;
         }
         let pairs: Vec<(u32, u32)> = conn_keys.iter().map(|&(a, b, _)| (a, b)).collect();
-        let max_count = steps.iter().map(|s| s.count).max().unwrap_or(0);
+        // As the executor sizes segments (`hccl_executor` `program.rs`): by the largest
+        // message (local steps never pass through a slot) and the largest scratch.
+        let max_count = msg_count.iter().copied().max().unwrap_or(0);
+        let max_scratch = schedule
+            .ranks
+            .iter()
+            .map(|r| r.scratch_chunks)
+            .max()
+            .unwrap_or(0);
         let conn_route = self.network.routes(&pairs)?;
         Ok(Prepared {
             steps,
@@ -481,6 +491,7 @@ impl Simulator {
             chunks: schedule.chunks,
             collective: schedule.collective,
             max_count,
+            max_scratch,
         })
     }
 
