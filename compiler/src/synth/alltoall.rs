@@ -36,7 +36,7 @@ use good_lp::{
 use hccl_ir::{Collective, CollectiveKind, Loc, Rank, Synthesis};
 use hccl_topologies::Topology;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 /// Largest rank count the flow AllToAll is synthesized for inside a search (the LP has
 /// `n²(n-1)` variables, within [`mcf::MAX_VARIABLES`], and the schedule `n²` pipelines).
@@ -592,8 +592,6 @@ pub fn record(flow: &Flow) -> Synthesis {
     }
 }
 
-type FlowCell = Arc<OnceLock<Option<Arc<Flow>>>>;
-
 /// The flow of topology `hash` pruned to `max_paths` paths per pair (0: the whole
 /// decomposition), computed once per process by `compute`.
 fn cached(
@@ -601,15 +599,8 @@ fn cached(
     max_paths: usize,
     compute: impl FnOnce() -> Option<Arc<Flow>>,
 ) -> Option<Arc<Flow>> {
-    static CACHE: OnceLock<Mutex<HashMap<(String, usize), FlowCell>>> = OnceLock::new();
-    let cell = {
-        let mut map = CACHE
-            .get_or_init(|| Mutex::new(HashMap::new()))
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        Arc::clone(map.entry((hash.to_string(), max_paths)).or_default())
-    };
-    cell.get_or_init(compute).clone()
+    static FLOWS: super::Memo<(String, usize), Option<Arc<Flow>>> = super::Memo::new();
+    FLOWS.get((hash.to_string(), max_paths), compute)
 }
 
 /// The decomposed flow of `topo` (cached by topology hash); `None` beyond

@@ -1885,20 +1885,9 @@ pub fn lower_allreduce(name: &str, rs: &Algorithm, ag: &Algorithm) -> Option<Can
 /// topology hash and collective (`None` when the topology has no direct links or the search
 /// fails).
 fn search_frontier(topo: &Topology, collective: Collective) -> Option<std::sync::Arc<Frontier>> {
-    type Cell = std::sync::Arc<std::sync::OnceLock<Option<std::sync::Arc<Frontier>>>>;
-    static CACHE: std::sync::OnceLock<std::sync::Mutex<HashMap<(String, String), Cell>>> =
-        std::sync::OnceLock::new();
-    let cell = {
-        let mut map = CACHE
-            .get_or_init(Default::default)
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        std::sync::Arc::clone(
-            map.entry((topo.hash.clone(), collective.to_string()))
-                .or_default(),
-        )
-    };
-    cell.get_or_init(|| {
+    static FRONTIERS: super::Memo<(String, String), Option<std::sync::Arc<Frontier>>> =
+        super::Memo::new();
+    FRONTIERS.get((topo.hash.clone(), collective.to_string()), || {
         let opts = ParetoOptions {
             max_steps: SEARCH_MAX_STEPS,
             max_chunks: SEARCH_MAX_CHUNKS,
@@ -1909,7 +1898,6 @@ fn search_frontier(topo: &Topology, collective: Collective) -> Option<std::sync:
             .ok()
             .map(std::sync::Arc::new)
     })
-    .clone()
 }
 
 /// Frontier points of `collective` on `topo` as verified candidates, all named `milp` (the

@@ -21,6 +21,7 @@
 
 pub mod alltoall;
 pub mod arborescence;
+mod memo;
 pub mod milp;
 pub mod packing;
 
@@ -31,9 +32,9 @@ use crate::families::tree::Tree;
 use crate::families::{Candidate, Family, FamilyParams};
 use hccl_ir::{Collective, CollectiveKind, Loc, Synthesis};
 use hccl_topologies::Topology;
+pub(crate) use memo::Memo;
 pub use packing::{Direction, MAX_TREES, PackedTree, Packing, Pool, grow_pool, pack, prune};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use thiserror::Error;
 
 /// Why a synthesis produced nothing.
@@ -148,37 +149,20 @@ fn max_ranks(collective: Collective, level: SynthLevel) -> u32 {
 }
 
 type PoolKey = (String, Vec<u32>, Direction);
-type PoolCell = Arc<OnceLock<Option<Arc<Pool>>>>;
 
-/// The pool for `key`, computed once per process by `compute` (concurrent callers wait for
-/// the first): a search asks for the same packing once per parameter set and once per bound,
-/// and recompiling a topology reuses it.
+/// The pool for `key`, computed once per process by `compute`.
 fn cached(key: PoolKey, compute: impl FnOnce() -> Option<Arc<Pool>>) -> Option<Arc<Pool>> {
-    static CACHE: OnceLock<Mutex<HashMap<PoolKey, PoolCell>>> = OnceLock::new();
-    let cell = {
-        let mut map = CACHE
-            .get_or_init(|| Mutex::new(HashMap::new()))
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        Arc::clone(map.entry(key).or_default())
-    };
-    cell.get_or_init(compute).clone()
+    static POOLS: Memo<PoolKey, Option<Arc<Pool>>> = Memo::new();
+    POOLS.get(key, compute)
 }
 
 /// `pool` pruned to `max_trees` trees per root ([`prune`]; the selection MILP is the costly
 /// part), once per process.
 fn pruned(key: PoolKey, pool: &Pool, max_trees: usize) -> Option<Arc<Packing>> {
-    type Cell = Arc<OnceLock<Option<Arc<Packing>>>>;
-    static CACHE: OnceLock<Mutex<HashMap<(PoolKey, usize), Cell>>> = OnceLock::new();
-    let cell = {
-        let mut map = CACHE
-            .get_or_init(|| Mutex::new(HashMap::new()))
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        Arc::clone(map.entry((key, max_trees)).or_default())
-    };
-    cell.get_or_init(|| prune(pool, max_trees).ok().map(Arc::new))
-        .clone()
+    static PRUNED: Memo<(PoolKey, usize), Option<Arc<Packing>>> = Memo::new();
+    PRUNED.get((key, max_trees), || {
+        prune(pool, max_trees).ok().map(Arc::new)
+    })
 }
 
 /// The optimal pool of trees for `roots` on `net` (cached by topology hash).
