@@ -15,11 +15,19 @@ use std::time::Duration;
 
 const ROLE: &str = "HCCL_TEST_ROLE";
 
+/// A rendezvous port below the kernel's ephemeral range (32768 and up by default), free
+/// when picked: no socket that a parallel test binds to port 0 or connects from can take it
+/// before rank 0 listens on it (an ephemeral pick could be, and was, taken in between).
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    loop {
+        let k = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = 20_000 + (std::process::id().wrapping_mul(37).wrapping_add(k) % 10_000) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 fn spawn_ranks(role: &str, n: u32, extra: &[(&str, &str)]) -> Vec<Child> {
