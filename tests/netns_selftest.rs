@@ -244,9 +244,22 @@ fn echo_across_namespaces_stops_when_the_link_goes_down() {
     client.finish();
 
     cluster.link_up(1);
-    let mut again = Peer::start(&cluster, 1, "client", &target);
-    let line = again.expect(&["CONNECTED", "CONNECT FAIL"]);
-    assert!(line.contains("CONNECTED"), "after link_up: {line}");
+    // `link_up` waits for the kernel to report the link ready; a loaded machine may still
+    // drop the first address resolution, so a refused attempt is retried for a while.
+    let deadline = std::time::Instant::now() + STEP;
+    let mut again = loop {
+        let peer = Peer::start(&cluster, 1, "client", &target);
+        let line = peer.expect(&["CONNECTED", "CONNECT FAIL"]);
+        if line.contains("CONNECTED") {
+            break peer;
+        }
+        peer.finish();
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no connection within {STEP:?} of link_up: {line}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
     again.send("back");
     let reply = again.expect(&["ECHO", "FAIL"]);
     assert!(reply.contains("ECHO back"), "{reply}");

@@ -185,11 +185,51 @@ impl Cluster {
             .unwrap_or_else(|e| panic!("link_down({host}): {e}"));
     }
 
-    /// Plugs `host`'s cable back in.
+    /// Plugs `host`'s cable back in, and returns once the kernel has finished bringing the
+    /// link back: carrier on `eth0`, both ends operationally up (the link-watch work that
+    /// sets this runs late on a loaded machine, and the bridge enables its port only then),
+    /// the switch port forwarding, and no neighbour entry left that failed while the link was
+    /// down (such an entry answers "No route to host" until it is probed again).
     pub fn link_up(&self, host: usize) {
         self.set_port(host, "up");
-        self.wait_carrier(host, true, Duration::from_secs(5))
+        let limit = Duration::from_secs(20);
+        self.wait_carrier(host, true, limit)
+            .and_then(|()| self.wait_ready(host, limit))
             .unwrap_or_else(|e| panic!("link_up({host}): {e}"));
+        for ns in &self.hosts {
+            let _ = ip(&["-n", ns, "neigh", "flush", "dev", "eth0"]);
+        }
+    }
+
+    /// Waits until `host`'s `eth0` and its switch port are operationally up and the port
+    /// forwards.
+    fn wait_ready(&self, host: usize, limit: Duration) -> Result<(), String> {
+        let port = format!("h{host}");
+        let start = Instant::now();
+        loop {
+            let nic = run(
+                "ip",
+                &["-n", self.ns(host), "-o", "link", "show", "dev", "eth0"],
+            )?;
+            let sw = run(
+                "ip",
+                &["-n", &self.switch, "-o", "-d", "link", "show", "dev", &port],
+            )?;
+            let ready = nic.contains(" state UP ")
+                && sw.contains(" state UP ")
+                && sw.contains("bridge_slave state forwarding");
+            if ready {
+                return Ok(());
+            }
+            if start.elapsed() > limit {
+                return Err(format!(
+                    "host {host} not ready after {limit:?}: eth0 `{}`, switch port `{}`",
+                    nic.trim(),
+                    sw.trim()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     fn set_port(&self, host: usize, state: &str) {
