@@ -19,7 +19,7 @@ use hccl::ir::Collective;
 use hccl::topologies::{build, generate};
 use netns::Cluster;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -56,13 +56,6 @@ fn cluster_plan(hosts: u32, per_host: u32) -> PathBuf {
 /// The rendezvous port inside namespaced hosts (below Linux's ephemeral range, 32768–60999).
 const NETNS_MASTER_PORT: u16 = 29500;
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 /// Where rank processes run.
 enum Hosts<'a> {
     /// Namespaced hosts: rank `r` runs on host `r / per_host`.
@@ -84,7 +77,7 @@ fn spawn_ranks(
     // ports on the same address, one of which once took a "free" port picked outside).
     let (master, port) = match hosts {
         Hosts::Netns(c, _) => (c.addr(0), NETNS_MASTER_PORT.to_string()),
-        Hosts::Loopback => ("127.0.0.1".to_string(), free_port().to_string()),
+        Hosts::Loopback => ("127.0.0.1".to_string(), common::free_port().to_string()),
     };
     (0..n)
         .map(|r| {
@@ -192,7 +185,7 @@ fn a_stranger_at_the_rendezvous_never_gets_in() {
     // garbage; the job still assembles and runs, and the stranger gets no byte back.
     let plan = cluster_plan(2, 1);
     let exe = std::env::current_exe().expect("test executable");
-    let port = free_port();
+    let port = common::free_port();
     let mut ranks = Vec::new();
     for r in 0..2u32 {
         let mut cmd = Command::new(&exe);

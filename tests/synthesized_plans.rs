@@ -16,7 +16,6 @@ use hccl_executor::{
 };
 use hccl_ir::{Collective, PlanEntry, PlanFile, PlanMeta, Protocol};
 use hccl_topologies::Topology;
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
@@ -187,18 +186,11 @@ fn run_threads(plan: &PlanFile, n: u32, cases: &[Case], cfg: Config) -> Vec<Stri
     run_on(comms.into_iter().map(Ok).collect(), cases)
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 /// Runs `cases` on the process backend (rendezvous over TCP, one `/dev/shm` arena), its
 /// ranks threads of this process; returns the mismatches.
 fn run_process(plan: &PlanFile, n: u32, cases: &[Case]) -> Vec<String> {
     let boot = Bootstrap {
-        addr: format!("127.0.0.1:{}", free_port()),
+        addr: format!("127.0.0.1:{}", common::free_port()),
         token: "synthesized".into(),
         host: None,
     };

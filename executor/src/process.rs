@@ -64,6 +64,40 @@ impl Bootstrap {
     }
 }
 
+/// A free TCP port on the loopback address for the rendezvous of a job whose ranks this
+/// machine starts itself (`hccl-perf`, tests), picked below the kernel's ephemeral range.
+///
+/// A port found by binding to port 0 and closing the socket is ephemeral: before rank 0
+/// listens on it, any socket that connects or binds to port 0 on this machine can be handed
+/// it ("Address already in use"). Ports below `ip_local_port_range` are only ever taken by
+/// an explicit bind, so a port that was free when picked stays free in practice. The pick
+/// starts at a random point of 20000..(start of the range) and checks each candidate by
+/// binding to it.
+pub fn local_rendezvous_port() -> std::io::Result<u16> {
+    let low = 20_000u32;
+    let high = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .next()
+                .and_then(|w| w.parse::<u32>().ok())
+        })
+        .filter(|&start| start > low + 1000 && start <= 65_536)
+        .unwrap_or(32_768);
+    let span = high - low;
+    let first = (rand_word() % u64::from(span)) as u32;
+    let mut last_err = None;
+    for k in 0..span.min(4096) {
+        // A stride coprime to any span that is not a multiple of 7919 (a prime).
+        let port = (low + (first + k * 7919) % span) as u16;
+        match TcpListener::bind(("127.0.0.1", port)) {
+            Ok(_) => return Ok(port),
+            Err(e) => last_err = Some(e),
+        }
+    }
+    Err(last_err.unwrap_or_else(|| std::io::Error::other("no port below the ephemeral range")))
+}
+
 /// Rank and world size from the launcher's environment.
 pub fn rank_world_from_env() -> Result<(u32, u32)> {
     const PAIRS: [(&str, &str); 4] = [

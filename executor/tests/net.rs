@@ -10,29 +10,13 @@ use common::Case;
 use hccl_executor::net::NetConfig;
 use hccl_executor::{Bootstrap, Communicator, Config, DataType, ProcessGroup, ReduceOp, fallback};
 use hccl_ir::PlanFile;
-use std::net::TcpListener;
 use std::time::Duration;
-
-/// A rendezvous port below the kernel's ephemeral range (32768 and up by default), free
-/// when picked: no socket that a parallel test binds to port 0 or connects from can take it
-/// before rank 0 listens on it (an ephemeral pick could be, and was, taken in between).
-fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    loop {
-        let k = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = 20_000 + (std::process::id().wrapping_mul(37).wrapping_add(k) % 10_000) as u16;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-}
 
 /// Starts one rank per entry of `hosts` (its host name) and returns the communicators.
 fn group(plan: &PlanFile, hosts: &[String], cfg: &Config) -> Vec<Communicator> {
     hccl_executor::config::init_tracing();
     let boot = Bootstrap {
-        addr: format!("127.0.0.1:{}", free_port()),
+        addr: format!("127.0.0.1:{}", common::free_port()),
         token: "net-test-token".into(),
         host: None,
     };

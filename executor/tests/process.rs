@@ -9,30 +9,15 @@ use hccl_executor::{
     Bootstrap, Communicator, Config, DataType, ExecError, ProcessGroup, ReduceOp, fallback,
 };
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, Command};
 use std::time::Duration;
 
 const ROLE: &str = "HCCL_TEST_ROLE";
 
-/// A rendezvous port below the kernel's ephemeral range (32768 and up by default), free
-/// when picked: no socket that a parallel test binds to port 0 or connects from can take it
-/// before rank 0 listens on it (an ephemeral pick could be, and was, taken in between).
-fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    loop {
-        let k = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = 20_000 + (std::process::id().wrapping_mul(37).wrapping_add(k) % 10_000) as u16;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-}
-
 fn spawn_ranks(role: &str, n: u32, extra: &[(&str, &str)]) -> Vec<Child> {
     let exe = std::env::current_exe().expect("test executable");
-    let port = free_port().to_string();
+    let port = common::free_port().to_string();
     (0..n)
         .map(|r| {
             let mut cmd = Command::new(&exe);
@@ -70,7 +55,7 @@ fn process_child() {
         common::run_child(&role, &child_cases, 1 << 20);
     }
     let boot = Bootstrap {
-        addr: format!("127.0.0.1:{}", free_port()),
+        addr: format!("127.0.0.1:{}", common::free_port()),
         token: String::new(),
         host: None,
     };
@@ -126,7 +111,7 @@ fn in_process_group(
     token: &str,
 ) -> Vec<Result<Communicator, ExecError>> {
     let boot = Bootstrap {
-        addr: format!("127.0.0.1:{}", free_port()),
+        addr: format!("127.0.0.1:{}", common::free_port()),
         token: token.into(),
         host: None,
     };
@@ -161,7 +146,7 @@ fn mismatched_plans_fail_on_every_rank() {
 
 #[test]
 fn connection_without_token_is_refused() {
-    let port = free_port();
+    let port = common::free_port();
     let addr = format!("127.0.0.1:{port}");
     let boot = Bootstrap {
         addr: addr.clone(),

@@ -1710,10 +1710,7 @@ mod tests {
     /// choices; the results of `ProcessGroup::init_with`.
     fn two_hosts(tag: &str, kinds: [NetKind; 2]) -> Vec<crate::Result<crate::Communicator>> {
         crate::config::init_tracing();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        let port = crate::process::local_rendezvous_port().expect("a free port");
         std::thread::scope(|s| {
             let handles: Vec<_> = kinds
                 .iter()

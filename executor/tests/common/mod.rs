@@ -9,6 +9,12 @@ use hccl_executor::{Buffers, Communicator, Config, DataType, Element, ReduceOp, 
 use hccl_ir::{Collective, CollectiveKind, PlanFile};
 use std::time::Duration;
 
+/// A loopback rendezvous port for ranks this test starts (below the ephemeral range, so no
+/// parallel test's socket can take it between the pick and rank 0's listen).
+pub fn free_port() -> u16 {
+    hccl_executor::process::local_rendezvous_port().expect("a free rendezvous port")
+}
+
 /// One call to make on every rank.
 #[derive(Debug, Clone, Copy)]
 pub struct Case {

@@ -1181,10 +1181,8 @@ fn launch_processes(args: &Args) -> Result<(), Failure> {
         let _ = hccl::ir::write_atomic(&path, hccl::topologies::to_ron(&t.spec).as_bytes());
         path
     });
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| Failure::Runtime(format!("no free port for the rendezvous: {e}")))?
-        .port();
+    let port = hccl::executor::process::local_rendezvous_port()
+        .map_err(|e| Failure::Runtime(format!("no free port for the rendezvous: {e}")))?;
     let exe = std::env::current_exe().map_err(|e| Failure::Runtime(e.to_string()))?;
     let token = format!("{:016x}", RandomState::new().build_hasher().finish());
     let mut children = Vec::new();
