@@ -275,7 +275,10 @@ fn packed_collectives_at_one_gib_approach_the_bound() {
         ("h100-cluster-2node", [1.07, 1.05, 1.07, 1.07]),
         ("h100-cluster-4node", [1.29, 1.35, 1.06, 1.05]),
         ("ring-8", [1.03, 1.03, 1.03, 1.05]),
-        ("torus-4x4", [1.27, 1.26, 1.18, 1.19]),
+        // Broadcast and Reduce: the 4 link-disjoint trees of `synth::disjoint`, which reach
+        // the max-flow rate (no MILP involved: deterministic); 1.25/1.24 with the LP's
+        // support pruned to 16 trees.
+        ("torus-4x4", [1.03, 1.03, 1.18, 1.19]),
         ("fat-tree-16", [1.21, 1.12, 1.03, 1.04]),
         ("mixed-6", [1.04, 1.04, 1.03, 1.05]),
     ];

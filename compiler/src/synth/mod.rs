@@ -21,6 +21,7 @@
 
 pub mod alltoall;
 pub mod arborescence;
+pub mod disjoint;
 mod memo;
 pub mod milp;
 pub mod packing;
@@ -115,6 +116,9 @@ const MORE_TREES_GAIN: f64 = 1.03;
 /// Average piece size below which a packed schedule is not costed (the search leaves those
 /// sizes to shallower pipelines): `pieces × channels × MIN_PIECE_BYTES` is its least size.
 const MIN_PIECE_BYTES: u64 = 4096;
+/// Least gain in rate over the pruned LP packings for which the link-disjoint trees of
+/// [`disjoint`] are lowered too.
+const DISJOINT_GAIN: f64 = 1.01;
 /// Pieces over all channels beyond which a schedule is costed only where its pieces are
 /// at least [`DEEP_PIECE_BYTES`]: deeper pipelines win only at the largest sizes, where the
 /// pipeline's fill outweighs the per-message latency.
@@ -177,6 +181,30 @@ fn pool_for_topo(topo: &Topology, roots: &[u32], direction: Direction) -> Option
         grow_pool(&Network::new(topo), roots, direction)
             .ok()
             .map(Arc::new)
+    })
+}
+
+/// The link-disjoint arborescences of `root` ([`disjoint`]) as a packing beside `pool`'s,
+/// once per process.
+fn disjoint_packing(
+    topo: &Topology,
+    root: u32,
+    direction: Direction,
+    pool: &Pool,
+) -> Option<Arc<Packing>> {
+    static DISJOINT: Memo<PoolKey, Option<Arc<Packing>>> = Memo::new();
+    DISJOINT.get((topo.hash.clone(), vec![root], direction), || {
+        let d = disjoint::disjoint_arborescences(&Network::new(topo), root, direction)?;
+        Some(Arc::new(Packing {
+            roots: vec![root],
+            direction,
+            rate: d.rate(),
+            trees: d.trees,
+            pool_rate: pool.rate(),
+            bound: pool.bound,
+            pool: pool.len(),
+            method: "disjoint-arborescences",
+        }))
     })
 }
 
@@ -318,15 +346,31 @@ impl Family for PackedTrees {
             limits.push(TREE_LIMIT);
         }
         let key = (topo.hash.clone(), roots.clone(), direction);
-        let mut packings: Vec<Arc<Packing>> = limits
-            .iter()
-            .filter_map(|&limit| pruned(key.clone(), &pool, limit as usize))
-            .collect();
+        // Link-disjoint trees of a single root: where they reach the LP's proven optimum,
+        // they alone (no pruning of the LP's support, whose selection MILP is the costly
+        // part of a compile); else beside the pruned packings where they carry more.
+        let disjoint = match roots.as_slice() {
+            [root] => disjoint_packing(topo, *root, direction, &pool),
+            _ => None,
+        };
+        let optimal = |p: &Packing| p.rate >= p.bound * (1.0 - 1e-9);
+        let mut packings: Vec<Arc<Packing>> = match &disjoint {
+            Some(d) if optimal(d) => Vec::new(),
+            _ => limits
+                .iter()
+                .filter_map(|&limit| pruned(key.clone(), &pool, limit as usize))
+                .collect(),
+        };
         // More trees only where they add rate enough to pay for their tails and copies.
         if let [wide, few] = packings.as_slice()
             && wide.rate < few.rate * MORE_TREES_GAIN
         {
             packings.remove(0);
+        }
+        if let Some(d) = disjoint
+            && packings.iter().all(|p| d.rate > p.rate * DISJOINT_GAIN)
+        {
+            packings.push(d);
         }
         let mut out = Vec::new();
         for packing in packings {
@@ -642,10 +686,14 @@ pub fn record(packing: &Packing) -> Synthesis {
         (true, Direction::ToRoot) => "each block is reduced from every rank into its owner",
     };
     Synthesis {
-        method: "lp-tree-packing".into(),
-        objective: format!(
-            "maximise the rate at which {what}, over spanning trees of the simulator's routes"
-        ),
+        method: packing.method.into(),
+        objective: if packing.method == "lp-tree-packing" {
+            format!(
+                "maximise the rate at which {what}, over spanning trees of the simulator's routes"
+            )
+        } else {
+            format!("the most link-disjoint spanning trees over which {what}")
+        },
         value: packing.rate,
         optimum: packing.bound,
         unit: "GB/s".into(),

@@ -105,6 +105,9 @@ pub struct Packing {
     pub bound: f64,
     /// Trees the pricing found.
     pub pool: usize,
+    /// How the trees were chosen: the LP's support pruned (`lp-tree-packing`), or
+    /// link-disjoint arborescences ([`super::disjoint`]).
+    pub method: &'static str,
 }
 
 impl Packing {
@@ -452,6 +455,7 @@ pub fn prune(pool: &Pool, max_trees: usize) -> Result<Packing, SynthError> {
         pool_rate: pool.rate,
         bound: pool.bound,
         pool: pool.trees.len(),
+        method: "lp-tree-packing",
     })
 }
 
