@@ -47,7 +47,7 @@ pub const MAX_RANKS: usize = 64;
 /// every rank to the root (switched machines: their ranks have no direct links).
 pub fn disjoint_arborescences(net: &Network, root: u32, direction: Direction) -> Option<Disjoint> {
     let n = net.nranks() as usize;
-    if n < 2 || n > MAX_RANKS || root as usize >= n {
+    if !(2..=MAX_RANKS).contains(&n) || root as usize >= n {
         return None;
     }
     let rank_of_vertex = |v: u32| net.rank_vertex.iter().position(|&x| x == v);
