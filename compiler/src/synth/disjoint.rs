@@ -18,8 +18,10 @@
 //! Links of unequal capacities count in units of the smallest (a 50 GB/s link is two
 //! 25 GB/s arcs); what does not divide evenly is left unused.
 
+use super::milp;
 use super::packing::{Direction, PackedTree};
 use crate::cost::Network;
+use hccl_topologies::Topology;
 use petgraph::graph::{Graph, NodeIndex};
 
 /// `k` arc-disjoint spanning arborescences of `root` over the direct rank-to-rank links of
@@ -43,15 +45,12 @@ impl Disjoint {
 /// Most ranks the construction runs on (each arc tried costs a max-flow per rank).
 pub const MAX_RANKS: usize = 64;
 
-/// The disjoint arborescences of `root`, or `None` where the direct links do not connect
-/// every rank to the root (switched machines: their ranks have no direct links).
-pub fn disjoint_arborescences(net: &Network, root: u32, direction: Direction) -> Option<Disjoint> {
+/// The direct rank-to-rank links of `net` as arcs in units of the smallest: `mult[a][b]`
+/// arcs from `a` to `b` of `unit` GB/s each, oriented as tree edges run (parent to child):
+/// as the links for [`Direction::FromRoot`], against them for [`Direction::ToRoot`].
+pub fn unit_arcs(net: &Network, direction: Direction) -> Option<(Vec<Vec<u32>>, f64)> {
     let n = net.nranks() as usize;
-    if !(2..=MAX_RANKS).contains(&n) || root as usize >= n {
-        return None;
-    }
     let rank_of_vertex = |v: u32| net.rank_vertex.iter().position(|&x| x == v);
-    // Direct links between ranks, with their capacity.
     let mut direct: Vec<(usize, usize, f64)> = Vec::new();
     for link in &net.links {
         if let (Some(a), Some(b)) = (rank_of_vertex(link.from), rank_of_vertex(link.to))
@@ -69,11 +68,21 @@ pub fn disjoint_arborescences(net: &Network, root: u32, direction: Direction) ->
     if !unit.is_finite() {
         return None;
     }
-    // Arc multiplicities in units, aggregated per ordered pair.
     let mut mult = vec![vec![0u32; n]; n];
     for &(a, b, cap) in &direct {
         mult[a][b] += (cap / unit + 1e-6).floor() as u32;
     }
+    Some((mult, unit))
+}
+
+/// The disjoint arborescences of `root`, or `None` where the direct links do not connect
+/// every rank to the root (switched machines: their ranks have no direct links).
+pub fn disjoint_arborescences(net: &Network, root: u32, direction: Direction) -> Option<Disjoint> {
+    let n = net.nranks() as usize;
+    if !(2..=MAX_RANKS).contains(&n) || root as usize >= n {
+        return None;
+    }
+    let (mut mult, unit) = unit_arcs(net, direction)?;
     let k = connectivity(&mult, root as usize)?;
     if k == 0 {
         return None;
@@ -89,6 +98,81 @@ pub fn disjoint_arborescences(net: &Network, root: u32, direction: Direction) ->
         });
     }
     Some(Disjoint { trees, unit })
+}
+
+/// Link-disjoint trees for every rank as a root at once (AllGather, ReduceScatter): each
+/// orbit representative's trees ([`disjoint_arborescences`]) carried to the other ranks of
+/// its orbit by the topology's automorphisms ([`milp::automorphisms`]), so that on a
+/// vertex-transitive machine (a torus, a ring) every link carries the same number of trees
+/// wherever its representative's trees are spread evenly. Every tree gets the rate that the
+/// most loaded arc leaves it; the returned rate is per root (its trees together).
+pub fn every_root(
+    topo: &Topology,
+    net: &Network,
+    direction: Direction,
+) -> Option<(Vec<PackedTree>, f64)> {
+    let n = net.nranks() as usize;
+    if !(2..=MAX_RANKS).contains(&n) {
+        return None;
+    }
+    let links = milp::LinkMatrix::from_topology(topo).ok()?;
+    let sym = milp::automorphisms(&links);
+    if sym.len() != n {
+        return None;
+    }
+    let (mult, unit) = unit_arcs(net, direction)?;
+    let mut of_rep: Vec<Option<Disjoint>> = vec![None; n];
+    let mut trees = Vec::new();
+    for (o, (rho, perm)) in sym.iter().enumerate() {
+        if of_rep[*rho].is_none() {
+            of_rep[*rho] = Some(disjoint_arborescences(net, *rho as u32, direction)?);
+        }
+        let rep = of_rep[*rho].as_ref()?;
+        for t in &rep.trees {
+            let mut parents = vec![None; n];
+            for (v, p) in t.parents.iter().enumerate() {
+                parents[perm[v]] = p.map(|p| perm[p as usize] as u32);
+            }
+            if parents[o].is_some() {
+                return None;
+            }
+            trees.push(PackedTree {
+                root: o as u32,
+                parents,
+                rate: 0.0,
+            });
+        }
+    }
+    // Every root needs as many trees (orbits of unequal connectivity are not balanced here).
+    let k = trees.iter().filter(|t| t.root == 0).count();
+    if (0..n as u32).any(|r| trees.iter().filter(|t| t.root == r).count() != k) {
+        return None;
+    }
+    let mut load = vec![vec![0u32; n]; n];
+    for t in &trees {
+        for (v, p) in t.parents.iter().enumerate() {
+            if let Some(p) = p {
+                load[*p as usize][v] += 1;
+            }
+        }
+    }
+    let mut share = f64::INFINITY;
+    for a in 0..n {
+        for b in 0..n {
+            if load[a][b] > 0 {
+                // Arcs the automorphisms map a tree onto exist (they preserve the links).
+                share = share.min(f64::from(mult[a][b]) / f64::from(load[a][b]));
+            }
+        }
+    }
+    if !share.is_finite() || share <= 0.0 {
+        return None;
+    }
+    let rate = unit * share;
+    for t in &mut trees {
+        t.rate = rate;
+    }
+    Some((trees, rate * k as f64))
 }
 
 /// Grows one spanning arborescence of `root`, taking its arcs out of `mult`, such that what
@@ -187,6 +271,27 @@ mod tests {
                         assert!(seen.insert((*p, v as u32)), "link {p}-{v} shared");
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn every_torus_rank_gets_four_trees_and_the_links_are_evenly_loaded() {
+        let topo = build(generate::torus(&[4, 4], 50.0, 1.0), "t").expect("torus");
+        let net = Network::new(&topo);
+        for dir in [Direction::FromRoot, Direction::ToRoot] {
+            let (trees, rate) = every_root(&topo, &net, dir).expect("trees");
+            assert_eq!(trees.len(), 64);
+            // Every rank receives 15 blocks over 4 links of 50 GB/s: at most 200/15 GB/s per
+            // root, which balanced trees reach.
+            assert!((rate - 200.0 / 15.0).abs() < 1e-9, "{rate}");
+            for r in 0..16u32 {
+                let d = Disjoint {
+                    trees: trees.iter().filter(|t| t.root == r).cloned().collect(),
+                    unit: 50.0,
+                };
+                assert_eq!(d.trees.len(), 4);
+                check(&d, 16, r);
             }
         }
     }

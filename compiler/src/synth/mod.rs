@@ -184,26 +184,40 @@ fn pool_for_topo(topo: &Topology, roots: &[u32], direction: Direction) -> Option
     })
 }
 
-/// The link-disjoint arborescences of `root` ([`disjoint`]) as a packing beside `pool`'s,
-/// once per process.
+/// How [`disjoint`]'s packings are named ([`Packing::method`]).
+const DISJOINT: &str = "disjoint-arborescences";
+
+/// The link-disjoint arborescences of `roots` ([`disjoint`]: one root's, or every rank's
+/// carried over the automorphisms) as a packing beside `pool`'s, once per process.
 fn disjoint_packing(
     topo: &Topology,
-    root: u32,
+    roots: &[u32],
     direction: Direction,
     pool: &Pool,
 ) -> Option<Arc<Packing>> {
-    static DISJOINT: Memo<PoolKey, Option<Arc<Packing>>> = Memo::new();
-    DISJOINT.get((topo.hash.clone(), vec![root], direction), || {
-        let d = disjoint::disjoint_arborescences(&Network::new(topo), root, direction)?;
+    static DISJOINT_PACKINGS: Memo<PoolKey, Option<Arc<Packing>>> = Memo::new();
+    DISJOINT_PACKINGS.get((topo.hash.clone(), roots.to_vec(), direction), || {
+        let net = Network::new(topo);
+        let (trees, rate) = match roots {
+            [root] => {
+                let d = disjoint::disjoint_arborescences(&net, *root, direction)?;
+                let rate = d.rate();
+                (d.trees, rate)
+            }
+            _ if roots.len() == net.nranks() as usize => {
+                disjoint::every_root(topo, &net, direction)?
+            }
+            _ => return None,
+        };
         Some(Arc::new(Packing {
-            roots: vec![root],
+            roots: roots.to_vec(),
             direction,
-            rate: d.rate(),
-            trees: d.trees,
+            rate,
+            trees,
             pool_rate: pool.rate(),
             bound: pool.bound,
             pool: pool.len(),
-            method: "disjoint-arborescences",
+            method: DISJOINT,
         }))
     })
 }
@@ -349,10 +363,7 @@ impl Family for PackedTrees {
         // Link-disjoint trees of a single root: where they reach the LP's proven optimum,
         // they alone (no pruning of the LP's support, whose selection MILP is the costly
         // part of a compile); else beside the pruned packings where they carry more.
-        let disjoint = match roots.as_slice() {
-            [root] => disjoint_packing(topo, *root, direction, &pool),
-            _ => None,
-        };
+        let disjoint = disjoint_packing(topo, &roots, direction, &pool);
         let optimal = |p: &Packing| p.rate >= p.bound * (1.0 - 1e-9);
         let mut packings: Vec<Arc<Packing>> = match &disjoint {
             Some(d) if optimal(d) => Vec::new(),
@@ -382,12 +393,19 @@ impl Family for PackedTrees {
             } else {
                 params.pipeline
             };
+            // Every tree of a root gets a channel, however few the parameters ask for.
+            let per_root = packing.trees_of(roots[0]).count() as u32;
+            let budget = if packing.method == DISJOINT {
+                channels.max(per_root)
+            } else {
+                channels
+            };
             out.extend(lower(
                 self.name(),
                 &packing,
                 collective,
                 pieces,
-                channels,
+                budget,
                 in_place,
             ));
         }
