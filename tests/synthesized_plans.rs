@@ -452,6 +452,41 @@ fn packed_trees_ring4() {
     }
 }
 
+/// The link-disjoint trees (`synth::disjoint`) of a 3×3 torus: one root's for Broadcast and
+/// Reduce, every rank's (carried over the torus's automorphisms) for AllGather and
+/// ReduceScatter; they reach the LP's optimum there, so they are what `packed_trees` lowers.
+#[test]
+fn packed_trees_torus_disjoint() {
+    let topo = hccl_topologies::build(
+        hccl_topologies::generate::torus(&[3, 3], 50.0, 1.0),
+        "torus3x3",
+    )
+    .expect("a 3x3 torus builds");
+    for coll in [
+        Collective::Broadcast { root: 4 },
+        Collective::Reduce { root: 7 },
+        Collective::AllGather,
+        Collective::ReduceScatter,
+    ] {
+        let params = params_of("packed_trees", &topo, coll);
+        for c in candidates("packed_trees", &topo, coll, params[0]) {
+            let method = c.synthesis.as_ref().map(|s| s.method.as_str());
+            assert_eq!(
+                method,
+                Some("disjoint-arborescences"),
+                "{coll}: {}",
+                shape(&c)
+            );
+        }
+        check_family("packed_trees", &topo, coll, &|i, len, _| {
+            (first(i, len) || last(i, len)).then_some(Budget {
+                calls: 8,
+                process: if first(i, len) { 3 } else { 0 },
+            })
+        });
+    }
+}
+
 #[test]
 fn packed_trees_dgx_h100() {
     // All NVSwitch planes: the shallowest and the most channels × deepest pipelines.

@@ -297,6 +297,23 @@ mod tests {
     }
 
     #[test]
+    fn every_root_of_a_small_torus_gets_four_trees() {
+        let topo = build(generate::torus(&[3, 3], 50.0, 1.0), "t").expect("torus");
+        let net = Network::new(&topo);
+        for root in 0..9 {
+            for dir in [Direction::FromRoot, Direction::ToRoot] {
+                let d = disjoint_arborescences(&net, root, dir);
+                assert_eq!(
+                    d.as_ref().map(|d| d.trees.len()),
+                    Some(4),
+                    "root {root} {dir:?}"
+                );
+                check(&d.unwrap(), 9, root);
+            }
+        }
+    }
+
+    #[test]
     fn a_ring_root_gets_two_trees() {
         let topo = build(generate::ring(8, 100.0, 1.0), "t").expect("ring");
         let net = Network::new(&topo);

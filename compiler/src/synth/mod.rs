@@ -364,7 +364,8 @@ impl Family for PackedTrees {
         // they alone (no pruning of the LP's support, whose selection MILP is the costly
         // part of a compile); else beside the pruned packings where they carry more.
         let disjoint = disjoint_packing(topo, &roots, direction, &pool);
-        let optimal = |p: &Packing| p.rate >= p.bound * (1.0 - 1e-9);
+        // Within the column generation's stopping gap of its proven bound.
+        let optimal = |p: &Packing| p.rate >= p.bound * (1.0 - 1e-3);
         let mut packings: Vec<Arc<Packing>> = match &disjoint {
             Some(d) if optimal(d) => Vec::new(),
             _ => limits
