@@ -185,11 +185,22 @@ fn pool_for_topo(topo: &Topology, roots: &[u32], direction: Direction) -> Option
 }
 
 /// How [`disjoint`]'s packings are named ([`Packing::method`]).
-const DISJOINT: &str = "disjoint-arborescences";
+pub const DISJOINT: &str = "disjoint-arborescences";
+
+/// Whether `packing` reaches its proven bound (within the column generation's stopping gap).
+pub fn reaches_bound(packing: &Packing) -> bool {
+    packing.rate >= packing.bound * (1.0 - 1e-3)
+}
+
+/// Whether the link-disjoint `disjoint` packing is to be used instead of the LP's `pruned`
+/// one: it reaches the bound, or carries at least 1% more.
+pub fn prefer_disjoint(disjoint: &Packing, pruned: &Packing) -> bool {
+    reaches_bound(disjoint) || disjoint.rate > pruned.rate * DISJOINT_GAIN
+}
 
 /// The link-disjoint arborescences of `roots` ([`disjoint`]: one root's, or every rank's
 /// carried over the automorphisms) as a packing beside `pool`'s, once per process.
-fn disjoint_packing(
+pub fn disjoint_packing(
     topo: &Topology,
     roots: &[u32],
     direction: Direction,
@@ -364,10 +375,8 @@ impl Family for PackedTrees {
         // they alone (no pruning of the LP's support, whose selection MILP is the costly
         // part of a compile); else beside the pruned packings where they carry more.
         let disjoint = disjoint_packing(topo, &roots, direction, &pool);
-        // Within the column generation's stopping gap of its proven bound.
-        let optimal = |p: &Packing| p.rate >= p.bound * (1.0 - 1e-3);
         let mut packings: Vec<Arc<Packing>> = match &disjoint {
-            Some(d) if optimal(d) => Vec::new(),
+            Some(d) if reaches_bound(d) => Vec::new(),
             _ => limits
                 .iter()
                 .filter_map(|&limit| pruned(key.clone(), &pool, limit as usize))
