@@ -268,9 +268,11 @@ fn packed_collectives_at_one_gib_approach_the_bound() {
     // 1.75/1.75 on the 8-ring.
     const CEILINGS: [(&str, [f64; 4]); 11] = [
         ("dgx1-v100", [1.12, 1.05, 1.08, 1.08]),
-        ("dgx-a100", [1.07, 1.05, 1.02, 1.03]),
-        ("dgx-h100", [1.07, 1.05, 1.02, 1.03]),
-        ("ascend910-8", [1.07, 1.05, 1.05, 1.05]),
+        // Broadcast and Reduce: equal-rate trees at the LP's rate (`synth::disjoint::
+        // equal_rate_trees`, deterministic) beside the LP's; 1.05/1.03 with the LP's alone.
+        ("dgx-a100", [1.04, 1.04, 1.02, 1.03]),
+        ("dgx-h100", [1.04, 1.04, 1.02, 1.03]),
+        ("ascend910-8", [1.03, 1.03, 1.05, 1.05]),
         ("azure-ndv2-2node", [1.03, 1.03, 1.03, 1.03]),
         ("h100-cluster-2node", [1.07, 1.05, 1.07, 1.07]),
         ("h100-cluster-4node", [1.29, 1.35, 1.06, 1.05]),

@@ -17,6 +17,13 @@
 //!
 //! Links of unequal capacities count in units of the smallest (a 50 GB/s link is two
 //! 25 GB/s arcs); what does not divide evenly is left unused.
+//!
+//! Where ranks meet through switches and NICs there are no direct links to count.
+//! [`equal_rate_trees`] grows a few trees of equal rate at the LP's proven rate together
+//! over the simulator's routes instead (a greedy, without Edmonds' guarantee): on an
+//! NVSwitch box two trees of 225 GB/s. Equal rates are what the simulator's fair sharing of
+//! links gives trees, where the LP's trees of unequal rates get more or less than their
+//! weight.
 
 use super::milp;
 use super::packing::{Direction, PackedTree};
@@ -175,6 +182,89 @@ pub fn every_root(
     Some((trees, rate * k as f64))
 }
 
+/// Most trees [`equal_rate_trees`] tries.
+pub const MAX_EQUAL_TREES: u32 = 8;
+
+/// `k` spanning trees of `root` at `rate / k` each over the simulator's routes (any pair of
+/// ranks, through switches and NICs), grown together: in turns, each tree takes the edge to
+/// a rank it lacks whose route still has room for one more tree's share on every link and
+/// NIC direction, from its shallowest rank first (then the route of fewest hops). A greedy
+/// without the guarantee of [`disjoint_arborescences`]: `None` when some tree cannot grow.
+/// Equal rates matter because links share their bandwidth fairly among the messages that
+/// cross them: trees of one rate get, on every link, just what the packing gives them.
+pub fn equal_rate_trees(
+    net: &Network,
+    root: u32,
+    direction: Direction,
+    rate: f64,
+    k: u32,
+) -> Option<Vec<PackedTree>> {
+    let n = net.nranks() as usize;
+    if !(2..=MAX_RANKS).contains(&n) || root as usize >= n || k == 0 || rate.is_nan() || rate <= 0.0
+    {
+        return None;
+    }
+    let share = rate / f64::from(k);
+    let pairs: Vec<(u32, u32)> = (0..n as u32)
+        .flat_map(|a| (0..n as u32).filter(move |&b| b != a).map(move |b| (a, b)))
+        .collect();
+    let routes = net.routes(&pairs).ok()?;
+    // The resources of the edge parent → child, as the data flows.
+    let route = |p: usize, c: usize| {
+        let (a, b) = match direction {
+            Direction::FromRoot => (p, c),
+            Direction::ToRoot => (c, p),
+        };
+        let at = a * (n - 1) + if b < a { b } else { b - 1 };
+        &routes[at]
+    };
+    let mut left: Vec<f64> = net.capacity.clone();
+    let slack = share * 1e-6;
+    let mut depth = vec![vec![None::<u32>; n]; k as usize];
+    let mut parent = vec![vec![None::<u32>; n]; k as usize];
+    for d in &mut depth {
+        d[root as usize] = Some(0);
+    }
+    for _ in 1..n {
+        for t in 0..k as usize {
+            let mut best: Option<(u32, u32, usize, usize)> = None;
+            for u in 0..n {
+                let Some(du) = depth[t][u] else { continue };
+                for (v, dv) in depth[t].iter().enumerate() {
+                    if dv.is_some() {
+                        continue;
+                    }
+                    let r = route(u, v);
+                    let fits = r
+                        .resources
+                        .iter()
+                        .all(|&x| left[x as usize] + slack >= share);
+                    let key = (du, r.hops, u, v);
+                    if fits && best.is_none_or(|b| key < b) {
+                        best = Some(key);
+                    }
+                }
+            }
+            let (du, _, u, v) = best?;
+            for &x in &route(u, v).resources {
+                left[x as usize] -= share;
+            }
+            depth[t][v] = Some(du + 1);
+            parent[t][v] = Some(u as u32);
+        }
+    }
+    Some(
+        parent
+            .into_iter()
+            .map(|parents| PackedTree {
+                root,
+                parents,
+                rate: share,
+            })
+            .collect(),
+    )
+}
+
 /// Grows one spanning arborescence of `root`, taking its arcs out of `mult`, such that what
 /// is left still connects `root` to every rank by `keep` arc-disjoint paths.
 fn grow(mult: &mut [Vec<u32>], root: usize, keep: u32) -> Option<Vec<Option<u32>>> {
@@ -310,6 +400,41 @@ mod tests {
                 );
                 check(&d.unwrap(), 9, root);
             }
+        }
+    }
+
+    #[test]
+    fn equal_rate_trees_fit_the_routes_of_an_nvswitch_box() {
+        let topo = hccl_topologies::shipped_by_name("dgx-h100").expect("shipped");
+        let net = Network::new(&topo);
+        for dir in [Direction::FromRoot, Direction::ToRoot] {
+            // 450 GB/s from the root (its NVSwitch ports): two trees of 225 fit.
+            let trees = equal_rate_trees(&net, 3, dir, 450.0, 2).expect("two trees");
+            assert_eq!(trees.len(), 2);
+            let d = Disjoint {
+                trees: trees.clone(),
+                unit: 225.0,
+            };
+            check(&d, 8, 3);
+            // No link or NIC direction carries more than its capacity.
+            let mut load = vec![0.0; net.capacity.len()];
+            for t in &trees {
+                for (v, p) in t.parents.iter().enumerate() {
+                    let Some(p) = *p else { continue };
+                    let pair = match dir {
+                        Direction::FromRoot => (p, v as u32),
+                        Direction::ToRoot => (v as u32, p),
+                    };
+                    for &x in &net.routes(&[pair]).expect("route")[0].resources {
+                        load[x as usize] += t.rate;
+                    }
+                }
+            }
+            for (x, l) in load.iter().enumerate() {
+                assert!(*l <= net.capacity[x] * (1.0 + 1e-9), "resource {x}: {l}");
+            }
+            // Beyond the root's 450 GB/s no tree count fits.
+            assert_eq!(equal_rate_trees(&net, 3, dir, 451.0, 2), None);
         }
     }
 

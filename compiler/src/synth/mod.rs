@@ -119,6 +119,8 @@ const MIN_PIECE_BYTES: u64 = 4096;
 /// Least gain in rate over the pruned LP packings for which the link-disjoint trees of
 /// [`disjoint`] are lowered too.
 const DISJOINT_GAIN: f64 = 1.01;
+/// Least pieces over all channels of the parameter sets that lower [`equal_packing`] too.
+const EQUAL_LEAST_PIECES: u32 = 1024;
 /// Pieces over all channels beyond which a schedule is costed only where its pieces are
 /// at least [`DEEP_PIECE_BYTES`]: deeper pipelines win only at the largest sizes, where the
 /// pipeline's fill outweighs the per-message latency.
@@ -229,6 +231,37 @@ pub fn disjoint_packing(
             bound: pool.bound,
             pool: pool.len(),
             method: DISJOINT,
+        }))
+    })
+}
+
+/// How [`disjoint::equal_rate_trees`]' packings are named ([`Packing::method`]).
+pub const EQUAL: &str = "equal-rate-trees";
+
+/// Equal-rate trees of `root` at the LP's proven rate ([`disjoint::equal_rate_trees`]): the
+/// fewest trees, from two, that the greedy completes (one tree only where none does), once
+/// per process.
+pub fn equal_packing(
+    topo: &Topology,
+    root: u32,
+    direction: Direction,
+    pool: &Pool,
+) -> Option<Arc<Packing>> {
+    static EQUAL_PACKINGS: Memo<PoolKey, Option<Arc<Packing>>> = Memo::new();
+    EQUAL_PACKINGS.get((topo.hash.clone(), vec![root], direction), || {
+        let net = Network::new(topo);
+        let trees = (2..=disjoint::MAX_EQUAL_TREES)
+            .chain([1])
+            .find_map(|k| disjoint::equal_rate_trees(&net, root, direction, pool.bound, k))?;
+        Some(Arc::new(Packing {
+            roots: vec![root],
+            direction,
+            rate: pool.bound,
+            trees,
+            pool_rate: pool.rate(),
+            bound: pool.bound,
+            pool: pool.len(),
+            method: EQUAL,
         }))
     })
 }
@@ -388,11 +421,21 @@ impl Family for PackedTrees {
         {
             packings.remove(0);
         }
-        if let Some(d) = disjoint
+        if let Some(d) = &disjoint
             && packings.iter().all(|p| d.rate > p.rate * DISJOINT_GAIN)
         {
-            packings.push(d);
+            packings.push(d.clone());
         }
+        // Equal-rate trees at the proven rate beside the LP's, for the deep pipelines of
+        // the largest sizes (at 1–64 MiB the LP's fewer, shallower trees predict faster).
+        if let [root] = roots.as_slice()
+            && !disjoint.as_deref().is_some_and(reaches_bound)
+            && channels * params.pipeline >= EQUAL_LEAST_PIECES
+            && let Some(e) = equal_packing(topo, *root, direction, &pool)
+        {
+            packings.push(e);
+        }
+
         let mut out = Vec::new();
         for packing in packings {
             // Rooted collectives: the parameters' pieces over all channels, shared by the
@@ -715,12 +758,14 @@ pub fn record(packing: &Packing) -> Synthesis {
     };
     Synthesis {
         method: packing.method.into(),
-        objective: if packing.method == "lp-tree-packing" {
-            format!(
+        objective: match packing.method {
+            DISJOINT => format!("the most link-disjoint spanning trees over which {what}"),
+            EQUAL => format!(
+                "trees of equal rate, at the LP's proven optimum together, over which {what}"
+            ),
+            _ => format!(
                 "maximise the rate at which {what}, over spanning trees of the simulator's routes"
-            )
-        } else {
-            format!("the most link-disjoint spanning trees over which {what}")
+            ),
         },
         value: packing.rate,
         optimum: packing.bound,
