@@ -192,9 +192,8 @@ impl Cluster {
     /// down (such an entry answers "No route to host" until it is probed again).
     pub fn link_up(&self, host: usize) {
         self.set_port(host, "up");
-        let limit = Duration::from_secs(20);
-        self.wait_carrier(host, true, limit)
-            .and_then(|()| self.wait_ready(host, limit))
+        // Operationally up implies carrier.
+        self.wait_ready(host, Duration::from_secs(20))
             .unwrap_or_else(|e| panic!("link_up({host}): {e}"));
         for ns in &self.hosts {
             let _ = ip(&["-n", ns, "neigh", "flush", "dev", "eth0"]);
@@ -205,8 +204,7 @@ impl Cluster {
     /// forwards.
     fn wait_ready(&self, host: usize, limit: Duration) -> Result<(), String> {
         let port = format!("h{host}");
-        let start = Instant::now();
-        loop {
+        poll(limit, || {
             let nic = run(
                 "ip",
                 &["-n", self.ns(host), "-o", "link", "show", "dev", "eth0"],
@@ -218,18 +216,12 @@ impl Cluster {
             let ready = nic.contains(" state UP ")
                 && sw.contains(" state UP ")
                 && sw.contains("bridge_slave state forwarding");
-            if ready {
-                return Ok(());
-            }
-            if start.elapsed() > limit {
-                return Err(format!(
-                    "host {host} not ready after {limit:?}: eth0 `{}`, switch port `{}`",
-                    nic.trim(),
-                    sw.trim()
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+            Ok((
+                ready,
+                format!("eth0 `{}`, switch port `{}`", nic.trim(), sw.trim()),
+            ))
+        })
+        .map_err(|last| format!("host {host} not ready after {limit:?}: {last}"))
     }
 
     fn set_port(&self, host: usize, state: &str) {
@@ -240,27 +232,22 @@ impl Cluster {
 
     /// Waits until `host`'s eth0 has (or lacks) carrier.
     fn wait_carrier(&self, host: usize, up: bool, limit: Duration) -> Result<(), String> {
-        let start = Instant::now();
-        loop {
+        poll(limit, || {
             let out = run(
                 "ip",
                 &["-n", self.ns(host), "-o", "link", "show", "dev", "eth0"],
             )?;
             // `<BROADCAST,MULTICAST,UP,LOWER_UP>` with carrier, `NO-CARRIER` without.
             let has = out.contains("LOWER_UP") && !out.contains("NO-CARRIER");
-            if has == up {
-                return Ok(());
-            }
-            if start.elapsed() > limit {
-                return Err(format!(
-                    "eth0 of {} did not get carrier {}: {}",
-                    self.ns(host),
-                    if up { "up" } else { "down" },
-                    out.trim()
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+            Ok((has == up, out.trim().to_string()))
+        })
+        .map_err(|last| {
+            format!(
+                "eth0 of {} did not get carrier {}: {last}",
+                self.ns(host),
+                if up { "up" } else { "down" }
+            )
+        })
     }
 
     /// Kills what runs inside and deletes the namespaces (their links go with them).
@@ -272,6 +259,25 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         self.remove();
+    }
+}
+
+/// Calls `probe` every 10 ms until it answers `(true, _)`; past `limit`, `Err` with what it
+/// said last (a failing command's error as it is).
+fn poll(
+    limit: Duration,
+    mut probe: impl FnMut() -> Result<(bool, String), String>,
+) -> Result<(), String> {
+    let start = Instant::now();
+    loop {
+        let (done, state) = probe()?;
+        if done {
+            return Ok(());
+        }
+        if start.elapsed() > limit {
+            return Err(state);
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
