@@ -422,7 +422,7 @@ impl Family for PackedTrees {
             packings.remove(0);
         }
         if let Some(d) = &disjoint
-            && packings.iter().all(|p| d.rate > p.rate * DISJOINT_GAIN)
+            && packings.iter().all(|p| prefer_disjoint(d, p))
         {
             packings.push(d.clone());
         }

@@ -105,8 +105,9 @@ pub struct Packing {
     pub bound: f64,
     /// Trees the pricing found.
     pub pool: usize,
-    /// How the trees were chosen: the LP's support pruned (`lp-tree-packing`), or
-    /// link-disjoint arborescences ([`super::disjoint`]).
+    /// How the trees were chosen: the LP's support pruned (`lp-tree-packing`),
+    /// link-disjoint arborescences (`disjoint-arborescences`) or equal-rate trees over the
+    /// routes (`equal-rate-trees`), both of [`super::disjoint`].
     pub method: &'static str,
 }
 
