@@ -182,6 +182,10 @@ pub fn every_root(
     Some((trees, rate * k as f64))
 }
 
+/// Relative shortfall of a link's room below a tree's share that [`equal_rate_trees`]
+/// still accepts (the column generation's stopping gap, as in `super::reaches_bound`).
+pub const RATE_SLACK: f64 = 1e-3;
+
 /// Most trees [`equal_rate_trees`] tries.
 pub const MAX_EQUAL_TREES: u32 = 8;
 
@@ -219,7 +223,9 @@ pub fn equal_rate_trees(
         &routes[at]
     };
     let mut left: Vec<f64> = net.capacity.clone();
-    let slack = share * 1e-6;
+    // `rate` is typically the LP's bound, its dual within the column generation's stopping
+    // gap: a link it fills exactly may read a hair short of the share.
+    let slack = share * RATE_SLACK;
     let mut depth = vec![vec![None::<u32>; n]; k as usize];
     let mut parent = vec![vec![None::<u32>; n]; k as usize];
     for d in &mut depth {
@@ -445,5 +451,22 @@ mod tests {
         let d = disjoint_arborescences(&net, 0, Direction::FromRoot).expect("trees");
         assert_eq!(d.trees.len(), 2);
         check(&d, 8, 0);
+    }
+
+    #[test]
+    fn a_fat_tree_root_gets_equal_rate_trees_at_the_lps_bound() {
+        // No direct links: every edge is a route through the leaf and spine switches. The
+        // LP's bound is its dual, a hair above the 50 GB/s of the root's NIC; the trees are
+        // still found at it.
+        let topo = build(generate::fat_tree(16, 4, 50.0, 1.0), "t").expect("fat tree");
+        let net = Network::new(&topo);
+        for dir in [Direction::FromRoot, Direction::ToRoot] {
+            let trees = equal_rate_trees(&net, 0, dir, 50.0 * (1.0 + 2e-6), 2).expect("trees");
+            assert_eq!(trees.len(), 2);
+            let d = Disjoint { trees, unit: 25.0 };
+            check(&d, 16, 0);
+            // Every rank's NIC sends at 50 GB/s at most: one child per tree, or two in one.
+            assert_eq!(equal_rate_trees(&net, 0, dir, 50.1, 2), None);
+        }
     }
 }
