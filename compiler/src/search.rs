@@ -348,7 +348,17 @@ pub fn compile_with_progress(
                 let started = std::time::Instant::now();
                 let times =
                     cost_candidate(&sim, candidate, &sizes, options, budget, &probes[i].known);
-                trace_candidate("cost", candidate, started, "");
+                let shown = if tracing() {
+                    let best = times
+                        .iter()
+                        .flatten()
+                        .flatten()
+                        .fold(f64::INFINITY, |a, &b| a.min(b));
+                    format!(", best {best:.2} us")
+                } else {
+                    String::new()
+                };
+                trace_candidate("cost", candidate, started, &shown);
                 times
             } else {
                 vec![None; options.protocols.len()]

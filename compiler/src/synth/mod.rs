@@ -35,6 +35,7 @@ use hccl_ir::{Collective, CollectiveKind, Loc, Synthesis};
 use hccl_topologies::Topology;
 pub(crate) use memo::Memo;
 pub use packing::{Direction, MAX_TREES, PackedTree, Packing, Pool, grow_pool, pack, prune};
+use std::cmp::Reverse;
 use std::sync::Arc;
 use thiserror::Error;
 
@@ -665,9 +666,10 @@ pub fn lower(
             }
             let vp: Vec<Option<usize>> =
                 tree.parents.iter().map(|p| p.map(|u| u as usize)).collect();
-            let Some(tree) = Tree::from_parents(&vp, &rank_of) else {
+            let Some(mut tree) = Tree::from_parents(&vp, &rank_of) else {
                 return Vec::new();
             };
+            critical_first(&mut tree, packing.direction);
             for c in 0..copies {
                 let w = width / copies + u32::from(c < width % copies);
                 let channel = owned.len() as u32;
@@ -745,6 +747,26 @@ pub fn lower(
         .into_iter()
         .map(|c| c.from_bytes(min_bytes).synthesized(record.clone()))
         .collect()
+}
+
+/// Orders every rank's children so that the critical path goes first: a rank relays a
+/// piece to its children one after another on its channel, so down a tree (Broadcast) the
+/// child with the deepest subtree is sent to first; up a tree (Reduce) it is received from
+/// last, as its partial sum is the last to arrive.
+fn critical_first(tree: &mut Tree, direction: Direction) {
+    let mut height = vec![0u32; tree.parent.len()];
+    for &v in tree.top_down.iter().rev() {
+        if let Some(p) = tree.parent[v as usize] {
+            height[p as usize] = height[p as usize].max(height[v as usize] + 1);
+        }
+    }
+    for cs in &mut tree.children {
+        match direction {
+            Direction::FromRoot => cs.sort_by_key(|&c| (Reverse(height[c as usize]), c)),
+            Direction::ToRoot => cs.sort_by_key(|&c| (height[c as usize], c)),
+        }
+    }
+    // `top_down` stays valid: every parent still precedes its children.
 }
 
 /// What a plan entry records of a packing: the rate its kept trees reach against the LP's
