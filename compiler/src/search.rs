@@ -346,8 +346,15 @@ pub fn compile_with_progress(
         let mut all_times = par_map(&indexed, |&(i, candidate)| {
             if probes[i].keep {
                 let started = std::time::Instant::now();
-                let times =
-                    cost_candidate(&sim, candidate, &sizes, options, budget, &probes[i].known);
+                let times = cost_candidate(
+                    &sim,
+                    candidate,
+                    &sizes,
+                    options,
+                    budget,
+                    &probes[i].known,
+                    !baseline_names.iter().any(|b| candidate.algorithm == *b),
+                );
                 let shown = if tracing() {
                     let best = times
                         .iter()
@@ -553,7 +560,7 @@ pub fn evaluate_plan(
                 capped.push(family.name());
             }
             for c in generated.candidates {
-                let times = cost_candidate(&sim, &c, &sizes, options, budget, &[]);
+                let times = cost_candidate(&sim, &c, &sizes, options, budget, &[], false);
                 base.push((c.algorithm, times));
             }
         }
@@ -944,6 +951,7 @@ fn cost_candidate(
     options: &Options,
     budget: usize,
     known: &[(usize, usize, f64)],
+    prune: bool,
 ) -> Vec<Option<Vec<f64>>> {
     let np = options.protocols.len();
     let first = sizes.partition_point(|&s| s < candidate.min_bytes);
@@ -957,24 +965,51 @@ fn cost_candidate(
         .into_iter()
         .map(|i| i + first)
         .collect();
+    // Protocols by falling efficiency: with `prune`, a protocol whose lower bound (the
+    // busiest link at its efficiency, [`Simulator::lower_bound_us`]) already exceeds the
+    // best time this candidate reached at a size is not simulated there; it cannot be the
+    // candidate's best, and the baseline families (whose per-protocol times NCCL's choice
+    // reads) are never pruned.
+    let mut order: Vec<usize> = (0..np).collect();
+    order.sort_by(|&a, &b| {
+        sim.model
+            .efficiency(options.protocols[b])
+            .total_cmp(&sim.model.efficiency(options.protocols[a]))
+    });
     // Times at the sampled sizes, per protocol; `None` once a protocol fails to simulate.
     let mut at: Vec<Option<Vec<(usize, f64)>>> = vec![Some(Vec::new()); np];
     for &si in &samples {
-        for (pi, &p) in options.protocols.iter().enumerate() {
+        let mut best = f64::INFINITY;
+        let mut loads: Option<Vec<f64>> = None;
+        for &pi in &order {
+            let p = options.protocols[pi];
             let Some(list) = at[pi].as_mut() else {
                 continue;
             };
             let t = if let Some(k) = known.iter().find(|&&(ks, kp, _)| ks == si && kp == pi) {
                 k.2
+            } else if prune
+                && let Some(loads) = &loads
+                && sim
+                    .lower_bound_us(loads, sizes[si], p)
+                    .is_some_and(|lb| lb > best)
+            {
+                f64::INFINITY
             } else {
                 match sim.run(&prepared, sizes[si], p) {
-                    Ok(e) => e.time_us,
+                    Ok(e) => {
+                        if loads.is_none() {
+                            loads = Some(e.resource_bytes);
+                        }
+                        e.time_us
+                    }
                     Err(_) => {
                         at[pi] = None;
                         continue;
                     }
                 }
             };
+            best = best.min(t);
             list.push((si, t));
         }
     }

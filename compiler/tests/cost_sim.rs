@@ -312,3 +312,48 @@ fn prepared_schedules_cost_at_many_sizes() {
         last = est.time_us;
     }
 }
+
+#[test]
+fn the_protocol_lower_bound_never_exceeds_the_simulated_time() {
+    // The search skips simulating a protocol whose lower bound exceeds the candidate's best
+    // time at that size: the bound must hold for every protocol, size and link speed.
+    let cases = [
+        (ring_topo(8, 25.0, 0.7), ring_allreduce(8, 4)),
+        (ring_topo(4, 100.0, 2.0), ring_allreduce(4, 2)),
+    ];
+    for (t, s) in &cases {
+        let sim = Simulator::new(Network::new(t), CostModel::default());
+        let p = sim.prepare(s).unwrap();
+        for shift in [10, 16, 20, 24, 28] {
+            let simple = sim.run(&p, 1 << shift, Protocol::Simple).unwrap();
+            for proto in [Protocol::LL, Protocol::LL128, Protocol::Simple] {
+                let est = sim.run(&p, 1 << shift, proto).unwrap();
+                let lb = sim
+                    .lower_bound_us(&simple.resource_bytes, 1 << shift, proto)
+                    .expect("a GPU model has link bounds");
+                assert!(
+                    lb <= est.time_us * (1.0 + 1e-9),
+                    "{proto:?} 2^{shift}: {lb} > {}",
+                    est.time_us
+                );
+                // Not vacuous at large sizes, where the ring keeps its links busy.
+                if shift == 28 {
+                    assert!(
+                        lb >= est.time_us * 0.5,
+                        "{proto:?}: {lb} vs {}",
+                        est.time_us
+                    );
+                }
+            }
+        }
+    }
+    // A CPU host model's times do not come from link capacities: no bound.
+    let sim = Simulator::new(
+        Network::new(&ring_topo(4, 100.0, 2.0)),
+        CostModel::cpu_host(),
+    );
+    assert_eq!(
+        sim.lower_bound_us(&[1e6; 64], 1 << 20, Protocol::Simple),
+        None
+    );
+}

@@ -508,6 +508,30 @@ impl Simulator {
         Run::new(self, prepared, bytes, protocol).execute()
     }
 
+    /// A lower bound on the time of a collective of `bytes` under `protocol` whose messages
+    /// put `resource_bytes` payload bytes on each resource (an [`Estimate`]'s, which no
+    /// protocol changes): the busiest resource at its capacity under the protocol's
+    /// efficiency, plus the protocol's base latency. `None` on a CPU host model, whose times
+    /// do not come from link capacities.
+    pub fn lower_bound_us(
+        &self,
+        resource_bytes: &[f64],
+        bytes: u64,
+        protocol: Protocol,
+    ) -> Option<f64> {
+        if self.model.cpu.is_some() {
+            return None;
+        }
+        let eff = self.model.efficiency(protocol) * self.model.bandwidth_factor(bytes);
+        let busiest = resource_bytes
+            .iter()
+            .zip(&self.network.capacity)
+            .filter(|(_, c)| c.is_finite() && **c > 0.0)
+            .map(|(b, c)| b / (c * eff * 1e3))
+            .fold(0.0, f64::max);
+        (busiest.is_finite() && eff > 0.0).then(|| self.model.base_us(protocol) + busiest)
+    }
+
     /// Prepares and simulates in one go.
     pub fn simulate(
         &self,
