@@ -26,39 +26,43 @@ fn topologies() -> Vec<Topology> {
 #[test]
 fn no_builtin_candidate_beats_the_bound() {
     let model = CostModel::default();
-    let mut checked = 0usize;
-    for topo in topologies() {
-        let sim = Simulator::new(Network::new(&topo), model.clone());
-        for kind in CollectiveKind::ALL {
-            let collective = collective_of(kind);
-            let bounds: Vec<f64> = SIZES
-                .iter()
-                .map(|&b| bound(&sim.network, &model, collective, b).total_us)
-                .collect();
-            for family in all_families().iter().filter(|f| f.supports(kind)) {
-                for params in family.param_space(&topo, collective) {
-                    for cand in family.generate(&topo, collective, params) {
-                        let Ok(prepared) = sim.prepare(&cand.schedule) else {
-                            continue;
-                        };
-                        for p in Protocol::ALL {
-                            for (i, &bytes) in SIZES.iter().enumerate() {
-                                let t = sim.run(&prepared, bytes, p).unwrap().time_us;
-                                assert!(
-                                    t >= bounds[i] * (1.0 - 1e-9),
-                                    "{} {kind} {} {params:?} {p} at {bytes} B: {t} µs < bound {} µs",
-                                    topo.name,
-                                    cand.algorithm,
-                                    bounds[i]
-                                );
-                                checked += 1;
-                            }
+    let checked = std::sync::atomic::AtomicUsize::new(0);
+    let cases: Vec<(Topology, CollectiveKind)> = topologies()
+        .into_iter()
+        .flat_map(|t| CollectiveKind::ALL.map(|k| (t.clone(), k)))
+        .collect();
+    par_each(&cases, |(topo, kind)| {
+        let kind = *kind;
+        let sim = Simulator::new(Network::new(topo), model.clone());
+        let collective = collective_of(kind);
+        let bounds: Vec<f64> = SIZES
+            .iter()
+            .map(|&b| bound(&sim.network, &model, collective, b).total_us)
+            .collect();
+        for family in all_families().iter().filter(|f| f.supports(kind)) {
+            for params in family.param_space(topo, collective) {
+                for cand in family.generate(topo, collective, params) {
+                    let Ok(prepared) = sim.prepare(&cand.schedule) else {
+                        continue;
+                    };
+                    for p in Protocol::ALL {
+                        for (i, &bytes) in SIZES.iter().enumerate() {
+                            let t = sim.run(&prepared, bytes, p).unwrap().time_us;
+                            assert!(
+                                t >= bounds[i] * (1.0 - 1e-9),
+                                "{} {kind} {} {params:?} {p} at {bytes} B: {t} µs < bound {} µs",
+                                topo.name,
+                                cand.algorithm,
+                                bounds[i]
+                            );
+                            checked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         }
                     }
                 }
             }
         }
-    }
+    });
+    let checked = checked.into_inner();
     assert!(checked > 1000, "only {checked} checks ran");
 }
 

@@ -1,6 +1,9 @@
 //! Every family × collective × rank count × parameters × buffer arrangement produces
 //! schedules that pass the verifier (structure, deadlock freedom, postcondition).
 
+mod cost_common;
+
+use cost_common::par_each;
 use hccl_compiler::families::{FamilyParams, all_families, generate_with};
 use hccl_ir::verify::verify;
 use hccl_ir::{Collective, CollectiveKind};
@@ -75,65 +78,73 @@ fn collectives(n: u32) -> Vec<Collective> {
 
 #[test]
 fn every_family_schedule_verifies() {
-    let mut failures = Vec::new();
-    let mut checked = 0usize;
-    for (tname, topo) in topologies() {
+    let failures = std::sync::Mutex::new(Vec::new());
+    let checked = std::sync::atomic::AtomicUsize::new(0);
+    let families = all_families();
+    // One case per topology and family, spread over the cores.
+    let topos = topologies();
+    let cases: Vec<(usize, usize)> = (0..topos.len())
+        .flat_map(|t| (0..families.len()).map(move |f| (t, f)))
+        .collect();
+    par_each(&cases, |&(t, f)| {
+        let (tname, topo) = &topos[t];
+        let fam = &families[f];
         let n = topo.nranks();
-        for fam in all_families() {
-            for coll in collectives(n) {
-                if !fam.supports(coll.kind()) {
-                    assert!(
-                        fam.generate(
-                            &topo,
-                            coll,
-                            FamilyParams {
-                                channels: 1,
-                                pipeline: 1
-                            }
-                        )
-                        .is_empty()
-                    );
-                    continue;
-                }
-                let space = fam.param_space(&topo, coll);
+        for coll in collectives(n) {
+            if !fam.supports(coll.kind()) {
                 assert!(
-                    !space.is_empty(),
-                    "{} on {tname}: empty param space",
-                    fam.name()
+                    fam.generate(
+                        topo,
+                        coll,
+                        FamilyParams {
+                            channels: 1,
+                            pipeline: 1
+                        }
+                    )
+                    .is_empty()
                 );
-                assert!(
-                    space.len() <= 24,
-                    "{} on {tname}: {} params",
-                    fam.name(),
-                    space.len()
-                );
-                for params in space {
-                    for in_place in [false, true] {
-                        let cands = generate_with(fam.name(), &topo, coll, params, in_place)
-                            .expect("registered family");
-                        for cand in cands {
-                            checked += 1;
-                            let s = &cand.schedule;
-                            assert_eq!(s.in_place, in_place);
-                            assert_eq!(s.collective, coll);
-                            assert_eq!(s.nranks, n);
-                            if let Err(errs) = verify(s) {
-                                failures.push(format!(
-                                    "{} {tname} {coll} {params:?} in_place={in_place}: {}",
-                                    fam.name(),
-                                    errs.iter()
-                                        .take(3)
-                                        .map(|e| e.to_string())
-                                        .collect::<Vec<_>>()
-                                        .join(" | ")
-                                ));
-                            }
+                continue;
+            }
+            let space = fam.param_space(topo, coll);
+            assert!(
+                !space.is_empty(),
+                "{} on {tname}: empty param space",
+                fam.name()
+            );
+            assert!(
+                space.len() <= 24,
+                "{} on {tname}: {} params",
+                fam.name(),
+                space.len()
+            );
+            for params in space {
+                for in_place in [false, true] {
+                    let cands = generate_with(fam.name(), topo, coll, params, in_place)
+                        .expect("registered family");
+                    for cand in cands {
+                        checked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let s = &cand.schedule;
+                        assert_eq!(s.in_place, in_place);
+                        assert_eq!(s.collective, coll);
+                        assert_eq!(s.nranks, n);
+                        if let Err(errs) = verify(s) {
+                            failures.lock().unwrap().push(format!(
+                                "{} {tname} {coll} {params:?} in_place={in_place}: {}",
+                                fam.name(),
+                                errs.iter()
+                                    .take(3)
+                                    .map(|e| e.to_string())
+                                    .collect::<Vec<_>>()
+                                    .join(" | ")
+                            ));
                         }
                     }
                 }
             }
         }
-    }
+    });
+    let checked = checked.into_inner();
+    let failures = failures.into_inner().unwrap();
     assert!(checked > 500, "only {checked} schedules checked");
     assert!(
         failures.is_empty(),

@@ -167,3 +167,26 @@ pub fn ring_allreduce(n: u32, pipeline: u32) -> Schedule {
     }
     s
 }
+
+/// Runs `f` on every item, spread over the machine's cores (for tests made of many
+/// independent cases: the harness runs test binaries one after another, so one long serial
+/// test otherwise leaves all cores but one idle). A panic in any case fails the caller
+/// once every worker has stopped, after the default hook printed it.
+pub fn par_each<T: Sync>(items: &[T], f: impl Fn(&T) + Sync) {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(items.len())
+        .max(1);
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(item) = items.get(i) else { break };
+                    f(item);
+                }
+            });
+        }
+    });
+}
