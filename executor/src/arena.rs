@@ -3,7 +3,7 @@
 //! Layout (all offsets multiples of 64 bytes, so every counter owns a cache line):
 //!
 //! ```text
-//! header  : magic | abort word | per rank: { pid, gone } (one line each)
+//! header  : magic | abort word | per rank: { pid, gone, waiting on } (one line each)
 //! control : per connection: { sent (line) | consumed (line) | slot descriptors (line) }
 //! data    : per connection: CONNECTION_SLOTS slots of `slot_bytes`
 //! ll      : per connection: LL_SLOTS slots of { flag (8 bytes) | LL_BYTES of data }
@@ -210,6 +210,13 @@ impl Arena {
     /// Set when `rank` left (its communicator was dropped).
     pub(crate) fn gone(&self, rank: usize) -> &AtomicU64 {
         self.word(2 * LINE + rank * LINE + 8)
+    }
+
+    /// The peer `rank` is waiting for in a call, plus one (0: not waiting); set while it
+    /// backs off, so that a rank that times out can follow the chain of waits to the rank
+    /// holding everyone up.
+    pub(crate) fn waiting_on(&self, rank: usize) -> &AtomicU64 {
+        self.word(2 * LINE + rank * LINE + 16)
     }
 
     /// Messages published on connection `c`.

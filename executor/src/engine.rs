@@ -383,14 +383,17 @@ impl EngineState {
                 break;
             }
             if self.progressed {
+                waiter.unpublish(ctx);
                 waiter.reset(&mut self.spin, ctx.spin_polls);
             } else {
                 if let Err(e) = waiter.pause(ctx, blocked.unwrap_or((0, 0, ctx.rank, "nothing"))) {
+                    waiter.unpublish(ctx);
                     self.spin = waiter.budget;
                     return Err(e);
                 }
             }
         }
+        waiter.unpublish(ctx);
         waiter.reset(&mut self.spin, ctx.spin_polls);
         Ok(())
     }
@@ -803,6 +806,27 @@ fn dep_what(_stream: u32) -> &'static str {
     "a step of another stream of its own"
 }
 
+/// Where `peer`, which this rank timed out waiting for, was itself waiting in a call: the
+/// end of the chain of published waits ([`Arena::waiting_on`]) from it, a rank that was not
+/// waiting and so holds the others up. `None` when `peer` was not waiting, or the chain
+/// comes back to a rank already on it (a cycle names no single culprit).
+fn blocked_by(ctx: &Ctx<'_>, peer: u32) -> Option<u32> {
+    let mut chain = vec![ctx.rank, peer];
+    let mut at = peer;
+    loop {
+        let word = ctx.arena.waiting_on(at as usize).load(Ordering::Acquire);
+        if word == 0 {
+            return (at != peer).then_some(at);
+        }
+        let next = (word - 1) as u32;
+        if chain.contains(&next) || chain.len() > 4096 {
+            return None;
+        }
+        chain.push(next);
+        at = next;
+    }
+}
+
 /// Encodes an abort record.
 pub(crate) fn abort_word(reporter: u32, culprit: u32) -> u64 {
     1 + ((u64::from(reporter) << 32) | u64::from(culprit))
@@ -878,6 +902,8 @@ struct Waiter {
     /// sweep after that check still makes no progress (its last messages may have landed
     /// between the sweep and the check).
     suspect: Option<u32>,
+    /// This rank's wait is published in [`Arena::waiting_on`].
+    published: bool,
 }
 
 impl Waiter {
@@ -890,6 +916,17 @@ impl Waiter {
             since: None,
             last_liveness: None,
             suspect: None,
+            published: false,
+        }
+    }
+
+    /// Clears this rank's published wait ([`Arena::waiting_on`]), if it published one.
+    fn unpublish(&mut self, ctx: &Ctx<'_>) {
+        if self.published {
+            ctx.arena
+                .waiting_on(ctx.rank as usize)
+                .store(0, Ordering::Release);
+            self.published = false;
         }
     }
 
@@ -959,7 +996,9 @@ impl Waiter {
             }
         }
         if waited >= ctx.timeout {
-            raise_abort(ctx.arena, ctx.rank, peer);
+            let blocked_by = blocked_by(ctx, peer);
+            raise_abort(ctx.arena, ctx.rank, blocked_by.unwrap_or(peer));
+            self.unpublish(ctx);
             return Err(ExecError::Timeout {
                 rank: ctx.rank,
                 peer,
@@ -967,7 +1006,14 @@ impl Waiter {
                 step,
                 secs: waited.as_secs_f64(),
                 what,
+                blocked_by,
             });
+        }
+        if peer != ctx.rank {
+            ctx.arena
+                .waiting_on(ctx.rank as usize)
+                .store(u64::from(peer) + 1, Ordering::Release);
+            self.published = true;
         }
         if waited < YIELD_FOR {
             std::thread::yield_now();

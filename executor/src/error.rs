@@ -64,7 +64,8 @@ pub enum ExecError {
     Invalid(String),
     /// This rank waited longer than the timeout for a peer.
     #[error(
-        "rank {rank}: timed out after {secs:.1} s at stream {stream} step {step} waiting for rank {peer} ({what})"
+        "rank {rank}: timed out after {secs:.1} s at stream {stream} step {step} waiting for rank {peer} ({what}){}",
+        blocked_by.map_or_else(String::new, |b| format!(", which itself waited for rank {b}"))
     )]
     Timeout {
         rank: u32,
@@ -73,6 +74,10 @@ pub enum ExecError {
         step: u32,
         secs: f64,
         what: &'static str,
+        /// Where `peer` was itself waiting in a call: the rank at the end of that chain of
+        /// waits (one that was not waiting, so the one holding everyone up), as far as this
+        /// host's ranks show it.
+        blocked_by: Option<u32>,
     },
     /// A peer died, left the communicator, or another rank aborted because of it.
     #[error("rank {rank}: rank {failed} failed ({reason}); collective aborted")]
