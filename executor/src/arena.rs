@@ -212,6 +212,11 @@ impl Arena {
         self.word(2 * LINE + rank * LINE + 8)
     }
 
+    /// How many ranks the header has a line for.
+    pub(crate) fn ranks(&self) -> usize {
+        (self.layout.control - 2 * LINE) / LINE
+    }
+
     /// The peer `rank` is waiting for in a call, plus one (0: not waiting); set while it
     /// backs off, so that a rank that times out can follow the chain of waits to the rank
     /// holding everyone up.

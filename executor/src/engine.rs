@@ -808,9 +808,15 @@ fn dep_what(_stream: u32) -> &'static str {
 
 /// Where `peer`, which this rank timed out waiting for, was itself waiting in a call: the
 /// end of the chain of published waits ([`Arena::waiting_on`]) from it, a rank that was not
-/// waiting and so holds the others up. `None` when `peer` was not waiting, or the chain
-/// comes back to a rank already on it (a cycle names no single culprit).
+/// waiting and so holds the others up. `None` when `peer` is this rank or was not waiting,
+/// when the chain comes back to a rank already on it (a cycle names no single culprit), or
+/// when a published value is not a rank of the region (the words are shared with other
+/// processes: never trusted as an index).
 fn blocked_by(ctx: &Ctx<'_>, peer: u32) -> Option<u32> {
+    let ranks = ctx.arena.ranks();
+    if peer == ctx.rank || peer as usize >= ranks {
+        return None;
+    }
     let mut chain = vec![ctx.rank, peer];
     let mut at = peer;
     loop {
@@ -819,7 +825,7 @@ fn blocked_by(ctx: &Ctx<'_>, peer: u32) -> Option<u32> {
             return (at != peer).then_some(at);
         }
         let next = (word - 1) as u32;
-        if chain.contains(&next) || chain.len() > 4096 {
+        if next as usize >= ranks || chain.contains(&next) {
             return None;
         }
         chain.push(next);
