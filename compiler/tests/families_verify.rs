@@ -116,6 +116,12 @@ fn every_family_schedule_verifies() {
             return;
         }
         let space = fam.param_space(topo, coll);
+        // Routed rings offer nothing where no spare ring exists.
+        if fam.name() == "routed_rings" && hccl_compiler::synth::rings::routed_rings(topo).is_none()
+        {
+            assert!(space.is_empty(), "routed_rings on {tname}");
+            return;
+        }
         assert!(
             !space.is_empty(),
             "{} on {tname}: empty param space",
@@ -197,6 +203,8 @@ fn families_apply_where_expected() {
                     // Needs two or more equal groups of directly linked devices.
                     "groups" => hccl_compiler::families::groups::link_groups(&topo).is_some(),
                     "double_ring" => n >= 3,
+                    // Spare rings beside a full link packing: only the DGX-1's PCIe.
+                    "routed_rings" => hccl_compiler::synth::rings::routed_rings(&topo).is_some(),
                     // A 5- or 8-ring holds no 4-cycle or 3-cube over direct links.
                     "hybrid_cube" => !matches!(tname.as_str(), "ring5" | "ring8"),
                     _ => true,

@@ -143,6 +143,7 @@ pub fn families_for(level: SynthLevel) -> Vec<Box<dyn Family>> {
     if level != SynthLevel::Off {
         families.push(Box::new(crate::synth::PackedTrees::at(level)));
         families.push(Box::new(crate::synth::alltoall::FlowAllToAll));
+        families.push(Box::new(crate::synth::rings::RoutedRings));
     }
     if level == SynthLevel::Full {
         families.push(Box::new(crate::synth::milp::MilpFrontier));

@@ -42,7 +42,7 @@ fn link_units(topo: &Topology) -> (Vec<Vec<u32>>, Vec<Vec<f64>>) {
 
 /// Every undirected Hamiltonian cycle over direct links (starting at rank 0, second rank
 /// below the last), within the budget.
-fn hamiltonian_cycles(units: &[Vec<u32>], budget: &mut u32) -> Vec<Vec<Rank>> {
+pub(crate) fn hamiltonian_cycles(units: &[Vec<u32>], budget: &mut u32) -> Vec<Vec<Rank>> {
     let n = units.len();
     let mut out = Vec::new();
     let mut path = vec![0usize];
@@ -196,7 +196,7 @@ pub fn rail_rings(hosts: &[Vec<Rank>], want: usize) -> Vec<Vec<Rank>> {
 }
 
 /// Directed rings a full packing gives (0 without one).
-fn packed_rings(topo: &Topology) -> u32 {
+pub fn packed_rings(topo: &Topology) -> u32 {
     2 * cycle_packing(topo).len() as u32
 }
 
@@ -209,16 +209,48 @@ pub fn ring_schedule(
     params: FamilyParams,
     in_place: bool,
 ) -> Vec<Candidate> {
+    weighted_ring_schedule(
+        name,
+        rings,
+        &vec![1; rings.len()],
+        collective,
+        params,
+        in_place,
+    )
+}
+
+/// Ring schedules in which ring `c` carries `widths[c]` of every `Σ widths` chunks of the
+/// data (rings of different rates get shares in proportion), each share cut into `pipeline`
+/// pieces. Every rank's block is `pipeline × Σ widths` chunks; ring `c`'s piece `q` of it is
+/// the `widths[c]` chunks from `pipeline · (widths[0] + … + widths[c−1]) + q · widths[c]`.
+/// With all widths 1 this is [`ring_schedule`]'s layout. A ring of width 0 carries nothing.
+pub fn weighted_ring_schedule(
+    name: &str,
+    rings: &[Vec<Rank>],
+    widths: &[u32],
+    collective: Collective,
+    params: FamilyParams,
+    in_place: bool,
+) -> Vec<Candidate> {
     let n = rings.first().map_or(0, |r| r.len()) as u32;
-    if n == 0 {
+    if n == 0 || widths.len() != rings.len() || widths.iter().all(|&w| w == 0) {
         return Vec::new();
     }
     if n == 1 {
         return single_rank(name, collective, in_place, params);
     }
-    let nch = rings.len() as u32;
     let pp = params.pipeline.max(1);
-    let m = nch * pp;
+    let total: u32 = widths.iter().sum();
+    let m = total * pp;
+    // Ring c's first chunk within a block, and its width.
+    let mut shares = Vec::with_capacity(rings.len());
+    let mut off = 0;
+    for (ring, &w) in rings.iter().zip(widths) {
+        if w > 0 {
+            shares.push((ring, pp * off, w));
+        }
+        off += w;
+    }
     match collective {
         Collective::Broadcast { root } | Collective::Reduce { root } => {
             if root >= n {
@@ -226,7 +258,7 @@ pub fn ring_schedule(
             }
             let mut b = ScheduleBuilder::new(collective, n, m, in_place);
             b.set_fusion(false);
-            chains(&mut b, rings, root, pp);
+            chains(&mut b, &shares, root, pp, m);
             candidate(name, params, b)
         }
         Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter => {
@@ -254,11 +286,11 @@ pub fn ring_schedule(
             let input = |_: Rank, k: u32| Loc::input(k);
             let output = |_: Rank, k: u32| Loc::output(k);
             for q in 0..pp {
-                for (c, ring) in rings.iter().enumerate() {
+                for (c, &(ring, first, w)) in shares.iter().enumerate() {
                     let c = c as u32;
                     let blocks: Vec<Vec<Run>> = ring
                         .iter()
-                        .map(|&owner| vec![(owner * m + c * pp + q, 1)])
+                        .map(|&owner| vec![(owner * m + first + q * w, w)])
                         .collect();
                     match kind {
                         CollectiveKind::AllReduce => {
@@ -274,6 +306,10 @@ pub fn ring_schedule(
                     }
                 }
             }
+            let candidates = candidate(name, params, b);
+            if widths.iter().any(|&w| w != widths[0]) {
+                return candidates;
+            }
             // Rotating the first ring maps every rank's program onto its successor's when
             // all rings are that ring or its reverse (blocks are numbered by owner rank).
             let symmetry = Symmetry::ring(
@@ -283,7 +319,7 @@ pub fn ring_schedule(
                     label: BlockLabel::Rank,
                 }),
             );
-            candidate(name, params, b)
+            candidates
                 .into_iter()
                 .map(|c| c.with_symmetry(Some(symmetry.clone())))
                 .collect()
@@ -292,19 +328,19 @@ pub fn ring_schedule(
     }
 }
 
-/// Pipelined chains from (Broadcast) or to (Reduce) the root, one per ring.
-fn chains(b: &mut ScheduleBuilder, rings: &[Vec<Rank>], root: Rank, pp: u32) {
+/// Pipelined chains from (Broadcast) or to (Reduce) the root, one per ring: `shares` gives
+/// each ring, its first chunk and its width (chunks per piece); the buffer is `m` chunks.
+fn chains(b: &mut ScheduleBuilder, shares: &[(&Vec<Rank>, u32, u32)], root: Rank, pp: u32, m: u32) {
     let collective = b.collective();
     let in_place = b.in_place();
-    let m = rings.len() as u32 * pp;
     let bcast = matches!(collective, Collective::Broadcast { .. });
     if bcast && !in_place {
         b.copy((root, Loc::input(0)), (root, Loc::output(0)), m, 0);
     }
     for q in 0..pp {
-        for (c, ring) in rings.iter().enumerate() {
+        for (c, &(ring, first, w)) in shares.iter().enumerate() {
             let ch = c as u32;
-            let k = ch * pp + q;
+            let k = first + q * w;
             let mut chain = rotate_to(ring, root);
             if !bcast {
                 // Reduce: walk the ring backwards so the chain ends at the root.
@@ -316,14 +352,14 @@ fn chains(b: &mut ScheduleBuilder, rings: &[Vec<Rank>], root: Rank, pp: u32) {
                 let (from, at) = (chain[i], chain[i + 1]);
                 let to = chain.get(i + 2).copied();
                 if i == 0 {
-                    b.send(from, at, Loc::input(k), 1, ch);
+                    b.send(from, at, Loc::input(k), w, ch);
                 }
                 match (bcast, to) {
-                    (true, Some(to)) => b.recv_copy_send(at, from, to, Loc::output(k), 1, ch),
-                    (true, None) => b.recv(at, from, Loc::output(k), 1, ch),
-                    (false, Some(to)) => b.recv_reduce_send(at, from, to, Loc::input(k), 1, ch),
+                    (true, Some(to)) => b.recv_copy_send(at, from, to, Loc::output(k), w, ch),
+                    (true, None) => b.recv(at, from, Loc::output(k), w, ch),
+                    (false, Some(to)) => b.recv_reduce_send(at, from, to, Loc::input(k), w, ch),
                     (false, None) => {
-                        b.recv_reduce_copy(at, from, Loc::input(k), Loc::output(k), 1, ch)
+                        b.recv_reduce_copy(at, from, Loc::input(k), Loc::output(k), w, ch)
                     }
                 }
             }
@@ -357,7 +393,7 @@ fn ring_params(topo: &Topology, collective: Collective, channels: &[u32]) -> Vec
 /// Steps of one ring carrying one piece of `collective` over all ranks: every rank takes
 /// part in `2n − 1` (AllReduce), `n + 1` (AllGather), `n` (ReduceScatter) or about one
 /// (Broadcast, Reduce) steps, so the whole-schedule count grows as n² for the first three.
-fn ring_steps(topo: &Topology, collective: Collective) -> u64 {
+pub(crate) fn ring_steps(topo: &Topology, collective: Collective) -> u64 {
     let n = u64::from(topo.nranks());
     match collective.kind() {
         CollectiveKind::AllReduce => n * (2 * n).saturating_sub(1),

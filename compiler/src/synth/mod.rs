@@ -25,6 +25,7 @@ pub mod disjoint;
 mod memo;
 pub mod milp;
 pub mod packing;
+pub mod rings;
 
 use crate::builder::ScheduleBuilder;
 use crate::cost::Network;
