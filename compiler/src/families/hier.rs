@@ -55,11 +55,11 @@ use hccl_topologies::Topology;
 
 /// Most chunks a direct hierarchical schedule may use on small rank counts (`nranks ×
 /// pieces`).
-const MAX_HIER_CHUNKS: u32 = 1024;
+pub(super) const MAX_HIER_CHUNKS: u32 = 1024;
 /// Most pieces a halving-doubling schedule may use.
 const MAX_HD_PIECES: u32 = 64;
 /// Most steps (roughly) a hierarchical candidate may have; larger pipelines are not offered.
-const MAX_HIER_STEPS: u64 = 600_000;
+pub(super) const MAX_HIER_STEPS: u64 = 600_000;
 /// Connection counts per phase offered: one keeps pieces strictly in order (the shortest
 /// drain); two let a second piece start while the first finishes, which only pays on
 /// shallow pipelines (at most [`MAX_TWO_CHANNEL_PIPELINE`] pieces per connection): deeper
@@ -68,7 +68,7 @@ const CHANNELS: [u32; 2] = [1, 2];
 /// Deepest pipeline offered with two connections per phase.
 const MAX_TWO_CHANNEL_PIPELINE: u32 = 2;
 /// Pipeline depths offered (pieces per connection) by the direct family.
-const PIPELINE: [u32; 7] = [1, 2, 4, 8, 16, 32, 64];
+pub(super) const PIPELINE: [u32; 7] = [1, 2, 4, 8, 16, 32, 64];
 /// Pipeline depths offered by the halving-doubling family: finer steps, so that on large
 /// clusters the deepest pipeline under the step cap is close to it.
 const PIPELINE_HD: [u32; 12] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64];
@@ -591,7 +591,7 @@ fn step_estimate(topo: &Topology, kind: CollectiveKind, rail: Rail, pieces: u32)
 /// every rank's input and output (one of them `nranks` times the other for AllGather and
 /// ReduceScatter, both full-size for AllReduce) plus at most `hosts` scratch chunks per
 /// piece. Pipelines past the verifier's [`MAX_SLOTS`] could never be chosen.
-fn verifier_slots(n: u64, hosts: u64, pieces: u32) -> u64 {
+pub(super) fn verifier_slots(n: u64, hosts: u64, pieces: u32) -> u64 {
     let m = u64::from(pieces);
     let per_rank = (2 * n * m).max(n * m + m + hosts * m);
     n.saturating_mul(per_rank)

@@ -18,6 +18,7 @@ pub mod hier;
 pub mod mesh;
 pub mod oneshot;
 pub mod ring;
+pub mod split;
 pub mod tree;
 
 pub use cube::HybridCube;
@@ -26,6 +27,7 @@ pub use hier::{Hierarchical, HierarchicalHd};
 pub use mesh::{Bruck, Mesh, Pairwise, TwoPhase};
 pub use oneshot::OneShot;
 pub use ring::{DoubleRing, Ring};
+pub use split::HierarchicalSplit;
 pub use tree::{DoubleBinaryTree, KaryTree};
 
 /// Knobs a family is asked to generate for.
@@ -163,6 +165,7 @@ fn hand_written() -> Vec<Box<dyn Family>> {
         Box::new(OneShot),
         Box::new(Hierarchical),
         Box::new(HierarchicalHd),
+        Box::new(HierarchicalSplit),
         Box::new(Groups),
         Box::new(Pairwise),
         Box::new(Bruck),
