@@ -13,19 +13,23 @@
 //! and out of every rank becomes `(hosts − 1)(1 + f)` blocks, NVLink traffic
 //! `n − 1 − (hosts − 1)(1 + f)`: the two finish together.
 //!
-//! Pieces (`channels × pipeline` per block) take the direct path in the proportion `f`
-//! (piece `s` does when `⌊(s + 1)f⌋ > ⌊s f⌋`, spreading them evenly). ReduceScatter is the
+//! Every piece (`channels × pipeline` per block) is `q` chunks, of which the last `k` also
+//! take the direct path, `k/q` the nearest `f` ([`parts`]: 1 of 2 on two DGX H100), so every
+//! piece loads NIC and NVLinks in the same proportion. ReduceScatter is the
 //! reverse: a rank sends its contribution to such a piece of a block owned on another host
 //! straight to the owner, not to its host peer of the owner's local index. AllReduce is the
 //! ReduceScatter followed by the AllGather of every piece.
 //!
-//! Phases use channel ids of their own (rail 0, intra-host 1, direct 2; AllReduce's
-//! AllGather 3–5), so they overlap across pieces as in [`super::hier`]. Every rank's program
-//! is its translate on the `[hosts, local]` grid (peers by relative offset), the same
-//! symmetry as the hierarchical AllGather.
+//! Phases use channel ids of their own, so they overlap across pieces as in
+//! [`super::hier`]: ReduceScatter's intra-host phase, then its rail and direct parts;
+//! AllGather's rail and direct parts, then its intra-host phase in two (a rank's own pieces
+//! apart from the remote ones: while the rail shares the NIC with the direct parts its
+//! pieces come in at half speed, and the own pieces keep the NVLinks busy meanwhile).
+//! Every rank's program is its translate on the `[hosts, local]` grid (peers by relative
+//! offset), the same symmetry as the hierarchical AllGather.
 
 use super::common::{candidate, uniform_hosts};
-use super::hier::{MAX_HIER_CHUNKS, MAX_HIER_STEPS, PIPELINE, verifier_slots};
+use super::hier::{MAX_HIER_STEPS, PIPELINE, max_hier_chunks, verifier_slots};
 use super::{Candidate, Family, FamilyParams};
 use crate::builder::ScheduleBuilder;
 use hccl_ir::verify::MAX_SLOTS;
@@ -130,8 +134,8 @@ impl Grid<'_> {
 }
 
 /// AllGather of piece `s`: `own(r, k)` is where rank `r` holds its chunk `k`; everything
-/// lands in the output. Phases on channel ids `base` (rail and direct) and `base + 1`
-/// (intra-host).
+/// lands in the output. Phases on channel ids `base` (rail and direct), `base + 1` and
+/// `base + 2` (intra-host: own pieces, remote ones).
 fn gather_piece(
     b: &mut ScheduleBuilder,
     gr: &Grid<'_>,
@@ -167,7 +171,10 @@ fn gather_piece(
     // Intra-host: local rank `p` forwards its rail's pieces (its own first, then in the
     // order the rail delivered them) to every local peer; the next local index gets only
     // the first `q − k` chunks of the remote ones (it has the rest).
-    let ch = gr.channel(base + 1, s);
+    // The rank's own pieces on a connection of their own (`base + 1`), the remote ones on
+    // another (`base + 2`): while the rail shares the NIC with the direct parts, its pieces
+    // come in slowly, and the own ones keep the NVLinks busy meanwhile.
+    let ch = |x: usize| gr.channel(base + 1 + u32::from(x > 0), s);
     let count = |x: usize, i: usize| if x > 0 && i == 1 { q - k } else { q };
     for h in 0..nh {
         for i in 1..g {
@@ -177,7 +184,7 @@ fn gather_piece(
                     let c = gr.chunk(h + nh - x, p, s);
                     let at = if x == 0 { own(r, c) } else { Loc::output(c) };
                     if count(x, i) > 0 {
-                        b.send(r, gr.rank(h, p + i), at, count(x, i), ch);
+                        b.send(r, gr.rank(h, p + i), at, count(x, i), ch(x));
                     }
                 }
             }
@@ -187,7 +194,7 @@ fn gather_piece(
                     let c = gr.chunk(h + nh - x, from, s);
                     if count(x, i) > 0 {
                         let (r, src) = (gr.rank(h, p), gr.rank(h, from));
-                        b.recv(r, src, Loc::output(c), count(x, i), ch);
+                        b.recv(r, src, Loc::output(c), count(x, i), ch(x));
                     }
                 }
             }
@@ -291,9 +298,9 @@ impl Family for HierarchicalSplit {
         )
     }
 
-    /// One connection per phase, pipelines whose chunks (up to twice the hierarchical
-    /// family's: a piece is `q` chunks), verifier slots and steps fit the hierarchical
-    /// family's limits; nothing where [`split_fraction`] or [`parts`] is `None`.
+    /// One or two connections per phase, pipelines whose chunks (a piece is `q` of them),
+    /// verifier slots and steps fit the hierarchical family's limits; nothing where
+    /// [`split_fraction`] or [`parts`] is `None`.
     fn param_space(&self, topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
         let Some((_, q)) = split_fraction(topo).and_then(parts) else {
             return Vec::new();
@@ -312,7 +319,7 @@ impl Family for HierarchicalSplit {
             })
             .filter(|p| {
                 let pieces = p.channels * p.pipeline * q;
-                n * u64::from(pieces) <= 2 * u64::from(MAX_HIER_CHUNKS.max(topo.nranks()))
+                n * u64::from(pieces) <= max_hier_chunks(topo.nranks())
                     && verifier_slots(n, nh, pieces) <= MAX_SLOTS
                     && self
                         .estimated_steps(topo, collective, *p)
