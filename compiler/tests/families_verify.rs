@@ -4,6 +4,7 @@
 mod cost_common;
 
 use cost_common::par_each;
+use hccl_compiler::families::common::uniform_hosts;
 use hccl_compiler::families::{FamilyParams, all_families, generate_with};
 use hccl_ir::verify::verify;
 use hccl_ir::{Collective, CollectiveKind};
@@ -121,6 +122,7 @@ fn every_family_schedule_verifies() {
         if (fam.name() == "routed_rings"
             && hccl_compiler::synth::rings::routed_rings(topo).is_none())
             || (fam.name() == "hierarchical_split" && !splits(topo))
+            || (fam.name() == "rail_chains" && uniform_hosts(topo).is_none_or(|h| h[0].len() < 2))
         {
             assert!(space.is_empty(), "{} on {tname}", fam.name());
             return;
@@ -202,7 +204,7 @@ fn families_apply_where_expected() {
                     continue;
                 }
                 let needs = match fam.name() {
-                    "hierarchical" | "hierarchical_hd" | "two_phase" => multi_host,
+                    "hierarchical" | "hierarchical_hd" | "two_phase" | "rail_chains" => multi_host,
                     "hierarchical_split" => splits(&topo),
                     // Needs two or more equal groups of directly linked devices.
                     "groups" => hccl_compiler::families::groups::link_groups(&topo).is_some(),

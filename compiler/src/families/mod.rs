@@ -17,6 +17,7 @@ pub mod groups;
 pub mod hier;
 pub mod mesh;
 pub mod oneshot;
+pub mod rail;
 pub mod ring;
 pub mod split;
 pub mod tree;
@@ -26,6 +27,7 @@ pub use groups::Groups;
 pub use hier::{Hierarchical, HierarchicalHd};
 pub use mesh::{Bruck, Mesh, Pairwise, TwoPhase};
 pub use oneshot::OneShot;
+pub use rail::RailChains;
 pub use ring::{DoubleRing, Ring};
 pub use split::HierarchicalSplit;
 pub use tree::{DoubleBinaryTree, KaryTree};
@@ -166,6 +168,7 @@ fn hand_written() -> Vec<Box<dyn Family>> {
         Box::new(Hierarchical),
         Box::new(HierarchicalHd),
         Box::new(HierarchicalSplit),
+        Box::new(RailChains),
         Box::new(Groups),
         Box::new(Pairwise),
         Box::new(Bruck),

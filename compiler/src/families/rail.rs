@@ -1,0 +1,290 @@
+//! Broadcast and Reduce over the rails of a multi-host cluster (`rail_chains`).
+//!
+//! Broadcast from the root `(h₀, l₀)` (host, local index): the buffer is cut into one part
+//! per local index, each in `pieces` pieces. Per piece, the root hands part `k` to its host
+//! peer of local index `k` over NVLink (the scatter), which starts a chain along rail `k`
+//! through every host in turn (`h₀ → h₀+1 → …`, one NIC hop each); on every host the rank of
+//! local index `k` then sends part `k` to its host peers (the root excepted, which has it).
+//! Every NIC sends and receives each part at most once, so the rails carry the whole buffer
+//! at `g` NICs' rate, the bound of a cluster whose hosts are joined by their NICs, while
+//! each rank's NVLinks carry `g − 1` parts in and out: on DGX H100 nodes 350 of 450 GB/s,
+//! the slack that lets every pipeline keep its NIC busy (the tree packings' equal-rate trees
+//! fill NVLink and NIC alike, and stall). Reduce is the reverse: every host sums each part
+//! on the rank of its local index, the rail chains add the hosts' partial sums towards
+//! `h₀`, and the root folds the parts in.
+//!
+//! Phases use channel ids of their own (scatter 0, rail 1, intra-host 2, each `channels`
+//! wide; pieces go round the channels), so they overlap across pieces.
+
+use super::common::{candidate, single_rank, uniform_hosts};
+use super::{Candidate, Family, FamilyParams};
+use crate::builder::ScheduleBuilder;
+use hccl_ir::{Collective, CollectiveKind, Loc, Rank};
+use hccl_topologies::Topology;
+
+/// Pipeline depths offered (pieces per part and connection).
+const PIPELINE: [u32; 6] = [4, 8, 16, 32, 64, 128];
+/// Most chunks a schedule may use.
+const MAX_CHUNKS: u64 = 4096;
+/// Most steps (roughly) a candidate may have.
+const MAX_STEPS: u64 = 600_000;
+
+/// The rail chains family.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RailChains;
+
+/// Ranks and channels of one schedule.
+struct Rails<'a> {
+    hosts: &'a [Vec<Rank>],
+    /// The root's host and local index.
+    h0: usize,
+    l0: usize,
+    /// Parts per buffer (local indices) × pieces per part: chunk `s·g + k` is piece `s` of
+    /// part `k`.
+    nch: u32,
+}
+
+impl Rails<'_> {
+    fn nh(&self) -> usize {
+        self.hosts.len()
+    }
+    fn g(&self) -> usize {
+        self.hosts[0].len()
+    }
+    /// The rank of local index `l` on the `j`-th host of the chain (`j = 0` the root's).
+    fn at(&self, j: usize, l: usize) -> Rank {
+        self.hosts[(self.h0 + j) % self.nh()][l % self.g()]
+    }
+    fn chunk(&self, s: u32, k: usize) -> u32 {
+        s * self.g() as u32 + k as u32
+    }
+    fn channel(&self, phase: u32, s: u32) -> u32 {
+        phase * self.nch + s % self.nch
+    }
+    fn is_root(&self, j: usize, l: usize) -> bool {
+        j == 0 && l == self.l0
+    }
+    /// The root's host peer that shares piece `s` of the root's own part on the root's
+    /// host (round-robin over the peers, so that the root sends each peer as much).
+    fn helper(&self, s: u32) -> usize {
+        let g = self.g();
+        (self.l0 + 1 + s as usize % (g - 1)) % g
+    }
+}
+
+fn broadcast(b: &mut ScheduleBuilder, r: &Rails<'_>, pieces: u32, in_place: bool) {
+    let (nh, g) = (r.nh(), r.g());
+    let root = r.at(0, r.l0);
+    let m = pieces * g as u32;
+    if !in_place {
+        b.copy((root, Loc::input(0)), (root, Loc::output(0)), m, 0);
+    }
+    for s in 0..pieces {
+        for k in 0..g {
+            let c = r.chunk(s, k);
+            // Scatter: the root hands part k to its rail's first rank.
+            if k != r.l0 {
+                let ch = r.channel(0, s);
+                b.send(root, r.at(0, k), Loc::input(c), 1, ch);
+                b.recv(r.at(0, k), root, Loc::output(c), 1, ch);
+            }
+            // Rail chain through every host.
+            let ch = r.channel(1, s);
+            for j in 0..nh - 1 {
+                let src = if r.is_root(j, k) {
+                    Loc::input(c)
+                } else {
+                    Loc::output(c)
+                };
+                b.send(r.at(j, k), r.at(j + 1, k), src, 1, ch);
+                b.recv(r.at(j + 1, k), r.at(j, k), Loc::output(c), 1, ch);
+            }
+            // Every host's rank of local index k shares the part with its peers; on the
+            // root's host, the root's own part goes to a helper that shares it.
+            let ch = r.channel(2, s);
+            for j in 0..nh {
+                let mut from = k;
+                if r.is_root(j, k) {
+                    let helper = r.helper(s);
+                    b.send(root, r.at(0, helper), Loc::input(c), 1, ch);
+                    b.recv(r.at(0, helper), root, Loc::output(c), 1, ch);
+                    from = helper;
+                }
+                for i in 1..g {
+                    let to = (from + i) % g;
+                    if (j == 0 && to == r.l0) || to == k {
+                        continue;
+                    }
+                    b.send(r.at(j, from), r.at(j, to), Loc::output(c), 1, ch);
+                    b.recv(r.at(j, to), r.at(j, from), Loc::output(c), 1, ch);
+                }
+            }
+        }
+    }
+}
+
+fn reduce(b: &mut ScheduleBuilder, r: &Rails<'_>, pieces: u32) {
+    let (nh, g) = (r.nh(), r.g());
+    let root = r.at(0, r.l0);
+    for s in 0..pieces {
+        for k in 0..g {
+            let c = r.chunk(s, k);
+            // Where the rank of local index k on the j-th host sums the part: the root in its
+            // output, the others in scratch.
+            let sum = |j: usize| {
+                if r.is_root(j, k) {
+                    Loc::output(c)
+                } else {
+                    Loc::scratch(s)
+                }
+            };
+            // What it holds so far (its own contribution until something is added).
+            let mut held: Vec<Loc> = vec![Loc::input(c); nh];
+            // Every host sums the part on its rank of local index k (the root's host
+            // without the root, which adds the total last); on the root's host, the root's
+            // own part is summed on a helper, which the root adds last.
+            let ch = r.channel(2, s);
+            let helper = r.helper(s);
+            let mut helped = Loc::input(c);
+            for (j, h) in held.iter_mut().enumerate() {
+                let (to, acc, at) = if r.is_root(j, k) {
+                    (helper, &mut helped, Loc::scratch(pieces + s))
+                } else {
+                    (k, h, sum(j))
+                };
+                for i in 1..g {
+                    let from = (to + g - i) % g;
+                    if (j == 0 && from == r.l0) || from == k {
+                        continue;
+                    }
+                    b.send(r.at(j, from), r.at(j, to), Loc::input(c), 1, ch);
+                    b.recv_reduce_copy(r.at(j, to), r.at(j, from), *acc, at, 1, ch);
+                    *acc = at;
+                }
+            }
+            // The rail chain adds the hosts' sums towards the root's host.
+            let ch = r.channel(1, s);
+            for j in (1..nh).rev() {
+                b.send(r.at(j, k), r.at(j - 1, k), held[j], 1, ch);
+                b.recv_reduce_copy(r.at(j - 1, k), r.at(j, k), held[j - 1], sum(j - 1), 1, ch);
+                held[j - 1] = sum(j - 1);
+            }
+            // The root folds the part in (its own part: the helper's sum).
+            let ch = r.channel(0, s);
+            if k != r.l0 {
+                b.send(r.at(0, k), root, held[0], 1, ch);
+                b.recv_reduce_copy(root, r.at(0, k), Loc::input(c), Loc::output(c), 1, ch);
+            } else {
+                b.send(r.at(0, helper), root, helped, 1, ch);
+                b.recv_reduce_copy(root, r.at(0, helper), held[0], Loc::output(c), 1, ch);
+            }
+        }
+    }
+}
+
+/// Steps of one piece of every part: per part, the scatter (2), the chain (2 per hop) and
+/// the intra-host exchange (2 per peer and host).
+fn steps_per_piece(nh: u64, g: u64) -> u64 {
+    g * (2 + 2 * (nh - 1) + 2 * (g - 1) * nh)
+}
+
+impl Family for RailChains {
+    fn name(&self) -> &'static str {
+        "rail_chains"
+    }
+
+    fn supports(&self, kind: CollectiveKind) -> bool {
+        matches!(kind, CollectiveKind::Broadcast | CollectiveKind::Reduce)
+    }
+
+    /// One or two connections per phase, pipelines within the chunk and step caps; nothing
+    /// on one host or hosts of one rank.
+    fn param_space(&self, topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
+        if !self.supports(collective.kind()) {
+            return Vec::new();
+        }
+        let Some(hosts) = uniform_hosts(topo) else {
+            return Vec::new();
+        };
+        let (nh, g) = (hosts.len() as u64, hosts[0].len() as u64);
+        if g < 2 {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for channels in [1u32, 2] {
+            for pipeline in PIPELINE {
+                let pieces = u64::from(channels * pipeline);
+                if pieces * g <= MAX_CHUNKS && pieces * steps_per_piece(nh, g) <= MAX_STEPS {
+                    out.push(FamilyParams { channels, pipeline });
+                }
+            }
+        }
+        out
+    }
+
+    fn schedules(
+        &self,
+        topo: &Topology,
+        collective: Collective,
+        params: FamilyParams,
+        in_place: bool,
+    ) -> Vec<Candidate> {
+        let (Collective::Broadcast { root } | Collective::Reduce { root }) = collective else {
+            return Vec::new();
+        };
+        let n = topo.nranks();
+        if n == 1 {
+            return single_rank(self.name(), collective, in_place, params);
+        }
+        let Some(hosts) = uniform_hosts(topo) else {
+            return Vec::new();
+        };
+        let g = hosts[0].len();
+        let Some((h0, l0)) = hosts
+            .iter()
+            .enumerate()
+            .find_map(|(h, ranks)| ranks.iter().position(|&x| x == root).map(|l| (h, l)))
+        else {
+            return Vec::new();
+        };
+        if g < 2 {
+            return Vec::new();
+        }
+        let nch = params.channels.max(1);
+        let Some(pieces) = nch.checked_mul(params.pipeline.max(1)) else {
+            return Vec::new();
+        };
+        let Some(chunks) = pieces.checked_mul(g as u32) else {
+            return Vec::new();
+        };
+        let rails = Rails {
+            hosts: &hosts,
+            h0,
+            l0,
+            nch,
+        };
+        let mut b = ScheduleBuilder::new(collective, n, chunks, in_place);
+        b.set_fusion(false);
+        match collective {
+            Collective::Broadcast { .. } => broadcast(&mut b, &rails, pieces, in_place),
+            _ => reduce(&mut b, &rails, pieces),
+        }
+        candidate(self.name(), params, b)
+    }
+
+    fn estimated_steps(
+        &self,
+        topo: &Topology,
+        _collective: Collective,
+        params: FamilyParams,
+    ) -> Option<u64> {
+        let n = u64::from(topo.nranks());
+        let nh = (topo.nhosts() as u64).max(1);
+        let g = (n / nh).max(1);
+        Some(
+            steps_per_piece(nh, g)
+                .saturating_mul(u64::from(params.channels.max(1)))
+                .saturating_mul(u64::from(params.pipeline.max(1))),
+        )
+    }
+}
