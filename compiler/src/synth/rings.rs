@@ -38,12 +38,18 @@ pub const MAX_SPARE: usize = 2;
 pub const MAX_UNITS: u32 = 128;
 /// Search budget (DFS expansions) for the spare cycles.
 const SPARE_BUDGET: u32 = 100_000;
-/// Pieces per ring for AllGather, ReduceScatter and AllReduce.
-const PIPELINES_ALL: [u32; 2] = [1, 2];
-/// Pieces per chain for Broadcast and Reduce (a chain of `n` ranks fills in `n − 2` pieces).
-const PIPELINES_ROOTED: [u32; 5] = [16, 64, 128, 256, 512];
-/// Smallest share of a piece a schedule is costed at (bytes per chunk).
+/// Pieces per ring for AllGather, ReduceScatter and AllReduce (two pieces never won a size
+/// on the DGX-1, and cost the README's compile its time).
+const PIPELINES_ALL: [u32; 1] = [1];
+/// Pieces per chain for Broadcast and Reduce (a chain of `n` ranks fills in `n − 2` pieces):
+/// 128 from 256 MiB, 384 from 1 GiB on the DGX-1 (1.024 of the bound there, against 1.020
+/// with 512 pieces, whose plan entries cost the README's compile 0.2 s).
+const PIPELINES_ROOTED: [u32; 2] = [128, 384];
+/// Smallest chunk (bytes) an AllGather, ReduceScatter or AllReduce schedule is costed at.
 const MIN_CHUNK_BYTES: u64 = 4096;
+/// Smallest chunk a Broadcast or Reduce chain is costed at: each pipeline depth only from
+/// the sizes where it can win.
+const MIN_CHAIN_CHUNK_BYTES: u64 = 16 << 10;
 
 /// Rings, their rates and their shares.
 #[derive(Debug, Clone, PartialEq)]
@@ -321,9 +327,11 @@ impl Family for RoutedRings {
             pipeline: params.pipeline.max(1),
         };
         let per_block = u64::from(params.pipeline) * u64::from(set.widths.iter().sum::<u32>());
-        let chunks = match collective.kind() {
-            CollectiveKind::Broadcast | CollectiveKind::Reduce => per_block,
-            _ => per_block * u64::from(topo.nranks()),
+        let (chunks, least) = match collective.kind() {
+            CollectiveKind::Broadcast | CollectiveKind::Reduce => {
+                (per_block, MIN_CHAIN_CHUNK_BYTES)
+            }
+            _ => (per_block * u64::from(topo.nranks()), MIN_CHUNK_BYTES),
         };
         let record = record(&set, topo);
         weighted_ring_schedule(
@@ -335,10 +343,7 @@ impl Family for RoutedRings {
             in_place,
         )
         .into_iter()
-        .map(|c| {
-            c.from_bytes(chunks * MIN_CHUNK_BYTES)
-                .synthesized(record.clone())
-        })
+        .map(|c| c.from_bytes(chunks * least).synthesized(record.clone()))
         .collect()
     }
 
