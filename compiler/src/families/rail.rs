@@ -25,8 +25,18 @@ use crate::builder::ScheduleBuilder;
 use hccl_ir::{Collective, CollectiveKind, Loc, Rank};
 use hccl_topologies::Topology;
 
-/// Pipeline depths offered (pieces per part and connection).
-const PIPELINE: [u32; 6] = [4, 8, 16, 32, 64, 128];
+/// Parameter sets offered (connections per phase, pieces per part and connection): the
+/// ones that won a size on the H100 clusters (two connections for the shallow pipelines of
+/// the small sizes, both for the deepest: the 4-node Broadcast at 1 GiB).
+const PARAMS: [(u32, u32); 7] = [
+    (2, 4),
+    (2, 8),
+    (2, 16),
+    (2, 32),
+    (1, 64),
+    (1, 128),
+    (2, 128),
+];
 /// Most chunks a schedule may use.
 const MAX_CHUNKS: u64 = 4096;
 /// Most steps (roughly) a candidate may have.
@@ -205,8 +215,7 @@ impl Family for RailChains {
         matches!(kind, CollectiveKind::Broadcast | CollectiveKind::Reduce)
     }
 
-    /// One or two connections per phase, pipelines within the chunk and step caps; nothing
-    /// on one host or hosts of one rank.
+    /// [`PARAMS`] within the chunk and step caps; nothing on one host or hosts of one rank.
     fn param_space(&self, topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
         if !self.supports(collective.kind()) {
             return Vec::new();
@@ -218,16 +227,14 @@ impl Family for RailChains {
         if g < 2 {
             return Vec::new();
         }
-        let mut out = Vec::new();
-        for channels in [1u32, 2] {
-            for pipeline in PIPELINE {
+        PARAMS
+            .iter()
+            .filter(|&&(channels, pipeline)| {
                 let pieces = u64::from(channels * pipeline);
-                if pieces * g <= MAX_CHUNKS && pieces * steps_per_piece(nh, g) <= MAX_STEPS {
-                    out.push(FamilyParams { channels, pipeline });
-                }
-            }
-        }
-        out
+                pieces * g <= MAX_CHUNKS && pieces * steps_per_piece(nh, g) <= MAX_STEPS
+            })
+            .map(|&(channels, pipeline)| FamilyParams { channels, pipeline })
+            .collect()
     }
 
     fn schedules(

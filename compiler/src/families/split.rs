@@ -298,9 +298,9 @@ impl Family for HierarchicalSplit {
         )
     }
 
-    /// One or two connections per phase, pipelines whose chunks (a piece is `q` of them),
-    /// verifier slots and steps fit the hierarchical family's limits; nothing where
-    /// [`split_fraction`] or [`parts`] is `None`.
+    /// One connection per phase (two for the two shallowest pipelines), pipelines whose
+    /// chunks (a piece is `q` of them), verifier slots and steps fit the hierarchical
+    /// family's limits; nothing where [`split_fraction`] or [`parts`] is `None`.
     fn param_space(&self, topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
         let Some((_, q)) = split_fraction(topo).and_then(parts) else {
             return Vec::new();
@@ -310,13 +310,12 @@ impl Family for HierarchicalSplit {
         }
         let n = u64::from(topo.nranks());
         let nh = topo.nhosts() as u64;
-        [1, 2]
+        // Two connections only for the shallowest pipelines (the small sizes, where they
+        // won on the 2-node cluster).
+        [(2, 1), (2, 2)]
             .into_iter()
-            .flat_map(|channels| {
-                PIPELINE
-                    .iter()
-                    .map(move |&pipeline| FamilyParams { channels, pipeline })
-            })
+            .chain(PIPELINE.iter().map(|&pipeline| (1, pipeline)))
+            .map(|(channels, pipeline)| FamilyParams { channels, pipeline })
             .filter(|p| {
                 let pieces = p.channels * p.pipeline * q;
                 n * u64::from(pieces) <= max_hier_chunks(topo.nranks())
