@@ -52,8 +52,8 @@ struct Rails<'a> {
     /// The root's host and local index.
     h0: usize,
     l0: usize,
-    /// Parts per buffer (local indices) × pieces per part: chunk `s·g + k` is piece `s` of
-    /// part `k`.
+    /// Connections per phase (pieces go round them). Chunk `s·g + k` is piece `s` of part
+    /// `k` (one part per local index).
     nch: u32,
 }
 

@@ -62,6 +62,9 @@ pub struct RingSet {
     pub rates: Vec<f64>,
     /// Each ring's chunk units of every `Σ widths` ([`piece_widths`] of the rates).
     pub widths: Vec<u32>,
+    /// The tree-packing LP's proven AllGather rate on the same network (GB/s per root), the
+    /// optimum the plan entries record; `None` where the LP does not run.
+    pub bound: Option<f64>,
 }
 
 impl RingSet {
@@ -159,6 +162,7 @@ fn ring_set(topo: &Topology) -> Option<RingSet> {
     let units = units_for(&rates);
     Some(RingSet {
         widths: piece_widths(&rates, units),
+        bound: packing_bound(&net, Collective::AllGather),
         rings,
         spare,
         rates,
@@ -262,7 +266,7 @@ pub fn units_for(rates: &[f64]) -> u32 {
 fn record(set: &RingSet, topo: &Topology) -> Synthesis {
     let n = topo.nranks().max(2);
     let value = set.rate() / f64::from(n - 1);
-    let bound = packing_bound(&Network::new(topo), Collective::AllGather);
+    let bound = set.bound;
     Synthesis {
         method: ROUTED_RINGS.into(),
         objective: format!(
