@@ -123,6 +123,7 @@ fn every_family_schedule_verifies() {
             && hccl_compiler::synth::rings::routed_rings(topo).is_none())
             || (fam.name() == "hierarchical_split" && !splits(topo))
             || (fam.name() == "rail_chains" && uniform_hosts(topo).is_none_or(|h| h[0].len() < 2))
+            || (fam.name() == "packed_allreduce" && !allreduce_trees(topo))
         {
             assert!(space.is_empty(), "{} on {tname}", fam.name());
             return;
@@ -211,6 +212,8 @@ fn families_apply_where_expected() {
                     "double_ring" => n >= 3,
                     // Spare rings beside a full link packing: only the DGX-1's PCIe.
                     "routed_rings" => hccl_compiler::synth::rings::routed_rings(&topo).is_some(),
+                    // Trees carrying AllReduce both ways: only where ranks' ingress differs.
+                    "packed_allreduce" => allreduce_trees(&topo),
                     // A 5- or 8-ring holds no 4-cycle or 3-cube over direct links.
                     "hybrid_cube" => !matches!(tname.as_str(), "ring5" | "ring8"),
                     _ => true,
@@ -220,6 +223,12 @@ fn families_apply_where_expected() {
             }
         }
     }
+}
+
+/// Whether the AllReduce trees of `synth::allreduce` are offered on `topo`.
+fn allreduce_trees(topo: &Topology) -> bool {
+    use hccl_compiler::synth::{SynthLevel, allreduce::allreduce_packing};
+    allreduce_packing(topo, SynthLevel::Auto).is_some()
 }
 
 /// Whether the split hierarchical family applies: its NICs need a direct share.

@@ -25,7 +25,7 @@ fn packings_reach_the_max_flow_from_the_root() {
             let packing = pack(&net, 0, direction).expect("packs");
             let flow = (1..n)
                 .map(|v| match direction {
-                    Direction::FromRoot => bounds::max_flow(&net, 0, v),
+                    Direction::FromRoot | Direction::Both => bounds::max_flow(&net, 0, v),
                     Direction::ToRoot => bounds::max_flow(&net, v, 0),
                 })
                 .fold(f64::INFINITY, f64::min);
@@ -99,7 +99,7 @@ fn all_root_packings_respect_the_cut() {
                     let links: f64 = (0..n)
                         .filter(|&u| u != v)
                         .map(|u| match direction {
-                            Direction::FromRoot => bounds::max_flow(&net, u, v),
+                            Direction::FromRoot | Direction::Both => bounds::max_flow(&net, u, v),
                             Direction::ToRoot => bounds::max_flow(&net, v, u),
                         })
                         .fold(f64::INFINITY, f64::min);
@@ -256,7 +256,8 @@ fn lowering_shares_pieces_by_rate() {
 
 /// At 1 GiB, with the packed trees competing, the chosen plan is never slower than without
 /// them, and within the ratio to the lower bound it reached when this test was written
-/// (issue 11 asks for 1.03 everywhere; see `CEILINGS` for where it stands).
+/// (issue 11 asks for 1.03 everywhere; see `CEILINGS` for where it stands); AllReduce, which
+/// the packed trees do not run, within its ceiling too.
 #[test]
 fn packed_collectives_at_one_gib_approach_the_bound() {
     // Largest predicted time / lower bound at 1 GiB, per machine (Broadcast, Reduce,
@@ -266,32 +267,35 @@ fn packed_collectives_at_one_gib_approach_the_bound() {
     // and Reduce on dgx1-v100, 1.63/1.63 on the DGX-A100 and H100, 1.21/1.22 on ascend910-8,
     // 1.17/1.18 on azure-ndv2-2node, 1.89/1.80 and 2.68/2.60 on the H100 clusters and
     // 1.75/1.75 on the 8-ring.
-    const CEILINGS: [(&str, [f64; 4]); 11] = [
+    const CEILINGS: [(&str, [f64; 5]); 11] = [
         // Chains and rings over the NVLink packing plus a spare ring over PCIe and QPI
         // (`synth::rings`, deterministic): 1.02/1.02/1.01/1.02 (1.11/1.03/1.06/1.06 before).
-        ("dgx1-v100", [1.03, 1.03, 1.03, 1.03]),
+        ("dgx1-v100", [1.03, 1.03, 1.03, 1.03, 1.03]),
         // Broadcast and Reduce: equal-rate trees at the LP's rate (`synth::disjoint::
         // equal_rate_trees`, deterministic) beside the LP's; 1.05/1.03 with the LP's alone.
-        ("dgx-a100", [1.04, 1.04, 1.02, 1.03]),
-        ("dgx-h100", [1.04, 1.04, 1.02, 1.03]),
-        ("ascend910-8", [1.03, 1.03, 1.05, 1.05]),
-        ("azure-ndv2-2node", [1.03, 1.03, 1.03, 1.03]),
+        ("dgx-a100", [1.04, 1.04, 1.02, 1.03, 1.03]),
+        ("dgx-h100", [1.04, 1.04, 1.02, 1.03, 1.03]),
+        ("ascend910-8", [1.03, 1.03, 1.05, 1.05, 1.03]),
+        ("azure-ndv2-2node", [1.03, 1.03, 1.03, 1.03, 1.03]),
         // Broadcast and Reduce: `rail_chains`, 1.027 and 1.021; AllGather and ReduceScatter:
         // the split hierarchy (`families::split`), 1.02 and 1.02 (1.05 and 1.05 before).
-        ("h100-cluster-2node", [1.03, 1.03, 1.03, 1.03]),
+        ("h100-cluster-2node", [1.03, 1.03, 1.03, 1.03, 1.03]),
         // Broadcast and Reduce: eight equal-rate trees, one per rail (1.22/1.29 with the LP's).
         // Broadcast and Reduce: `rail_chains` (1.056/1.050); AllGather and ReduceScatter:
         // `hierarchical` with 64 pieces (1.024/1.021).
-        ("h100-cluster-4node", [1.06, 1.06, 1.03, 1.03]),
-        ("ring-8", [1.03, 1.03, 1.03, 1.05]),
+        ("h100-cluster-4node", [1.06, 1.06, 1.03, 1.03, 1.03]),
+        ("ring-8", [1.03, 1.03, 1.03, 1.05, 1.03]),
         // The link-disjoint trees of `synth::disjoint` (no MILP involved: deterministic):
         // Broadcast and Reduce 4 trees at the max-flow rate (1.25/1.24 with the LP's support
         // pruned to 16 trees), AllGather and ReduceScatter every rank's 4, carried over the
         // torus's automorphisms, at the cut bound (1.16/1.17 with hybrid_cube before).
-        ("torus-4x4", [1.03, 1.03, 1.03, 1.03]),
+        ("torus-4x4", [1.03, 1.03, 1.03, 1.03, 1.03]),
         // Broadcast and Reduce: two equal-rate chains (1.17/1.07 with the LP's).
-        ("fat-tree-16", [1.03, 1.03, 1.03, 1.04]),
-        ("mixed-6", [1.04, 1.04, 1.03, 1.05]),
+        ("fat-tree-16", [1.03, 1.03, 1.03, 1.04, 1.03]),
+        // AllReduce: trees carrying blocks as large as their rates both ways
+        // (`synth::allreduce`), 1.014 (the ring's 1.088 before: equal blocks leave the two
+        // ranks without a chord short of ingress).
+        ("mixed-6", [1.04, 1.04, 1.03, 1.05, 1.03]),
     ];
     let kinds = [
         CollectiveKind::Broadcast,
@@ -311,7 +315,9 @@ fn packed_collectives_at_one_gib_approach_the_bound() {
             model: hccl_compiler::cost::CostModel::for_topology(&topo),
             ..Options::default()
         };
-        let with = search::compile(&topo, &base).expect("compiles");
+        let mut all = base.clone();
+        all.collectives.push(CollectiveKind::AllReduce);
+        let with = search::compile(&topo, &all).expect("compiles");
         let without = search::compile(
             &topo,
             &Options {
@@ -324,6 +330,21 @@ fn packed_collectives_at_one_gib_approach_the_bound() {
             .iter()
             .find(|c| c.0 == name)
             .expect("a ceiling for every machine");
+        let allreduce = with.rows.last().expect("an AllReduce row");
+        assert_eq!(allreduce.collective, CollectiveKind::AllReduce);
+        println!(
+            "{name:>20} {:>14} {:.3} ({})",
+            "AllReduce",
+            allreduce.bound_ratio(),
+            allreduce.algorithm
+        );
+        assert!(
+            allreduce.bound_ratio() <= ceilings[4],
+            "{name} AllReduce ({}) is {:.3}× its bound, above {}",
+            allreduce.algorithm,
+            allreduce.bound_ratio(),
+            ceilings[4]
+        );
         for (row, old) in with.rows.iter().zip(&without.rows) {
             assert_eq!(row.collective, old.collective);
             let (ratio, before) = (row.bound_ratio(), old.bound_ratio());
@@ -415,5 +436,54 @@ fn routed_rings_add_the_dgx1s_pcie_ring() {
     for name in ["dgx-a100", "h100-cluster-2node", "ascend910-8"] {
         let topo = hccl_topologies::shipped_by_name(name).unwrap();
         assert!(routed_rings(&topo).is_none(), "{name}");
+    }
+}
+
+/// AllReduce on the mixed-speed machine: equal blocks leave the two ranks without a chord
+/// (200 GB/s of ingress, the others 225) short, 1.083 of the bound at best; trees carrying
+/// blocks as large as their rates both ways reach the gossip bound's rate
+/// `Σ B_in / 2(n − 1)` = 1300 / 10 = 130 GB/s, every lowered schedule verifies in both
+/// placements, and the compiled AllReduce at 1 GiB is within 1.03 of the bound. Machines
+/// whose ranks all have the same ingress are not offered the trees.
+#[test]
+fn allreduce_trees_reach_the_gossip_bound_on_mixed_speeds() {
+    use hccl_compiler::synth::SynthLevel;
+    use hccl_compiler::synth::allreduce::{PackedAllReduce, allreduce_packing};
+    let (_, topo) = machines()
+        .into_iter()
+        .find(|(n, _)| n == "mixed-6")
+        .expect("the mixed machine");
+    let packing = allreduce_packing(&topo, SynthLevel::Auto).expect("trees on mixed speeds");
+    assert_eq!(packing.direction, Direction::Both);
+    assert!((packing.bound - 130.0).abs() < 0.1, "{}", packing.bound);
+    assert!(packing.rate >= 130.0 * 0.999, "{}", packing.rate);
+    let family = PackedAllReduce::at(SynthLevel::Auto);
+    let space = family.param_space(&topo, Collective::AllReduce);
+    assert!(!space.is_empty());
+    for params in [space[0], space[space.len() - 1]] {
+        for in_place in [false, true] {
+            let cands = family.schedules(&topo, Collective::AllReduce, params, in_place);
+            assert_eq!(cands.len(), 1, "{params:?}");
+            if let Err(e) = verify(&cands[0].schedule) {
+                panic!("{params:?} in_place={in_place}: {e:?}");
+            }
+        }
+    }
+    let options = Options {
+        collectives: vec![CollectiveKind::AllReduce],
+        sizes: vec![GIB],
+        model: hccl_compiler::cost::CostModel::for_topology(&topo),
+        ..Options::default()
+    };
+    let row = &search::compile(&topo, &options).expect("compiles").rows[0];
+    assert_eq!(row.algorithm, "packed_allreduce");
+    assert!(row.bound_ratio() <= 1.03, "{}", row.bound_ratio());
+
+    for name in ["dgx1-v100", "dgx-a100", "h100-cluster-2node"] {
+        let topo = hccl_topologies::shipped_by_name(name).unwrap();
+        assert!(
+            allreduce_packing(&topo, SynthLevel::Auto).is_none(),
+            "{name}"
+        );
     }
 }

@@ -148,6 +148,9 @@ pub fn families_for(level: SynthLevel) -> Vec<Box<dyn Family>> {
         families.push(Box::new(crate::synth::PackedTrees::at(level)));
         families.push(Box::new(crate::synth::alltoall::FlowAllToAll));
         families.push(Box::new(crate::synth::rings::RoutedRings));
+        families.push(Box::new(crate::synth::allreduce::PackedAllReduce::at(
+            level,
+        )));
     }
     if level == SynthLevel::Full {
         families.push(Box::new(crate::synth::milp::MilpFrontier));

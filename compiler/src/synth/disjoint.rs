@@ -68,6 +68,8 @@ pub fn unit_arcs(net: &Network, direction: Direction) -> Option<(Vec<Vec<u32>>, 
             match direction {
                 Direction::FromRoot => direct.push((a, b, link.cap)),
                 Direction::ToRoot => direct.push((b, a, link.cap)),
+                // Trees carrying data both ways are the LP's alone.
+                Direction::Both => return None,
             }
         }
     }
@@ -204,7 +206,12 @@ pub fn equal_rate_trees(
     k: u32,
 ) -> Option<Vec<PackedTree>> {
     let n = net.nranks() as usize;
-    if !(2..=MAX_RANKS).contains(&n) || root as usize >= n || k == 0 || rate.is_nan() || rate <= 0.0
+    if !(2..=MAX_RANKS).contains(&n)
+        || root as usize >= n
+        || k == 0
+        || rate.is_nan()
+        || rate <= 0.0
+        || direction == Direction::Both
     {
         return None;
     }
@@ -216,7 +223,7 @@ pub fn equal_rate_trees(
     // The resources of the edge parent → child, as the data flows.
     let route = |p: usize, c: usize| {
         let (a, b) = match direction {
-            Direction::FromRoot => (p, c),
+            Direction::FromRoot | Direction::Both => (p, c),
             Direction::ToRoot => (c, p),
         };
         let at = a * (n - 1) + if b < a { b } else { b - 1 };
@@ -428,7 +435,7 @@ mod tests {
                 for (v, p) in t.parents.iter().enumerate() {
                     let Some(p) = *p else { continue };
                     let pair = match dir {
-                        Direction::FromRoot => (p, v as u32),
+                        Direction::FromRoot | Direction::Both => (p, v as u32),
                         Direction::ToRoot => (v as u32, p),
                     };
                     for &x in &net.routes(&[pair]).expect("route")[0].resources {

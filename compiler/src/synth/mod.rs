@@ -13,12 +13,16 @@
 //!   round-robin over the trees so all pipelines advance together; deeper pipelines (more
 //!   pieces) for larger sizes.
 //! - [`packing_bound`]: the dual's proof, which [`crate::cost::bounds`] uses as a lower bound.
+//! - [`allreduce`]: AllReduce over trees that carry data both ways, each owning a share
+//!   of the buffer as large as its rate ([`allreduce::PackedAllReduce`]), where the ranks'
+//!   ingress differs and equal blocks fall short.
 //! - [`alltoall`]: AllToAll from the multi-commodity flow LP of [`crate::cost::mcf`] (split
 //!   routes of every rank pair, pipelined on channels of their own): [`alltoall::FlowAllToAll`].
 //!
 //! A synthesizer is only a source of [`Candidate`]s: its schedules are costed by the
 //! simulator, verified and chosen by the search like any hand-written family's.
 
+pub mod allreduce;
 pub mod alltoall;
 pub mod arborescence;
 pub mod disjoint;
@@ -754,7 +758,7 @@ pub fn lower(
 /// piece to its children one after another on its channel, so down a tree (Broadcast) the
 /// child with the deepest subtree is sent to first; up a tree (Reduce) it is received from
 /// last, as its partial sum is the last to arrive.
-fn critical_first(tree: &mut Tree, direction: Direction) {
+pub(super) fn critical_first(tree: &mut Tree, direction: Direction) {
     let mut height = vec![0u32; tree.parent.len()];
     for &v in tree.top_down.iter().rev() {
         if let Some(p) = tree.parent[v as usize] {
@@ -763,7 +767,9 @@ fn critical_first(tree: &mut Tree, direction: Direction) {
     }
     for cs in &mut tree.children {
         match direction {
-            Direction::FromRoot => cs.sort_by_key(|&c| (Reverse(height[c as usize]), c)),
+            Direction::FromRoot | Direction::Both => {
+                cs.sort_by_key(|&c| (Reverse(height[c as usize]), c))
+            }
             Direction::ToRoot => cs.sort_by_key(|&c| (height[c as usize], c)),
         }
     }
@@ -778,6 +784,7 @@ pub fn record(packing: &Packing) -> Synthesis {
         (false, Direction::ToRoot) => "every rank's data is reduced into the root",
         (true, Direction::FromRoot) => "each rank's block reaches every other rank",
         (true, Direction::ToRoot) => "each block is reduced from every rank into its owner",
+        (_, Direction::Both) => "every rank's data is reduced up a tree and sent back down it",
     };
     Synthesis {
         method: packing.method.into(),
@@ -799,7 +806,14 @@ pub fn record(packing: &Packing) -> Synthesis {
 
 /// One piece of `count` chunks down `tree`: the root sends `src`, every other rank stores it
 /// at `dst` and forwards it to its children.
-fn down_piece(b: &mut ScheduleBuilder, tree: &Tree, src: Loc, dst: Loc, count: u32, channel: u32) {
+pub(super) fn down_piece(
+    b: &mut ScheduleBuilder,
+    tree: &Tree,
+    src: Loc,
+    dst: Loc,
+    count: u32,
+    channel: u32,
+) {
     for &v in &tree.top_down {
         let cs = &tree.children[v as usize];
         match tree.parent[v as usize] {
@@ -824,7 +838,14 @@ fn down_piece(b: &mut ScheduleBuilder, tree: &Tree, src: Loc, dst: Loc, count: u
 /// One piece of `count` chunks up `tree`: every rank adds its `src` to what its children
 /// send and passes the sum to its parent (accumulating in scratch when it has several
 /// children); the root stores the total at `out`.
-fn up_piece(b: &mut ScheduleBuilder, tree: &Tree, src: Loc, out: Loc, count: u32, channel: u32) {
+pub(super) fn up_piece(
+    b: &mut ScheduleBuilder,
+    tree: &Tree,
+    src: Loc,
+    out: Loc,
+    count: u32,
+    channel: u32,
+) {
     for &v in tree.top_down.iter().rev() {
         let cs = tree.children[v as usize].clone();
         let Some((&last, before)) = cs.split_last() else {

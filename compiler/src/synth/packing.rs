@@ -78,6 +78,10 @@ pub enum Direction {
     FromRoot,
     /// Data reaches the root (Reduce, ReduceScatter): tree edge `child → parent`.
     ToRoot,
+    /// Data is reduced up the tree and sent back down it (AllReduce,
+    /// [`super::allreduce`]): a tree edge occupies the routes both ways, and the root is
+    /// immaterial (the trees are packed from rank 0 and rooted anew when lowered).
+    Both,
 }
 
 /// One weighted spanning tree of a packing.
@@ -218,16 +222,22 @@ impl Instance {
         let pairs: Vec<(u32, u32)> = edges
             .iter()
             .map(|&(u, v)| match direction {
-                Direction::FromRoot => (u, v),
+                Direction::FromRoot | Direction::Both => (u, v),
                 Direction::ToRoot => (v, u),
             })
             .collect();
         let routes = net
             .routes(&pairs)
             .map_err(|e| SynthError::Instance(e.to_string()))?;
+        // `edges` lists every ordered pair, so the route back of `u → v` is that of `v → u`.
+        let index = |u: u32, v: u32| u as usize * (n - 1) + if v < u { v } else { v - 1 } as usize;
         let mut edge_res: Vec<Vec<u32>> = vec![Vec::new(); n * n];
         for (&(u, v), r) in edges.iter().zip(&routes) {
-            edge_res[u as usize * n + v as usize] = r.resources.clone();
+            let mut res = r.resources.clone();
+            if direction == Direction::Both {
+                res.extend_from_slice(&routes[index(v, u)].resources);
+            }
+            edge_res[u as usize * n + v as usize] = res;
         }
         let max_len = edge_res.iter().map(Vec::len).max().unwrap_or(0);
         Ok(Instance {

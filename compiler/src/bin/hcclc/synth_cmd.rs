@@ -154,7 +154,7 @@ pub fn run(args: SynthArgs) -> Result<(), CliError> {
         (0..n)
             .filter(|&v| v != args.root)
             .map(|v| match direction {
-                Direction::FromRoot => bounds::max_flow(&net, args.root, v),
+                Direction::FromRoot | Direction::Both => bounds::max_flow(&net, args.root, v),
                 Direction::ToRoot => bounds::max_flow(&net, v, args.root),
             })
             .fold(f64::INFINITY, f64::min)
