@@ -1,9 +1,9 @@
-//! Synthesized schedules run: plans of the synthesizers (`packed_trees`, `flow_alltoall`,
-//! `milp`) for small shipped and generated machines, at the parameter sets the search tries
-//! (many channels, pieces of unequal width, deep pipelines, forwarding through scratch),
-//! replayed on the threads backend and the process backend and checked element by element
-//! against a sequential reference: several data types and operators, in and out of place,
-//! element counts smaller than the chunk count and not divisible by it.
+//! Synthesized schedules run: plans of the synthesizers (`packed_trees`, `packed_allreduce`,
+//! `flow_alltoall`, `milp`) for small shipped and generated machines, at the parameter sets
+//! the search tries (many channels, pieces of unequal width, deep pipelines, forwarding
+//! through scratch), replayed on the threads backend and the process backend and checked
+//! element by element against a sequential reference: several data types and operators, in
+//! and out of place, element counts smaller than the chunk count and not divisible by it.
 
 #[path = "../executor/tests/common/mod.rs"]
 mod common;
@@ -513,6 +513,50 @@ fn packed_trees_dgx_h100() {
             }
         });
     }
+}
+
+/// A 4-ring of 25 GB/s links with one 25 GB/s chord (0–2): ranks 0 and 2 take 75 GB/s in,
+/// ranks 1 and 3 only 50, so AllReduce runs on trees carrying blocks as large as their rates
+/// both ways (`synth::allreduce`) rather than equal blocks.
+const CHORDED_RING4: &str = r#"(
+  name: "chorded-ring-4",
+  hosts: [(id: "h", devices: [
+    (id: "g0", kind: Gpu), (id: "g1", kind: Gpu), (id: "g2", kind: Gpu), (id: "g3", kind: Gpu),
+  ])],
+  links: [
+    (a: "g0", b: "g1", kind: NvLink, bw: 25.0, latency: 1.0),
+    (a: "g1", b: "g2", kind: NvLink, bw: 25.0, latency: 1.0),
+    (a: "g2", b: "g3", kind: NvLink, bw: 25.0, latency: 1.0),
+    (a: "g3", b: "g0", kind: NvLink, bw: 25.0, latency: 1.0),
+    (a: "g0", b: "g2", kind: NvLink, bw: 25.0, latency: 1.0),
+  ],
+)"#;
+
+#[test]
+fn packed_allreduce_chorded_ring() {
+    let spec = hccl_topologies::parse_spec(CHORDED_RING4, "chorded-ring-4").expect("parses");
+    let topo = hccl_topologies::build(spec, "chorded-ring-4").expect("builds");
+    // The trees alone and their copies, the shallowest and the deepest pipeline.
+    check_family(
+        "packed_allreduce",
+        &topo,
+        Collective::AllReduce,
+        &|i, len, _| {
+            if first(i, len) {
+                Some(Budget {
+                    calls: 30,
+                    process: 8,
+                })
+            } else if last(i, len) {
+                Some(Budget {
+                    calls: 4,
+                    process: 1,
+                })
+            } else {
+                None
+            }
+        },
+    );
 }
 
 #[test]
