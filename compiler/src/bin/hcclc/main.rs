@@ -49,7 +49,19 @@ enum Command {
     Synth(synth_cmd::SynthArgs),
 }
 
+/// A reader that closes the pipe early (`hcclc synth … | head`) ends the process quietly, as
+/// it does any Unix tool, instead of making the next `println!` panic on the broken pipe.
+fn quiet_on_closed_pipe() {
+    #[cfg(unix)]
+    // SAFETY: restoring the default disposition of SIGPIPE at start-up, before any thread
+    // exists; no handler runs Rust code.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
+    quiet_on_closed_pipe();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) => {
