@@ -7,7 +7,9 @@
 //! 64 ranks, once beyond) and the median is reported, with the plan's size on disk (symmetric
 //! entries stored as one template, see `hccl_ir::symmetric`), what it would be with every
 //! entry written out in full, and the median time of 9 loads of the whole plan and of one
-//! rank's part ([`PlanFile::from_ron_for_rank`]).
+//! rank's part ([`PlanFile::from_ron_for_rank`]); then what a communicator checks at start:
+//! the plan's seals (median of 9, [`PlanFile::sealed`]) against every entry verified again
+//! (`HCCL_VERIFY=full`, once).
 //!
 //! `cargo bench -p hccl-compiler --bench compile [-- RANKS...]` (default: 8 64 1024 4096).
 
@@ -49,9 +51,9 @@ fn main() {
         wanted
     };
     println!(
-        "| ranks | compile (median) | entries (symmetric) | plan file | written in full | full load | one rank's load |"
+        "| ranks | compile (median) | entries (symmetric) | plan file | written in full | full load | one rank's load | seals checked | verified again |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for n in ranks {
         if n % 8 != 0 || n == 0 {
             eprintln!("skipping {n}: clusters of 8-GPU boxes only");
@@ -86,14 +88,23 @@ fn main() {
         let load_one = loads(&|| {
             PlanFile::from_ron_for_rank(&text, "bench", rank).expect("loads");
         });
+        // What a communicator checks at start: the seals (the compiler verified every
+        // entry), or every entry verified again (`HCCL_VERIFY=full`).
+        let loaded = PlanFile::from_ron(&text, "bench").expect("loads");
+        let check_sealed = loads(&|| {
+            assert!(loaded.sealed().iter().all(|s| *s));
+        });
+        let (_, verify_all) = timed(|| hccl_ir::verify::verify_plan(&loaded).expect("verifies"));
         println!(
-            "| {n} | {:.2} s | {} ({compact}) | {:.2} MB | {:.2} MB | {:.1} ms | {:.2} ms |",
+            "| {n} | {:.2} s | {} ({compact}) | {:.2} MB | {:.2} MB | {:.1} ms | {:.2} ms | {:.1} ms | {:.0} ms |",
             median(times).as_secs_f64(),
             plan.entries.len(),
             text.len() as f64 / 1e6,
             full_len as f64 / 1e6,
             load_all.as_secs_f64() * 1e3,
             load_one.as_secs_f64() * 1e3,
+            check_sealed.as_secs_f64() * 1e3,
+            verify_all.as_secs_f64() * 1e3,
         );
     }
 }

@@ -481,6 +481,7 @@ pub fn compile_with_progress(
         }
         phase.done("rows and bounds");
         // Entries: merge runs of equal winners.
+        let mut hashed: std::collections::HashMap<usize, String> = Default::default();
         let mut start = 0;
         while start < sizes.len() {
             let mut end = start + 1;
@@ -490,7 +491,9 @@ pub fn compile_with_progress(
             let (c, p) = winners[start];
             let times = costed[c].times[p].as_deref().unwrap_or(&[]);
             let cost = fit(&sizes, times, start, end);
-            plan.entries.push(PlanEntry {
+            // Every winner passed the verifier above: its schedule is sealed as verified,
+            // once (a job loading the plan then skips verifying it).
+            let entry = PlanEntry {
                 min_bytes: if start == 0 { 0 } else { sizes[start] },
                 max_bytes: sizes.get(end).copied(),
                 algorithm: costed[c].candidate.algorithm.clone(),
@@ -499,7 +502,18 @@ pub fn compile_with_progress(
                 symmetry: costed[c].candidate.symmetry.clone(),
                 synthesis: costed[c].candidate.synthesis.clone(),
                 schedule: costed[c].candidate.schedule.clone(),
-            });
+            };
+            let seal = hccl_ir::Seal {
+                verifier: hccl_ir::verify::VERIFIER.to_string(),
+                schedule: hashed
+                    .entry(c)
+                    .or_insert_with(|| hccl_ir::schedule_hash(&entry))
+                    .clone(),
+            };
+            if !plan.verified.contains(&seal) {
+                plan.verified.push(seal);
+            }
+            plan.entries.push(entry);
             start = end;
         }
         progress(Progress {

@@ -27,6 +27,12 @@ fn shipped() -> Vec<Topology> {
 fn check_plan(topo: &Topology, plan: &PlanFile, opts: &Options) {
     verify_plan(plan)
         .unwrap_or_else(|errs| panic!("{}: plan does not verify: {errs:?}", topo.name));
+    // Every entry is sealed as verified (a job loading the plan skips verifying it).
+    assert!(
+        plan.sealed().iter().all(|s| *s),
+        "{}: unsealed entries",
+        topo.name
+    );
     for &kind in &opts.collectives {
         let entries: Vec<_> = plan
             .entries

@@ -62,20 +62,37 @@ pub(crate) fn prepare_plan(
             });
         }
     }
-    if let Err(failures) = hccl_ir::verify::verify_plan(plan) {
-        let (i, errs) = &failures[0];
-        let message = errs
-            .iter()
-            .take(3)
-            .map(|e| e.to_string())
-            .collect::<Vec<_>>()
-            .join("; ");
-        return Err(ExecError::Verify {
-            entry: *i,
-            collective: plan.entries[*i].schedule.collective,
-            message,
-        });
+    // Entries the compiler verified and sealed are not verified again (unless
+    // `HCCL_VERIFY=full`): at thousands of ranks that is most of a job's start.
+    let sealed = match config.verify {
+        crate::config::VerifyMode::Full => vec![false; plan.entries.len()],
+        crate::config::VerifyMode::Unsealed => plan.sealed(),
+    };
+    for (i, e) in plan.entries.iter().enumerate() {
+        if sealed[i] {
+            continue;
+        }
+        if let Err(errs) = hccl_ir::verify::verify(&e.schedule) {
+            let message = errs
+                .iter()
+                .take(3)
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("; ");
+            return Err(ExecError::Verify {
+                entry: i,
+                collective: e.schedule.collective,
+                message,
+            });
+        }
     }
+    tracing::debug!(
+        "plan checks: {} of {} entries sealed by {} (HCCL_VERIFY={:?})",
+        sealed.iter().filter(|s| **s).count(),
+        plan.entries.len(),
+        hccl_ir::verify::VERIFIER,
+        config.verify
+    );
     let keep = filter_entries(plan, config);
     let conns = ConnTable::build(keep.iter().map(|&i| &plan.entries[i].schedule));
     Ok((keep, conns))

@@ -1,6 +1,6 @@
 //! Configuration: timeouts, slot size, entry filters, network settings, and where plans come
 //! from — with the environment overrides `HCCL_PLAN`, `HCCL_ALGO`, `HCCL_PROTO`,
-//! `HCCL_DEBUG`, `HCCL_TIMEOUT`, `HCCL_SLOT_BYTES` and the network's (see
+//! `HCCL_DEBUG`, `HCCL_TIMEOUT`, `HCCL_SLOT_BYTES`, `HCCL_VERIFY` and the network's (see
 //! [`crate::net::NetConfig::from_env`]).
 
 use crate::error::{ExecError, Result};
@@ -12,6 +12,17 @@ use std::time::Duration;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 /// Default bytes per connection slot (a message; larger calls run in segments).
 pub const DEFAULT_SLOT_BYTES: usize = 256 * 1024;
+
+/// Which plan entries a communicator verifies when it starts (`HCCL_VERIFY`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum VerifyMode {
+    /// Those no seal of this build's verifier covers (`HCCL_VERIFY=auto`, the default):
+    /// entries `hcclc compile` verified and sealed are not verified again.
+    #[default]
+    Unsealed,
+    /// Every entry, sealed or not (`HCCL_VERIFY=full`).
+    Full,
+}
 
 /// Runtime settings of a communicator.
 #[derive(Debug, Clone)]
@@ -26,6 +37,8 @@ pub struct Config {
     pub proto: Option<Protocol>,
     /// Connections between hosts (process backend): sockets, threads, interface, transport.
     pub net: crate::net::NetConfig,
+    /// Which entries are verified at start.
+    pub verify: VerifyMode,
 }
 
 impl Default for Config {
@@ -36,6 +49,7 @@ impl Default for Config {
             algo: None,
             proto: None,
             net: crate::net::NetConfig::default(),
+            verify: VerifyMode::default(),
         }
     }
 }
@@ -69,6 +83,17 @@ impl Config {
                 ExecError::Invalid(format!("HCCL_PROTO={v}: expected LL, LL128 or Simple"))
             })?);
         }
+        if let Some(v) = env("HCCL_VERIFY") {
+            cfg.verify = match v.trim().to_ascii_lowercase().as_str() {
+                "auto" => VerifyMode::Unsealed,
+                "full" => VerifyMode::Full,
+                _ => {
+                    return Err(ExecError::Invalid(format!(
+                        "HCCL_VERIFY={v}: expected auto (verify the entries no seal covers) or full"
+                    )));
+                }
+            };
+        }
         cfg.net = crate::net::NetConfig::from_env()?;
         Ok(cfg)
     }
@@ -82,6 +107,12 @@ impl Config {
     /// Sets the timeout.
     pub fn with_timeout(mut self, timeout: Duration) -> Config {
         self.timeout = timeout;
+        self
+    }
+
+    /// Sets which entries are verified at start.
+    pub fn with_verify(mut self, verify: VerifyMode) -> Config {
+        self.verify = verify;
         self
     }
 
@@ -170,7 +201,10 @@ pub fn load_path(path: &Path) -> Result<PlanFile> {
         let plan = PlanFile::load(&file)?;
         match &mut merged {
             None => merged = Some(plan),
-            Some(m) => m.entries.extend(plan.entries),
+            Some(m) => {
+                m.entries.extend(plan.entries);
+                m.verified.extend(plan.verified);
+            }
         }
     }
     merged.ok_or_else(|| dir_err("no *.ron plan files in directory".to_string()))

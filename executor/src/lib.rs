@@ -65,7 +65,7 @@ pub mod program;
 pub mod threads;
 
 pub use comm::{Buffers, Communicator, EntryInfo, OwnedBuffers, Request};
-pub use config::{Config, PlanSource};
+pub use config::{Config, PlanSource, VerifyMode};
 pub use dtype::{DataType, Element, ReduceOp};
 pub use error::{ExecError, Result};
 pub use process::{Bootstrap, ProcessGroup};

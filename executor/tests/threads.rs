@@ -609,3 +609,59 @@ fn large_scratch_is_bounded_by_smaller_segments() {
     let errors = run_cases(plan, 2, config(), &cases);
     assert!(errors.is_empty(), "{errors:#?}");
 }
+
+/// Sealed entries (`hcclc compile` verified them) are not verified again when a group
+/// starts, unless `HCCL_VERIFY=full`; unsealed ones always are. A seal is trusted: forged
+/// over a wrong schedule it lets the schedule through, which `VerifyMode::Full` catches.
+#[test]
+fn sealed_entries_skip_verification_unless_full() {
+    use hccl_executor::VerifyMode;
+    // A schedule that is well formed but computes the wrong thing: one send reads another
+    // of its input chunks.
+    let mut wrong = fallback::plan(2);
+    let mut broken = false;
+    'entries: for e in &mut wrong.entries {
+        let chunks = e.schedule.input_chunks;
+        if chunks < 2 {
+            continue;
+        }
+        for step in &mut e.schedule.ranks[0].streams[0].steps {
+            if let hccl_ir::Op::Send { src, .. } = &mut step.op
+                && src.buf == hccl_ir::Buf::Input
+            {
+                src.off = (src.off + 1) % chunks;
+                broken = hccl_ir::verify::verify(&e.schedule).is_err();
+                break 'entries;
+            }
+        }
+    }
+    assert!(broken, "no entry of the fallback plan could be broken");
+    assert!(wrong.sealed().iter().all(|s| !s));
+    let err = ThreadGroup::with_config(wrong.clone(), 2, config()).unwrap_err();
+    assert!(matches!(err, ExecError::Verify { .. }), "{err}");
+
+    // Forged seals: trusted by default, checked with HCCL_VERIFY=full.
+    wrong.seal();
+    assert!(wrong.sealed().iter().all(|s| *s));
+    assert!(ThreadGroup::with_config(wrong.clone(), 2, config()).is_ok());
+    let full = config().with_verify(VerifyMode::Full);
+    let err = ThreadGroup::with_config(wrong, 2, full).unwrap_err();
+    assert!(matches!(err, ExecError::Verify { .. }), "{err}");
+
+    // A correct sealed plan runs either way.
+    let mut good = fallback::plan(2);
+    good.seal();
+    for mode in [VerifyMode::Unsealed, VerifyMode::Full] {
+        let mut comms = ThreadGroup::with_config(good.clone(), 2, config().with_verify(mode))
+            .expect("a sealed, correct plan");
+        std::thread::scope(|s| {
+            for c in comms.iter_mut() {
+                s.spawn(move || {
+                    let mut buf = [3.0f32; 5];
+                    c.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap();
+                    assert_eq!(buf, [6.0f32; 5]);
+                });
+            }
+        });
+    }
+}

@@ -58,4 +58,16 @@ pub enum PlanError {
         /// [`crate::plan::MIN_FORMAT_VERSION`].
         supported: u32,
     },
+    /// A schedule of a sealed plan (see [`crate::plan::Seal`]) is not one the verifier
+    /// passed: the file was edited after it was compiled.
+    #[error(
+        "{path}: entry {entry} ({collective} {algorithm}) was changed after its plan was verified: its schedule's hash {hash} is not among the plan's `verified` seals; recompile the plan, or delete its `verified` list to have every entry verified when it is loaded"
+    )]
+    Edited {
+        path: String,
+        entry: usize,
+        collective: crate::schedule::Collective,
+        algorithm: String,
+        hash: String,
+    },
 }

@@ -24,7 +24,8 @@ pub mod verify;
 
 pub use error::{Located, PlanError};
 pub use plan::{
-    CostFit, FORMAT_VERSION, MIN_FORMAT_VERSION, PlanEntry, PlanFile, PlanMeta, Protocol, Synthesis,
+    CostFit, FORMAT_VERSION, MIN_FORMAT_VERSION, PlanEntry, PlanFile, PlanMeta, Protocol, Seal,
+    Synthesis, schedule_hash,
 };
 pub use schedule::{
     Buf, CONNECTION_SLOTS, Collective, CollectiveKind, Dep, Loc, Op, Rank, RankProgram, Schedule,

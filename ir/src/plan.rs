@@ -4,12 +4,13 @@
 //!
 //! ```ron
 //! (
-//!     format_version: 2,
+//!     format_version: 3,
 //!     meta: (topology: "dgx1", topology_hash: "…", compiler: "hcclc 0.1.0"),
 //!     entries: [
 //!         (min_bytes: 0, max_bytes: Some(262144), algorithm: "ring", …, schedule: (…)),
 //!         (min_bytes: 262144, max_bytes: None, algorithm: "ring", …, symmetric: (…)),
 //!     ],
+//!     verified: [(verifier: "hccl-ir 0.1.0", schedule: "…"), …],
 //! )
 //! ```
 //!
@@ -40,7 +41,8 @@
 //! # Versions
 //!
 //! - 1: explicit entries only;
-//! - 2 (written by this build): explicit or symmetric entries.
+//! - 2: explicit or symmetric entries;
+//! - 3 (written by this build): seals of the verified schedules (`verified`, see [`Seal`]).
 //!
 //! Readers accept versions [`MIN_FORMAT_VERSION`]`..=`[`FORMAT_VERSION`] and refuse others
 //! with [`PlanError::Version`]; a plan read from an older version is held (and written back)
@@ -53,7 +55,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::path::Path;
 
 /// The plan format this build writes (and the newest it reads).
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 
 /// The oldest plan format this build reads.
 pub const MIN_FORMAT_VERSION: u32 = 1;
@@ -164,6 +166,36 @@ pub struct Synthesis {
     /// Whether the solver proved `optimum` optimal (else it stopped early, e.g. at a time
     /// limit, and `optimum` is its best bound).
     pub proven: bool,
+}
+
+/// A record that [`crate::verify::VERIFIER`] passed a schedule: the compiler seals every
+/// entry it verified, so that a job starting from the plan need not verify it again (see
+/// [`PlanFile::sealed`]). A seal covers a schedule, not the sizes or names around it, and is
+/// matched by content ([`schedule_hash`]), so entries may be reordered, merged from several
+/// files or given other size ranges and stay sealed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Seal {
+    /// The verifier that passed the schedule ([`crate::verify::VERIFIER`] when it was
+    /// sealed); a seal of another verifier counts for nothing.
+    pub verifier: String,
+    /// [`schedule_hash`] of the schedule it passed.
+    pub schedule: String,
+}
+
+/// Hex blake3 of an entry's schedule as the plan file writes it (RON of the symmetric form
+/// when [`PlanEntry::compact`], of every rank's program otherwise): what a [`Seal`] names.
+pub fn schedule_hash(entry: &PlanEntry) -> String {
+    let mut hasher = blake3::Hasher::new();
+    let written = match entry.compact() {
+        Some(symmetric) => ron::Options::default().to_io_writer(&mut hasher, &symmetric),
+        None => ron::Options::default().to_io_writer(&mut hasher, &entry.schedule),
+    };
+    if let Err(e) = written {
+        // Schedules always serialise; an error still hashes to something no seal holds.
+        hasher.update(format!("unserialisable: {e}").as_bytes());
+    }
+    hasher.finalize().to_hex().to_string()
 }
 
 /// One schedule and the message sizes it is chosen for.
@@ -359,6 +391,10 @@ pub struct PlanFile {
     pub format_version: u32,
     pub meta: PlanMeta,
     pub entries: Vec<PlanEntry>,
+    /// Seals of the schedules the compiler verified ([`PlanFile::seal`]); empty when nobody
+    /// sealed the plan, and then every entry is verified when a job loads it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub verified: Vec<Seal>,
 }
 
 impl PlanFile {
@@ -367,6 +403,7 @@ impl PlanFile {
             format_version: FORMAT_VERSION,
             meta,
             entries: Vec::new(),
+            verified: Vec::new(),
         }
     }
 
@@ -408,24 +445,40 @@ impl PlanFile {
         else {
             return 0;
         };
-        let derived: Vec<PlanEntry> = self
+        // A schedule relabelled from a sealed one is sealed too: the verifier's checks are
+        // the same under any renumbering of the ranks.
+        let sealed = self.sealed();
+        let derived: Vec<(PlanEntry, bool)> = self
             .entries
             .iter()
-            .filter(|e| {
+            .zip(sealed)
+            .filter(|(e, _)| {
                 e.schedule.collective.kind() == collective.kind()
                     && e.schedule.collective.root() == Some(source_root)
             })
-            .filter_map(|e| {
-                Some(PlanEntry {
+            .filter_map(|(e, sealed)| {
+                let entry = PlanEntry {
                     schedule: e.schedule.with_root(root)?,
                     symmetry: None,
                     synthesis: None,
                     ..e.clone()
-                })
+                };
+                Some((entry, sealed))
             })
             .collect();
         let added = derived.len();
-        self.entries.extend(derived);
+        for (entry, sealed) in derived {
+            if sealed {
+                let seal = Seal {
+                    verifier: crate::verify::VERIFIER.to_string(),
+                    schedule: schedule_hash(&entry),
+                };
+                if !self.verified.contains(&seal) {
+                    self.verified.push(seal);
+                }
+            }
+            self.entries.push(entry);
+        }
         added
     }
 
@@ -446,7 +499,9 @@ impl PlanFile {
         let plan = options
             .from_str::<PlanFile>(text)
             .map_err(|err| PlanError::Parse(Located::from_ron(origin, &err)))?;
-        upgrade(plan, origin)
+        let plan = upgrade(plan, origin)?;
+        plan.check_seals(origin)?;
+        Ok(plan)
     }
 
     /// Reads and parses a plan file.
@@ -510,6 +565,66 @@ impl PlanFile {
         })
     }
 
+    /// Seals every entry's schedule as passed by [`crate::verify::VERIFIER`] (replacing any
+    /// seals the plan had). Call it only when the verifier has passed every entry: the seals
+    /// let a job skip verifying them ([`PlanFile::sealed`]).
+    pub fn seal(&mut self) {
+        let mut seals: Vec<Seal> = Vec::with_capacity(self.entries.len());
+        for e in &self.entries {
+            let seal = Seal {
+                verifier: crate::verify::VERIFIER.to_string(),
+                schedule: schedule_hash(e),
+            };
+            if !seals.contains(&seal) {
+                seals.push(seal);
+            }
+        }
+        self.verified = seals;
+    }
+
+    /// Which entries a seal of this build's verifier covers (their schedules hash to a
+    /// sealed one). An entry that is not covered must be verified before it runs.
+    pub fn sealed(&self) -> Vec<bool> {
+        let mine: std::collections::HashSet<&str> = self
+            .verified
+            .iter()
+            .filter(|s| s.verifier == crate::verify::VERIFIER)
+            .map(|s| s.schedule.as_str())
+            .collect();
+        if mine.is_empty() {
+            return vec![false; self.entries.len()];
+        }
+        self.entries
+            .iter()
+            .map(|e| mine.contains(schedule_hash(e).as_str()))
+            .collect()
+    }
+
+    /// Refuses a plan whose seals (of this build's verifier) leave an entry uncovered: a
+    /// schedule edited after the plan was compiled. Plans without such seals pass.
+    fn check_seals(&self, origin: &str) -> Result<(), PlanError> {
+        if !self
+            .verified
+            .iter()
+            .any(|s| s.verifier == crate::verify::VERIFIER)
+        {
+            return Ok(());
+        }
+        match self.sealed().iter().position(|&ok| !ok) {
+            None => Ok(()),
+            Some(i) => {
+                let e = &self.entries[i];
+                Err(PlanError::Edited {
+                    path: origin.to_string(),
+                    entry: i,
+                    collective: e.schedule.collective,
+                    algorithm: e.algorithm.clone(),
+                    hash: schedule_hash(e),
+                })
+            }
+        }
+    }
+
     /// Hex blake3 of the canonical serialisation: equal plans hash equally on every rank.
     pub fn content_hash(&self) -> String {
         blake3::hash(self.to_ron().as_bytes()).to_hex().to_string()
@@ -558,6 +673,8 @@ mod one_rank {
         format_version: u32,
         meta: PlanMeta,
         entries: Vec<Entry>,
+        #[serde(default)]
+        verified: Vec<super::Seal>,
     }
 
     /// An entry holding only the wanted rank's program.
@@ -635,6 +752,8 @@ mod one_rank {
                 format_version: self.format_version,
                 meta: self.meta,
                 entries: self.entries.into_iter().map(|e| e.0).collect(),
+                // One rank's programs cannot be matched against the seals: kept, unchecked.
+                verified: self.verified,
             }
         }
     }
@@ -773,6 +892,42 @@ mod tests {
     }
 
     #[test]
+    fn seals_cover_the_verified_schedules_and_catch_edits() {
+        let mut p = plan();
+        assert!(p.sealed().iter().all(|s| !s));
+        p.seal();
+        assert_eq!(p.verified.len(), 2);
+        assert!(p.sealed().iter().all(|s| *s));
+        let text = p.to_ron();
+        assert!(text.contains("format_version: 3") && text.contains("verified:"));
+        let back = PlanFile::from_ron(&text, "p").expect("a sealed plan loads");
+        assert_eq!(back, p);
+        assert!(back.sealed().iter().all(|s| *s));
+        // Sizes and names are not what a seal covers.
+        let resized = text.replacen("max_bytes: None", "max_bytes: Some(64)", 1);
+        assert_ne!(resized, text);
+        assert!(PlanFile::from_ron(&resized, "p").is_ok());
+        // A schedule edited after sealing: refused with the entry named.
+        let edited = text.replacen("scratch_chunks: 2", "scratch_chunks: 9", 1);
+        assert_ne!(edited, text);
+        let err = PlanFile::from_ron(&edited, "p.ron").expect_err("edited");
+        assert!(matches!(err, PlanError::Edited { entry: 0, .. }), "{err}");
+        let msg = err.to_string();
+        assert!(msg.starts_with("p.ron: entry 0 (allreduce ring)"), "{msg}");
+        // Seals of another verifier: ignored, every entry unsealed.
+        let other = edited.replace(crate::verify::VERIFIER, "hccl-ir 0.0.1");
+        let loaded = PlanFile::from_ron(&other, "p").expect("foreign seals are ignored");
+        assert!(loaded.sealed().iter().all(|s| !s));
+        // Entries reordered: each keeps its seal.
+        p.entries.reverse();
+        assert!(p.sealed().iter().all(|s| *s));
+        // Entries derived for another root are sealed with their source, and load back.
+        assert_eq!(p.ensure_root(Collective::Broadcast { root: 1 }), 1);
+        assert!(p.sealed().iter().all(|s| *s));
+        assert!(PlanFile::from_ron(&p.to_ron(), "p").is_ok());
+    }
+
+    #[test]
     fn one_rank_load_keeps_that_rank_only() {
         let full = plan();
         let text = full.to_ron();
@@ -803,7 +958,7 @@ mod tests {
         let bad = text.replacen("in_place", "in_placed", 1);
         assert!(PlanFile::from_ron(&bad, "p").is_err());
         assert!(PlanFile::from_ron_for_rank(&bad, "p", 0).is_err());
-        let newer = text.replacen("format_version: 2", "format_version: 9", 1);
+        let newer = text.replacen("format_version: 3", "format_version: 9", 1);
         assert!(matches!(
             PlanFile::from_ron_for_rank(&newer, "p", 0),
             Err(PlanError::Version { found: 9, .. })

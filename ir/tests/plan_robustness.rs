@@ -87,7 +87,7 @@ fn bad_plans_fail_with_located_errors() {
                     assert_eq!((loc.line, loc.col), (line, col), "{file}: {msg}");
                 }
             }
-            PlanError::Version { .. } | PlanError::NotText { .. } => {}
+            PlanError::Version { .. } | PlanError::NotText { .. } | PlanError::Edited { .. } => {}
             PlanError::Io { .. } => panic!("{file}: {msg}"),
         }
         let shown = match &err {
@@ -106,13 +106,13 @@ fn version_rejection_says_what_to_do() {
         err,
         PlanError::Version {
             found: 7,
-            supported: 2,
+            supported: 3,
             ..
         }
     ));
     assert_eq!(
         err.to_string(),
-        "newer_version.ron: plan format version 7 is not supported by this build (it reads versions 1 to 2); recompile the plan with a matching hcclc"
+        "newer_version.ron: plan format version 7 is not supported by this build (it reads versions 1 to 3); recompile the plan with a matching hcclc"
     );
 }
 

@@ -302,6 +302,11 @@ fn run(schedule: &Schedule, eager: bool) -> Result<Report, Vec<VerifyError>> {
     })
 }
 
+/// What the plan seals name as their verifier ([`crate::plan::Seal`]): this crate at its
+/// version. A seal of another version counts for nothing, so a build whose verifier changed
+/// verifies old plans again.
+pub const VERIFIER: &str = concat!("hccl-ir ", env!("CARGO_PKG_VERSION"));
+
 /// Verifies every entry of a plan; errors carry the entry index.
 pub fn verify_plan(plan: &PlanFile) -> Result<(), Vec<(usize, Vec<VerifyError>)>> {
     let failures: Vec<_> = plan

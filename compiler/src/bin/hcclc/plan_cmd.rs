@@ -148,6 +148,8 @@ pub fn verify(args: VerifyArgs) -> Result<(), CliError> {
         .map(|r| r.as_ref().err().map_or(0, Vec::len))
         .sum();
 
+    // Entries the compiler sealed as verified (a job loading the plan skips them).
+    let sealed = plan.sealed();
     if args.json {
         let entries: Vec<Value> = plan
             .entries
@@ -157,6 +159,7 @@ pub fn verify(args: VerifyArgs) -> Result<(), CliError> {
             .map(|(i, (entry, result))| {
                 let mut m = entry_json(i, entry);
                 m.insert("ok".into(), json!(result.is_ok()));
+                m.insert("sealed".into(), json!(sealed[i]));
                 match result {
                     Ok(report) => {
                         m.insert("report".into(), report_json(report));
@@ -179,6 +182,7 @@ pub fn verify(args: VerifyArgs) -> Result<(), CliError> {
             "summary": {
                 "entries": plan.entries.len(),
                 "failed_entries": failed,
+                "sealed_entries": sealed.iter().filter(|s| **s).count(),
                 "errors": errors,
                 "steps": steps,
                 "collectives": collectives,
