@@ -336,6 +336,23 @@ pub fn compile_with_progress(
                 candidates.push((c.clone(), allowed(&c.algorithm)));
             }
         }
+        // Nothing selectable under the step cap (an AllGather on a thousand ranks: every
+        // block reaches every rank by a message of its own somewhere): each capped family's
+        // smallest parameter set, up to the fallback cap, rather than no plan at all.
+        if !candidates.iter().any(|(_, selectable)| *selectable) {
+            for family in &families {
+                if family.supports(kind)
+                    && allowed(family.name())
+                    && capped.contains(&family.name())
+                {
+                    for c in generate_smallest(family.as_ref(), topo, collective) {
+                        if c.schedule.collective == collective && c.schedule.nranks == nranks {
+                            candidates.push((c, true));
+                        }
+                    }
+                }
+            }
+        }
         let total = candidates.len();
         phase.done("generate");
         let probes = screen(&sim, &candidates, &sizes, options, &baseline_names);
@@ -684,6 +701,12 @@ const SCREEN_FACTOR: f64 = 1.5;
 /// External candidates ([`Options::extra`]) are not capped.
 pub const MAX_CANDIDATE_STEPS: u64 = 600_000;
 
+/// Most steps of the one candidate per family the search falls back to when no family has
+/// one under [`MAX_CANDIDATE_STEPS`] (see [`generate_smallest`]): an AllGather on 1024 ranks
+/// (about 2M steps, 1.8 GB and half a minute to compile at one size) compiles rather than
+/// fails; on 4096 ranks (about 33M) it still fails, saying so.
+pub const FALLBACK_CANDIDATE_STEPS: u64 = 2_500_000;
+
 /// Rank count above which the per-candidate simulation budget shrinks (see [`sim_budget`]).
 pub const SCALE_RANKS: u32 = 64;
 
@@ -711,6 +734,45 @@ struct Generated {
     max_channels: u32,
     /// Whether some parameter set or schedule was left out for its size.
     capped: bool,
+}
+
+/// The schedules of the family's parameter set with the fewest estimated steps (the first
+/// when it gives no estimate) within [`FALLBACK_CANDIDATE_STEPS`] and the verifier's limits.
+fn generate_smallest(
+    family: &dyn Family,
+    topo: &Topology,
+    collective: Collective,
+) -> Vec<Candidate> {
+    let space = family.param_space(topo, collective);
+    let Some(params) = space.iter().copied().min_by_key(|&p| {
+        family
+            .estimated_steps(topo, collective, p)
+            .unwrap_or(u64::MAX)
+    }) else {
+        return Vec::new();
+    };
+    if family
+        .estimated_steps(topo, collective, params)
+        .is_some_and(|steps| steps > FALLBACK_CANDIDATE_STEPS)
+    {
+        return Vec::new();
+    }
+    let out: Vec<Candidate> = family
+        .generate(topo, collective, params)
+        .into_iter()
+        .filter(|c| {
+            c.schedule.step_count() as u64 <= FALLBACK_CANDIDATE_STEPS
+                && hccl_ir::verify::check_limits(&c.schedule).is_ok()
+        })
+        .collect();
+    if tracing() {
+        eprintln!(
+            "trace: fallback {} {collective} {params:?}: {} candidates",
+            family.name(),
+            out.len()
+        );
+    }
+    out
 }
 
 /// The family's candidates for `collective` within [`MAX_CANDIDATE_STEPS`]: parameter sets

@@ -198,3 +198,26 @@ fn a_cluster_compiles_and_uses_the_network() {
         assert!(row.bound_ratio() >= 1.0 - 1e-9, "{row:?}");
     }
 }
+
+/// Where every family is over the step cap (here the ring alone, on 800 ranks: about
+/// 800·799 steps), the search falls back to each capped family's smallest parameter set
+/// instead of failing; the fallback is verified like any candidate.
+#[test]
+fn capped_families_fall_back_to_their_smallest_schedule() {
+    let topo = hccl_topologies::build(generate::ring(800, 25.0, 0.7), "ring800").unwrap();
+    let opts = Options {
+        collectives: vec![CollectiveKind::AllGather],
+        sizes: vec![1 << 30],
+        algorithms: Some(vec!["ring".into()]),
+        ..Options::default()
+    };
+    let compiled = search::compile(&topo, &opts).expect("the fallback compiles");
+    assert_eq!(compiled.rows.len(), 1);
+    assert_eq!(compiled.rows[0].algorithm, "ring");
+    let steps = compiled.plan.entries[0].schedule.step_count() as u64;
+    assert!(
+        steps > search::MAX_CANDIDATE_STEPS && steps <= search::FALLBACK_CANDIDATE_STEPS,
+        "{steps} steps"
+    );
+    assert!(compiled.plan.sealed().iter().all(|s| *s));
+}
