@@ -44,8 +44,9 @@ enum Command {
     Explain(compile_cmd::ExplainArgs),
     /// Fit a topology's cost model to `hccl-perf --json` measurements; write it calibrated.
     Calibrate(calibrate_cmd::CalibrateArgs),
-    /// Run a synthesizer alone (LP tree packing for broadcast and reduce): its trees, its rate
-    /// against the max-flow bound, its predicted time, and the verified schedule as a plan.
+    /// Run a synthesizer alone (LP tree packing; allreduce over trees carrying data both
+    /// ways): its trees, its rate against its bounds, its predicted time, and the verified
+    /// schedule as a plan.
     Synth(synth_cmd::SynthArgs),
 }
 

@@ -27,8 +27,8 @@ const SIZES: [u64; 3] = [1 << 10, 1 << 20, 1 << 30];
 pub struct SynthArgs {
     /// Topology file (RON) or the name of a shipped machine (e.g. dgx1-v100).
     pub topo: String,
-    /// Collective to synthesize: broadcast, reduce, allgather or reducescatter (LP tree
-    /// packing).
+    /// Collective to synthesize: broadcast, reduce, allgather, reducescatter or allreduce
+    /// (LP tree packing; allreduce over trees that carry data both ways).
     #[arg(short = 'c', long = "collective", default_value = "broadcast")]
     pub collective: String,
     /// Root rank (broadcast and reduce).
@@ -76,7 +76,7 @@ pub fn run(args: SynthArgs) -> Result<(), CliError> {
     let n = topo.nranks();
     let kind = CollectiveKind::from_name(&args.collective).ok_or_else(|| {
         CliError::Input(format!(
-            "unknown collective `{}` (hcclc synth: broadcast, reduce, allgather, reducescatter)",
+            "unknown collective `{}` (hcclc synth: broadcast, reduce, allgather, reducescatter, allreduce)",
             args.collective
         ))
     })?;
@@ -85,10 +85,11 @@ pub fn run(args: SynthArgs) -> Result<(), CliError> {
         CollectiveKind::Reduce => Collective::Reduce { root: args.root },
         CollectiveKind::AllGather => Collective::AllGather,
         CollectiveKind::ReduceScatter => Collective::ReduceScatter,
+        CollectiveKind::AllReduce => Collective::AllReduce,
         _ => {
             return Err(CliError::Input(format!(
-                "hcclc synth does broadcast, reduce, allgather and reducescatter so far (LP \
-                 tree packing), not {}; `hcclc compile` searches the built-in families for it",
+                "hcclc synth does broadcast, reduce, allgather, reducescatter and allreduce \
+                 (LP tree packing), not {}; `hcclc compile` searches the built-in families for it",
                 kind.name()
             )));
         }
@@ -130,13 +131,19 @@ pub fn run(args: SynthArgs) -> Result<(), CliError> {
     }
     let net = Network::new(&topo);
     let started = Instant::now();
-    let (roots, direction) = synth::packing_of(collective, n)
-        .ok_or_else(|| CliError::Input(format!("{} is not a tree packing", kind.name())))?;
+    // AllReduce: trees carrying data both ways, packed from rank 0 (`synth::allreduce`).
+    let (roots, direction) = match collective {
+        Collective::AllReduce => (vec![0], Direction::Both),
+        _ => synth::packing_of(collective, n)
+            .ok_or_else(|| CliError::Input(format!("{} is not a tree packing", kind.name())))?,
+    };
     let pool =
         synth::grow_pool(&net, &roots, direction).map_err(|e| CliError::Failed(e.to_string()))?;
     // The link-disjoint trees where the search would take them and they fit --max-trees:
     // alone where they reach the bound (no pruning of the LP's support), else against it.
-    let disjoint = synth::disjoint_packing(&topo, &roots, direction, &pool)
+    let disjoint = (direction != Direction::Both)
+        .then(|| synth::disjoint_packing(&topo, &roots, direction, &pool))
+        .flatten()
         .filter(|d| d.trees_of(roots[0]).count() <= args.max_trees as usize);
     let packing = match disjoint {
         Some(d) if synth::reaches_bound(&d) => (*d).clone(),
@@ -160,14 +167,29 @@ pub fn run(args: SynthArgs) -> Result<(), CliError> {
             .fold(f64::INFINITY, f64::min)
     });
 
-    let candidates = synth::lower(
-        "packed_trees",
-        &packing,
-        collective,
-        args.pieces,
-        channels,
-        false,
-    );
+    // What equal blocks reach (ReduceScatter then AllGather at the AllGather packing's rate
+    // per root), beside the AllReduce trees.
+    let equal_blocks = (direction == Direction::Both)
+        .then(|| synth::packing_bound(&net, Collective::AllGather))
+        .flatten()
+        .map(|per_root| f64::from(n) * per_root / 2.0);
+    let algorithm = if direction == Direction::Both {
+        "packed_allreduce"
+    } else {
+        "packed_trees"
+    };
+    let candidates = if direction == Direction::Both {
+        synth::allreduce::lower_allreduce(algorithm, &packing, args.pieces, channels, false)
+    } else {
+        synth::lower(
+            algorithm,
+            &packing,
+            collective,
+            args.pieces,
+            channels,
+            false,
+        )
+    };
     let Some(candidate) = candidates.into_iter().next() else {
         return Err(CliError::Failed(
             "the packing could not be lowered to a schedule".into(),
@@ -219,7 +241,7 @@ pub fn run(args: SynthArgs) -> Result<(), CliError> {
         plan.entries.push(PlanEntry {
             min_bytes: 0,
             max_bytes: None,
-            algorithm: "packed_trees".into(),
+            algorithm: algorithm.into(),
             protocol,
             cost: None,
             symmetry: None,
@@ -256,6 +278,7 @@ pub fn run(args: SynthArgs) -> Result<(), CliError> {
             "optimal": pool.optimal(),
             "column_generation_rounds": pool.rounds,
             "max_flow_gbps": max_flow,
+            "equal_blocks_gbps": equal_blocks,
             "pool_trees": packing.pool,
             "pool_rate_gbps": packing.pool_rate,
             "solver_ms": solver_ms,
@@ -292,6 +315,8 @@ pub fn run(args: SynthArgs) -> Result<(), CliError> {
             },
             args.root
         )
+    } else if direction == Direction::Both {
+        String::from(", every rank's data reduced up a tree and sent back down it")
     } else {
         String::from(", every rank a root")
     };
@@ -306,8 +331,13 @@ pub fn run(args: SynthArgs) -> Result<(), CliError> {
         }
     );
     println!(
-        "  rate {:.1} GB/s per root in {} trees; LP bound {:.1} GB/s ({:.1}%, {} after {} column-generation rounds); pool of {} trees reaches {:.1} GB/s; solved in {:.1} ms",
+        "  rate {:.1} GB/s{} in {} trees; LP bound {:.1} GB/s ({:.1}%, {} after {} column-generation rounds); pool of {} trees reaches {:.1} GB/s; solved in {:.1} ms",
         packing.rate,
+        if direction == Direction::Both {
+            " in all (each tree rooted anew at its centre when lowered)"
+        } else {
+            " per root"
+        },
         packing.trees.len(),
         packing.bound,
         100.0 * packing.rate / packing.bound,
@@ -321,6 +351,12 @@ pub fn run(args: SynthArgs) -> Result<(), CliError> {
         packing.pool_rate,
         solver_ms
     );
+    if let Some(equal) = equal_blocks {
+        println!(
+            "  equal blocks (ReduceScatter then AllGather) reach at most {equal:.1} GB/s; the trees {:.1}%",
+            100.0 * packing.rate / equal
+        );
+    }
     if let Some(flow) = max_flow {
         println!(
             "  max-flow over the links (any path between any vertices): {flow:.1} GB/s; the packing reaches {:.1}%",
