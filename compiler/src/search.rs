@@ -63,6 +63,9 @@ pub struct Options {
     pub sim_budget: usize,
     /// Which synthesizers compete ([`SynthLevel`]).
     pub synth: SynthLevel,
+    /// A collective no candidate schedules is left out of the plan (and listed in
+    /// [`CompiledPlan::skipped`]) instead of failing the whole compile.
+    pub partial: bool,
 }
 
 impl Default for Options {
@@ -76,6 +79,7 @@ impl Default for Options {
             model: CostModel::default(),
             sim_budget: 400_000,
             synth: SynthLevel::Auto,
+            partial: false,
         }
     }
 }
@@ -175,6 +179,8 @@ pub struct CompiledPlan {
     pub plan: PlanFile,
     /// One row per collective and size, in [`Options::collectives`] × size order.
     pub rows: Vec<Row>,
+    /// With [`Options::partial`]: the collectives left out, each with why.
+    pub skipped: Vec<SearchError>,
 }
 
 /// Progress of a compilation, for a progress bar.
@@ -300,6 +306,7 @@ pub fn compile_with_progress(
         compiler: format!("hcclc {}", env!("CARGO_PKG_VERSION")),
     });
     let mut rows = Vec::new();
+    let mut skipped = Vec::new();
     let ncoll = options.collectives.len();
     for (ci, &kind) in options.collectives.iter().enumerate() {
         let mut phase = Phase::start(kind);
@@ -448,11 +455,16 @@ pub fn compile_with_progress(
             }
         }
         let Some(winners) = winners.into_iter().collect::<Option<Vec<_>>>() else {
-            return Err(SearchError::NoCandidate {
+            let err = SearchError::NoCandidate {
                 collective: kind,
                 topology: topo.name.clone(),
                 tried: total,
-            });
+            };
+            if options.partial {
+                skipped.push(err);
+                continue;
+            }
+            return Err(err);
         };
         phase.done("verify");
         // Rows.
@@ -541,7 +553,11 @@ pub fn compile_with_progress(
             collectives_total: ncoll,
         });
     }
-    Ok(CompiledPlan { plan, rows })
+    Ok(CompiledPlan {
+        plan,
+        rows,
+        skipped,
+    })
 }
 
 /// Rows for an existing plan on `topo`: for every collective the plan holds (root 0 for

@@ -215,3 +215,56 @@ fn proto_restricts_protocols_and_cpu_hosts_offer_ll_and_simple() {
     assert!(err.contains("offers LL, Simple"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A collective nothing schedules (here AllToAll with `--algo ring`) is left out: the plan of
+/// the others is written and verifies, and the command exits 1 naming what is missing. With
+/// nothing schedulable at all, nothing is written.
+#[test]
+fn unschedulable_collectives_are_left_out_and_named() {
+    let dir = scratch("partial");
+    let args = [
+        "compile",
+        "dgx1-v100",
+        "-c",
+        "allreduce,alltoall",
+        "--algo",
+        "ring",
+        "--sizes",
+        "1M..1M",
+        "-o",
+        "p.plan.ron",
+    ];
+    let out = hcclc(&args, &dir);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("wrote p.plan.ron without alltoall: no verified schedule for alltoall"),
+        "{err}"
+    );
+    let plan = hccl_ir::PlanFile::load(&dir.join("p.plan.ron")).expect("the plan is written");
+    assert!(!plan.entries.is_empty());
+    assert!(
+        plan.entries
+            .iter()
+            .all(|e| e.schedule.collective == hccl_ir::Collective::AllReduce)
+    );
+    let verify = hcclc(&["verify", "p.plan.ron"], &dir);
+    assert_eq!(verify.status.code(), Some(0));
+
+    let none = hcclc(
+        &[
+            "compile",
+            "dgx1-v100",
+            "-c",
+            "alltoall",
+            "--algo",
+            "ring",
+            "-o",
+            "none.plan.ron",
+        ],
+        &dir,
+    );
+    assert_eq!(none.status.code(), Some(1));
+    assert!(!dir.join("none.plan.ron").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -228,6 +228,9 @@ pub fn compile(args: CompileArgs) -> Result<(), CliError> {
                 args.synth
             ))
         })?,
+        // A collective nothing schedules (at thousands of ranks) is left out of the plan,
+        // which is still written; the command then exits 1 naming it.
+        partial: true,
         ..Options::default()
     };
     let bar = progress_bar();
@@ -247,7 +250,16 @@ pub fn compile(args: CompileArgs) -> Result<(), CliError> {
     if let Some(bar) = &bar {
         bar.finish_and_clear();
     }
-    let CompiledPlan { plan, rows } = result.map_err(search_error)?;
+    let CompiledPlan {
+        plan,
+        rows,
+        skipped,
+    } = result.map_err(search_error)?;
+    if plan.entries.is_empty()
+        && let Some(first) = skipped.first()
+    {
+        return Err(search_error(first.clone()));
+    }
     let out = args.output.unwrap_or_else(|| {
         let stem = Path::new(&args.topo)
             .file_stem()
@@ -257,7 +269,23 @@ pub fn compile(args: CompileArgs) -> Result<(), CliError> {
     });
     plan.save(&out).map_err(CliError::input)?;
     report(&out, &topo, &rows, args.json);
-    Ok(())
+    if skipped.is_empty() {
+        return Ok(());
+    }
+    let why: Vec<String> = skipped.iter().map(ToString::to_string).collect();
+    Err(CliError::Failed(format!(
+        "wrote {} without {}: {}",
+        out.display(),
+        skipped
+            .iter()
+            .filter_map(|e| match e {
+                SearchError::NoCandidate { collective, .. } => Some(collective.name()),
+                SearchError::BadOptions(_) => None,
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
+        why.join("; ")
+    )))
 }
 
 pub fn explain(args: ExplainArgs) -> Result<(), CliError> {
