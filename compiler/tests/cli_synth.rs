@@ -1,6 +1,8 @@
 //! `hcclc synth` end to end: the packing against its max-flow bound (AllReduce trees against
 //! equal blocks), a plan that verifies, and located errors with exit code 2 for bad input.
 
+mod synth_common;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -438,19 +440,7 @@ fn pareto_bad_input_exits_2_with_the_reason() {
 #[test]
 fn synth_packs_allreduce_trees_beyond_equal_blocks() {
     let dir = scratch("allreduce");
-    let ring = r#"(name: "chorded-6", hosts: [(id: "h", devices: [
-        (id: "g0", kind: Gpu), (id: "g1", kind: Gpu), (id: "g2", kind: Gpu),
-        (id: "g3", kind: Gpu), (id: "g4", kind: Gpu), (id: "g5", kind: Gpu)])],
-      links: [
-        (a: "g0", b: "g1", kind: NvLink, bw: 100.0, latency: 1.0),
-        (a: "g1", b: "g2", kind: NvLink, bw: 100.0, latency: 1.0),
-        (a: "g2", b: "g3", kind: NvLink, bw: 100.0, latency: 1.0),
-        (a: "g3", b: "g4", kind: NvLink, bw: 100.0, latency: 1.0),
-        (a: "g4", b: "g5", kind: NvLink, bw: 100.0, latency: 1.0),
-        (a: "g5", b: "g0", kind: NvLink, bw: 100.0, latency: 1.0),
-        (a: "g0", b: "g3", kind: NvLink, bw: 25.0, latency: 1.0),
-        (a: "g1", b: "g4", kind: NvLink, bw: 25.0, latency: 1.0)])"#;
-    std::fs::write(dir.join("chorded.ron"), ring).unwrap();
+    std::fs::write(dir.join("chorded.ron"), synth_common::MIXED).unwrap();
     let out = hcclc(
         &[
             "synth",

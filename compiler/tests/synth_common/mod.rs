@@ -1,6 +1,9 @@
 //! The machines the synthesis tests run on: every shipped machine, generated ones of other
 //! shapes, and one with mixed link speeds.
 
+// Each test binary uses part of it (`cli_synth` only the mixed machine's text).
+#![allow(dead_code)]
+
 use hccl_topologies::Topology;
 
 /// Six GPUs on a 100 GB/s ring with two 25 GB/s chords (also `examples/synthesis.rs`).
