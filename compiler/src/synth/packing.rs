@@ -40,7 +40,7 @@ use super::arborescence::min_arborescence;
 use crate::cost::Network;
 use good_lp::{
     Expression, ProblemVariables, Solution, SolverModel, Variable, WithTimeLimit, constraint,
-    microlp, variable,
+    variable,
 };
 use std::collections::HashMap;
 
@@ -491,7 +491,7 @@ fn select_milp(
     let lambda = vars.add(variable().min(0.0));
     let mut model = vars
         .maximise(lambda)
-        .using(microlp)
+        .using(crate::lp::solver)
         .with_time_limit(MILP_SECONDS);
     for &root in roots {
         let mine: Vec<usize> = (0..trees.len())
@@ -569,7 +569,7 @@ fn solve_primal(
         .map(|_| vars.add(variable().min(0.0)))
         .collect();
     let lambda = vars.add(variable().min(0.0));
-    let mut model = vars.maximise(lambda).using(microlp);
+    let mut model = vars.maximise(lambda).using(crate::lp::solver);
     for &root in roots {
         let sum: Expression = trees
             .iter()
@@ -631,7 +631,7 @@ fn solve_dual(trees: &[Priced], roots: &[u32], cap: &[f64]) -> Result<Dual, Synt
         .map(|_| vars.add(variable().min(0.0)))
         .collect();
     let objective: Expression = used.iter().map(|&r| cap[r as usize] * y[&r]).sum();
-    let mut model = vars.minimise(objective).using(microlp);
+    let mut model = vars.minimise(objective).using(crate::lp::solver);
     let zsum: Expression = z.iter().copied().sum();
     model = model.with(constraint!(zsum == 1.0));
     let root_index: HashMap<u32, usize> = roots.iter().enumerate().map(|(i, &r)| (r, i)).collect();

@@ -282,6 +282,7 @@ pub fn run(args: SynthArgs) -> Result<(), CliError> {
             "pool_trees": packing.pool,
             "pool_rate_gbps": packing.pool_rate,
             "solver_ms": solver_ms,
+            "solver": hccl_compiler::lp::NAME,
             "pieces": args.pieces,
             "resolution": units,
             "chunks": candidate.schedule.chunks,
