@@ -532,16 +532,11 @@ pub fn compile_with_progress(
                 synthesis: costed[c].candidate.synthesis.clone(),
                 schedule: costed[c].candidate.schedule.clone(),
             };
-            let seal = hccl_ir::Seal {
-                verifier: hccl_ir::verify::VERIFIER.to_string(),
-                schedule: hashed
-                    .entry(c)
-                    .or_insert_with(|| hccl_ir::schedule_hash(&entry))
-                    .clone(),
-            };
-            if !plan.verified.contains(&seal) {
-                plan.verified.push(seal);
-            }
+            let hash = hashed
+                .entry(c)
+                .or_insert_with(|| hccl_ir::schedule_hash(&entry))
+                .clone();
+            plan.add_seal(hash);
             plan.entries.push(entry);
             start = end;
         }

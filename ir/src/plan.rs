@@ -469,13 +469,7 @@ impl PlanFile {
         let added = derived.len();
         for (entry, sealed) in derived {
             if sealed {
-                let seal = Seal {
-                    verifier: crate::verify::VERIFIER.to_string(),
-                    schedule: schedule_hash(&entry),
-                };
-                if !self.verified.contains(&seal) {
-                    self.verified.push(seal);
-                }
+                self.add_seal(schedule_hash(&entry));
             }
             self.entries.push(entry);
         }
@@ -569,17 +563,24 @@ impl PlanFile {
     /// seals the plan had). Call it only when the verifier has passed every entry: the seals
     /// let a job skip verifying them ([`PlanFile::sealed`]).
     pub fn seal(&mut self) {
-        let mut seals: Vec<Seal> = Vec::with_capacity(self.entries.len());
-        for e in &self.entries {
-            let seal = Seal {
-                verifier: crate::verify::VERIFIER.to_string(),
-                schedule: schedule_hash(e),
-            };
-            if !seals.contains(&seal) {
-                seals.push(seal);
-            }
+        let hashes: Vec<String> = self.entries.iter().map(schedule_hash).collect();
+        self.verified.clear();
+        for hash in hashes {
+            self.add_seal(hash);
         }
-        self.verified = seals;
+    }
+
+    /// Seals the schedule of hash `hash` ([`schedule_hash`]) as passed by
+    /// [`crate::verify::VERIFIER`], unless it is already. Only for a schedule the verifier
+    /// has passed.
+    pub fn add_seal(&mut self, hash: String) {
+        let seal = Seal {
+            verifier: crate::verify::VERIFIER.to_string(),
+            schedule: hash,
+        };
+        if !self.verified.contains(&seal) {
+            self.verified.push(seal);
+        }
     }
 
     /// Which entries a seal of this build's verifier covers (their schedules hash to a

@@ -24,7 +24,7 @@
 
 use super::packing::{Direction, Packing, Pool};
 use super::{Memo, SynthLevel, copy_counts, critical_first, grow_pool, packing_bound};
-use super::{SYNTH_MAX_RANKS_ALL, record, resolution};
+use super::{max_ranks, record, resolution};
 use super::{piece_widths, prune};
 use crate::builder::ScheduleBuilder;
 use crate::cost::Network;
@@ -55,12 +55,8 @@ const MIN_CHUNK_BYTES: u64 = 4096;
 /// beat equal blocks by [`GAIN`] (see the module docs).
 pub fn allreduce_packing(topo: &Topology, level: SynthLevel) -> Option<Arc<Packing>> {
     let n = topo.nranks();
-    let most = match level {
-        SynthLevel::Off => 0,
-        SynthLevel::Auto => SYNTH_MAX_RANKS_ALL,
-        SynthLevel::Full => 2 * SYNTH_MAX_RANKS_ALL,
-    };
-    if !(3..=most).contains(&n) {
+    // The limits of the AllGather packing, whose bound the trees are compared with.
+    if !(3..=max_ranks(Collective::AllGather, level)).contains(&n) {
         return None;
     }
     static PACKINGS: Memo<String, Option<Arc<Packing>>> = Memo::new();

@@ -148,7 +148,7 @@ pub fn packing_of(collective: Collective, nranks: u32) -> Option<(Vec<u32>, Dire
 }
 
 /// Largest rank count `collective` is packed for at `level`.
-fn max_ranks(collective: Collective, level: SynthLevel) -> u32 {
+pub(super) fn max_ranks(collective: Collective, level: SynthLevel) -> u32 {
     let auto = match collective.kind() {
         CollectiveKind::AllGather | CollectiveKind::ReduceScatter => SYNTH_MAX_RANKS_ALL,
         _ => SYNTH_MAX_RANKS,
