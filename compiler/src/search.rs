@@ -510,7 +510,7 @@ pub fn compile_with_progress(
         }
         phase.done("rows and bounds");
         // Entries: merge runs of equal winners.
-        let mut hashed: std::collections::HashMap<usize, String> = Default::default();
+        let mut hashed: std::collections::HashMap<usize, hccl_ir::Seal> = Default::default();
         let mut start = 0;
         while start < sizes.len() {
             let mut end = start + 1;
@@ -532,11 +532,11 @@ pub fn compile_with_progress(
                 synthesis: costed[c].candidate.synthesis.clone(),
                 schedule: costed[c].candidate.schedule.clone(),
             };
-            let hash = hashed
+            let seal = hashed
                 .entry(c)
-                .or_insert_with(|| hccl_ir::schedule_hash(&entry))
+                .or_insert_with(|| hccl_ir::seal_of(&entry))
                 .clone();
-            plan.add_seal(hash);
+            plan.add_seal(seal);
             plan.entries.push(entry);
             start = end;
         }

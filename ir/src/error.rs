@@ -70,4 +70,15 @@ pub enum PlanError {
         algorithm: String,
         hash: String,
     },
+    #[error(
+        "{path}: entry {entry} ({collective} {algorithm}): rank {rank}'s program was changed after its plan was verified: its digest {hash} is not the one the plan's `verified` seals record for rank {rank}; recompile the plan, or delete its `verified` list to have every entry verified when it is loaded"
+    )]
+    EditedRank {
+        path: String,
+        entry: usize,
+        collective: crate::schedule::Collective,
+        algorithm: String,
+        rank: u32,
+        hash: String,
+    },
 }

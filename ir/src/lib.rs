@@ -7,6 +7,8 @@
 //! - [`schedule`]: the data model ([`Schedule`], [`RankProgram`], [`Stream`], [`Step`], [`Op`])
 //!   and its execution semantics;
 //! - [`plan`]: plan files ([`PlanFile`]), their RON form and format versioning;
+//! - [`seal`]: seals ([`Seal`]), the verifier's record that a schedule passed, which one
+//!   rank can check against its own program ([`PlanPart`]);
 //! - [`symmetric`]: rank-symmetric schedules ([`SymmetricSchedule`]): one template program
 //!   and the translations ([`Symmetry`]) that give every rank its own, the compact form of
 //!   ring, hierarchical and halving-doubling schedules in plan files;
@@ -18,19 +20,20 @@ pub mod msccl;
 pub mod plan;
 mod plan_scan;
 pub mod schedule;
+pub mod seal;
 pub mod symmetric;
 pub mod units;
 pub mod verify;
 
 pub use error::{Located, PlanError};
 pub use plan::{
-    CostFit, FORMAT_VERSION, MIN_FORMAT_VERSION, PlanEntry, PlanFile, PlanMeta, Protocol, Seal,
-    Synthesis, schedule_hash,
+    CostFit, FORMAT_VERSION, MIN_FORMAT_VERSION, PlanEntry, PlanFile, PlanMeta, Protocol, Synthesis,
 };
 pub use schedule::{
     Buf, CONNECTION_SLOTS, Collective, CollectiveKind, Dep, Loc, Op, Rank, RankProgram, Schedule,
     Step, StepRef, Stream,
 };
+pub use seal::{PlanPart, Seal, rank_digest, schedule_hash, seal_of};
 pub use symmetric::{
     Action, BlockLabel, BlockLayout, ChunkMap, SymmetricSchedule, Symmetry, SymmetryError,
     SymmetryTable, Translation,

@@ -10,7 +10,7 @@
 //!         (min_bytes: 0, max_bytes: Some(262144), algorithm: "ring", …, schedule: (…)),
 //!         (min_bytes: 262144, max_bytes: None, algorithm: "ring", …, symmetric: (…)),
 //!     ],
-//!     verified: [(verifier: "hccl-ir 0.1.0", schedule: "…"), …],
+//!     verified: [(verifier: "hccl-ir 0.1.0, seals 2", schedule: "…", ranks: Some("…")), …],
 //! )
 //! ```
 //!
@@ -50,6 +50,8 @@
 
 use crate::error::{Located, PlanError};
 use crate::schedule::{Collective, Schedule};
+use crate::seal::{PlanPart, seal_of};
+pub use crate::seal::{Seal, schedule_hash};
 use crate::symmetric::{SymmetricSchedule, Symmetry};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::path::Path;
@@ -166,36 +168,6 @@ pub struct Synthesis {
     /// Whether the solver proved `optimum` optimal (else it stopped early, e.g. at a time
     /// limit, and `optimum` is its best bound).
     pub proven: bool,
-}
-
-/// A record that [`crate::verify::VERIFIER`] passed a schedule: the compiler seals every
-/// entry it verified, so that a job starting from the plan need not verify it again (see
-/// [`PlanFile::sealed`]). A seal covers a schedule, not the sizes or names around it, and is
-/// matched by content ([`schedule_hash`]), so entries may be reordered, merged from several
-/// files or given other size ranges and stay sealed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Seal {
-    /// The verifier that passed the schedule ([`crate::verify::VERIFIER`] when it was
-    /// sealed); a seal of another verifier counts for nothing.
-    pub verifier: String,
-    /// [`schedule_hash`] of the schedule it passed.
-    pub schedule: String,
-}
-
-/// Hex blake3 of an entry's schedule as the plan file writes it (RON of the symmetric form
-/// when [`PlanEntry::compact`], of every rank's program otherwise): what a [`Seal`] names.
-pub fn schedule_hash(entry: &PlanEntry) -> String {
-    let mut hasher = blake3::Hasher::new();
-    let written = match entry.compact() {
-        Some(symmetric) => ron::Options::default().to_io_writer(&mut hasher, &symmetric),
-        None => ron::Options::default().to_io_writer(&mut hasher, &entry.schedule),
-    };
-    if let Err(e) = written {
-        // Schedules always serialise; an error still hashes to something no seal holds.
-        hasher.update(format!("unserialisable: {e}").as_bytes());
-    }
-    hasher.finalize().to_hex().to_string()
 }
 
 /// One schedule and the message sizes it is chosen for.
@@ -469,7 +441,7 @@ impl PlanFile {
         let added = derived.len();
         for (entry, sealed) in derived {
             if sealed {
-                self.add_seal(schedule_hash(&entry));
+                self.add_seal(seal_of(&entry));
             }
             self.entries.push(entry);
         }
@@ -517,27 +489,57 @@ impl PlanFile {
     /// (no streams, no scratch), so the result has the shape of the full plan but holds one
     /// rank's part. Such a plan does not verify and serves only that rank (an executor's view).
     /// A `rank` that some schedule does not have is an error located at that schedule.
+    /// The part is checked against the plan's seals ([`PlanFile::from_ron_for_ranks`]).
+    pub fn from_ron_for_rank(text: &str, origin: &str, rank: u32) -> Result<PlanFile, PlanError> {
+        Ok(PlanFile::from_ron_for_ranks(text, origin, &[rank])?.plan)
+    }
+
+    /// Parses plan text keeping only the programs of `ranks` (see
+    /// [`PlanFile::from_ron_for_rank`]), and refuses a sealed plan whose loaded programs no
+    /// seal covers ([`PlanPart::check_seals`]: an edit after compiling).
     ///
     /// The other ranks' programs of explicit entries are skipped by a byte scan before the
     /// RON parse (the crate's `plan_scan` module), which only matches their brackets, strings and
     /// comments: a syntax or type error inside another rank's program is therefore not
-    /// reported here (one-rank loading does not validate other ranks' programs;
+    /// reported here (a part does not validate other ranks' programs;
     /// [`PlanFile::from_ron`] does). Everything else is checked as by the full parse, and
     /// errors are located in `text` as written.
-    pub fn from_ron_for_rank(text: &str, origin: &str, rank: u32) -> Result<PlanFile, PlanError> {
+    pub fn from_ron_for_ranks(
+        text: &str,
+        origin: &str,
+        ranks: &[u32],
+    ) -> Result<PlanPart, PlanError> {
         check_version(text, origin)?;
-        if let Some(shrunk) = crate::plan_scan::shrink(text, rank)
-            && let Ok(plan) = parse_one_rank(&shrunk, rank)
+        let mut wanted = ranks.to_vec();
+        wanted.sort_unstable();
+        wanted.dedup();
+        let parsed = match crate::plan_scan::shrink(text, &wanted)
+            .and_then(|shrunk| parse_ranks(&shrunk, &wanted).ok())
         {
-            return upgrade(plan, origin);
-        }
-        // No explicit entry, or the shrunk text does not parse: the real parse, on the text
-        // as written, gives the result or the error with its location in the file.
-        from_ron_for_rank_unshrunk(text, origin, rank)
+            Some(parsed) => parsed,
+            // No explicit entry, or the shrunk text does not parse: the real parse, on the
+            // text as written, gives the result or the error with its location in the file.
+            None => parse_ranks(text, &wanted)
+                .map_err(|err| PlanError::Parse(Located::from_ron(origin, &err)))?,
+        };
+        let (plan, templates) = parsed;
+        let part = PlanPart {
+            plan: upgrade(plan, origin)?,
+            ranks: wanted,
+            templates,
+        };
+        part.check_seals(origin)?;
+        Ok(part)
     }
 
     /// Reads a plan file keeping only `rank`'s part (see [`PlanFile::from_ron_for_rank`]).
     pub fn load_for_rank(path: &Path, rank: u32) -> Result<PlanFile, PlanError> {
+        Ok(PlanFile::load_for_ranks(path, &[rank])?.plan)
+    }
+
+    /// Reads a plan file keeping only the programs of `ranks` (see
+    /// [`PlanFile::from_ron_for_ranks`]).
+    pub fn load_for_ranks(path: &Path, ranks: &[u32]) -> Result<PlanPart, PlanError> {
         let origin = path.display().to_string();
         let bytes = std::fs::read(path).map_err(|source| PlanError::Io {
             path: origin.clone(),
@@ -547,7 +549,7 @@ impl PlanFile {
             path: origin.clone(),
             offset: err.valid_up_to(),
         })?;
-        PlanFile::from_ron_for_rank(text, &origin, rank)
+        PlanFile::from_ron_for_ranks(text, &origin, ranks)
     }
 
     /// Writes the plan atomically: a temporary file beside `path`, then a rename, so a reader
@@ -563,21 +565,16 @@ impl PlanFile {
     /// seals the plan had). Call it only when the verifier has passed every entry: the seals
     /// let a job skip verifying them ([`PlanFile::sealed`]).
     pub fn seal(&mut self) {
-        let hashes: Vec<String> = self.entries.iter().map(schedule_hash).collect();
+        let seals: Vec<Seal> = self.entries.iter().map(seal_of).collect();
         self.verified.clear();
-        for hash in hashes {
-            self.add_seal(hash);
+        for seal in seals {
+            self.add_seal(seal);
         }
     }
 
-    /// Seals the schedule of hash `hash` ([`schedule_hash`]) as passed by
-    /// [`crate::verify::VERIFIER`], unless it is already. Only for a schedule the verifier
-    /// has passed.
-    pub fn add_seal(&mut self, hash: String) {
-        let seal = Seal {
-            verifier: crate::verify::VERIFIER.to_string(),
-            schedule: hash,
-        };
+    /// Adds `seal` ([`crate::seal::seal_of`] a schedule the verifier has passed), unless the
+    /// plan holds it already.
+    pub fn add_seal(&mut self, seal: Seal) {
         if !self.verified.contains(&seal) {
             self.verified.push(seal);
         }
@@ -634,36 +631,48 @@ impl PlanFile {
 
 /// [`PlanFile::from_ron_for_rank`] without the byte-scan pre-pass: every other rank's
 /// program goes through the RON parser (and is skipped there).
+#[cfg(test)]
 fn from_ron_for_rank_unshrunk(text: &str, origin: &str, rank: u32) -> Result<PlanFile, PlanError> {
     check_version(text, origin)?;
-    let plan = parse_one_rank(text, rank)
+    let (plan, _) = parse_ranks(text, &[rank])
         .map_err(|err| PlanError::Parse(Located::from_ron(origin, &err)))?;
     upgrade(plan, origin)
 }
 
-/// Parses `text` keeping only `rank`'s programs (no version checks).
-fn parse_one_rank(text: &str, rank: u32) -> Result<PlanFile, ron::error::SpannedError> {
+/// Parses `text` keeping only the programs of `ranks` (sorted; no version checks), with the
+/// hash of every symmetric entry's template as read.
+fn parse_ranks(
+    text: &str,
+    ranks: &[u32],
+) -> Result<(PlanFile, Vec<Option<String>>), ron::error::SpannedError> {
     let options = ron::Options::default().with_recursion_limit(64);
-    WANTED_RANK
+    WANTED_RANKS
         .with(|w| {
-            let previous = w.replace(Some(rank));
+            let previous = w.replace(Some(ranks.to_vec()));
             let parsed = options.from_str::<one_rank::Plan>(text);
-            w.set(previous);
+            w.replace(previous);
             parsed
         })
         .map(one_rank::Plan::into_plan)
 }
 
 thread_local! {
-    /// The rank [`PlanFile::from_ron_for_rank`] keeps while it parses on this thread.
-    static WANTED_RANK: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+    /// The ranks (sorted) [`PlanFile::from_ron_for_ranks`] keeps while it parses on this
+    /// thread.
+    static WANTED_RANKS: std::cell::RefCell<Option<Vec<u32>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// The ranks being kept (see [`WANTED_RANKS`]).
+fn wanted_ranks() -> Option<Vec<u32>> {
+    WANTED_RANKS.with(|w| w.borrow().clone())
 }
 
 /// Mirrors of [`PlanFile`], [`PlanEntry`] and [`Schedule`] (same RON shape, same field rules)
-/// whose `ranks` list deserialises only the element [`WANTED_RANK`] and skips the others
-/// with [`serde::de::IgnoredAny`].
+/// whose `ranks` list deserialises only the elements of [`WANTED_RANKS`] and skips the
+/// others with [`serde::de::IgnoredAny`].
 mod one_rank {
-    use super::{PlanEntry, PlanFile, PlanMeta, WANTED_RANK, wire};
+    use super::{PlanEntry, PlanFile, PlanMeta, wanted_ranks, wire};
     use crate::schedule::{Collective, RankProgram, Schedule};
     use serde::Deserialize;
     use serde::de::{self, IgnoredAny, SeqAccess, Visitor};
@@ -678,14 +687,23 @@ mod one_rank {
         verified: Vec<super::Seal>,
     }
 
-    /// An entry holding only the wanted rank's program.
-    struct Entry(PlanEntry);
+    /// An entry holding only the wanted ranks' programs, and the hash of its template when
+    /// it was written symmetric.
+    struct Entry(PlanEntry, Option<String>);
+
+    fn empty() -> RankProgram {
+        RankProgram {
+            scratch_chunks: 0,
+            streams: Vec::new(),
+        }
+    }
 
     impl<'de> Deserialize<'de> for Entry {
         fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Entry, D::Error> {
             use serde::de::Error;
-            let wanted = WANTED_RANK.with(|w| w.get());
-            wire::In::<Sched>::deserialize(d)?
+            let wanted = wanted_ranks();
+            let mut template = None;
+            let entry = wire::In::<Sched>::deserialize(d)?
                 .into_entry(|form| match form {
                     wire::Form::Explicit(s) => Ok((
                         Schedule {
@@ -702,20 +720,17 @@ mod one_rank {
                     wire::Form::Symmetric(sym) => {
                         let fail = |e| format!("symmetric schedule: {e}");
                         let table = sym.table().map_err(fail)?;
-                        let Some(rank) = wanted else {
+                        template = Some(crate::seal::symmetric_hash(&sym));
+                        let Some(wanted) = &wanted else {
                             let schedule = sym.expand().map_err(fail)?;
                             return Ok((schedule, Some(sym.symmetry)));
                         };
-                        let mut ranks = vec![
-                            RankProgram {
-                                scratch_chunks: 0,
-                                streams: Vec::new(),
-                            };
-                            sym.nranks as usize
-                        ];
-                        let program = sym.program_with(&table, rank).map_err(fail)?;
-                        if let Some(slot) = ranks.get_mut(rank as usize) {
-                            *slot = program;
+                        let mut ranks = vec![empty(); sym.nranks as usize];
+                        for &rank in wanted {
+                            let program = sym.program_with(&table, rank).map_err(fail)?;
+                            if let Some(slot) = ranks.get_mut(rank as usize) {
+                                *slot = program;
+                            }
                         }
                         let schedule = Schedule {
                             collective: sym.collective,
@@ -729,8 +744,8 @@ mod one_rank {
                         Ok((schedule, Some(sym.symmetry)))
                     }
                 })
-                .map(Entry)
-                .map_err(D::Error::custom)
+                .map_err(D::Error::custom)?;
+            Ok(Entry(entry, template))
         }
     }
 
@@ -743,24 +758,28 @@ mod one_rank {
         input_chunks: u32,
         output_chunks: u32,
         in_place: bool,
-        #[serde(deserialize_with = "wanted_rank_only")]
+        #[serde(deserialize_with = "wanted_ranks_only")]
         ranks: Vec<RankProgram>,
     }
 
     impl Plan {
-        pub(super) fn into_plan(self) -> PlanFile {
-            PlanFile {
+        pub(super) fn into_plan(self) -> (PlanFile, Vec<Option<String>>) {
+            let (entries, templates) = self.entries.into_iter().map(|e| (e.0, e.1)).unzip();
+            let plan = PlanFile {
                 format_version: self.format_version,
                 meta: self.meta,
-                entries: self.entries.into_iter().map(|e| e.0).collect(),
-                // One rank's programs cannot be matched against the seals: kept, unchecked.
+                entries,
+                // Checked against the loaded programs by `PlanPart::check_seals`.
                 verified: self.verified,
-            }
+            };
+            (plan, templates)
         }
     }
 
-    fn wanted_rank_only<'de, D: de::Deserializer<'de>>(d: D) -> Result<Vec<RankProgram>, D::Error> {
-        struct Ranks(Option<u32>);
+    fn wanted_ranks_only<'de, D: de::Deserializer<'de>>(
+        d: D,
+    ) -> Result<Vec<RankProgram>, D::Error> {
+        struct Ranks(Option<Vec<u32>>);
         impl<'de> Visitor<'de> for Ranks {
             type Value = Vec<RankProgram>;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
@@ -769,8 +788,10 @@ mod one_rank {
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
                 let mut out = Vec::new();
                 loop {
-                    let index = out.len();
-                    let keep = self.0.is_none_or(|r| r as usize == index);
+                    let index = out.len() as u64;
+                    let keep = self.0.as_ref().is_none_or(|w| {
+                        u32::try_from(index).is_ok_and(|i| w.binary_search(&i).is_ok())
+                    });
                     if keep {
                         match seq.next_element::<RankProgram>()? {
                             Some(p) => out.push(p),
@@ -778,15 +799,12 @@ mod one_rank {
                         }
                     } else {
                         match seq.next_element::<IgnoredAny>()? {
-                            Some(_) => out.push(RankProgram {
-                                scratch_chunks: 0,
-                                streams: Vec::new(),
-                            }),
+                            Some(_) => out.push(empty()),
                             None => break,
                         }
                     }
                 }
-                if let Some(r) = self.0
+                if let Some(&r) = self.0.as_ref().and_then(|w| w.last())
                     && r as usize >= out.len()
                 {
                     return Err(de::Error::custom(format!(
@@ -797,7 +815,7 @@ mod one_rank {
                 Ok(out)
             }
         }
-        d.deserialize_seq(Ranks(WANTED_RANK.with(|w| w.get())))
+        d.deserialize_seq(Ranks(wanted_ranks()))
     }
 }
 
@@ -1001,7 +1019,7 @@ mod tests {
         assert_eq!(part.entries[1].algorithm, "a\"]");
         assert_eq!(part.entries[1].schedule.ranks[1].scratch_chunks, 2);
         assert!(
-            crate::plan_scan::shrink(&texts[1], 1).is_some(),
+            crate::plan_scan::shrink(&texts[1], &[1]).is_some(),
             "the scan applies"
         );
     }

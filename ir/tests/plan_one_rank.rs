@@ -167,3 +167,182 @@ proptest! {
         }
     }
 }
+
+/// A sealed copy of [`mixed`], with a second AllToAll entry (another size range) whose
+/// schedule has the same header as the first but other programs.
+fn sealed_mixed(n: u32) -> PlanFile {
+    let mut plan = mixed(n);
+    let mut other = entry(common::direct_alltoall(n, 1, 1, true), None);
+    other.min_bytes = 1 << 20;
+    // The same exchange on channel 1: another schedule.
+    for prog in &mut other.schedule.ranks {
+        for st in &mut prog.streams {
+            st.channel += 1;
+        }
+    }
+    hccl_ir::verify::verify(&other.schedule).expect("the exchange verifies on channel 1");
+    plan.entries.push(other);
+    hccl_ir::verify::verify_plan(&plan).expect("verifies");
+    plan.seal();
+    plan
+}
+
+#[test]
+fn each_rank_checks_its_own_programs_against_the_seals() {
+    let n = 5;
+    let plan = sealed_mixed(n);
+    let text = plan.to_ron();
+    let whole = PlanFile::from_ron(&text, "s").expect("parses");
+    let identity = whole.identity();
+    for rank in 0..n {
+        let part = PlanFile::from_ron_for_ranks(&text, "s", &[rank]).expect("sealed part");
+        assert!(part.sealed().iter().all(|s| *s), "rank {rank}");
+        assert_eq!(part.identity().as_deref(), Some(identity.as_str()));
+        for (i, e) in part.plan.entries.iter().enumerate() {
+            hccl_ir::verify::check_rank(&e.schedule, rank)
+                .unwrap_or_else(|errs| panic!("entry {i} rank {rank}: {errs:?}"));
+        }
+    }
+    // Several ranks at once (a host's ranks): the same seals cover them all.
+    let part = PlanFile::from_ron_for_ranks(&text, "s", &[3, 1, 3]).expect("two ranks");
+    assert_eq!(part.ranks, vec![1, 3]);
+    assert_eq!(
+        part.plan.entries[0].schedule.ranks[3],
+        plan.entries[0].schedule.ranks[3]
+    );
+    assert!(part.plan.entries[0].schedule.ranks[2].streams.is_empty());
+    assert_eq!(part.identity().as_deref(), Some(identity.as_str()));
+    // An unsealed plan loads; nothing is sealed and no identity comes from a part.
+    let unsealed = PlanFile::from_ron_for_ranks(&mixed(n).to_ron(), "u", &[2]).expect("loads");
+    assert!(unsealed.sealed().iter().all(|s| !s));
+    assert_eq!(unsealed.identity(), None);
+}
+
+/// Rank `rank`'s program of entry `entry` in the plan text: its byte range.
+fn program_span(text: &str, entry: usize, rank: usize) -> std::ops::Range<usize> {
+    let start = text
+        .match_indices("schedule: (")
+        .nth(entry)
+        .map(|(i, _)| i)
+        .expect("the explicit entry");
+    let list = start + text[start..].find("ranks: [").expect("its ranks") + "ranks: [".len();
+    let mut depth = 0;
+    let mut begin = None;
+    let mut index = 0;
+    for (i, c) in text[list..].char_indices() {
+        match c {
+            '(' | '[' => {
+                if depth == 0 {
+                    begin = Some(list + i);
+                }
+                depth += 1;
+            }
+            ')' | ']' if depth > 0 => {
+                depth -= 1;
+                if depth == 0 {
+                    if index == rank {
+                        return begin.expect("opened")..list + i + 1;
+                    }
+                    index += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    panic!("no rank {rank}")
+}
+
+#[test]
+fn an_edited_rank_program_is_caught_by_that_rank() {
+    let n = 5;
+    let text = sealed_mixed(n).to_ron();
+    // Entry 0 (explicit): rank 2 sends a chunk further along.
+    let span = program_span(&text, 0, 2);
+    let program = &text[span.clone()];
+    let edited_program = program.replacen("off: 0", "off: 1", 1);
+    assert_ne!(program, edited_program, "{program}");
+    let edited = format!(
+        "{}{}{}",
+        &text[..span.start],
+        edited_program,
+        &text[span.end..]
+    );
+    let err = PlanFile::from_ron_for_ranks(&edited, "e.plan", &[2]).expect_err("rank 2 edited");
+    let msg = err.to_string();
+    assert!(
+        matches!(
+            err,
+            hccl_ir::PlanError::EditedRank {
+                rank: 2,
+                entry: 0,
+                ..
+            }
+        ),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("e.plan") && msg.contains("rank 2's program"),
+        "{msg}"
+    );
+    // Another rank's part does not read rank 2's program: it loads, and so would its run,
+    // but rank 2 refuses to start, so the job does. The whole plan is refused.
+    assert!(PlanFile::from_ron_for_ranks(&edited, "e.plan", &[0]).is_ok());
+    assert!(PlanFile::from_ron(&edited, "e.plan").is_err());
+    // Putting the edited program's digest into the seal breaks the seal's root instead.
+    let plan = PlanFile::from_ron_for_ranks(&text, "s", &[0])
+        .expect("loads")
+        .plan;
+    let seal = plan
+        .verified
+        .iter()
+        .find(|s| s.ranks.is_some())
+        .expect("an explicit entry's seal");
+    let list = seal.ranks.clone().expect("digests");
+    let forged_digest = {
+        let edited_plan = PlanFile::from_ron_for_ranks(
+            &edited.replace(hccl_ir::verify::VERIFIER, "someone else"),
+            "f",
+            &[2],
+        )
+        .expect("no seal of this verifier left");
+        let d = hccl_ir::rank_digest(&edited_plan.plan.entries[0].schedule.ranks[2]);
+        d.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    };
+    let mut forged_list = list.clone();
+    forged_list.replace_range(2 * 32..3 * 32, &forged_digest);
+    let forged = edited.replace(&list, &forged_list);
+    assert!(matches!(
+        PlanFile::from_ron_for_ranks(&forged, "f", &[2]),
+        Err(hccl_ir::PlanError::EditedRank { rank: 2, .. })
+    ));
+}
+
+#[test]
+fn programs_swapped_between_sealed_entries_change_the_identity() {
+    let n = 5;
+    let text = sealed_mixed(n).to_ron();
+    // Entries 2 and 3 share their header; give rank 1 entry 3's program in entry 2.
+    let (a, b) = (program_span(&text, 1, 1), program_span(&text, 2, 1));
+    assert!(a.end < b.start);
+    let swapped = format!("{}{}{}", &text[..a.start], &text[b.clone()], &text[a.end..]);
+    let part = PlanFile::from_ron_for_ranks(&swapped, "w", &[1]).expect("each program is sealed");
+    let others = PlanFile::from_ron_for_ranks(&swapped, "w", &[0]).expect("untouched");
+    assert!(part.sealed().iter().all(|s| *s));
+    assert_ne!(
+        part.identity(),
+        others.identity(),
+        "rank 1 matched another seal: the job sees two plans"
+    );
+}
+
+#[test]
+fn a_rank_checks_its_own_program_locally() {
+    let mut s = common::direct_alltoall(4, 1, 1, true);
+    assert!(hccl_ir::verify::check_rank(&s, 1).is_ok());
+    assert!(hccl_ir::verify::check_rank(&s, 4).is_err(), "no rank 4");
+    s.ranks[1].streams[0].steps[0].count = 99;
+    let errs = hccl_ir::verify::check_rank(&s, 1).expect_err("out of bounds");
+    assert!(errs[0].to_string().contains("rank 1"), "{errs:?}");
+    // Another rank's broken program is not this rank's concern.
+    assert!(hccl_ir::verify::check_rank(&s, 0).is_ok());
+}

@@ -87,7 +87,10 @@ fn bad_plans_fail_with_located_errors() {
                     assert_eq!((loc.line, loc.col), (line, col), "{file}: {msg}");
                 }
             }
-            PlanError::Version { .. } | PlanError::NotText { .. } | PlanError::Edited { .. } => {}
+            PlanError::Version { .. }
+            | PlanError::NotText { .. }
+            | PlanError::Edited { .. }
+            | PlanError::EditedRank { .. } => {}
             PlanError::Io { .. } => panic!("{file}: {msg}"),
         }
         let shown = match &err {

@@ -262,6 +262,32 @@ pub fn check_limits(schedule: &Schedule) -> Result<(), Vec<VerifyError>> {
     sink.finish()
 }
 
+/// The checks one rank can make of its own program without the others' (what a job's rank
+/// runs at start on the part of a sealed plan it loaded, see [`crate::PlanPart`]): the header,
+/// then every step of `rank`'s program (buffer bounds, peers, dependency targets) and that
+/// one stream per connection direction owns it. Deadlock freedom, matching and the
+/// collective's result need every rank: [`verify`] proves them, and a seal records that it did.
+pub fn check_rank(schedule: &Schedule, rank: u32) -> Result<(), Vec<VerifyError>> {
+    let mut sink = Sink::default();
+    structure::check_header(schedule, &mut sink);
+    if sink.total() == 0 {
+        if rank >= schedule.nranks {
+            sink.push(VerifyError {
+                at: None,
+                channel: None,
+                kind: ErrorKind::Header,
+                message: format!(
+                    "rank {rank} is not a rank of the schedule (nranks is {})",
+                    schedule.nranks
+                ),
+            });
+        } else {
+            structure::check_rank_program(schedule, rank, &mut sink);
+        }
+    }
+    sink.finish()
+}
+
 /// The header checks, then (when the header is sound) the size limits.
 fn header_and_limits(schedule: &Schedule, sink: &mut Sink) {
     structure::check_header(schedule, sink);
@@ -302,10 +328,11 @@ fn run(schedule: &Schedule, eager: bool) -> Result<Report, Vec<VerifyError>> {
     })
 }
 
-/// What the plan seals name as their verifier ([`crate::plan::Seal`]): this crate at its
-/// version. A seal of another version counts for nothing, so a build whose verifier changed
-/// verifies old plans again.
-pub const VERIFIER: &str = concat!("hccl-ir ", env!("CARGO_PKG_VERSION"));
+/// What the plan seals name as their verifier ([`crate::seal::Seal`]): this crate at its
+/// version, and the seal form (2: explicit schedules hashed per rank). A seal of another
+/// version or form counts for nothing, so a build whose verifier or seals changed verifies
+/// old plans again.
+pub const VERIFIER: &str = concat!("hccl-ir ", env!("CARGO_PKG_VERSION"), ", seals 2");
 
 /// Verifies every entry of a plan; errors carry the entry index.
 pub fn verify_plan(plan: &PlanFile) -> Result<(), Vec<(usize, Vec<VerifyError>)>> {

@@ -313,6 +313,44 @@ fn check_step(s: &Schedule, rank: u32, stream: u32, idx: usize, step: &Step, sin
     }
 }
 
+/// The per-step checks of one rank's program and its connection ownership (one stream per
+/// connection direction); the header must have passed.
+pub(crate) fn check_rank_program(s: &Schedule, rank: u32, sink: &mut Sink) {
+    let prog = &s.ranks[rank as usize];
+    let mut owner: HashMap<(u32, u32, u32), u32> = HashMap::new();
+    for (si, st) in prog.streams.iter().enumerate() {
+        for (idx, step) in st.steps.iter().enumerate() {
+            check_step(s, rank, si as u32, idx, step, sink);
+            let ends = [
+                (step.op.send_peer().map(|to| (rank, to)), "sends to"),
+                (
+                    step.op.recv_peer().map(|from| (from, rank)),
+                    "receives from",
+                ),
+            ];
+            for (key, verb) in ends {
+                let Some((from, to)) = key else { continue };
+                let peer = if from == rank { to } else { from };
+                if peer >= s.nranks || peer == rank {
+                    continue;
+                }
+                let first = *owner.entry((from, to, st.channel)).or_insert(si as u32);
+                if first != si as u32 {
+                    step_error(
+                        sink,
+                        (rank, si as u32, idx, st.channel),
+                        ErrorKind::Connection,
+                        format!(
+                            "{verb} rank {peer} on channel {}, but stream {first} of this rank already does (one stream per connection direction)",
+                            st.channel
+                        ),
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// Per-connection list of (global stream, step index, count) in program order.
 type Ends = Vec<(usize, usize, u32)>;
 

@@ -1,0 +1,362 @@
+//! Seals: the record that the verifier passed a schedule, in a form one rank can check alone.
+//!
+//! A [`Seal`] names a schedule by [`schedule_hash`]:
+//!
+//! - a symmetric entry (written as one template, see [`crate::symmetric`]) hashes as the RON of
+//!   its [`SymmetricSchedule`]: every rank reads the whole template, so every rank can hash it;
+//! - an explicit entry hashes as a root over its header (collective, ranks, chunks, buffer
+//!   extents, placement) and one 128-bit [`rank_digest`] per rank program, and its seal lists
+//!   those digests (`ranks`, hex). A rank that loaded only its own program
+//!   ([`crate::PlanFile::load_for_ranks`]) checks that the seal's list hashes to the seal's
+//!   root and that its program's digest is the one listed for it: what it runs is what the
+//!   verifier passed, without reading the other ranks' programs.
+//!
+//! Ranks that checked their own programs against *different* seals of equal headers would
+//! run a mixture nobody verified; [`PlanPart::identity`] therefore names the seal each entry
+//! matched, and a job compares identities across ranks before it starts.
+
+use crate::error::PlanError;
+use crate::plan::{PlanEntry, PlanFile};
+use crate::schedule::{Collective, RankProgram, Schedule};
+use crate::symmetric::SymmetricSchedule;
+use serde::{Deserialize, Serialize};
+
+/// Bytes of a rank program's digest in a seal (blake3, truncated).
+pub const RANK_DIGEST_BYTES: usize = 16;
+
+/// A record that [`crate::verify::VERIFIER`] passed a schedule: the compiler seals every
+/// entry it verified, so that a job starting from the plan need not verify it again (see
+/// [`PlanFile::sealed`]). A seal covers a schedule, not the sizes or names around it, and is
+/// matched by content ([`schedule_hash`]), so entries may be reordered, merged from several
+/// files or given other size ranges and stay sealed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Seal {
+    /// The verifier that passed the schedule ([`crate::verify::VERIFIER`] when it was
+    /// sealed); a seal of another verifier counts for nothing.
+    pub verifier: String,
+    /// [`schedule_hash`] of the schedule it passed.
+    pub schedule: String,
+    /// For an explicit schedule: every rank program's [`rank_digest`], in rank order, as one
+    /// hex string ([`RANK_DIGEST_BYTES`] × 2 digits per rank); what `schedule` is the root of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ranks: Option<String>,
+}
+
+/// Digest of one rank program: blake3 of its RON, truncated to [`RANK_DIGEST_BYTES`].
+pub fn rank_digest(program: &RankProgram) -> [u8; RANK_DIGEST_BYTES] {
+    let mut hasher = blake3::Hasher::new();
+    hash_ron(&mut hasher, program);
+    let mut out = [0u8; RANK_DIGEST_BYTES];
+    out.copy_from_slice(&hasher.finalize().as_bytes()[..RANK_DIGEST_BYTES]);
+    out
+}
+
+/// Streams `value`'s RON into `hasher`.
+fn hash_ron<T: Serialize>(hasher: &mut blake3::Hasher, value: &T) {
+    if let Err(e) = ron::Options::default().to_io_writer(&mut *hasher, value) {
+        // Schedules always serialise; an error still hashes to something no seal holds.
+        hasher.update(format!("unserialisable: {e}").as_bytes());
+    }
+}
+
+/// The fields of a schedule besides its programs.
+#[derive(Serialize)]
+struct Header {
+    collective: Collective,
+    nranks: u32,
+    chunks: u32,
+    input_chunks: u32,
+    output_chunks: u32,
+    in_place: bool,
+}
+
+impl Header {
+    fn of(s: &Schedule) -> Header {
+        Header {
+            collective: s.collective,
+            nranks: s.nranks,
+            chunks: s.chunks,
+            input_chunks: s.input_chunks,
+            output_chunks: s.output_chunks,
+            in_place: s.in_place,
+        }
+    }
+}
+
+/// The root of an explicit schedule with header `header` and rank digests `digests`
+/// (concatenated).
+fn explicit_root(header: &Header, digests: &[u8]) -> String {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(b"hccl explicit schedule\n");
+    hash_ron(&mut hasher, header);
+    hasher.update(b"\n");
+    hasher.update(digests);
+    hasher.finalize().to_hex().to_string()
+}
+
+/// Hash of a symmetric schedule as written.
+pub(crate) fn symmetric_hash(symmetric: &SymmetricSchedule) -> String {
+    let mut hasher = blake3::Hasher::new();
+    hash_ron(&mut hasher, symmetric);
+    hasher.finalize().to_hex().to_string()
+}
+
+fn digests(schedule: &Schedule) -> Vec<u8> {
+    schedule
+        .ranks
+        .iter()
+        .flat_map(|p| rank_digest(p).into_iter())
+        .collect()
+}
+
+/// Hex hash of an entry's schedule as the plan file writes it: of the symmetric form when
+/// [`PlanEntry::compact`], else the root over the header and every rank's [`rank_digest`]
+/// (see the module docs). What a [`Seal`] names.
+pub fn schedule_hash(entry: &PlanEntry) -> String {
+    match entry.compact() {
+        Some(symmetric) => symmetric_hash(&symmetric),
+        None => explicit_root(&Header::of(&entry.schedule), &digests(&entry.schedule)),
+    }
+}
+
+/// The seal of `entry`'s schedule by this build's verifier (only for a schedule it passed):
+/// its [`schedule_hash`] and, for an explicit schedule, the rank digests.
+pub fn seal_of(entry: &PlanEntry) -> Seal {
+    let verifier = crate::verify::VERIFIER.to_string();
+    match entry.compact() {
+        Some(symmetric) => Seal {
+            verifier,
+            schedule: symmetric_hash(&symmetric),
+            ranks: None,
+        },
+        None => {
+            let d = digests(&entry.schedule);
+            Seal {
+                verifier,
+                schedule: explicit_root(&Header::of(&entry.schedule), &d),
+                ranks: Some(hex(&d)),
+            }
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    let t = text.as_bytes();
+    if !t.len().is_multiple_of(2) {
+        return None;
+    }
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    t.chunks_exact(2)
+        .map(|p| Some(digit(p[0])? << 4 | digit(p[1])?))
+        .collect()
+}
+
+/// Some ranks' part of a plan ([`PlanFile::load_for_ranks`]): the plan's shape with only
+/// those ranks' programs (the others empty), and what checking them against the seals needs.
+#[derive(Debug, Clone)]
+pub struct PlanPart {
+    /// The plan, holding the programs of [`PlanPart::ranks`] only. It does not verify.
+    pub plan: PlanFile,
+    /// The ranks whose programs were loaded (sorted, distinct).
+    pub ranks: Vec<u32>,
+    /// Per entry: [`symmetric_hash`] of a symmetric entry's template as read, `None` for an
+    /// explicit entry.
+    pub(crate) templates: Vec<Option<String>>,
+}
+
+/// How one entry of a part stands against the seals.
+enum Match {
+    /// The seal (its root) covering every loaded program.
+    Sealed(String),
+    /// No seal of this verifier covers it; `rank` is the first loaded rank without one
+    /// (`None` for a symmetric entry).
+    Unsealed { rank: Option<u32> },
+}
+
+impl PlanPart {
+    /// The valid seals of this build's verifier: (root, rank digests of explicit ones).
+    fn seals(&self) -> Vec<(&str, Option<Vec<u8>>)> {
+        self.plan
+            .verified
+            .iter()
+            .filter(|s| s.verifier == crate::verify::VERIFIER)
+            .map(|s| (s.schedule.as_str(), s.ranks.as_deref().and_then(unhex)))
+            .collect()
+    }
+
+    fn matches(&self) -> Vec<Match> {
+        let seals = self.seals();
+        self.plan
+            .entries
+            .iter()
+            .zip(&self.templates)
+            .map(|(e, template)| match template {
+                Some(hash) => {
+                    if seals.iter().any(|(root, d)| d.is_none() && root == hash) {
+                        Match::Sealed(hash.clone())
+                    } else {
+                        Match::Unsealed { rank: None }
+                    }
+                }
+                None => self.match_explicit(&e.schedule, &seals),
+            })
+            .collect()
+    }
+
+    fn match_explicit(&self, s: &Schedule, seals: &[(&str, Option<Vec<u8>>)]) -> Match {
+        let header = Header::of(s);
+        let n = s.nranks as usize;
+        let mine: Vec<(u32, [u8; RANK_DIGEST_BYTES])> = self
+            .ranks
+            .iter()
+            .filter_map(|&r| Some((r, rank_digest(s.ranks.get(r as usize)?))))
+            .collect();
+        let mut first_missing = None;
+        for (root, d) in seals {
+            let Some(d) = d else { continue };
+            if d.len() != n * RANK_DIGEST_BYTES {
+                continue;
+            }
+            let missing = mine.iter().find(|(r, digest)| {
+                let at = *r as usize * RANK_DIGEST_BYTES;
+                d[at..at + RANK_DIGEST_BYTES] != digest[..]
+            });
+            match missing {
+                None if explicit_root(&header, d) == *root => {
+                    return Match::Sealed(root.to_string());
+                }
+                None => {}
+                Some((r, _)) => {
+                    first_missing.get_or_insert(*r);
+                }
+            }
+        }
+        Match::Unsealed {
+            rank: first_missing.or_else(|| self.ranks.first().copied()),
+        }
+    }
+
+    /// Which entries a seal of this build's verifier covers for the loaded ranks (see
+    /// [`PlanFile::sealed`]); an entry not covered must be verified, on the whole plan,
+    /// before it runs.
+    pub fn sealed(&self) -> Vec<bool> {
+        self.matches()
+            .iter()
+            .map(|m| matches!(m, Match::Sealed(_)))
+            .collect()
+    }
+
+    /// Refuses a part of a sealed plan (one holding seals of this build's verifier) whose
+    /// loaded programs a seal does not cover: the plan was edited after it was compiled.
+    pub fn check_seals(&self, origin: &str) -> Result<(), PlanError> {
+        if self.seals().is_empty() {
+            return Ok(());
+        }
+        for (i, m) in self.matches().into_iter().enumerate() {
+            if let Match::Unsealed { rank } = m {
+                let e = &self.plan.entries[i];
+                return Err(match (rank, &self.templates[i]) {
+                    (Some(rank), None) => PlanError::EditedRank {
+                        path: origin.to_string(),
+                        entry: i,
+                        collective: e.schedule.collective,
+                        algorithm: e.algorithm.clone(),
+                        rank,
+                        hash: hex(&rank_digest(&e.schedule.ranks[rank as usize])),
+                    },
+                    _ => PlanError::Edited {
+                        path: origin.to_string(),
+                        entry: i,
+                        collective: e.schedule.collective,
+                        algorithm: e.algorithm.clone(),
+                        hash: self.templates[i].clone().unwrap_or_default(),
+                    },
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The plan's identity ([`PlanFile::identity`]), computed from this part: `Some` when every
+    /// entry is sealed for the loaded ranks (it names the seal each entry matched, so ranks
+    /// that matched different seals disagree), `None` otherwise.
+    pub fn identity(&self) -> Option<String> {
+        let roots: Option<Vec<String>> = self
+            .matches()
+            .into_iter()
+            .map(|m| match m {
+                Match::Sealed(root) => Some(root),
+                Match::Unsealed { .. } => None,
+            })
+            .collect();
+        Some(identity(&self.plan, &roots?))
+    }
+}
+
+/// Hash of a plan's metadata, each entry's selection fields and schedule hash (`roots`).
+fn identity(plan: &PlanFile, roots: &[String]) -> String {
+    #[derive(Serialize)]
+    struct Row<'a> {
+        min_bytes: u64,
+        max_bytes: Option<u64>,
+        algorithm: &'a str,
+        protocol: crate::plan::Protocol,
+        schedule: &'a str,
+    }
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(b"hccl plan identity\n");
+    hash_ron(&mut hasher, &plan.meta);
+    for (e, root) in plan.entries.iter().zip(roots) {
+        hasher.update(b"\n");
+        hash_ron(
+            &mut hasher,
+            &Row {
+                min_bytes: e.min_bytes,
+                max_bytes: e.max_bytes,
+                algorithm: &e.algorithm,
+                protocol: e.protocol,
+                schedule: root,
+            },
+        );
+    }
+    hasher.finalize().to_hex().to_string()
+}
+
+impl PlanFile {
+    /// What identifies the plan across the ranks of a job: its metadata and, per entry, the
+    /// size range, names and [`schedule_hash`]. Equal for the whole plan and for any part of
+    /// it whose entries are all sealed ([`PlanPart::identity`]).
+    pub fn identity(&self) -> String {
+        let roots: Vec<String> = self.entries.iter().map(schedule_hash).collect();
+        identity(self, &roots)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_round_trips_and_refuses_garbage() {
+        let bytes: Vec<u8> = (0..=255).collect();
+        assert_eq!(unhex(&hex(&bytes)).as_deref(), Some(&bytes[..]));
+        assert_eq!(unhex("abc"), None);
+        assert_eq!(unhex("zz"), None);
+        assert_eq!(unhex("AB"), None, "seals are written in lower case");
+        assert_eq!(unhex(""), Some(Vec::new()));
+    }
+}
