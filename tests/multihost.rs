@@ -326,3 +326,52 @@ fn a_host_whose_link_goes_down_is_named_within_the_timeout() {
     );
     let _ = std::fs::remove_file(&plan);
 }
+
+/// A sealed cluster plan whose rank 3's program of an explicit entry was edited after it was
+/// compiled (the seals kept): rank 3, which reads only its host's programs, refuses it, and
+/// every rank learns why at the rendezvous; with `HCCL_VERIFY=full` every rank reads the
+/// whole plan and refuses it itself.
+#[test]
+fn a_program_edited_after_sealing_is_refused_by_its_rank_and_named_to_all() {
+    let path = cluster_plan(2, 2);
+    let mut plan = hccl::ir::PlanFile::load(&path).expect("sealed plan loads");
+    assert!(plan.sealed().iter().all(|s| *s));
+    let entry = plan
+        .entries
+        .iter()
+        .position(|e| !e.is_compact() && !e.schedule.ranks[3].streams.is_empty())
+        .expect("an explicit entry in which rank 3 works");
+    let step = &mut plan.entries[entry].schedule.ranks[3].streams[0].steps[0];
+    step.deps.push(hccl::ir::Dep { stream: 0, step: 0 });
+    plan.save(&path).expect("edited plan saved");
+    for (verify, wants) in [
+        ("auto", format!("entry {entry}")),
+        (
+            "full",
+            "was changed after its plan was verified".to_string(),
+        ),
+    ] {
+        let children = spawn_ranks(
+            &Hosts::Loopback,
+            "all",
+            4,
+            &path,
+            &[("HCCL_TIMEOUT", "30"), ("HCCL_VERIFY", verify)],
+        );
+        for (r, c) in children.into_iter().enumerate() {
+            let (code, out) = wait_output(c, Duration::from_secs(120));
+            assert_eq!(code, Some(2), "HCCL_VERIFY={verify}: rank {r}:\n{out}");
+            assert!(
+                out.contains(&wants),
+                "HCCL_VERIFY={verify}: rank {r}:\n{out}"
+            );
+            if verify == "auto" {
+                assert!(
+                    out.contains("rank 3's program was changed"),
+                    "HCCL_VERIFY=auto: rank {r} learns it from rank 3:\n{out}"
+                );
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&path);
+}

@@ -44,12 +44,20 @@ pub(crate) fn spin_polls_for(ranks: u32) -> u32 {
     }
 }
 
-/// Checks the plan and prepares it for `rank`: verification, world size, entry filters.
+/// Checks the plan and prepares it for a job of `world` ranks in one process: verification,
+/// world size, entry filters; every connection.
 pub(crate) fn prepare_plan(
     plan: &PlanFile,
     world: u32,
     config: &Config,
 ) -> Result<(Vec<usize>, ConnTable)> {
+    let keep = check_plan(plan, world, config)?;
+    let conns = ConnTable::build(keep.iter().map(|&i| &plan.entries[i].schedule));
+    Ok((keep, conns))
+}
+
+/// Every entry is for `world` ranks.
+fn check_world(plan: &PlanFile, world: u32) -> Result<()> {
     if world == 0 {
         return Err(ExecError::Invalid("world size must be at least 1".into()));
     }
@@ -62,6 +70,45 @@ pub(crate) fn prepare_plan(
             });
         }
     }
+    Ok(())
+}
+
+/// The start checks of a rank holding a sealed plan's part (see [`hccl_ir::PlanPart`]): the
+/// world size and the checks `rank` can make of its own programs alone
+/// ([`hccl_ir::verify::check_rank`]); the seals vouch for the rest. The entries it keeps.
+pub(crate) fn check_part(
+    plan: &PlanFile,
+    rank: u32,
+    world: u32,
+    config: &Config,
+) -> Result<Vec<usize>> {
+    check_world(plan, world)?;
+    for (i, e) in plan.entries.iter().enumerate() {
+        if let Err(errs) = hccl_ir::verify::check_rank(&e.schedule, rank) {
+            return Err(ExecError::Verify {
+                entry: i,
+                collective: e.schedule.collective,
+                message: errs
+                    .iter()
+                    .take(3)
+                    .map(|e| e.to_string())
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            });
+        }
+    }
+    tracing::debug!(
+        "plan checks: rank {rank}'s programs of {} sealed entries (HCCL_VERIFY={:?})",
+        plan.entries.len(),
+        config.verify
+    );
+    Ok(filter_entries(plan, config))
+}
+
+/// Checks the whole plan: world size, verification of every entry no seal covers (every
+/// entry with `HCCL_VERIFY=full`); the entries kept after `HCCL_ALGO` / `HCCL_PROTO`.
+pub(crate) fn check_plan(plan: &PlanFile, world: u32, config: &Config) -> Result<Vec<usize>> {
+    check_world(plan, world)?;
     // Entries the compiler verified and sealed are not verified again (unless
     // `HCCL_VERIFY=full`): at thousands of ranks that is most of a job's start.
     let sealed = match config.verify {
@@ -93,9 +140,7 @@ pub(crate) fn prepare_plan(
         hccl_ir::verify::VERIFIER,
         config.verify
     );
-    let keep = filter_entries(plan, config);
-    let conns = ConnTable::build(keep.iter().map(|&i| &plan.entries[i].schedule));
-    Ok((keep, conns))
+    Ok(filter_entries(plan, config))
 }
 
 /// Applies `HCCL_ALGO` / `HCCL_PROTO`: per collective, keep only matching entries when the
@@ -142,18 +187,25 @@ pub(crate) struct RankState {
 }
 
 impl RankState {
+    /// `limits`: per plan entry, the largest message count and scratch over all ranks
+    /// ([`program::rank_limits`]), when the plan holds only some ranks' programs.
     pub(crate) fn new(
         plan: &PlanFile,
         keep: &[usize],
         conns: &ConnTable,
         rank: u32,
         config: &Config,
+        limits: Option<&[(u32, u32)]>,
     ) -> Result<RankState> {
         let mut entries = Vec::with_capacity(keep.len());
         let mut scratch_bytes = 0usize;
         let mut engine = EngineState::new(conns.len());
         for &i in keep {
-            let e = program::compile(i, &plan.entries[i], rank, conns)?;
+            let mut e = program::compile(i, &plan.entries[i], rank, conns)?;
+            if let Some(&(count, scratch)) = limits.and_then(|l| l.get(i)) {
+                e.max_count = e.max_count.max(count);
+                e.max_scratch = e.max_scratch.max(scratch);
+            }
             // The largest chunk of a segment: at most this many bytes, or one element.
             let per_chunk = (config.slot_bytes / e.geometry_count(config.slot_bytes) as usize)
                 .max(crate::dtype::MAX_ELEMENT_BYTES);

@@ -23,19 +23,21 @@
 //! `SLURM_PROCID`/`SLURM_NTASKS`.
 
 use crate::arena::{Arena, Layout, MAGIC};
-use crate::comm::{Communicator, RankState, Shared, prepare_plan};
+use crate::comm::{Communicator, RankState, Shared, check_part, check_plan};
 use crate::config::{Config, PlanSource};
 use crate::error::{ExecError, Result};
 use crate::net::{self, read_str, read_u32, same_secret, write_str};
-use hccl_ir::PlanFile;
+use crate::program::ConnTable;
+use hccl_ir::{PlanFile, PlanPart};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 const HELLO_MAGIC: &[u8; 8] = b"HCCLBOOT";
-const PROTOCOL: u32 = 1;
+const PROTOCOL: u32 = 2;
 const STEP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where and how to rendezvous.
@@ -133,11 +135,20 @@ pub struct ProcessGroup;
 
 impl ProcessGroup {
     /// Everything from the environment: rank, world size, rendezvous, configuration.
+    ///
+    /// A sealed plan file (every entry sealed by this build's verifier, see
+    /// [`hccl_ir::Seal`]) is not read whole: this rank loads its own programs and checks them
+    /// against the seals, and once the job knows which ranks share this host, their
+    /// programs (the host's shared region holds the rings of all their connections). With
+    /// `HCCL_VERIFY=full`, or a plan some seal does not cover, every rank reads the whole
+    /// plan and verifies what is not sealed.
     pub fn init(source: PlanSource) -> Result<Communicator> {
         let config = Config::from_env()?;
         let (rank, world) = rank_world_from_env()?;
-        let plan = source.load(world)?;
-        ProcessGroup::init_with(plan, rank, world, &Bootstrap::from_env(), config)
+        // A plan this rank cannot use still takes part in the rendezvous, so that every rank
+        // learns why the job cannot start.
+        let held = Held::load(source, rank, world, &config).unwrap_or_else(Held::Broken);
+        ProcessGroup::start(held, rank, world, &Bootstrap::from_env(), config)
     }
 
     /// Explicit rank, world size, rendezvous and configuration.
@@ -148,12 +159,22 @@ impl ProcessGroup {
         boot: &Bootstrap,
         config: Config,
     ) -> Result<Communicator> {
+        ProcessGroup::start(Held::Full(plan), rank, world, boot, config)
+    }
+
+    fn start(
+        held: Held,
+        rank: u32,
+        world: u32,
+        boot: &Bootstrap,
+        config: Config,
+    ) -> Result<Communicator> {
         if world == 0 || rank >= world {
             return Err(ExecError::Invalid(format!(
                 "rank {rank} is not a rank of a {world}-rank job"
             )));
         }
-        let hash = plan.content_hash();
+        let hash = held.identity();
         let mut config = config;
         let deadline = Instant::now() + config.timeout;
         let boot_err = |message: String| ExecError::Bootstrap { rank, message };
@@ -165,7 +186,7 @@ impl ProcessGroup {
             .ok_or_else(|| boot_err(format!("{} resolves to no address", boot.addr)))?;
         // Check the plan and the network settings locally first, but finish the rendezvous
         // either way so that every rank learns why the job cannot start.
-        let local = prepare_plan(&plan, world, &config);
+        let local = held.check(rank, world, &config);
         let local_err = local.as_ref().err().map(|e| e.to_string());
         let net_cfg = config.net.clone();
         let host = boot.host.clone().unwrap_or_else(net::host_id);
@@ -187,6 +208,7 @@ impl ProcessGroup {
             host,
             data_addr,
             machine: net::machine_id(),
+            limits: held.limits(rank),
         };
         let mut job = if rank == 0 {
             lead(addr, boot, &me, &config, deadline)?
@@ -202,12 +224,25 @@ impl ProcessGroup {
                 .unwrap_or(r)
         };
         let my_host = host_index(rank as usize);
-        let leader = (0..world as usize).find(|&r| host_index(r) == my_host) == Some(rank as usize);
+        let on_host: Vec<bool> = (0..world as usize)
+            .map(|r| job.hosts[r] == job.hosts[rank as usize])
+            .collect();
+        let leader = on_host.iter().position(|&h| h) == Some(rank as usize);
         let region = format!("/dev/shm/hccl-{}-{}-h{my_host}", addr.port(), job.nonce);
+        // This host's ranks' programs (a part held for this rank alone is read again for
+        // them), and the connections with an end on this host: the region's rings.
+        let local = local.and_then(|keep| {
+            let held = held.for_host(&on_host, &hash)?;
+            let conns = ConnTable::build_for(
+                keep.iter().map(|&i| &held.plan().entries[i].schedule),
+                |r| on_host.get(r as usize).copied().unwrap_or(false),
+            );
+            Ok((held, keep, conns))
+        });
         let layout = local
             .as_ref()
             .ok()
-            .map(|(_, conns)| Layout::new(world as usize, conns.len(), config.slot_bytes));
+            .map(|(_, _, conns)| Layout::new(world as usize, conns.len(), config.slot_bytes));
         let created = match (leader, layout) {
             (true, Some(layout)) => {
                 create_region(&region, layout.total).map_err(|e| format!("creating {region}: {e}"))
@@ -221,7 +256,7 @@ impl ProcessGroup {
             }
             return Err(e);
         }
-        let (keep, conns) = local?;
+        let (held, keep, conns) = local?;
         let layout = Layout::new(world as usize, conns.len(), config.slot_bytes);
         let mapped = map_region(rank, &region, layout);
         let phase = barrier(
@@ -239,7 +274,8 @@ impl ProcessGroup {
         arena
             .pid(rank as usize)
             .store(u64::from(std::process::id()), Ordering::Release);
-        let mut state = RankState::new(&plan, &keep, &conns, rank, &config)?;
+        let mut state =
+            RankState::new(held.plan(), &keep, &conns, rank, &config, Some(&job.limits))?;
         let hosts = job
             .hosts
             .iter()
@@ -293,6 +329,120 @@ impl ProcessGroup {
             spin_polls: crate::comm::spin_polls_for(local_ranks(&job.machines, rank)),
         });
         Ok(Communicator::new(rank, shared, state))
+    }
+}
+
+/// The plan as this rank holds it.
+enum Held {
+    /// Every rank's programs.
+    Full(PlanFile),
+    /// Some ranks' programs of a sealed plan file (this rank's, then its host's).
+    Part { path: PathBuf, part: PlanPart },
+    /// No plan: why this rank cannot start (it tells the others at the rendezvous).
+    Broken(ExecError),
+}
+
+impl Held {
+    /// Resolves `source` (`HCCL_PLAN` overrides it): a part for `rank` when the source is a
+    /// plan file whose every entry is sealed and the whole plan need not be verified
+    /// (`HCCL_VERIFY` other than `full`), the whole plan otherwise.
+    fn load(source: PlanSource, rank: u32, world: u32, config: &Config) -> Result<Held> {
+        let source = match crate::config::env("HCCL_PLAN") {
+            Some(path) => PlanSource::Path(PathBuf::from(path)),
+            None => source,
+        };
+        if let PlanSource::Path(path) = &source
+            && config.verify == crate::config::VerifyMode::Unsealed
+            && path.is_file()
+            && !path
+                .extension()
+                .is_some_and(|x| x.eq_ignore_ascii_case("xml"))
+        {
+            match PlanFile::load_for_ranks(path, &[rank]) {
+                Ok(part) if part.identity().is_some() => {
+                    return Ok(Held::Part {
+                        path: path.clone(),
+                        part,
+                    });
+                }
+                // Edited after it was sealed: this rank refuses to start.
+                Err(
+                    e @ (hccl_ir::PlanError::Edited { .. } | hccl_ir::PlanError::EditedRank { .. }),
+                ) => {
+                    return Err(e.into());
+                }
+                // Not sealed throughout, or not readable as a part (a rank the plan does not
+                // have): the whole plan, whose checks say what is wrong.
+                _ => {}
+            }
+        }
+        source.load(world).map(Held::Full)
+    }
+
+    /// The plan held (an empty one when broken).
+    fn plan(&self) -> &PlanFile {
+        static EMPTY: std::sync::OnceLock<PlanFile> = std::sync::OnceLock::new();
+        match self {
+            Held::Full(plan) => plan,
+            Held::Part { part, .. } => &part.plan,
+            Held::Broken(_) => EMPTY.get_or_init(|| {
+                PlanFile::new(hccl_ir::PlanMeta {
+                    topology: String::new(),
+                    topology_hash: String::new(),
+                    compiler: String::new(),
+                })
+            }),
+        }
+    }
+
+    /// What every rank of the job must hold alike ([`PlanFile::identity`]).
+    fn identity(&self) -> String {
+        match self {
+            Held::Full(plan) => plan.identity(),
+            Held::Part { part, .. } => part.identity().unwrap_or_default(),
+            Held::Broken(_) => String::new(),
+        }
+    }
+
+    /// The checks before the rendezvous: the whole plan's (verification of what is not
+    /// sealed), or those of this rank's sealed programs; the entries this rank keeps.
+    fn check(&self, rank: u32, world: u32, config: &Config) -> Result<Vec<usize>> {
+        match self {
+            Held::Full(plan) => check_plan(plan, world, config),
+            Held::Part { part, .. } => check_part(&part.plan, rank, world, config),
+            Held::Broken(e) => Err(ExecError::Invalid(e.to_string())),
+        }
+    }
+
+    /// This rank's share of every entry's limits ([`crate::program::rank_limits`]).
+    fn limits(&self, rank: u32) -> Vec<(u32, u32)> {
+        self.plan()
+            .entries
+            .iter()
+            .map(|e| crate::program::rank_limits(&e.schedule, rank))
+            .collect()
+    }
+
+    /// The plan with the programs of every rank on this host (`on_host`): a part is read
+    /// again for them, and must still be the plan this rank checked (`identity`).
+    fn for_host(self, on_host: &[bool], identity: &str) -> Result<Held> {
+        match self {
+            Held::Full(plan) => Ok(Held::Full(plan)),
+            Held::Broken(e) => Err(e),
+            Held::Part { path, .. } => {
+                let ranks: Vec<u32> = (0..on_host.len() as u32)
+                    .filter(|&r| on_host[r as usize])
+                    .collect();
+                let part = PlanFile::load_for_ranks(&path, &ranks)?;
+                if part.identity().as_deref() != Some(identity) {
+                    return Err(ExecError::Invalid(format!(
+                        "{} changed while the job started: the programs of this host's ranks are not those of the plan this rank checked",
+                        path.display()
+                    )));
+                }
+                Ok(Held::Part { path, part })
+            }
+        }
     }
 }
 
@@ -393,6 +543,31 @@ struct Hello {
     data_addr: String,
     /// The machine ([`net::machine_id`]): emulated hosts may share one.
     machine: String,
+    /// Per plan entry: this rank's largest message count and scratch extent
+    /// ([`crate::program::rank_limits`]); rank 0 answers with the largest of every rank's.
+    limits: Vec<(u32, u32)>,
+}
+
+/// Most plan entries a hello may carry limits for.
+const MAX_ENTRIES: u32 = 1 << 20;
+
+fn write_limits(buf: &mut Vec<u8>, limits: &[(u32, u32)]) {
+    write_u32(buf, limits.len() as u32);
+    for &(count, scratch) in limits {
+        write_u32(buf, count);
+        write_u32(buf, scratch);
+    }
+}
+
+fn read_limits(s: &mut TcpStream) -> std::io::Result<Vec<(u32, u32)>> {
+    let n = read_u32(s)?;
+    if n > MAX_ENTRIES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("limits for {n} plan entries"),
+        ));
+    }
+    (0..n).map(|_| Ok((read_u32(s)?, read_u32(s)?))).collect()
 }
 
 impl Hello {
@@ -407,6 +582,7 @@ impl Hello {
         write_str(&mut hello, &self.host);
         write_str(&mut hello, &self.data_addr);
         write_str(&mut hello, &self.machine);
+        write_limits(&mut hello, &self.limits);
         hello
     }
 }
@@ -419,6 +595,8 @@ struct Job {
     addrs: Vec<String>,
     /// Machine identity per rank.
     machines: Vec<String>,
+    /// Per plan entry: the largest message count and scratch extent over every rank.
+    limits: Vec<(u32, u32)>,
     /// Rank 0: one socket per other rank, in rank order; others: the socket to rank 0.
     socks: Vec<TcpStream>,
 }
@@ -441,6 +619,7 @@ fn read_hello(s: &mut TcpStream, token: &str) -> std::io::Result<Option<Hello>> 
         host: read_str(s)?,
         data_addr: read_str(s)?,
         machine: read_str(s)?,
+        limits: read_limits(s)?,
     }))
 }
 
@@ -507,13 +686,25 @@ fn lead(
                 "rank {r} was started for {} ranks but rank 0 for {world}",
                 h.world
             ));
+        } else if !h.error.is_empty() {
+            problem = Some(format!("rank {r}: {}", h.error));
         } else if h.hash != *hash {
             problem = Some(format!(
                 "rank {r} holds plan {} but rank 0 holds plan {hash}: all ranks must use the same plan file",
                 h.hash
             ));
-        } else if !h.error.is_empty() {
-            problem = Some(format!("rank {r}: {}", h.error));
+        } else if h.limits.len() != me.limits.len() {
+            problem = Some(format!(
+                "rank {r} holds {} plan entries but rank 0 holds {}",
+                h.limits.len(),
+                me.limits.len()
+            ));
+        }
+    }
+    let mut limits = me.limits.clone();
+    for (_, h) in peers.iter().flatten() {
+        for (l, theirs) in limits.iter_mut().zip(&h.limits) {
+            *l = (l.0.max(theirs.0), l.1.max(theirs.1));
         }
     }
     let mut hosts = vec![me.host.clone()];
@@ -543,6 +734,7 @@ fn lead(
         write_str(&mut ok, a);
         write_str(&mut ok, m);
     }
+    write_limits(&mut ok, &limits);
     for s in &mut socks {
         s.write_all(&ok)
             .map_err(io_err(rank, "sending the job description"))?;
@@ -553,6 +745,7 @@ fn lead(
         hosts,
         addrs,
         machines,
+        limits,
         socks,
     })
 }
@@ -618,12 +811,21 @@ fn follow(addr: SocketAddr, boot: &Bootstrap, me: &Hello, deadline: Instant) -> 
         addrs.push(field()?);
         machines.push(field()?);
     }
+    let limits = read_limits(&mut sock).map_err(io_err(rank, "reading the plan's limits"))?;
+    if limits.len() != me.limits.len() {
+        return Err(boot_err(format!(
+            "rank 0 sent limits for {} plan entries, this rank holds {}",
+            limits.len(),
+            me.limits.len()
+        )));
+    }
     Ok(Job {
         nonce: text,
         slot_bytes,
         hosts,
         addrs,
         machines,
+        limits,
         socks: vec![sock],
     })
 }

@@ -21,16 +21,31 @@ pub(crate) struct ConnTable {
 impl ConnTable {
     /// Collects the connections of every schedule (identical on all ranks for the same plan).
     pub(crate) fn build<'a>(schedules: impl IntoIterator<Item = &'a Schedule>) -> ConnTable {
+        ConnTable::build_for(schedules, |_| true)
+    }
+
+    /// Collects the connections with an end at a rank `local` accepts: a host's table (its
+    /// shared region holds a ring for each), which every rank of the host builds alike from
+    /// the programs of the host's ranks. Other ranks' programs may be missing (empty).
+    pub(crate) fn build_for<'a>(
+        schedules: impl IntoIterator<Item = &'a Schedule>,
+        local: impl Fn(u32) -> bool,
+    ) -> ConnTable {
         let mut index = BTreeMap::new();
         for sched in schedules {
             for (rank, prog) in sched.ranks.iter().enumerate() {
+                let rank = rank as u32;
                 for stream in &prog.streams {
                     for step in &stream.steps {
-                        if let Some(to) = step.op.send_peer() {
-                            index.insert((rank as u32, to, stream.channel), 0);
+                        if let Some(to) = step.op.send_peer()
+                            && (local(rank) || local(to))
+                        {
+                            index.insert((rank, to, stream.channel), 0);
                         }
-                        if let Some(from) = step.op.recv_peer() {
-                            index.insert((from, rank as u32, stream.channel), 0);
+                        if let Some(from) = step.op.recv_peer()
+                            && (local(rank) || local(from))
+                        {
+                            index.insert((from, rank, stream.channel), 0);
                         }
                     }
                 }
@@ -148,6 +163,27 @@ impl Entry {
 
 const NO_CONN: u32 = u32::MAX;
 
+/// Rank `rank`'s share of what sizes an entry's segments on every rank ([`Entry::max_count`],
+/// [`Entry::max_scratch`]): its largest message count and its scratch extent. The entry's
+/// values are the largest over all ranks; a rank that holds only its host's programs gets
+/// them from the job's rendezvous.
+pub(crate) fn rank_limits(s: &Schedule, rank: u32) -> (u32, u32) {
+    let Some(prog) = s.ranks.get(rank as usize) else {
+        return (0, 0);
+    };
+    // Only messages pass through connection slots; local copies and reductions work chunk
+    // by chunk in the caller's buffers and scratch (see `compile`).
+    let count = prog
+        .streams
+        .iter()
+        .flat_map(|st| &st.steps)
+        .filter(|st| st.op.recv_peer().is_some() || st.op.send_peer().is_some())
+        .map(|st| st.count)
+        .max()
+        .unwrap_or(0);
+    (count, prog.scratch_chunks)
+}
+
 /// Compiles entry `index` of a plan for `rank`.
 pub(crate) fn compile(
     index: usize,
@@ -190,15 +226,9 @@ pub(crate) fn compile(
     // Input to Output of an out-of-place Broadcast of many chunks) must not shrink the
     // segments, nor make an entry unrunnable when its chunk count times the element size
     // exceeds a slot.
-    let max_count = s
-        .ranks
-        .iter()
-        .flat_map(|r| &r.streams)
-        .flat_map(|st| &st.steps)
-        .filter(|st| st.op.recv_peer().is_some() || st.op.send_peer().is_some())
-        .map(|st| st.count)
-        .max()
-        .unwrap_or(0);
+    let (max_count, max_scratch) = (0..n)
+        .map(|r| rank_limits(s, r))
+        .fold((0, 0), |a, b| (a.0.max(b.0), a.1.max(b.1)));
     let prog = &s.ranks[rank as usize];
     let mut out = Program {
         scratch_chunks: prog.scratch_chunks,
@@ -307,7 +337,7 @@ pub(crate) fn compile(
         algorithm: entry.algorithm.clone(),
         protocol: entry.protocol,
         max_count,
-        max_scratch: s.ranks.iter().map(|r| r.scratch_chunks).max().unwrap_or(0),
+        max_scratch,
         program: out,
     })
 }

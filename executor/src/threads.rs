@@ -83,7 +83,7 @@ fn build(plan: &PlanFile, hash: String, n: u32, config: Config) -> Result<Vec<Co
         ))
     })?;
     let states = (0..n)
-        .map(|r| RankState::new(plan, &keep, &conns, r, &config))
+        .map(|r| RankState::new(plan, &keep, &conns, r, &config, None))
         .collect::<Result<Vec<_>>>()?;
     tracing::info!(
         ranks = n,

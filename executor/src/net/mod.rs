@@ -57,7 +57,7 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 const DATA_MAGIC: &[u8; 8] = b"HCCLDATA";
-const DATA_PROTOCOL: u32 = 1;
+const DATA_PROTOCOL: u32 = 2;
 const HEARTBEAT_EVERY: Duration = Duration::from_millis(100);
 const SOCKET_BUFFER: usize = 4 << 20;
 const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
@@ -194,6 +194,60 @@ pub(crate) enum Dir {
     In(u16),
 }
 
+/// How connections are named on the wire. Each host numbers only the connections of its
+/// own ranks (see `ConnTable`), so indices differ between hosts; a frame names its
+/// connection by the connection's channel instead, which with the socket's pair of ranks and
+/// the frame's direction (data from the peer, credits for data to it) is the connection's
+/// key `(from, to, channel)`.
+#[derive(Debug, Default)]
+pub(crate) struct Wires {
+    /// Per local connection: its channel (what frames carry).
+    wire: Vec<u32>,
+    /// Per peer: channel of a connection from it to this rank → local index.
+    incoming: Vec<std::collections::HashMap<u32, u32>>,
+    /// Per peer: channel of a connection from this rank to it → local index.
+    outgoing: Vec<std::collections::HashMap<u32, u32>>,
+}
+
+impl Wires {
+    /// `channels[c]`: connection `c`'s channel; `dirs[c]`: how it relates to this rank.
+    pub(crate) fn new(dirs: &[Dir], channels: Vec<u32>, npeers: usize) -> Wires {
+        let mut incoming = vec![std::collections::HashMap::new(); npeers];
+        let mut outgoing = vec![std::collections::HashMap::new(); npeers];
+        for (c, d) in dirs.iter().enumerate() {
+            match *d {
+                Dir::In(p) => {
+                    incoming[p as usize].insert(channels[c], c as u32);
+                }
+                Dir::Out(p) => {
+                    outgoing[p as usize].insert(channels[c], c as u32);
+                }
+                Dir::Local => {}
+            }
+        }
+        Wires {
+            wire: channels,
+            incoming,
+            outgoing,
+        }
+    }
+
+    /// What frames carry for local connection `c`.
+    pub(crate) fn of(&self, c: u32) -> u32 {
+        self.wire[c as usize]
+    }
+
+    /// The local connection that peer `p`'s data frames naming `wire` are for.
+    pub(crate) fn incoming(&self, p: usize, wire: u32) -> Option<u32> {
+        self.incoming.get(p)?.get(&wire).copied()
+    }
+
+    /// The local connection that peer `p`'s credit frames naming `wire` are for.
+    pub(crate) fn outgoing(&self, p: usize, wire: u32) -> Option<u32> {
+        self.outgoing.get(p)?.get(&wire).copied()
+    }
+}
+
 const ALIVE: u8 = 0;
 const GONE: u8 = 1;
 const DEAD: u8 = 2;
@@ -224,6 +278,7 @@ struct Inner {
     arena: Arc<Arena>,
     peers: Vec<Peer>,
     dirs: Vec<Dir>,
+    wires: Wires,
     inbound: Vec<Option<Inbound>>,
     slot_bytes: usize,
     nsocks: usize,
@@ -434,7 +489,9 @@ pub(crate) fn connect(mut setup: Setup<'_>) -> Result<Option<Net>> {
         });
     }
     let mut dirs = vec![Dir::Local; setup.conns.len()];
-    for ((from, to, _), c) in setup.conns.iter() {
+    let mut channels = vec![0u32; setup.conns.len()];
+    for ((from, to, channel), c) in setup.conns.iter() {
+        channels[c as usize] = channel;
         if from == me
             && let Some(p) = peer_of[to as usize]
         {
@@ -451,6 +508,7 @@ pub(crate) fn connect(mut setup: Setup<'_>) -> Result<Option<Net>> {
         setup.arena,
         peers,
         dirs,
+        channels,
         (setup.slot_bytes, nsocks),
         silence_for(setup.timeout),
     ));
@@ -801,13 +859,16 @@ fn write_frame(sock: &Sock, h: &Header) -> std::io::Result<()> {
 }
 
 impl Inner {
-    /// A rank's network state; everything per connection is derived from `dirs`.
+    /// A rank's network state; everything per connection is derived from `dirs` (and
+    /// `channels`, each connection's channel).
+    #[allow(clippy::too_many_arguments)]
     fn new(
         (me, world): (u32, u32),
         hosts: Vec<String>,
         arena: Arc<Arena>,
         peers: Vec<Peer>,
         dirs: Vec<Dir>,
+        channels: Vec<u32>,
         (slot_bytes, nsocks): (usize, usize),
         silence: Duration,
     ) -> Inner {
@@ -822,7 +883,9 @@ impl Inner {
             .map(|d| matches!(d, Dir::In(_)).then(Inbound::default))
             .collect();
         let counters = || (0..dirs.len()).map(|_| AtomicU64::new(0)).collect();
+        let wires = Wires::new(&dirs, channels, peers.len());
         Inner {
+            wires,
             me,
             world,
             hosts,
@@ -874,7 +937,7 @@ impl Inner {
             let due = self.credit_due[c as usize].load(Ordering::Acquire);
             if due > 0 && self.credit_sent[c as usize].fetch_max(due, Ordering::AcqRel) < due {
                 let mut h = Header::new(Tag::Credit);
-                h.conn = c;
+                h.conn = self.wires.of(c);
                 h.seq = due;
                 out.extend_from_slice(&h.encode());
             }
@@ -1186,28 +1249,28 @@ fn pump(
                 let h = Header::decode(&rx.hdr).map_err(bad)?;
                 match h.tag {
                     Tag::Data => {
-                        let c = h.conn as usize;
-                        if inner.dirs.get(c) != Some(&Dir::In(p as u16)) {
+                        let Some(c) = inner.wires.incoming(p, h.conn) else {
                             return Err(bad(format!(
-                                "data for connection {c}, not one from it to this rank"
+                                "data on channel {}, where it has no connection to this rank",
+                                h.conn
                             )));
-                        }
+                        };
+                        // From here on the header names the local connection.
+                        let mut h = h;
+                        h.conn = c;
                         if h.b > proto::MAX_SEGS {
                             return Err(bad(format!("{} segments", h.b)));
                         }
                         rx.stage = Stage::Table(h, Vec::with_capacity(h.b as usize * 8));
                     }
                     Tag::Credit => {
-                        let c = h.conn as usize;
-                        if inner.dirs.get(c) != Some(&Dir::Out(p as u16)) {
+                        let Some(c) = inner.wires.outgoing(p, h.conn) else {
                             return Err(bad(format!(
-                                "credit for connection {c}, not one from this rank to it"
+                                "credit on channel {}, where this rank has no connection to it",
+                                h.conn
                             )));
-                        }
-                        inner
-                            .arena
-                            .consumed(c as u32)
-                            .fetch_max(h.seq, Ordering::AcqRel);
+                        };
+                        inner.arena.consumed(c).fetch_max(h.seq, Ordering::AcqRel);
                         progress = true;
                     }
                     Tag::Heartbeat => {}
@@ -1441,7 +1504,7 @@ impl Net {
         let mut handed = 0usize;
         for (j, part) in parts.into_iter().enumerate() {
             let mut h = Header::new(Tag::Data);
-            h.conn = c;
+            h.conn = self.inner.wires.of(c);
             h.seq = seq;
             h.a = n as u32;
             h.b = part.len() as u32;
@@ -1664,6 +1727,8 @@ mod tests {
                 last_recv: AtomicU64::new(0),
             }],
             vec![Dir::Out(0), Dir::In(0)],
+            // Connection 0 on channel 3, connection 1 on channel 5 (what frames name).
+            vec![3, 5],
             (SLOT, 1),
             Duration::from_secs(10),
         ))
@@ -1708,27 +1773,31 @@ mod tests {
 
     #[test]
     fn malformed_frames_close_the_connection_and_never_touch_a_slot() {
-        let mut header_then_short = data(1, 0, &[(0, 64)]);
+        let mut header_then_short = data(5, 0, &[(0, 64)]);
         header_then_short.extend_from_slice(&[7u8; 10]);
         let cases: Vec<(&str, Vec<u8>, &str)> = vec![
             ("garbage", vec![0xAB; 40], "malformed frame"),
-            ("wrong direction", data(0, 0, &[(0, 8)]), "not one from it"),
-            ("unknown connection", data(9, 0, &[(0, 8)]), "connection 9"),
+            (
+                "wrong direction",
+                data(3, 0, &[(0, 8)]),
+                "channel 3, where it has no connection to this rank",
+            ),
+            ("unknown connection", data(9, 0, &[(0, 8)]), "channel 9"),
             (
                 "segment past the slot",
-                data(1, 0, &[(SLOT as u32 - 8, 64)]),
+                data(5, 0, &[(SLOT as u32 - 8, 64)]),
                 "outside",
             ),
             (
                 "outside the credit window",
-                data(1, 2, &[(0, 8)]),
+                data(5, 2, &[(0, 8)]),
                 "credit window",
             ),
             (
                 "too many segments",
                 {
                     let mut h = Header::new(Tag::Data);
-                    h.conn = 1;
+                    h.conn = 5;
                     h.a = 1;
                     h.b = proto::MAX_SEGS + 1;
                     h.encode().to_vec()
@@ -1772,12 +1841,12 @@ mod tests {
 
     #[test]
     fn a_valid_message_lands_in_its_slot_and_goodbye_is_not_a_failure() {
-        let mut bytes = data(1, 0, &[(0, 4), (64, 4)]);
+        let mut bytes = data(5, 0, &[(0, 4), (64, 4)]);
         bytes.extend_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8]);
         // An empty message (no segments) is a message too.
-        bytes.extend_from_slice(&data(1, 1, &[]));
+        bytes.extend_from_slice(&data(5, 1, &[]));
         let mut credit = Header::new(Tag::Credit);
-        credit.conn = 0;
+        credit.conn = 3;
         credit.seq = 3;
         bytes.extend_from_slice(&credit.encode());
         bytes.extend_from_slice(&Header::new(Tag::Heartbeat).encode());

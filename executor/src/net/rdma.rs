@@ -74,7 +74,7 @@
 //! the test that needs a device (a queue pair connected to itself) says it skipped.
 
 use super::proto::{self, HEADER, Header, Inbound, Seg, Tag};
-use super::{ALIVE, DEAD, Dir, Inner, NetConfig, NetKind};
+use super::{ALIVE, DEAD, Dir, Inner, NetConfig, NetKind, Wires};
 use crate::arena::Arena;
 use hccl_ir::CONNECTION_SLOTS;
 use ibverbs::{CompletionQueue, Context, Gid, GidEntry, MemoryRegion, ProtectionDomain, QueuePair};
@@ -575,7 +575,7 @@ fn decode_msg(bytes: &[u8], slot_bytes: usize) -> Result<Msg<'_>, String> {
 /// published like the TCP receiving thread does; a credit raises `consumed`.
 fn place(
     arena: &Arena,
-    dirs: &[Dir],
+    wires: &Wires,
     inbound: &[Option<Inbound>],
     slot_bytes: usize,
     p: usize,
@@ -583,11 +583,11 @@ fn place(
 ) -> Result<(), String> {
     match decode_msg(bytes, slot_bytes)? {
         Msg::Credit { conn, consumed } => {
-            if dirs.get(conn as usize) != Some(&Dir::Out(p as u16)) {
+            let Some(conn) = wires.outgoing(p, conn) else {
                 return Err(format!(
-                    "credit for connection {conn}, not one from this rank to it"
+                    "credit on channel {conn}, where this rank has no connection to it"
                 ));
-            }
+            };
             arena.consumed(conn).fetch_max(consumed, Ordering::AcqRel);
         }
         Msg::Data {
@@ -597,12 +597,12 @@ fn place(
             table,
             payload,
         } => {
-            let c = conn as usize;
-            if dirs.get(c) != Some(&Dir::In(p as u16)) {
+            let Some(conn) = wires.incoming(p, conn) else {
                 return Err(format!(
-                    "data for connection {c}, not one from it to this rank"
+                    "data on channel {conn}, where it has no connection to this rank"
                 ));
-            }
+            };
+            let c = conn as usize;
             let inb = inbound
                 .get(c)
                 .and_then(Option::as_ref)
@@ -1213,7 +1213,7 @@ impl Links {
             // SAFETY: the engine keeps the memory `segs` points to alive and unchanged until
             // this call returns; the staging buffer holds `part_len` bytes (checked in `post`).
             link.post(inner, p, part_len(part), |dst| unsafe {
-                encode_part(dst, c, seq, n, part)
+                encode_part(dst, inner.wires.of(c), seq, n, part)
             })?;
         }
         Ok(())
@@ -1222,7 +1222,7 @@ impl Links {
     /// Tells peer `p` that `consumed` messages of connection `c` are consumed.
     pub(super) fn credit(&self, inner: &Inner, p: usize, c: u32, consumed: u64) {
         let mut h = Header::new(Tag::Credit);
-        h.conn = c;
+        h.conn = inner.wires.of(c);
         h.seq = consumed;
         let Some(link) = self.link(p) else {
             let _ = super::write_frame_on(inner, p, c as usize % inner.nsocks, &h);
@@ -1271,7 +1271,7 @@ fn tcp_send(inner: &Inner, p: usize, c: u32, seq: u64, segs: &[Seg]) -> std::io:
     let n = parts.len() as u32;
     for (j, part) in parts.iter().enumerate() {
         let mut h = Header::new(Tag::Data);
-        h.conn = c;
+        h.conn = inner.wires.of(c);
         h.seq = seq;
         h.a = n;
         h.b = part.len() as u32;
@@ -1358,7 +1358,7 @@ fn receive(verbs: &Verbs, inner: &Inner, wc: &ibv_wc) {
     }
     if let Err(why) = place(
         &inner.arena,
-        &inner.dirs,
+        &inner.wires,
         &inner.inbound,
         inner.slot_bytes,
         p,
@@ -1618,8 +1618,8 @@ mod tests {
     fn messages_land_in_their_slots_and_publish_in_order() {
         let slot_bytes = 4096;
         let arena = Arena::heap(Layout::new(2, 2, slot_bytes)).unwrap();
-        // Connection 0 comes from peer 0, connection 1 goes to it.
-        let dirs = [Dir::In(0), Dir::Out(0)];
+        // Connection 0 comes from peer 0, connection 1 goes to it, both on channel 7.
+        let wires = Wires::new(&[Dir::In(0), Dir::Out(0)], vec![7, 7], 1);
         let inbound = [Some(Inbound::default()), None];
         let src: Vec<u8> = (0..4096u32).map(|i| (i % 253) as u8 + 1).collect();
         let pieces = [(0, 500, 0), (600, 1200, 1024), (2000, 3, 4093)];
@@ -1627,10 +1627,10 @@ mod tests {
         for seq in 0..2u64 {
             let parts = pack(&s, 700);
             assert!(parts.len() > 2);
-            let msgs = encode_all(&parts, 0, seq);
+            let msgs = encode_all(&parts, 7, seq);
             // Deliver the parts of message `seq`; only the last publishes it.
             for (j, m) in msgs.iter().enumerate() {
-                place(&arena, &dirs, &inbound, slot_bytes, 0, m).unwrap();
+                place(&arena, &wires, &inbound, slot_bytes, 0, m).unwrap();
                 let sent = arena.sent(0).load(Ordering::Acquire);
                 assert_eq!(sent, if j + 1 == msgs.len() { seq + 1 } else { seq });
             }
@@ -1642,14 +1642,14 @@ mod tests {
             }
         }
         // Message 2 needs slot 0 freed; a credit-window violation is refused.
-        let m = encode_all(&pack(&s, 1 << 20), 0, 2);
+        let m = encode_all(&pack(&s, 1 << 20), 7, 2);
         assert!(
-            place(&arena, &dirs, &inbound, slot_bytes, 0, &m[0])
+            place(&arena, &wires, &inbound, slot_bytes, 0, &m[0])
                 .unwrap_err()
                 .contains("window")
         );
         arena.consumed(0).store(1, Ordering::Release);
-        place(&arena, &dirs, &inbound, slot_bytes, 0, &m[0]).unwrap();
+        place(&arena, &wires, &inbound, slot_bytes, 0, &m[0]).unwrap();
         assert_eq!(arena.sent(0).load(Ordering::Acquire), 3);
         // Credits raise `consumed` of the outgoing connection, never lower it.
         let credit = |conn: u32, n: u64| {
@@ -1658,17 +1658,17 @@ mod tests {
             h.seq = n;
             h.encode().to_vec()
         };
-        place(&arena, &dirs, &inbound, slot_bytes, 0, &credit(1, 5)).unwrap();
-        place(&arena, &dirs, &inbound, slot_bytes, 0, &credit(1, 3)).unwrap();
+        place(&arena, &wires, &inbound, slot_bytes, 0, &credit(7, 5)).unwrap();
+        place(&arena, &wires, &inbound, slot_bytes, 0, &credit(7, 3)).unwrap();
         assert_eq!(arena.consumed(1).load(Ordering::Acquire), 5);
         // Wrong directions and peers.
-        assert!(place(&arena, &dirs, &inbound, slot_bytes, 0, &credit(0, 9)).is_err());
-        assert!(place(&arena, &dirs, &inbound, slot_bytes, 1, &credit(1, 9)).is_err());
+        assert!(place(&arena, &wires, &inbound, slot_bytes, 0, &credit(2, 9)).is_err());
+        assert!(place(&arena, &wires, &inbound, slot_bytes, 1, &credit(7, 9)).is_err());
         let m = encode_all(&pack(&s, 1 << 20), 1, 0);
         assert!(
-            place(&arena, &dirs, &inbound, slot_bytes, 0, &m[0])
+            place(&arena, &wires, &inbound, slot_bytes, 0, &m[0])
                 .unwrap_err()
-                .contains("connection 1")
+                .contains("channel 1, where it has no connection")
         );
     }
 
@@ -1848,7 +1848,8 @@ mod tests {
                 assert_eq!(got, 2, "{dev}: loopback completions");
                 let arena = Arena::heap(Layout::new(2, 1, 4096)).unwrap();
                 let inbound = [Some(Inbound::default())];
-                place(&arena, &[Dir::In(0)], &inbound, 4096, 0, &rx[..n]).unwrap();
+                let wires = Wires::new(&[Dir::In(0)], vec![0], 1);
+                place(&arena, &wires, &inbound, 4096, 0, &rx[..n]).unwrap();
                 assert_eq!(arena.sent(0).load(Ordering::Acquire), 1);
                 println!("RDMA device {dev}: loopback message delivered");
             }

@@ -5,21 +5,30 @@
 //!
 //! `verify` exits 0 when every entry verifies, 1 when some entry does not (every error is
 //! listed, located as `entry I (COLLECTIVE SIZES ALGORITHM): rank R stream S (channel C)
-//! step K: …`), and 2 when the file cannot be read or parsed. `show` prints each entry's
+//! step K: …`) or the plan was edited after it was sealed, and 2 when the file cannot be
+//! read or parsed. `verify --rank R` runs only what rank `R` of a job checks at start (its
+//! programs against the seals, and the checks one rank can make alone) and times it. `show` prints each entry's
 //! header and its steps in a compact form such as `rrcs from 3 to 5 i[4]->i[4] x1 deps [s1:2]`.
 
 use crate::cli_error::{CliError, print_json};
 use clap::Args;
-use hccl_ir::verify::{Report, VerifyError, verify_report};
-use hccl_ir::{PlanEntry, PlanFile, Step};
+use hccl_ir::verify::{Report, VerifyError, check_rank, verify_report};
+use hccl_ir::{PlanEntry, PlanError, PlanFile, Step};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
+use std::time::Instant;
 
 #[derive(Args, Debug)]
 pub struct VerifyArgs {
     /// Plan file (RON), or an MSCCL algorithm (`.xml`).
     pub plan: PathBuf,
+    /// Run only what one rank of a job checks at start, and time it: load that rank's
+    /// programs, check them against the plan's seals and make the checks a rank can make
+    /// alone (bounds, peers, dependencies). Entries no seal covers would be verified on the
+    /// whole plan at start: they are listed, not verified here.
+    #[arg(long, value_name = "R")]
+    pub rank: Option<u32>,
     /// Print one JSON document instead of text.
     #[arg(long)]
     pub json: bool,
@@ -34,13 +43,26 @@ pub struct ShowArgs {
     pub json: bool,
 }
 
+/// A plan that cannot be loaded: edited after it was sealed is a failed check (exit 1),
+/// anything else bad input (exit 2).
+fn plan_error(err: PlanError) -> CliError {
+    match err {
+        PlanError::Edited { .. } | PlanError::EditedRank { .. } => {
+            CliError::Failed(err.to_string())
+        }
+        _ => CliError::input(err),
+    }
+}
+
+fn is_xml(path: &std::path::Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("xml"))
+}
+
 /// Loads a plan file, or imports an MSCCL XML algorithm as a plan.
 fn load_plan(path: &std::path::Path) -> Result<PlanFile, CliError> {
-    let is_xml = path
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("xml"));
-    if !is_xml {
-        return PlanFile::load(path).map_err(CliError::input);
+    if !is_xml(path) {
+        return PlanFile::load(path).map_err(plan_error);
     }
     let imported = hccl_ir::msccl::load_xml(path).map_err(CliError::input)?;
     for warning in &imported.warnings {
@@ -129,6 +151,9 @@ fn report_json(r: &Report) -> Value {
 }
 
 pub fn verify(args: VerifyArgs) -> Result<(), CliError> {
+    if let Some(rank) = args.rank {
+        return verify_rank(&args, rank);
+    }
     let plan = load_plan(&args.plan)?;
     let path = args.plan.display().to_string();
     let results: Vec<Result<Report, Vec<VerifyError>>> = plan
@@ -221,6 +246,133 @@ pub fn verify(args: VerifyArgs) -> Result<(), CliError> {
     } else {
         Err(CliError::Failed(format!(
             "{path}: {failed} of {} entries do not verify ({errors} errors)",
+            plan.entries.len()
+        )))
+    }
+}
+
+/// Milliseconds between two instants.
+fn ms(from: Instant, to: Instant) -> f64 {
+    (to - from).as_secs_f64() * 1e3
+}
+
+/// `hcclc verify PLAN --rank R`: what rank `R` of a job checks at start (see
+/// [`hccl_ir::PlanPart`]), timed.
+fn verify_rank(args: &VerifyArgs, rank: u32) -> Result<(), CliError> {
+    let path = args.plan.display().to_string();
+    if is_xml(&args.plan) {
+        return Err(CliError::Input(format!(
+            "{path}: --rank checks a plan file (RON); import the MSCCL algorithm first (`hcclc import`)"
+        )));
+    }
+    let start = Instant::now();
+    let bytes = std::fs::read(&args.plan).map_err(|e| CliError::Input(format!("{path}: {e}")))?;
+    let text = std::str::from_utf8(&bytes).map_err(|e| {
+        CliError::Input(format!("{path}: not UTF-8 text (byte {})", e.valid_up_to()))
+    })?;
+    let read = Instant::now();
+    let part = PlanFile::from_ron_for_ranks(text, &path, &[rank]).map_err(plan_error)?;
+    let loaded = Instant::now();
+    let sealed = part.sealed();
+    let results: Vec<Result<(), Vec<VerifyError>>> = part
+        .plan
+        .entries
+        .iter()
+        .map(|e| check_rank(&e.schedule, rank))
+        .collect();
+    let checked = Instant::now();
+    let plan = &part.plan;
+    let failed = results.iter().filter(|r| r.is_err()).count();
+    let unsealed = sealed.iter().filter(|s| !**s).count();
+    let steps: usize = plan
+        .entries
+        .iter()
+        .map(|e| {
+            e.schedule.ranks[rank as usize]
+                .streams
+                .iter()
+                .map(|s| s.steps.len())
+                .sum::<usize>()
+        })
+        .sum();
+    let timings = json!({
+        "read_ms": ms(start, read),
+        "load_ms": ms(read, loaded),
+        "checks_ms": ms(loaded, checked),
+        "total_ms": ms(start, checked),
+    });
+    if args.json {
+        let entries: Vec<Value> = plan
+            .entries
+            .iter()
+            .zip(&results)
+            .enumerate()
+            .map(|(i, (entry, result))| {
+                let mut m = entry_json(i, entry);
+                m.remove("steps");
+                m.remove("channels");
+                let prog = &entry.schedule.ranks[rank as usize];
+                m.insert("rank_streams".into(), json!(prog.streams.len()));
+                m.insert(
+                    "rank_steps".into(),
+                    json!(prog.streams.iter().map(|s| s.steps.len()).sum::<usize>()),
+                );
+                m.insert("ok".into(), json!(result.is_ok()));
+                m.insert("sealed".into(), json!(sealed[i]));
+                let errors = result
+                    .as_ref()
+                    .err()
+                    .map_or(Vec::new(), |errs| errs.iter().map(error_json).collect());
+                m.insert("errors".into(), Value::Array(errors));
+                Value::Object(m)
+            })
+            .collect();
+        print_json(&json!({
+            "plan": path,
+            "rank": rank,
+            "ok": failed == 0,
+            "identity": part.identity(),
+            "timings": timings,
+            "entries": entries,
+            "summary": {
+                "entries": plan.entries.len(),
+                "failed_entries": failed,
+                "sealed_entries": plan.entries.len() - unsealed,
+                "unsealed_entries": unsealed,
+                "rank_steps": steps,
+            },
+        }));
+    } else {
+        for (i, (entry, result)) in plan.entries.iter().zip(&results).enumerate() {
+            if let Err(errs) = result {
+                for e in errs {
+                    println!("entry {i} ({}): {e}", entry_label(entry));
+                }
+            }
+        }
+        if failed == 0 {
+            println!(
+                "{path}: rank {rank}: ok: {}, {} sealed, {steps} steps; {:.2} ms (read {:.2}, load and seals {:.2}, checks {:.2})",
+                entries_text(plan.entries.len()),
+                plan.entries.len() - unsealed,
+                ms(start, checked),
+                ms(start, read),
+                ms(read, loaded),
+                ms(loaded, checked),
+            );
+        }
+        if unsealed > 0 {
+            println!(
+                "{unsealed} of {} entries are not sealed: a job verifies them on the whole plan when it starts (`hcclc verify {path}`)",
+                plan.entries.len()
+            );
+        }
+    }
+    if failed == 0 {
+        Ok(())
+    } else {
+        Err(CliError::Failed(format!(
+            "{path}: rank {rank}: {failed} of {} entries fail the rank's checks",
             plan.entries.len()
         )))
     }
