@@ -18,6 +18,7 @@
 pub mod error;
 pub mod msccl;
 pub mod plan;
+pub mod plan_index;
 mod plan_scan;
 pub mod schedule;
 pub mod seal;

@@ -4,7 +4,7 @@
 //!
 //! ```ron
 //! (
-//!     format_version: 3,
+//!     format_version: 4,
 //!     meta: (topology: "dgx1", topology_hash: "…", compiler: "hcclc 0.1.0"),
 //!     entries: [
 //!         (min_bytes: 0, max_bytes: Some(262144), algorithm: "ring", …, schedule: (…)),
@@ -42,7 +42,9 @@
 //!
 //! - 1: explicit entries only;
 //! - 2: explicit or symmetric entries;
-//! - 3 (written by this build): seals of the verified schedules (`verified`, see [`Seal`]).
+//! - 3: seals of the verified schedules (`verified`, see [`Seal`]);
+//! - 4 (written by this build): large plans carry a rank index (`rank_index`, see
+//!   [`PlanFile::to_ron`]) for one-rank loads.
 //!
 //! Readers accept versions [`MIN_FORMAT_VERSION`]`..=`[`FORMAT_VERSION`] and refuse others
 //! with [`PlanError::Version`]; a plan read from an older version is held (and written back)
@@ -57,7 +59,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::path::Path;
 
 /// The plan format this build writes (and the newest it reads).
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 
 /// The oldest plan format this build reads.
 pub const MIN_FORMAT_VERSION: u32 = 1;
@@ -359,6 +361,7 @@ impl<'de> Deserialize<'de> for PlanEntry {
 /// The contents of a plan file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[allow(clippy::manual_non_exhaustive)]
 pub struct PlanFile {
     pub format_version: u32,
     pub meta: PlanMeta,
@@ -367,6 +370,16 @@ pub struct PlanFile {
     /// sealed the plan, and then every entry is verified when a job loads it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub verified: Vec<Seal>,
+    /// The rank index of the file it was read from (see [`PlanFile::to_ron`]): read past,
+    /// never held; the writer makes it anew. (Private, so plans are made by
+    /// [`PlanFile::new`].)
+    #[serde(default, skip_serializing, deserialize_with = "skip_index")]
+    rank_index: (),
+}
+
+/// Reads past a plan's `rank_index` string.
+fn skip_index<'de, D: Deserializer<'de>>(d: D) -> Result<(), D::Error> {
+    serde::de::IgnoredAny::deserialize(d).map(|_| ())
 }
 
 impl PlanFile {
@@ -376,6 +389,7 @@ impl PlanFile {
             meta,
             entries: Vec::new(),
             verified: Vec::new(),
+            rank_index: (),
         }
     }
 
@@ -448,8 +462,27 @@ impl PlanFile {
         added
     }
 
-    /// Serialises to pretty RON. Output is deterministic for equal values.
+    /// Serialises to pretty RON. Output is deterministic for equal values. A text of
+    /// [`crate::plan_index::INDEX_MIN_BYTES`] or more with explicit entries gets a rank index
+    /// (see [`PlanFile::to_ron_indexed`]).
     pub fn to_ron(&self) -> String {
+        let text = self.to_ron_plain();
+        if text.len() >= crate::plan_index::INDEX_MIN_BYTES {
+            return crate::plan_index::insert(&text).unwrap_or(text);
+        }
+        text
+    }
+
+    /// [`PlanFile::to_ron`] with a rank index whatever the size, when the plan has explicit
+    /// entries: a line after `format_version` giving where every rank program of every
+    /// explicit entry starts, so that [`PlanFile::load_for_ranks`] reads a rank's programs
+    /// and the text around them instead of the whole file (see the crate's `plan_index`).
+    pub fn to_ron_indexed(&self) -> String {
+        let text = self.to_ron_plain();
+        crate::plan_index::insert(&text).unwrap_or(text)
+    }
+
+    fn to_ron_plain(&self) -> String {
         let config = ron::ser::PrettyConfig::new()
             .indentor("  ".to_string())
             .struct_names(false)
@@ -509,10 +542,28 @@ impl PlanFile {
         origin: &str,
         ranks: &[u32],
     ) -> Result<PlanPart, PlanError> {
-        check_version(text, origin)?;
+        PlanFile::part_from(text, None, origin, ranks)
+    }
+
+    /// [`PlanFile::from_ron_for_ranks`] of `text`, or of the text `indexed` gives (a
+    /// shrunk text built from a file's rank index) when it parses.
+    fn part_from(
+        text: &str,
+        indexed: Option<String>,
+        origin: &str,
+        ranks: &[u32],
+    ) -> Result<PlanPart, PlanError> {
         let mut wanted = ranks.to_vec();
         wanted.sort_unstable();
         wanted.dedup();
+        let indexed = indexed.or_else(|| crate::plan_index::shrink(text, &wanted));
+        if let Some(shrunk) = indexed {
+            check_version(&shrunk, origin)?;
+            if let Ok((plan, templates)) = parse_ranks(&shrunk, &wanted) {
+                return PlanPart::new(upgrade(plan, origin)?, wanted, templates, origin);
+            }
+        }
+        check_version(text, origin)?;
         let parsed = match crate::plan_scan::shrink(text, &wanted)
             .and_then(|shrunk| parse_ranks(&shrunk, &wanted).ok())
         {
@@ -523,13 +574,7 @@ impl PlanFile {
                 .map_err(|err| PlanError::Parse(Located::from_ron(origin, &err)))?,
         };
         let (plan, templates) = parsed;
-        let part = PlanPart {
-            plan: upgrade(plan, origin)?,
-            ranks: wanted,
-            templates,
-        };
-        part.check_seals(origin)?;
-        Ok(part)
+        PlanPart::new(upgrade(plan, origin)?, wanted, templates, origin)
     }
 
     /// Reads a plan file keeping only `rank`'s part (see [`PlanFile::from_ron_for_rank`]).
@@ -541,6 +586,22 @@ impl PlanFile {
     /// [`PlanFile::from_ron_for_ranks`]).
     pub fn load_for_ranks(path: &Path, ranks: &[u32]) -> Result<PlanPart, PlanError> {
         let origin = path.display().to_string();
+        // A file with a rank index: read only what the index says these ranks need.
+        #[cfg(unix)]
+        if let Ok(file) = std::fs::File::open(path)
+            && let Ok(meta) = file.metadata()
+            && let Ok(len) = usize::try_from(meta.len())
+        {
+            let mut wanted = ranks.to_vec();
+            wanted.sort_unstable();
+            wanted.dedup();
+            let src = crate::plan_index::FileSource { file, len };
+            if let Some(shrunk) = crate::plan_index::shrink(&src, &wanted)
+                && let Ok(part) = PlanFile::part_from("", Some(shrunk), &origin, &wanted)
+            {
+                return Ok(part);
+            }
+        }
         let bytes = std::fs::read(path).map_err(|source| PlanError::Io {
             path: origin.clone(),
             source,
@@ -685,6 +746,8 @@ mod one_rank {
         entries: Vec<Entry>,
         #[serde(default)]
         verified: Vec<super::Seal>,
+        #[serde(default, rename = "rank_index", deserialize_with = "super::skip_index")]
+        _rank_index: (),
     }
 
     /// An entry holding only the wanted ranks' programs, and the hash of its template when
@@ -771,6 +834,7 @@ mod one_rank {
                 entries,
                 // Checked against the loaded programs by `PlanPart::check_seals`.
                 verified: self.verified,
+                rank_index: (),
             };
             (plan, templates)
         }
@@ -918,7 +982,7 @@ mod tests {
         assert_eq!(p.verified.len(), 2);
         assert!(p.sealed().iter().all(|s| *s));
         let text = p.to_ron();
-        assert!(text.contains("format_version: 3") && text.contains("verified:"));
+        assert!(text.contains("format_version: 4") && text.contains("verified:"));
         let back = PlanFile::from_ron(&text, "p").expect("a sealed plan loads");
         assert_eq!(back, p);
         assert!(back.sealed().iter().all(|s| *s));
@@ -977,7 +1041,7 @@ mod tests {
         let bad = text.replacen("in_place", "in_placed", 1);
         assert!(PlanFile::from_ron(&bad, "p").is_err());
         assert!(PlanFile::from_ron_for_rank(&bad, "p", 0).is_err());
-        let newer = text.replacen("format_version: 3", "format_version: 9", 1);
+        let newer = text.replacen("format_version: 4", "format_version: 9", 1);
         assert!(matches!(
             PlanFile::from_ron_for_rank(&newer, "p", 0),
             Err(PlanError::Version { found: 9, .. })

@@ -24,13 +24,46 @@ const SKIPPED: &str = "()";
 const MAX_DEPTH: usize = 256;
 
 /// `text` with every explicit entry's rank programs other than those of `ranks` (sorted)
-/// replaced by `()`;
-/// `None` when the text holds no explicit rank list or looks unexpected (see the module docs).
+/// replaced by `()`; `None` when the text holds no explicit rank list or looks unexpected
+/// (see the module docs).
 pub(crate) fn shrink(text: &str, ranks: &[u32]) -> Option<String> {
-    let bytes = text.as_bytes();
+    let lists = rank_lists(text)?;
+    if lists.is_empty() {
+        return None;
+    }
     let mut out = String::new();
     let mut copied = 0usize;
-    let mut found = false;
+    for list in &lists {
+        for (k, &(start, end)) in list.elems.iter().enumerate() {
+            out.push_str(&text[copied..start]);
+            if u32::try_from(k).is_ok_and(|k| ranks.binary_search(&k).is_ok()) {
+                out.push_str(&text[start..end]);
+            } else {
+                out.push_str(SKIPPED);
+            }
+            copied = end;
+        }
+    }
+    out.push_str(&text[copied..]);
+    Some(out)
+}
+
+/// An explicit entry's rank list in the text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RankList {
+    /// Byte just after its `[`.
+    pub open: usize,
+    /// Byte of its `]`.
+    pub close: usize,
+    /// Byte range of each element (a rank program), in order.
+    pub elems: Vec<(usize, usize)>,
+}
+
+/// Every explicit entry's rank list, in the order of the text; `None` when the text looks
+/// unexpected (see the module docs).
+pub(crate) fn rank_lists(text: &str) -> Option<Vec<RankList>> {
+    let bytes = text.as_bytes();
+    let mut lists = Vec::new();
     // (opening bracket, field name the bracket is the value of)
     let mut frames: Vec<(u8, Option<&[u8]>)> = Vec::new();
     let mut pending: Option<&[u8]> = None;
@@ -66,11 +99,10 @@ pub(crate) fn shrink(text: &str, ranks: &[u32]) -> Option<String> {
                 last_ident = None;
                 i += 1;
                 if is_rank_list(&frames) {
-                    out.push_str(&text[copied..i]);
-                    i = shrink_list(text, i, ranks, &mut out)?;
-                    copied = i;
+                    let list = list_elements(text, i)?;
+                    i = list.close + 1;
+                    lists.push(list);
                     frames.pop();
-                    found = true;
                 }
             }
             b')' | b']' | b'}' => {
@@ -96,11 +128,10 @@ pub(crate) fn shrink(text: &str, ranks: &[u32]) -> Option<String> {
             _ => return None,
         }
     }
-    if !frames.is_empty() || !found {
+    if !frames.is_empty() {
         return None;
     }
-    out.push_str(&text[copied..]);
-    Some(out)
+    Some(lists)
 }
 
 /// Whether the innermost bracket is an explicit entry's rank list:
@@ -130,21 +161,21 @@ fn is_ident_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'_'
 }
 
-/// Copies a rank list's elements from `start` (just after its `[`) to `out`, each but the
-/// those of `ranks` (sorted) replaced by [`SKIPPED`]; returns the index after the closing `]`.
-fn shrink_list(text: &str, start: usize, ranks: &[u32], out: &mut String) -> Option<usize> {
+/// The elements of the rank list whose `[` ends just before `start`.
+fn list_elements(text: &str, start: usize) -> Option<RankList> {
     let bytes = text.as_bytes();
-    let mut i = start;
-    let mut index = 0u64;
+    let mut elems = Vec::new();
+    let mut i = skip_ws(bytes, start)?;
+    if bytes.get(i) == Some(&b']') {
+        return Some(RankList {
+            open: start,
+            close: i,
+            elems,
+        });
+    }
     loop {
-        let next = skip_ws(bytes, i)?;
-        out.push_str(&text[i..next]);
-        i = next;
+        let next = i;
         match *bytes.get(i)? {
-            b']' => {
-                out.push(']');
-                return Some(i + 1);
-            }
             b'(' => {}
             b if b.is_ascii_alphabetic() || b == b'_' => {
                 // A struct name (`RankProgram(…)`).
@@ -159,27 +190,24 @@ fn shrink_list(text: &str, start: usize, ranks: &[u32], out: &mut String) -> Opt
             _ => return None,
         }
         let end = skip_balanced(bytes, i)?;
-        if u32::try_from(index).is_ok_and(|i| ranks.binary_search(&i).is_ok()) {
-            out.push_str(&text[next..end]);
-        } else {
-            out.push_str(SKIPPED);
-        }
-        index += 1;
-        let after = skip_ws(bytes, end)?;
-        out.push_str(&text[end..after]);
-        i = after;
+        elems.push((next, end));
+        i = skip_ws(bytes, end)?;
         match *bytes.get(i)? {
             b',' => {
-                out.push(',');
-                i += 1;
+                i = skip_ws(bytes, i + 1)?;
+                if bytes.get(i) == Some(&b']') {
+                    break;
+                }
             }
-            b']' => {
-                out.push(']');
-                return Some(i + 1);
-            }
+            b']' => break,
             _ => return None,
         }
     }
+    Some(RankList {
+        open: start,
+        close: i,
+        elems,
+    })
 }
 
 /// The index after the bracket matching the one at `start`, skipping strings, chars and

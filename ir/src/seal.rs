@@ -175,10 +175,13 @@ pub struct PlanPart {
     pub ranks: Vec<u32>,
     /// Per entry: [`symmetric_hash`] of a symmetric entry's template as read, `None` for an
     /// explicit entry.
-    pub(crate) templates: Vec<Option<String>>,
+    templates: Vec<Option<String>>,
+    /// Per entry: how it stands against the seals.
+    matches: Vec<Match>,
 }
 
 /// How one entry of a part stands against the seals.
+#[derive(Debug, Clone)]
 enum Match {
     /// The seal (its root) covering every loaded program.
     Sealed(String),
@@ -188,6 +191,25 @@ enum Match {
 }
 
 impl PlanPart {
+    /// The part of `plan` holding `ranks`' programs (sorted, distinct), checked against the
+    /// seals ([`PlanPart::check_seals`]); `templates` as read.
+    pub(crate) fn new(
+        plan: PlanFile,
+        ranks: Vec<u32>,
+        templates: Vec<Option<String>>,
+        origin: &str,
+    ) -> Result<PlanPart, PlanError> {
+        let mut part = PlanPart {
+            plan,
+            ranks,
+            templates,
+            matches: Vec::new(),
+        };
+        part.matches = part.compute_matches();
+        part.check_seals(origin)?;
+        Ok(part)
+    }
+
     /// The valid seals of this build's verifier: (root, rank digests of explicit ones).
     fn seals(&self) -> Vec<(&str, Option<Vec<u8>>)> {
         self.plan
@@ -198,7 +220,7 @@ impl PlanPart {
             .collect()
     }
 
-    fn matches(&self) -> Vec<Match> {
+    fn compute_matches(&self) -> Vec<Match> {
         let seals = self.seals();
         self.plan
             .entries
@@ -254,7 +276,7 @@ impl PlanPart {
     /// [`PlanFile::sealed`]); an entry not covered must be verified, on the whole plan,
     /// before it runs.
     pub fn sealed(&self) -> Vec<bool> {
-        self.matches()
+        self.matches
             .iter()
             .map(|m| matches!(m, Match::Sealed(_)))
             .collect()
@@ -266,8 +288,8 @@ impl PlanPart {
         if self.seals().is_empty() {
             return Ok(());
         }
-        for (i, m) in self.matches().into_iter().enumerate() {
-            if let Match::Unsealed { rank } = m {
+        for (i, m) in self.matches.iter().enumerate() {
+            if let Match::Unsealed { rank } = *m {
                 let e = &self.plan.entries[i];
                 return Err(match (rank, &self.templates[i]) {
                     (Some(rank), None) => PlanError::EditedRank {
@@ -296,10 +318,10 @@ impl PlanPart {
     /// that matched different seals disagree), `None` otherwise.
     pub fn identity(&self) -> Option<String> {
         let roots: Option<Vec<String>> = self
-            .matches()
-            .into_iter()
+            .matches
+            .iter()
             .map(|m| match m {
-                Match::Sealed(root) => Some(root),
+                Match::Sealed(root) => Some(root.clone()),
                 Match::Unsealed { .. } => None,
             })
             .collect();

@@ -346,3 +346,53 @@ fn a_rank_checks_its_own_program_locally() {
     // Another rank's broken program is not this rank's concern.
     assert!(hccl_ir::verify::check_rank(&s, 0).is_ok());
 }
+
+#[test]
+fn a_rank_index_gives_the_same_parts_and_survives_edits() {
+    let n = 5;
+    let plan = sealed_mixed(n);
+    let plain = plan.to_ron();
+    let indexed = plan.to_ron_indexed();
+    assert!(indexed.contains("rank_index: \"") && !plain.contains("rank_index"));
+    assert_eq!(PlanFile::from_ron(&indexed, "i").expect("full load"), plan);
+    let path = std::env::temp_dir().join(format!("hccl-index-{}.plan.ron", std::process::id()));
+    std::fs::write(&path, &indexed).expect("written");
+    let sets: Vec<Vec<u32>> = (0..n)
+        .map(|r| vec![r])
+        .chain([vec![0, 3], vec![]])
+        .collect();
+    for ranks in &sets {
+        let want = PlanFile::from_ron_for_ranks(&plain, "p", ranks).expect("scan");
+        for got in [
+            PlanFile::from_ron_for_ranks(&indexed, "i", ranks).expect("index"),
+            PlanFile::load_for_ranks(&path, ranks).expect("index in a file"),
+        ] {
+            assert_eq!(got.plan, want.plan, "{ranks:?}");
+            assert_eq!(got.ranks, want.ranks);
+            assert_eq!(got.identity(), want.identity());
+        }
+    }
+    // An edited program is caught through the index too.
+    let span = program_span(&indexed, 0, 2);
+    let edited_program = indexed[span.clone()].replacen("off: 0", "off: 1", 1);
+    let edited = format!(
+        "{}{}{}",
+        &indexed[..span.start],
+        edited_program,
+        &indexed[span.end..]
+    );
+    std::fs::write(&path, &edited).expect("written");
+    assert!(matches!(
+        PlanFile::load_for_ranks(&path, &[2]),
+        Err(hccl_ir::PlanError::EditedRank { rank: 2, .. })
+    ));
+    // Text added after the index makes it stale: the scan takes over, with the same result.
+    let stale = indexed.replacen("  meta: (", "  // a note\n  meta: (", 1);
+    std::fs::write(&path, &stale).expect("written");
+    for ranks in &sets {
+        let want = PlanFile::from_ron_for_ranks(&plain, "p", ranks).expect("scan");
+        let got = PlanFile::load_for_ranks(&path, ranks).expect("stale index");
+        assert_eq!(got.plan, want.plan, "{ranks:?}");
+    }
+    let _ = std::fs::remove_file(&path);
+}
