@@ -102,7 +102,8 @@ fn main() {
         // `hcclc compile` writes it, with a rank index when large): load its own programs,
         // check them against the seals and alone, name the plan for the rendezvous; then,
         // once it knows its host, load the host's ranks' programs.
-        let path = std::env::temp_dir().join(format!("hccl-bench-{}-{n}.plan.ron", std::process::id()));
+        let path =
+            std::env::temp_dir().join(format!("hccl-bench-{}-{n}.plan.ron", std::process::id()));
         plan.save(&path).expect("plan written");
         let rank = n / 2;
         let start_one = loads(&|| {

@@ -149,7 +149,8 @@ fn sealed_ring_plan(tag: &str) -> PathBuf {
         plan.entries.iter().any(|e| !e.is_compact()),
         "an explicit entry"
     );
-    let path = std::env::temp_dir().join(format!("hcclc-rank-{tag}-{}.plan.ron", std::process::id()));
+    let path =
+        std::env::temp_dir().join(format!("hcclc-rank-{tag}-{}.plan.ron", std::process::id()));
     std::fs::write(&path, plan.to_ron_indexed()).expect("written");
     path
 }
@@ -161,7 +162,10 @@ fn verify_one_rank_runs_and_times_the_start_checks() {
     let out = hcclc(&["verify", p, "--rank", "2"]);
     let text = transcript(&out);
     assert_eq!(out.status.code(), Some(0), "{text}");
-    assert!(text.contains(": rank 2: ok:") && text.contains("sealed"), "{text}");
+    assert!(
+        text.contains(": rank 2: ok:") && text.contains("sealed"),
+        "{text}"
+    );
     let out = hcclc(&["verify", p, "--rank", "5", "--json"]);
     assert_eq!(out.status.code(), Some(0), "{}", transcript(&out));
     let doc = json(&out);
@@ -172,14 +176,22 @@ fn verify_one_rank_runs_and_times_the_start_checks() {
     assert_eq!(doc["summary"]["sealed_entries"].as_u64(), Some(entries));
     assert!(doc["identity"].is_string());
     for t in ["load_ms", "checks_ms", "total_ms"] {
-        assert!(doc["timings"][t].as_f64().is_some_and(|v| v >= 0.0), "{t}: {doc}");
+        assert!(
+            doc["timings"][t].as_f64().is_some_and(|v| v >= 0.0),
+            "{t}: {doc}"
+        );
     }
     assert!(doc["entries"][0]["rank_steps"].is_u64());
     // No rank 6 in a 6-rank plan; --rank reads plan files only.
     let out = hcclc(&["verify", p, "--rank", "6"]);
     assert_eq!(out.status.code(), Some(2), "{}", transcript(&out));
     assert!(transcript(&out).contains("rank 6"), "{}", transcript(&out));
-    let out = hcclc(&["verify", "ir/tests/data/msccl/allgather_ring_r8_ch1_i1_ll128.xml", "--rank", "0"]);
+    let out = hcclc(&[
+        "verify",
+        "ir/tests/data/msccl/allgather_ring_r8_ch1_i1_ll128.xml",
+        "--rank",
+        "0",
+    ]);
     assert_eq!(out.status.code(), Some(2), "{}", transcript(&out));
     let _ = std::fs::remove_file(&path);
 }
@@ -199,7 +211,10 @@ fn verify_one_rank_names_the_rank_whose_program_was_edited() {
     let out = hcclc(&["verify", p, "--rank", "4"]);
     let text = transcript(&out);
     assert_eq!(out.status.code(), Some(1), "{text}");
-    assert!(text.contains(&format!("entry {i}")) && text.contains("rank 4's program"), "{text}");
+    assert!(
+        text.contains(&format!("entry {i}")) && text.contains("rank 4's program"),
+        "{text}"
+    );
     // Rank 3 reads only its own programs, which are as sealed.
     let out = hcclc(&["verify", p, "--rank", "3"]);
     assert_eq!(out.status.code(), Some(0), "{}", transcript(&out));

@@ -317,3 +317,69 @@ fn bad_nic_flags_exit_with_code_2_and_say_why() {
     assert!(err.contains("no NICs") && err.contains("--nic-bw"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn detect_this_machine_and_recorded_nvidia_smi_outputs() {
+    // This machine: a topology that builds (the memory bandwidth given, so no probe runs).
+    let out = hcclc(&[
+        "topo", "detect", "--mem-bw", "5", "--name", "here", "--json",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    assert_eq!(doc["name"], "here");
+    assert!(doc["nranks"].as_u64().is_some_and(|n| n >= 1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("hcclc: detected:"));
+    // A DGX H100 from its recorded nvidia-smi outputs.
+    let data = topologies_dir().join("tests/data/detect");
+    let file = |name: &str| data.join(name).display().to_string();
+    let (m, s, l) = (
+        file("dgx-h100.topo-m.txt"),
+        file("dgx-h100.nvlink-s.txt"),
+        file("dgx-h100.L.txt"),
+    );
+    let out = hcclc(&[
+        "topo",
+        "detect",
+        "--name",
+        "h100",
+        "--mem-bw",
+        "5",
+        "--topo-matrix",
+        &m,
+        "--nvlink-status",
+        &s,
+        "--gpu-list",
+        &l,
+        "--json",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    assert_eq!(doc["nranks"], 8);
+    let ron = doc["ron"].as_str().expect("ron");
+    assert!(
+        ron.contains("NvSwitch") && ron.contains("count: 18"),
+        "{ron}"
+    );
+    assert!(ron.contains("H100 80GB HBM3"), "{ron}");
+    // Bad input: a malformed matrix, a missing file, --nvlink-status alone.
+    let bad = std::env::temp_dir().join(format!("hcclc-bad-topo-m-{}.txt", std::process::id()));
+    std::fs::write(&bad, "\tGPU0\tGPU1\nGPU0\t X \tNV2\nGPU1\tNV1\t X \n").unwrap();
+    let out = hcclc(&["topo", "detect", "--topo-matrix", bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nvidia-smi topo -m"));
+    let _ = std::fs::remove_file(&bad);
+    let out = hcclc(&["topo", "detect", "--topo-matrix", "/nonexistent/topo.txt"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = hcclc(&["topo", "detect", "--nvlink-status", &s]);
+    assert_eq!(out.status.code(), Some(2));
+}

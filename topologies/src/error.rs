@@ -100,6 +100,8 @@ pub enum TopologyError {
         pos: Option<Pos>,
         problem: Box<Problem>,
     },
+    #[error("{tool}: {message}")]
+    Detect { tool: String, message: String },
     #[error("topology \"{name}\" has {found} ranks but {expected} were expected")]
     RankCount {
         name: String,

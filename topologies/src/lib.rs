@@ -6,6 +6,7 @@
 //! parametric families (rings, tori, fat trees, clusters of boxes, CPU hosts).
 
 pub mod analysis;
+pub mod detect;
 pub mod error;
 pub mod generate;
 pub mod model;

@@ -13,6 +13,34 @@ pub enum TopoCommand {
     /// Generate a topology description (RON) of a parametric family.
     #[command(subcommand)]
     Gen(GenCommand),
+    /// Describe this machine (RON): CPUs and NUMA nodes and network interfaces from sysfs,
+    /// memory bandwidth from a copy probe, GPUs and their NVLink/PCIe matrix from
+    /// `nvidia-smi` where it exists. What was found and what was assumed goes to stderr.
+    Detect(DetectArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DetectArgs {
+    /// Name of the topology [default: this host's name].
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Read sysfs from this directory (a recorded tree) instead of /sys.
+    #[arg(long, value_name = "DIR", default_value = "/sys")]
+    pub sysfs: PathBuf,
+    /// Recorded `nvidia-smi topo -m` output, instead of running nvidia-smi.
+    #[arg(long, value_name = "FILE")]
+    pub topo_matrix: Option<PathBuf>,
+    /// Recorded `nvidia-smi nvlink -s` output (with --topo-matrix).
+    #[arg(long, value_name = "FILE", requires = "topo_matrix")]
+    pub nvlink_status: Option<PathBuf>,
+    /// Recorded `nvidia-smi -L` output (with --topo-matrix).
+    #[arg(long, value_name = "FILE", requires = "topo_matrix")]
+    pub gpu_list: Option<PathBuf>,
+    /// Per-rank memory bandwidth of a CPU host (GB/s) [default: measured by a copy probe].
+    #[arg(long, allow_negative_numbers = true)]
+    pub mem_bw: Option<f64>,
+    #[command(flatten)]
+    pub out: GenOut,
 }
 
 #[derive(Args, Debug)]
@@ -120,7 +148,77 @@ pub fn run(cmd: TopoCommand) -> Result<(), CliError> {
     match cmd {
         TopoCommand::Show(args) => show(args),
         TopoCommand::Gen(cmd) => generate_cmd(cmd),
+        TopoCommand::Detect(args) => detect(args),
     }
+}
+
+/// Runs `nvidia-smi ARGS`; `None` when it is missing or fails.
+fn nvidia_smi(args: &[&str]) -> Option<String> {
+    let out = std::process::Command::new("nvidia-smi")
+        .args(args)
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn detect(args: DetectArgs) -> Result<(), CliError> {
+    use hccl_topologies::detect;
+    let read = |p: &Option<PathBuf>| -> Result<Option<String>, CliError> {
+        p.as_ref()
+            .map(|p| {
+                std::fs::read_to_string(p)
+                    .map_err(|e| CliError::Input(format!("{}: {e}", p.display())))
+            })
+            .transpose()
+    };
+    let sources = if args.topo_matrix.is_some() {
+        detect::Sources {
+            topo_matrix: read(&args.topo_matrix)?,
+            nvlink_status: read(&args.nvlink_status)?,
+            gpu_list: read(&args.gpu_list)?,
+        }
+    } else {
+        match nvidia_smi(&["topo", "-m"]) {
+            Some(m) => detect::Sources {
+                topo_matrix: Some(m),
+                nvlink_status: nvidia_smi(&["nvlink", "-s"]),
+                gpu_list: nvidia_smi(&["-L"]),
+            },
+            None => detect::Sources::default(),
+        }
+    };
+    if let Some(bw) = args.mem_bw
+        && !(bw.is_finite() && bw > 0.0)
+    {
+        return Err(CliError::Input(format!(
+            "--mem-bw {bw}: must be a positive number"
+        )));
+    }
+    let numa = detect::numa_cpus(&args.sysfs);
+    let nets = detect::net_devices(&args.sysfs);
+    let cores: u32 = numa.iter().sum::<u32>().max(1);
+    let mem_bw = match args.mem_bw {
+        Some(bw) => bw,
+        None if sources.topo_matrix.is_none() => {
+            hccl_topologies::probe::probe_host().per_rank_gbps(cores)
+        }
+        None => hccl_topologies::generate::CPU_MEM_BW,
+    };
+    let name = args.name.clone().unwrap_or_else(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "this-machine".to_string())
+    });
+    let detected =
+        detect::describe(&name, &numa, &nets, mem_bw, &sources).map_err(CliError::input)?;
+    for note in &detected.notes {
+        eprintln!("hcclc: detected: {note}");
+    }
+    emit(detected.spec, args.out)
 }
 
 /// Loads a topology given as a file path or a shipped machine name (a path that exists wins).
