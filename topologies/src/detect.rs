@@ -16,9 +16,9 @@
 //! NUMA node's host bridge.
 
 use crate::error::TopologyError;
+use crate::generate::link;
 use crate::model::{
-    DeviceKind, DeviceSpec, HostSpec, LinkKind, LinkSpec, NicSpec, SwitchKind, SwitchSpec,
-    TopologySpec,
+    DeviceKind, DeviceSpec, HostSpec, LinkKind, NicSpec, SwitchKind, SwitchSpec, TopologySpec,
 };
 use std::path::Path;
 
@@ -297,17 +297,6 @@ fn pcie_gbps(name: &str) -> f64 {
         PCIE_GBPS[1]
     } else {
         PCIE_GBPS[0]
-    }
-}
-
-fn link(a: &str, b: &str, kind: LinkKind, bw: f64, latency: f64, count: u32) -> LinkSpec {
-    LinkSpec {
-        a: a.to_string(),
-        b: b.to_string(),
-        kind,
-        bw,
-        latency,
-        count,
     }
 }
 

@@ -39,7 +39,14 @@ fn gpu(id: String) -> DeviceSpec {
     }
 }
 
-fn link(a: &str, b: &str, kind: LinkKind, bw: f64, latency: f64, count: u32) -> LinkSpec {
+pub(crate) fn link(
+    a: &str,
+    b: &str,
+    kind: LinkKind,
+    bw: f64,
+    latency: f64,
+    count: u32,
+) -> LinkSpec {
     LinkSpec {
         a: a.to_string(),
         b: b.to_string(),

@@ -233,13 +233,7 @@ pub fn verify(args: VerifyArgs) -> Result<(), CliError> {
             }
         }
     } else {
-        for (i, (entry, result)) in plan.entries.iter().zip(&results).enumerate() {
-            if let Err(errs) = result {
-                for e in errs {
-                    println!("entry {i} ({}): {e}", entry_label(entry));
-                }
-            }
-        }
+        print_entry_errors(plan.entries.iter().zip(&results));
     }
     if failed == 0 {
         Ok(())
@@ -248,6 +242,19 @@ pub fn verify(args: VerifyArgs) -> Result<(), CliError> {
             "{path}: {failed} of {} entries do not verify ({errors} errors)",
             plan.entries.len()
         )))
+    }
+}
+
+/// Every error of every entry, one line each: `entry I (LABEL): ERROR`.
+fn print_entry_errors<'a, T: 'a>(
+    entries: impl Iterator<Item = (&'a PlanEntry, &'a Result<T, Vec<VerifyError>>)>,
+) {
+    for (i, (entry, result)) in entries.enumerate() {
+        if let Err(errs) = result {
+            for e in errs {
+                println!("entry {i} ({}): {e}", entry_label(entry));
+            }
+        }
     }
 }
 
@@ -337,13 +344,7 @@ fn verify_rank(args: &VerifyArgs, rank: u32) -> Result<(), CliError> {
             },
         }));
     } else {
-        for (i, (entry, result)) in plan.entries.iter().zip(&results).enumerate() {
-            if let Err(errs) = result {
-                for e in errs {
-                    println!("entry {i} ({}): {e}", entry_label(entry));
-                }
-            }
-        }
+        print_entry_errors(plan.entries.iter().zip(&results));
         if failed == 0 {
             println!(
                 "{path}: rank {rank}: ok: {}, {} sealed, {steps} steps; {:.2} ms (load and seals {:.2}, checks {:.2})",
