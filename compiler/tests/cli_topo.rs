@@ -383,3 +383,45 @@ fn detect_this_machine_and_recorded_nvidia_smi_outputs() {
     let out = hcclc(&["topo", "detect", "--nvlink-status", &s]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn show_dot_draws_every_device_and_link_and_summarises_large_machines() {
+    let out = hcclc(&["topo", "show", "dgx1-v100", "--dot"]);
+    assert_eq!(out.status.code(), Some(0));
+    let dot = stdout(&out);
+    assert!(dot.starts_with("graph \"dgx1-v100\" {") && dot.trim_end().ends_with('}'));
+    for i in 0..8 {
+        assert!(dot.contains(&format!("\"gpu{i}\" [shape=box")), "gpu{i}");
+    }
+    let spec = std::fs::read_to_string(topologies_dir().join("machines/dgx1-v100.ron")).unwrap();
+    let links = spec
+        .lines()
+        .filter(|l| l.trim_start().starts_with("(a: "))
+        .count();
+    assert_eq!(dot.matches(" -- ").count(), links, "one edge per link");
+    assert!(
+        dot.contains("\"gpu0\" -- \"gpu1\" [label=\"NvLink 2×25 GB/s\"]"),
+        "{dot}"
+    );
+    insta::assert_snapshot!("dot_dgx1", dot);
+    // 1024 ranks: one node per host, merged links.
+    let cluster = std::env::temp_dir().join(format!("hcclc-dot-{}.ron", std::process::id()));
+    let c = cluster.to_str().unwrap();
+    let out = hcclc(&[
+        "topo", "gen", "cluster", "--nodes", "128", "--box", "dgx-h100", "-o", c,
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let dot = stdout(&hcclc(&["topo", "show", c, "--dot"]));
+    assert!(dot.contains("hosts summarised"));
+    assert_eq!(dot.matches("[shape=box3d").count(), 128);
+    assert!(!dot.contains("[shape=box, style"), "no device drawn alone");
+    assert!(dot.lines().count() < 2000, "{} lines", dot.lines().count());
+    let _ = std::fs::remove_file(&cluster);
+    // --dot and --json exclude each other.
+    assert_eq!(
+        hcclc(&["topo", "show", "dgx1-v100", "--dot", "--json"])
+            .status
+            .code(),
+        Some(2)
+    );
+}

@@ -78,6 +78,30 @@ pub fn numa_cpus(sysfs: &Path) -> Vec<u32> {
     counts
 }
 
+/// CPU sockets (distinct `physical_package_id`s of the CPUs), when sysfs lists them.
+pub fn sockets(sysfs: &Path) -> Option<u32> {
+    let dir = sysfs.join("devices/system/cpu");
+    let mut ids: Vec<i64> = std::fs::read_dir(&dir)
+        .ok()?
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.strip_prefix("cpu")
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .filter_map(|e| {
+            std::fs::read_to_string(e.path().join("topology/physical_package_id"))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    (!ids.is_empty()).then_some(ids.len() as u32)
+}
+
 /// CPUs in a list such as `0-19,40-59`.
 fn cpu_count(list: &str) -> Option<u32> {
     if list.is_empty() {
@@ -87,7 +111,7 @@ fn cpu_count(list: &str) -> Option<u32> {
         .map(|part| match part.split_once('-') {
             Some((a, b)) => {
                 let (a, b): (u32, u32) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
-                (b >= a).then_some(b - a + 1)
+                (b >= a).then(|| b - a + 1)
             }
             None => part.trim().parse::<u32>().ok().map(|_| 1),
         })
@@ -300,19 +324,21 @@ fn pcie_gbps(name: &str) -> f64 {
     }
 }
 
-/// The topology of a machine with `numa` CPUs per NUMA node, network interfaces `nets`,
+/// The topology of a machine with `sockets` CPU sockets (when known) and `numa` CPUs per
+/// NUMA node, network interfaces `nets`,
 /// `mem_bw` GB/s of memory bandwidth per CPU rank, and the GPUs `sources` describe (CPU ranks,
 /// one per core, when there are none).
 pub fn describe(
     host: &str,
-    numa: &[u32],
+    (sockets, numa): (Option<u32>, &[u32]),
     nets: &[NetDev],
     mem_bw: f64,
     sources: &Sources,
 ) -> Result<Detected, TopologyError> {
     let mut notes = vec![format!(
-        "{} CPUs in {} NUMA node(s) (sysfs)",
+        "{} CPUs in {}{} NUMA node(s) (sysfs)",
         numa.iter().sum::<u32>(),
+        sockets.map_or(String::new(), |s| format!("{s} socket(s), ")),
         numa.len()
     )];
     let mut spec = match &sources.topo_matrix {

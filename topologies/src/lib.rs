@@ -7,6 +7,7 @@
 
 pub mod analysis;
 pub mod detect;
+pub mod dot;
 pub mod error;
 pub mod generate;
 pub mod model;

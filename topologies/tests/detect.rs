@@ -42,7 +42,8 @@ fn recorded_nvidia_smi_outputs_give_the_shipped_nvlink_matrices() {
             name: "ib0".into(),
             gbps: 25.0,
         }];
-        let detected = detect::describe(machine, &numa, &nics, 20.0, &sources).expect("detects");
+        let detected = detect::describe(machine, (Some(2), numa.as_slice()), &nics, 20.0, &sources)
+            .expect("detects");
         let topo = build(detected.spec.clone(), machine).expect("the detected machine builds");
         assert_eq!(topo.nranks(), 8, "{machine}");
         let shipped = hccl_topologies::shipped_or_err(machine).expect("shipped");
@@ -64,7 +65,8 @@ fn recorded_nvidia_smi_outputs_give_the_shipped_nvlink_matrices() {
             topo_matrix: sources.topo_matrix.clone(),
             ..Sources::default()
         };
-        let detected = detect::describe(machine, &numa, &nics, 20.0, &bare).expect("detects");
+        let detected = detect::describe(machine, (None, numa.as_slice()), &nics, 20.0, &bare)
+            .expect("detects");
         assert_eq!(
             nvlink_matrix(&detected.spec),
             got,
@@ -113,6 +115,13 @@ fn sysfs_trees_give_numa_nodes_and_physical_interfaces_that_are_up() {
         ],
     );
     assert_eq!(detect::numa_cpus(&root), vec![40, 40]);
+    for (cpu, package) in [(0, 0), (1, 0), (2, 1), (3, 1)] {
+        let dir = root.join(format!("devices/system/cpu/cpu{cpu}/topology"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("physical_package_id"), format!("{package}\n")).unwrap();
+    }
+    std::fs::create_dir_all(root.join("devices/system/cpu/cpufreq")).unwrap();
+    assert_eq!(detect::sockets(&root), Some(2));
     assert_eq!(
         detect::net_devices(&root),
         vec![NetDev {
@@ -123,7 +132,7 @@ fn sysfs_trees_give_numa_nodes_and_physical_interfaces_that_are_up() {
     // A CPU host: one rank per CPU, the NIC on the memory.
     let d = detect::describe(
         "box",
-        &[4],
+        (None, &[4u32][..]),
         &detect::net_devices(&root),
         10.0,
         &Sources::default(),
@@ -147,7 +156,7 @@ fn this_machine_is_detected() {
     assert!(numa.iter().sum::<u32>() >= 1);
     let d = detect::describe(
         "here",
-        &numa,
+        (detect::sockets(sys), numa.as_slice()),
         &detect::net_devices(sys),
         5.0,
         &Sources::default(),

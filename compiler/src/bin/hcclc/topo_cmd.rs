@@ -48,8 +48,12 @@ pub struct ShowArgs {
     /// Topology file (RON) or the name of a shipped machine (e.g. dgx1-v100).
     pub file: String,
     /// Print one JSON document instead of text.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "dot")]
     pub json: bool,
+    /// Print the machine as a Graphviz graph (render with `dot -Tsvg`): devices by host,
+    /// links labelled by kind and bandwidth; hosts summarised beyond 64 ranks.
+    #[arg(long)]
+    pub dot: bool,
 }
 
 /// Output options shared by every generator.
@@ -213,8 +217,9 @@ fn detect(args: DetectArgs) -> Result<(), CliError> {
             .filter(|h| !h.is_empty())
             .unwrap_or_else(|| "this-machine".to_string())
     });
-    let detected =
-        detect::describe(&name, &numa, &nets, mem_bw, &sources).map_err(CliError::input)?;
+    let sockets = detect::sockets(&args.sysfs);
+    let detected = detect::describe(&name, (sockets, &numa), &nets, mem_bw, &sources)
+        .map_err(CliError::input)?;
     for note in &detected.notes {
         eprintln!("hcclc: detected: {note}");
     }
@@ -233,6 +238,10 @@ pub fn load_topology(arg: &str) -> Result<Topology, CliError> {
 
 fn show(args: ShowArgs) -> Result<(), CliError> {
     let topo = load_topology(&args.file)?;
+    if args.dot {
+        print!("{}", hccl_topologies::dot::to_dot(&topo));
+        return Ok(());
+    }
     let summary = summarize(&topo);
     if args.json {
         let value = serde_json::to_value(&summary)
