@@ -324,6 +324,21 @@ impl Op {
         )
     }
 
+    /// The op's name in words (`send`, `recv-reduce-copy`, …), for traces and reports.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Send { .. } => "send",
+            Op::Recv { .. } => "recv",
+            Op::RecvReduceCopy { .. } => "recv-reduce-copy",
+            Op::RecvReduceSend { .. } => "recv-reduce-send",
+            Op::RecvReduceCopySend { .. } => "recv-reduce-copy-send",
+            Op::RecvCopySend { .. } => "recv-copy-send",
+            Op::Copy { .. } => "copy",
+            Op::Reduce { .. } => "reduce",
+            Op::Nop => "nop",
+        }
+    }
+
     /// The MSCCL mnemonic of the op (`s`, `r`, `rrc`, …).
     pub fn mnemonic(&self) -> &'static str {
         match self {

@@ -77,16 +77,20 @@ struct State<'a> {
     messages: usize,
     payload: f64,
     resource_bytes: Vec<f64>,
+    /// Per step: (start on its core, end), when traced.
+    spans: super::sim::Spans,
 }
 
-/// Simulates `p` for a collective of `bytes` with the CPU model `cpu`.
+/// Simulates `p` for a collective of `bytes` with the CPU model `cpu`; when `trace`, also
+/// when each step of one segment ran, and the number of segments.
 pub(super) fn run(
     sim: &Simulator,
     cpu: &CpuModel,
     p: &Prepared,
     bytes: u64,
     protocol: Protocol,
-) -> Result<Estimate, CostError> {
+    trace: bool,
+) -> Result<(Estimate, super::sim::Spans, u64), CostError> {
     // The working set is the whole call's, whatever the segments.
     let scale = sim.model.bandwidth_factor(bytes);
     let nranks = sim.network.mem_bw.len();
@@ -132,6 +136,7 @@ pub(super) fn run(
         messages: 0,
         payload: 0.0,
         resource_bytes: vec![0.0; sim.network.capacity.len()],
+        spans: trace.then(|| vec![(f64::NAN, f64::NAN); p.steps.len()]),
     };
     for s in 0..p.steps.len() as u32 {
         if st.pending[s as usize] == 0 {
@@ -192,13 +197,17 @@ pub(super) fn run(
     }
     let base = sim.model.base_us(protocol);
     let k = segs as f64;
-    Ok(Estimate {
-        time_us: base + st.end * k,
-        base_us: base,
-        messages: st.messages * segs as usize,
-        payload_bytes: st.payload * k,
-        resource_bytes: st.resource_bytes.iter().map(|b| b * k).collect(),
-    })
+    Ok((
+        Estimate {
+            time_us: base + st.end * k,
+            base_us: base,
+            messages: st.messages * segs as usize,
+            payload_bytes: st.payload * k,
+            resource_bytes: st.resource_bytes.iter().map(|b| b * k).collect(),
+        },
+        st.spans,
+        segs,
+    ))
 }
 
 /// Scratch the executor allows a rank (`hccl_executor` `program::SCRATCH_BUDGET`): a
@@ -327,6 +336,9 @@ impl State<'_> {
         };
         self.busy[r] = true;
         self.running += 1;
+        if let Some(spans) = &mut self.spans {
+            spans[s as usize].0 = now;
+        }
         self.push(now + self.cpu.step_us + work, Ev::Done(s));
     }
 
@@ -338,6 +350,13 @@ impl State<'_> {
         self.done[si] = true;
         self.completed += 1;
         self.end = self.end.max(now);
+        if let Some(spans) = &mut self.spans {
+            // A step no core ran (one that only waited) starts and ends together.
+            if spans[si].0.is_nan() {
+                spans[si].0 = now;
+            }
+            spans[si].1 = now;
+        }
         let p = self.p;
         let out = self.out_msg(s);
         if out != NONE {

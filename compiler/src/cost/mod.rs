@@ -28,7 +28,7 @@ pub use model::{
     LinkClass,
 };
 pub use network::{Network, Route};
-pub use sim::{Estimate, Prepared, Simulator};
+pub use sim::{Estimate, Prepared, Simulator, StepSpan, Timeline};
 
 use crate::families::{Candidate, all_families};
 use hccl_ir::{Collective, Protocol, Rank, Schedule, StepRef};

@@ -50,6 +50,31 @@ pub struct Estimate {
     pub resource_bytes: Vec<f64>,
 }
 
+/// When each step of a simulated schedule ran: what `hcclc explain --trace` draws.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Timeline {
+    pub estimate: Estimate,
+    /// Per step: where it is in the schedule, and when it started and ended (µs from the
+    /// start of the run, the protocol's base latency not included). A step starts when its
+    /// dependencies are done (a receive then waits for its message, a send for a free
+    /// slot); on a CPU host model, when a core starts it.
+    pub steps: Vec<StepSpan>,
+    /// The run covers one of this many segments (the CPU model runs a call whose chunks do
+    /// not fit a slot as sequential segments, and simulates one); 1 otherwise.
+    pub segments: u64,
+}
+
+/// One step's place and time in a [`Timeline`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepSpan {
+    pub at: StepRef,
+    pub start_us: f64,
+    pub end_us: f64,
+}
+
+/// Per step: (start, end), recorded when a run is traced.
+pub(super) type Spans = Option<Vec<(f64, f64)>>;
+
 impl Estimate {
     /// Busy fraction of resource `r` over the collective: bytes / (capacity × time).
     pub fn utilisation(&self, network: &Network, r: u32) -> f64 {
@@ -503,9 +528,42 @@ impl Simulator {
         protocol: Protocol,
     ) -> Result<Estimate, CostError> {
         if let Some(cpu) = &self.model.cpu {
-            return super::cpu::run(self, cpu, prepared, bytes, protocol);
+            return super::cpu::run(self, cpu, prepared, bytes, protocol, false).map(|r| r.0);
         }
-        Run::new(self, prepared, bytes, protocol).execute()
+        Run::new(self, prepared, bytes, protocol, false)
+            .execute()
+            .map(|r| r.0)
+    }
+
+    /// [`Simulator::run`], recording when every step ran.
+    pub fn timeline(
+        &self,
+        prepared: &Prepared,
+        bytes: u64,
+        protocol: Protocol,
+    ) -> Result<Timeline, CostError> {
+        let (estimate, spans, segments) = match &self.model.cpu {
+            Some(cpu) => super::cpu::run(self, cpu, prepared, bytes, protocol, true)?,
+            None => {
+                let (e, spans) = Run::new(self, prepared, bytes, protocol, true).execute()?;
+                (e, spans, 1)
+            }
+        };
+        let steps = spans
+            .unwrap_or_default()
+            .into_iter()
+            .zip(&prepared.step_ref)
+            .map(|((start_us, end_us), &at)| StepSpan {
+                at,
+                start_us,
+                end_us,
+            })
+            .collect();
+        Ok(Timeline {
+            estimate,
+            steps,
+            segments,
+        })
     }
 
     /// A lower bound on the time of a collective of `bytes` under `protocol` whose messages
@@ -603,10 +661,18 @@ struct Run<'a> {
     comp_flows: Vec<u32>,
     messages: usize,
     payload: f64,
+    /// Per step: (start, end), when traced.
+    spans: Spans,
 }
 
 impl<'a> Run<'a> {
-    fn new(sim: &'a Simulator, p: &'a Prepared, bytes: u64, protocol: Protocol) -> Run<'a> {
+    fn new(
+        sim: &'a Simulator,
+        p: &'a Prepared,
+        bytes: u64,
+        protocol: Protocol,
+        trace: bool,
+    ) -> Run<'a> {
         let nsteps = p.steps.len();
         let nmsg = p.msg_conn.len();
         let nconn = p.conn_base.len();
@@ -663,6 +729,7 @@ impl<'a> Run<'a> {
             comp_flows: Vec::new(),
             messages: 0,
             payload: 0.0,
+            spans: trace.then(|| vec![(0.0, 0.0); nsteps]),
         }
     }
 
@@ -684,7 +751,7 @@ impl<'a> Run<'a> {
         passes * f64::from(s.count) * self.chunk_bytes / (bw * 1e3)
     }
 
-    fn execute(mut self) -> Result<Estimate, CostError> {
+    fn execute(mut self) -> Result<(Estimate, Spans), CostError> {
         for id in 0..self.p.steps.len() as u32 {
             if self.pending[id as usize] == 0 {
                 self.worklist.push(id);
@@ -737,13 +804,16 @@ impl<'a> Run<'a> {
             });
         }
         let base = self.sim.model.base_us(self.protocol);
-        Ok(Estimate {
-            time_us: base + self.now,
-            base_us: base,
-            messages: self.messages,
-            payload_bytes: self.payload,
-            resource_bytes: self.resource_bytes,
-        })
+        Ok((
+            Estimate {
+                time_us: base + self.now,
+                base_us: base,
+                messages: self.messages,
+                payload_bytes: self.payload,
+                resource_bytes: self.resource_bytes,
+            },
+            self.spans,
+        ))
     }
 
     /// Processes steps whose predecessors are all done.
@@ -755,6 +825,9 @@ impl<'a> Run<'a> {
 
     fn ready(&mut self, s: u32) {
         self.ready_at[s as usize] = self.now;
+        if let Some(spans) = &mut self.spans {
+            spans[s as usize].0 = self.now;
+        }
         match self.p.steps[s as usize].kind {
             Kind::Nop => self.complete(s),
             Kind::Local { passes } => {
@@ -781,6 +854,9 @@ impl<'a> Run<'a> {
         }
         self.done[s as usize] = true;
         self.completed += 1;
+        if let Some(spans) = &mut self.spans {
+            spans[s as usize].1 = self.now;
+        }
         let (a, b) = (
             self.p.succ_start[s as usize] as usize,
             self.p.succ_start[s as usize + 1] as usize,

@@ -112,6 +112,17 @@ pub struct ExplainArgs {
     /// Print one JSON document instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Write the predicted timeline of one call (--size) as Chrome trace-event JSON (open in
+    /// Perfetto or chrome://tracing): a process per rank, a thread per stream, a slice per
+    /// step with its op, peer and bytes.
+    #[arg(long, value_name = "FILE", requires = "size")]
+    pub trace: Option<PathBuf>,
+    /// The call size the trace shows (bytes; K, M, G = powers of 1024).
+    #[arg(long, value_name = "SIZE", requires = "trace")]
+    pub size: Option<String>,
+    /// The collective the trace shows, when the plan has several.
+    #[arg(long, value_name = "NAME", requires = "trace")]
+    pub collective: Option<String>,
 }
 
 /// Parses `1024`, `4K`, `16M`, `1G` (powers of 1024).
@@ -288,6 +299,165 @@ pub fn compile(args: CompileArgs) -> Result<(), CliError> {
     )))
 }
 
+/// `explain --trace`: the simulator's timeline of one call as Chrome trace-event JSON.
+fn write_trace(
+    args: &ExplainArgs,
+    path: &Path,
+    plan: &PlanFile,
+    topo: &Topology,
+) -> Result<(), CliError> {
+    use hccl_compiler::cost::{CostModel, network::Network, sim::Simulator};
+    use serde_json::json;
+    let bytes = parse_size(args.size.as_deref().unwrap_or_default())?;
+    let mut kinds: Vec<CollectiveKind> = Vec::new();
+    for e in &plan.entries {
+        let k = e.schedule.collective.kind();
+        if !kinds.contains(&k) {
+            kinds.push(k);
+        }
+    }
+    let names = || {
+        kinds
+            .iter()
+            .map(|k| k.name())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let kind = match &args.collective {
+        Some(name) => CollectiveKind::from_name(name)
+            .filter(|k| kinds.contains(k))
+            .ok_or_else(|| {
+                CliError::Input(format!("--collective {name}: the plan has {}", names()))
+            })?,
+        None if kinds.len() == 1 => kinds[0],
+        None => {
+            return Err(CliError::Input(format!(
+                "the plan has several collectives ({}): pick one with --collective",
+                names()
+            )));
+        }
+    };
+    // The entry a call of this size runs (out of place, the lowest root's for rooted ones).
+    let entry = plan
+        .entries
+        .iter()
+        .filter(|e| e.schedule.collective.kind() == kind && e.covers(bytes))
+        .min_by_key(|e| (e.schedule.in_place, e.schedule.collective.root()))
+        .ok_or_else(|| {
+            CliError::Input(format!(
+                "{}: no {} entry covers {bytes} bytes",
+                args.plan.display(),
+                kind.name()
+            ))
+        })?;
+    let s = &entry.schedule;
+    if s.nranks != topo.nranks() {
+        return Err(CliError::Input(format!(
+            "the plan is for {} ranks, topology {} has {}",
+            s.nranks,
+            topo.name,
+            topo.nranks()
+        )));
+    }
+    let sim = Simulator::new(Network::new(topo), CostModel::for_topology(topo));
+    let fail = |e: hccl_compiler::cost::CostError| CliError::Failed(format!("simulating: {e}"));
+    let prepared = sim.prepare(s).map_err(fail)?;
+    let timeline = sim
+        .timeline(&prepared, bytes, entry.protocol)
+        .map_err(fail)?;
+    let chunk_bytes = bytes as f64 / f64::from(s.chunks.max(1)) / timeline.segments as f64;
+    let mut events = Vec::new();
+    for (r, prog) in s.ranks.iter().enumerate() {
+        events.push(json!({"name": "process_name", "ph": "M", "pid": r,
+            "args": {"name": format!("rank {r}")}}));
+        events.push(json!({"name": "process_sort_index", "ph": "M", "pid": r,
+            "args": {"sort_index": r}}));
+        for (i, st) in prog.streams.iter().enumerate() {
+            events.push(json!({"name": "thread_name", "ph": "M", "pid": r, "tid": i,
+                "args": {"name": format!("stream {i} (channel {})", st.channel)}}));
+        }
+    }
+    for span in &timeline.steps {
+        let at = span.at;
+        let step = &s.ranks[at.rank as usize].streams[at.stream as usize].steps[at.step as usize];
+        let mut a = serde_json::Map::new();
+        a.insert("step".into(), json!(at.step));
+        a.insert("chunks".into(), json!(step.count));
+        a.insert(
+            "bytes".into(),
+            json!((f64::from(step.count) * chunk_bytes).round()),
+        );
+        if let Some(p) = step.op.recv_peer() {
+            a.insert("from".into(), json!(p));
+        }
+        if let Some(p) = step.op.send_peer() {
+            a.insert("to".into(), json!(p));
+        }
+        if let Some(src) = step.op.src() {
+            a.insert("src".into(), json!(src.to_string()));
+        }
+        if let Some(dst) = step.op.dst() {
+            a.insert("dst".into(), json!(dst.to_string()));
+        }
+        events.push(json!({
+            "name": step.op.name(),
+            "cat": "step",
+            "ph": "X",
+            "pid": at.rank,
+            "tid": at.stream,
+            "ts": span.start_us,
+            "dur": (span.end_us - span.start_us).max(0.0),
+            "args": a,
+        }));
+    }
+    let doc = json!({
+        "traceEvents": events,
+        "displayTimeUnit": "ns",
+        "otherData": {
+            "source": "predicted",
+            "plan": args.plan.display().to_string(),
+            "topology": topo.name,
+            "collective": s.collective.to_string(),
+            "algorithm": entry.algorithm,
+            "protocol": entry.protocol.name(),
+            "bytes": bytes,
+            "predicted_us": timeline.estimate.time_us,
+            "base_us": timeline.estimate.base_us,
+            "segments": timeline.segments,
+        },
+    });
+    let text = serde_json::to_string(&doc).expect("JSON values always serialise");
+    hccl_ir::write_atomic(path, text.as_bytes())
+        .map_err(|e| CliError::Input(format!("{}: cannot write: {e}", path.display())))?;
+    let summary = json!({
+        "trace": path.display().to_string(),
+        "collective": s.collective.to_string(),
+        "algorithm": entry.algorithm,
+        "bytes": bytes,
+        "predicted_us": timeline.estimate.time_us,
+        "steps": timeline.steps.len(),
+        "segments": timeline.segments,
+    });
+    if args.json {
+        print_json(&summary);
+    } else {
+        println!(
+            "{}: {} {} at {bytes} bytes, {} steps, predicted {:.2} us{}",
+            path.display(),
+            s.collective,
+            entry.algorithm,
+            timeline.steps.len(),
+            timeline.estimate.time_us,
+            if timeline.segments > 1 {
+                format!(" (one of {} segments shown)", timeline.segments)
+            } else {
+                String::new()
+            }
+        );
+    }
+    Ok(())
+}
+
 pub fn explain(args: ExplainArgs) -> Result<(), CliError> {
     let is_xml = args
         .plan
@@ -304,6 +474,9 @@ pub fn explain(args: ExplainArgs) -> Result<(), CliError> {
             ))
         })?,
     };
+    if let Some(path) = &args.trace {
+        return write_trace(&args, path, &plan, &topo);
+    }
     let options = Options {
         sizes: parse_sizes(args.sizes.as_deref())?,
         model: hccl_compiler::cost::CostModel::for_topology(&topo),
