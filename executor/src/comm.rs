@@ -26,6 +26,36 @@ pub(crate) struct Shared {
     pub spin_polls: u32,
 }
 
+/// Aborts a [`Communicator`] from another thread ([`Communicator::abort_handle`]): cheap to
+/// clone, `Send` and `Sync`.
+#[derive(Clone)]
+pub struct AbortHandle {
+    rank: u32,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for AbortHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AbortHandle")
+            .field("rank", &self.rank)
+            .finish()
+    }
+}
+
+impl AbortHandle {
+    /// Aborts the communicator: a call this rank is blocked in returns an error naming this
+    /// rank within milliseconds (its waits check the abort word), as do the other ranks'
+    /// calls (the word is shared on the host and forwarded to the other hosts); the
+    /// communicator is poisoned by that error. The first abort of a job wins; later ones
+    /// change nothing.
+    pub fn abort(&self) {
+        raise_abort(&self.shared.arena, self.rank, self.rank);
+        if let Some(net) = &self.shared.net {
+            net.forward_abort();
+        }
+    }
+}
+
 /// Spin budget for `ranks` busy ranks on this host.
 ///
 /// A rank whose thread is bound to a single CPU was placed by a launcher that gives each
@@ -729,8 +759,17 @@ impl Communicator {
 
     /// Marks the communicator failed and tells the other ranks.
     pub fn abort(&mut self) {
-        raise_abort(&self.shared.arena, self.rank, self.rank);
+        self.abort_handle().abort();
         self.poisoned = Some("aborted by the caller".into());
+    }
+
+    /// A handle that aborts this communicator from any thread, also while a call blocks in
+    /// it (see [`AbortHandle::abort`]).
+    pub fn abort_handle(&self) -> AbortHandle {
+        AbortHandle {
+            rank: self.rank,
+            shared: Arc::clone(&self.shared),
+        }
     }
 
     fn take_state(&mut self) -> Result<Box<RankState>> {

@@ -64,7 +64,7 @@ pub mod process;
 pub mod program;
 pub mod threads;
 
-pub use comm::{Buffers, Communicator, EntryInfo, OwnedBuffers, Request};
+pub use comm::{AbortHandle, Buffers, Communicator, EntryInfo, OwnedBuffers, Request};
 pub use config::{Config, PlanSource, VerifyMode};
 pub use dtype::{DataType, Element, ReduceOp};
 pub use error::{ExecError, Result};
