@@ -666,32 +666,41 @@ fn sealed_entries_skip_verification_unless_full() {
     }
 }
 
-/// `abort()` from another thread unblocks a rank stuck in a call (its peer never calls),
-/// long before the timeout; the communicator is poisoned afterwards.
+/// `abort()` from another thread unblocks the ranks stuck in a call (their peer, rank 2,
+/// never calls), long before the timeout; the communicators are poisoned afterwards.
 #[test]
-fn an_abort_handle_unblocks_a_rank_stuck_in_a_call() {
+fn an_abort_handle_unblocks_ranks_stuck_in_a_call() {
     let cfg = Config::default().with_timeout(Duration::from_secs(60));
-    let mut comms = ThreadGroup::with_config(fallback::plan(2), 2, cfg).unwrap();
-    let _idle = comms.pop().expect("rank 1, which never calls");
-    let mut comm = comms.pop().expect("rank 0");
-    let handle = comm.abort_handle();
+    let mut comms = ThreadGroup::with_config(fallback::plan(3), 3, cfg).unwrap();
+    let _idle = comms.pop().expect("rank 2, which never calls");
+    let handle = comms[0].abort_handle();
     let start = std::time::Instant::now();
-    let stuck = std::thread::spawn(move || {
-        let mut buf = vec![1.0f32; 1000];
-        let err = comm
-            .all_reduce_in_place(&mut buf, ReduceOp::Sum)
-            .unwrap_err();
-        let again = comm
-            .all_reduce_in_place(&mut buf, ReduceOp::Sum)
-            .unwrap_err();
-        (err, again)
-    });
+    let stuck: Vec<_> = comms
+        .into_iter()
+        .map(|mut comm| {
+            std::thread::spawn(move || {
+                let mut buf = vec![1.0f32; 1000];
+                let err = comm
+                    .all_reduce_in_place(&mut buf, ReduceOp::Sum)
+                    .unwrap_err();
+                let again = comm
+                    .all_reduce_in_place(&mut buf, ReduceOp::Sum)
+                    .unwrap_err();
+                (comm.rank(), err, again)
+            })
+        })
+        .collect();
     std::thread::sleep(Duration::from_millis(200));
     handle.abort();
     handle.clone().abort(); // a second abort changes nothing
-    let (err, again) = stuck.join().unwrap();
+    for t in stuck {
+        let (rank, err, again) = t.join().unwrap();
+        assert!(err.to_string().contains("aborted"), "rank {rank}: {err}");
+        assert!(
+            matches!(again, ExecError::Poisoned { .. }),
+            "rank {rank}: {again}"
+        );
+    }
     let took = start.elapsed();
     assert!(took < Duration::from_secs(10), "took {took:?}");
-    assert!(err.to_string().contains("aborted"), "{err}");
-    assert!(matches!(again, ExecError::Poisoned { .. }), "{again}");
 }
