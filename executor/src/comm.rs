@@ -81,7 +81,7 @@ pub(crate) fn prepare_plan(
     world: u32,
     config: &Config,
 ) -> Result<(Vec<usize>, ConnTable)> {
-    let keep = check_plan(plan, world, config)?;
+    let keep = check_plan(plan, world, config, None)?;
     let conns = ConnTable::build(keep.iter().map(|&i| &plan.entries[i].schedule));
     Ok((keep, conns))
 }
@@ -137,13 +137,20 @@ pub(crate) fn check_part(
 
 /// Checks the whole plan: world size, verification of every entry no seal covers (every
 /// entry with `HCCL_VERIFY=full`); the entries kept after `HCCL_ALGO` / `HCCL_PROTO`.
-pub(crate) fn check_plan(plan: &PlanFile, world: u32, config: &Config) -> Result<Vec<usize>> {
+/// `hashes`: the plan's [`PlanFile::schedule_hashes`], when the caller has them.
+pub(crate) fn check_plan(
+    plan: &PlanFile,
+    world: u32,
+    config: &Config,
+    hashes: Option<&[String]>,
+) -> Result<Vec<usize>> {
     check_world(plan, world)?;
     // Entries the compiler verified and sealed are not verified again (unless
     // `HCCL_VERIFY=full`): at thousands of ranks that is most of a job's start.
-    let sealed = match config.verify {
-        crate::config::VerifyMode::Full => vec![false; plan.entries.len()],
-        crate::config::VerifyMode::Unsealed => plan.sealed(),
+    let sealed = match (config.verify, hashes) {
+        (crate::config::VerifyMode::Full, _) => vec![false; plan.entries.len()],
+        (crate::config::VerifyMode::Unsealed, Some(h)) => plan.sealed_with(h),
+        (crate::config::VerifyMode::Unsealed, None) => plan.sealed(),
     };
     for (i, e) in plan.entries.iter().enumerate() {
         if sealed[i] {

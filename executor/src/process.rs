@@ -147,7 +147,7 @@ impl ProcessGroup {
         let (rank, world) = rank_world_from_env()?;
         // A plan this rank cannot use still takes part in the rendezvous, so that every rank
         // learns why the job cannot start.
-        let held = Held::load(source, rank, world, &config).unwrap_or_else(Held::Broken);
+        let held = Held::load(source, rank, world, &config);
         ProcessGroup::start(held, rank, world, &Bootstrap::from_env(), config)
     }
 
@@ -159,11 +159,13 @@ impl ProcessGroup {
         boot: &Bootstrap,
         config: Config,
     ) -> Result<Communicator> {
-        ProcessGroup::start(Held::Full(plan), rank, world, boot, config)
+        ProcessGroup::start(Ok(Held::full(plan)), rank, world, boot, config)
     }
 
+    /// Joins the job with `held` (or, when this rank could not load its plan, tells the
+    /// others why at the rendezvous).
     fn start(
-        held: Held,
+        held: Result<Held>,
         rank: u32,
         world: u32,
         boot: &Bootstrap,
@@ -174,7 +176,7 @@ impl ProcessGroup {
                 "rank {rank} is not a rank of a {world}-rank job"
             )));
         }
-        let hash = held.identity();
+        let hash = held.as_ref().map_or_else(|_| String::new(), Held::identity);
         let mut config = config;
         let deadline = Instant::now() + config.timeout;
         let boot_err = |message: String| ExecError::Bootstrap { rank, message };
@@ -186,7 +188,10 @@ impl ProcessGroup {
             .ok_or_else(|| boot_err(format!("{} resolves to no address", boot.addr)))?;
         // Check the plan and the network settings locally first, but finish the rendezvous
         // either way so that every rank learns why the job cannot start.
-        let local = held.check(rank, world, &config);
+        let local = match &held {
+            Ok(held) => held.check(rank, world, &config),
+            Err(e) => Err(ExecError::Invalid(e.to_string())),
+        };
         let local_err = local.as_ref().err().map(|e| e.to_string());
         let net_cfg = config.net.clone();
         let host = boot.host.clone().unwrap_or_else(net::host_id);
@@ -208,7 +213,9 @@ impl ProcessGroup {
             host,
             data_addr,
             machine: net::machine_id(),
-            limits: held.limits(rank),
+            limits: held
+                .as_ref()
+                .map_or_else(|_| Vec::new(), |h| h.limits(rank)),
         };
         let mut job = if rank == 0 {
             lead(addr, boot, &me, &config, deadline)?
@@ -232,7 +239,7 @@ impl ProcessGroup {
         // This host's ranks' programs (a part held for this rank alone is read again for
         // them), and the connections with an end on this host: the region's rings.
         let local = local.and_then(|keep| {
-            let held = held.for_host(&on_host, &hash)?;
+            let held = held?.for_host(&on_host, &hash)?;
             let conns = ConnTable::build_for(
                 keep.iter().map(|&i| &held.plan().entries[i].schedule),
                 |r| on_host.get(r as usize).copied().unwrap_or(false),
@@ -334,15 +341,19 @@ impl ProcessGroup {
 
 /// The plan as this rank holds it.
 enum Held {
-    /// Every rank's programs.
-    Full(PlanFile),
+    /// Every rank's programs, and their [`PlanFile::schedule_hashes`] (the seals and the
+    /// plan's identity both need them).
+    Full { plan: PlanFile, hashes: Vec<String> },
     /// Some ranks' programs of a sealed plan file (this rank's, then its host's).
     Part { path: PathBuf, part: PlanPart },
-    /// No plan: why this rank cannot start (it tells the others at the rendezvous).
-    Broken(ExecError),
 }
 
 impl Held {
+    fn full(plan: PlanFile) -> Held {
+        let hashes = plan.schedule_hashes();
+        Held::Full { plan, hashes }
+    }
+
     /// Resolves `source` (`HCCL_PLAN` overrides it): a part for `rank` when the source is a
     /// plan file whose every entry is sealed and the whole plan need not be verified
     /// (`HCCL_VERIFY` other than `full`), the whole plan otherwise.
@@ -376,31 +387,21 @@ impl Held {
                 _ => {}
             }
         }
-        source.load(world).map(Held::Full)
+        source.load(world).map(Held::full)
     }
 
-    /// The plan held (an empty one when broken).
     fn plan(&self) -> &PlanFile {
-        static EMPTY: std::sync::OnceLock<PlanFile> = std::sync::OnceLock::new();
         match self {
-            Held::Full(plan) => plan,
+            Held::Full { plan, .. } => plan,
             Held::Part { part, .. } => &part.plan,
-            Held::Broken(_) => EMPTY.get_or_init(|| {
-                PlanFile::new(hccl_ir::PlanMeta {
-                    topology: String::new(),
-                    topology_hash: String::new(),
-                    compiler: String::new(),
-                })
-            }),
         }
     }
 
     /// What every rank of the job must hold alike ([`PlanFile::identity`]).
     fn identity(&self) -> String {
         match self {
-            Held::Full(plan) => plan.identity(),
+            Held::Full { plan, hashes } => plan.identity_with(hashes),
             Held::Part { part, .. } => part.identity().unwrap_or_default(),
-            Held::Broken(_) => String::new(),
         }
     }
 
@@ -408,9 +409,8 @@ impl Held {
     /// sealed), or those of this rank's sealed programs; the entries this rank keeps.
     fn check(&self, rank: u32, world: u32, config: &Config) -> Result<Vec<usize>> {
         match self {
-            Held::Full(plan) => check_plan(plan, world, config),
+            Held::Full { plan, hashes } => check_plan(plan, world, config, Some(hashes)),
             Held::Part { part, .. } => check_part(&part.plan, rank, world, config),
-            Held::Broken(e) => Err(ExecError::Invalid(e.to_string())),
         }
     }
 
@@ -424,15 +424,18 @@ impl Held {
     }
 
     /// The plan with the programs of every rank on this host (`on_host`): a part is read
-    /// again for them, and must still be the plan this rank checked (`identity`).
+    /// again for them (unless it holds them already), and must still be the plan this rank
+    /// checked (`identity`).
     fn for_host(self, on_host: &[bool], identity: &str) -> Result<Held> {
         match self {
-            Held::Full(plan) => Ok(Held::Full(plan)),
-            Held::Broken(e) => Err(e),
-            Held::Part { path, .. } => {
+            Held::Full { .. } => Ok(self),
+            Held::Part { path, part } => {
                 let ranks: Vec<u32> = (0..on_host.len() as u32)
                     .filter(|&r| on_host[r as usize])
                     .collect();
+                if ranks == part.ranks {
+                    return Ok(Held::Part { path, part });
+                }
                 let part = PlanFile::load_for_ranks(&path, &ranks)?;
                 if part.identity().as_deref() != Some(identity) {
                     return Err(ExecError::Invalid(format!(

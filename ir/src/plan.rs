@@ -542,38 +542,21 @@ impl PlanFile {
         origin: &str,
         ranks: &[u32],
     ) -> Result<PlanPart, PlanError> {
-        PlanFile::part_from(text, None, origin, ranks)
-    }
-
-    /// [`PlanFile::from_ron_for_ranks`] of `text`, or of the text `indexed` gives (a
-    /// shrunk text built from a file's rank index) when it parses.
-    fn part_from(
-        text: &str,
-        indexed: Option<String>,
-        origin: &str,
-        ranks: &[u32],
-    ) -> Result<PlanPart, PlanError> {
-        let mut wanted = ranks.to_vec();
-        wanted.sort_unstable();
-        wanted.dedup();
-        let indexed = indexed.or_else(|| crate::plan_index::shrink(text, &wanted));
-        if let Some(shrunk) = indexed {
-            check_version(&shrunk, origin)?;
-            if let Ok((plan, templates)) = parse_ranks(&shrunk, &wanted) {
-                return PlanPart::new(upgrade(plan, origin)?, wanted, templates, origin);
+        let wanted = sorted_ranks(ranks);
+        // The rank index first; the byte scan only when there is none.
+        let blanked = crate::plan_index::shrink(text, &wanted)
+            .into_iter()
+            .chain(std::iter::once_with(|| crate::plan_scan::shrink(text, &wanted)).flatten());
+        for shrunk in blanked {
+            if let Some(part) = part_of_blanked(&shrunk, origin, &wanted) {
+                return part;
             }
         }
+        // No explicit entry, or no blanked text parses: the real parse, on the text as
+        // written, gives the result or the error with its location in the file.
         check_version(text, origin)?;
-        let parsed = match crate::plan_scan::shrink(text, &wanted)
-            .and_then(|shrunk| parse_ranks(&shrunk, &wanted).ok())
-        {
-            Some(parsed) => parsed,
-            // No explicit entry, or the shrunk text does not parse: the real parse, on the
-            // text as written, gives the result or the error with its location in the file.
-            None => parse_ranks(text, &wanted)
-                .map_err(|err| PlanError::Parse(Located::from_ron(origin, &err)))?,
-        };
-        let (plan, templates) = parsed;
+        let (plan, templates) = parse_ranks(text, &wanted)
+            .map_err(|err| PlanError::Parse(Located::from_ron(origin, &err)))?;
         PlanPart::new(upgrade(plan, origin)?, wanted, templates, origin)
     }
 
@@ -592,14 +575,12 @@ impl PlanFile {
             && let Ok(meta) = file.metadata()
             && let Ok(len) = usize::try_from(meta.len())
         {
-            let mut wanted = ranks.to_vec();
-            wanted.sort_unstable();
-            wanted.dedup();
+            let wanted = sorted_ranks(ranks);
             let src = crate::plan_index::FileSource { file, len };
-            if let Some(shrunk) = crate::plan_index::shrink(&src, &wanted)
-                && let Ok(part) = PlanFile::part_from("", Some(shrunk), &origin, &wanted)
+            if let Some(part) = crate::plan_index::shrink(&src, &wanted)
+                .and_then(|shrunk| part_of_blanked(&shrunk, &origin, &wanted))
             {
-                return Ok(part);
+                return part;
             }
         }
         let bytes = std::fs::read(path).map_err(|source| PlanError::Io {
@@ -644,32 +625,45 @@ impl PlanFile {
     /// Which entries a seal of this build's verifier covers (their schedules hash to a
     /// sealed one). An entry that is not covered must be verified before it runs.
     pub fn sealed(&self) -> Vec<bool> {
+        if !self.has_own_seals() {
+            return vec![false; self.entries.len()];
+        }
+        self.sealed_with(&self.schedule_hashes())
+    }
+
+    /// [`schedule_hash`] of every entry, in order: what [`PlanFile::sealed_with`] and
+    /// [`PlanFile::identity_with`] take, for a caller that needs both (hashing a large plan
+    /// costs seconds).
+    pub fn schedule_hashes(&self) -> Vec<String> {
+        self.entries.iter().map(schedule_hash).collect()
+    }
+
+    /// [`PlanFile::sealed`], given the entries' [`PlanFile::schedule_hashes`].
+    pub fn sealed_with(&self, hashes: &[String]) -> Vec<bool> {
         let mine: std::collections::HashSet<&str> = self
             .verified
             .iter()
             .filter(|s| s.verifier == crate::verify::VERIFIER)
             .map(|s| s.schedule.as_str())
             .collect();
-        if mine.is_empty() {
-            return vec![false; self.entries.len()];
-        }
-        self.entries
+        hashes.iter().map(|h| mine.contains(h.as_str())).collect()
+    }
+
+    /// Whether the plan holds seals of this build's verifier.
+    fn has_own_seals(&self) -> bool {
+        self.verified
             .iter()
-            .map(|e| mine.contains(schedule_hash(e).as_str()))
-            .collect()
+            .any(|s| s.verifier == crate::verify::VERIFIER)
     }
 
     /// Refuses a plan whose seals (of this build's verifier) leave an entry uncovered: a
     /// schedule edited after the plan was compiled. Plans without such seals pass.
     fn check_seals(&self, origin: &str) -> Result<(), PlanError> {
-        if !self
-            .verified
-            .iter()
-            .any(|s| s.verifier == crate::verify::VERIFIER)
-        {
+        if !self.has_own_seals() {
             return Ok(());
         }
-        match self.sealed().iter().position(|&ok| !ok) {
+        let hashes = self.schedule_hashes();
+        match self.sealed_with(&hashes).iter().position(|&ok| !ok) {
             None => Ok(()),
             Some(i) => {
                 let e = &self.entries[i];
@@ -678,7 +672,7 @@ impl PlanFile {
                     entry: i,
                     collective: e.schedule.collective,
                     algorithm: e.algorithm.clone(),
-                    hash: schedule_hash(e),
+                    hash: hashes[i].clone(),
                 })
             }
         }
@@ -688,6 +682,32 @@ impl PlanFile {
     pub fn content_hash(&self) -> String {
         blake3::hash(self.to_ron().as_bytes()).to_hex().to_string()
     }
+}
+
+/// `ranks` sorted, each once.
+fn sorted_ranks(ranks: &[u32]) -> Vec<u32> {
+    let mut wanted = ranks.to_vec();
+    wanted.sort_unstable();
+    wanted.dedup();
+    wanted
+}
+
+/// The part of `wanted` (sorted) from a plan text whose other ranks' programs were blanked
+/// (by the rank index or the scan); `None` when that text does not parse (the caller then
+/// parses the text as written, whose errors are located in the file).
+fn part_of_blanked(
+    shrunk: &str,
+    origin: &str,
+    wanted: &[u32],
+) -> Option<Result<PlanPart, PlanError>> {
+    if let Err(e) = check_version(shrunk, origin) {
+        return Some(Err(e));
+    }
+    let (plan, templates) = parse_ranks(shrunk, wanted).ok()?;
+    Some(
+        upgrade(plan, origin)
+            .and_then(|plan| PlanPart::new(plan, wanted.to_vec(), templates, origin)),
+    )
 }
 
 /// [`PlanFile::from_ron_for_rank`] without the byte-scan pre-pass: every other rank's

@@ -156,14 +156,12 @@ pub(crate) fn shrink(src: &(impl Source + ?Sized), ranks: &[u32]) -> Option<Stri
             number(&headers, 2 + 3 * l)?,
             number(&headers, 3 + 3 * l)?,
         );
-        if n > src.len() {
-            return None;
-        }
+        // Every element takes bytes of the file: no list (nor all together) has more.
+        total = total.checked_add(n).filter(|&t| t <= src.len())?;
         lists.push((open, close, n));
-        total += n;
     }
     let numbers = 1 + 3 * nlists + total;
-    let end = start + numbers * DIGITS;
+    let end = numbers.checked_mul(DIGITS)?.checked_add(start)?;
     if src.read(end..end + SUFFIX.len())? != SUFFIX {
         return None;
     }

@@ -363,8 +363,12 @@ impl PlanFile {
     /// size range, names and [`schedule_hash`]. Equal for the whole plan and for any part of
     /// it whose entries are all sealed ([`PlanPart::identity`]).
     pub fn identity(&self) -> String {
-        let roots: Vec<String> = self.entries.iter().map(schedule_hash).collect();
-        identity(self, &roots)
+        self.identity_with(&self.schedule_hashes())
+    }
+
+    /// [`PlanFile::identity`], given the entries' [`PlanFile::schedule_hashes`].
+    pub fn identity_with(&self, hashes: &[String]) -> String {
+        identity(self, hashes)
     }
 }
 
