@@ -1,5 +1,6 @@
 //! Synthesized schedules run: plans of the synthesizers (`packed_trees`, `packed_allreduce`,
-//! `flow_alltoall`, `milp`) for small shipped and generated machines, at the parameter sets
+//! `flow_alltoall`, `milp`) and of the deep rail pipelines (`rail_chains`, `rail_trees`) for
+//! small shipped and generated machines, at the parameter sets
 //! the search tries (many channels, pieces of unequal width, deep pipelines, forwarding
 //! through scratch), replayed on the threads backend and the process backend and checked
 //! element by element against a sequential reference: several data types and operators, in
@@ -557,6 +558,65 @@ fn packed_allreduce_chorded_ring() {
             }
         },
     );
+}
+
+/// `hosts` hosts of `per_host` GPUs on an NVSwitch each, one NIC per host on a shared leaf:
+/// a cluster small enough to run every rank in one test.
+fn small_cluster(hosts: u32, per_host: u32) -> Topology {
+    let mut hs = String::new();
+    let mut sw = String::from("(id: \"leaf\", kind: Leaf),");
+    let mut links = String::new();
+    for h in 0..hosts {
+        let devs: String = (0..per_host)
+            .map(|g| format!("(id: \"h{h}g{g}\", kind: Gpu),"))
+            .collect();
+        hs += &format!("(id: \"h{h}\", devices: [{devs}], nics: [(id: \"h{h}nic\", bw: 25.0)]),");
+        sw += &format!("(id: \"h{h}sw\", kind: NvSwitch, host: Some(\"h{h}\")),");
+        for g in 0..per_host {
+            links += &format!(
+                "(a: \"h{h}g{g}\", b: \"h{h}sw\", kind: NvLink, bw: 150.0, latency: 0.5),"
+            );
+        }
+        links += &format!("(a: \"h{h}nic\", b: \"h{h}sw\", kind: Pcie, bw: 32.0, latency: 0.5),");
+        links +=
+            &format!("(a: \"h{h}nic\", b: \"leaf\", kind: InfiniBand, bw: 25.0, latency: 1.3),");
+    }
+    let name = format!("cluster-{hosts}x{per_host}");
+    let text = format!("(name: \"{name}\", hosts: [{hs}], switches: [{sw}], links: [{links}])");
+    let spec = hccl_topologies::parse_spec(&text, &name).expect("parses");
+    hccl_topologies::build(spec, &name).expect("builds")
+}
+
+#[test]
+fn rail_pipelines_on_small_clusters() {
+    // Relays on three and four hosts (one relay's pieces per channel, and not), the chains
+    // beside them; the root neither first on its host nor on the first host, so that the
+    // helper, the scatter and the return by the root's rail all take their general paths.
+    for (hosts, per_host, family) in [
+        (3, 2, "rail_trees"),
+        (4, 3, "rail_trees"),
+        (3, 2, "rail_chains"),
+    ] {
+        let topo = small_cluster(hosts, per_host);
+        let root = per_host + 1;
+        for collective in [Collective::Broadcast { root }, Collective::Reduce { root }] {
+            check_family(family, &topo, collective, &|i, len, _| {
+                if first(i, len) {
+                    Some(Budget {
+                        calls: 16,
+                        process: 4,
+                    })
+                } else if last(i, len) {
+                    Some(Budget {
+                        calls: 3,
+                        process: 1,
+                    })
+                } else {
+                    None
+                }
+            });
+        }
+    }
 }
 
 #[test]

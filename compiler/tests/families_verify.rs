@@ -132,6 +132,8 @@ fn every_family_schedule_verifies() {
             && hccl_compiler::synth::rings::routed_rings(topo).is_none())
             || (fam.name() == "hierarchical_split" && !splits(topo))
             || (fam.name() == "rail_chains" && uniform_hosts(topo).is_none_or(|h| h[0].len() < 2))
+            || (fam.name() == "rail_trees"
+                && uniform_hosts(topo).is_none_or(|h| h.len() < 3 || h[0].len() < 2))
             || (fam.name() == "packed_allreduce" && !allreduce_trees(topo))
         {
             assert!(space.is_empty(), "{} on {tname}", fam.name());
@@ -222,6 +224,7 @@ fn families_apply_where_expected() {
                 }
                 let needs = match fam.name() {
                     "hierarchical" | "hierarchical_hd" | "two_phase" | "rail_chains" => multi_host,
+                    "rail_trees" => multi_host && topo.nhosts() >= 3,
                     "hierarchical_split" => splits(&topo),
                     // Needs two or more equal groups of directly linked devices.
                     "groups" => hccl_compiler::families::groups::link_groups(&topo).is_some(),

@@ -27,7 +27,7 @@ pub use groups::Groups;
 pub use hier::{Hierarchical, HierarchicalHd};
 pub use mesh::{Bruck, Mesh, Pairwise, TwoPhase};
 pub use oneshot::OneShot;
-pub use rail::RailChains;
+pub use rail::{RailChains, RailTrees};
 pub use ring::{DoubleRing, Ring};
 pub use split::HierarchicalSplit;
 pub use tree::{DoubleBinaryTree, KaryTree};
@@ -172,6 +172,7 @@ fn hand_written() -> Vec<Box<dyn Family>> {
         Box::new(HierarchicalHd),
         Box::new(HierarchicalSplit),
         Box::new(RailChains),
+        Box::new(RailTrees),
         Box::new(Groups),
         Box::new(Pairwise),
         Box::new(Bruck),
