@@ -261,8 +261,9 @@ fn lowering_shares_pieces_by_rate() {
 #[test]
 fn packed_collectives_at_one_gib_approach_the_bound() {
     // Largest predicted time / lower bound at 1 GiB, per machine (Broadcast, Reduce,
-    // AllGather, ReduceScatter), with a margin for the selection MILP's time limit on slower
-    // or loaded machines (wider where the packing is pruned: 16 ranks and more); the
+    // AllGather, ReduceScatter, AllReduce): the 1.03 everywhere (measured to hold in
+    // the dev profile with the machine's two cores loaded by two more busy threads, where
+    // the selection MILP stops at its time limit sooner); the
     // hand-written families alone gave 1.94/1.87 for Broadcast
     // and Reduce on dgx1-v100, 1.63/1.63 on the DGX-A100 and H100, 1.21/1.22 on ascend910-8,
     // 1.17/1.18 on azure-ndv2-2node, 1.89/1.80 and 2.68/2.60 on the H100 clusters and
@@ -273,9 +274,9 @@ fn packed_collectives_at_one_gib_approach_the_bound() {
         ("dgx1-v100", [1.03, 1.03, 1.03, 1.03, 1.03]),
         // Broadcast and Reduce: equal-rate trees at the LP's rate (`synth::disjoint::
         // equal_rate_trees`, deterministic) beside the LP's; 1.05/1.03 with the LP's alone.
-        ("dgx-a100", [1.04, 1.04, 1.02, 1.03, 1.03]),
-        ("dgx-h100", [1.04, 1.04, 1.02, 1.03, 1.03]),
-        ("ascend910-8", [1.03, 1.03, 1.05, 1.05, 1.03]),
+        ("dgx-a100", [1.03, 1.03, 1.03, 1.03, 1.03]),
+        ("dgx-h100", [1.03, 1.03, 1.03, 1.03, 1.03]),
+        ("ascend910-8", [1.03, 1.03, 1.03, 1.03, 1.03]),
         ("azure-ndv2-2node", [1.03, 1.03, 1.03, 1.03, 1.03]),
         // Broadcast and Reduce: `rail_chains`, 1.024 and 1.013; AllGather and ReduceScatter:
         // the split hierarchy (`families::split`), 1.02 and 1.02 (1.05 and 1.05 before).
@@ -284,18 +285,18 @@ fn packed_collectives_at_one_gib_approach_the_bound() {
         // 1.056/1.050 with `rail_chains`' three, 1.22/1.29 with the LP's trees); AllGather and
         // ReduceScatter: `hierarchical` with 64 pieces (1.024/1.021).
         ("h100-cluster-4node", [1.03, 1.03, 1.03, 1.03, 1.03]),
-        ("ring-8", [1.03, 1.03, 1.03, 1.05, 1.03]),
+        ("ring-8", [1.03, 1.03, 1.03, 1.03, 1.03]),
         // The link-disjoint trees of `synth::disjoint` (no MILP involved: deterministic):
         // Broadcast and Reduce 4 trees at the max-flow rate (1.25/1.24 with the LP's support
         // pruned to 16 trees), AllGather and ReduceScatter every rank's 4, carried over the
         // torus's automorphisms, at the cut bound (1.16/1.17 with hybrid_cube before).
         ("torus-4x4", [1.03, 1.03, 1.03, 1.03, 1.03]),
         // Broadcast and Reduce: two equal-rate chains (1.17/1.07 with the LP's).
-        ("fat-tree-16", [1.03, 1.03, 1.03, 1.04, 1.03]),
+        ("fat-tree-16", [1.03, 1.03, 1.03, 1.03, 1.03]),
         // AllReduce: trees carrying blocks as large as their rates both ways
         // (`synth::allreduce`), 1.014 (the ring's 1.088 before: equal blocks leave the two
         // ranks without a chord short of ingress).
-        ("mixed-6", [1.04, 1.04, 1.03, 1.05, 1.03]),
+        ("mixed-6", [1.03, 1.03, 1.03, 1.03, 1.03]),
     ];
     let kinds = [
         CollectiveKind::Broadcast,
