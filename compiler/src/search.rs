@@ -5,7 +5,9 @@
 //! algorithms, synthesizers). Each candidate schedule is generated once, flattened once
 //! ([`Simulator::prepare`]) and simulated under each protocol at every bucket's lower edge.
 //! Large schedules are simulated at a geometric subsample of the sizes and interpolated
-//! linearly in between (see [`Options::sim_budget`]); small ones at every size.
+//! linearly in between (see [`Options::sim_budget`]); small ones at every size. Where an
+//! interpolated time is close to a size's best, the size is simulated after all before the
+//! winner is picked (`refine`), so a chord across sizes far apart does not decide it.
 //!
 //! Winners are chosen by predicted time; ties go to the earlier candidate (family registry
 //! order, then parameter order, then extras in the order given) and protocol (LL, LL128,
@@ -219,6 +221,8 @@ struct Costed {
     selectable: bool,
     /// `times[p][s]`: predicted µs under `protocols[p]` at `sizes[s]` (None: not costable).
     times: Vec<Option<Vec<f64>>>,
+    /// `exact[s]`: whether `times[·][s]` were simulated rather than interpolated.
+    exact: Vec<bool>,
     verified: Option<bool>,
 }
 
@@ -370,7 +374,7 @@ pub fn compile_with_progress(
         let mut all_times = par_map(&indexed, |&(i, candidate)| {
             if probes[i].keep {
                 let started = std::time::Instant::now();
-                let times = cost_candidate(
+                let (times, exact) = cost_sampled(
                     &sim,
                     candidate,
                     &sizes,
@@ -390,20 +394,21 @@ pub fn compile_with_progress(
                     String::new()
                 };
                 trace_candidate("cost", candidate, started, &shown);
-                times
+                (times, exact)
             } else {
-                vec![None; options.protocols.len()]
+                (vec![None; options.protocols.len()], vec![true; sizes.len()])
             }
         })
         .into_iter();
         phase.done("cost");
         let mut costed = Vec::with_capacity(total);
         for (i, (candidate, selectable)) in candidates.into_iter().enumerate() {
-            let times = all_times.next().unwrap_or_default();
+            let (times, exact) = all_times.next().unwrap_or_default();
             costed.push(Costed {
                 candidate,
                 selectable,
                 times,
+                exact,
                 verified: None,
             });
             progress(Progress {
@@ -414,6 +419,11 @@ pub fn compile_with_progress(
                 collectives_total: ncoll,
             });
         }
+        let bound_at = |si: usize| bound(&sim.network, &options.model, collective, sizes[si]);
+        refine(&sim, &mut costed, &sizes, options, &|si| {
+            bound_at(si).total_us
+        });
+        phase.done("refine");
         // Winners per size, re-deciding when a winner fails verification.
         let winners = loop {
             let winners = pick_winners(&costed, &sizes, options.protocols.len());
@@ -695,6 +705,113 @@ fn pick_winners(
             best.map(|(_, c, p)| (c, p))
         })
         .collect()
+}
+
+/// Rounds of [`refine`].
+const REFINE_ROUNDS: usize = 3;
+/// Interpolated candidates [`refine`] simulates per size and round, best first.
+const REFINE_PER_SIZE: usize = 3;
+/// How far above the best time at a size an interpolated time may be and still be refined:
+/// a pipeline's time is convex in the size where its pieces fall below a connection's
+/// latency (two slots stop covering it), so the chord between samples overestimates it
+/// there (a 432-piece rail schedule on the 4-node H100 cluster: 25% at 1 GiB between
+/// samples at 1 KiB and 4 GiB).
+const REFINE_FACTOR: f64 = 1.3;
+
+/// Sizes whose best time is within this fraction of the lower bound are not refined.
+const REFINE_SLACK: f64 = 0.01;
+
+/// Simulates, at each size, the candidates whose time there is interpolated (their
+/// schedules too large to simulate at every size within the budget) and within
+/// [`REFINE_FACTOR`] of the size's best, [`REFINE_PER_SIZE`] at a time from the fastest,
+/// for up to [`REFINE_ROUNDS`] rounds, except where the best is within [`REFINE_SLACK`] of
+/// `bound_us`: winners are then decided on simulated times wherever the decision is close
+/// and matters, not on a chord across sizes far apart.
+fn refine(
+    sim: &Simulator,
+    costed: &mut [Costed],
+    sizes: &[u64],
+    options: &Options,
+    bound_us: &dyn Fn(usize) -> f64,
+) {
+    let np = options.protocols.len();
+    let mut bounds: Vec<Option<f64>> = vec![None; sizes.len()];
+    let time =
+        |c: &Costed, si: usize, p: usize| c.times[p].as_ref().map_or(f64::INFINITY, |t| t[si]);
+    for _ in 0..REFINE_ROUNDS {
+        // (candidate, size) pairs to simulate.
+        let mut jobs: Vec<(usize, usize)> = Vec::new();
+        for (si, bound) in bounds.iter_mut().enumerate() {
+            let live = |c: &&Costed| c.selectable && c.verified != Some(false);
+            let best = costed
+                .iter()
+                .filter(live)
+                .flat_map(|c| (0..np).map(move |p| time(c, si, p)))
+                .fold(f64::INFINITY, f64::min);
+            if !best.is_finite() {
+                continue;
+            }
+            // Nothing can gain more than the slack where the best is that near the bound.
+            let lower = *bound.get_or_insert_with(|| bound_us(si));
+            if best <= lower * (1.0 + REFINE_SLACK) {
+                continue;
+            }
+            let mut near: Vec<(f64, usize)> = costed
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| live(c) && !c.exact[si])
+                .map(|(i, c)| {
+                    let t = (0..np)
+                        .map(|p| time(c, si, p))
+                        .fold(f64::INFINITY, f64::min);
+                    (t, i)
+                })
+                .filter(|&(t, _)| t <= best * REFINE_FACTOR)
+                .collect();
+            near.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            jobs.extend(near.iter().take(REFINE_PER_SIZE).map(|&(_, i)| (i, si)));
+        }
+        if jobs.is_empty() {
+            return;
+        }
+        // One preparation per candidate, its sizes together.
+        let mut by: Vec<(usize, Vec<usize>)> = Vec::new();
+        jobs.sort_unstable();
+        for (c, si) in jobs {
+            match by.last_mut() {
+                Some((last, list)) if *last == c => list.push(si),
+                _ => by.push((c, vec![si])),
+            }
+        }
+        let results = par_map(&by, |(c, list)| {
+            let c = &costed[*c];
+            let Ok(prepared) = sim.prepare(&c.candidate.schedule) else {
+                return Vec::new();
+            };
+            let mut out = Vec::new();
+            for &si in list {
+                for p in 0..np {
+                    if c.times[p].is_some() {
+                        let t = sim
+                            .run(&prepared, sizes[si], options.protocols[p])
+                            .map_or(f64::INFINITY, |e| e.time_us);
+                        out.push((si, p, t));
+                    }
+                }
+            }
+            out
+        });
+        for ((c, list), out) in by.iter().zip(results) {
+            for (si, p, t) in out {
+                if let Some(times) = costed[*c].times[p].as_mut() {
+                    times[si] = t;
+                }
+            }
+            for &si in list {
+                costed[*c].exact[si] = true;
+            }
+        }
+    }
 }
 
 /// Rank count above which candidates are screened before they are fully costed.
@@ -1040,13 +1157,27 @@ fn cost_candidate(
     known: &[(usize, usize, f64)],
     prune: bool,
 ) -> Vec<Option<Vec<f64>>> {
+    cost_sampled(sim, candidate, sizes, options, budget, known, prune).0
+}
+
+/// [`cost_candidate`], and per size whether its times were simulated (or are known, or
+/// cannot be had: below the candidate's least size) rather than interpolated.
+fn cost_sampled(
+    sim: &Simulator,
+    candidate: &Candidate,
+    sizes: &[u64],
+    options: &Options,
+    budget: usize,
+    known: &[(usize, usize, f64)],
+    prune: bool,
+) -> (Vec<Option<Vec<f64>>>, Vec<bool>) {
     let np = options.protocols.len();
     let first = sizes.partition_point(|&s| s < candidate.min_bytes);
     if first == sizes.len() {
-        return vec![None; np];
+        return (vec![None; np], vec![true; sizes.len()]);
     }
     let Ok(prepared) = sim.prepare(&candidate.schedule) else {
-        return vec![None; np];
+        return (vec![None; np], vec![true; sizes.len()]);
     };
     let samples: Vec<usize> = sample_indices(sizes.len() - first, prepared.step_count(), budget)
         .into_iter()
@@ -1100,9 +1231,15 @@ fn cost_candidate(
             list.push((si, t));
         }
     }
-    at.into_iter()
+    let mut exact = vec![false; sizes.len()];
+    for (i, e) in exact.iter_mut().enumerate() {
+        *e = i < first || samples.contains(&i);
+    }
+    let times = at
+        .into_iter()
         .map(|list| list.map(|list| interpolate(sizes, &list)))
-        .collect()
+        .collect();
+    (times, exact)
 }
 
 /// Times at every size from times at sampled size indices (ascending): linear in bytes

@@ -505,3 +505,41 @@ fn allreduce_trees_reach_the_gossip_bound_on_mixed_speeds() {
         );
     }
 }
+
+/// A compile of the whole size range picks, at 1 GiB, what a compile of 1 GiB alone picks:
+/// the deepest candidates are simulated at a few sizes only and interpolated in between,
+/// and the search simulates the close ones where it decides (`search::refine`). Before, the
+/// 2-node H100 cluster's whole-range Broadcast and Reduce took packed trees at 1 GiB (1.029
+/// and 1.022 of the bound) where `rail_chains` reaches 1.024 and 1.013.
+#[test]
+fn whole_range_compiles_decide_one_gib_as_one_size_does() {
+    let topo = hccl_topologies::shipped_by_name("h100-cluster-2node").expect("shipped");
+    let kinds = vec![CollectiveKind::Broadcast, CollectiveKind::Reduce];
+    let whole = Options {
+        collectives: kinds.clone(),
+        model: hccl_compiler::cost::CostModel::for_topology(&topo),
+        ..Options::default()
+    };
+    let one = Options {
+        sizes: vec![GIB],
+        ..whole.clone()
+    };
+    let at = |plan: &search::CompiledPlan, kind| {
+        plan.rows
+            .iter()
+            .find(|r| r.collective == kind && r.bytes == GIB)
+            .map(|r| r.predicted_us)
+            .expect("a row at 1 GiB")
+    };
+    let (w, o) = (
+        search::compile(&topo, &whole).expect("compiles"),
+        search::compile(&topo, &one).expect("compiles"),
+    );
+    for kind in kinds {
+        let (tw, to) = (at(&w, kind), at(&o, kind));
+        assert!(
+            tw <= to * 1.002,
+            "{kind} at 1 GiB: {tw:.1} µs over the whole range, {to:.1} µs alone"
+        );
+    }
+}

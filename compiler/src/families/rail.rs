@@ -56,6 +56,17 @@ const PARAMS: [(u32, u32); 14] = [
     (4, 128),
     (6, 64),
 ];
+/// Least average chunk at which a schedule is costed (see [`Candidate::min_bytes`]).
+const MIN_CHUNK_BYTES: u64 = 4 << 10;
+/// Chunks beyond which a schedule is costed only from [`DEEP_CHUNK_BYTES`] a chunk: the
+/// deepest pipelines win only where a piece keeps a NIC busy for about a message's latency,
+/// and below that their time grows faster than linearly towards small sizes, so a chord
+/// from a small size misjudges the sizes they win at (with a floor, the 4-node H100
+/// cluster's whole-range compile picks at 1 GiB what a compile of 1 GiB alone does: 1.025
+/// and 1.026 of the bound, not 1.028 and 1.031, in 33 s instead of 39).
+const DEEP_CHUNKS: u32 = 1024;
+/// See [`DEEP_CHUNKS`].
+const DEEP_CHUNK_BYTES: u64 = 256 << 10;
 /// Most chunks a schedule may use.
 const MAX_CHUNKS: u64 = 4096;
 /// Most steps (roughly) a candidate may have.
@@ -454,7 +465,16 @@ fn schedules(
         Collective::Broadcast { .. } => broadcast(&mut b, &rails, pieces, in_place),
         _ => reduce(&mut b, &rails, pieces),
     }
+    let min = u64::from(chunks)
+        * if chunks > DEEP_CHUNKS {
+            DEEP_CHUNK_BYTES
+        } else {
+            MIN_CHUNK_BYTES
+        };
     candidate(name, params, b)
+        .into_iter()
+        .map(|c| c.from_bytes(min))
+        .collect()
 }
 
 fn estimated_steps(topo: &Topology, params: FamilyParams) -> u64 {
