@@ -420,9 +420,14 @@ pub fn compile_with_progress(
             });
         }
         let bound_at = |si: usize| bound(&sim.network, &options.model, collective, sizes[si]);
-        refine(&sim, &mut costed, &sizes, options, &|si| {
-            bound_at(si).total_us
-        });
+        refine(
+            &sim,
+            &mut costed,
+            &sizes,
+            options,
+            REFINE_BUDGET * budget,
+            &|si| bound_at(si).total_us,
+        );
         phase.done("refine");
         // Winners per size, re-deciding when a winner fails verification.
         let winners = loop {
@@ -718,13 +723,17 @@ const REFINE_PER_SIZE: usize = 3;
 /// samples at 1 KiB and 4 GiB).
 const REFINE_FACTOR: f64 = 1.3;
 
+/// Steps [`refine`] may simulate per collective, in units of the per-candidate budget
+/// ([`sim_budget`]: it shrinks beyond [`SCALE_RANKS`], and so does refining).
+const REFINE_BUDGET: usize = 10;
 /// Sizes whose best time is within this fraction of the lower bound are not refined.
 const REFINE_SLACK: f64 = 0.01;
 
 /// Simulates, at each size, the candidates whose time there is interpolated (their
 /// schedules too large to simulate at every size within the budget) and within
 /// [`REFINE_FACTOR`] of the size's best, [`REFINE_PER_SIZE`] at a time from the fastest,
-/// for up to [`REFINE_ROUNDS`] rounds, except where the best is within [`REFINE_SLACK`] of
+/// for up to [`REFINE_ROUNDS`] rounds and `steps_left` simulated steps (the closest to
+/// their size's best first), except where the best is within [`REFINE_SLACK`] of
 /// `bound_us`: winners are then decided on simulated times wherever the decision is close
 /// and matters, not on a chord across sizes far apart.
 fn refine(
@@ -732,6 +741,7 @@ fn refine(
     costed: &mut [Costed],
     sizes: &[u64],
     options: &Options,
+    mut steps_left: usize,
     bound_us: &dyn Fn(usize) -> f64,
 ) {
     let np = options.protocols.len();
@@ -739,8 +749,8 @@ fn refine(
     let time =
         |c: &Costed, si: usize, p: usize| c.times[p].as_ref().map_or(f64::INFINITY, |t| t[si]);
     for _ in 0..REFINE_ROUNDS {
-        // (candidate, size) pairs to simulate.
-        let mut jobs: Vec<(usize, usize)> = Vec::new();
+        // (time over the size's best, candidate, size) of the pairs to simulate.
+        let mut wanted: Vec<(f64, usize, usize)> = Vec::new();
         for (si, bound) in bounds.iter_mut().enumerate() {
             let live = |c: &&Costed| c.selectable && c.verified != Some(false);
             let best = costed
@@ -769,7 +779,22 @@ fn refine(
                 .filter(|&(t, _)| t <= best * REFINE_FACTOR)
                 .collect();
             near.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-            jobs.extend(near.iter().take(REFINE_PER_SIZE).map(|&(_, i)| (i, si)));
+            wanted.extend(
+                near.iter()
+                    .take(REFINE_PER_SIZE)
+                    .map(|&(t, i)| (t / best, i, si)),
+            );
+        }
+        // The closest first, within the steps left to simulate.
+        wanted.sort_by(|a, b| a.0.total_cmp(&b.0).then((a.1, a.2).cmp(&(b.1, b.2))));
+        let mut jobs: Vec<(usize, usize)> = Vec::new();
+        for (_, c, si) in wanted {
+            let cost = costed[c].candidate.schedule.step_count().max(1) * np;
+            if cost > steps_left {
+                continue;
+            }
+            steps_left -= cost;
+            jobs.push((c, si));
         }
         if jobs.is_empty() {
             return;
