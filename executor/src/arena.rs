@@ -3,7 +3,7 @@
 //! Layout (all offsets multiples of 64 bytes, so every counter owns a cache line):
 //!
 //! ```text
-//! header  : magic | abort word | per rank: { pid, gone, waiting on } (one line each)
+//! header  : magic | abort word | per rank: { pid, gone, waiting on, calls } (one line each)
 //! control : per connection: { sent (line) | consumed (line) | slot descriptors (line) }
 //! data    : per connection: CONNECTION_SLOTS slots of `slot_bytes`
 //! ll      : per connection: LL_SLOTS slots of { flag (8 bytes) | LL_BYTES of data }
@@ -222,6 +222,17 @@ impl Arena {
     /// holding everyone up.
     pub(crate) fn waiting_on(&self, rank: usize) -> &AtomicU64 {
         self.word(2 * LINE + rank * LINE + 16)
+    }
+
+    /// The slot of `rank`'s call `seq` (its number and its fingerprint, see
+    /// [`crate::calls`]): words 3 to 6 of the rank's line hold [`crate::calls::HISTORY`]
+    /// such slots. `None` where the header has no line for `rank`.
+    pub(crate) fn call_slot(&self, rank: usize, seq: u64) -> Option<(&AtomicU64, &AtomicU64)> {
+        if rank >= self.ranks() {
+            return None;
+        }
+        let at = 2 * LINE + rank * LINE + 24 + (seq % crate::calls::HISTORY) as usize * 16;
+        Some((self.word(at), self.word(at + 8)))
     }
 
     /// Messages published on connection `c`.

@@ -217,6 +217,8 @@ fn filter_entries(plan: &PlanFile, config: &Config) -> Vec<usize> {
 
 /// One rank's private state.
 pub(crate) struct RankState {
+    /// Calls started (see [`crate::calls`]).
+    calls: u64,
     entries: Vec<Entry>,
     engine: EngineState,
     scratch: AlignedBuf,
@@ -253,6 +255,7 @@ impl RankState {
         let mut scratch = AlignedBuf::default();
         scratch.reserve(scratch_bytes);
         Ok(RankState {
+            calls: 0,
             entries,
             engine,
             scratch,
@@ -303,6 +306,8 @@ pub struct EntryInfo {
 struct Call {
     collective: Collective,
     kernels: Kernels,
+    dtype: crate::dtype::DataType,
+    op: ReduceOp,
     input: *const u8,
     in_len: usize,
     output: *mut u8,
@@ -400,8 +405,29 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
             "buffer of {total} elements does not divide into {n} ranks"
         )));
     }
+    // The call's number and fingerprint, published before anything else can make this
+    // rank wait or return (an empty call included: its peers may wait for a non-empty one).
+    st.calls += 1;
+    let check = shared.config.check_calls;
+    let print = (check != crate::config::CallCheck::Off).then(|| {
+        let print = crate::calls::CallPrint {
+            collective: coll,
+            dtype: call.dtype,
+            op: call.op,
+            count: total as u64,
+            in_place: call.in_place,
+        }
+        .pack();
+        crate::calls::publish(&shared.arena, rank, st.calls, print);
+        (st.calls, print)
+    });
+    let every = check == crate::config::CallCheck::EveryCall;
     if total == 0 {
-        return Ok(());
+        return if every {
+            check_calls(shared, rank, print)
+        } else {
+            Ok(())
+        };
     }
     let count = if blocked { total / n } else { total };
     let bytes = (total * es) as u64;
@@ -421,6 +447,7 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
         });
     };
     let RankState {
+        calls: _,
         entries,
         engine,
         scratch,
@@ -536,6 +563,7 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
         on_wait: &on_wait,
         spin_polls: shared.spin_polls,
         single_copy: !shared.check_pids,
+        call: print,
     };
     tracing::trace!(
         rank,
@@ -557,7 +585,14 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
         &bufs,
         call,
         (segs, seglen, stride, cpb, ll),
-    );
+    )
+    .and_then(|()| {
+        if every {
+            check_calls(shared, rank, print)
+        } else {
+            Ok(())
+        }
+    });
     if let Some(net) = &shared.net {
         net.end_call();
         if res.is_err() {
@@ -636,6 +671,21 @@ fn run_segments(
     // Peers may still read this rank's buffers through pointer messages: settle them
     // before the buffers go back to the caller.
     engine.settle_all(&shared.arena);
+    Ok(())
+}
+
+/// Compares this rank's call (`print`: its number and fingerprint) with the same call of
+/// every rank that shares the region and shows it; a difference aborts the communicator.
+fn check_calls(shared: &Shared, rank: u32, print: Option<(u64, u64)>) -> Result<()> {
+    let Some((seq, print)) = print else {
+        return Ok(());
+    };
+    for peer in (0..shared.world).filter(|&p| p != rank) {
+        if let Some(e) = crate::calls::compare(&shared.arena, rank, peer, seq, print) {
+            raise_abort(&shared.arena, rank, peer);
+            return Err(e);
+        }
+    }
     Ok(())
 }
 
@@ -910,6 +960,8 @@ fn make_call<T: Element>(collective: Collective, op: ReduceOp, b: &mut Buffers<'
         Buffers::InPlace(buf) => Call {
             collective,
             kernels,
+            dtype: T::DTYPE,
+            op,
             input: buf.as_ptr().cast(),
             in_len: buf.len(),
             output: buf.as_mut_ptr().cast(),
@@ -919,6 +971,8 @@ fn make_call<T: Element>(collective: Collective, op: ReduceOp, b: &mut Buffers<'
         Buffers::OutOfPlace { input, output } => Call {
             collective,
             kernels,
+            dtype: T::DTYPE,
+            op,
             input: input.as_ptr().cast(),
             in_len: input.len(),
             output: output.as_mut_ptr().cast(),

@@ -1,6 +1,6 @@
 //! Configuration: timeouts, slot size, entry filters, network settings, and where plans come
 //! from — with the environment overrides `HCCL_PLAN`, `HCCL_ALGO`, `HCCL_PROTO`,
-//! `HCCL_DEBUG`, `HCCL_TIMEOUT`, `HCCL_SLOT_BYTES`, `HCCL_VERIFY` and the network's (see
+//! `HCCL_DEBUG`, `HCCL_TIMEOUT`, `HCCL_SLOT_BYTES`, `HCCL_VERIFY`, `HCCL_CHECK_CALLS` and the network's (see
 //! [`crate::net::NetConfig::from_env`]).
 
 use crate::error::{ExecError, Result};
@@ -39,6 +39,28 @@ pub struct Config {
     pub net: crate::net::NetConfig,
     /// Which entries are verified at start.
     pub verify: VerifyMode,
+    /// How ranks compare their calls' fingerprints (`HCCL_CHECK_CALLS`).
+    pub check_calls: CallCheck,
+}
+
+/// How ranks compare their calls (`HCCL_CHECK_CALLS`): every call a rank starts publishes
+/// its fingerprint (collective, root, element type, operator, count, placement) on the
+/// rank's line of the shared region, and ranks whose calls differ get
+/// [`ExecError::CallMismatch`] naming both calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CallCheck {
+    /// No fingerprints (`HCCL_CHECK_CALLS=0`).
+    Off,
+    /// A rank that waits for a peer compares the calls at each liveness check, every 5 ms of
+    /// waiting (the default: a mismatch that leaves ranks waiting for each other fails in
+    /// milliseconds instead of at the timeout; one whose ranks exchange data and finish, such
+    /// as another count of the same collective, is not caught). Costs one store per call.
+    #[default]
+    Waits,
+    /// Also at the end of every call, against every rank that shares the region and shows
+    /// that call (`HCCL_CHECK_CALLS=1`): every mismatch among those ranks fails before the
+    /// call returns. Costs reading the peers' lines once per call.
+    EveryCall,
 }
 
 impl Default for Config {
@@ -50,6 +72,7 @@ impl Default for Config {
             proto: None,
             net: crate::net::NetConfig::default(),
             verify: VerifyMode::default(),
+            check_calls: CallCheck::default(),
         }
     }
 }
@@ -94,6 +117,19 @@ impl Config {
                 }
             };
         }
+        if let Some(v) = env("HCCL_CHECK_CALLS") {
+            cfg.check_calls = match v.trim() {
+                "0" => CallCheck::Off,
+                "waits" => CallCheck::Waits,
+                "1" => CallCheck::EveryCall,
+                _ => {
+                    return Err(ExecError::Invalid(format!(
+                        "HCCL_CHECK_CALLS={v}: expected 1 (compare the ranks' calls at the end \
+                         of every call), waits (while waiting for a peer, the default) or 0"
+                    )));
+                }
+            };
+        }
         cfg.net = crate::net::NetConfig::from_env()?;
         Ok(cfg)
     }
@@ -101,6 +137,12 @@ impl Config {
     /// Sets the network settings.
     pub fn with_net(mut self, net: crate::net::NetConfig) -> Config {
         self.net = net;
+        self
+    }
+
+    /// Sets how ranks compare their calls (`HCCL_CHECK_CALLS`).
+    pub fn with_check_calls(mut self, check: CallCheck) -> Config {
+        self.check_calls = check;
         self
     }
 

@@ -112,6 +112,9 @@ pub(crate) struct Ctx<'a> {
     pub spin_polls: u32,
     /// Whether large messages may travel by pointer (ranks share an address space).
     pub single_copy: bool,
+    /// This call's number and fingerprint when calls are compared (see [`crate::calls`]):
+    /// checked against the peer this rank waits for at each liveness check.
+    pub call: Option<(u64, u64)>,
 }
 
 /// Memory aligned for every element type.
@@ -992,6 +995,13 @@ impl Waiter {
                 return Ok(());
             }
             self.suspect = None;
+            if let Some((seq, print)) = ctx.call
+                && peer != ctx.rank
+                && let Some(e) = crate::calls::compare(ctx.arena, ctx.rank, peer, seq, print)
+            {
+                raise_abort(ctx.arena, ctx.rank, peer);
+                return Err(e);
+            }
             if let Some(why) = failed {
                 raise_abort(ctx.arena, ctx.rank, peer);
                 return Err(ExecError::PeerFailed {

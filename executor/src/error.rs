@@ -86,6 +86,18 @@ pub enum ExecError {
         failed: u32,
         reason: String,
     },
+    /// This rank's call and a peer's call of the same number differ (see `HCCL_CHECK_CALLS`).
+    #[error(
+        "rank {rank}: its call #{seq} is {call}, but rank {peer}'s call #{seq} is {peer_call}; collective aborted"
+    )]
+    CallMismatch {
+        rank: u32,
+        peer: u32,
+        /// The calls' number on their communicator (from 1).
+        seq: u64,
+        call: String,
+        peer_call: String,
+    },
     /// The communicator is unusable after an earlier failure or a lost non-blocking request.
     #[error("rank {rank}: communicator unusable: {reason}")]
     Poisoned { rank: u32, reason: String },

@@ -50,6 +50,7 @@
 
 pub mod affinity;
 pub mod arena;
+mod calls;
 pub mod comm;
 pub mod config;
 mod copy;
@@ -65,7 +66,7 @@ pub mod program;
 pub mod threads;
 
 pub use comm::{AbortHandle, Buffers, Communicator, EntryInfo, OwnedBuffers, Request};
-pub use config::{Config, PlanSource, VerifyMode};
+pub use config::{CallCheck, Config, PlanSource, VerifyMode};
 pub use dtype::{DataType, Element, ReduceOp};
 pub use error::{ExecError, Result};
 pub use process::{Bootstrap, ProcessGroup};

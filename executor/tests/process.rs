@@ -200,3 +200,43 @@ fn connection_without_token_is_refused() {
         }
     });
 }
+
+/// The process backend compares calls through its shared region too: an AllReduce beside
+/// a Broadcast fails on both ranks, one naming both calls, well before the 30 s timeout.
+#[test]
+fn mismatched_calls_fail_on_the_process_backend() {
+    let comms = in_process_group(vec![fallback::plan(2), fallback::plan(2)], "t");
+    let started = std::time::Instant::now();
+    let errors: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|c| {
+                s.spawn(move || {
+                    let mut c = c.expect("joins");
+                    let mut buf = vec![1.0f32; 100];
+                    let res = if c.rank() == 1 {
+                        c.broadcast_in_place(&mut buf, 0)
+                    } else {
+                        c.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+                    };
+                    res.expect_err("the calls differ").to_string()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank"))
+            .collect()
+    });
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        errors.iter().any(|e| e.contains("call #1")
+            && e.contains("allreduce of 100 float")
+            && e.contains("broadcast(root=0) of 100 float")),
+        "{errors:?}"
+    );
+}

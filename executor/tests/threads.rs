@@ -6,7 +6,8 @@ mod common;
 
 use common::{Case, collectives, config, count_for, run_cases};
 use hccl_executor::{
-    Communicator, Config, DataType, ExecError, OwnedBuffers, ReduceOp, ThreadGroup, fallback,
+    CallCheck, Communicator, Config, DataType, ExecError, OwnedBuffers, ReduceOp, ThreadGroup,
+    fallback,
 };
 use hccl_ir::{Collective, PlanFile};
 use std::time::Duration;
@@ -703,4 +704,114 @@ fn an_abort_handle_unblocks_ranks_stuck_in_a_call() {
     }
     let took = start.elapsed();
     assert!(took < Duration::from_secs(10), "took {took:?}");
+}
+
+/// Runs `call(rank, comm)` on every rank of an `n`-rank group whose calls are compared, with
+/// a long timeout; returns each rank's result and how long the slowest took.
+fn mismatched(
+    n: u32,
+    check: CallCheck,
+    call: impl Fn(u32, &mut Communicator) -> hccl_executor::Result<()> + Sync,
+) -> (Vec<hccl_executor::Result<()>>, Duration) {
+    let cfg = config()
+        .with_timeout(Duration::from_secs(60))
+        .with_check_calls(check);
+    let comms = ThreadGroup::with_config(fallback::plan(n), n, cfg).unwrap();
+    let started = std::time::Instant::now();
+    let results = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|mut comm| {
+                let call = &call;
+                s.spawn(move || call(comm.rank(), &mut comm))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    (results, started.elapsed())
+}
+
+/// Ranks whose calls differ get an error naming both calls, within milliseconds (not at
+/// the timeout), and no wrong result is returned as a success: a different count (the
+/// ranks exchange data and finish, then compare), a different collective (they wait for
+/// each other), a different element type of the same size, an empty call beside a full one.
+/// Comparing at the end of every call (`HCCL_CHECK_CALLS=1`) catches all four; the default,
+/// comparing while waiting, the two that leave ranks waiting.
+#[test]
+fn mismatched_calls_are_errors_naming_both_calls() {
+    type Case = (&'static str, &'static [&'static str]);
+    type Call = dyn Fn(u32, &mut Communicator) -> hccl_executor::Result<()> + Sync;
+    let cases: [(Case, &Call); 4] = [
+        (
+            (
+                "count",
+                &[
+                    "allreduce of 1000 float (sum)",
+                    "allreduce of 2000 float (sum)",
+                ],
+            ),
+            &|rank, c| {
+                let mut buf = vec![1.0f32; 1000 * (rank as usize + 1)];
+                c.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+            },
+        ),
+        (
+            (
+                "collective",
+                &["allreduce of 4096 float", "broadcast(root=0) of 4096 float"],
+            ),
+            &|rank, c| {
+                let mut buf = vec![1.0f32; 4096];
+                if rank == 1 {
+                    c.broadcast_in_place(&mut buf, 0)
+                } else {
+                    c.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+                }
+            },
+        ),
+        (("dtype", &["of 64 float", "of 64 int32"]), &|rank, c| {
+            if rank == 2 {
+                c.all_reduce_in_place(&mut [1i32; 64], ReduceOp::Sum)
+            } else {
+                c.all_reduce_in_place(&mut [1.0f32; 64], ReduceOp::Sum)
+            }
+        }),
+        (("empty", &["of 0 float", "of 512 float"]), &|rank, c| {
+            let mut buf = vec![1.0f32; if rank == 0 { 0 } else { 512 }];
+            c.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+        }),
+    ];
+    let runs = cases.iter().map(|c| (c, CallCheck::EveryCall)).chain(
+        cases
+            .iter()
+            .filter(|((name, _), _)| matches!(*name, "collective" | "empty"))
+            .map(|c| (c, CallCheck::default())),
+    );
+    for (((name, parts), call), check) in runs {
+        let (results, took) = mismatched(3, check, |rank, c| {
+            // A matching call first: numbering starts equal and stays so.
+            c.all_reduce_in_place(&mut [1u8; 8], ReduceOp::Sum)?;
+            call(rank, c)
+        });
+        assert!(took < Duration::from_secs(10), "{name}: took {took:?}");
+        // With every call compared no rank returns a result (but the empty call, which has
+        // none); comparing only while waiting, a rank that did not wait may return what it
+        // received (the Broadcast beside an AllReduce) while the others fail.
+        let errors: Vec<String> = results
+            .iter()
+            .filter_map(|r| r.as_ref().err().map(|e| e.to_string()))
+            .collect();
+        let ok = results.iter().filter(|r| r.is_ok()).count();
+        assert!(
+            ok == 0 || (*name == "empty" && ok == 1) || check == CallCheck::Waits,
+            "{name} {check:?}: a rank returned success: {results:?}"
+        );
+        let named = errors
+            .iter()
+            .find(|e| e.contains("call #2"))
+            .unwrap_or_else(|| panic!("{name} {check:?}: no rank named the calls: {errors:?}"));
+        for part in parts.iter() {
+            assert!(named.contains(part), "{name}: {named:?} lacks {part:?}");
+        }
+    }
 }

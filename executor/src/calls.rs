@@ -1,0 +1,226 @@
+//! Call fingerprints: ranks whose calls differ (another collective, root, element type,
+//! operator, count or placement) get an error naming both calls instead of a hang or a
+//! wrong result.
+//!
+//! Every call a rank starts is numbered (its `seq`, from 1) and its fingerprint, packed in
+//! one word ([`CallPrint::pack`]), is published on the rank's line of the shared region
+//! ([`crate::arena::Arena::call_slot`]) for its last [`HISTORY`] calls. A rank compares its
+//! call with its peers' calls of the same number when the call ends (every host peer that
+//! shows that call) and, while it waits for a peer, with that peer's (at each liveness
+//! check, every 5 ms of waiting): so a mismatch whose ranks exchange data is caught when
+//! the call ends, before it returns a result, and one that leaves ranks waiting for each
+//! other is caught within milliseconds rather than at the timeout. The check covers the
+//! ranks that share the region: all ranks of the threads and process backends, the ranks
+//! of one host in a multi-host job. `HCCL_CHECK_CALLS=0` turns it off.
+//!
+//! A slot is a seqlock of two words: the writer clears the slot's call number, publishes
+//! the fingerprint, then the number (Release); a reader takes the fingerprint only when it
+//! read the same number before and after it.
+
+use crate::arena::Arena;
+use crate::dtype::{DataType, ReduceOp};
+use crate::error::ExecError;
+use hccl_ir::{Collective, CollectiveKind};
+use std::sync::atomic::{Ordering, fence};
+
+/// Calls of each rank whose fingerprints stay readable.
+pub(crate) const HISTORY: u64 = 2;
+
+const OPS: [ReduceOp; 5] = [
+    ReduceOp::Sum,
+    ReduceOp::Prod,
+    ReduceOp::Min,
+    ReduceOp::Max,
+    ReduceOp::Avg,
+];
+/// Largest root a fingerprint tells apart (larger ones compare equal to it).
+const ROOT_MAX: u64 = (1 << 17) - 1;
+/// Largest element count a fingerprint tells apart.
+const COUNT_MAX: u64 = (1 << 36) - 1;
+
+/// What a rank's call is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CallPrint {
+    pub collective: Collective,
+    pub dtype: DataType,
+    /// [`ReduceOp::Sum`] for collectives that do not reduce.
+    pub op: ReduceOp,
+    /// Elements of the whole collective buffer.
+    pub count: u64,
+    pub in_place: bool,
+}
+
+impl CallPrint {
+    /// One word, never 0: kind (3 bits, from 1), element type (4), operator (3),
+    /// placement (1), root (17), count (36).
+    pub(crate) fn pack(&self) -> u64 {
+        let kind = self.collective.kind();
+        let k = CollectiveKind::ALL
+            .iter()
+            .position(|&x| x == kind)
+            .unwrap_or(0) as u64
+            + 1;
+        let d = DataType::ALL
+            .iter()
+            .position(|&x| x == self.dtype)
+            .unwrap_or(0) as u64;
+        let o = OPS.iter().position(|&x| x == self.op).unwrap_or(0) as u64;
+        let root = u64::from(self.collective.root().unwrap_or(0)).min(ROOT_MAX);
+        k | d << 3
+            | o << 7
+            | u64::from(self.in_place) << 10
+            | root << 11
+            | self.count.min(COUNT_MAX) << 28
+    }
+
+    /// The call [`CallPrint::pack`] packed (`None` for a word it cannot have written).
+    pub(crate) fn unpack(w: u64) -> Option<CallPrint> {
+        let kind = *CollectiveKind::ALL.get(((w & 7) as usize).checked_sub(1)?)?;
+        let dtype = *DataType::ALL.get((w >> 3 & 15) as usize)?;
+        let op = *OPS.get((w >> 7 & 7) as usize)?;
+        let root = (w >> 11 & ROOT_MAX) as u32;
+        let collective = match kind {
+            CollectiveKind::Broadcast => Collective::Broadcast { root },
+            CollectiveKind::Reduce => Collective::Reduce { root },
+            CollectiveKind::AllReduce => Collective::AllReduce,
+            CollectiveKind::AllGather => Collective::AllGather,
+            CollectiveKind::ReduceScatter => Collective::ReduceScatter,
+            CollectiveKind::AllToAll => Collective::AllToAll,
+        };
+        Some(CallPrint {
+            collective,
+            dtype,
+            op,
+            count: w >> 28,
+            in_place: w >> 10 & 1 == 1,
+        })
+    }
+}
+
+impl std::fmt::Display for CallPrint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} of {} {}", self.collective, self.count, self.dtype)?;
+        if self.count >= COUNT_MAX {
+            f.write_str(" or more")?;
+        }
+        if self.collective.kind().reduces() {
+            write!(f, " ({})", self.op)?;
+        }
+        f.write_str(if self.in_place {
+            ", in place"
+        } else {
+            ", out of place"
+        })
+    }
+}
+
+/// Publishes `rank`'s call `seq` with fingerprint `print`.
+pub(crate) fn publish(arena: &Arena, rank: u32, seq: u64, print: u64) {
+    let Some((num, word)) = arena.call_slot(rank as usize, seq) else {
+        return;
+    };
+    num.store(0, Ordering::Relaxed);
+    fence(Ordering::Release);
+    word.store(print, Ordering::Relaxed);
+    num.store(seq, Ordering::Release);
+}
+
+/// `peer`'s fingerprint of its call `seq`, if it has started that call and not yet
+/// [`HISTORY`] more.
+pub(crate) fn read(arena: &Arena, peer: u32, seq: u64) -> Option<u64> {
+    let (num, word) = arena.call_slot(peer as usize, seq)?;
+    if num.load(Ordering::Acquire) != seq {
+        return None;
+    }
+    let print = word.load(Ordering::Relaxed);
+    fence(Ordering::Acquire);
+    (num.load(Ordering::Relaxed) == seq).then_some(print)
+}
+
+/// The error for `rank`'s call `seq` (`print`) if `peer` published a different call `seq`.
+pub(crate) fn compare(
+    arena: &Arena,
+    rank: u32,
+    peer: u32,
+    seq: u64,
+    print: u64,
+) -> Option<ExecError> {
+    let theirs = read(arena, peer, seq)?;
+    (theirs != print).then(|| mismatch(rank, peer, seq, print, theirs))
+}
+
+fn mismatch(rank: u32, peer: u32, seq: u64, mine: u64, theirs: u64) -> ExecError {
+    let show = |w: u64| CallPrint::unpack(w).map_or_else(|| format!("{w:#x}"), |c| c.to_string());
+    ExecError::CallMismatch {
+        rank,
+        peer,
+        seq,
+        call: show(mine),
+        peer_call: show(theirs),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprints_round_trip_and_tell_calls_apart() {
+        let calls = [
+            CallPrint {
+                collective: Collective::AllReduce,
+                dtype: DataType::F32,
+                op: ReduceOp::Sum,
+                count: 100,
+                in_place: false,
+            },
+            CallPrint {
+                collective: Collective::Broadcast { root: 3 },
+                dtype: DataType::BF16,
+                op: ReduceOp::Sum,
+                count: 7,
+                in_place: true,
+            },
+            CallPrint {
+                collective: Collective::Reduce { root: 70_000 },
+                dtype: DataType::U64,
+                op: ReduceOp::Avg,
+                count: COUNT_MAX,
+                in_place: false,
+            },
+        ];
+        for c in calls {
+            let w = c.pack();
+            assert_ne!(w, 0);
+            assert_eq!(CallPrint::unpack(w), Some(c));
+        }
+        let base = calls[0];
+        let variants = [
+            CallPrint { count: 101, ..base },
+            CallPrint {
+                dtype: DataType::I32,
+                ..base
+            },
+            CallPrint {
+                op: ReduceOp::Max,
+                ..base
+            },
+            CallPrint {
+                in_place: true,
+                ..base
+            },
+            CallPrint {
+                collective: Collective::AllGather,
+                ..base
+            },
+        ];
+        for v in variants {
+            assert_ne!(v.pack(), base.pack(), "{v}");
+        }
+        assert_eq!(
+            calls[1].to_string(),
+            "broadcast(root=3) of 7 bfloat16, in place"
+        );
+        assert_eq!(CallPrint::unpack(0), None);
+    }
+}
