@@ -617,7 +617,7 @@ pub fn evaluate_plan(
                 capped.push(family.name());
             }
             for c in generated.candidates {
-                let times = cost_candidate(&sim, &c, &sizes, options, budget, &[], false);
+                let (times, _) = cost_sampled(&sim, &c, &sizes, options, budget, &[], false);
                 base.push((c.algorithm, times));
             }
         }
@@ -1173,20 +1173,8 @@ fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> 
 /// `budget` steps per protocol (see [`sample_indices`]); `known` times (size index,
 /// protocol index, µs) are used instead of simulating again. Sizes below the candidate's
 /// [`Candidate::min_bytes`] are not simulated and get an infinite time.
-fn cost_candidate(
-    sim: &Simulator,
-    candidate: &Candidate,
-    sizes: &[u64],
-    options: &Options,
-    budget: usize,
-    known: &[(usize, usize, f64)],
-    prune: bool,
-) -> Vec<Option<Vec<f64>>> {
-    cost_sampled(sim, candidate, sizes, options, budget, known, prune).0
-}
-
-/// [`cost_candidate`], and per size whether its times were simulated (or are known, or
-/// cannot be had: below the candidate's least size) rather than interpolated.
+/// Also returns, per size, whether its times were simulated (or are known, or cannot be
+/// had: below the candidate's least size) rather than interpolated.
 fn cost_sampled(
     sim: &Simulator,
     candidate: &Candidate,

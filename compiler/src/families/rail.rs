@@ -311,80 +311,48 @@ fn steps_per_piece(nh: u64, g: u64) -> u64 {
     g * (2 + 2 * (nh - 1) + 2 * (g - 1) * nh)
 }
 
-impl Family for RailChains {
-    fn name(&self) -> &'static str {
-        "rail_chains"
-    }
+/// The [`Family`] of a rail family: `$shape` pieces, offered on `$min_hosts` hosts or more.
+macro_rules! rail_family {
+    ($family:ty, $name:literal, $shape:expr, $min_hosts:literal) => {
+        impl Family for $family {
+            fn name(&self) -> &'static str {
+                $name
+            }
 
-    fn supports(&self, kind: CollectiveKind) -> bool {
-        supports(kind)
-    }
+            fn supports(&self, kind: CollectiveKind) -> bool {
+                supports(kind)
+            }
 
-    /// [`PARAMS`] within the chunk and step caps; nothing on one host or hosts of one rank.
-    fn param_space(&self, topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
-        param_space(topo, collective, 1)
-    }
+            /// [`PARAMS`] within the chunk and step caps, on uniform hosts of two ranks or
+            /// more, and enough of them.
+            fn param_space(&self, topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
+                param_space(topo, collective, $min_hosts)
+            }
 
-    fn schedules(
-        &self,
-        topo: &Topology,
-        collective: Collective,
-        params: FamilyParams,
-        in_place: bool,
-    ) -> Vec<Candidate> {
-        schedules(
-            self.name(),
-            Shape::Chain,
-            topo,
-            collective,
-            params,
-            in_place,
-        )
-    }
+            fn schedules(
+                &self,
+                topo: &Topology,
+                collective: Collective,
+                params: FamilyParams,
+                in_place: bool,
+            ) -> Vec<Candidate> {
+                schedules($name, $shape, topo, collective, params, in_place)
+            }
 
-    fn estimated_steps(
-        &self,
-        topo: &Topology,
-        _collective: Collective,
-        params: FamilyParams,
-    ) -> Option<u64> {
-        Some(estimated_steps(topo, params))
-    }
+            fn estimated_steps(
+                &self,
+                topo: &Topology,
+                _collective: Collective,
+                params: FamilyParams,
+            ) -> Option<u64> {
+                Some(estimated_steps(topo, params))
+            }
+        }
+    };
 }
 
-impl Family for RailTrees {
-    fn name(&self) -> &'static str {
-        "rail_trees"
-    }
-
-    fn supports(&self, kind: CollectiveKind) -> bool {
-        supports(kind)
-    }
-
-    /// [`PARAMS`] within the chunk and step caps, on three hosts or more of two ranks or more.
-    fn param_space(&self, topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
-        param_space(topo, collective, 3)
-    }
-
-    fn schedules(
-        &self,
-        topo: &Topology,
-        collective: Collective,
-        params: FamilyParams,
-        in_place: bool,
-    ) -> Vec<Candidate> {
-        schedules(self.name(), Shape::Fan, topo, collective, params, in_place)
-    }
-
-    fn estimated_steps(
-        &self,
-        topo: &Topology,
-        _collective: Collective,
-        params: FamilyParams,
-    ) -> Option<u64> {
-        Some(estimated_steps(topo, params))
-    }
-}
+rail_family!(RailChains, "rail_chains", Shape::Chain, 1);
+rail_family!(RailTrees, "rail_trees", Shape::Fan, 3);
 
 fn supports(kind: CollectiveKind) -> bool {
     matches!(kind, CollectiveKind::Broadcast | CollectiveKind::Reduce)
