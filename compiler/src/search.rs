@@ -419,6 +419,8 @@ pub fn compile_with_progress(
                 collectives_total: ncoll,
             });
         }
+        // Lower bounds per size, computed where refining or the rows first need them.
+        let mut bounds: Vec<Option<Bound>> = vec![None; sizes.len()];
         let bound_at = |si: usize| bound(&sim.network, &options.model, collective, sizes[si]);
         refine(
             &sim,
@@ -426,7 +428,7 @@ pub fn compile_with_progress(
             &sizes,
             options,
             REFINE_BUDGET * budget,
-            &|si| bound_at(si).total_us,
+            &mut |si| bounds[si].get_or_insert_with(|| bound_at(si)).total_us,
         );
         phase.done("refine");
         // Winners per size, re-deciding when a winner fails verification.
@@ -505,7 +507,7 @@ pub fn compile_with_progress(
                 baseline_time(&ch, best, &capped)
                     .map(|t| (ch.algo.family().to_string(), ch.protocol, t))
             });
-            let b: Bound = bound(&sim.network, &options.model, collective, bytes);
+            let b: Bound = *bounds[si].get_or_insert_with(|| bound_at(si));
             rows.push(Row {
                 collective: kind,
                 bytes,
@@ -742,16 +744,15 @@ fn refine(
     sizes: &[u64],
     options: &Options,
     mut steps_left: usize,
-    bound_us: &dyn Fn(usize) -> f64,
+    bound_us: &mut dyn FnMut(usize) -> f64,
 ) {
     let np = options.protocols.len();
-    let mut bounds: Vec<Option<f64>> = vec![None; sizes.len()];
     let time =
         |c: &Costed, si: usize, p: usize| c.times[p].as_ref().map_or(f64::INFINITY, |t| t[si]);
     for _ in 0..REFINE_ROUNDS {
         // (time over the size's best, candidate, size) of the pairs to simulate.
         let mut wanted: Vec<(f64, usize, usize)> = Vec::new();
-        for (si, bound) in bounds.iter_mut().enumerate() {
+        for si in 0..sizes.len() {
             let live = |c: &&Costed| c.selectable && c.verified != Some(false);
             let best = costed
                 .iter()
@@ -759,11 +760,6 @@ fn refine(
                 .flat_map(|c| (0..np).map(move |p| time(c, si, p)))
                 .fold(f64::INFINITY, f64::min);
             if !best.is_finite() {
-                continue;
-            }
-            // Nothing can gain more than the slack where the best is that near the bound.
-            let lower = *bound.get_or_insert_with(|| bound_us(si));
-            if best <= lower * (1.0 + REFINE_SLACK) {
                 continue;
             }
             let mut near: Vec<(f64, usize)> = costed
@@ -778,6 +774,10 @@ fn refine(
                 })
                 .filter(|&(t, _)| t <= best * REFINE_FACTOR)
                 .collect();
+            // Nothing can gain more than the slack where the best is that near the bound.
+            if near.is_empty() || best <= bound_us(si) * (1.0 + REFINE_SLACK) {
+                continue;
+            }
             near.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
             wanted.extend(
                 near.iter()
@@ -1245,8 +1245,9 @@ fn cost_sampled(
         }
     }
     let mut exact = vec![false; sizes.len()];
-    for (i, e) in exact.iter_mut().enumerate() {
-        *e = i < first || samples.contains(&i);
+    exact[..first].fill(true);
+    for &i in &samples {
+        exact[i] = true;
     }
     let times = at
         .into_iter()

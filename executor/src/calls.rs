@@ -1,17 +1,23 @@
 //! Call fingerprints: ranks whose calls differ (another collective, root, element type,
-//! operator, count or placement) get an error naming both calls instead of a hang or a
-//! wrong result.
+//! operator, count, or a schedule of the other placement) get an error naming both calls
+//! instead of a hang or a wrong result.
 //!
 //! Every call a rank starts is numbered (its `seq`, from 1) and its fingerprint, packed in
 //! one word ([`CallPrint::pack`]), is published on the rank's line of the shared region
-//! ([`crate::arena::Arena::call_slot`]) for its last [`HISTORY`] calls. A rank compares its
-//! call with its peers' calls of the same number when the call ends (every host peer that
-//! shows that call) and, while it waits for a peer, with that peer's (at each liveness
-//! check, every 5 ms of waiting): so a mismatch whose ranks exchange data is caught when
-//! the call ends, before it returns a result, and one that leaves ranks waiting for each
-//! other is caught within milliseconds rather than at the timeout. The check covers the
-//! ranks that share the region: all ranks of the threads and process backends, the ranks
-//! of one host in a multi-host job. `HCCL_CHECK_CALLS=0` turns it off.
+//! ([`crate::arena::Arena::call_slot`]) for its last [`HISTORY`] calls. A rank that waits
+//! for a peer compares its call with that peer's call of the same number at each liveness
+//! check (every 5 ms of waiting), so a mismatch that leaves ranks waiting for each other
+//! fails within milliseconds rather than at the timeout (`HCCL_CHECK_CALLS=waits`, the
+//! default). With `HCCL_CHECK_CALLS=1` a rank also compares with every peer that shows the
+//! same call when its call ends, so a mismatch whose ranks exchange data and finish fails
+//! before a result is returned. The check covers the ranks that share the region: all
+//! ranks of the threads and process backends, the ranks of one host in a multi-host job.
+//! `HCCL_CHECK_CALLS=0` turns it off.
+//!
+//! The placement compared is the placement of the schedule a rank runs, not of its
+//! buffers: ranks may pass their buffers in place or not as they like while they run the
+//! same plan entry (the executor adapts each rank's buffers), but a rank that picks the
+//! other placement's entry runs another schedule.
 //!
 //! A slot is a seqlock of two words: the writer clears the slot's call number, publishes
 //! the fingerprint, then the number (Release); a reader takes the fingerprint only when it
@@ -47,6 +53,7 @@ pub(crate) struct CallPrint {
     pub op: ReduceOp,
     /// Elements of the whole collective buffer.
     pub count: u64,
+    /// Whether the plan entry the rank runs is the in-place schedule.
     pub in_place: bool,
 }
 
@@ -107,9 +114,9 @@ impl std::fmt::Display for CallPrint {
             write!(f, " ({})", self.op)?;
         }
         f.write_str(if self.in_place {
-            ", in place"
+            ", in-place schedule"
         } else {
-            ", out of place"
+            ", out-of-place schedule"
         })
     }
 }
@@ -219,7 +226,7 @@ mod tests {
         }
         assert_eq!(
             calls[1].to_string(),
-            "broadcast(root=3) of 7 bfloat16, in place"
+            "broadcast(root=3) of 7 bfloat16, in-place schedule"
         );
         assert_eq!(CallPrint::unpack(0), None);
     }

@@ -405,29 +405,37 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
             "buffer of {total} elements does not divide into {n} ranks"
         )));
     }
-    // The call's number and fingerprint, published before anything else can make this
-    // rank wait or return (an empty call included: its peers may wait for a non-empty one).
+    // The call's number and fingerprint, published before anything can make this rank wait
+    // (an empty call included: its peers may wait for a non-empty one). Its placement is
+    // that of the schedule the rank runs: ranks may place their buffers differently as long
+    // as they run the same schedule (the executor adapts each rank's buffers to it).
     st.calls += 1;
+    let seq = st.calls;
     let check = shared.config.check_calls;
-    let print = (check != crate::config::CallCheck::Off).then(|| {
-        let print = crate::calls::CallPrint {
-            collective: coll,
-            dtype: call.dtype,
-            op: call.op,
-            count: total as u64,
-            in_place: call.in_place,
-        }
-        .pack();
-        crate::calls::publish(&shared.arena, rank, st.calls, print);
-        (st.calls, print)
-    });
-    let every = check == crate::config::CallCheck::EveryCall;
-    if total == 0 {
-        return if every {
+    let publish = |in_place: bool| {
+        (check != crate::config::CallCheck::Off).then(|| {
+            let print = crate::calls::CallPrint {
+                collective: coll,
+                dtype: call.dtype,
+                op: call.op,
+                count: total as u64,
+                in_place,
+            }
+            .pack();
+            crate::calls::publish(&shared.arena, rank, seq, print);
+            (seq, print)
+        })
+    };
+    // What is compared when the call ends (`HCCL_CHECK_CALLS=1`).
+    let at_end = |print: Option<(u64, u64)>| {
+        if check == crate::config::CallCheck::EveryCall {
             check_calls(shared, rank, print)
         } else {
             Ok(())
-        };
+        }
+    };
+    if total == 0 {
+        return at_end(publish(false));
     }
     let count = if blocked { total / n } else { total };
     let bytes = (total * es) as u64;
@@ -446,6 +454,7 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
             filter,
         });
     };
+    let print = publish(st.entries[ei].in_place);
     let RankState {
         calls: _,
         entries,
@@ -586,13 +595,7 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
         call,
         (segs, seglen, stride, cpb, ll),
     )
-    .and_then(|()| {
-        if every {
-            check_calls(shared, rank, print)
-        } else {
-            Ok(())
-        }
-    });
+    .and_then(|()| at_end(print));
     if let Some(net) = &shared.net {
         net.end_call();
         if res.is_err() {

@@ -1,7 +1,7 @@
 //! Configuration: timeouts, slot size, entry filters, network settings, and where plans come
 //! from — with the environment overrides `HCCL_PLAN`, `HCCL_ALGO`, `HCCL_PROTO`,
-//! `HCCL_DEBUG`, `HCCL_TIMEOUT`, `HCCL_SLOT_BYTES`, `HCCL_VERIFY`, `HCCL_CHECK_CALLS` and the network's (see
-//! [`crate::net::NetConfig::from_env`]).
+//! `HCCL_DEBUG`, `HCCL_TIMEOUT`, `HCCL_SLOT_BYTES`, `HCCL_VERIFY`, `HCCL_CHECK_CALLS` and
+//! the network's (see [`crate::net::NetConfig::from_env`]).
 
 use crate::error::{ExecError, Result};
 use hccl_ir::{PlanFile, Protocol};
@@ -44,7 +44,8 @@ pub struct Config {
 }
 
 /// How ranks compare their calls (`HCCL_CHECK_CALLS`): every call a rank starts publishes
-/// its fingerprint (collective, root, element type, operator, count, placement) on the
+/// its fingerprint (collective, root, element type, operator, count, the placement of the
+/// schedule it runs) on the
 /// rank's line of the shared region, and ranks whose calls differ get
 /// [`ExecError::CallMismatch`] naming both calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

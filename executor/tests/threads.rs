@@ -815,3 +815,56 @@ fn mismatched_calls_are_errors_naming_both_calls() {
         }
     }
 }
+
+/// Ranks may place their buffers as they like while they run the same plan entry (the
+/// executor adapts each rank's buffers to it): not a mismatch. A rank whose placement picks
+/// the other placement's entry runs another schedule, which is.
+#[test]
+fn buffer_placement_is_a_rank_s_own_unless_it_picks_another_schedule() {
+    let run = |plan: PlanFile| {
+        let cfg = config()
+            .with_timeout(Duration::from_secs(60))
+            .with_check_calls(CallCheck::EveryCall);
+        let comms = ThreadGroup::with_config(plan, 2, cfg).unwrap();
+        std::thread::scope(|s| {
+            let handles: Vec<_> = comms
+                .into_iter()
+                .map(|mut c| {
+                    s.spawn(move || {
+                        let input = vec![1.0f32 + c.rank() as f32; 4096];
+                        if c.rank() == 0 {
+                            let mut buf = input;
+                            c.all_reduce_in_place(&mut buf, ReduceOp::Sum).map(|()| buf)
+                        } else {
+                            let mut out = vec![0.0f32; 4096];
+                            c.all_reduce(&input, &mut out, ReduceOp::Sum).map(|()| out)
+                        }
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap())
+                .collect::<Vec<_>>()
+        })
+    };
+    // In-place entries only: both ranks run the same schedule.
+    let mut one = fallback::plan(2);
+    one.entries.retain(|e| e.schedule.in_place);
+    for out in run(one) {
+        assert!(out.expect("same schedule").iter().all(|&x| x == 3.0));
+    }
+    // Both placements' entries: the ranks pick different schedules.
+    let both = fallback::plan(2);
+    assert!(both.entries.iter().any(|e| !e.schedule.in_place));
+    let errors: Vec<String> = run(both)
+        .into_iter()
+        .map(|r| r.expect_err("different schedules").to_string())
+        .collect();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("in-place schedule") && e.contains("out-of-place schedule")),
+        "{errors:?}"
+    );
+}

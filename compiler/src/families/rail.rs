@@ -61,9 +61,9 @@ const MIN_CHUNK_BYTES: u64 = 4 << 10;
 /// Chunks beyond which a schedule is costed only from [`DEEP_CHUNK_BYTES`] a chunk: the
 /// deepest pipelines win only where a piece keeps a NIC busy for about a message's latency,
 /// and below that their time grows faster than linearly towards small sizes, so a chord
-/// from a small size misjudges the sizes they win at (with a floor, the 4-node H100
-/// cluster's whole-range compile picks at 1 GiB what a compile of 1 GiB alone does: 1.025
-/// and 1.026 of the bound, not 1.028 and 1.031, in 33 s instead of 39).
+/// from a small size misjudges the sizes they win at. With this floor the 4-node H100
+/// cluster's whole-range compile picks at 1 GiB what a compile of 1 GiB alone does (1.025
+/// and 1.026 of the bound for Broadcast and Reduce), and simulates fewer small sizes.
 const DEEP_CHUNKS: u32 = 1024;
 /// See [`DEEP_CHUNKS`].
 const DEEP_CHUNK_BYTES: u64 = 256 << 10;
@@ -106,6 +106,16 @@ enum Shape {
     /// once; `h₀`'s sends each piece once, and a relay `nh − 2` times for its `1/(nh − 1)`
     /// of the pieces (`nh − 1` on the root's rail, which also returns them to `h₀`).
     Fan,
+}
+
+impl Shape {
+    /// Fewest hosts the shape is offered on: on two, the trees are the chain.
+    fn min_hosts(self) -> usize {
+        match self {
+            Shape::Chain => 1,
+            Shape::Fan => 3,
+        }
+    }
 }
 
 impl Rails<'_> {
@@ -154,7 +164,7 @@ fn broadcast(b: &mut ScheduleBuilder, r: &Rails<'_>, pieces: u32, in_place: bool
             if k != r.l0 {
                 // One connection per peer: pieces leave the root one after another, so the
                 // first reaches its rail after one piece's time, not `channels` pieces'.
-                let ch = 0;
+                let ch = r.channel(0, 0);
                 b.send(root, r.at(0, k), Loc::input(c), 1, ch);
                 b.recv(r.at(0, k), root, Loc::output(c), 1, ch);
             }
@@ -311,9 +321,9 @@ fn steps_per_piece(nh: u64, g: u64) -> u64 {
     g * (2 + 2 * (nh - 1) + 2 * (g - 1) * nh)
 }
 
-/// The [`Family`] of a rail family: `$shape` pieces, offered on `$min_hosts` hosts or more.
+/// The [`Family`] of a rail family whose pieces cross the hosts in `$shape`.
 macro_rules! rail_family {
-    ($family:ty, $name:literal, $shape:expr, $min_hosts:literal) => {
+    ($family:ty, $name:literal, $shape:expr) => {
         impl Family for $family {
             fn name(&self) -> &'static str {
                 $name
@@ -326,7 +336,7 @@ macro_rules! rail_family {
             /// [`PARAMS`] within the chunk and step caps, on uniform hosts of two ranks or
             /// more, and enough of them.
             fn param_space(&self, topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
-                param_space(topo, collective, $min_hosts)
+                param_space(topo, collective, $shape)
             }
 
             fn schedules(
@@ -351,23 +361,23 @@ macro_rules! rail_family {
     };
 }
 
-rail_family!(RailChains, "rail_chains", Shape::Chain, 1);
-rail_family!(RailTrees, "rail_trees", Shape::Fan, 3);
+rail_family!(RailChains, "rail_chains", Shape::Chain);
+rail_family!(RailTrees, "rail_trees", Shape::Fan);
 
 fn supports(kind: CollectiveKind) -> bool {
     matches!(kind, CollectiveKind::Broadcast | CollectiveKind::Reduce)
 }
 
 /// [`PARAMS`] within the chunk and step caps, on uniform hosts of two ranks or more and at
-/// least `min_hosts` of them.
-fn param_space(topo: &Topology, collective: Collective, min_hosts: usize) -> Vec<FamilyParams> {
+/// least [`Shape::min_hosts`] of them.
+fn param_space(topo: &Topology, collective: Collective, shape: Shape) -> Vec<FamilyParams> {
     if !supports(collective.kind()) {
         return Vec::new();
     }
     let Some(hosts) = uniform_hosts(topo) else {
         return Vec::new();
     };
-    if hosts.len() < min_hosts {
+    if hosts.len() < shape.min_hosts() {
         return Vec::new();
     }
     let (nh, g) = (hosts.len() as u64, hosts[0].len() as u64);
@@ -410,7 +420,7 @@ fn schedules(
     else {
         return Vec::new();
     };
-    if g < 2 || (shape == Shape::Fan && hosts.len() < 3) {
+    if g < 2 || hosts.len() < shape.min_hosts() {
         return Vec::new();
     }
     let nch = params.channels.max(1);
