@@ -560,31 +560,13 @@ fn packed_allreduce_chorded_ring() {
     );
 }
 
-/// `hosts` hosts of `per_host` GPUs on an NVSwitch each, one NIC per host on a shared leaf:
-/// a cluster small enough to run every rank in one test.
+/// `hosts` hosts of `per_host` ranks with one NIC each (`hcclc topo gen cluster` of
+/// `hcclc topo gen host --nic-bw 25` boxes): a cluster small enough to run every rank in
+/// one test.
 fn small_cluster(hosts: u32, per_host: u32) -> Topology {
-    let mut hs = String::new();
-    let mut sw = String::from("(id: \"leaf\", kind: Leaf),");
-    let mut links = String::new();
-    for h in 0..hosts {
-        let devs: String = (0..per_host)
-            .map(|g| format!("(id: \"h{h}g{g}\", kind: Gpu),"))
-            .collect();
-        hs += &format!("(id: \"h{h}\", devices: [{devs}], nics: [(id: \"h{h}nic\", bw: 25.0)]),");
-        sw += &format!("(id: \"h{h}sw\", kind: NvSwitch, host: Some(\"h{h}\")),");
-        for g in 0..per_host {
-            links += &format!(
-                "(a: \"h{h}g{g}\", b: \"h{h}sw\", kind: NvLink, bw: 150.0, latency: 0.5),"
-            );
-        }
-        links += &format!("(a: \"h{h}nic\", b: \"h{h}sw\", kind: Pcie, bw: 32.0, latency: 0.5),");
-        links +=
-            &format!("(a: \"h{h}nic\", b: \"leaf\", kind: InfiniBand, bw: 25.0, latency: 1.3),");
-    }
-    let name = format!("cluster-{hosts}x{per_host}");
-    let text = format!("(name: \"{name}\", hosts: [{hs}], switches: [{sw}], links: [{links}])");
-    let spec = hccl_topologies::parse_spec(&text, &name).expect("parses");
-    hccl_topologies::build(spec, &name).expect("builds")
+    use hccl_topologies::generate;
+    let spec = generate::cluster(hosts, &generate::host_with_nic(per_host, 10.0, 25.0, 1.3));
+    hccl_topologies::build(spec, &format!("cluster-{hosts}x{per_host}")).expect("builds")
 }
 
 #[test]
