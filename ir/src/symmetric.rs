@@ -514,6 +514,61 @@ impl SymmetryTable {
         out
     }
 
+    /// The position whose translation undoes the translation by `by`'s coordinates
+    /// (`translate_position(translate_position(p, by), inverse(by)) == p`).
+    pub(crate) fn inverse_position(&self, by: usize) -> usize {
+        let k = self.dims.len();
+        let mut out = 0usize;
+        for i in 0..k {
+            let d = self.dims[i];
+            let x = self.coords[by * k + i];
+            let inv = match self.actions[i] {
+                Action::Cyclic => (d - x) % d,
+                Action::Xor => x,
+            };
+            out = out * d as usize + inv as usize;
+        }
+        out
+    }
+
+    /// The position of `p` translated by the coordinates of `by` (the group operation: it
+    /// is commutative, and position 0 is its identity).
+    pub(crate) fn compose(&self, p: usize, by: usize) -> usize {
+        self.translate_position(p, by)
+    }
+
+    /// Positions whose translations generate the group: per cyclic dimension its unit
+    /// step, per xor dimension every power of two below its extent.
+    pub(crate) fn generators(&self) -> Vec<usize> {
+        let k = self.dims.len();
+        let mut out = Vec::new();
+        for i in 0..k {
+            let stride: usize = self.dims[i + 1..].iter().map(|&d| d as usize).product();
+            let d = self.dims[i] as usize;
+            match self.actions[i] {
+                Action::Cyclic if d > 1 => out.push(stride),
+                Action::Cyclic => {}
+                Action::Xor => {
+                    let mut bit = 1;
+                    while bit < d {
+                        out.push(bit * stride);
+                        bit *= 2;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether translations move the chunks of `buf` (see the module docs).
+    pub(crate) fn maps(&self, buf: Buf) -> bool {
+        self.chunks.as_ref().is_some_and(|c| match buf {
+            Buf::Input => c.map_input,
+            Buf::Output => c.map_output,
+            Buf::Scratch => false,
+        })
+    }
+
     /// The translation by the coordinates of grid position `by_position` (no setup cost;
     /// each lookup costs `O(dims)`); `None` past the grid.
     pub fn translation(&self, by_position: usize) -> Option<Translation<'_>> {
@@ -554,6 +609,25 @@ impl Translation<'_> {
         match chunks.layout {
             BlockLayout::BlockMajor => self.label(chunks, c / chunks.m) * chunks.m + c % chunks.m,
             BlockLayout::PieceMajor => (c / n) * n + self.label(chunks, c % n),
+        }
+    }
+
+    /// Where chunk `c` of the full collective buffer goes (unchanged when chunks do not
+    /// move or `c` is past the buffer): how a translation renames the origin of a value.
+    pub(crate) fn origin(&self, c: u32) -> u32 {
+        match &self.table.chunks {
+            Some(chunks) if c < chunks.total => self.chunk(chunks, c),
+            _ => c,
+        }
+    }
+
+    /// Where slot `c` of buffer `buf` goes: moved as [`Translation::origin`] in a mapped
+    /// buffer, unchanged elsewhere.
+    pub(crate) fn slot(&self, buf: Buf, c: u32) -> u32 {
+        if self.table.maps(buf) {
+            self.origin(c)
+        } else {
+            c
         }
     }
 

@@ -84,9 +84,12 @@
 //! # Not checked
 //! - Scratch contents at the end, and whether outputs of non-root ranks of Reduce are touched.
 
+mod quotient;
 mod sim;
 mod structure;
 mod value;
+
+pub use quotient::{MAX_LANE_WORK, verify_symmetric};
 
 pub use structure::{MAX_CLOCKS, MAX_SET_WORDS, MAX_SLOTS, MAX_WORK};
 
@@ -136,6 +139,11 @@ pub enum ErrorKind {
     Overlap,
     /// Two streams of a rank touch a chunk, one writing, with no ordering between them.
     Race,
+    /// A symmetric schedule whose translations do not carry the template's steps onto the
+    /// translated data (runs that do not stay contiguous, lanes a step's operands or a
+    /// message's two ends order differently, or a collective whose result the translations
+    /// do not preserve): see [`verify_symmetric`].
+    Symmetry,
     /// The schedule is too large for the verifier to model (see [`MAX_SLOTS`], [`MAX_WORK`],
     /// [`MAX_CLOCKS`]).
     Limit,
@@ -159,6 +167,7 @@ impl ErrorKind {
             ErrorKind::Postcondition => "postcondition",
             ErrorKind::Overlap => "overlap",
             ErrorKind::Race => "race",
+            ErrorKind::Symmetry => "symmetry",
             ErrorKind::Limit => "limit",
             ErrorKind::Truncated => "truncated",
         }
@@ -292,7 +301,7 @@ pub fn check_rank(schedule: &Schedule, rank: u32) -> Result<(), Vec<VerifyError>
 fn header_and_limits(schedule: &Schedule, sink: &mut Sink) {
     structure::check_header(schedule, sink);
     if sink.total() == 0 {
-        structure::check_limits(schedule, sink);
+        structure::check_limits(schedule, None, sink);
     }
 }
 
@@ -314,7 +323,7 @@ fn run(schedule: &Schedule, eager: bool) -> Result<Report, Vec<VerifyError>> {
     let Some(layout) = layout else {
         return Err(sink.finish().err().unwrap_or_default());
     };
-    let stats = sim::simulate(schedule, &layout, &mut sink, eager);
+    let stats = sim::simulate(schedule, &layout, &mut sink, eager, None);
     sink.finish()?;
     Ok(Report {
         ranks: schedule.nranks,

@@ -6,7 +6,18 @@ use super::structure::{Layout, step_error};
 use super::value::{Ranks, Sets, Value};
 use super::{ErrorKind, Sink, VerifyError};
 use crate::schedule::{Buf, CONNECTION_SLOTS, Collective, Loc, Op, Rank, Schedule, StepRef};
-use std::collections::VecDeque;
+use crate::symmetric::{SymmetryTable, Translation};
+use std::collections::{HashMap, VecDeque};
+
+/// A run over a rank-symmetric schedule's quotient (see [`super::quotient`]): only `rank`'s
+/// program (the template) runs, every connection's two ends are template streams, and a
+/// message received from a peer is what that peer sent, translated to the receiver.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Quot<'a> {
+    pub table: &'a SymmetryTable,
+    /// The rank at grid position 0, whose program the template is.
+    pub rank: Rank,
+}
 
 /// How the caller's buffers overlap (see the module docs of [`crate::schedule`]).
 #[derive(Debug, Clone, Copy)]
@@ -94,6 +105,9 @@ struct StreamState {
 struct Msg {
     vals: Vec<Value>,
     depth: u32,
+    /// The sender's run the message was read from (or written to, for a relay without a
+    /// source): in a quotient run, how a sender translated to another rank orders its lanes.
+    lane: Option<Loc>,
 }
 
 /// Counters gathered while simulating.
@@ -131,6 +145,10 @@ struct Sim<'a> {
     sets: Sets,
     /// Set when the contributor sets outgrew [`super::MAX_SET_WORDS`]: the run stopped.
     aborted: bool,
+    /// The symmetry, in a quotient run.
+    quot: Option<Quot<'a>>,
+    /// Translated sets, keyed by (set, translating position), in a quotient run.
+    set_memo: HashMap<(u32, u32), u32>,
 }
 
 /// Collections run so far (tests check the eager mode really collects).
@@ -142,7 +160,15 @@ type Place = (u32, u32, usize, u32);
 
 /// Runs the schedule; `eager` collects unreferenced contributor sets whenever their arena
 /// doubled (for tests) instead of once it also outgrew the slot count.
-pub(crate) fn simulate(s: &Schedule, layout: &Layout, sink: &mut Sink, eager: bool) -> SimStats {
+/// In a quotient run (`quot`), `s` holds the template as `quot.rank`'s program and empty
+/// programs elsewhere, and `layout` pairs the template's own sends and receives.
+pub(crate) fn simulate(
+    s: &Schedule,
+    layout: &Layout,
+    sink: &mut Sink,
+    eager: bool,
+    quot: Option<Quot<'_>>,
+) -> SimStats {
     let n = s.nranks;
     let alias = match (s.in_place, s.collective) {
         (false, _) => Alias::None,
@@ -153,6 +179,13 @@ pub(crate) fn simulate(s: &Schedule, layout: &Layout, sink: &mut Sink, eager: bo
     let out_store = resolve(alias, 0, Buf::Output, 0).0;
     let mem: Vec<Mem> = (0..n)
         .map(|r| {
+            if quot.is_some_and(|q| q.rank != r) {
+                return Mem {
+                    vals: [Vec::new(), Vec::new(), Vec::new()],
+                    writer: [Vec::new(), Vec::new(), Vec::new()],
+                    acc: [Vec::new(), Vec::new(), Vec::new()],
+                };
+            }
             let (ni, no) = match alias {
                 Alias::None => (s.input_chunks, s.output_chunks),
                 Alias::OutputIsInput | Alias::OutputInInput { .. } => (s.input_chunks, 0),
@@ -251,6 +284,8 @@ pub(crate) fn simulate(s: &Schedule, layout: &Layout, sink: &mut Sink, eager: bo
         free_reads: Vec::new(),
         sets: Sets::new(n, if eager { 0 } else { slots.max(1 << 16) }),
         aborted: false,
+        quot,
+        set_memo: HashMap::new(),
     };
     while let Some(gs) = sim.work.pop() {
         sim.streams[gs].queued = false;
@@ -366,6 +401,7 @@ impl Sim<'_> {
                     Msg {
                         vals: Vec::new(),
                         depth: 0,
+                        lane: None,
                     },
                     |m| m,
                 );
@@ -373,6 +409,10 @@ impl Sim<'_> {
                 self.wake(sender);
                 msg
             });
+            let received = match (received, step.op.recv_peer()) {
+                (Some(m), Some(from)) if self.quot.is_some() => Some(self.lift(m, from)),
+                (m, _) => m,
+            };
             if let Some(m) = &received {
                 depth = depth.max(m.depth);
             }
@@ -381,7 +421,8 @@ impl Sim<'_> {
             if let (Some(c), Some(vals)) = (send_conn, out) {
                 self.stats.messages += 1;
                 self.stats.chunks_sent += u64::from(step.count);
-                self.queues[c].push_back(Msg { vals, depth });
+                let lane = step.op.src().or(step.op.dst());
+                self.queues[c].push_back(Msg { vals, depth, lane });
                 let receiver = self.layout.conns[c].receiver;
                 self.wake(receiver);
             }
@@ -421,6 +462,7 @@ impl Sim<'_> {
         #[cfg(test)]
         COLLECTIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (mem, queues) = (&mut self.mem, &mut self.queues);
+        self.set_memo.clear();
         let live = self.sets.collect(|f| {
             for m in mem.iter_mut() {
                 m.vals.iter_mut().flatten().for_each(&mut *f);
@@ -444,6 +486,65 @@ impl Sim<'_> {
             return false;
         }
         true
+    }
+
+    /// In a quotient run: the message the template's receive from `from` gets, from what the
+    /// template sent. The sender is the template translated by `from`'s position, so each
+    /// value is translated (origin and contributors) and the lanes are put in the order
+    /// that translated sender reads them: its run is the least image of the template's, in
+    /// buffer order.
+    fn lift(&mut self, m: Msg, from: Rank) -> Msg {
+        let Some(q) = self.quot else {
+            return m;
+        };
+        let Some(pos) = q.table.position_of(from) else {
+            return m;
+        };
+        let Some(t) = q.table.translation(pos) else {
+            return m;
+        };
+        let n = m.vals.len();
+        let lanes = m.lane.filter(|run| q.table.maps(run.buf)).map(|run| {
+            let least = t.loc(run, n as u32).off;
+            (run, least)
+        });
+        let mut out = vec![Value::POISON; n];
+        for (i, v) in m.vals.into_iter().enumerate() {
+            let j = match lanes {
+                Some((run, least)) => t
+                    .slot(run.buf, run.off.wrapping_add(i as u32))
+                    .wrapping_sub(least) as usize,
+                None => i,
+            };
+            let v = self.translate(v, t, pos as u32);
+            if let Some(o) = out.get_mut(j) {
+                *o = v;
+            }
+        }
+        Msg {
+            vals: out,
+            depth: m.depth,
+            lane: None,
+        }
+    }
+
+    /// `v` as the rank at position `pos` holds it (translation `t`).
+    fn translate(&mut self, v: Value, t: Translation<'_>, pos: u32) -> Value {
+        if !v.is_data() {
+            return v;
+        }
+        let set = match self.set_memo.get(&(v.set, pos)) {
+            Some(&set) => set,
+            None => {
+                let set = self.sets.map(v.set, |r| t.rank(r));
+                self.set_memo.insert((v.set, pos), set);
+                set
+            }
+        };
+        Value {
+            origin: t.origin(v.origin),
+            set,
+        }
     }
 
     /// Reads `count` slots at `loc`, reporting (once) and poisoning uninitialised ones.
@@ -795,7 +896,8 @@ impl Sim<'_> {
             }
             Blocker::Recv { conn } => {
                 let c = &self.layout.conns[conn];
-                let (from, _, ch) = c.key;
+                let (_, _, ch) = c.key;
+                let from = c.recv_from;
                 (
                     format!(
                         "waits for a message from rank {from} on channel {ch} ({})",
@@ -905,7 +1007,11 @@ impl Sim<'_> {
         let n = s.nranks;
         let c = s.chunks;
         let k = c / n.max(1);
-        for r in 0..n {
+        let ranks = match self.quot {
+            Some(q) => q.rank..q.rank + 1,
+            None => 0..n,
+        };
+        for r in ranks {
             for i in 0..s.output_chunks {
                 let expected: Option<(u32, Option<Rank>)> = match s.collective {
                     Collective::AllReduce => Some((i, None)),

@@ -31,7 +31,11 @@ pub(crate) type ConnKey = (u32, u32, u32);
 /// One connection with the streams at its ends (global stream indices).
 #[derive(Debug, Clone)]
 pub(crate) struct ConnInfo {
+    /// `(from, to, channel)`; in a quotient run, the template's sending end.
     pub key: ConnKey,
+    /// The rank the receiving stream names as its peer: `key.0`, except in a quotient run,
+    /// where the template receives the translate of its own send from another peer.
+    pub recv_from: u32,
     pub sender: usize,
     pub receiver: usize,
 }
@@ -160,10 +164,15 @@ pub(crate) fn scratch_used(prog: &crate::schedule::RankProgram) -> u32 {
 }
 
 /// Refuses schedules too large to model.
-pub(crate) fn check_limits(s: &Schedule, sink: &mut Sink) {
+/// `only`: count only that rank (a quotient run models one rank's buffers and program).
+pub(crate) fn check_limits(s: &Schedule, only: Option<u32>, sink: &mut Sink) {
+    let modelled = |r: &usize| only.is_none_or(|o| o as usize == *r);
     let slots: u64 = s
         .ranks
         .iter()
+        .enumerate()
+        .filter(|(r, _)| modelled(r))
+        .map(|(_, r)| r)
         .map(|r| {
             u64::from(s.input_chunks) + u64::from(s.output_chunks) + u64::from(scratch_used(r))
         })
@@ -352,7 +361,7 @@ pub(crate) fn check_rank_program(s: &Schedule, rank: u32, sink: &mut Sink) {
 }
 
 /// Per-connection list of (global stream, step index, count) in program order.
-type Ends = Vec<(usize, usize, u32)>;
+pub(crate) type Ends = Vec<(usize, usize, u32)>;
 
 /// Runs every structural check after the header passed; returns the layout when clean.
 pub(crate) fn check_structure(s: &Schedule, sink: &mut Sink) -> Option<Layout> {
@@ -409,6 +418,7 @@ pub(crate) fn check_structure(s: &Schedule, sink: &mut Sink) -> Option<Layout> {
                     if ci == layout.conns.len() {
                         layout.conns.push(ConnInfo {
                             key,
+                            recv_from: from,
                             sender: usize::MAX,
                             receiver: usize::MAX,
                         });
@@ -445,9 +455,23 @@ pub(crate) fn check_structure(s: &Schedule, sink: &mut Sink) -> Option<Layout> {
         }
     }
 
-    // Matching: the k-th send pairs with the k-th receive, with equal counts.
+    match_ends(&mut layout, &sends, &recvs, &sender_of, &receiver_of, sink);
+    (sink.total() == before).then_some(layout)
+}
+
+/// Matching: on every connection the k-th send pairs with the k-th receive, with equal
+/// counts; records each connection's sending and receiving stream.
+pub(crate) fn match_ends(
+    layout: &mut Layout,
+    sends: &[Ends],
+    recvs: &[Ends],
+    sender_of: &[Option<usize>],
+    receiver_of: &[Option<usize>],
+    sink: &mut Sink,
+) {
     for (ci, conn) in layout.conns.iter_mut().enumerate() {
-        let (from, to, channel) = conn.key;
+        let (_, to, channel) = conn.key;
+        let from = conn.recv_from;
         let (ss, rs) = (&sends[ci], &recvs[ci]);
         let place = |&(gs, idx, _): &(usize, usize, u32)| {
             let (r, st) = layout.stream_owner[gs];
@@ -498,6 +522,4 @@ pub(crate) fn check_structure(s: &Schedule, sink: &mut Sink) -> Option<Layout> {
         conn.sender = sender_of[ci].unwrap_or(usize::MAX);
         conn.receiver = receiver_of[ci].unwrap_or(usize::MAX);
     }
-
-    (sink.total() == before).then_some(layout)
 }

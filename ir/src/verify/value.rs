@@ -253,6 +253,34 @@ impl Sets {
         result
     }
 
+    /// The set `{f(r) : r in id}` for a permutation `f` of the ranks; markers are unchanged.
+    /// Costs one pass over the set's bits (callers memoise).
+    pub(crate) fn map(&mut self, id: SetId, f: impl Fn(Rank) -> Rank) -> SetId {
+        match id {
+            UNINIT | POISON => id,
+            id if id < MANY => f(id - 2).saturating_add(2).min(MANY - 1),
+            id => {
+                let count = self.counts[(id - MANY) as usize];
+                let mut out = std::mem::take(&mut self.scratch);
+                out.fill(0);
+                for (w, &word) in self.bits(id).iter().enumerate() {
+                    let mut rest = word;
+                    while rest != 0 {
+                        let r = (w * 64) as u32 + rest.trailing_zeros();
+                        rest &= rest - 1;
+                        let t = f(r);
+                        if let Some(x) = out.get_mut((t / 64) as usize) {
+                            *x |= 1 << (t % 64);
+                        }
+                    }
+                }
+                let c = self.intern(&out, count);
+                self.scratch = out;
+                c
+            }
+        }
+    }
+
     /// The id of the set `bits` (with `count` members, at least two), storing it if new.
     fn intern(&mut self, bits: &[u64], count: u32) -> SetId {
         let mask = self.table.len() - 1;

@@ -1,0 +1,454 @@
+//! Verification of a rank-symmetric schedule on its template alone ([`verify_symmetric`]).
+//!
+//! A [`SymmetricSchedule`] stores one program (the template, run by the rank at grid
+//! position 0) and a translation group; rank `P` runs the template translated by `P`'s
+//! coordinates ([`crate::symmetric`]). Expanding it costs `nranks` programs; this verifier
+//! proves the same properties as [`super::verify`] on the expansion from the template and the
+//! group alone, so its time and memory grow with one rank's program (plus the lane check
+//! below, which grows with the ranks times the chunks of the template's multi-block runs).
+//!
+//! # Why one program suffices
+//!
+//! *Matching and deadlock.* The template's connection `(r0 → p', channel)` is, translated, every
+//! rank's connection to its peer at the same relative offset; the rank at position `Q` sends
+//! to `r0` exactly the translate of the template's sends to `p'` with `p' ⊕ Q = 0`. So the
+//! template's receives from `q` pair with its own sends to `p' = rank at (−pos(q))` (k-th with
+//! k-th, counts equal), and one quotient connection stands for all `nranks` translates. The
+//! wait-for graph of the expansion (program order, dependencies, send → receive and
+//! receive → the send that reuses its slot) covers the template's wait-for graph: a cycle
+//! in one projects to, or lifts to, a cycle in the other. So the expansion deadlocks iff the
+//! quotient run (the template, its receives fed by its own sends) stops early; since it is
+//! a bounded Kahn network as in [`super`], one run decides it. That run is the expansion's
+//! *lockstep* run (every rank runs step `i` together), so message depths agree too.
+//!
+//! *Values.* Invariant: rank `P`'s slot `φ_P(c)` holds the translate `t_P` of the template's
+//! slot `c` (φ moves chunks of mapped buffers, `t_P` moves a value's origin chunk and
+//! renames its contributor ranks). A run in a mapped buffer becomes, on rank `P`, the least
+//! image of its chunks, read in buffer order: so rank `P` reads lane `i` of its run from
+//! template lane `ρ_P⁻¹(i)`, where `ρ_P` is the lane permutation the translation induces on
+//! the run. The invariant survives every step iff, for every rank `P` (the *lane check*):
+//! 1. every mapped run's image is contiguous (else the least-image run reads other chunks);
+//! 2. a step's operands (source, destination, the message it receives or sends) share one
+//!    lane order `L_step(P)`;
+//! 3. a message from template send `s` to template receive `r` (from the peer at `Q`)
+//!    satisfies `L_s(P ⊕ Q) = L_r(P) ∘ L_s(Q)`: the sender of rank `P`, at `P ⊕ Q`, orders
+//!    the lanes as `P`'s receive expects them.
+//!
+//! Under these the quotient run computes rank `r0`'s values exactly: a message received from
+//! `q` is the template's message translated by `pos(q)` with its lanes put in `L_s(pos(q))`
+//! order. The postcondition is then checked on `r0`; it holds on every rank when the
+//! collective's expected result is itself carried along by the translations (the
+//! *covariance* check: AllGather, ReduceScatter and AllToAll need every translation to move
+//! rank `j`'s block to the translated rank's, offsets kept; generators suffice, since
+//! translations compose). Rooted collectives have no rank symmetry.
+//!
+//! *Races* are checked on the template's streams with their vector clocks, as in the full
+//! verifier: they concern one rank's own streams and, by the lane check, the template's
+//! runs overlap iff their translates do.
+//!
+//! Errors name template steps (rank `r0`); [`ErrorKind::Symmetry`] names a failed lane or
+//! covariance check. The expanded verifier stays the oracle: tests compare both verdicts on
+//! every symmetric schedule the compiler's families emit and on mutated templates.
+
+use super::sim::{self, Quot};
+use super::structure::{self, ConnInfo, Ends, Layout};
+use super::{ErrorKind, Report, Sink, VerifyError};
+use crate::schedule::{Collective, Loc, Op, RankProgram, Schedule};
+use crate::symmetric::{SymmetricSchedule, SymmetryTable};
+use std::collections::HashSet;
+
+/// Most chunk translations the lane check may spend (the sum over the checks it needs of the
+/// run's chunks times the ranks); past it, [`verify_symmetric`] reports
+/// [`ErrorKind::Limit`].
+pub const MAX_LANE_WORK: u64 = 1 << 30;
+
+/// Verifies a rank-symmetric schedule from its template: the verdict of
+/// [`super::verify_report`] on [`SymmetricSchedule::expand`], without expanding (see the
+/// module docs). The report counts as the expansion would (every rank's streams, steps,
+/// connections and messages).
+pub fn verify_symmetric(s: &SymmetricSchedule) -> Result<Report, Vec<VerifyError>> {
+    let mut sink = Sink::default();
+    let header = |sink: &mut Sink, kind: ErrorKind, message: String| {
+        sink.push(VerifyError {
+            at: None,
+            channel: None,
+            kind,
+            message,
+        })
+    };
+    let table = match s.table() {
+        Ok(t) => t,
+        Err(e) => {
+            header(&mut sink, ErrorKind::Header, format!("symmetry: {e}"));
+            return Err(sink.finish().err().unwrap_or_default());
+        }
+    };
+    let n = s.nranks;
+    let r0 = s.symmetry.ranks[0];
+    if n > 1
+        && matches!(
+            s.collective,
+            Collective::Broadcast { .. } | Collective::Reduce { .. }
+        )
+    {
+        header(
+            &mut sink,
+            ErrorKind::Symmetry,
+            format!(
+                "{} has a root, which no translation of {n} ranks keeps in place",
+                s.collective
+            ),
+        );
+        return Err(sink.finish().err().unwrap_or_default());
+    }
+    let empty = RankProgram {
+        scratch_chunks: 0,
+        streams: Vec::new(),
+    };
+    let mut ranks = vec![empty; n as usize];
+    ranks[r0 as usize] = s.template.clone();
+    let sparse = Schedule {
+        collective: s.collective,
+        nranks: n,
+        chunks: s.chunks,
+        input_chunks: s.input_chunks,
+        output_chunks: s.output_chunks,
+        in_place: s.in_place,
+        ranks,
+    };
+    structure::check_header(&sparse, &mut sink);
+    if sink.total() == 0 {
+        structure::check_limits(&sparse, Some(r0), &mut sink);
+    }
+    if sink.total() == 0 {
+        check_covariance(s, &table, &mut sink);
+    }
+    if sink.total() > 0 {
+        return Err(sink.finish().err().unwrap_or_default());
+    }
+    let Some((layout, sends, recvs)) = quotient_layout(&sparse, &table, r0, &mut sink) else {
+        return Err(sink.finish().err().unwrap_or_default());
+    };
+    check_lanes(s, &table, &layout, &sends, &recvs, &mut sink);
+    if sink.total() > 0 {
+        return Err(sink.finish().err().unwrap_or_default());
+    }
+    let quot = Quot {
+        table: &table,
+        rank: r0,
+    };
+    let stats = sim::simulate(&sparse, &layout, &mut sink, false, Some(quot));
+    sink.finish()?;
+    let per = u64::from(n);
+    Ok(Report {
+        ranks: n,
+        streams: s.template.streams.len() * n as usize,
+        steps: s.template_step_count() * n as usize,
+        connections: layout.conns.len() * n as usize,
+        messages: stats.messages * per,
+        chunks_sent: stats.chunks_sent * per,
+        reductions: stats.reductions * per,
+        depth: stats.depth,
+    })
+}
+
+/// The template's own connections: its sends to `p'` on a channel pair with its receives
+/// from the rank at `−pos(p')` on that channel. Returns the layout and each connection's
+/// sends and receives (global stream, step, count).
+fn quotient_layout(
+    sparse: &Schedule,
+    table: &SymmetryTable,
+    r0: u32,
+    sink: &mut Sink,
+) -> Option<(Layout, Vec<Ends>, Vec<Ends>)> {
+    let before = sink.total();
+    structure::check_rank_program(sparse, r0, sink);
+    let n = sparse.nranks;
+    let prog = &sparse.ranks[r0 as usize];
+    let mut layout = Layout::default();
+    let mut gstep = 0usize;
+    for rank in 0..n {
+        layout.stream_base.push(layout.stream_owner.len());
+        if rank == r0 {
+            for (si, st) in prog.streams.iter().enumerate() {
+                layout.step_base.push(gstep);
+                layout.stream_owner.push((rank, si as u32));
+                gstep += st.steps.len();
+            }
+        }
+    }
+    layout.stream_base.push(layout.stream_owner.len());
+    layout.step_base.push(gstep);
+    // The rank at −pos(r): whose translated sends reach r0 as the template's sends to r.
+    let partner = |r: u32| {
+        table
+            .position_of(r)
+            .and_then(|p| table.rank_at(table.inverse_position(p)))
+    };
+    let base = layout.stream_base[r0 as usize];
+    let mut sends: Vec<Ends> = Vec::new();
+    let mut recvs: Vec<Ends> = Vec::new();
+    let mut sender_of: Vec<Option<usize>> = Vec::new();
+    let mut receiver_of: Vec<Option<usize>> = Vec::new();
+    for (si, st) in prog.streams.iter().enumerate() {
+        let gs = base + si;
+        for (idx, step) in st.steps.iter().enumerate() {
+            let ends = [
+                (step.op.send_peer().map(|to| (to, to)), true),
+                (
+                    step.op
+                        .recv_peer()
+                        .and_then(|from| partner(from).map(|p| (p, from))),
+                    false,
+                ),
+            ];
+            for (end, is_send) in ends {
+                let Some((to, from)) = end else { continue };
+                if to >= n || to == r0 || from >= n || from == r0 {
+                    continue; // reported by the rank's own checks
+                }
+                let key = (r0, to, st.channel);
+                let next = layout.conns.len() as u32;
+                let ci = *layout.conn_index.entry(key).or_insert(next) as usize;
+                if ci == layout.conns.len() {
+                    let Some(recv_from) = partner(to) else {
+                        continue;
+                    };
+                    layout.conns.push(ConnInfo {
+                        key,
+                        recv_from,
+                        sender: usize::MAX,
+                        receiver: usize::MAX,
+                    });
+                    layout
+                        .conn_index
+                        .insert((recv_from, r0, st.channel), ci as u32);
+                    sends.push(Vec::new());
+                    recvs.push(Vec::new());
+                    sender_of.push(None);
+                    receiver_of.push(None);
+                }
+                if is_send {
+                    sender_of[ci] = Some(gs);
+                    sends[ci].push((gs, idx, step.count));
+                } else {
+                    receiver_of[ci] = Some(gs);
+                    recvs[ci].push((gs, idx, step.count));
+                }
+            }
+        }
+    }
+    structure::match_ends(&mut layout, &sends, &recvs, &sender_of, &receiver_of, sink);
+    (sink.total() == before).then_some((layout, sends, recvs))
+}
+
+/// The translations carry the collective's expected result along: for AllGather,
+/// ReduceScatter and AllToAll, every generator moves rank `j`'s block (chunks `j·k ..`) to
+/// the translated rank's block, keeping offsets within it.
+fn check_covariance(s: &SymmetricSchedule, table: &SymmetryTable, sink: &mut Sink) {
+    let n = s.nranks;
+    if n < 2
+        || !matches!(
+            s.collective,
+            Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll
+        )
+    {
+        return;
+    }
+    let k = s.chunks / n;
+    for g in table.generators() {
+        let Some(t) = table.translation(g) else {
+            continue;
+        };
+        for c in 0..s.chunks {
+            let img = t.origin(c);
+            let owner = t.rank(c / k);
+            if img / k != owner || img % k != c % k {
+                sink.push(VerifyError {
+                    at: None,
+                    channel: None,
+                    kind: ErrorKind::Symmetry,
+                    message: format!(
+                        "the translation by grid position {g} moves chunk {c} (rank {}'s block) to chunk {img}, but it moves rank {} to rank {owner}: the translated ranks would not compute their {} results",
+                        c / k,
+                        c / k,
+                        s.collective
+                    ),
+                });
+                return;
+            }
+        }
+    }
+}
+
+/// The lane order of a run on the rank at `pos`: lane `i` of the template's run is lane
+/// `out[i]` of that rank's (the least image, in buffer order). `None` when the run does
+/// not move (unmapped buffer, one chunk, or a translation that shifts it whole); `Err`
+/// when its image is not contiguous.
+fn lanes(table: &SymmetryTable, pos: usize, run: Loc, count: u32) -> Result<Option<Vec<u32>>, ()> {
+    if count <= 1 || !table.maps(run.buf) {
+        return Ok(None);
+    }
+    let Some(t) = table.translation(pos) else {
+        return Ok(None);
+    };
+    let least = t.loc(run, count).off;
+    let mut out = Vec::with_capacity(count as usize);
+    let mut seen = vec![false; count as usize];
+    let mut shift = true;
+    for i in 0..count {
+        let lane = t.slot(run.buf, run.off + i).wrapping_sub(least);
+        match seen.get_mut(lane as usize) {
+            Some(s) if !*s => *s = true,
+            _ => return Err(()),
+        }
+        shift &= lane == i;
+        out.push(lane);
+    }
+    Ok((!shift).then_some(out))
+}
+
+/// `a == b` for lane orders, `None` being the identity.
+fn same(a: &Option<Vec<u32>>, b: &Option<Vec<u32>>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(x), None) | (None, Some(x)) => x.iter().enumerate().all(|(i, &l)| l == i as u32),
+        (Some(x), Some(y)) => x == y,
+    }
+}
+
+/// The lane check of the module docs (conditions 1-3), over every rank.
+fn check_lanes(
+    s: &SymmetricSchedule,
+    table: &SymmetryTable,
+    layout: &Layout,
+    sends: &[Ends],
+    recvs: &[Ends],
+    sink: &mut Sink,
+) {
+    let n = s.nranks as usize;
+    let prog = &s.template;
+    // A run can only reorder when it is in a mapped buffer and has two chunks or more.
+    let moving = |run: Loc, count: u32| count > 1 && table.maps(run.buf);
+    let lane_run = |op: &Op| op.src().or(op.dst());
+    // Steps: every operand run contiguous, source and destination in one order.
+    let mut runs: HashSet<(Loc, Option<Loc>, u32)> = HashSet::new();
+    let mut first: Vec<(usize, usize)> = Vec::new();
+    for (si, st) in prog.streams.iter().enumerate() {
+        for (ti, step) in st.steps.iter().enumerate() {
+            let (src, dst) = (step.op.src(), step.op.dst());
+            let key = match (src, dst) {
+                (Some(a), Some(b)) if moving(a, step.count) || moving(b, step.count) => {
+                    (a, Some(b), step.count)
+                }
+                (Some(a), _) | (None, Some(a)) if moving(a, step.count) => (a, None, step.count),
+                _ => continue,
+            };
+            if runs.insert(key) {
+                first.push((si, ti));
+            }
+        }
+    }
+    // Messages: (sender's lane run, receiver's lane run, the sender's position, count).
+    let mut messages: HashSet<(Loc, Loc, usize, u32)> = HashSet::new();
+    let mut msg_first: Vec<(usize, usize, usize, usize)> = Vec::new();
+    let r0 = s.symmetry.ranks[0];
+    let base = layout.stream_base[r0 as usize];
+    for (ci, conn) in layout.conns.iter().enumerate() {
+        let Some(q) = table.position_of(conn.recv_from) else {
+            continue;
+        };
+        for (&(sg, sidx, count), &(rg, ridx, _)) in sends[ci].iter().zip(&recvs[ci]) {
+            let sstep = &prog.streams[sg - base].steps[sidx];
+            let rstep = &prog.streams[rg - base].steps[ridx];
+            let (Some(a), Some(b)) = (lane_run(&sstep.op), lane_run(&rstep.op)) else {
+                continue;
+            };
+            if !moving(a, count) && !moving(b, count) {
+                continue;
+            }
+            if messages.insert((a, b, q, count)) {
+                msg_first.push((sg - base, sidx, rg - base, ridx));
+            }
+        }
+    }
+    let work: u64 = runs
+        .iter()
+        .map(|&(_, b, c)| u64::from(c) * if b.is_some() { 2 } else { 1 })
+        .chain(messages.iter().map(|&(_, _, _, c)| 2 * u64::from(c)))
+        .sum::<u64>()
+        .saturating_mul(n as u64);
+    if work > MAX_LANE_WORK {
+        sink.push(VerifyError {
+            at: None,
+            channel: None,
+            kind: ErrorKind::Limit,
+            message: format!(
+                "the lane check would translate {work} chunks (runs of several blocks, over {n} ranks), more than the verifier allows ({MAX_LANE_WORK})"
+            ),
+        });
+        return;
+    }
+    let place = |si: usize, ti: usize| (r0, si as u32, ti, prog.streams[si].channel);
+    for &(si, ti) in &first {
+        let step = &prog.streams[si].steps[ti];
+        let (src, dst) = (step.op.src(), step.op.dst());
+        for pos in 1..n {
+            let a = src.map(|r| lanes(table, pos, r, step.count));
+            let b = dst.map(|r| lanes(table, pos, r, step.count));
+            let problem = match (a, b) {
+                (Some(Err(())), _) => Some(format!(
+                    "its source run's image on the rank at grid position {pos} is not contiguous"
+                )),
+                (_, Some(Err(()))) => Some(format!(
+                    "its destination run's image on the rank at grid position {pos} is not contiguous"
+                )),
+                (Some(Ok(a)), Some(Ok(b))) if !same(&a, &b) => Some(format!(
+                    "the rank at grid position {pos} reads its source and writes its destination in different chunk orders (the translation permutes the two runs differently)"
+                )),
+                _ => None,
+            };
+            if let Some(p) = problem {
+                structure::step_error(sink, place(si, ti), ErrorKind::Symmetry, p);
+                break;
+            }
+        }
+    }
+    for &(si, ti, ri, rj) in &msg_first {
+        let sstep = &prog.streams[si].steps[ti];
+        let rstep = &prog.streams[ri].steps[rj];
+        let (Some(a), Some(b)) = (lane_run(&sstep.op), lane_run(&rstep.op)) else {
+            continue;
+        };
+        let Some(from) = rstep.op.recv_peer() else {
+            continue;
+        };
+        let Some(q) = table.position_of(from) else {
+            continue;
+        };
+        let count = rstep.count;
+        let Ok(lq) = lanes(table, q, a, count) else {
+            continue; // reported above
+        };
+        for pos in 1..n {
+            let sender = table.compose(q, pos);
+            let (Ok(ls), Ok(lr)) = (lanes(table, sender, a, count), lanes(table, pos, b, count))
+            else {
+                break; // reported above
+            };
+            let lane = |l: &Option<Vec<u32>>, i: u32| l.as_ref().map_or(i, |v| v[i as usize]);
+            let ok = (0..count).all(|i| lane(&ls, i) == lane(&lr, lane(&lq, i)));
+            if !ok {
+                structure::step_error(
+                    sink,
+                    place(ri, rj),
+                    ErrorKind::Symmetry,
+                    format!(
+                        "on the rank at grid position {pos}, the message from rank {from}'s translate arrives in another chunk order than this receive's run takes it (the translations permute the sending and receiving runs inconsistently)"
+                    ),
+                );
+                break;
+            }
+        }
+    }
+}
