@@ -443,7 +443,8 @@ pub fn compile_with_progress(
             todo.sort_unstable();
             todo.dedup();
             let results = par_map(&todo, |&c| {
-                hccl_ir::verify::verify(&costed[c].candidate.schedule).is_ok()
+                let cand = &costed[c].candidate;
+                hccl_ir::verify::verify_claimed(&cand.schedule, cand.symmetry.as_ref()).is_ok()
             });
             let mut all_ok = true;
             for (&c, ok) in todo.iter().zip(results) {
@@ -915,7 +916,7 @@ fn generate_smallest(
         .into_iter()
         .filter(|c| {
             c.schedule.step_count() as u64 <= FALLBACK_CANDIDATE_STEPS
-                && hccl_ir::verify::check_limits(&c.schedule).is_ok()
+                && hccl_ir::verify::check_limits_claimed(&c.schedule, c.symmetry.as_ref()).is_ok()
         })
         .collect();
     if tracing() {
@@ -956,7 +957,8 @@ fn generate_capped(family: &dyn Family, topo: &Topology, collective: Collective)
                     // Over the step cap, or too large for the verifier to model (which would
                     // only reject it after it had been costed).
                     let fits = c.schedule.step_count() as u64 <= MAX_CANDIDATE_STEPS
-                        && hccl_ir::verify::check_limits(&c.schedule).is_ok();
+                        && hccl_ir::verify::check_limits_claimed(&c.schedule, c.symmetry.as_ref())
+                            .is_ok();
                     fits.then_some(c)
                 })
                 .collect::<Vec<_>>(),

@@ -156,7 +156,7 @@ pub(crate) fn check_plan(
         if sealed[i] {
             continue;
         }
-        if let Err(errs) = hccl_ir::verify::verify(&e.schedule) {
+        if let Err(errs) = hccl_ir::verify::verify_entry(e) {
             let message = errs
                 .iter()
                 .take(3)

@@ -89,12 +89,13 @@ mod sim;
 mod structure;
 mod value;
 
-pub use quotient::{MAX_LANE_WORK, verify_symmetric};
+pub use quotient::{MAX_LANE_WORK, check_limits_symmetric, verify_symmetric};
 
 pub use structure::{MAX_CLOCKS, MAX_SET_WORDS, MAX_SLOTS, MAX_WORK};
 
-use crate::plan::PlanFile;
+use crate::plan::{PlanEntry, PlanFile};
 use crate::schedule::{Schedule, StepRef};
+use crate::symmetric::Symmetry;
 use std::fmt;
 
 /// Most errors one call reports; further ones are counted in a final [`ErrorKind::Truncated`].
@@ -343,13 +344,49 @@ fn run(schedule: &Schedule, eager: bool) -> Result<Report, Vec<VerifyError>> {
 /// old plans again.
 pub const VERIFIER: &str = concat!("hccl-ir ", env!("CARGO_PKG_VERSION"), ", seals 2");
 
-/// Verifies every entry of a plan; errors carry the entry index.
+/// Verifies a schedule with the rank symmetry its producer claims: on the template
+/// ([`verify_symmetric`]) when the schedule compresses under the symmetry, on the whole
+/// schedule ([`verify_report`]) otherwise. Both give the same verdict (the tests compare
+/// them); the symmetric one costs about one rank's program.
+pub fn verify_claimed(
+    schedule: &Schedule,
+    symmetry: Option<&Symmetry>,
+) -> Result<Report, Vec<VerifyError>> {
+    match symmetry.and_then(|sym| schedule.compress(sym)) {
+        Some(s) => verify_symmetric(&s),
+        None => verify_report(schedule),
+    }
+}
+
+/// Whether [`verify_claimed`] can model the schedule: the symmetric verifier's limits
+/// ([`check_limits_symmetric`]) when it compresses under `symmetry`, [`check_limits`]
+/// otherwise. Compresses only when the whole schedule is over the limits.
+pub fn check_limits_claimed(
+    schedule: &Schedule,
+    symmetry: Option<&Symmetry>,
+) -> Result<(), Vec<VerifyError>> {
+    let whole = check_limits(schedule);
+    match (whole, symmetry) {
+        (Err(e), Some(sym)) => match schedule.compress(sym) {
+            Some(s) => check_limits_symmetric(&s),
+            None => Err(e),
+        },
+        (whole, _) => whole,
+    }
+}
+
+/// [`verify_claimed`] for a plan entry: symmetric entries are verified on their template.
+pub fn verify_entry(entry: &PlanEntry) -> Result<Report, Vec<VerifyError>> {
+    verify_claimed(&entry.schedule, entry.symmetry.as_ref())
+}
+
+/// Verifies every entry of a plan ([`verify_entry`]); errors carry the entry index.
 pub fn verify_plan(plan: &PlanFile) -> Result<(), Vec<(usize, Vec<VerifyError>)>> {
     let failures: Vec<_> = plan
         .entries
         .iter()
         .enumerate()
-        .filter_map(|(i, e)| verify(&e.schedule).err().map(|errs| (i, errs)))
+        .filter_map(|(i, e)| verify_entry(e).err().map(|errs| (i, errs)))
         .collect();
     if failures.is_empty() {
         Ok(())

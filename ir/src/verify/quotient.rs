@@ -101,21 +101,7 @@ pub fn verify_symmetric(s: &SymmetricSchedule) -> Result<Report, Vec<VerifyError
         );
         return Err(sink.finish().err().unwrap_or_default());
     }
-    let empty = RankProgram {
-        scratch_chunks: 0,
-        streams: Vec::new(),
-    };
-    let mut ranks = vec![empty; n as usize];
-    ranks[r0 as usize] = s.template.clone();
-    let sparse = Schedule {
-        collective: s.collective,
-        nranks: n,
-        chunks: s.chunks,
-        input_chunks: s.input_chunks,
-        output_chunks: s.output_chunks,
-        in_place: s.in_place,
-        ranks,
-    };
+    let sparse = sparse_schedule(s, r0);
     structure::check_header(&sparse, &mut sink);
     if sink.total() == 0 {
         structure::check_limits(&sparse, Some(r0), &mut sink);
@@ -150,6 +136,48 @@ pub fn verify_symmetric(s: &SymmetricSchedule) -> Result<Report, Vec<VerifyError
         reductions: stats.reductions * per,
         depth: stats.depth,
     })
+}
+
+/// The size limits of [`verify_symmetric`]: the header, then the template's buffers, work
+/// and clocks against [`super::MAX_SLOTS`], [`super::MAX_WORK`] and [`super::MAX_CLOCKS`]
+/// (one rank's worth: the symmetric verifier models one rank). The lane check's own limit
+/// ([`MAX_LANE_WORK`]) is checked when it runs.
+pub fn check_limits_symmetric(s: &SymmetricSchedule) -> Result<(), Vec<VerifyError>> {
+    let mut sink = Sink::default();
+    let Some(&r0) = s.symmetry.ranks.first().filter(|&&r| r < s.nranks) else {
+        sink.push(VerifyError {
+            at: None,
+            channel: None,
+            kind: ErrorKind::Header,
+            message: "symmetry: the grid names no rank of the schedule".to_string(),
+        });
+        return sink.finish();
+    };
+    let sparse = sparse_schedule(s, r0);
+    structure::check_header(&sparse, &mut sink);
+    if sink.total() == 0 {
+        structure::check_limits(&sparse, Some(r0), &mut sink);
+    }
+    sink.finish()
+}
+
+/// The schedule with the template as `r0`'s program and every other program empty.
+fn sparse_schedule(s: &SymmetricSchedule, r0: u32) -> Schedule {
+    let empty = RankProgram {
+        scratch_chunks: 0,
+        streams: Vec::new(),
+    };
+    let mut ranks = vec![empty; s.nranks as usize];
+    ranks[r0 as usize] = s.template.clone();
+    Schedule {
+        collective: s.collective,
+        nranks: s.nranks,
+        chunks: s.chunks,
+        input_chunks: s.input_chunks,
+        output_chunks: s.output_chunks,
+        in_place: s.in_place,
+        ranks,
+    }
 }
 
 /// The template's own connections: its sends to `p'` on a channel pair with its receives

@@ -76,7 +76,7 @@ fn external_candidates(paths: &[PathBuf], topo: &Topology) -> Result<Vec<Candida
                     topo.nranks()
                 )));
             }
-            if let Err(errors) = hccl_ir::verify::verify(&entry.schedule) {
+            if let Err(errors) = hccl_ir::verify::verify_entry(&entry) {
                 return Err(CliError::Failed(format!(
                     "{}: entry {i} does not verify: {}",
                     path.display(),

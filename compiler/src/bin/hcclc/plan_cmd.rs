@@ -12,7 +12,7 @@
 
 use crate::cli_error::{CliError, print_json};
 use clap::Args;
-use hccl_ir::verify::{Report, VerifyError, check_rank, verify_report};
+use hccl_ir::verify::{Report, VerifyError, check_rank, verify_entry};
 use hccl_ir::{PlanEntry, PlanError, PlanFile, Step};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
@@ -159,7 +159,7 @@ pub fn verify(args: VerifyArgs) -> Result<(), CliError> {
     let results: Vec<Result<Report, Vec<VerifyError>>> = plan
         .entries
         .iter()
-        .map(|e| verify_report(&e.schedule))
+        .map(verify_entry)
         .collect();
     let steps: usize = plan.entries.iter().map(|e| e.schedule.step_count()).sum();
     let collectives: BTreeSet<&str> = plan
