@@ -143,6 +143,8 @@ pub struct ScheduleBuilder {
     scratch: Vec<u32>,
     fusion: bool,
     error: Option<BuildError>,
+    /// Record only this rank's ops ([`ScheduleBuilder::keep_only`]).
+    only: Option<Rank>,
 }
 
 impl ScheduleBuilder {
@@ -171,7 +173,18 @@ impl ScheduleBuilder {
             scratch: vec![0; nranks as usize],
             fusion: true,
             error,
+            only: None,
         }
+    }
+
+    /// Records only `rank`'s ops from now on; the others are dropped as they are recorded, so
+    /// [`ScheduleBuilder::build`] gives a schedule whose other programs are empty. What a
+    /// rank-symmetric family needs to build its template alone: fusion, streams and
+    /// dependencies are each rank's own affair, so `rank`'s program comes out as in the
+    /// whole schedule.
+    pub fn keep_only(&mut self, rank: Rank) -> &mut Self {
+        self.only = Some(rank);
+        self
     }
 
     /// The collective being built.
@@ -337,6 +350,9 @@ impl ScheduleBuilder {
 
     /// Records an arbitrary op on `rank`.
     pub fn push(&mut self, rank: Rank, op: Op, count: u32, channel: u32) {
+        if self.only.is_some_and(|o| o != rank) {
+            return;
+        }
         let Some(list) = self.ops.get(rank as usize) else {
             self.fail(BuildError::RankOutOfRange {
                 rank,
@@ -426,6 +442,9 @@ impl ScheduleBuilder {
     /// Orders `rank`: every op recorded on it after the fence waits for every op recorded
     /// before it (used to run rounds one after another, e.g. pairwise exchanges).
     pub fn fence(&mut self, rank: Rank) {
+        if self.only.is_some_and(|o| o != rank) {
+            return;
+        }
         if let Some(list) = self.ops.get_mut(rank as usize) {
             list.push(BOp {
                 op: Op::Nop,

@@ -30,10 +30,12 @@
 //! in candidate order, so the plan does not depend on the thread count.
 
 use crate::cost::{
-    Bound, CostModel, NcclChoice, NcclTopo, Network, Prepared, Simulator, bounds::bound,
-    device_models,
+    Bound, CostError, CostModel, Estimate, NcclChoice, NcclTopo, Network, Prepared,
+    PreparedSymmetric, Simulator, bounds::bound, device_models,
 };
-use crate::families::{Candidate, Family, FamilyParams, all_families, families_for};
+use crate::families::{
+    Candidate, Family, FamilyParams, TEMPLATE_RANKS, all_families, families_for,
+};
 use crate::synth::SynthLevel;
 use hccl_ir::{
     Collective, CollectiveKind, CostFit, PlanEntry, PlanFile, PlanMeta, Protocol, Synthesis,
@@ -442,10 +444,7 @@ pub fn compile_with_progress(
                 .collect();
             todo.sort_unstable();
             todo.dedup();
-            let results = par_map(&todo, |&c| {
-                let cand = &costed[c].candidate;
-                hccl_ir::verify::verify_claimed(&cand.schedule, cand.symmetry.as_ref()).is_ok()
-            });
+            let results = par_map(&todo, |&c| costed[c].candidate.verify().is_ok());
             let mut all_ok = true;
             for (&c, ok) in todo.iter().zip(results) {
                 costed[c].verified = Some(ok);
@@ -514,7 +513,7 @@ pub fn compile_with_progress(
                 bytes,
                 algorithm: cand.algorithm.clone(),
                 params: cand.params,
-                channels: cand.schedule.channel_count(),
+                channels: cand.channel_count(),
                 chunks: cand.schedule.chunks,
                 protocol: options.protocols[p],
                 predicted_us,
@@ -540,6 +539,13 @@ pub fn compile_with_progress(
             let cost = fit(&sizes, times, start, end);
             // Every winner passed the verifier above: its schedule is sealed as verified,
             // once (a job loading the plan then skips verifying it).
+            // A template candidate's whole schedule is built here, for its entries only.
+            let Some(schedule) = costed[c].candidate.expanded().map(|s| s.into_owned()) else {
+                return Err(SearchError::BadOptions(format!(
+                    "{kind}: the winner {} is too large to write out",
+                    costed[c].candidate.algorithm
+                )));
+            };
             let entry = PlanEntry {
                 min_bytes: if start == 0 { 0 } else { sizes[start] },
                 max_bytes: sizes.get(end).copied(),
@@ -548,7 +554,7 @@ pub fn compile_with_progress(
                 cost,
                 symmetry: costed[c].candidate.symmetry.clone(),
                 synthesis: costed[c].candidate.synthesis.clone(),
-                schedule: costed[c].candidate.schedule.clone(),
+                schedule,
             };
             let seal = hashed
                 .entry(c)
@@ -790,7 +796,7 @@ fn refine(
         wanted.sort_by(|a, b| a.0.total_cmp(&b.0).then((a.1, a.2).cmp(&(b.1, b.2))));
         let mut jobs: Vec<(usize, usize)> = Vec::new();
         for (_, c, si) in wanted {
-            let cost = costed[c].candidate.schedule.step_count().max(1) * np;
+            let cost = costed[c].candidate.work_steps().max(1) as usize * np;
             if cost > steps_left {
                 continue;
             }
@@ -811,15 +817,15 @@ fn refine(
         }
         let results = par_map(&by, |(c, list)| {
             let c = &costed[*c];
-            let Ok(prepared) = sim.prepare(&c.candidate.schedule) else {
+            let Ok(prepared) = Ready::new(sim, &c.candidate) else {
                 return Vec::new();
             };
             let mut out = Vec::new();
             for &si in list {
                 for p in 0..np {
                     if c.times[p].is_some() {
-                        let t = sim
-                            .run(&prepared, sizes[si], options.protocols[p])
+                        let t = prepared
+                            .run(sim, sizes[si], options.protocols[p])
                             .map_or(f64::INFINITY, |e| e.time_us);
                         out.push((si, p, t));
                     }
@@ -836,6 +842,46 @@ fn refine(
             for &si in list {
                 costed[*c].exact[si] = true;
             }
+        }
+    }
+}
+
+/// A candidate ready to simulate at any size: its whole schedule, or (a template candidate)
+/// its template, costed as one rank class ([`Simulator::run_symmetric`]).
+/// A template whose translations do not map the network onto itself
+/// ([`PreparedSymmetric::is_equivariant`]: some rank's translate sees other links) is costed
+/// on its expansion instead.
+enum Ready {
+    Full(Box<Prepared>),
+    Template(PreparedSymmetric),
+}
+
+impl Ready {
+    fn new(sim: &Simulator, c: &Candidate) -> Result<Ready, CostError> {
+        if let Some(t) = &c.template {
+            let p = sim.prepare_symmetric(t)?;
+            if p.is_equivariant() {
+                return Ok(Ready::Template(p));
+            }
+        }
+        let whole = c.expanded().ok_or(CostError::TooLarge {
+            steps: c.step_count() as usize,
+        })?;
+        sim.prepare(&whole).map(|p| Ready::Full(Box::new(p)))
+    }
+
+    /// Steps one simulation walks.
+    fn step_count(&self) -> usize {
+        match self {
+            Ready::Full(p) => p.step_count(),
+            Ready::Template(p) => p.step_count(),
+        }
+    }
+
+    fn run(&self, sim: &Simulator, bytes: u64, protocol: Protocol) -> Result<Estimate, CostError> {
+        match self {
+            Ready::Full(p) => sim.run(p, bytes, protocol),
+            Ready::Template(p) => sim.run_symmetric(p, bytes, protocol),
         }
     }
 }
@@ -941,24 +987,35 @@ fn generate_capped(family: &dyn Family, topo: &Topology, collective: Collective)
     };
     let started = std::time::Instant::now();
     let space = family.param_space(topo, collective);
+    // From TEMPLATE_RANKS on, symmetric families are built, costed and verified as
+    // templates: the cap then applies to one rank's program.
+    let templated = topo.nranks() >= TEMPLATE_RANKS
+        && space
+            .first()
+            .is_some_and(|&p| family.template_steps(topo, collective, p).is_some());
     // Parameter sets are generated on all cores; results are taken in parameter order.
     let generated = par_map(&space, |&params| {
-        if family
-            .estimated_steps(topo, collective, params)
-            .is_some_and(|steps| steps > MAX_CANDIDATE_STEPS)
-        {
+        let estimate = if templated {
+            family.template_steps(topo, collective, params)
+        } else {
+            family.estimated_steps(topo, collective, params)
+        };
+        if estimate.is_some_and(|steps| steps > MAX_CANDIDATE_STEPS) {
             return None;
         }
-        Some(
+        let made = if templated {
             family
-                .generate(topo, collective, params)
-                .into_iter()
+                .template(topo, collective, params)
+                .unwrap_or_default()
+        } else {
+            family.generate(topo, collective, params)
+        };
+        Some(
+            made.into_iter()
                 .map(|c| {
                     // Over the step cap, or too large for the verifier to model (which would
                     // only reject it after it had been costed).
-                    let fits = c.schedule.step_count() as u64 <= MAX_CANDIDATE_STEPS
-                        && hccl_ir::verify::check_limits_claimed(&c.schedule, c.symmetry.as_ref())
-                            .is_ok();
+                    let fits = c.work_steps() <= MAX_CANDIDATE_STEPS && c.fits_verifier();
                     fits.then_some(c)
                 })
                 .collect::<Vec<_>>(),
@@ -978,7 +1035,7 @@ fn generate_capped(family: &dyn Family, topo: &Topology, collective: Collective)
         }
     }
     if tracing() {
-        let steps: usize = out.candidates.iter().map(|c| c.schedule.step_count()).sum();
+        let steps: u64 = out.candidates.iter().map(Candidate::step_count).sum();
         eprintln!(
             "trace: generate {} {}: {} candidates, {steps} steps, {:.3} s{}",
             family.name(),
@@ -1038,7 +1095,7 @@ fn trace_candidate(what: &str, c: &Candidate, started: std::time::Instant, extra
             c.algorithm,
             c.params.channels,
             c.params.pipeline,
-            c.schedule.step_count(),
+            c.step_count(),
             started.elapsed().as_secs_f64()
         );
     }
@@ -1101,13 +1158,10 @@ fn screen(
     let (last_size, last_proto) = (sizes.len() - 1, options.protocols.len() - 1);
     let probes: Vec<[f64; 2]> = par_map(candidates, |(c, _)| {
         let started = std::time::Instant::now();
-        let Ok(prep) = sim.prepare(&c.schedule) else {
+        let Ok(prep) = Ready::new(sim, c) else {
             return [f64::INFINITY; 2];
         };
-        let at = |bytes, p| {
-            sim.run(&prep, bytes, p)
-                .map_or(f64::INFINITY, |e| e.time_us)
-        };
+        let at = |bytes, p| prep.run(sim, bytes, p).map_or(f64::INFINITY, |e| e.time_us);
         let times = [
             if small >= c.min_bytes {
                 at(small, p_small)
@@ -1191,7 +1245,7 @@ fn cost_sampled(
     if first == sizes.len() {
         return (vec![None; np], vec![true; sizes.len()]);
     }
-    let Ok(prepared) = sim.prepare(&candidate.schedule) else {
+    let Ok(prepared) = Ready::new(sim, candidate) else {
         return (vec![None; np], vec![true; sizes.len()]);
     };
     let samples: Vec<usize> = sample_indices(sizes.len() - first, prepared.step_count(), budget)
@@ -1229,7 +1283,7 @@ fn cost_sampled(
             {
                 f64::INFINITY
             } else {
-                match sim.run(&prepared, sizes[si], p) {
+                match prepared.run(sim, sizes[si], p) {
                     Ok(e) => {
                         if loads.is_none() {
                             loads = Some(e.resource_bytes);

@@ -166,6 +166,7 @@ fn algo_filter_and_extra_candidates() {
             symmetry: None,
             min_bytes: 0,
             synthesis: None,
+            template: None,
         }],
         ..opts
     };

@@ -109,15 +109,36 @@ fn halving_doubling_offers_deeper_all_reduce_pipelines_on_1024_ranks() {
     };
     let (direct, hd) = (deepest(&Hierarchical), deepest(&HierarchicalHd));
     assert_eq!(direct, 1);
-    assert!(hd >= 8, "halving-doubling offers only {hd} pieces");
+    // From TEMPLATE_RANKS on the search builds and costs templates: the step cap applies
+    // to one rank's program, and the verifier models one rank, so the deepest pipeline
+    // (64 pieces) is offered.
+    assert!(topo.nranks() >= hccl_compiler::families::TEMPLATE_RANKS);
+    assert_eq!(hd, 64, "halving-doubling offers only {hd} pieces");
     for p in HierarchicalHd.param_space(&topo, Collective::AllReduce) {
         let est = HierarchicalHd
-            .estimated_steps(&topo, Collective::AllReduce, p)
+            .template_steps(&topo, Collective::AllReduce, p)
             .expect("an estimate");
         assert!(
             est <= hccl_compiler::search::MAX_CANDIDATE_STEPS,
             "{p:?}: {est}"
         );
+        let made = HierarchicalHd
+            .template(&topo, Collective::AllReduce, p)
+            .expect("templates");
+        for c in made {
+            let t = c.template.as_ref().expect("a template candidate");
+            assert!(c.schedule.ranks.iter().all(|r| r.streams.is_empty()));
+            assert_eq!(c.work_steps(), t.template_step_count() as u64);
+            // The estimate is within a small factor of the template.
+            assert!(c.work_steps() <= 2 * est && est <= 2 * c.work_steps(), "{p:?}");
+            if p.pipeline <= 2 {
+                // The template is the program the whole schedule gives its first rank.
+                let whole = HierarchicalHd.generate(&topo, Collective::AllReduce, p);
+                let sym = whole[0].symmetry.as_ref().expect("a symmetry");
+                let compact = whole[0].schedule.compress(sym).expect("compresses");
+                assert_eq!(&compact, t.as_ref());
+            }
+        }
     }
 }
 

@@ -560,6 +560,29 @@ impl SymmetryTable {
         out
     }
 
+    /// A representative of the runs every translation reorders as it reorders `run` (of
+    /// `count` chunks): in a piece-major layout, a run within one row of `nranks` chunks
+    /// moves within its row by the row's labels alone, so runs at the same place of
+    /// different rows reorder alike; other runs represent themselves.
+    pub(crate) fn lane_class(&self, run: Loc, count: u32) -> Loc {
+        match &self.chunks {
+            Some(c) if c.layout == BlockLayout::PieceMajor && self.maps(run.buf) => {
+                let n = self.ranks.len() as u32;
+                let first = run.off / n;
+                let last = (u64::from(run.off) + u64::from(count.max(1)) - 1) / u64::from(n);
+                if u64::from(first) == last {
+                    Loc {
+                        off: run.off % n,
+                        ..run
+                    }
+                } else {
+                    run
+                }
+            }
+            _ => run,
+        }
+    }
+
     /// Whether translations move the chunks of `buf` (see the module docs).
     pub(crate) fn maps(&self, buf: Buf) -> bool {
         self.chunks.as_ref().is_some_and(|c| match buf {

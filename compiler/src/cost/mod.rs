@@ -4,6 +4,8 @@
 //! - [`model`]: the constants ([`CostModel`]), NCCL's protocol latencies and efficiencies;
 //! - [`network`]: the topology as capacity-limited resources with routes ([`Network`]);
 //! - [`sim`]: the simulator ([`Simulator`], [`Estimate`]);
+//! - [`symmetric`]: the simulator on the template of a rank-symmetric schedule
+//!   ([`Simulator::run_symmetric`], [`PreparedSymmetric`]);
 //! - [`bounds`]: lower bounds ([`Bound`]);
 //! - [`calibrate`]: fitting the model to measurements of one machine ([`calibrate::fit`]);
 //! - [`baseline`]: what NCCL would pick and how fast that is in our model ([`Baseline`]).
@@ -20,6 +22,7 @@ pub mod mcf;
 pub mod model;
 pub mod network;
 pub mod sim;
+pub mod symmetric;
 
 pub use baseline::{Baseline, NcclAlgo, NcclChoice, NcclTopo};
 pub use bounds::Bound;
@@ -29,6 +32,7 @@ pub use model::{
 };
 pub use network::{Network, Route};
 pub use sim::{Estimate, Prepared, Simulator, StepSpan, Timeline};
+pub use symmetric::PreparedSymmetric;
 
 use crate::families::{Candidate, all_families};
 use hccl_ir::{Collective, Protocol, Rank, Schedule, StepRef};
@@ -58,6 +62,10 @@ pub enum CostError {
     /// More steps than the simulator indexes.
     #[error("schedule has {steps} steps, more than the simulator supports")]
     TooLarge { steps: usize },
+    /// A symmetric schedule whose symmetry or template is malformed, or a prepared symmetric
+    /// schedule run on another network or kind of model.
+    #[error("symmetric schedule: {0}")]
+    BadSymmetry(String),
 }
 
 /// Simulates `schedule` on `topo` for a collective of `bytes` (nccl-tests size) under

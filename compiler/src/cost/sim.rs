@@ -168,7 +168,7 @@ pub struct Simulator {
 }
 
 #[derive(Debug, Clone, Copy)]
-enum EventKind {
+pub(super) enum EventKind {
     /// A local step (or a receive's fused work) finished.
     StepDone(u32),
     /// A flow may have finished (valid if the version matches).
@@ -386,37 +386,7 @@ impl Simulator {
                     }
                     send_pos.push(sp);
                     recv_pos.push(rp);
-                    let kind = match step.op {
-                        Op::Nop => Kind::Nop,
-                        Op::Copy { .. } => Kind::Local {
-                            passes: m.copy_passes,
-                        },
-                        Op::Reduce { .. } => Kind::Local {
-                            passes: m.reduce_passes,
-                        },
-                        // Message ids are filled in below, once connections are numbered.
-                        Op::Send { .. } => Kind::Send { msg: NONE },
-                        // CPU traffic besides reading the message: writing the destination
-                        // (1) and reading the local operand of a reduction (1).
-                        Op::Recv { .. } | Op::RecvCopySend { .. } => Kind::Recv {
-                            msg: NONE,
-                            passes: 0.0,
-                            out: NONE,
-                            cpu_local: 1.0,
-                        },
-                        Op::RecvReduceSend { .. } => Kind::Recv {
-                            msg: NONE,
-                            passes: m.fused_reduce_passes,
-                            out: NONE,
-                            cpu_local: 1.0,
-                        },
-                        Op::RecvReduceCopy { .. } | Op::RecvReduceCopySend { .. } => Kind::Recv {
-                            msg: NONE,
-                            passes: m.fused_reduce_passes,
-                            out: NONE,
-                            cpu_local: 2.0,
-                        },
-                    };
+                    let kind = step_kind(&step.op, m);
                     steps.push(FlatStep {
                         rank: r,
                         count: step.count,
@@ -426,69 +396,15 @@ impl Simulator {
                 }
             }
         }
-        // Messages: one per send, numbered by connection.
-        let nconn = conn_keys.len();
-        let mut conn_base = Vec::with_capacity(nconn);
-        let mut conn_len = Vec::with_capacity(nconn);
-        let mut nmsg = 0u32;
-        for sends in &conn_sends {
-            conn_base.push(nmsg);
-            conn_len.push(sends.len() as u32);
-            nmsg += sends.len() as u32;
-        }
-        let mut msg_conn = vec![0u32; nmsg as usize];
-        let mut msg_count = vec![0u32; nmsg as usize];
-        let mut msg_send = vec![NONE; nmsg as usize];
-        let mut msg_recv = vec![NONE; nmsg as usize];
-        for (c, sends) in conn_sends.iter().enumerate() {
-            for (k, &s) in sends.iter().enumerate() {
-                let msg = conn_base[c] + k as u32;
-                msg_conn[msg as usize] = c as u32;
-                msg_count[msg as usize] = steps[s as usize].count;
-                msg_send[msg as usize] = s;
-            }
-            for (k, &rs) in conn_recvs[c].iter().enumerate() {
-                if k < sends.len() {
-                    msg_recv[(conn_base[c] + k as u32) as usize] = rs;
-                }
-            }
-        }
-        for id in 0..total {
-            let (sc, sk) = send_pos[id];
-            let (rc, rk) = recv_pos[id];
-            let out = if sc == NONE {
-                NONE
-            } else {
-                conn_base[sc as usize] + sk
-            };
-            let inc = if rc == NONE || rk >= conn_len[rc as usize] {
-                NONE
-            } else {
-                conn_base[rc as usize] + rk
-            };
-            match &mut steps[id].kind {
-                Kind::Send { msg } => *msg = out,
-                Kind::Recv { msg, out: o, .. } => {
-                    *msg = inc;
-                    *o = out;
-                }
-                Kind::Nop | Kind::Local { .. } => {}
-            }
-        }
-        // Dependents in CSR form.
-        let mut succ_start = vec![0u32; total + 1];
-        for &(a, _) in &edges {
-            succ_start[a as usize + 1] += 1;
-        }
-        for i in 0..total {
-            succ_start[i + 1] += succ_start[i];
-        }
-        let mut fill = succ_start.clone();
-        let mut succ = vec![0u32; edges.len()];
-        for &(a, b) in &edges {
-            succ[fill[a as usize] as usize] = b;
-            fill[a as usize] += 1;
-        }
+        let Messages {
+            conn_base,
+            conn_len,
+            msg_conn,
+            msg_count,
+            msg_send,
+            msg_recv,
+        } = number_messages(&mut steps, &conn_sends, &conn_recvs, &send_pos, &recv_pos);
+        let (succ_start, succ) = successors(total, &edges);
         let pairs: Vec<(u32, u32)> = conn_keys.iter().map(|&(a, b, _)| (a, b)).collect();
         // As the executor sizes segments (`hccl_executor` `program.rs`): by the largest
         // message (local steps never pass through a slot) and the largest scratch.
@@ -600,6 +516,140 @@ impl Simulator {
         let prepared = self.prepare(schedule)?;
         self.run(&prepared, bytes, protocol)
     }
+}
+
+/// How the simulator costs a step's operation (message ids are filled in once connections
+/// are numbered).
+pub(super) fn step_kind(op: &Op, m: &CostModel) -> Kind {
+    match op {
+        Op::Nop => Kind::Nop,
+        Op::Copy { .. } => Kind::Local {
+            passes: m.copy_passes,
+        },
+        Op::Reduce { .. } => Kind::Local {
+            passes: m.reduce_passes,
+        },
+        // Message ids are filled in once connections are numbered.
+        Op::Send { .. } => Kind::Send { msg: NONE },
+        // CPU traffic besides reading the message: writing the destination (1) and reading
+        // the local operand of a reduction (1).
+        Op::Recv { .. } | Op::RecvCopySend { .. } => Kind::Recv {
+            msg: NONE,
+            passes: 0.0,
+            out: NONE,
+            cpu_local: 1.0,
+        },
+        Op::RecvReduceSend { .. } => Kind::Recv {
+            msg: NONE,
+            passes: m.fused_reduce_passes,
+            out: NONE,
+            cpu_local: 1.0,
+        },
+        Op::RecvReduceCopy { .. } | Op::RecvReduceCopySend { .. } => Kind::Recv {
+            msg: NONE,
+            passes: m.fused_reduce_passes,
+            out: NONE,
+            cpu_local: 2.0,
+        },
+    }
+}
+
+/// Messages numbered by connection, paired with their send and receive steps.
+pub(super) struct Messages {
+    pub(super) conn_base: Vec<u32>,
+    pub(super) conn_len: Vec<u32>,
+    pub(super) msg_conn: Vec<u32>,
+    pub(super) msg_count: Vec<u32>,
+    pub(super) msg_send: Vec<u32>,
+    pub(super) msg_recv: Vec<u32>,
+}
+
+/// One message per send, numbered by connection (`conn_sends[c]` and `conn_recvs[c]`: the
+/// steps sending and receiving on connection `c`, in order; the k-th send pairs with the k-th
+/// receive); fills in the message ids of `steps` from each step's `(connection, position)` of
+/// its send half and receive half (`NONE` where it has none).
+pub(super) fn number_messages(
+    steps: &mut [FlatStep],
+    conn_sends: &[Vec<u32>],
+    conn_recvs: &[Vec<u32>],
+    send_pos: &[(u32, u32)],
+    recv_pos: &[(u32, u32)],
+) -> Messages {
+    let nconn = conn_sends.len();
+    let mut conn_base = Vec::with_capacity(nconn);
+    let mut conn_len = Vec::with_capacity(nconn);
+    let mut nmsg = 0u32;
+    for sends in conn_sends {
+        conn_base.push(nmsg);
+        conn_len.push(sends.len() as u32);
+        nmsg += sends.len() as u32;
+    }
+    let mut msg_conn = vec![0u32; nmsg as usize];
+    let mut msg_count = vec![0u32; nmsg as usize];
+    let mut msg_send = vec![NONE; nmsg as usize];
+    let mut msg_recv = vec![NONE; nmsg as usize];
+    for (c, sends) in conn_sends.iter().enumerate() {
+        for (k, &s) in sends.iter().enumerate() {
+            let msg = conn_base[c] + k as u32;
+            msg_conn[msg as usize] = c as u32;
+            msg_count[msg as usize] = steps[s as usize].count;
+            msg_send[msg as usize] = s;
+        }
+        for (k, &rs) in conn_recvs[c].iter().enumerate() {
+            if k < sends.len() {
+                msg_recv[(conn_base[c] + k as u32) as usize] = rs;
+            }
+        }
+    }
+    for id in 0..steps.len() {
+        let (sc, sk) = send_pos[id];
+        let (rc, rk) = recv_pos[id];
+        let out = if sc == NONE {
+            NONE
+        } else {
+            conn_base[sc as usize] + sk
+        };
+        let inc = if rc == NONE || rk >= conn_len[rc as usize] {
+            NONE
+        } else {
+            conn_base[rc as usize] + rk
+        };
+        match &mut steps[id].kind {
+            Kind::Send { msg } => *msg = out,
+            Kind::Recv { msg, out: o, .. } => {
+                *msg = inc;
+                *o = out;
+            }
+            Kind::Nop | Kind::Local { .. } => {}
+        }
+    }
+    Messages {
+        conn_base,
+        conn_len,
+        msg_conn,
+        msg_count,
+        msg_send,
+        msg_recv,
+    }
+}
+
+/// The dependents of each of `total` steps in CSR form (`succ[succ_start[i]..succ_start[i +
+/// 1]]`), from `(before, after)` edges.
+pub(super) fn successors(total: usize, edges: &[(u32, u32)]) -> (Vec<u32>, Vec<u32>) {
+    let mut succ_start = vec![0u32; total + 1];
+    for &(a, _) in edges {
+        succ_start[a as usize + 1] += 1;
+    }
+    for i in 0..total {
+        succ_start[i + 1] += succ_start[i];
+    }
+    let mut fill = succ_start.clone();
+    let mut succ = vec![0u32; edges.len()];
+    for &(a, b) in edges {
+        succ[fill[a as usize] as usize] = b;
+        fill[a as usize] += 1;
+    }
+    (succ_start, succ)
 }
 
 /// The mutable state of one simulation.

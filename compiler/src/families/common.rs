@@ -264,6 +264,7 @@ pub fn candidate(name: &str, params: FamilyParams, b: ScheduleBuilder) -> Vec<Ca
             symmetry: None,
             min_bytes: 0,
             synthesis: None,
+            template: None,
         }],
         Err(_) => Vec::new(),
     }

@@ -45,13 +45,15 @@
 //! ReduceScatter: one per chunk of its rail and local peer).
 
 use super::common::{candidate, uniform_hosts};
-use super::{Candidate, Family, FamilyParams};
+use super::{Candidate, Family, FamilyParams, TEMPLATE_RANKS};
 use crate::builder::ScheduleBuilder;
 use hccl_ir::verify::MAX_SLOTS;
 use hccl_ir::{
-    Action, BlockLabel, BlockLayout, ChunkMap, Collective, CollectiveKind, Loc, Rank, Symmetry,
+    Action, BlockLabel, BlockLayout, ChunkMap, Collective, CollectiveKind, Loc, Rank, RankProgram,
+    SymmetricSchedule, Symmetry,
 };
 use hccl_topologies::Topology;
+use std::sync::Arc;
 
 /// Most chunks a direct hierarchical schedule may use (`nranks × pieces`; at least one
 /// piece per rank): [`SMALL_HIER_CHUNKS`] up to [`SMALL_HIER_RANKS`] ranks, this above.
@@ -76,6 +78,11 @@ pub(super) fn max_hier_chunks(nranks: u32) -> u64 {
 const MAX_HD_PIECES: u32 = 64;
 /// Most steps (roughly) a hierarchical candidate may have; larger pipelines are not offered.
 pub(super) const MAX_HIER_STEPS: u64 = 600_000;
+/// From [`TEMPLATE_RANKS`] ranks: most steps (roughly) of one rank's program (what the
+/// search simulates and verifies)...
+pub(super) const MAX_HIER_TEMPLATE_STEPS: u64 = 20_000;
+/// ...and of the whole schedule, which is built for the plan's winners.
+pub(super) const MAX_HIER_EXPANDED_STEPS: u64 = 1 << 22;
 /// Connection counts per phase offered: one keeps pieces strictly in order (the shortest
 /// drain); two let a second piece start while the first finishes, which only pays on
 /// shallow pipelines (at most [`MAX_TWO_CHANNEL_PIPELINE`] pieces per connection): deeper
@@ -150,7 +157,8 @@ fn effective_rail(rail: Rail, nh: usize) -> Rail {
     }
 }
 
-/// Hierarchical schedules with the given rail exchange, for either buffer arrangement.
+/// Hierarchical schedules with the given rail exchange, for either buffer arrangement;
+/// `template`: only the template (the program of `hosts[0][0]`, see [`Candidate::template`]).
 fn schedules(
     name: &str,
     rail: Rail,
@@ -158,6 +166,7 @@ fn schedules(
     collective: Collective,
     params: FamilyParams,
     in_place: bool,
+    template: bool,
 ) -> Vec<Candidate> {
     let kind = collective.kind();
     if !supports(kind) {
@@ -189,16 +198,46 @@ fn schedules(
     };
     let mut b = ScheduleBuilder::new(collective, n, chunks, in_place);
     b.set_fusion(false);
+    let r0 = hosts[0][0];
+    if template {
+        b.keep_only(r0);
+    }
     match kind {
         CollectiveKind::AllReduce => all_reduce(&mut b, &layout, m),
         CollectiveKind::AllGather => all_gather(&mut b, &layout, m, in_place),
         _ => reduce_scatter(&mut b, &layout, m, in_place),
     }
     let sym = symmetry(rail, topo, collective, params);
-    candidate(name, params, b)
+    let mut out: Vec<Candidate> = candidate(name, params, b)
         .into_iter()
         .map(|c| c.with_symmetry(sym.clone()))
-        .collect()
+        .collect();
+    if template {
+        let Some(sym) = sym else {
+            return Vec::new();
+        };
+        for c in &mut out {
+            let s = &mut c.schedule;
+            let program = std::mem::replace(
+                &mut s.ranks[r0 as usize],
+                RankProgram {
+                    scratch_chunks: 0,
+                    streams: Vec::new(),
+                },
+            );
+            c.template = Some(Arc::new(SymmetricSchedule {
+                collective: s.collective,
+                nranks: s.nranks,
+                chunks: s.chunks,
+                input_chunks: s.input_chunks,
+                output_chunks: s.output_chunks,
+                in_place: s.in_place,
+                symmetry: sym.clone(),
+                template: program,
+            }));
+        }
+    }
+    out
 }
 
 impl Hierarchical {
@@ -633,15 +672,26 @@ fn param_space(
     max_chunks: u64,
 ) -> Vec<FamilyParams> {
     let n = u64::from(topo.nranks());
+    // From TEMPLATE_RANKS on the search builds, costs and verifies templates: the verifier
+    // models one rank, and the whole schedule is only built for the winners.
+    let templated = topo.nranks() >= TEMPLATE_RANKS;
     let mut out = Vec::new();
     for channels in CHANNELS {
         for &pipeline in depths {
             let p = FamilyParams { channels, pipeline };
             let pieces = pieces(p);
+            let steps = step_estimate(topo, collective.kind(), rail, pieces);
+            let slots = verifier_slots(n, topo.nhosts() as u64, pieces);
+            let fits = if templated {
+                slots / n <= MAX_SLOTS
+                    && steps / n <= MAX_HIER_TEMPLATE_STEPS
+                    && steps <= MAX_HIER_EXPANDED_STEPS
+            } else {
+                slots <= MAX_SLOTS && steps <= MAX_HIER_STEPS
+            };
             if (channels == 1 || pipeline <= MAX_TWO_CHANNEL_PIPELINE)
                 && n * u64::from(pieces) <= max_chunks
-                && verifier_slots(n, topo.nhosts() as u64, pieces) <= MAX_SLOTS
-                && step_estimate(topo, collective.kind(), rail, pieces) <= MAX_HIER_STEPS
+                && fits
             {
                 out.push(p);
             }
@@ -682,7 +732,35 @@ impl Family for Hierarchical {
             collective,
             params,
             in_place,
+            false,
         )
+    }
+    fn template(
+        &self,
+        topo: &Topology,
+        collective: Collective,
+        params: FamilyParams,
+    ) -> Option<Vec<Candidate>> {
+        let rail = Rail::Direct;
+        Some(schedules(
+            self.name(),
+            rail,
+            topo,
+            collective,
+            params,
+            false,
+            true,
+        ))
+    }
+    fn template_steps(
+        &self,
+        topo: &Topology,
+        collective: Collective,
+        params: FamilyParams,
+    ) -> Option<u64> {
+        let kind = collective.kind();
+        let all = step_estimate(topo, kind, Rail::Direct, pieces(params));
+        Some(all / u64::from(topo.nranks().max(1)))
     }
     fn estimated_steps(
         &self,
@@ -727,7 +805,34 @@ impl Family for HierarchicalHd {
         in_place: bool,
     ) -> Vec<Candidate> {
         let rail = Rail::HalvingDoubling;
-        schedules(self.name(), rail, topo, collective, params, in_place)
+        schedules(self.name(), rail, topo, collective, params, in_place, false)
+    }
+    fn template(
+        &self,
+        topo: &Topology,
+        collective: Collective,
+        params: FamilyParams,
+    ) -> Option<Vec<Candidate>> {
+        let rail = Rail::HalvingDoubling;
+        Some(schedules(
+            self.name(),
+            rail,
+            topo,
+            collective,
+            params,
+            false,
+            true,
+        ))
+    }
+    fn template_steps(
+        &self,
+        topo: &Topology,
+        collective: Collective,
+        params: FamilyParams,
+    ) -> Option<u64> {
+        let kind = collective.kind();
+        let all = step_estimate(topo, kind, Rail::HalvingDoubling, pieces(params));
+        Some(all / u64::from(topo.nranks().max(1)))
     }
     fn estimated_steps(
         &self,

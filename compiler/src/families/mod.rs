@@ -8,8 +8,9 @@
 //! [`Candidate`] values.
 
 use crate::synth::SynthLevel;
-use hccl_ir::{Collective, CollectiveKind, Schedule, Symmetry, Synthesis};
+use hccl_ir::{Collective, CollectiveKind, Schedule, SymmetricSchedule, Symmetry, Synthesis};
 use hccl_topologies::Topology;
+use std::sync::Arc;
 
 pub mod common;
 pub mod cube;
@@ -60,9 +61,71 @@ pub struct Candidate {
     /// How a synthesizer found the schedule (recorded in the plan entry); `None` for
     /// hand-written families and imported algorithms.
     pub synthesis: Option<Synthesis>,
+    /// The schedule as its template alone, for candidates generated that way
+    /// ([`Family::template`], large rank counts): `schedule` then holds the header with
+    /// every program empty, and [`Candidate::expanded`] instantiates the whole schedule.
+    pub template: Option<Arc<SymmetricSchedule>>,
 }
 
 impl Candidate {
+    /// Steps over all ranks (the template's times the ranks for a template candidate).
+    pub fn step_count(&self) -> u64 {
+        match &self.template {
+            Some(t) => t.template_step_count() as u64 * u64::from(t.nranks),
+            None => self.schedule.step_count() as u64,
+        }
+    }
+
+    /// Steps a simulation or verification of the candidate walks: one rank's for a template
+    /// candidate (costed and verified on the template), every rank's otherwise.
+    pub fn work_steps(&self) -> u64 {
+        match &self.template {
+            Some(t) => t.template_step_count() as u64,
+            None => self.schedule.step_count() as u64,
+        }
+    }
+
+    /// Channels the schedule uses.
+    pub fn channel_count(&self) -> u32 {
+        match &self.template {
+            Some(t) => {
+                let mut chans: Vec<u32> = t.template.streams.iter().map(|s| s.channel).collect();
+                chans.sort_unstable();
+                chans.dedup();
+                chans.len() as u32
+            }
+            None => self.schedule.channel_count(),
+        }
+    }
+
+    /// The whole schedule: `schedule` itself, or the template expanded (`None` when the
+    /// expansion is refused as too large, see [`hccl_ir::MAX_EXPANDED_STEPS`]).
+    pub fn expanded(&self) -> Option<std::borrow::Cow<'_, Schedule>> {
+        match &self.template {
+            Some(t) => t.expand().ok().map(std::borrow::Cow::Owned),
+            None => Some(std::borrow::Cow::Borrowed(&self.schedule)),
+        }
+    }
+
+    /// Verifies the candidate: on its template ([`hccl_ir::verify::verify_symmetric`]) when
+    /// it is one or compresses under its claimed symmetry, on the whole schedule otherwise.
+    pub fn verify(&self) -> Result<hccl_ir::verify::Report, Vec<hccl_ir::verify::VerifyError>> {
+        match &self.template {
+            Some(t) => hccl_ir::verify::verify_symmetric(t),
+            None => hccl_ir::verify::verify_claimed(&self.schedule, self.symmetry.as_ref()),
+        }
+    }
+
+    /// Whether the verifier can model the candidate (see
+    /// [`hccl_ir::verify::check_limits_claimed`]).
+    pub fn fits_verifier(&self) -> bool {
+        match &self.template {
+            Some(t) => hccl_ir::verify::check_limits_symmetric(t).is_ok(),
+            None => hccl_ir::verify::check_limits_claimed(&self.schedule, self.symmetry.as_ref())
+                .is_ok(),
+        }
+    }
+
     /// The candidate with `symmetry` claimed for its schedule.
     pub fn with_symmetry(mut self, symmetry: Option<Symmetry>) -> Candidate {
         self.symmetry = symmetry;
@@ -124,7 +187,33 @@ pub trait Family: Send + Sync {
     ) -> Option<u64> {
         None
     }
+    /// The out-of-place candidates as templates alone (see [`Candidate::template`]), for
+    /// families whose schedules are rank-symmetric; `None` when the family does not build
+    /// templates. The search uses it from [`TEMPLATE_RANKS`] ranks on, where building,
+    /// costing and verifying every rank's program is what limits the pipelines it can try.
+    fn template(
+        &self,
+        _topo: &Topology,
+        _collective: Collective,
+        _params: FamilyParams,
+    ) -> Option<Vec<Candidate>> {
+        None
+    }
+    /// Roughly how many steps the template of [`Family::template`] has (one rank's), for the
+    /// search's step cap; `None` when the family does not build templates.
+    fn template_steps(
+        &self,
+        _topo: &Topology,
+        _collective: Collective,
+        _params: FamilyParams,
+    ) -> Option<u64> {
+        None
+    }
 }
+
+/// From this many ranks on, the search builds, costs and verifies rank-symmetric families
+/// as templates ([`Family::template`]).
+pub const TEMPLATE_RANKS: u32 = 256;
 
 /// `channels × pipeline × per_piece`: the step estimate of a family whose every channel and
 /// pipeline piece costs `per_piece` steps (saturating).

@@ -109,6 +109,7 @@ impl Family for OneShot {
             symmetry: None,
             min_bytes: 0,
             synthesis: None,
+            template: None,
         }]
     }
 

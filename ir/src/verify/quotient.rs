@@ -365,11 +365,14 @@ fn check_lanes(
     for (si, st) in prog.streams.iter().enumerate() {
         for (ti, step) in st.steps.iter().enumerate() {
             let (src, dst) = (step.op.src(), step.op.dst());
+            let class = |r: Loc| table.lane_class(r, step.count);
             let key = match (src, dst) {
                 (Some(a), Some(b)) if moving(a, step.count) || moving(b, step.count) => {
-                    (a, Some(b), step.count)
+                    (class(a), Some(class(b)), step.count)
                 }
-                (Some(a), _) | (None, Some(a)) if moving(a, step.count) => (a, None, step.count),
+                (Some(a), _) | (None, Some(a)) if moving(a, step.count) => {
+                    (class(a), None, step.count)
+                }
                 _ => continue,
             };
             if runs.insert(key) {
@@ -395,7 +398,13 @@ fn check_lanes(
             if !moving(a, count) && !moving(b, count) {
                 continue;
             }
-            if messages.insert((a, b, q, count)) {
+            let key = (
+                table.lane_class(a, count),
+                table.lane_class(b, count),
+                q,
+                count,
+            );
+            if messages.insert(key) {
                 msg_first.push((sg - base, sidx, rg - base, ridx));
             }
         }

@@ -93,6 +93,7 @@ fn external_candidates(paths: &[PathBuf], topo: &Topology) -> Result<Vec<Candida
                 symmetry: entry.symmetry,
                 min_bytes: 0,
                 synthesis: None,
+                template: None,
             });
         }
     }

@@ -156,11 +156,8 @@ pub fn verify(args: VerifyArgs) -> Result<(), CliError> {
     }
     let plan = load_plan(&args.plan)?;
     let path = args.plan.display().to_string();
-    let results: Vec<Result<Report, Vec<VerifyError>>> = plan
-        .entries
-        .iter()
-        .map(verify_entry)
-        .collect();
+    let results: Vec<Result<Report, Vec<VerifyError>>> =
+        plan.entries.iter().map(verify_entry).collect();
     let steps: usize = plan.entries.iter().map(|e| e.schedule.step_count()).sum();
     let collectives: BTreeSet<&str> = plan
         .entries
