@@ -74,6 +74,7 @@ fn plan_of(topo: &Topology, cands: &[&Candidate], proto: Protocol) -> PlanFile {
             symmetry: c.symmetry.clone(),
             synthesis: c.synthesis.clone(),
             schedule: c.schedule.clone(),
+            template: None,
         });
     }
     plan

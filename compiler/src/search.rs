@@ -539,13 +539,8 @@ pub fn compile_with_progress(
             let cost = fit(&sizes, times, start, end);
             // Every winner passed the verifier above: its schedule is sealed as verified,
             // once (a job loading the plan then skips verifying it).
-            // A template candidate's whole schedule is built here, for its entries only.
-            let Some(schedule) = costed[c].candidate.expanded().map(|s| s.into_owned()) else {
-                return Err(SearchError::BadOptions(format!(
-                    "{kind}: the winner {} is too large to write out",
-                    costed[c].candidate.algorithm
-                )));
-            };
+            // A template candidate's entry holds the template (written in symmetric form).
+            let cand = &costed[c].candidate;
             let entry = PlanEntry {
                 min_bytes: if start == 0 { 0 } else { sizes[start] },
                 max_bytes: sizes.get(end).copied(),
@@ -554,7 +549,8 @@ pub fn compile_with_progress(
                 cost,
                 symmetry: costed[c].candidate.symmetry.clone(),
                 synthesis: costed[c].candidate.synthesis.clone(),
-                schedule,
+                schedule: cand.schedule.clone(),
+                template: cand.template.clone(),
             };
             let seal = hashed
                 .entry(c)
@@ -1247,6 +1243,12 @@ fn cost_sampled(
     }
     let Ok(prepared) = Ready::new(sim, candidate) else {
         return (vec![None; np], vec![true; sizes.len()]);
+    };
+    // A template costs one rank class: its steps do not grow with the ranks as a whole
+    // schedule's do, so the budget does not shrink with them either (see `sim_budget`).
+    let budget = match prepared {
+        Ready::Template(_) => budget.max(options.sim_budget),
+        Ready::Full(_) => budget,
     };
     let samples: Vec<usize> = sample_indices(sizes.len() - first, prepared.step_count(), budget)
         .into_iter()

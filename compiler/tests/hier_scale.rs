@@ -130,7 +130,10 @@ fn halving_doubling_offers_deeper_all_reduce_pipelines_on_1024_ranks() {
             assert!(c.schedule.ranks.iter().all(|r| r.streams.is_empty()));
             assert_eq!(c.work_steps(), t.template_step_count() as u64);
             // The estimate is within a small factor of the template.
-            assert!(c.work_steps() <= 2 * est && est <= 2 * c.work_steps(), "{p:?}");
+            assert!(
+                c.work_steps() <= 2 * est && est <= 2 * c.work_steps(),
+                "{p:?}"
+            );
             if p.pipeline <= 2 {
                 // The template is the program the whole schedule gives its first rank.
                 let whole = HierarchicalHd.generate(&topo, Collective::AllReduce, p);

@@ -461,6 +461,7 @@ fn entry(min: u64, max: Option<u64>, algorithm: &str, schedule: Schedule) -> Pla
         symmetry: None,
         synthesis: None,
         schedule,
+        template: None,
     }
 }
 

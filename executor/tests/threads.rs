@@ -505,6 +505,7 @@ fn local_copy_of_many_chunks_runs_in_small_slots() {
         schedule,
         symmetry: None,
         synthesis: None,
+        template: None,
     });
     let mut cases = Vec::new();
     for (seed, count) in [1usize, 3, 255, 257, 5000].into_iter().enumerate() {
@@ -593,6 +594,7 @@ fn large_scratch_is_bounded_by_smaller_segments() {
         schedule,
         symmetry: None,
         synthesis: None,
+        template: None,
     });
     let mut cases = Vec::new();
     for (seed, count) in [1usize, 63, 65, 5000].into_iter().enumerate() {

@@ -48,6 +48,7 @@ fn plan_text_with(schedule: Schedule, symmetry: Option<Symmetry>) -> String {
         symmetry,
         synthesis: None,
         schedule,
+        template: None,
     });
     plan.to_ron()
 }

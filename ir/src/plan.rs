@@ -57,6 +57,7 @@ pub use crate::seal::{Seal, schedule_hash};
 use crate::symmetric::{SymmetricSchedule, Symmetry};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::path::Path;
+use std::sync::Arc;
 
 /// The plan format this build writes (and the newest it reads).
 pub const FORMAT_VERSION: u32 = 4;
@@ -196,9 +197,33 @@ pub struct PlanEntry {
     pub symmetry: Option<Symmetry>,
     /// How the schedule was synthesized, when a solver made it.
     pub synthesis: Option<Synthesis>,
+    /// The schedule as a template alone: a compiler that built, costed and verified it that
+    /// way (thousands of ranks) hands it on without expanding it. `schedule` then has the
+    /// header and no programs, the entry is written in the symmetric form, and the readers
+    /// give the schedule back expanded (with `template: None`); in memory, use
+    /// [`PlanEntry::expand_template`] before running it. `None` otherwise.
+    pub template: Option<Arc<SymmetricSchedule>>,
 }
 
 impl PlanEntry {
+    /// Builds the whole schedule of a template entry (see [`PlanEntry::template`]); other
+    /// entries are left as they are.
+    pub fn expand_template(&mut self) -> Result<(), crate::SymmetryError> {
+        if let Some(t) = self.template.take() {
+            match t.expand() {
+                Ok(s) => {
+                    self.schedule = s;
+                    self.symmetry = Some(t.symmetry.clone());
+                }
+                Err(e) => {
+                    self.template = Some(t);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
     pub fn covers(&self, bytes: u64) -> bool {
         self.min_bytes <= bytes && self.max_bytes.is_none_or(|max| bytes < max)
     }
@@ -206,6 +231,9 @@ impl PlanEntry {
     /// The symmetric form this entry is written in: `Some` when [`PlanEntry::symmetry`] is
     /// set and the schedule compresses under it (checks every rank; linear in the schedule).
     pub fn compact(&self) -> Option<SymmetricSchedule> {
+        if let Some(t) = &self.template {
+            return Some(t.as_ref().clone());
+        }
         self.schedule.compress(self.symmetry.as_ref()?)
     }
 
@@ -319,6 +347,7 @@ mod wire {
                 schedule,
                 symmetry,
                 synthesis: self.synthesis,
+                template: None,
             })
         }
     }
@@ -989,6 +1018,7 @@ mod tests {
                     unit: "GB/s".into(),
                     proven: true,
                 }),
+                template: None,
             });
         }
         plan

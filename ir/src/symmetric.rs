@@ -514,9 +514,9 @@ impl SymmetryTable {
         out
     }
 
-    /// The position whose translation undoes the translation by `by`'s coordinates
-    /// (`translate_position(translate_position(p, by), inverse(by)) == p`).
-    pub(crate) fn inverse_position(&self, by: usize) -> usize {
+    /// The position whose translation undoes the translation by `by`'s coordinates (the
+    /// group inverse): translating by `by` and then by it gives every position back.
+    pub fn inverse_position(&self, by: usize) -> usize {
         let k = self.dims.len();
         let mut out = 0usize;
         for i in 0..k {

@@ -20,6 +20,7 @@ fn entry(schedule: Schedule, symmetry: Option<Symmetry>) -> PlanEntry {
         schedule,
         symmetry,
         synthesis: None,
+        template: None,
     }
 }
 

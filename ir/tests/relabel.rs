@@ -51,6 +51,7 @@ fn ensure_root_adds_entries_only_when_missing() {
         symmetry: None,
         synthesis: None,
         schedule: common::ring_broadcast(4, 0, 2, 1, 2, false),
+        template: None,
     });
     assert_eq!(plan.ensure_root(Collective::Broadcast { root: 3 }), 1);
     assert_eq!(plan.ensure_root(Collective::Broadcast { root: 3 }), 0);

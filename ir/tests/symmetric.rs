@@ -375,6 +375,7 @@ fn plan_of(schedule: Schedule, symmetry: Option<Symmetry>) -> PlanFile {
         schedule,
         symmetry,
         synthesis: None,
+        template: None,
     });
     plan
 }

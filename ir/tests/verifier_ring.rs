@@ -124,6 +124,7 @@ fn ring_plan() -> PlanFile {
         symmetry: None,
         synthesis: None,
         schedule: ring_allreduce_8(),
+        template: None,
     });
     plan
 }

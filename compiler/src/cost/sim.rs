@@ -165,6 +165,9 @@ pub struct Simulator {
     pub network: Network,
     /// The cost constants.
     pub model: CostModel,
+    /// Contention constraints of symmetric templates, shared by the candidates of a family
+    /// ([`Simulator::prepare_symmetric`]).
+    pub(super) symmetric_cache: super::symmetric::ContentionCache,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -277,7 +280,11 @@ impl Shares {
 impl Simulator {
     /// A simulator for `network` with `model`.
     pub fn new(network: Network, model: CostModel) -> Simulator {
-        Simulator { network, model }
+        Simulator {
+            network,
+            model,
+            symmetric_cache: Default::default(),
+        }
     }
 
     /// Flattens `schedule`: checks peers and dependencies, pairs sends with receives and

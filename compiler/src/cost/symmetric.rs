@@ -91,6 +91,20 @@ enum Form {
     Full(Box<Prepared>),
 }
 
+/// The contention constraints of a template's peers (see [`Simulator::contention`]).
+#[derive(Debug, Clone)]
+pub(super) struct Contention {
+    class_resources: Vec<Vec<(u32, u32)>>,
+    class_rows: Vec<Vec<(u32, u32)>>,
+    row_classes: Vec<Vec<(u32, u32)>>,
+    row_cap: Vec<f64>,
+    equivariant: bool,
+}
+
+/// What [`Simulator::contention`] caches: per symmetry and sorted peer list.
+pub(super) type ContentionCache =
+    std::sync::Mutex<HashMap<(hccl_ir::Symmetry, Vec<u32>), Arc<Contention>>>;
+
 #[derive(Debug, Clone)]
 struct Template {
     /// The template's steps, and its connections `(r0 → p', ch)` with the route `r0 → p'`.
@@ -190,8 +204,10 @@ impl Simulator {
             if let Some(&p) = mirrors.get(&q) {
                 return Ok(p);
             }
-            let t = table.position_of(q).and_then(|pos| table.translation(pos));
-            let p = t.and_then(|t| (0..n).find(|&p| t.rank(p) == r0));
+            // p' sits at the inverse of q's position (r0 is at position 0).
+            let p = table
+                .position_of(q)
+                .and_then(|pos| table.rank_at(table.inverse_position(pos)));
             let p = p.ok_or_else(|| {
                 CostError::BadSymmetry(format!(
                     "no rank translates to rank {r0} by the position of rank {q}"
@@ -303,8 +319,73 @@ impl Simulator {
             .iter()
             .map(|p| class_peer.binary_search(p).unwrap_or(0) as u32)
             .collect();
+        let contention = self.contention(s, &table, r0, &class_peer)?;
+        let nres = self.network.capacity.len();
+        let prepared = Prepared {
+            max_count: msg_count.iter().copied().max().unwrap_or(0),
+            steps,
+            step_ref,
+            succ_start,
+            succ,
+            pending,
+            msg_conn,
+            msg_count,
+            msg_send,
+            msg_recv,
+            conn_base,
+            conn_len,
+            conn_route,
+            chunks: s.chunks,
+            collective: s.collective,
+            max_scratch: prog.scratch_chunks,
+        };
+        let Contention {
+            class_resources,
+            class_rows,
+            row_classes,
+            row_cap,
+            equivariant,
+        } = contention.as_ref().clone();
+        Ok(PreparedSymmetric {
+            form: Form::Template(Box::new(Template {
+                prepared,
+                resources: nres,
+                conn_class,
+                class_resources,
+                class_rows,
+                row_classes,
+                row_cap,
+            })),
+            nranks: n,
+            template_steps,
+            equivariant,
+        })
+    }
+
+    /// The contention constraints of a template whose distinct peers are `class_peer`
+    /// (sorted): every translate of every peer's route, routed, counted per resource and
+    /// folded into rows; and whether the translations are symmetries of those routes. The
+    /// candidates of one family on one machine share their symmetry and peers (they differ
+    /// in pipeline depth), so the result is cached per symmetry and peer list.
+    fn contention(
+        &self,
+        s: &SymmetricSchedule,
+        table: &SymmetryTable,
+        r0: u32,
+        class_peer: &[u32],
+    ) -> Result<Arc<Contention>, CostError> {
+        let key = (s.symmetry.clone(), class_peer.to_vec());
+        if let Some(hit) = self
+            .symmetric_cache
+            .lock()
+            .ok()
+            .and_then(|c| c.get(&key).cloned())
+        {
+            return Ok(hit);
+        }
+        let n = self.network.nranks();
         let mut translated = Vec::with_capacity(class_peer.len() * n as usize);
-        for &peer in &class_peer {
+        for &peer in class_peer {
             for pos in 0..n as usize {
                 let (Some(t), Some(from)) = (table.translation(pos), table.rank_at(pos)) else {
                     return Err(CostError::BadSymmetry(format!("no grid position {pos}")));
@@ -314,7 +395,7 @@ impl Simulator {
         }
         let routes = self.network.routes(&translated)?;
         let nres = self.network.capacity.len();
-        let equivariant = self.equivariant(s, &table, r0, &translated, &routes);
+        let equivariant = self.equivariant(s, table, r0, &translated, &routes);
         let mut mult = vec![0u32; nres];
         let mut touched: Vec<u32> = Vec::new();
         let mut class_resources = Vec::with_capacity(class_peer.len());
@@ -361,38 +442,17 @@ impl Simulator {
                 v.insert(row);
             }
         }
-        let prepared = Prepared {
-            max_count: msg_count.iter().copied().max().unwrap_or(0),
-            steps,
-            step_ref,
-            succ_start,
-            succ,
-            pending,
-            msg_conn,
-            msg_count,
-            msg_send,
-            msg_recv,
-            conn_base,
-            conn_len,
-            conn_route,
-            chunks: s.chunks,
-            collective: s.collective,
-            max_scratch: prog.scratch_chunks,
-        };
-        Ok(PreparedSymmetric {
-            form: Form::Template(Box::new(Template {
-                prepared,
-                resources: nres,
-                conn_class,
-                class_resources,
-                class_rows,
-                row_classes,
-                row_cap,
-            })),
-            nranks: n,
-            template_steps,
+        let out = Arc::new(Contention {
+            class_resources,
+            class_rows,
+            row_classes,
+            row_cap,
             equivariant,
-        })
+        });
+        if let Ok(mut cache) = self.symmetric_cache.lock() {
+            cache.insert(key, out.clone());
+        }
+        Ok(out)
     }
 
     /// Whether the translations are symmetries of what the full run sees (see

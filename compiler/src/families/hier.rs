@@ -81,8 +81,8 @@ pub(super) const MAX_HIER_STEPS: u64 = 600_000;
 /// From [`TEMPLATE_RANKS`] ranks: most steps (roughly) of one rank's program (what the
 /// search simulates and verifies)...
 pub(super) const MAX_HIER_TEMPLATE_STEPS: u64 = 20_000;
-/// ...and of the whole schedule, which is built for the plan's winners.
-pub(super) const MAX_HIER_EXPANDED_STEPS: u64 = 1 << 22;
+/// ...and of the whole schedule, which a reader of the plan file expands.
+pub(super) const MAX_HIER_EXPANDED_STEPS: u64 = 1 << 25;
 /// Connection counts per phase offered: one keeps pieces strictly in order (the shortest
 /// drain); two let a second piece start while the first finishes, which only pays on
 /// shallow pipelines (at most [`MAX_TWO_CHANNEL_PIPELINE`] pieces per connection): deeper
@@ -123,9 +123,30 @@ struct Layout<'a> {
     nch: u32,
     /// The rail exchange.
     rail: Rail,
+    /// Building a template: only the host and rail of this rank record ops (the others'
+    /// ops would be dropped by [`ScheduleBuilder::keep_only`] anyway).
+    only: Option<Rank>,
 }
 
 impl Layout<'_> {
+    /// The hosts (with their index) whose ops are recorded.
+    fn used_hosts(&self) -> impl Iterator<Item = (usize, &Vec<Rank>)> {
+        let only = self.only;
+        self.hosts
+            .iter()
+            .enumerate()
+            .filter(move |(_, h)| only.is_none_or(|r| h.contains(&r)))
+    }
+
+    /// The rails (with their local index) whose ops are recorded.
+    fn used_rails(&self) -> impl Iterator<Item = (usize, &Vec<Rank>)> {
+        let only = self.only;
+        self.rails
+            .iter()
+            .enumerate()
+            .filter(move |(_, h)| only.is_none_or(|r| h.contains(&r)))
+    }
+
     /// Channel of piece `s` in phase `phase` (every phase has `nch` ids of its own).
     fn channel(&self, phase: u32, s: u32) -> u32 {
         phase * self.nch + s % self.nch
@@ -195,6 +216,7 @@ fn schedules(
         rails: &rails,
         nch,
         rail: effective_rail(rail, hosts.len()),
+        only: template.then_some(hosts[0][0]),
     };
     let mut b = ScheduleBuilder::new(collective, n, chunks, in_place);
     b.set_fusion(false);
@@ -435,11 +457,11 @@ fn all_reduce(b: &mut ScheduleBuilder, lay: &Layout<'_>, m: u32) {
         let host_start = |l: usize| base + l as u32 * nh32;
         let input = |_: usize, o: usize| Loc::input(host_start(o));
         let output = |_: usize, o: usize| Loc::output(host_start(o));
-        for host in lay.hosts {
+        for (_, host) in lay.used_hosts() {
             let ch = lay.channel(0, s);
             direct_reduce(b, host, nh32, ch, &input, &input, &output);
         }
-        for (l, rail) in lay.rails.iter().enumerate() {
+        for (l, rail) in lay.used_rails() {
             let ch = lay.channel(1, s);
             match lay.rail {
                 Rail::Direct => {
@@ -456,7 +478,7 @@ fn all_reduce(b: &mut ScheduleBuilder, lay: &Layout<'_>, m: u32) {
                 }
             }
         }
-        for (l, rail) in lay.rails.iter().enumerate() {
+        for (l, rail) in lay.used_rails() {
             let ch = lay.channel(2, s);
             match lay.rail {
                 Rail::Direct => {
@@ -471,7 +493,7 @@ fn all_reduce(b: &mut ScheduleBuilder, lay: &Layout<'_>, m: u32) {
                 }
             }
         }
-        for host in lay.hosts {
+        for (_, host) in lay.used_hosts() {
             let at = |_: usize, o: usize, _: usize| Loc::output(host_start(o));
             direct_gather(b, host, 1, nh32, lay.channel(3, s), &at, &at);
         }
@@ -500,7 +522,7 @@ fn all_gather(b: &mut ScheduleBuilder, lay: &Layout<'_>, m: u32, in_place: bool)
         let chunk = |l: usize, j: usize| lay.rails[l][j] * m + s;
         // Scratch slot of relative rail position `x` (halving-doubling staging).
         let slot = |x: usize| Loc::scratch(s * nh as u32 + x as u32);
-        for (l, rail) in lay.rails.iter().enumerate() {
+        for (l, rail) in lay.used_rails() {
             let ch = lay.channel(0, s);
             match lay.rail {
                 Rail::Direct => {
@@ -520,7 +542,7 @@ fn all_gather(b: &mut ScheduleBuilder, lay: &Layout<'_>, m: u32, in_place: bool)
                 }
             }
         }
-        for (h, host) in lay.hosts.iter().enumerate() {
+        for (h, host) in lay.used_hosts() {
             // Local rank `l` forwards its rail's chunks, its own first, then in the order
             // the rail exchange delivers them (relative position `x`).
             let have = |l: usize, _: usize, x: usize| {
@@ -566,7 +588,7 @@ fn reduce_scatter(b: &mut ScheduleBuilder, lay: &Layout<'_>, m: u32, in_place: b
             Rail::Direct => (0..nh).map(|i| (nh - i) % nh).collect(),
             Rail::HalvingDoubling => (0..nh).rev().collect(),
         };
-        for (h, host) in lay.hosts.iter().enumerate() {
+        for (h, host) in lay.used_hosts() {
             for &x in &order {
                 // Local rank `l` reduces the chunk of rail position `rel(h, x)`.
                 let contrib = |_: usize, o: usize| Loc::input(chunk(o, lay.rel(h, x)));
@@ -575,7 +597,7 @@ fn reduce_scatter(b: &mut ScheduleBuilder, lay: &Layout<'_>, m: u32, in_place: b
                 direct_reduce(b, host, 1, ch, &contrib, &contrib, &res);
             }
         }
-        for (l, rail) in lay.rails.iter().enumerate() {
+        for (l, rail) in lay.used_rails() {
             let ch = lay.channel(1, s);
             match lay.rail {
                 Rail::Direct => {
@@ -689,7 +711,9 @@ fn param_space(
             } else {
                 slots <= MAX_SLOTS && steps <= MAX_HIER_STEPS
             };
-            if (channels == 1 || pipeline <= MAX_TWO_CHANNEL_PIPELINE)
+            // Templates cost one rank's program: two connections per phase are offered at
+            // every depth there (more messages in flight per rail round).
+            if (channels == 1 || pipeline <= MAX_TWO_CHANNEL_PIPELINE || templated)
                 && n * u64::from(pieces) <= max_chunks
                 && fits
             {

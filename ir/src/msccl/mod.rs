@@ -407,6 +407,7 @@ impl<'a, 'input> Importer<'a, 'input> {
                     in_place,
                     ranks: ranks.clone(),
                 },
+                template: None,
             });
         }
         Ok(Imported {

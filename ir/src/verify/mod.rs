@@ -377,6 +377,9 @@ pub fn check_limits_claimed(
 
 /// [`verify_claimed`] for a plan entry: symmetric entries are verified on their template.
 pub fn verify_entry(entry: &PlanEntry) -> Result<Report, Vec<VerifyError>> {
+    if let Some(t) = &entry.template {
+        return verify_symmetric(t);
+    }
     verify_claimed(&entry.schedule, entry.symmetry.as_ref())
 }
 

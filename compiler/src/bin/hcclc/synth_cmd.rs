@@ -247,6 +247,7 @@ pub fn run(args: SynthArgs) -> Result<(), CliError> {
             symmetry: None,
             synthesis: candidate.synthesis.clone(),
             schedule: candidate.schedule.clone(),
+            template: None,
         });
         plan.save(out).map_err(CliError::input)?;
     }
@@ -548,6 +549,7 @@ fn run_pareto(args: &SynthArgs) -> Result<(), CliError> {
                     symmetry: None,
                     synthesis: Some(milp::record(p, &frontier)),
                     schedule: cand.schedule.clone(),
+                    template: None,
                 });
                 plan.save(&path).map_err(CliError::input)?;
                 Some(path)

@@ -416,6 +416,7 @@ fn cyclic_plan() -> PlanFile {
         symmetry: None,
         synthesis: None,
         schedule: s,
+        template: None,
     });
     plan
 }
