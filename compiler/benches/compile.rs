@@ -6,9 +6,9 @@
 //! samples, so this is a plain harness: each configuration is compiled `runs` times (3 up to
 //! 64 ranks, once beyond) and the median is reported, with the plan's size on disk (symmetric
 //! entries stored as one template, see `hccl_ir::symmetric`), what it would be with every
-//! entry written out in full, the process's peak memory, and the median time of 9 loads of
-//! the whole plan; then what a rank of a job does at start with the plan file
-//! (medians of 9): load its own programs ([`PlanFile::load_for_ranks`], through the rank
+//! entry written out in full (unless that is over 4M steps), the process's peak memory, and
+//! the median time of 9 loads of the whole plan (3 when that large); then what a rank of a
+//! job does at start with the plan file (medians of as many): load its own programs ([`PlanFile::load_for_ranks`], through the rank
 //! index of a large plan), check them against the seals and alone
 //! ([`hccl_ir::verify::check_rank`]) and name the plan ([`hccl_ir::PlanPart::identity`]);
 //! then load the programs of its host's 8 ranks. Last, every entry verified again, as
@@ -89,12 +89,27 @@ fn main() {
         let plan = compiled.expect("at least one run").plan;
         let text = plan.to_ron();
         let compact = plan.entries.iter().filter(|e| e.is_compact()).count();
-        let mut full = plan.clone();
-        for e in &mut full.entries {
-            e.symmetry = None;
-        }
-        let full_len = full.to_ron().len();
-        let loads = |f: &dyn Fn()| median((0..9).map(|_| timed(f).1).collect());
+        // Written out in full: every entry expanded (template entries too), unless that is
+        // more than 4M steps (hundreds of MB of text; the 4096-rank plan's deep pipelines).
+        let expanded_steps: u64 = plan
+            .entries
+            .iter()
+            .map(|e| match &e.template {
+                Some(t) => t.template_step_count() as u64 * u64::from(t.nranks),
+                None => e.schedule.step_count() as u64,
+            })
+            .sum();
+        let full_len = (expanded_steps <= 1 << 22).then(|| {
+            let mut full = plan.clone();
+            for e in &mut full.entries {
+                e.expand_template().expect("expands");
+                e.symmetry = None;
+            }
+            full.to_ron().len()
+        });
+        // Loads of the whole plan expand every entry: fewer repetitions when large.
+        let reps = if expanded_steps <= 1 << 22 { 9 } else { 3 };
+        let loads = |f: &dyn Fn()| median((0..reps).map(|_| timed(f).1).collect());
         let load_all = loads(&|| {
             PlanFile::from_ron(&text, "bench").expect("loads");
         });
@@ -123,12 +138,15 @@ fn main() {
         let loaded = PlanFile::from_ron(&text, "bench").expect("loads");
         let (_, verify_all) = timed(|| hccl_ir::verify::verify_plan(&loaded).expect("verifies"));
         println!(
-            "| {n} | {:.2} s | {:.2} GB | {} ({compact}) | {:.2} MB | {:.2} MB | {:.1} ms | {:.2} ms | {:.2} ms | {:.0} ms |",
+            "| {n} | {:.2} s | {:.2} GB | {} ({compact}) | {:.2} MB | {} | {:.1} ms | {:.2} ms | {:.2} ms | {:.0} ms |",
             median(times).as_secs_f64(),
             peak_rss_gb(),
             plan.entries.len(),
             text.len() as f64 / 1e6,
-            full_len as f64 / 1e6,
+            full_len.map_or_else(
+                || format!("– ({:.1}M steps)", expanded_steps as f64 / 1e6),
+                |l| format!("{:.2} MB", l as f64 / 1e6)
+            ),
             load_all.as_secs_f64() * 1e3,
             start_one.as_secs_f64() * 1e3,
             start_host.as_secs_f64() * 1e3,

@@ -536,6 +536,12 @@ impl ScheduleBuilder {
         let ops = std::mem::take(&mut self.ops);
         let mut bufs = Buffers::default();
         for (r, mut list) in ops.into_iter().enumerate() {
+            if list.is_empty() {
+                // Nothing to fuse or order (every rank but one of a template): skip the
+                // per-address work arrays, which cost the whole buffer per rank.
+                schedule.ranks[r].scratch_chunks = self.scratch[r];
+                continue;
+            }
             let space = AddrSpace::new(&self, r as Rank);
             if self.fusion {
                 list = fuse(list, &space, &mut bufs);

@@ -209,3 +209,54 @@ fn wrong_symmetries_do_not_compress() {
     });
     assert!(s.compress(&blocks).is_none());
 }
+
+/// From `TEMPLATE_RANKS` ranks a compile keeps the winner as its template (never building
+/// every rank's program): the plan is written in symmetric form, reads back as exactly the
+/// template's expansion, verifies, carries seals that match what was read, and one rank's
+/// load gives that rank's translate of the template.
+#[test]
+fn template_winners_round_trip_through_plan_files() {
+    use hccl_compiler::search::{self, Options};
+    use hccl_ir::{CollectiveKind, PlanFile};
+    let topo = cluster(32);
+    assert!(topo.nranks() >= hccl_compiler::families::TEMPLATE_RANKS);
+    let options = Options {
+        collectives: vec![CollectiveKind::AllReduce],
+        sizes: vec![1 << 30],
+        algorithms: Some(vec!["hierarchical_hd".to_string()]),
+        ..Options::default()
+    };
+    let compiled = search::compile(&topo, &options).expect("compiles");
+    let entry = &compiled.plan.entries[0];
+    let template = entry
+        .template
+        .as_ref()
+        .expect("the winner is held as its template");
+    assert!(entry.schedule.ranks.iter().all(|r| r.streams.is_empty()));
+    assert!(entry.is_compact());
+    let text = compiled.plan.to_ron();
+    let read = PlanFile::from_ron(&text, "test").expect("reads back");
+    let whole = template.expand().expect("expands");
+    assert_eq!(read.entries[0].schedule, whole);
+    assert_eq!(read.entries[0].template, None);
+    assert!(
+        read.sealed().iter().all(|&s| s),
+        "the seals match what was read"
+    );
+    hccl_ir::verify::verify_plan(&read).expect("verifies");
+    let mut held = entry.clone();
+    held.expand_template().expect("expands");
+    assert_eq!(held.schedule, whole);
+    let dir = std::env::temp_dir().join(format!("hccl-template-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("plan.ron");
+    compiled.plan.save(&path).expect("saved");
+    let rank = 100;
+    let part = PlanFile::load_for_ranks(&path, &[rank]).expect("one rank loads");
+    assert_eq!(
+        part.plan.entries[0].schedule.ranks[rank as usize],
+        whole.ranks[rank as usize]
+    );
+    assert!(part.identity().is_some(), "sealed");
+    let _ = std::fs::remove_dir_all(&dir);
+}

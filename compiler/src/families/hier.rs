@@ -81,8 +81,11 @@ pub(super) const MAX_HIER_STEPS: u64 = 600_000;
 /// From [`TEMPLATE_RANKS`] ranks: most steps (roughly) of one rank's program (what the
 /// search simulates and verifies)...
 pub(super) const MAX_HIER_TEMPLATE_STEPS: u64 = 20_000;
+/// ...and the routes costing a template computes (every translate of each of its peers:
+/// the direct rail exchange has a peer per host, so it stops at a few thousand ranks)...
+pub(super) const MAX_TRANSLATED_ROUTES: u64 = 1 << 22;
 /// ...and of the whole schedule, which a reader of the plan file expands.
-pub(super) const MAX_HIER_EXPANDED_STEPS: u64 = 1 << 25;
+pub(super) const MAX_HIER_EXPANDED_STEPS: u64 = 1 << 23;
 /// Connection counts per phase offered: one keeps pieces strictly in order (the shortest
 /// drain); two let a second piece start while the first finishes, which only pays on
 /// shallow pipelines (at most [`MAX_TWO_CHANNEL_PIPELINE`] pieces per connection): deeper
@@ -685,7 +688,9 @@ fn pieces(params: FamilyParams) -> u32 {
 /// The parameter sets offered: one or two connections per phase (two only for shallow
 /// pipelines), pipelines from `depths` whose chunk count fits `max_chunks`, whose buffers
 /// the verifier can model ([`verifier_slots`]) and whose step estimate fits
-/// [`MAX_HIER_STEPS`]; always at least the unpipelined one.
+/// [`MAX_HIER_STEPS`]; always at least the unpipelined one. From [`TEMPLATE_RANKS`] ranks
+/// the limits are one rank's (templates), and nothing is offered where costing a template
+/// would route more than [`MAX_TRANSLATED_ROUTES`] translated pairs.
 fn param_space(
     topo: &Topology,
     collective: Collective,
@@ -697,6 +702,15 @@ fn param_space(
     // From TEMPLATE_RANKS on the search builds, costs and verifies templates: the verifier
     // models one rank, and the whole schedule is only built for the winners.
     let templated = topo.nranks() >= TEMPLATE_RANKS;
+    // Costing a template routes every translate of each of its peers.
+    let peers = (n / topo.nhosts().max(1) as u64)
+        + match effective_rail(rail, topo.nhosts()) {
+            Rail::Direct => topo.nhosts() as u64,
+            Rail::HalvingDoubling => log2_ceil(topo.nhosts() as u64),
+        };
+    if templated && n.saturating_mul(peers) > MAX_TRANSLATED_ROUTES {
+        return Vec::new();
+    }
     let mut out = Vec::new();
     for channels in CHANNELS {
         for &pipeline in depths {
