@@ -744,146 +744,89 @@ fn param_space(
     out
 }
 
-impl Family for Hierarchical {
-    fn name(&self) -> &'static str {
-        "hierarchical"
-    }
-    fn supports(&self, kind: CollectiveKind) -> bool {
-        supports(kind)
-    }
-    fn param_space(&self, topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
-        let max_chunks = max_hier_chunks(topo.nranks());
-        param_space(topo, collective, Rail::Direct, &PIPELINE, max_chunks)
-    }
-    /// Hierarchical schedules (direct rail exchange) for either buffer arrangement.
-    fn schedules(
-        &self,
-        topo: &Topology,
-        collective: Collective,
-        params: FamilyParams,
-        in_place: bool,
-    ) -> Vec<Candidate> {
-        schedules(
-            self.name(),
-            Rail::Direct,
-            topo,
-            collective,
-            params,
-            in_place,
-            false,
-        )
-    }
-    fn template(
-        &self,
-        topo: &Topology,
-        collective: Collective,
-        params: FamilyParams,
-    ) -> Option<Vec<Candidate>> {
-        let rail = Rail::Direct;
-        Some(schedules(
-            self.name(),
-            rail,
-            topo,
-            collective,
-            params,
-            false,
-            true,
-        ))
-    }
-    fn template_steps(
-        &self,
-        topo: &Topology,
-        collective: Collective,
-        params: FamilyParams,
-    ) -> Option<u64> {
-        let kind = collective.kind();
-        let all = step_estimate(topo, kind, Rail::Direct, pieces(params));
-        Some(all / u64::from(topo.nranks().max(1)))
-    }
-    fn estimated_steps(
-        &self,
-        topo: &Topology,
-        collective: Collective,
-        params: FamilyParams,
-    ) -> Option<u64> {
-        let kind = collective.kind();
-        Some(step_estimate(topo, kind, Rail::Direct, pieces(params)))
+/// Parameter sets of the direct family.
+fn direct_space(topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
+    let max_chunks = max_hier_chunks(topo.nranks());
+    param_space(topo, collective, Rail::Direct, &PIPELINE, max_chunks)
+}
+
+/// Parameter sets of the halving-doubling family: only the unpipelined schedule unless the
+/// hosts are a power of two in number (elsewhere the schedules would be the direct
+/// family's).
+fn hd_space(topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
+    match uniform_hosts(topo) {
+        Some(h) if h.len().is_power_of_two() => {
+            let max_chunks = u64::from(topo.nranks()) * u64::from(MAX_HD_PIECES);
+            let rail = Rail::HalvingDoubling;
+            param_space(topo, collective, rail, &PIPELINE_HD, max_chunks)
+        }
+        _ => vec![FamilyParams {
+            channels: 1,
+            pipeline: 1,
+        }],
     }
 }
 
-impl Family for HierarchicalHd {
-    fn name(&self) -> &'static str {
-        "hierarchical_hd"
-    }
-    fn supports(&self, kind: CollectiveKind) -> bool {
-        supports(kind)
-    }
-    /// Only the unpipelined schedule unless the hosts are a power of two in number
-    /// (elsewhere the schedules would be the direct family's).
-    fn param_space(&self, topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
-        match uniform_hosts(topo) {
-            Some(h) if h.len().is_power_of_two() => {
-                let max_chunks = u64::from(topo.nranks()) * u64::from(MAX_HD_PIECES);
-                let rail = Rail::HalvingDoubling;
-                param_space(topo, collective, rail, &PIPELINE_HD, max_chunks)
+/// The [`Family`] of a hierarchical family: its name, rail exchange (halving-doubling falls
+/// back to the direct exchange when the host count is not a power of two) and parameter
+/// sets. Schedules for either buffer arrangement, and templates (see [`Family::template`]).
+macro_rules! hier_family {
+    ($ty:ty, $name:literal, $rail:expr, $space:path) => {
+        impl Family for $ty {
+            fn name(&self) -> &'static str {
+                $name
             }
-            _ => vec![FamilyParams {
-                channels: 1,
-                pipeline: 1,
-            }],
+            fn supports(&self, kind: CollectiveKind) -> bool {
+                supports(kind)
+            }
+            fn param_space(&self, topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
+                $space(topo, collective)
+            }
+            fn schedules(
+                &self,
+                topo: &Topology,
+                collective: Collective,
+                params: FamilyParams,
+                in_place: bool,
+            ) -> Vec<Candidate> {
+                schedules($name, $rail, topo, collective, params, in_place, false)
+            }
+            fn template(
+                &self,
+                topo: &Topology,
+                collective: Collective,
+                params: FamilyParams,
+            ) -> Option<Vec<Candidate>> {
+                Some(schedules(
+                    $name, $rail, topo, collective, params, false, true,
+                ))
+            }
+            fn template_steps(
+                &self,
+                topo: &Topology,
+                collective: Collective,
+                params: FamilyParams,
+            ) -> Option<u64> {
+                self.estimated_steps(topo, collective, params)
+                    .map(|all| all / u64::from(topo.nranks().max(1)))
+            }
+            fn estimated_steps(
+                &self,
+                topo: &Topology,
+                collective: Collective,
+                params: FamilyParams,
+            ) -> Option<u64> {
+                let kind = collective.kind();
+                Some(step_estimate(topo, kind, $rail, pieces(params)))
+            }
         }
-    }
-    /// Hierarchical schedules (halving-doubling rail exchange; direct when the host count is
-    /// not a power of two) for either buffer arrangement.
-    fn schedules(
-        &self,
-        topo: &Topology,
-        collective: Collective,
-        params: FamilyParams,
-        in_place: bool,
-    ) -> Vec<Candidate> {
-        let rail = Rail::HalvingDoubling;
-        schedules(self.name(), rail, topo, collective, params, in_place, false)
-    }
-    fn template(
-        &self,
-        topo: &Topology,
-        collective: Collective,
-        params: FamilyParams,
-    ) -> Option<Vec<Candidate>> {
-        let rail = Rail::HalvingDoubling;
-        Some(schedules(
-            self.name(),
-            rail,
-            topo,
-            collective,
-            params,
-            false,
-            true,
-        ))
-    }
-    fn template_steps(
-        &self,
-        topo: &Topology,
-        collective: Collective,
-        params: FamilyParams,
-    ) -> Option<u64> {
-        let kind = collective.kind();
-        let all = step_estimate(topo, kind, Rail::HalvingDoubling, pieces(params));
-        Some(all / u64::from(topo.nranks().max(1)))
-    }
-    fn estimated_steps(
-        &self,
-        topo: &Topology,
-        collective: Collective,
-        params: FamilyParams,
-    ) -> Option<u64> {
-        let kind = collective.kind();
-        Some(step_estimate(
-            topo,
-            kind,
-            Rail::HalvingDoubling,
-            pieces(params),
-        ))
-    }
+    };
 }
+
+hier_family!(Hierarchical, "hierarchical", Rail::Direct, direct_space);
+hier_family!(
+    HierarchicalHd,
+    "hierarchical_hd",
+    Rail::HalvingDoubling,
+    hd_space
+);
