@@ -453,9 +453,7 @@ impl Simulator {
         if let Some(cpu) = &self.model.cpu {
             return super::cpu::run(self, cpu, prepared, bytes, protocol, false).map(|r| r.0);
         }
-        Run::new(self, prepared, bytes, protocol, false)
-            .execute()
-            .map(|r| r.0)
+        run_flows(self, prepared, bytes, protocol, false).map(|r| r.0)
     }
 
     /// [`Simulator::run`], recording when every step ran.
@@ -468,7 +466,7 @@ impl Simulator {
         let (estimate, spans, segments) = match &self.model.cpu {
             Some(cpu) => super::cpu::run(self, cpu, prepared, bytes, protocol, true)?,
             None => {
-                let (e, spans) = Run::new(self, prepared, bytes, protocol, true).execute()?;
+                let (e, spans) = run_flows(self, prepared, bytes, protocol, true)?;
                 (e, spans, 1)
             }
         };
@@ -659,15 +657,18 @@ pub(super) fn successors(total: usize, edges: &[(u32, u32)]) -> (Vec<u32>, Vec<u
     (succ_start, succ)
 }
 
-/// The mutable state of one simulation.
-struct Run<'a> {
-    sim: &'a Simulator,
-    p: &'a Prepared,
-    protocol: Protocol,
+/// The step and message state of one run, shared by the flow simulator and the template
+/// run ([`super::symmetric`]): which steps are ready and done, which messages started and
+/// arrived, connection slots, the event queue. How flows share bandwidth is the [`Rates`]
+/// the run is given.
+pub(super) struct Steps<'a> {
+    pub(super) sim: &'a Simulator,
+    pub(super) p: &'a Prepared,
+    pub(super) protocol: Protocol,
     chunk_bytes: f64,
     /// Bandwidth factor of the calibration at this size (local memory work).
     mem_scale: f64,
-    now: f64,
+    pub(super) now: f64,
     seq: u64,
     events: BinaryHeap<Event<EventKind>>,
     pending: Vec<u32>,
@@ -685,6 +686,305 @@ struct Run<'a> {
     // connections
     next_start: Vec<u32>,
     consumed: Vec<u32>,
+    /// Messages started, and their payload bytes.
+    pub(super) messages: usize,
+    pub(super) payload: f64,
+    /// Per step: (start, end), when traced.
+    spans: Spans,
+}
+
+/// How a run shares bandwidth among its flows (one flow per message in transit).
+pub(super) trait Rates {
+    /// A flow of `bytes` (positive) starts on message `m`, whose route crosses resources.
+    fn start(&mut self, st: &mut Steps<'_>, m: u32, bytes: f64);
+    /// Flow `m` ended (its current `FlowDone` fired): it releases what it held.
+    fn finish(&mut self, st: &mut Steps<'_>, m: u32);
+    /// Whether a `FlowDone(m, version)` event is still current.
+    fn current(&self, m: u32, version: u32) -> bool;
+    /// Whether rates must be recomputed before time moves on.
+    fn dirty(&self) -> bool;
+    /// Recomputes the rates of the flows a change touched.
+    fn recompute(&mut self, st: &mut Steps<'_>);
+    /// With no event left: re-balances flows an approximate allocation left without
+    /// capacity; whether it did (the run then goes on).
+    fn revive(&mut self, st: &mut Steps<'_>) -> bool;
+}
+
+impl<'a> Steps<'a> {
+    pub(super) fn new(
+        sim: &'a Simulator,
+        p: &'a Prepared,
+        bytes: u64,
+        protocol: Protocol,
+        trace: bool,
+    ) -> Steps<'a> {
+        let nsteps = p.steps.len();
+        let nmsg = p.msg_conn.len();
+        let nconn = p.conn_base.len();
+        Steps {
+            sim,
+            p,
+            protocol,
+            chunk_bytes: bytes as f64 / f64::from(p.chunks),
+            mem_scale: sim.model.bandwidth_factor(bytes),
+            now: 0.0,
+            seq: 0,
+            events: BinaryHeap::new(),
+            pending: p.pending.clone(),
+            ready_at: vec![0.0; nsteps],
+            local_until: vec![0.0; nsteps],
+            recv_ready: vec![false; nsteps],
+            done: vec![false; nsteps],
+            completed: 0,
+            worklist: Vec::new(),
+            msg_ready: vec![false; nmsg],
+            msg_arrived: vec![false; nmsg],
+            data_start: vec![0.0; nmsg],
+            next_start: vec![0; nconn],
+            consumed: vec![0; nconn],
+            messages: 0,
+            payload: 0.0,
+            spans: trace.then(|| vec![(0.0, 0.0); nsteps]),
+        }
+    }
+
+    pub(super) fn push(&mut self, time: f64, kind: EventKind) {
+        self.seq += 1;
+        self.events.push(Event {
+            time,
+            seq: self.seq,
+            kind,
+        });
+    }
+
+    fn mem_us(&self, step: u32, passes: f64) -> f64 {
+        let s = &self.p.steps[step as usize];
+        let bw = self.sim.network.mem_bw[s.rank as usize] * self.mem_scale;
+        if passes <= 0.0 || bw.is_nan() || bw <= 0.0 {
+            return 0.0;
+        }
+        passes * f64::from(s.count) * self.chunk_bytes / (bw * 1e3)
+    }
+
+    /// Runs every step under `rates`; the run ends at `self.now`. Returns the traced spans,
+    /// or the first step never run when the schedule deadlocks.
+    pub(super) fn execute<R: Rates>(&mut self, rates: &mut R) -> Result<Spans, CostError> {
+        for id in 0..self.p.steps.len() as u32 {
+            if self.pending[id as usize] == 0 {
+                self.worklist.push(id);
+            }
+        }
+        self.drain_ready(rates);
+        loop {
+            let next_time = self.events.peek().map(|e| e.time);
+            if rates.dirty() && next_time.is_none_or(|t| t > self.now) {
+                rates.recompute(self);
+                continue;
+            }
+            let Some(ev) = self.events.pop() else {
+                if rates.revive(self) {
+                    continue;
+                }
+                break;
+            };
+            if let EventKind::FlowDone(m, v) = ev.kind
+                && !rates.current(m, v)
+            {
+                continue; // superseded by a rate change
+            }
+            self.now = self.now.max(ev.time);
+            match ev.kind {
+                EventKind::StepDone(s) => self.complete(s),
+                EventKind::FlowDone(m, _) => {
+                    rates.finish(self, m);
+                    self.flow_finished(m);
+                }
+                EventKind::Arrive(m) => {
+                    self.msg_arrived[m as usize] = true;
+                    let r = self.p.msg_recv[m as usize];
+                    if r != NONE && self.recv_ready[r as usize] {
+                        self.consume(rates, r);
+                    }
+                }
+            }
+            self.drain_ready(rates);
+        }
+        if self.completed < self.p.steps.len() {
+            let stuck = (0..self.p.steps.len())
+                .find(|&i| !self.done[i])
+                .map(|i| self.p.step_ref[i]);
+            return Err(CostError::Deadlock {
+                at: stuck.unwrap_or(StepRef {
+                    rank: 0,
+                    stream: 0,
+                    step: 0,
+                }),
+            });
+        }
+        Ok(self.spans.take())
+    }
+
+    /// Processes steps whose predecessors are all done.
+    fn drain_ready<R: Rates>(&mut self, rates: &mut R) {
+        while let Some(s) = self.worklist.pop() {
+            self.ready(rates, s);
+        }
+    }
+
+    fn ready<R: Rates>(&mut self, rates: &mut R, s: u32) {
+        self.ready_at[s as usize] = self.now;
+        if let Some(spans) = &mut self.spans {
+            spans[s as usize].0 = self.now;
+        }
+        match self.p.steps[s as usize].kind {
+            Kind::Nop => self.complete(s),
+            Kind::Local { passes } => {
+                let t = self.mem_us(s, passes);
+                if t > 0.0 {
+                    self.push(self.now + t, EventKind::StepDone(s));
+                } else {
+                    self.complete(s);
+                }
+            }
+            Kind::Send { msg } => self.send_ready(rates, msg),
+            Kind::Recv { msg, .. } => {
+                self.recv_ready[s as usize] = true;
+                if msg != NONE && self.msg_arrived[msg as usize] {
+                    self.consume(rates, s);
+                }
+            }
+        }
+    }
+
+    fn complete(&mut self, s: u32) {
+        if self.done[s as usize] {
+            return;
+        }
+        self.done[s as usize] = true;
+        self.completed += 1;
+        if let Some(spans) = &mut self.spans {
+            spans[s as usize].1 = self.now;
+        }
+        let (a, b) = (
+            self.p.succ_start[s as usize] as usize,
+            self.p.succ_start[s as usize + 1] as usize,
+        );
+        for i in a..b {
+            let t = self.p.succ[i];
+            self.pending[t as usize] -= 1;
+            if self.pending[t as usize] == 0 {
+                self.worklist.push(t);
+            }
+        }
+    }
+
+    fn send_ready<R: Rates>(&mut self, rates: &mut R, msg: u32) {
+        if msg == NONE {
+            return;
+        }
+        self.msg_ready[msg as usize] = true;
+        self.try_start(rates, self.p.msg_conn[msg as usize]);
+    }
+
+    fn try_start<R: Rates>(&mut self, rates: &mut R, c: u32) {
+        let ci = c as usize;
+        while self.next_start[ci] < self.p.conn_len[ci]
+            && (self.next_start[ci] as usize) < self.consumed[ci] as usize + CONNECTION_SLOTS
+        {
+            let msg = self.p.conn_base[ci] + self.next_start[ci];
+            if !self.msg_ready[msg as usize] {
+                break;
+            }
+            self.next_start[ci] += 1;
+            self.start_flow(rates, msg);
+        }
+    }
+
+    fn start_flow<R: Rates>(&mut self, rates: &mut R, m: u32) {
+        let mi = m as usize;
+        self.data_start[mi] = self.now;
+        let bytes = f64::from(self.p.msg_count[mi]) * self.chunk_bytes;
+        self.messages += 1;
+        self.payload += bytes;
+        let route = &self.p.conn_route[self.p.msg_conn[mi] as usize];
+        if bytes <= 0.0 || route.resources.is_empty() {
+            self.flow_finished(m);
+            return;
+        }
+        rates.start(self, m, bytes);
+    }
+
+    /// The last byte left: the sender's step is done; the message arrives after the latency.
+    fn flow_finished(&mut self, m: u32) {
+        let mi = m as usize;
+        let s = self.p.msg_send[mi];
+        let end = self.local_until[s as usize];
+        let route = &self.p.conn_route[self.p.msg_conn[mi] as usize];
+        let latency = self.sim.model.message_us(route.class, self.protocol) + route.latency_us;
+        if end > self.now {
+            self.push(end, EventKind::StepDone(s));
+            self.push(end + latency, EventKind::Arrive(m));
+        } else {
+            self.complete(s);
+            self.push(self.now + latency, EventKind::Arrive(m));
+        }
+    }
+
+    /// Receive step `s` takes its (arrived) message.
+    fn consume<R: Rates>(&mut self, rates: &mut R, s: u32) {
+        let Kind::Recv {
+            msg, passes, out, ..
+        } = self.p.steps[s as usize].kind
+        else {
+            return;
+        };
+        self.recv_ready[s as usize] = false;
+        let c = self.p.msg_conn[msg as usize];
+        self.consumed[c as usize] += 1;
+        self.try_start(rates, c);
+        let work = self.mem_us(s, passes);
+        let start = self.data_start[msg as usize].max(self.ready_at[s as usize]);
+        let finish = self.now.max(start + work);
+        if out != NONE {
+            // Relays stream the result on as it is produced: the outgoing message starts
+            // now; the step (and the message's arrival) cannot end before the local work.
+            self.local_until[s as usize] = finish;
+            self.send_ready(rates, out);
+        } else if finish > self.now {
+            self.push(finish, EventKind::StepDone(s));
+        } else {
+            self.complete(s);
+        }
+    }
+}
+
+/// Runs a prepared schedule with max-min fair flows ([`FlowRates`]).
+fn run_flows(
+    sim: &Simulator,
+    p: &Prepared,
+    bytes: u64,
+    protocol: Protocol,
+    trace: bool,
+) -> Result<(Estimate, Spans), CostError> {
+    let mut st = Steps::new(sim, p, bytes, protocol, trace);
+    let mut rates = FlowRates::new(sim, p, bytes, protocol);
+    let spans = st.execute(&mut rates)?;
+    let base = sim.model.base_us(protocol);
+    Ok((
+        Estimate {
+            time_us: base + st.now,
+            base_us: base,
+            messages: st.messages,
+            payload_bytes: st.payload,
+            resource_bytes: rates.resource_bytes,
+        },
+        spans,
+    ))
+}
+
+/// Max-min fair rates of every flow of a whole schedule (see [`FlowRates::recompute`]).
+struct FlowRates<'a> {
+    p: &'a Prepared,
     // flows (indexed by message)
     rate: Vec<f64>,
     remaining: Vec<f64>,
@@ -716,50 +1016,19 @@ struct Run<'a> {
     /// Scratch: the resources and flows of the component being recomputed.
     comp_res: Vec<u32>,
     comp_flows: Vec<u32>,
-    messages: usize,
-    payload: f64,
-    /// Per step: (start, end), when traced.
-    spans: Spans,
 }
 
-impl<'a> Run<'a> {
-    fn new(
-        sim: &'a Simulator,
-        p: &'a Prepared,
-        bytes: u64,
-        protocol: Protocol,
-        trace: bool,
-    ) -> Run<'a> {
-        let nsteps = p.steps.len();
+impl<'a> FlowRates<'a> {
+    fn new(sim: &Simulator, p: &'a Prepared, bytes: u64, protocol: Protocol) -> FlowRates<'a> {
         let nmsg = p.msg_conn.len();
-        let nconn = p.conn_base.len();
         let nres = sim.network.capacity.len();
         // The calibration's bandwidth factor at this size scales links and local work alike.
         let scale = sim.model.bandwidth_factor(bytes);
         let eff = sim.model.efficiency(protocol) * scale;
         // GB/s × 1e3 = bytes per µs.
         let cap = sim.network.capacity.iter().map(|c| c * eff * 1e3).collect();
-        Run {
-            sim,
+        FlowRates {
             p,
-            protocol,
-            chunk_bytes: bytes as f64 / f64::from(p.chunks),
-            mem_scale: scale,
-            now: 0.0,
-            seq: 0,
-            events: BinaryHeap::new(),
-            pending: p.pending.clone(),
-            ready_at: vec![0.0; nsteps],
-            local_until: vec![0.0; nsteps],
-            recv_ready: vec![false; nsteps],
-            done: vec![false; nsteps],
-            completed: 0,
-            worklist: Vec::new(),
-            msg_ready: vec![false; nmsg],
-            msg_arrived: vec![false; nmsg],
-            data_start: vec![0.0; nmsg],
-            next_start: vec![0; nconn],
-            consumed: vec![0; nconn],
             rate: vec![0.0; nmsg],
             remaining: vec![0.0; nmsg],
             last: vec![0.0; nmsg],
@@ -784,183 +1053,15 @@ impl<'a> Run<'a> {
             shares: Shares::new(nres, nmsg),
             comp_res: Vec::new(),
             comp_flows: Vec::new(),
-            messages: 0,
-            payload: 0.0,
-            spans: trace.then(|| vec![(0.0, 0.0); nsteps]),
         }
     }
+}
 
-    fn push(&mut self, time: f64, kind: EventKind) {
-        self.seq += 1;
-        self.events.push(Event {
-            time,
-            seq: self.seq,
-            kind,
-        });
-    }
-
-    fn mem_us(&self, step: u32, passes: f64) -> f64 {
-        let s = &self.p.steps[step as usize];
-        let bw = self.sim.network.mem_bw[s.rank as usize] * self.mem_scale;
-        if passes <= 0.0 || bw.is_nan() || bw <= 0.0 {
-            return 0.0;
-        }
-        passes * f64::from(s.count) * self.chunk_bytes / (bw * 1e3)
-    }
-
-    fn execute(mut self) -> Result<(Estimate, Spans), CostError> {
-        for id in 0..self.p.steps.len() as u32 {
-            if self.pending[id as usize] == 0 {
-                self.worklist.push(id);
-            }
-        }
-        self.drain_ready();
-        loop {
-            let next_time = self.events.peek().map(|e| e.time);
-            if !self.dirty.is_empty() && next_time.is_none_or(|t| t > self.now) {
-                self.recompute();
-                continue;
-            }
-            let Some(ev) = self.events.pop() else {
-                if self.active_count > 0 && self.pending_changes + self.released > 0 {
-                    // Flows left without capacity by approximate allocation: re-balance.
-                    self.full_recompute();
-                    continue;
-                }
-                break;
-            };
-            if let EventKind::FlowDone(m, v) = ev.kind
-                && !(self.active[m as usize] && self.version[m as usize] == v)
-            {
-                continue; // superseded by a rate change
-            }
-            self.now = self.now.max(ev.time);
-            match ev.kind {
-                EventKind::StepDone(s) => self.complete(s),
-                EventKind::FlowDone(m, _) => self.finish_flow(m),
-                EventKind::Arrive(m) => {
-                    self.msg_arrived[m as usize] = true;
-                    let r = self.p.msg_recv[m as usize];
-                    if r != NONE && self.recv_ready[r as usize] {
-                        self.consume(r);
-                    }
-                }
-            }
-            self.drain_ready();
-        }
-        if self.completed < self.p.steps.len() {
-            let stuck = (0..self.p.steps.len())
-                .find(|&i| !self.done[i])
-                .map(|i| self.p.step_ref[i]);
-            return Err(CostError::Deadlock {
-                at: stuck.unwrap_or(StepRef {
-                    rank: 0,
-                    stream: 0,
-                    step: 0,
-                }),
-            });
-        }
-        let base = self.sim.model.base_us(self.protocol);
-        Ok((
-            Estimate {
-                time_us: base + self.now,
-                base_us: base,
-                messages: self.messages,
-                payload_bytes: self.payload,
-                resource_bytes: self.resource_bytes,
-            },
-            self.spans,
-        ))
-    }
-
-    /// Processes steps whose predecessors are all done.
-    fn drain_ready(&mut self) {
-        while let Some(s) = self.worklist.pop() {
-            self.ready(s);
-        }
-    }
-
-    fn ready(&mut self, s: u32) {
-        self.ready_at[s as usize] = self.now;
-        if let Some(spans) = &mut self.spans {
-            spans[s as usize].0 = self.now;
-        }
-        match self.p.steps[s as usize].kind {
-            Kind::Nop => self.complete(s),
-            Kind::Local { passes } => {
-                let t = self.mem_us(s, passes);
-                if t > 0.0 {
-                    self.push(self.now + t, EventKind::StepDone(s));
-                } else {
-                    self.complete(s);
-                }
-            }
-            Kind::Send { msg } => self.send_ready(msg),
-            Kind::Recv { msg, .. } => {
-                self.recv_ready[s as usize] = true;
-                if msg != NONE && self.msg_arrived[msg as usize] {
-                    self.consume(s);
-                }
-            }
-        }
-    }
-
-    fn complete(&mut self, s: u32) {
-        if self.done[s as usize] {
-            return;
-        }
-        self.done[s as usize] = true;
-        self.completed += 1;
-        if let Some(spans) = &mut self.spans {
-            spans[s as usize].1 = self.now;
-        }
-        let (a, b) = (
-            self.p.succ_start[s as usize] as usize,
-            self.p.succ_start[s as usize + 1] as usize,
-        );
-        for i in a..b {
-            let t = self.p.succ[i];
-            self.pending[t as usize] -= 1;
-            if self.pending[t as usize] == 0 {
-                self.worklist.push(t);
-            }
-        }
-    }
-
-    fn send_ready(&mut self, msg: u32) {
-        if msg == NONE {
-            return;
-        }
-        self.msg_ready[msg as usize] = true;
-        self.try_start(self.p.msg_conn[msg as usize]);
-    }
-
-    fn try_start(&mut self, c: u32) {
-        let ci = c as usize;
-        while self.next_start[ci] < self.p.conn_len[ci]
-            && (self.next_start[ci] as usize) < self.consumed[ci] as usize + CONNECTION_SLOTS
-        {
-            let msg = self.p.conn_base[ci] + self.next_start[ci];
-            if !self.msg_ready[msg as usize] {
-                break;
-            }
-            self.next_start[ci] += 1;
-            self.start_flow(msg);
-        }
-    }
-
-    fn start_flow(&mut self, m: u32) {
+impl Rates for FlowRates<'_> {
+    fn start(&mut self, st: &mut Steps<'_>, m: u32, bytes: f64) {
         let mi = m as usize;
-        self.data_start[mi] = self.now;
-        let bytes = f64::from(self.p.msg_count[mi]) * self.chunk_bytes;
-        self.messages += 1;
-        self.payload += bytes;
-        let p: &'a Prepared = self.p;
-        let route: &'a Route = &p.conn_route[p.msg_conn[mi] as usize];
-        if bytes <= 0.0 || route.resources.is_empty() {
-            self.flow_finished(m);
-            return;
-        }
+        let p = self.p;
+        let route: &Route = &p.conn_route[p.msg_conn[mi] as usize];
         for &r in &route.resources {
             self.res_flows[r as usize].push(m);
             self.resource_bytes[r as usize] += bytes;
@@ -970,17 +1071,17 @@ impl<'a> Run<'a> {
         self.fresh.push(m);
         self.remaining[mi] = bytes;
         self.rate[mi] = 0.0;
-        self.last[mi] = self.now;
+        self.last[mi] = st.now;
         self.dirty.extend_from_slice(&route.resources);
     }
 
-    fn finish_flow(&mut self, m: u32) {
+    fn finish(&mut self, _st: &mut Steps<'_>, m: u32) {
         let mi = m as usize;
         self.active[mi] = false;
         self.active_count -= 1;
         self.released += 1;
-        let p: &'a Prepared = self.p;
-        let route: &'a Route = &p.conn_route[p.msg_conn[mi] as usize];
+        let p = self.p;
+        let route: &Route = &p.conn_route[p.msg_conn[mi] as usize];
         for &r in &route.resources {
             self.used[r as usize] = (self.used[r as usize] - self.rate[mi]).max(0.0);
             let list = &mut self.res_flows[r as usize];
@@ -989,52 +1090,32 @@ impl<'a> Run<'a> {
             }
         }
         self.dirty.extend_from_slice(&route.resources);
-        self.flow_finished(m);
     }
 
-    /// The last byte left: the sender's step is done; the message arrives after the latency.
-    fn flow_finished(&mut self, m: u32) {
-        let mi = m as usize;
-        let s = self.p.msg_send[mi];
-        let end = self.local_until[s as usize];
-        let route = &self.p.conn_route[self.p.msg_conn[mi] as usize];
-        let latency = self.sim.model.message_us(route.class, self.protocol) + route.latency_us;
-        if end > self.now {
-            self.push(end, EventKind::StepDone(s));
-            self.push(end + latency, EventKind::Arrive(m));
+    fn current(&self, m: u32, version: u32) -> bool {
+        self.active[m as usize] && self.version[m as usize] == version
+    }
+
+    fn dirty(&self) -> bool {
+        !self.dirty.is_empty()
+    }
+
+    fn recompute(&mut self, st: &mut Steps<'_>) {
+        self.recompute_dirty(st);
+    }
+
+    fn revive(&mut self, st: &mut Steps<'_>) -> bool {
+        if self.active_count > 0 && self.pending_changes + self.released > 0 {
+            // Flows left without capacity by approximate allocation: re-balance.
+            self.full_recompute(st);
+            true
         } else {
-            self.complete(s);
-            self.push(self.now + latency, EventKind::Arrive(m));
+            false
         }
     }
+}
 
-    /// Receive step `s` takes its (arrived) message.
-    fn consume(&mut self, s: u32) {
-        let Kind::Recv {
-            msg, passes, out, ..
-        } = self.p.steps[s as usize].kind
-        else {
-            return;
-        };
-        self.recv_ready[s as usize] = false;
-        let c = self.p.msg_conn[msg as usize];
-        self.consumed[c as usize] += 1;
-        self.try_start(c);
-        let work = self.mem_us(s, passes);
-        let start = self.data_start[msg as usize].max(self.ready_at[s as usize]);
-        let finish = self.now.max(start + work);
-        if out != NONE {
-            // Relays stream the result on as it is produced: the outgoing message starts
-            // now; the step (and the message's arrival) cannot end before the local work.
-            self.local_until[s as usize] = finish;
-            self.send_ready(out);
-        } else if finish > self.now {
-            self.push(finish, EventKind::StepDone(s));
-        } else {
-            self.complete(s);
-        }
-    }
-
+impl<'a> FlowRates<'a> {
     /// Max-min fair rates for the flows connected to the dirty resources. Components of at
     /// most [`EXACT_COMPONENT`] flows are recomputed exactly at every change. In larger ones
     /// (all-to-all traffic through shared switches) a new flow takes the capacity its route
@@ -1042,7 +1123,7 @@ impl<'a> Run<'a> {
     /// re-balanced after every `max(EXACT_COMPONENT / 4, active / 4)` such changes: rates stay
     /// feasible (no resource is ever over capacity), so lower bounds remain valid, and the
     /// cost per event stays bounded.
-    fn recompute(&mut self) {
+    fn recompute_dirty(&mut self, st: &mut Steps<'_>) {
         let epoch = self.next_epoch();
         let mut stack = std::mem::take(&mut self.dirty);
         let mut fresh = std::mem::take(&mut self.fresh);
@@ -1077,7 +1158,7 @@ impl<'a> Run<'a> {
         stack.clear();
         self.dirty = stack;
         if !big {
-            self.fill(&comp_res, &comp_flows);
+            self.fill(st, &comp_res, &comp_flows);
         }
         self.comp_res = comp_res;
         self.comp_flows = comp_flows;
@@ -1105,7 +1186,7 @@ impl<'a> Run<'a> {
                 for &r in &route.resources {
                     self.used[r as usize] += rate;
                 }
-                self.set_rate(f, rate);
+                self.set_rate(st, f, rate);
             }
         }
         fresh.clear();
@@ -1113,7 +1194,7 @@ impl<'a> Run<'a> {
         self.pending_changes += changes;
         let threshold = (EXACT_COMPONENT / 4).max(self.active_count / 4);
         if self.pending_changes >= threshold {
-            self.full_recompute();
+            self.full_recompute(st);
         }
     }
 
@@ -1129,7 +1210,7 @@ impl<'a> Run<'a> {
     }
 
     /// Exact max-min rates over every active flow.
-    fn full_recompute(&mut self) {
+    fn full_recompute(&mut self, st: &mut Steps<'_>) {
         self.pending_changes = 0;
         self.released = 0;
         self.fresh.clear();
@@ -1151,34 +1232,34 @@ impl<'a> Run<'a> {
                 }
             }
         }
-        self.fill(&comp_res, &comp_flows);
+        self.fill(st, &comp_res, &comp_flows);
         self.comp_res = comp_res;
         self.comp_flows = comp_flows;
     }
 
     /// Sets a flow's rate, settling its progress and scheduling its end.
-    fn set_rate(&mut self, f: u32, new: f64) {
+    fn set_rate(&mut self, st: &mut Steps<'_>, f: u32, new: f64) {
         let fi = f as usize;
-        let elapsed = self.now - self.last[fi];
+        let elapsed = st.now - self.last[fi];
         self.remaining[fi] = (self.remaining[fi] - self.rate[fi] * elapsed).max(0.0);
-        self.last[fi] = self.now;
+        self.last[fi] = st.now;
         self.rate[fi] = new;
         self.version[fi] = self.version[fi].wrapping_add(1);
         if new > 0.0 {
-            let finish = self.now + self.remaining[fi] / new;
-            self.push(finish, EventKind::FlowDone(f, self.version[fi]));
+            let finish = st.now + self.remaining[fi] / new;
+            st.push(finish, EventKind::FlowDone(f, self.version[fi]));
         }
     }
 
     /// Progressive filling over a closed set of resources and the flows on them.
-    fn fill(&mut self, comp_res: &[u32], comp_flows: &[u32]) {
+    fn fill(&mut self, st: &mut Steps<'_>, comp_res: &[u32], comp_flows: &[u32]) {
         let epoch = self.epoch;
         let p: &'a Prepared = self.p;
         let (routes, msg_conn) = (&p.conn_route, &p.msg_conn);
         // Progressive filling: repeatedly freeze the flows of the resource with the smallest
         // fair share `rem / cnt` (ties: lowest id) at that share.
         {
-            let Run {
+            let FlowRates {
                 shares,
                 rem,
                 cnt,
@@ -1293,7 +1374,7 @@ impl<'a> Run<'a> {
                 self.used[r as usize] += new;
             }
             if new != self.rate[f as usize] || self.rate[f as usize] == 0.0 {
-                self.set_rate(f, new);
+                self.set_rate(st, f, new);
             }
         }
     }

@@ -66,12 +66,12 @@
 use super::CostError;
 use super::network::Route;
 use super::sim::{
-    Estimate, Event, EventKind, FlatStep, Kind, Messages, NONE, Prepared, Simulator,
+    Estimate, EventKind, FlatStep, Messages, NONE, Prepared, Rates, Simulator, Steps,
     number_messages, step_kind, successors,
 };
-use hccl_ir::{Action, CONNECTION_SLOTS, Protocol, StepRef, SymmetricSchedule, SymmetryTable};
+use hccl_ir::{Action, Protocol, StepRef, SymmetricSchedule, SymmetryTable};
+use std::collections::HashMap;
 use std::collections::hash_map::Entry;
-use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 
 /// A symmetric schedule flattened for repeated simulation ([`Simulator::run_symmetric`]).
@@ -559,38 +559,18 @@ impl Simulator {
             Form::Template(t) if t.resources != self.network.capacity.len() => {
                 mismatch("another network")
             }
-            Form::Template(t) => SymRun::new(self, t, p.nranks, bytes, protocol).execute(),
+            Form::Template(t) => run_template(self, t, p.nranks, bytes, protocol),
         }
     }
 }
 
-/// The mutable state of one template simulation (the step and message logic of
-/// [`super::sim`]'s run; rates by weighted filling over peer classes).
-struct SymRun<'a> {
-    sim: &'a Simulator,
+/// Weighted max-min fair rates of a template's flows (every translate of a flow at its
+/// rate; see [`ClassRates::fill`]).
+struct ClassRates<'a> {
     t: &'a Template,
     p: &'a Prepared,
-    nranks: u32,
-    protocol: Protocol,
-    chunk_bytes: f64,
-    /// Bandwidth factor of the calibration at this size (local memory work).
-    mem_scale: f64,
     /// GB/s → bytes/µs under the protocol's efficiency and the bandwidth factor.
     cap_scale: f64,
-    now: f64,
-    seq: u64,
-    events: BinaryHeap<Event<EventKind>>,
-    pending: Vec<u32>,
-    ready_at: Vec<f64>,
-    local_until: Vec<f64>,
-    recv_ready: Vec<bool>,
-    done: Vec<bool>,
-    worklist: Vec<u32>,
-    msg_ready: Vec<bool>,
-    msg_arrived: Vec<bool>,
-    data_start: Vec<f64>,
-    next_start: Vec<u32>,
-    consumed: Vec<u32>,
     // flows (indexed by message)
     rate: Vec<f64>,
     remaining: Vec<f64>,
@@ -603,8 +583,6 @@ struct SymRun<'a> {
     dirty: bool,
     /// Payload bytes started per peer class.
     class_bytes: Vec<f64>,
-    messages: usize,
-    payload: f64,
     // scratch of the filling
     class_active: Vec<u64>,
     class_rate: Vec<f64>,
@@ -615,41 +593,16 @@ struct SymRun<'a> {
     live_rows: Vec<u32>,
 }
 
-impl<'a> SymRun<'a> {
-    fn new(
-        sim: &'a Simulator,
-        t: &'a Template,
-        nranks: u32,
-        bytes: u64,
-        protocol: Protocol,
-    ) -> SymRun<'a> {
+impl<'a> ClassRates<'a> {
+    fn new(sim: &Simulator, t: &'a Template, bytes: u64, protocol: Protocol) -> ClassRates<'a> {
         let p = &t.prepared;
-        let (nsteps, nmsg, nconn) = (p.steps.len(), p.msg_conn.len(), p.conn_base.len());
+        let nmsg = p.msg_conn.len();
         let (nclass, nrows) = (t.class_rows.len(), t.row_cap.len());
         let scale = sim.model.bandwidth_factor(bytes);
-        SymRun {
-            sim,
+        ClassRates {
             t,
             p,
-            nranks,
-            protocol,
-            chunk_bytes: bytes as f64 / f64::from(p.chunks),
-            mem_scale: scale,
             cap_scale: sim.model.efficiency(protocol) * scale * 1e3,
-            now: 0.0,
-            seq: 0,
-            events: BinaryHeap::new(),
-            pending: p.pending.clone(),
-            ready_at: vec![0.0; nsteps],
-            local_until: vec![0.0; nsteps],
-            recv_ready: vec![false; nsteps],
-            done: vec![false; nsteps],
-            worklist: Vec::new(),
-            msg_ready: vec![false; nmsg],
-            msg_arrived: vec![false; nmsg],
-            data_start: vec![0.0; nmsg],
-            next_start: vec![0; nconn],
-            consumed: vec![0; nconn],
             rate: vec![0.0; nmsg],
             remaining: vec![0.0; nmsg],
             last: vec![0.0; nmsg],
@@ -658,8 +611,6 @@ impl<'a> SymRun<'a> {
             flows: Vec::new(),
             dirty: false,
             class_bytes: vec![0.0; nclass],
-            messages: 0,
-            payload: 0.0,
             class_active: vec![0; nclass],
             class_rate: vec![0.0; nclass],
             class_frozen: vec![false; nclass],
@@ -670,228 +621,85 @@ impl<'a> SymRun<'a> {
         }
     }
 
-    fn push(&mut self, time: f64, kind: EventKind) {
-        self.seq += 1;
-        self.events.push(Event {
-            time,
-            seq: self.seq,
-            kind,
-        });
-    }
-
-    fn mem_us(&self, step: u32, passes: f64) -> f64 {
-        let s = &self.p.steps[step as usize];
-        let bw = self.sim.network.mem_bw[s.rank as usize] * self.mem_scale;
-        if passes <= 0.0 || bw.is_nan() || bw <= 0.0 {
-            return 0.0;
-        }
-        passes * f64::from(s.count) * self.chunk_bytes / (bw * 1e3)
-    }
-
     fn class_of(&self, m: u32) -> usize {
         self.t.conn_class[self.p.msg_conn[m as usize] as usize] as usize
     }
+}
 
-    fn execute(mut self) -> Result<Estimate, CostError> {
-        for id in 0..self.p.steps.len() as u32 {
-            if self.pending[id as usize] == 0 {
-                self.worklist.push(id);
-            }
-        }
-        self.drain_ready();
-        loop {
-            let next_time = self.events.peek().map(|e| e.time);
-            if self.dirty && next_time.is_none_or(|t| t > self.now) {
-                self.recompute();
-                continue;
-            }
-            let Some(ev) = self.events.pop() else {
-                break;
-            };
-            if let EventKind::FlowDone(m, v) = ev.kind
-                && !(self.active[m as usize] && self.version[m as usize] == v)
-            {
-                continue; // superseded by a rate change
-            }
-            self.now = self.now.max(ev.time);
-            match ev.kind {
-                EventKind::StepDone(s) => self.complete(s),
-                EventKind::FlowDone(m, _) => self.finish_flow(m),
-                EventKind::Arrive(m) => {
-                    self.msg_arrived[m as usize] = true;
-                    let r = self.p.msg_recv[m as usize];
-                    if r != NONE && self.recv_ready[r as usize] {
-                        self.consume(r);
-                    }
-                }
-            }
-            self.drain_ready();
-        }
-        if let Some(i) = self.done.iter().position(|&d| !d) {
-            return Err(CostError::Deadlock {
-                at: self.p.step_ref[i],
-            });
-        }
-        let mut resource_bytes = vec![0.0; self.t.resources];
-        for (list, &bytes) in self.t.class_resources.iter().zip(&self.class_bytes) {
-            for &(r, k) in list {
-                resource_bytes[r as usize] += bytes * f64::from(k);
-            }
-        }
-        let n = self.nranks as usize;
-        let base = self.sim.model.base_us(self.protocol);
-        Ok(Estimate {
-            time_us: base + self.now,
-            base_us: base,
-            messages: self.messages * n,
-            payload_bytes: self.payload * n as f64,
-            resource_bytes,
-        })
-    }
-
-    fn drain_ready(&mut self) {
-        while let Some(s) = self.worklist.pop() {
-            self.ready(s);
-        }
-    }
-
-    fn ready(&mut self, s: u32) {
-        self.ready_at[s as usize] = self.now;
-        match self.p.steps[s as usize].kind {
-            Kind::Nop => self.complete(s),
-            Kind::Local { passes } => {
-                let t = self.mem_us(s, passes);
-                if t > 0.0 {
-                    self.push(self.now + t, EventKind::StepDone(s));
-                } else {
-                    self.complete(s);
-                }
-            }
-            Kind::Send { msg } => self.send_ready(msg),
-            Kind::Recv { msg, .. } => {
-                self.recv_ready[s as usize] = true;
-                if msg != NONE && self.msg_arrived[msg as usize] {
-                    self.consume(s);
-                }
-            }
-        }
-    }
-
-    fn complete(&mut self, s: u32) {
-        if self.done[s as usize] {
-            return;
-        }
-        self.done[s as usize] = true;
-        let p = self.p;
-        for &t in &p.succ[p.succ_start[s as usize] as usize..p.succ_start[s as usize + 1] as usize]
-        {
-            self.pending[t as usize] -= 1;
-            if self.pending[t as usize] == 0 {
-                self.worklist.push(t);
-            }
-        }
-    }
-
-    fn send_ready(&mut self, msg: u32) {
-        if msg == NONE {
-            return;
-        }
-        self.msg_ready[msg as usize] = true;
-        self.try_start(self.p.msg_conn[msg as usize]);
-    }
-
-    fn try_start(&mut self, c: u32) {
-        let ci = c as usize;
-        while self.next_start[ci] < self.p.conn_len[ci]
-            && (self.next_start[ci] as usize) < self.consumed[ci] as usize + CONNECTION_SLOTS
-        {
-            let msg = self.p.conn_base[ci] + self.next_start[ci];
-            if !self.msg_ready[msg as usize] {
-                break;
-            }
-            self.next_start[ci] += 1;
-            self.start_flow(msg);
-        }
-    }
-
-    fn start_flow(&mut self, m: u32) {
+impl Rates for ClassRates<'_> {
+    fn start(&mut self, st: &mut Steps<'_>, m: u32, bytes: f64) {
         let mi = m as usize;
-        self.data_start[mi] = self.now;
-        let bytes = f64::from(self.p.msg_count[mi]) * self.chunk_bytes;
-        self.messages += 1;
-        self.payload += bytes;
-        if bytes <= 0.0
-            || self.p.conn_route[self.p.msg_conn[mi] as usize]
-                .resources
-                .is_empty()
-        {
-            self.flow_finished(m);
-            return;
-        }
         let class = self.class_of(m);
         self.class_bytes[class] += bytes;
         self.active[mi] = true;
         self.flows.push(m);
         self.remaining[mi] = bytes;
         self.rate[mi] = 0.0;
-        self.last[mi] = self.now;
+        self.last[mi] = st.now;
         self.dirty = true;
     }
 
-    fn finish_flow(&mut self, m: u32) {
+    fn finish(&mut self, _st: &mut Steps<'_>, m: u32) {
         self.active[m as usize] = false;
         if let Some(pos) = self.flows.iter().position(|&f| f == m) {
             self.flows.swap_remove(pos);
         }
         self.dirty = true;
-        self.flow_finished(m);
     }
 
-    /// The last byte left: the sender's step is done; the message arrives after the latency.
-    fn flow_finished(&mut self, m: u32) {
-        let mi = m as usize;
-        let s = self.p.msg_send[mi];
-        let end = self.local_until[s as usize];
-        let route = &self.p.conn_route[self.p.msg_conn[mi] as usize];
-        let latency = self.sim.model.message_us(route.class, self.protocol) + route.latency_us;
-        if end > self.now {
-            self.push(end, EventKind::StepDone(s));
-            self.push(end + latency, EventKind::Arrive(m));
-        } else {
-            self.complete(s);
-            self.push(self.now + latency, EventKind::Arrive(m));
+    fn current(&self, m: u32, version: u32) -> bool {
+        self.active[m as usize] && self.version[m as usize] == version
+    }
+
+    fn dirty(&self) -> bool {
+        self.dirty
+    }
+
+    fn recompute(&mut self, st: &mut Steps<'_>) {
+        self.fill(st);
+    }
+
+    /// Rates are always exact: nothing is left to re-balance.
+    fn revive(&mut self, _st: &mut Steps<'_>) -> bool {
+        false
+    }
+}
+
+/// Runs a template: the step logic of [`super::sim`], rates by [`ClassRates`]; counts and
+/// resource bytes scaled to the whole network.
+fn run_template(
+    sim: &Simulator,
+    t: &Template,
+    nranks: u32,
+    bytes: u64,
+    protocol: Protocol,
+) -> Result<Estimate, CostError> {
+    let p = &t.prepared;
+    let mut st = Steps::new(sim, p, bytes, protocol, false);
+    let mut rates = ClassRates::new(sim, t, bytes, protocol);
+    st.execute(&mut rates)?;
+    let mut resource_bytes = vec![0.0; t.resources];
+    for (list, &bytes) in t.class_resources.iter().zip(&rates.class_bytes) {
+        for &(r, k) in list {
+            resource_bytes[r as usize] += bytes * f64::from(k);
         }
     }
+    let n = nranks as usize;
+    let base = sim.model.base_us(protocol);
+    Ok(Estimate {
+        time_us: base + st.now,
+        base_us: base,
+        messages: st.messages * n,
+        payload_bytes: st.payload * n as f64,
+        resource_bytes,
+    })
+}
 
-    /// Receive step `s` takes its (arrived) message.
-    fn consume(&mut self, s: u32) {
-        let Kind::Recv {
-            msg, passes, out, ..
-        } = self.p.steps[s as usize].kind
-        else {
-            return;
-        };
-        self.recv_ready[s as usize] = false;
-        let c = self.p.msg_conn[msg as usize];
-        self.consumed[c as usize] += 1;
-        self.try_start(c);
-        let work = self.mem_us(s, passes);
-        let start = self.data_start[msg as usize].max(self.ready_at[s as usize]);
-        let finish = self.now.max(start + work);
-        if out != NONE {
-            self.local_until[s as usize] = finish;
-            self.send_ready(out);
-        } else if finish > self.now {
-            self.push(finish, EventKind::StepDone(s));
-        } else {
-            self.complete(s);
-        }
-    }
-
+impl<'a> ClassRates<'a> {
     /// Weighted max-min fair rates of the active flows: progressive filling over peer
     /// classes (flows to one peer share every constraint, so their rate), each constraint
     /// row saturating at `rem / Σ_{unfrozen classes} mult · active flows`.
-    fn recompute(&mut self) {
+    fn fill(&mut self, st: &mut Steps<'_>) {
         self.dirty = false;
         let t: &'a Template = self.t;
         self.class_active.iter_mut().for_each(|a| *a = 0);
@@ -958,22 +766,22 @@ impl<'a> SymRun<'a> {
             let f = self.flows[i];
             let new = self.class_rate[self.class_of(f)];
             if new != self.rate[f as usize] || self.rate[f as usize] == 0.0 {
-                self.set_rate(f, new);
+                self.set_rate(st, f, new);
             }
         }
     }
 
     /// Sets a flow's rate, settling its progress and scheduling its end.
-    fn set_rate(&mut self, f: u32, new: f64) {
+    fn set_rate(&mut self, st: &mut Steps<'_>, f: u32, new: f64) {
         let fi = f as usize;
-        let elapsed = self.now - self.last[fi];
+        let elapsed = st.now - self.last[fi];
         self.remaining[fi] = (self.remaining[fi] - self.rate[fi] * elapsed).max(0.0);
-        self.last[fi] = self.now;
+        self.last[fi] = st.now;
         self.rate[fi] = new;
         self.version[fi] = self.version[fi].wrapping_add(1);
         if new > 0.0 {
-            let finish = self.now + self.remaining[fi] / new;
-            self.push(finish, EventKind::FlowDone(f, self.version[fi]));
+            let finish = st.now + self.remaining[fi] / new;
+            st.push(finish, EventKind::FlowDone(f, self.version[fi]));
         }
     }
 }
