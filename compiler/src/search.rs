@@ -880,6 +880,20 @@ impl Ready {
             Ready::Template(p) => sim.run_symmetric(p, bytes, protocol),
         }
     }
+
+    /// The time (µs) at `bytes` under `protocol`, or infinity when the run fails or is sure
+    /// to take longer than `limit_us` ([`Simulator::run_within`]; a template run is cheap
+    /// and always runs to its end).
+    fn time_within(&self, sim: &Simulator, bytes: u64, protocol: Protocol, limit_us: f64) -> f64 {
+        let estimate = match self {
+            Ready::Full(p) => sim.run_within(p, bytes, protocol, limit_us),
+            Ready::Template(p) => sim.run_symmetric(p, bytes, protocol).map(Some),
+        };
+        match estimate {
+            Ok(Some(e)) => e.time_us,
+            Ok(None) | Err(_) => f64::INFINITY,
+        }
+    }
 }
 
 /// Rank count above which candidates are screened before they are fully costed.
@@ -1125,6 +1139,14 @@ struct Probe {
 /// kept (the baseline needs them). Large schedules of families that cannot win (all-pairs
 /// meshes on many ranks) then cost two simulations instead of one per size and protocol.
 /// The probes' times are handed on, so a kept candidate is not simulated there again.
+///
+/// The screen runs in two waves. The first simulates the candidates that are cheap to run
+/// (templates, costed as one rank class) and those kept anyway (the baseline's), in full.
+/// The second simulates the others only up to [`SCREEN_FACTOR`] × the first wave's best at
+/// each probe ([`Simulator::run_within`]): a run past that limit would not be kept whatever
+/// the second wave finds (the best only gets lower), so it stops there. The verdicts are
+/// those of running every candidate in full; only the losers' runs are shorter (a k-ary
+/// tree on 4096 ranks stops after a small part of its run).
 fn screen(
     sim: &Simulator,
     candidates: &[(Candidate, bool)],
@@ -1152,33 +1174,92 @@ fn screen(
         return keep_all();
     };
     let (last_size, last_proto) = (sizes.len() - 1, options.protocols.len() - 1);
-    let probes: Vec<[f64; 2]> = par_map(candidates, |(c, _)| {
+    let kept_anyway = |c: &Candidate| always.contains(&c.algorithm.as_str());
+    let first_wave = |c: &Candidate| c.template.is_some() || kept_anyway(c);
+    // Both probes of one candidate, each run given up past its limit.
+    let probe = |c: &Candidate, limits: [f64; 2]| -> [f64; 2] {
         let started = std::time::Instant::now();
-        let Ok(prep) = Ready::new(sim, c) else {
-            return [f64::INFINITY; 2];
+        let prep = if limits.iter().any(|l| l.is_finite()) && c.template.is_none() {
+            // Its critical path first: past both limits, its routes are never looked up.
+            let Ok(unrouted) = sim.unrouted(&c.schedule) else {
+                return [f64::INFINITY; 2];
+            };
+            let bound = [
+                if small >= c.min_bytes {
+                    unrouted.bound_us(sim, small, p_small)
+                } else {
+                    f64::INFINITY
+                },
+                unrouted.bound_us(sim, large, p_large),
+            ];
+            if bound[0] > limits[0] && bound[1] > limits[1] {
+                let shown = format!(
+                    " (bounds {:.1} µs, {:.1} µs past the limits)",
+                    bound[0], bound[1]
+                );
+                trace_candidate("screen", c, started, &shown);
+                return [f64::INFINITY; 2];
+            }
+            match unrouted.route(sim) {
+                Ok(p) => Ready::Full(Box::new(p)),
+                Err(_) => return [f64::INFINITY; 2],
+            }
+        } else {
+            match Ready::new(sim, c) {
+                Ok(p) => p,
+                Err(_) => return [f64::INFINITY; 2],
+            }
         };
-        let at = |bytes, p| prep.run(sim, bytes, p).map_or(f64::INFINITY, |e| e.time_us);
+        let small_time = if small >= c.min_bytes {
+            prep.time_within(sim, small, p_small, limits[0])
+        } else {
+            f64::INFINITY
+        };
+        // Kept for its small probe: its large probe is wanted in full (costing reuses it).
+        let large_limit = if small_time.is_finite() {
+            f64::INFINITY
+        } else {
+            limits[1]
+        };
         let times = [
-            if small >= c.min_bytes {
-                at(small, p_small)
-            } else {
-                f64::INFINITY
-            },
-            at(large, p_large),
+            small_time,
+            prep.time_within(sim, large, p_large, large_limit),
         ];
         let shown = format!(" ({:.1} µs, {:.1} µs at the probes)", times[0], times[1]);
         trace_candidate("screen", c, started, &shown);
         times
-    });
-    let best = |k: usize| probes.iter().map(|p| p[k]).fold(f64::INFINITY, f64::min);
-    let (b0, b1) = (best(0), best(1));
+    };
+    let wave = |first: bool| -> Vec<usize> {
+        (0..n)
+            .filter(|&i| first_wave(&candidates[i].0) == first)
+            .collect()
+    };
+    let mut probes = vec![[f64::INFINITY; 2]; n];
+    let first = wave(true);
+    for (&i, times) in first.iter().zip(par_map(&first, |&i| {
+        probe(&candidates[i].0, [f64::INFINITY; 2])
+    })) {
+        probes[i] = times;
+    }
+    let best =
+        |probes: &[[f64; 2]], k: usize| probes.iter().map(|p| p[k]).fold(f64::INFINITY, f64::min);
+    let limits = [
+        best(&probes, 0) * SCREEN_FACTOR,
+        best(&probes, 1) * SCREEN_FACTOR,
+    ];
+    let second = wave(false);
+    for (&i, times) in second
+        .iter()
+        .zip(par_map(&second, |&i| probe(&candidates[i].0, limits)))
+    {
+        probes[i] = times;
+    }
+    let (b0, b1) = (best(&probes, 0), best(&probes, 1));
     candidates
         .iter()
         .zip(&probes)
         .map(|((c, _), p)| Probe {
-            keep: always.contains(&c.algorithm.as_str())
-                || p[0] <= b0 * SCREEN_FACTOR
-                || p[1] <= b1 * SCREEN_FACTOR,
+            keep: kept_anyway(c) || p[0] <= b0 * SCREEN_FACTOR || p[1] <= b1 * SCREEN_FACTOR,
             known: [(0, 0, p[0]), (last_size, last_proto, p[1])]
                 .into_iter()
                 .filter(|k| k.2.is_finite())

@@ -21,6 +21,7 @@ mod cpu;
 pub mod mcf;
 pub mod model;
 pub mod network;
+pub mod reach;
 pub mod sim;
 pub mod symmetric;
 
@@ -66,6 +67,9 @@ pub enum CostError {
     /// schedule run on another network or kind of model.
     #[error("symmetric schedule: {0}")]
     BadSymmetry(String),
+    /// A run given a time limit ([`Simulator::run_within`]) passed it.
+    #[error("the collective takes longer than {limit_us} µs")]
+    PastLimit { limit_us: f64 },
 }
 
 /// Simulates `schedule` on `topo` for a collective of `bytes` (nccl-tests size) under

@@ -22,6 +22,9 @@ use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::sync::{Arc, Mutex};
 
+/// Sources above which [`Network::routes`] searches on several threads.
+pub const PARALLEL_ROUTE_SOURCES: usize = 256;
+
 /// What a vertex of the resource network is.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum VertexKind {
@@ -304,34 +307,80 @@ impl Network {
     }
 
     /// Routes for every pair in `pairs` (same order), computing missing ones.
+    ///
+    /// The cache is locked only to look routes up and to add the new ones: searches for
+    /// different candidates go on side by side (two may compute the same route; both find
+    /// the same one). A large batch (more than [`PARALLEL_ROUTE_SOURCES`] sources) is
+    /// searched on all available threads.
     pub fn routes(&self, pairs: &[(u32, u32)]) -> Result<Vec<Arc<Route>>, CostError> {
         let n = self.nranks();
-        let mut cache = self
-            .routes
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let mut missing: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-        for &(a, b) in pairs {
-            if a >= n || b >= n || a == b {
-                return Err(CostError::BadPeer { from: a, to: b });
-            }
-            if !cache.contains_key(&(a, b)) {
-                missing.entry(a).or_default().push(b);
+        {
+            let cache = self.route_cache();
+            for &(a, b) in pairs {
+                if a >= n || b >= n || a == b {
+                    return Err(CostError::BadPeer { from: a, to: b });
+                }
+                if !cache.contains_key(&(a, b)) {
+                    missing.entry(a).or_default().push(b);
+                }
             }
         }
-        for (src, mut dsts) in missing {
-            dsts.sort_unstable();
-            dsts.dedup();
-            let mut found = self.shortest_routes(src, &dsts, false);
+        let missing: Vec<(u32, Vec<u32>)> = missing
+            .into_iter()
+            .map(|(src, mut dsts)| {
+                dsts.sort_unstable();
+                dsts.dedup();
+                (src, dsts)
+            })
+            .collect();
+        let search = |(src, dsts): &(u32, Vec<u32>)| -> Result<Vec<Route>, CostError> {
+            let mut found = self.shortest_routes(*src, dsts, false);
             if found.iter().any(Option::is_none) {
-                found = self.shortest_routes(src, &dsts, true);
+                found = self.shortest_routes(*src, dsts, true);
             }
-            for (&dst, route) in dsts.iter().zip(found) {
-                let route = route.ok_or(CostError::NoRoute { from: src, to: dst })?;
-                cache.insert((src, dst), Arc::new(route));
+            dsts.iter()
+                .zip(found)
+                .map(|(&dst, route)| {
+                    route.ok_or(CostError::NoRoute {
+                        from: *src,
+                        to: dst,
+                    })
+                })
+                .collect()
+        };
+        let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+        let found: Vec<Result<Vec<Route>, CostError>> = if missing.len() > PARALLEL_ROUTE_SOURCES
+            && threads > 1
+        {
+            let per = missing.len().div_ceil(threads);
+            std::thread::scope(|scope| {
+                let workers: Vec<_> = missing
+                    .chunks(per)
+                    .map(|part| scope.spawn(move || part.iter().map(search).collect::<Vec<_>>()))
+                    .collect();
+                workers
+                    .into_iter()
+                    .flat_map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                    .collect()
+            })
+        } else {
+            missing.iter().map(search).collect()
+        };
+        let mut cache = self.route_cache();
+        for ((src, dsts), routes) in missing.iter().zip(found) {
+            for (&dst, route) in dsts.iter().zip(routes?) {
+                cache.entry((*src, dst)).or_insert_with(|| Arc::new(route));
             }
         }
         Ok(pairs.iter().map(|p| Arc::clone(&cache[p])).collect())
+    }
+
+    /// The route cache, also after a panic elsewhere (its entries are whole routes).
+    fn route_cache(&self) -> std::sync::MutexGuard<'_, HashMap<(u32, u32), Arc<Route>>> {
+        self.routes
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The route the simulator gives rank `src` to each of `dsts` (same order): least

@@ -89,7 +89,7 @@ impl Estimate {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) enum Kind {
+pub(crate) enum Kind {
     Nop,
     /// Local copy or reduce: memory passes over `count` chunks.
     Local {
@@ -158,6 +158,30 @@ impl Prepared {
     }
 }
 
+/// A flattened schedule whose routes are not looked up yet ([`Simulator::unrouted`]).
+#[derive(Debug, Clone)]
+pub struct Unrouted {
+    /// Everything but `conn_route`.
+    prepared: Prepared,
+    /// The ranks of every connection, in connection order.
+    pairs: Vec<(u32, u32)>,
+}
+
+impl Unrouted {
+    /// Looks up the routes: the [`Prepared`] schedule.
+    pub fn route(mut self, sim: &Simulator) -> Result<Prepared, CostError> {
+        self.prepared.conn_route = sim.network.routes(&self.pairs)?;
+        Ok(self.prepared)
+    }
+
+    /// A lower bound on [`Simulator::run`]'s time (µs) for `bytes` under `protocol`, from the
+    /// schedule's critical path alone, without routes (see [`super::reach`]); infinite for
+    /// a schedule the simulator would find deadlocked, 0 on a CPU host model.
+    pub fn bound_us(&self, sim: &Simulator, bytes: u64, protocol: Protocol) -> f64 {
+        super::reach::critical_path_us(sim, &self.prepared, &self.pairs, bytes, protocol)
+    }
+}
+
 /// Simulates schedules on one topology; reuses routes between runs.
 #[derive(Debug)]
 pub struct Simulator {
@@ -168,6 +192,8 @@ pub struct Simulator {
     /// Contention constraints of symmetric templates, shared by the candidates of a family
     /// ([`Simulator::prepare_symmetric`]).
     pub(super) symmetric_cache: super::symmetric::ContentionCache,
+    /// What [`Unrouted::bound_us`] knows of the ranks, computed on first use.
+    reach: std::sync::OnceLock<super::reach::RankReach>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -284,12 +310,25 @@ impl Simulator {
             network,
             model,
             symmetric_cache: Default::default(),
+            reach: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Per-rank capacities and link-class components (see [`super::reach`]).
+    pub(super) fn reach(&self) -> &super::reach::RankReach {
+        self.reach
+            .get_or_init(|| super::reach::RankReach::new(&self.network))
     }
 
     /// Flattens `schedule`: checks peers and dependencies, pairs sends with receives and
     /// looks up routes.
     pub fn prepare(&self, schedule: &Schedule) -> Result<Prepared, CostError> {
+        self.unrouted(schedule)?.route(self)
+    }
+
+    /// [`Simulator::prepare`] up to looking up routes (the dear part on thousands of ranks):
+    /// enough for [`Unrouted::bound_us`].
+    pub fn unrouted(&self, schedule: &Schedule) -> Result<Unrouted, CostError> {
         let n = self.network.nranks();
         if schedule.nranks != n || schedule.ranks.len() != n as usize {
             return Err(CostError::RankMismatch {
@@ -422,24 +461,26 @@ impl Simulator {
             .map(|r| r.scratch_chunks)
             .max()
             .unwrap_or(0);
-        let conn_route = self.network.routes(&pairs)?;
-        Ok(Prepared {
-            steps,
-            step_ref,
-            succ_start,
-            succ,
-            pending,
-            msg_conn,
-            msg_count,
-            msg_send,
-            msg_recv,
-            conn_base,
-            conn_len,
-            conn_route,
-            chunks: schedule.chunks,
-            collective: schedule.collective,
-            max_count,
-            max_scratch,
+        Ok(Unrouted {
+            pairs,
+            prepared: Prepared {
+                steps,
+                step_ref,
+                succ_start,
+                succ,
+                pending,
+                msg_conn,
+                msg_count,
+                msg_send,
+                msg_recv,
+                conn_base,
+                conn_len,
+                conn_route: Vec::new(),
+                chunks: schedule.chunks,
+                collective: schedule.collective,
+                max_count,
+                max_scratch,
+            },
         })
     }
 
@@ -453,7 +494,32 @@ impl Simulator {
         if let Some(cpu) = &self.model.cpu {
             return super::cpu::run(self, cpu, prepared, bytes, protocol, false).map(|r| r.0);
         }
-        run_flows(self, prepared, bytes, protocol, false).map(|r| r.0)
+        run_flows(self, prepared, bytes, protocol, false, f64::INFINITY).map(|r| r.0)
+    }
+
+    /// [`Simulator::run`], given up as soon as the collective is sure to take longer than
+    /// `limit_us`: `Ok(None)` then, and the estimate otherwise. What a search screening
+    /// candidates against the best so far needs: a loser's run stops at the limit instead of
+    /// running to its end. A CPU host model always runs to the end.
+    pub fn run_within(
+        &self,
+        prepared: &Prepared,
+        bytes: u64,
+        protocol: Protocol,
+        limit_us: f64,
+    ) -> Result<Option<Estimate>, CostError> {
+        if self.model.cpu.is_some() {
+            return self.run(prepared, bytes, protocol).map(Some);
+        }
+        let limit = limit_us - self.model.base_us(protocol);
+        if limit.is_nan() {
+            return self.run(prepared, bytes, protocol).map(Some);
+        }
+        match run_flows(self, prepared, bytes, protocol, false, limit) {
+            Ok((estimate, _)) => Ok((estimate.time_us <= limit_us).then_some(estimate)),
+            Err(CostError::PastLimit { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// [`Simulator::run`], recording when every step ran.
@@ -466,7 +532,7 @@ impl Simulator {
         let (estimate, spans, segments) = match &self.model.cpu {
             Some(cpu) => super::cpu::run(self, cpu, prepared, bytes, protocol, true)?,
             None => {
-                let (e, spans) = run_flows(self, prepared, bytes, protocol, true)?;
+                let (e, spans) = run_flows(self, prepared, bytes, protocol, true, f64::INFINITY)?;
                 (e, spans, 1)
             }
         };
@@ -669,6 +735,9 @@ pub(super) struct Steps<'a> {
     /// Bandwidth factor of the calibration at this size (local memory work).
     mem_scale: f64,
     pub(super) now: f64,
+    /// The run stops (see [`Steps::execute`]) once the clock passes this (µs, without the
+    /// protocol's base latency); infinite for a full run.
+    limit: f64,
     seq: u64,
     events: BinaryHeap<Event<EventKind>>,
     pending: Vec<u32>,
@@ -728,6 +797,7 @@ impl<'a> Steps<'a> {
             chunk_bytes: bytes as f64 / f64::from(p.chunks),
             mem_scale: sim.model.bandwidth_factor(bytes),
             now: 0.0,
+            limit: f64::INFINITY,
             seq: 0,
             events: BinaryHeap::new(),
             pending: p.pending.clone(),
@@ -768,6 +838,10 @@ impl<'a> Steps<'a> {
 
     /// Runs every step under `rates`; the run ends at `self.now`. Returns the traced spans,
     /// or the first step never run when the schedule deadlocks.
+    ///
+    /// With a [`Steps::limit`], the run stops at the first event past it (events are taken
+    /// in time order and the clock never goes back, so the full run would end later still)
+    /// and returns [`CostError::PastLimit`].
     pub(super) fn execute<R: Rates>(&mut self, rates: &mut R) -> Result<Spans, CostError> {
         for id in 0..self.p.steps.len() as u32 {
             if self.pending[id as usize] == 0 {
@@ -793,6 +867,11 @@ impl<'a> Steps<'a> {
                 continue; // superseded by a rate change
             }
             self.now = self.now.max(ev.time);
+            if self.now > self.limit {
+                return Err(CostError::PastLimit {
+                    limit_us: self.limit,
+                });
+            }
             match ev.kind {
                 EventKind::StepDone(s) => self.complete(s),
                 EventKind::FlowDone(m, _) => {
@@ -965,8 +1044,10 @@ fn run_flows(
     bytes: u64,
     protocol: Protocol,
     trace: bool,
+    limit: f64,
 ) -> Result<(Estimate, Spans), CostError> {
     let mut st = Steps::new(sim, p, bytes, protocol, trace);
+    st.limit = limit;
     let mut rates = FlowRates::new(sim, p, bytes, protocol);
     let spans = st.execute(&mut rates)?;
     let base = sim.model.base_us(protocol);

@@ -1,0 +1,149 @@
+//! The route-free lower bound the screen drops candidates with (`Unrouted::bound_us`,
+//! `cost::reach`) never exceeds the simulated time: every candidate of every built-in family
+//! on shipped and generated machines (one host, several hosts, PCIe-only, tori), for
+//! several collectives, sizes and protocols. A bound above the simulation would let the
+//! screen drop a candidate that could win.
+
+use hccl_compiler::cost::{CostModel, Network, Simulator};
+use hccl_compiler::families::families_for;
+use hccl_compiler::search::collective_of;
+use hccl_compiler::synth::SynthLevel;
+use hccl_ir::{CollectiveKind, Protocol};
+use hccl_topologies::{Topology, generate};
+
+const KINDS: [CollectiveKind; 4] = [
+    CollectiveKind::AllReduce,
+    CollectiveKind::AllGather,
+    CollectiveKind::Broadcast,
+    CollectiveKind::AllToAll,
+];
+const SIZES: [u64; 3] = [1 << 10, 1 << 20, 1 << 30];
+
+fn machines() -> Vec<(&'static str, Topology)> {
+    let shipped = |name| hccl_topologies::shipped_by_name(name).expect("shipped machine");
+    let build = |spec, name| hccl_topologies::build(spec, name).expect("generated machine builds");
+    let h100 = hccl_topologies::parse_spec(
+        hccl_topologies::shipped_text("dgx-h100").expect("shipped"),
+        "dgx-h100",
+    )
+    .expect("parses");
+    vec![
+        ("dgx1-v100", shipped("dgx1-v100")),
+        ("ascend910-8", shipped("ascend910-8")),
+        ("h100-cluster-2node", shipped("h100-cluster-2node")),
+        ("azure-ndv2-2node", shipped("azure-ndv2-2node")),
+        ("ring-8", build(generate::ring(8, 25.0, 0.7), "ring-8")),
+        (
+            "torus-4x4",
+            build(generate::torus(&[4, 4], 25.0, 0.7), "torus-4x4"),
+        ),
+        (
+            "cluster-4x-dgx-h100",
+            build(generate::cluster(4, &h100), "cluster-4"),
+        ),
+    ]
+}
+
+#[test]
+fn the_route_free_bound_never_exceeds_the_simulation() {
+    let mut checked = 0usize;
+    let mut tight = 0usize;
+    for (machine, topo) in machines() {
+        let sim = Simulator::new(Network::new(&topo), CostModel::for_topology(&topo));
+        for kind in KINDS {
+            let collective = collective_of(kind);
+            for family in families_for(SynthLevel::Off) {
+                if !family.supports(kind) {
+                    continue;
+                }
+                let space = family.param_space(&topo, collective);
+                // The shallowest and the deepest parameter sets.
+                let picks = [space.first(), space.last()];
+                for params in picks.into_iter().flatten() {
+                    for c in family.generate(&topo, collective, *params) {
+                        let Some(schedule) = c.expanded() else {
+                            continue;
+                        };
+                        let Ok(unrouted) = sim.unrouted(&schedule) else {
+                            continue;
+                        };
+                        let Ok(prepared) = sim.prepare(&schedule) else {
+                            continue;
+                        };
+                        for bytes in SIZES {
+                            for protocol in Protocol::ALL {
+                                let what = format!(
+                                    "{} {kind} {params:?} on {machine}, {bytes} B {protocol:?}",
+                                    c.algorithm
+                                );
+                                let bound = unrouted.bound_us(&sim, bytes, protocol);
+                                let simulated = sim
+                                    .run(&prepared, bytes, protocol)
+                                    .unwrap_or_else(|e| panic!("{what}: {e}"))
+                                    .time_us;
+                                assert!(
+                                    bound <= simulated * (1.0 + 1e-9),
+                                    "{what}: bound {bound} µs above the simulation {simulated} µs"
+                                );
+                                // Past the protocol's base latency alone: the bound sees
+                                // something of the schedule.
+                                assert!(bound > 0.0, "{what}: no bound");
+                                checked += 1;
+                                if bound >= 0.5 * simulated {
+                                    tight += 1;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 1000, "only {checked} cases");
+    // Useful, not only sound: within 2× of the simulation in most cases.
+    assert!(
+        tight * 2 > checked,
+        "the bound is within 2x of the simulation in only {tight} of {checked} cases"
+    );
+    println!("{checked} cases, {tight} within 2x");
+}
+
+/// A run given a limit (`Simulator::run_within`) gives the full run's estimate when the
+/// collective fits the limit, and gives up (`None`) when it does not.
+#[test]
+fn a_run_within_a_limit_stops_only_past_it() {
+    let (machine, topo) = machines().swap_remove(6);
+    let sim = Simulator::new(Network::new(&topo), CostModel::for_topology(&topo));
+    let collective = collective_of(CollectiveKind::AllReduce);
+    let mut checked = 0;
+    for family in families_for(SynthLevel::Off) {
+        if !family.supports(CollectiveKind::AllReduce) {
+            continue;
+        }
+        for params in family.param_space(&topo, collective).into_iter().take(2) {
+            for c in family.generate(&topo, collective, params) {
+                let Some(schedule) = c.expanded() else {
+                    continue;
+                };
+                let prepared = sim.prepare(&schedule).expect("prepares");
+                for (bytes, protocol) in [(1 << 10, Protocol::LL), (1 << 28, Protocol::Simple)] {
+                    let what = format!("{} {params:?} on {machine}, {bytes} B", c.algorithm);
+                    let full = sim.run(&prepared, bytes, protocol).expect("runs");
+                    let within = sim
+                        .run_within(&prepared, bytes, protocol, full.time_us * 1.001)
+                        .expect("runs")
+                        .unwrap_or_else(|| panic!("{what}: gave up within its own time"));
+                    assert_eq!(within, full, "{what}");
+                    assert!(
+                        sim.run_within(&prepared, bytes, protocol, full.time_us * 0.999)
+                            .expect("runs")
+                            .is_none(),
+                        "{what}: kept a run past its limit"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked > 20, "only {checked} cases");
+}
