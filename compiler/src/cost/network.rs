@@ -334,6 +334,58 @@ impl Network {
                 (src, dsts)
             })
             .collect();
+        let found = self.search(&missing);
+        let mut cache = self.route_cache();
+        for ((src, dsts), routes) in missing.iter().zip(found) {
+            for (&dst, route) in dsts.iter().zip(routes?) {
+                cache.entry((*src, dst)).or_insert_with(|| Arc::new(route));
+            }
+        }
+        Ok(pairs.iter().map(|p| Arc::clone(&cache[p])).collect())
+    }
+
+    /// Routes for every pair in `pairs` (same order), searched without the cache (neither
+    /// read nor filled): for batches whose routes are used once, such as every translate
+    /// of a template's peers ([`Simulator::prepare_symmetric`](super::Simulator)), which
+    /// would fill the cache with millions of routes on thousands of ranks.
+    pub fn routes_uncached(&self, pairs: &[(u32, u32)]) -> Result<Vec<Route>, CostError> {
+        let n = self.nranks();
+        let mut by_source: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for &(a, b) in pairs {
+            if a >= n || b >= n || a == b {
+                return Err(CostError::BadPeer { from: a, to: b });
+            }
+            by_source.entry(a).or_default().push(b);
+        }
+        let batches: Vec<(u32, Vec<u32>)> = by_source
+            .into_iter()
+            .map(|(src, mut dsts)| {
+                dsts.sort_unstable();
+                dsts.dedup();
+                (src, dsts)
+            })
+            .collect();
+        let mut batch_of = vec![u32::MAX; n as usize];
+        for (i, (src, _)) in batches.iter().enumerate() {
+            batch_of[*src as usize] = i as u32;
+        }
+        let found = self
+            .search(&batches)
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(pairs
+            .iter()
+            .map(|&(a, b)| {
+                let i = batch_of[a as usize] as usize;
+                let k = batches[i].1.binary_search(&b).unwrap_or(0);
+                found[i][k].clone()
+            })
+            .collect())
+    }
+
+    /// The routes from each source to its (sorted, distinct) destinations, searched on all
+    /// available threads when there are more than [`PARALLEL_ROUTE_SOURCES`] sources.
+    fn search(&self, batches: &[(u32, Vec<u32>)]) -> Vec<Result<Vec<Route>, CostError>> {
         let search = |(src, dsts): &(u32, Vec<u32>)| -> Result<Vec<Route>, CostError> {
             let mut found = self.shortest_routes(*src, dsts, false);
             if found.iter().any(Option::is_none) {
@@ -350,30 +402,20 @@ impl Network {
                 .collect()
         };
         let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
-        let found: Vec<Result<Vec<Route>, CostError>> = if missing.len() > PARALLEL_ROUTE_SOURCES
-            && threads > 1
-        {
-            let per = missing.len().div_ceil(threads);
-            std::thread::scope(|scope| {
-                let workers: Vec<_> = missing
-                    .chunks(per)
-                    .map(|part| scope.spawn(move || part.iter().map(search).collect::<Vec<_>>()))
-                    .collect();
-                workers
-                    .into_iter()
-                    .flat_map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-                    .collect()
-            })
-        } else {
-            missing.iter().map(search).collect()
-        };
-        let mut cache = self.route_cache();
-        for ((src, dsts), routes) in missing.iter().zip(found) {
-            for (&dst, route) in dsts.iter().zip(routes?) {
-                cache.entry((*src, dst)).or_insert_with(|| Arc::new(route));
-            }
+        if batches.len() <= PARALLEL_ROUTE_SOURCES || threads <= 1 {
+            return batches.iter().map(search).collect();
         }
-        Ok(pairs.iter().map(|p| Arc::clone(&cache[p])).collect())
+        let per = batches.len().div_ceil(threads);
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = batches
+                .chunks(per)
+                .map(|part| scope.spawn(move || part.iter().map(search).collect::<Vec<_>>()))
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                .collect()
+        })
     }
 
     /// The route cache, also after a panic elsewhere (its entries are whole routes).

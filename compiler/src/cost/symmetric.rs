@@ -393,7 +393,7 @@ impl Simulator {
                 translated.push((from, t.rank(peer)));
             }
         }
-        let routes = self.network.routes(&translated)?;
+        let routes = self.network.routes_uncached(&translated)?;
         let nres = self.network.capacity.len();
         let equivariant = self.equivariant(s, table, r0, &translated, &routes);
         let mut mult = vec![0u32; nres];
@@ -468,7 +468,7 @@ impl Simulator {
         table: &SymmetryTable,
         r0: u32,
         pairs: &[(u32, u32)],
-        routes: &[Arc<Route>],
+        routes: &[Route],
     ) -> bool {
         let net = &self.network;
         if net
@@ -478,8 +478,10 @@ impl Simulator {
         {
             return false;
         }
-        let index: HashMap<(u32, u32), usize> =
-            pairs.iter().enumerate().map(|(i, &p)| (p, i)).collect();
+        // The pairs are laid out class by class, each class by grid position: the pair of
+        // rank `a` at position `pos` sits at `class × n + pos`, and its translate by `g` at
+        // the position of `T_g a` in the same class.
+        let n = s.nranks as usize;
         let mut generators = Vec::new();
         let mut stride = 1usize;
         for (&d, &action) in s.symmetry.dims.iter().zip(&s.symmetry.actions).rev() {
@@ -508,9 +510,13 @@ impl Simulator {
             }
             touched.clear();
             for (i, &(a, b)) in pairs.iter().enumerate() {
-                let Some(&j) = index.get(&(t.rank(a), t.rank(b))) else {
+                let Some(pos) = table.position_of(t.rank(a)) else {
                     return false;
                 };
+                let j = i - i % n + pos;
+                if pairs.get(j) != Some(&(t.rank(a), t.rank(b))) {
+                    return false;
+                }
                 let (x, y) = (&routes[i], &routes[j]);
                 if x.resources.len() != y.resources.len()
                     || x.class != y.class
