@@ -323,15 +323,18 @@ pub fn compile_with_progress(
         let mut channels_hint = 1;
         // Baseline families some of whose schedules were over the step cap.
         let mut capped: Vec<&str> = Vec::new();
-        for family in &families {
-            if !family.supports(kind) {
-                continue;
-            }
+        // Families generate side by side (each is deterministic; results in family order).
+        let wanted: Vec<&dyn Family> = families
+            .iter()
+            .map(|f| f.as_ref())
+            .filter(|f| {
+                f.supports(kind)
+                    && (allowed(f.name()) || baseline_names.contains(&f.name()))
+            })
+            .collect();
+        let generated_all = par_map(&wanted, |f| generate_capped(*f, topo, collective));
+        for (family, generated) in wanted.iter().zip(generated_all) {
             let selectable = allowed(family.name());
-            if !selectable && !baseline_names.contains(&family.name()) {
-                continue;
-            }
-            let generated = generate_capped(family.as_ref(), topo, collective);
             if family.name() == "ring" {
                 channels_hint = channels_hint.max(generated.max_channels);
             }
@@ -484,6 +487,11 @@ pub fn compile_with_progress(
             return Err(err);
         };
         phase.done("verify");
+        // The bounds refining did not need, side by side.
+        let missing: Vec<usize> = (0..sizes.len()).filter(|&si| bounds[si].is_none()).collect();
+        for (&si, b) in missing.iter().zip(par_map(&missing, |&si| bound_at(si))) {
+            bounds[si] = Some(b);
+        }
         // Rows.
         for (si, &bytes) in sizes.iter().enumerate() {
             let (c, p) = winners[si];
