@@ -328,8 +328,7 @@ pub fn compile_with_progress(
             .iter()
             .map(|f| f.as_ref())
             .filter(|f| {
-                f.supports(kind)
-                    && (allowed(f.name()) || baseline_names.contains(&f.name()))
+                f.supports(kind) && (allowed(f.name()) || baseline_names.contains(&f.name()))
             })
             .collect();
         let generated_all = par_map(&wanted, |f| generate_capped(*f, topo, collective));
@@ -488,7 +487,9 @@ pub fn compile_with_progress(
         };
         phase.done("verify");
         // The bounds refining did not need, side by side.
-        let missing: Vec<usize> = (0..sizes.len()).filter(|&si| bounds[si].is_none()).collect();
+        let missing: Vec<usize> = (0..sizes.len())
+            .filter(|&si| bounds[si].is_none())
+            .collect();
         for (&si, b) in missing.iter().zip(par_map(&missing, |&si| bound_at(si))) {
             bounds[si] = Some(b);
         }

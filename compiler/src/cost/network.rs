@@ -93,6 +93,9 @@ pub struct Network {
     /// Hash of the topology this network was built from (keys solver caches).
     pub topo_hash: String,
     routes: Mutex<HashMap<(u32, u32), Arc<Route>>>,
+    /// Held while routes for the cache are searched: one search at a time (each on all
+    /// threads when large), so two candidates needing the same routes search them once.
+    routing: Mutex<()>,
     /// [`super::mcf::alltoall_rate`], computed on first use.
     alltoall: std::sync::OnceLock<Option<f64>>,
 }
@@ -279,6 +282,7 @@ impl Network {
             nhosts: topo.nhosts(),
             topo_hash: topo.hash.clone(),
             routes: Mutex::new(HashMap::new()),
+            routing: Mutex::new(()),
             alltoall: std::sync::OnceLock::new(),
         }
     }
@@ -308,15 +312,15 @@ impl Network {
 
     /// Routes for every pair in `pairs` (same order), computing missing ones.
     ///
-    /// The cache is locked only to look routes up and to add the new ones: searches for
-    /// different candidates go on side by side (two may compute the same route; both find
-    /// the same one). A large batch (more than [`PARALLEL_ROUTE_SOURCES`] sources) is
-    /// searched on all available threads.
+    /// The cache is locked only to look routes up and to add the new ones, so lookups go
+    /// on while routes are searched; searches for the cache take turns (one candidate's
+    /// missing routes at a time, looked up again once it is their turn, so routes two
+    /// candidates share are searched once), and a large batch (more than
+    /// [`PARALLEL_ROUTE_SOURCES`] sources) is searched on all available threads.
     pub fn routes(&self, pairs: &[(u32, u32)]) -> Result<Vec<Arc<Route>>, CostError> {
         let n = self.nranks();
-        let mut missing: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-        {
-            let cache = self.route_cache();
+        let missing_of = |cache: &HashMap<(u32, u32), Arc<Route>>| {
+            let mut missing: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
             for &(a, b) in pairs {
                 if a >= n || b >= n || a == b {
                     return Err(CostError::BadPeer { from: a, to: b });
@@ -325,7 +329,19 @@ impl Network {
                     missing.entry(a).or_default().push(b);
                 }
             }
-        }
+            Ok(missing)
+        };
+        let mut missing = missing_of(&self.route_cache())?;
+        let _turn = if missing.is_empty() {
+            None
+        } else {
+            let turn = self
+                .routing
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            missing = missing_of(&self.route_cache())?;
+            Some(turn)
+        };
         let missing: Vec<(u32, Vec<u32>)> = missing
             .into_iter()
             .map(|(src, mut dsts)| {
