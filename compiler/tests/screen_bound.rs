@@ -147,3 +147,56 @@ fn a_run_within_a_limit_stops_only_past_it() {
     }
     assert!(checked > 20, "only {checked} cases");
 }
+
+/// The switched route search (devices never queued, per-thread scratch, stops once every
+/// destination is final) gives exactly the routes of the plain search: every source to
+/// every destination, one destination at a time and all at once, on every machine.
+/// A host whose switches reach a device first by the worse of two paths: gpu0 reaches
+/// `near` sooner, but `near`'s link on to gpu1 is slow; the route through `far` is better.
+const TWO_PATHS: &str = r#"(
+  name: "two-paths",
+  hosts: [(id: "h", devices: [
+    (id: "gpu0", kind: Gpu), (id: "gpu1", kind: Gpu), (id: "gpu2", kind: Gpu), (id: "gpu3", kind: Gpu),
+  ])],
+  switches: [
+    (id: "near", kind: NvSwitch, host: Some("h")),
+    (id: "far", kind: NvSwitch, host: Some("h")),
+  ],
+  links: [
+    (a: "gpu0", b: "near", kind: NvLink, bw: 100.0, latency: 1.0),
+    (a: "near", b: "gpu1", kind: NvLink, bw: 100.0, latency: 5.0),
+    (a: "near", b: "gpu2", kind: NvLink, bw: 100.0, latency: 1.0),
+    (a: "gpu0", b: "far", kind: NvLink, bw: 100.0, latency: 2.0),
+    (a: "far", b: "gpu1", kind: NvLink, bw: 100.0, latency: 0.1),
+    (a: "far", b: "gpu3", kind: NvLink, bw: 100.0, latency: 1.0),
+  ],
+)"#;
+
+#[test]
+fn the_switched_search_finds_the_plain_searchs_routes() {
+    let mut compared = 0usize;
+    let mut all_machines = machines();
+    all_machines.push((
+        "two-paths",
+        hccl_topologies::from_ron(TWO_PATHS, "two-paths").expect("two-paths builds"),
+    ));
+    for (machine, topo) in all_machines {
+        let net = Network::new(&topo);
+        let n = net.nranks();
+        for src in 0..n {
+            let all: Vec<u32> = (0..n).filter(|&d| d != src).collect();
+            let plain = net.reference_routes(src, &all, false);
+            assert_eq!(
+                net.shortest_routes(src, &all, false),
+                plain,
+                "{machine}: from {src}"
+            );
+            for (k, &d) in all.iter().enumerate() {
+                let one = net.shortest_routes(src, &[d], false);
+                assert_eq!(one[0], plain[k], "{machine}: {src} to {d} alone");
+                compared += 1;
+            }
+        }
+    }
+    assert!(compared > 1000, "only {compared} routes compared");
+}
