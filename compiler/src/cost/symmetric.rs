@@ -102,8 +102,20 @@ pub(super) struct Contention {
 }
 
 /// What [`Simulator::contention`] caches: per symmetry and sorted peer list.
-pub(super) type ContentionCache =
-    std::sync::Mutex<HashMap<(hccl_ir::Symmetry, Vec<u32>), Arc<Contention>>>;
+/// Contention constraints per symmetry and peer list, and a turn for computing them (two
+/// candidates of one family asking at once compute them once: the second waits for the
+/// first and finds them cached).
+#[derive(Debug, Default)]
+pub(super) struct ContentionCache {
+    held: std::sync::Mutex<HashMap<(hccl_ir::Symmetry, Vec<u32>), Arc<Contention>>>,
+    turn: std::sync::Mutex<()>,
+}
+
+impl ContentionCache {
+    fn get(&self, key: &(hccl_ir::Symmetry, Vec<u32>)) -> Option<Arc<Contention>> {
+        self.held.lock().ok().and_then(|c| c.get(key).cloned())
+    }
+}
 
 #[derive(Debug, Clone)]
 struct Template {
@@ -375,12 +387,15 @@ impl Simulator {
         class_peer: &[u32],
     ) -> Result<Arc<Contention>, CostError> {
         let key = (s.symmetry.clone(), class_peer.to_vec());
-        if let Some(hit) = self
+        if let Some(hit) = self.symmetric_cache.get(&key) {
+            return Ok(hit);
+        }
+        let _turn = self
             .symmetric_cache
+            .turn
             .lock()
-            .ok()
-            .and_then(|c| c.get(&key).cloned())
-        {
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(hit) = self.symmetric_cache.get(&key) {
             return Ok(hit);
         }
         let n = self.network.nranks();
@@ -449,7 +464,7 @@ impl Simulator {
             row_cap,
             equivariant,
         });
-        if let Ok(mut cache) = self.symmetric_cache.lock() {
+        if let Ok(mut cache) = self.symmetric_cache.held.lock() {
             cache.insert(key, out.clone());
         }
         Ok(out)
