@@ -107,12 +107,15 @@ pub(super) struct Contention {
 /// first and finds them cached).
 #[derive(Debug, Default)]
 pub(super) struct ContentionCache {
-    held: std::sync::Mutex<HashMap<(hccl_ir::Symmetry, Vec<u32>), Arc<Contention>>>,
+    held: std::sync::Mutex<HashMap<ContentionKey, Arc<Contention>>>,
     turn: std::sync::Mutex<()>,
 }
 
+/// A symmetry and a template's distinct peers.
+type ContentionKey = (hccl_ir::Symmetry, Vec<u32>);
+
 impl ContentionCache {
-    fn get(&self, key: &(hccl_ir::Symmetry, Vec<u32>)) -> Option<Arc<Contention>> {
+    fn get(&self, key: &ContentionKey) -> Option<Arc<Contention>> {
         self.held.lock().ok().and_then(|c| c.get(key).cloned())
     }
 }
