@@ -27,6 +27,9 @@ const MAX_DEPTH: usize = 256;
 /// replaced by `()`; `None` when the text holds no explicit rank list or looks unexpected
 /// (see the module docs).
 pub(crate) fn shrink(text: &str, ranks: &[u32]) -> Option<String> {
+    if !may_have_explicit(text) {
+        return None;
+    }
     let lists = rank_lists(text)?;
     if lists.is_empty() {
         return None;
@@ -46,6 +49,21 @@ pub(crate) fn shrink(text: &str, ranks: &[u32]) -> Option<String> {
     }
     out.push_str(&text[copied..]);
     Some(out)
+}
+
+/// Whether `text` may hold an explicit entry: `false` only when every `schedule` in it is a
+/// seal's (`schedule: "…"`), so that a plan of symmetric entries alone is not scanned (the
+/// scan would find nothing to shrink). Conservative: anything else says `true`.
+fn may_have_explicit(text: &str) -> bool {
+    text.match_indices("schedule").any(|(at, word)| {
+        let rest = text[at + word.len()..].trim_start_matches(|c: char| c.is_ascii_whitespace());
+        match rest.strip_prefix(':') {
+            Some(value) => !value
+                .trim_start_matches(|c: char| c.is_ascii_whitespace())
+                .starts_with('"'),
+            None => true,
+        }
+    })
 }
 
 /// An explicit entry's rank list in the text.

@@ -598,7 +598,94 @@ impl SymmetryTable {
         (by_position < self.ranks.len()).then_some(Translation {
             table: self,
             by: by_position,
+            memo: None,
         })
+    }
+
+    /// The lookups of the translation by `by_position`'s coordinates, precomputed
+    /// (`O(nranks · (dims + log nranks))`): with them ([`SymmetryTable::translation_with`]),
+    /// a rank costs `O(1)` instead of `O(dims)` and a run of chunks `O(1)` instead of
+    /// `O(count · dims)`. Worth it for a whole program.
+    pub fn memo(&self, by_position: usize) -> Option<TranslationMemo> {
+        if by_position >= self.ranks.len() {
+            return None;
+        }
+        let positions: Vec<u32> = (0..self.ranks.len())
+            .map(|p| self.translate_position(p, by_position) as u32)
+            .collect();
+        let labels = self.chunks.as_ref().map(|c| {
+            let images: Vec<u32> = c
+                .label_position
+                .iter()
+                .map(|&p| c.position_label[positions[p as usize] as usize])
+                .collect();
+            RangeMin::new(images)
+        });
+        Some(TranslationMemo {
+            by: by_position,
+            positions,
+            labels,
+        })
+    }
+
+    /// The translation whose lookups `memo` holds ([`SymmetryTable::memo`] of this table).
+    pub fn translation_with<'a>(&'a self, memo: &'a TranslationMemo) -> Option<Translation<'a>> {
+        (memo.by < self.ranks.len()
+            && memo.positions.len() == self.ranks.len()
+            && memo.labels.as_ref().map(|l| l.len())
+                == self.chunks.as_ref().map(|_| self.ranks.len()))
+        .then_some(Translation {
+            table: self,
+            by: memo.by,
+            memo: Some(memo),
+        })
+    }
+}
+
+/// One translation's lookups, precomputed ([`SymmetryTable::memo`]).
+#[derive(Debug, Clone)]
+pub struct TranslationMemo {
+    by: usize,
+    /// Every position translated.
+    positions: Vec<u32>,
+    /// Every block label's image, with range minima (when chunks move).
+    labels: Option<RangeMin>,
+}
+
+/// Range minima of a list in `O(1)` per query (a sparse table).
+#[derive(Debug, Clone)]
+struct RangeMin {
+    /// `levels[j][i]`: the least of `levels[0][i..i + 2^j]`.
+    levels: Vec<Vec<u32>>,
+}
+
+impl RangeMin {
+    fn new(values: Vec<u32>) -> RangeMin {
+        let mut levels = vec![values];
+        let mut width = 1usize;
+        while width * 2 <= levels[0].len() {
+            let prev = &levels[levels.len() - 1];
+            let next: Vec<u32> = (0..prev.len() - width)
+                .map(|i| prev[i].min(prev[i + width]))
+                .collect();
+            levels.push(next);
+            width *= 2;
+        }
+        RangeMin { levels }
+    }
+
+    fn len(&self) -> usize {
+        self.levels[0].len()
+    }
+
+    fn get(&self, i: usize) -> u32 {
+        self.levels[0][i]
+    }
+
+    /// The least value of `a..b` (`a < b ≤ len`).
+    fn min(&self, a: usize, b: usize) -> u32 {
+        let j = (usize::BITS - 1 - (b - a).leading_zeros()) as usize;
+        self.levels[j][a].min(self.levels[j][b - (1 << j)])
     }
 }
 
@@ -608,22 +695,35 @@ pub struct Translation<'a> {
     table: &'a SymmetryTable,
     /// The grid position whose coordinates translate.
     by: usize,
+    /// The lookups, when precomputed ([`SymmetryTable::memo`]).
+    memo: Option<&'a TranslationMemo>,
 }
 
 impl Translation<'_> {
+    /// Position `p` translated.
+    fn position(&self, p: usize) -> usize {
+        match self.memo {
+            Some(m) => m.positions[p] as usize,
+            None => self.table.translate_position(p, self.by),
+        }
+    }
+
     /// The rank `rank` becomes; ranks past the grid are left unchanged.
     pub fn rank(&self, rank: Rank) -> Rank {
         let t = self.table;
         match t.position.get(rank as usize) {
-            Some(&p) => t.ranks[t.translate_position(p as usize, self.by)],
+            Some(&p) => t.ranks[self.position(p as usize)],
             None => rank,
         }
     }
 
     /// The block label `b` becomes (`b < nranks`).
     fn label(&self, chunks: &ChunkTable, b: u32) -> u32 {
+        if let Some(l) = self.memo.and_then(|m| m.labels.as_ref()) {
+            return l.get(b as usize);
+        }
         let p = chunks.label_position[b as usize] as usize;
-        chunks.position_label[self.table.translate_position(p, self.by)]
+        chunks.position_label[self.position(p)]
     }
 
     /// The chunk `c` of the full buffer becomes (when chunks move and `c < C`).
@@ -675,7 +775,16 @@ impl Translation<'_> {
             // Blocks touched: the first from off % m, the others from their start.
             BlockLayout::BlockMajor => {
                 let first = self.chunk(chunks, off);
-                (off / m + 1..end.div_ceil(m))
+                let (a, b) = (off / m + 1, end.div_ceil(m));
+                if let Some(l) = self.memo.and_then(|m| m.labels.as_ref())
+                    && a < b
+                {
+                    return Loc {
+                        off: first.min(l.min(a as usize, b as usize) * m),
+                        ..loc
+                    };
+                }
+                (a..b)
                     .map(|b| self.label(chunks, b) * m)
                     .fold(first, u32::min)
             }
@@ -684,6 +793,13 @@ impl Translation<'_> {
             BlockLayout::PieceMajor => {
                 let row = off / n;
                 let row_end = end.min((row + 1).saturating_mul(n));
+                if let Some(l) = self.memo.and_then(|m| m.labels.as_ref()) {
+                    let (a, b) = ((off - row * n) as usize, (row_end - row * n) as usize);
+                    return Loc {
+                        off: row * n + l.min(a, b),
+                        ..loc
+                    };
+                }
                 (off..row_end)
                     .map(|c| row * n + self.label(chunks, c % n))
                     .min()
@@ -841,13 +957,13 @@ impl SymmetricSchedule {
         table: &SymmetryTable,
         rank: Rank,
     ) -> Result<RankProgram, SymmetryError> {
-        let translation = table
-            .position_of(rank)
-            .and_then(|p| table.translation(p))
-            .ok_or(SymmetryError::NoSuchRank {
-                rank,
-                nranks: self.nranks,
-            })?;
+        let missing = SymmetryError::NoSuchRank {
+            rank,
+            nranks: self.nranks,
+        };
+        let by = table.position_of(rank).ok_or(missing.clone())?;
+        let memo = table.memo(by).ok_or(missing.clone())?;
+        let translation = table.translation_with(&memo).ok_or(missing)?;
         Ok(translation.program(&self.template))
     }
 
@@ -1042,6 +1158,57 @@ mod tests {
         assert_eq!(t.rank(9), 9);
         assert!(table.translation(8).is_none());
         assert_eq!(sym.translate_rank(6, 8), None);
+    }
+
+    #[test]
+    fn memoised_translations_agree_with_plain_ones() {
+        use Action::*;
+        for (dims, actions) in [
+            (vec![8], vec![Cyclic]),
+            (vec![2, 4], vec![Xor, Cyclic]),
+            (vec![4, 2], vec![Cyclic, Cyclic]),
+        ] {
+            for layout in [BlockLayout::BlockMajor, BlockLayout::PieceMajor] {
+                for label in [BlockLabel::Rank, BlockLabel::Grid { order: vec![0, 1] }] {
+                    let label = match label {
+                        BlockLabel::Grid { .. } if dims.len() == 2 => {
+                            BlockLabel::Grid { order: vec![1, 0] }
+                        }
+                        BlockLabel::Grid { .. } => BlockLabel::Grid { order: vec![0] },
+                        l => l,
+                    };
+                    let sym = Symmetry {
+                        ranks: vec![3, 1, 4, 0, 5, 2, 7, 6],
+                        ..grid(
+                            dims.clone(),
+                            actions.clone(),
+                            Some(ChunkMap { layout, label }),
+                        )
+                    };
+                    let table = SymmetryTable::new(&sym, 8, 24, 24, 24).expect("valid");
+                    for by in 0..8 {
+                        let memo = table.memo(by).expect("in range");
+                        let fast = table.translation_with(&memo).expect("matches");
+                        let slow = table.translation(by).expect("in range");
+                        for r in 0..9 {
+                            assert_eq!(fast.rank(r), slow.rank(r));
+                        }
+                        for off in 0..26 {
+                            for count in 0..26 {
+                                for loc in [Loc::input(off), Loc::output(off), Loc::scratch(off)] {
+                                    assert_eq!(
+                                        fast.loc(loc, count),
+                                        slow.loc(loc, count),
+                                        "{sym:?} by {by}: {loc}+{count}"
+                                    );
+                                }
+                            }
+                        }
+                    }
+                    assert!(table.memo(8).is_none());
+                }
+            }
+        }
     }
 
     #[test]
