@@ -44,6 +44,13 @@
 //! filled slot or leave a gap are an error, as are `times` below 2, offsets, peers or
 //! dependencies that leave `u32`, and expansions past [`MAX_TEMPLATE_ITEMS`].
 //!
+//! # Rank runs
+//!
+//! The symmetry's `ranks` (one per grid position, often `0..nranks` in order) is written
+//! `rank_runs: [(first: 0, times: 4096)]` when runs of constant `step` (written when not 1)
+//! make it at least 8 times shorter: run `(first: f, times: t, step: s)` stands for the ranks
+//! `f, f + s, …, f + (t − 1)·s`. A symmetry has exactly one of `ranks` and `rank_runs`.
+//!
 //! The writer finds runs greedily ([`encode`]: at each first free slot, the longest run over
 //! `every` in `1..=`[`MAX_EVERY`], at least [`MIN_TIMES`] long), so a template without runs
 //! is written exactly as before (format 4), and reading gives back the template written.
@@ -674,6 +681,154 @@ impl<'de> Deserialize<'de> for Template {
     }
 }
 
+/// A run of ranks in a symmetry's `rank_runs`: `first`, `first + step`, … (`times` ranks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename = "RankRun", deny_unknown_fields)]
+pub struct RankRun {
+    pub first: u32,
+    pub times: u32,
+    #[serde(default = "one_i64", skip_serializing_if = "is_one_i64")]
+    pub step: i64,
+}
+
+fn one_i64() -> i64 {
+    1
+}
+
+fn is_one_i64(v: &i64) -> bool {
+    *v == 1
+}
+
+/// `ranks` as runs of constant step (greedy, longest first run).
+fn rank_runs(ranks: &[u32]) -> Vec<RankRun> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < ranks.len() {
+        let first = ranks[i];
+        let step = ranks
+            .get(i + 1)
+            .map_or(1, |&r| i64::from(r) - i64::from(first));
+        let mut times = 1usize;
+        while ranks
+            .get(i + times)
+            .is_some_and(|&r| i64::from(r) == i64::from(first) + step * times as i64)
+            && times < u32::MAX as usize
+        {
+            times += 1;
+        }
+        let step = if times == 1 { 1 } else { step };
+        out.push(RankRun {
+            first,
+            times: times as u32,
+            step,
+        });
+        i += times;
+    }
+    out
+}
+
+/// The ranks `runs` stand for; errors name a run that leaves `u32` or a total past
+/// [`MAX_TEMPLATE_ITEMS`].
+fn expand_rank_runs(runs: &[RankRun]) -> Result<Vec<u32>, String> {
+    let total: u64 = runs.iter().map(|r| u64::from(r.times)).sum();
+    if total > MAX_TEMPLATE_ITEMS {
+        return Err(format!(
+            "symmetry.rank_runs stand for {total} ranks; at most {MAX_TEMPLATE_ITEMS} are allowed"
+        ));
+    }
+    let mut out = Vec::with_capacity(total as usize);
+    for (i, r) in runs.iter().enumerate() {
+        if r.times == 0 {
+            return Err(format!("symmetry.rank_runs[{i}]: times is 0"));
+        }
+        if moved(r.first, r.times - 1, r.step).is_none() {
+            return Err(format!(
+                "symmetry.rank_runs[{i}]: rank {} moved {} times by {} leaves 0..2^32",
+                r.first,
+                r.times - 1,
+                r.step
+            ));
+        }
+        let mut v = i64::from(r.first);
+        for _ in 0..r.times {
+            out.push(v as u32);
+            v += r.step;
+        }
+    }
+    Ok(out)
+}
+
+/// A [`Symmetry`] as plan files write it: `ranks` as `rank_runs` when that is shorter
+/// (see the module docs).
+#[derive(Serialize)]
+#[serde(rename = "Symmetry")]
+struct SymmetryOut<'a> {
+    dims: &'a [u32],
+    actions: &'a [crate::symmetric::Action],
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "bare")]
+    ranks: Option<&'a [u32]>,
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "bare")]
+    rank_runs: Option<Vec<RankRun>>,
+    chunks: &'a Option<crate::symmetric::ChunkMap>,
+}
+
+impl SymmetryOut<'_> {
+    fn of(s: &Symmetry) -> SymmetryOut<'_> {
+        let runs = rank_runs(&s.ranks);
+        let compact = runs.len() * 8 <= s.ranks.len();
+        SymmetryOut {
+            dims: &s.dims,
+            actions: &s.actions,
+            ranks: (!compact).then_some(&s.ranks[..]),
+            rank_runs: compact.then_some(runs),
+            chunks: &s.chunks,
+        }
+    }
+}
+
+/// A [`Symmetry`] read from a plan file: `ranks` or `rank_runs`, exactly one.
+#[derive(Deserialize)]
+#[serde(rename = "Symmetry", deny_unknown_fields)]
+struct SymmetryIn {
+    dims: Vec<u32>,
+    actions: Vec<crate::symmetric::Action>,
+    #[serde(default, deserialize_with = "present")]
+    ranks: Option<Vec<u32>>,
+    #[serde(default, deserialize_with = "present")]
+    rank_runs: Option<Vec<RankRun>>,
+    chunks: Option<crate::symmetric::ChunkMap>,
+}
+
+/// A [`Symmetry`] read from a plan file.
+struct ReadSymmetry(Symmetry);
+
+impl<'de> Deserialize<'de> for ReadSymmetry {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<ReadSymmetry, D::Error> {
+        use serde::de::Error;
+        let s = SymmetryIn::deserialize(d)?;
+        let ranks = match (s.ranks, s.rank_runs) {
+            (Some(r), None) => r,
+            (None, Some(runs)) => expand_rank_runs(&runs).map_err(D::Error::custom)?,
+            (Some(_), Some(_)) => {
+                return Err(D::Error::custom(
+                    "symmetry has both `ranks` and `rank_runs`; it needs exactly one",
+                ));
+            }
+            (None, None) => {
+                return Err(D::Error::custom(
+                    "symmetry has neither `ranks` nor `rank_runs`; it needs exactly one",
+                ));
+            }
+        };
+        Ok(ReadSymmetry(Symmetry {
+            dims: s.dims,
+            actions: s.actions,
+            ranks,
+            chunks: s.chunks,
+        }))
+    }
+}
+
 /// A [`SymmetricSchedule`] as plan files write it: the template in the written form.
 #[derive(Serialize)]
 #[serde(rename = "SymmetricSchedule")]
@@ -684,7 +839,7 @@ pub(crate) struct SymmetricOut<'a> {
     input_chunks: u32,
     output_chunks: u32,
     in_place: bool,
-    symmetry: &'a Symmetry,
+    symmetry: SymmetryOut<'a>,
     template: WProgram,
 }
 
@@ -697,7 +852,7 @@ impl SymmetricOut<'_> {
             input_chunks: s.input_chunks,
             output_chunks: s.output_chunks,
             in_place: s.in_place,
-            symmetry: &s.symmetry,
+            symmetry: SymmetryOut::of(&s.symmetry),
             template: encode(&s.template),
         }
     }
@@ -713,7 +868,7 @@ pub(crate) struct SymmetricIn {
     input_chunks: u32,
     output_chunks: u32,
     in_place: bool,
-    symmetry: Symmetry,
+    symmetry: ReadSymmetry,
     template: Template,
 }
 
@@ -726,7 +881,7 @@ impl From<SymmetricIn> for SymmetricSchedule {
             input_chunks: s.input_chunks,
             output_chunks: s.output_chunks,
             in_place: s.in_place,
-            symmetry: s.symmetry,
+            symmetry: s.symmetry.0,
             template: s.template.0,
         }
     }
@@ -981,8 +1136,79 @@ pub(crate) mod tests {
         assert!(err.contains("at most"), "{err}");
     }
 
+    fn read_symmetry(text: &str) -> Result<Symmetry, String> {
+        ron::from_str::<ReadSymmetry>(text)
+            .map(|s| s.0)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn rank_runs_round_trip_and_refuse_malformed_runs() {
+        use crate::symmetric::Action;
+        let n = 64u32;
+        for ranks in [
+            (0..n).collect::<Vec<_>>(),
+            (0..n).rev().collect(),
+            (0..n).map(|p| (p % 8) * 8 + p / 8).collect(),
+            (0..n).map(|p| (p * 37) % n).collect(),
+        ] {
+            let sym = Symmetry {
+                dims: vec![n],
+                actions: vec![Action::Cyclic],
+                ranks,
+                chunks: None,
+            };
+            let text = ron::to_string(&SymmetryOut::of(&sym)).expect("serialises");
+            assert_eq!(read_symmetry(&text), Ok(sym.clone()), "{text}");
+            let runs = rank_runs(&sym.ranks);
+            assert_eq!(expand_rank_runs(&runs), Ok(sym.ranks.clone()));
+            assert_eq!(
+                text.contains("rank_runs"),
+                runs.len() * 8 <= sym.ranks.len()
+            );
+        }
+        let identity = Symmetry::ring((0..n).collect(), None);
+        assert_eq!(
+            ron::to_string(&SymmetryOut::of(&identity)).expect("serialises"),
+            "(dims:[64],actions:[Cyclic],rank_runs:[(first:0,times:64)],chunks:None)"
+        );
+        let with = |field: &str| format!("(dims: [4], actions: [Cyclic], {field} chunks: None)");
+        assert_eq!(
+            read_symmetry(&with("rank_runs: [(first: 3, times: 4, step: -1)],"))
+                .expect("valid")
+                .ranks,
+            [3, 2, 1, 0]
+        );
+        for (field, fragment) in [
+            ("rank_runs: [(first: 0, times: 0)],", "times is 0"),
+            (
+                "rank_runs: [(first: 2, times: 4, step: -1)],",
+                "leaves 0..2^32",
+            ),
+            ("rank_runs: [(first: 0, times: 4294967295)],", "at most"),
+            ("", "neither `ranks` nor `rank_runs`"),
+            (
+                "ranks: [0, 1, 2, 3], rank_runs: [(first: 0, times: 4)],",
+                "both `ranks` and `rank_runs`",
+            ),
+            (
+                "rank_runs: [(first: 0, times: 4, stride: 1)],",
+                "Unexpected field named `stride`",
+            ),
+        ] {
+            let err = read_symmetry(&with(field)).expect_err(field);
+            assert!(err.contains(fragment), "{field}: {err}");
+        }
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// Any list of ranks round-trips through rank runs.
+        #[test]
+        fn rank_runs_round_trip(ranks in proptest::collection::vec(0u32..6, 0..40)) {
+            proptest::prop_assert_eq!(expand_rank_runs(&rank_runs(&ranks)), Ok(ranks));
+        }
 
         /// Streams of steps drawn from a few strided families (so that runs of every kind
         /// occur, interleaved or not) round-trip through the written form.

@@ -101,24 +101,34 @@ fn explicit_root(header: &Header, digests: &[u8]) -> String {
 /// template (with or without strided runs, see [`crate::runs`]): what a seal covers is the
 /// schedule, which a one-rank reader holds expanded anyway.
 pub(crate) fn symmetric_hash(symmetric: &SymmetricSchedule) -> String {
-    let mut feed = Feed(Vec::with_capacity(
-        64 + 4 * symmetric.symmetry.ranks.len() + 40 * symmetric.template_step_count(),
-    ));
+    let mut feed = Feed(Vec::with_capacity(Feed::BUFFER + 64), blake3::Hasher::new());
     feed.symmetric(symmetric);
-    blake3::hash(&feed.0).to_hex().to_string()
+    feed.flush();
+    feed.1.finalize().to_hex().to_string()
 }
 
 /// The binary encoding [`symmetric_hash`] hashes: a tag, then every field in declaration
-/// order, integers little-endian, lists and options with their length or tag first.
-struct Feed(Vec<u8>);
+/// order (enum variants as their index in declaration order), integers little-endian, lists
+/// and options with their length or tag first; buffered into the hasher.
+struct Feed(Vec<u8>, blake3::Hasher);
 
 impl Feed {
+    const BUFFER: usize = 16 << 10;
+
+    fn flush(&mut self) {
+        self.1.update(&self.0);
+        self.0.clear();
+    }
+
     fn u8(&mut self, v: u8) {
         self.0.push(v);
     }
 
     fn u32(&mut self, v: u32) {
         self.0.extend_from_slice(&v.to_le_bytes());
+        if self.0.len() >= Self::BUFFER {
+            self.flush();
+        }
     }
 
     fn len(&mut self, n: usize) {

@@ -607,6 +607,12 @@ impl SymmetryTable {
     /// a rank costs `O(1)` instead of `O(dims)` and a run of chunks `O(1)` instead of
     /// `O(count · dims)`. Worth it for a whole program.
     pub fn memo(&self, by_position: usize) -> Option<TranslationMemo> {
+        self.memo_for_runs(by_position, u32::MAX)
+    }
+
+    /// [`SymmetryTable::memo`] whose range minima are built for runs of at most `max_count`
+    /// chunks (longer runs cost more per lookup, but still translate correctly).
+    pub fn memo_for_runs(&self, by_position: usize, max_count: u32) -> Option<TranslationMemo> {
         if by_position >= self.ranks.len() {
             return None;
         }
@@ -619,7 +625,13 @@ impl SymmetryTable {
                 .iter()
                 .map(|&p| c.position_label[positions[p as usize] as usize])
                 .collect();
-            RangeMin::new(images)
+            // Label ranges a run of `max_count` chunks looks up: its blocks (block-major),
+            // or its chunks within one row (piece-major).
+            let width = match c.layout {
+                BlockLayout::BlockMajor => (max_count / c.m.max(1)).saturating_add(2),
+                BlockLayout::PieceMajor => max_count,
+            };
+            RangeMin::new(images, width as usize)
         });
         Some(TranslationMemo {
             by: by_position,
@@ -660,10 +672,11 @@ struct RangeMin {
 }
 
 impl RangeMin {
-    fn new(values: Vec<u32>) -> RangeMin {
+    /// The table for queries of up to `max_width` values (wider ones take several lookups).
+    fn new(values: Vec<u32>, max_width: usize) -> RangeMin {
         let mut levels = vec![values];
         let mut width = 1usize;
-        while width * 2 <= levels[0].len() {
+        while width * 2 <= levels[0].len() && width * 2 <= max_width {
             let prev = &levels[levels.len() - 1];
             let next: Vec<u32> = (0..prev.len() - width)
                 .map(|i| prev[i].min(prev[i + width]))
@@ -684,8 +697,16 @@ impl RangeMin {
 
     /// The least value of `a..b` (`a < b ≤ len`).
     fn min(&self, a: usize, b: usize) -> u32 {
-        let j = (usize::BITS - 1 - (b - a).leading_zeros()) as usize;
-        self.levels[j][a].min(self.levels[j][b - (1 << j)])
+        let j = ((usize::BITS - 1 - (b - a).leading_zeros()) as usize).min(self.levels.len() - 1);
+        let (level, w) = (&self.levels[j], 1usize << j);
+        // Blocks of `w` from `a`, and the last `w` before `b` for the rest.
+        let mut least = level[b - w];
+        let mut i = a;
+        while i + w <= b {
+            least = least.min(level[i]);
+            i += w;
+        }
+        least
     }
 }
 
@@ -962,7 +983,15 @@ impl SymmetricSchedule {
             nranks: self.nranks,
         };
         let by = table.position_of(rank).ok_or(missing.clone())?;
-        let memo = table.memo(by).ok_or(missing.clone())?;
+        let max_count = self
+            .template
+            .streams
+            .iter()
+            .flat_map(|s| &s.steps)
+            .map(|s| s.count)
+            .max()
+            .unwrap_or(0);
+        let memo = table.memo_for_runs(by, max_count).ok_or(missing.clone())?;
         let translation = table.translation_with(&memo).ok_or(missing)?;
         Ok(translation.program(&self.template))
     }
@@ -1187,20 +1216,24 @@ mod tests {
                     };
                     let table = SymmetryTable::new(&sym, 8, 24, 24, 24).expect("valid");
                     for by in 0..8 {
-                        let memo = table.memo(by).expect("in range");
-                        let fast = table.translation_with(&memo).expect("matches");
                         let slow = table.translation(by).expect("in range");
-                        for r in 0..9 {
-                            assert_eq!(fast.rank(r), slow.rank(r));
-                        }
-                        for off in 0..26 {
-                            for count in 0..26 {
-                                for loc in [Loc::input(off), Loc::output(off), Loc::scratch(off)] {
-                                    assert_eq!(
-                                        fast.loc(loc, count),
-                                        slow.loc(loc, count),
-                                        "{sym:?} by {by}: {loc}+{count}"
-                                    );
+                        for cap in [u32::MAX, 0, 1, 3] {
+                            let memo = table.memo_for_runs(by, cap).expect("in range");
+                            let fast = table.translation_with(&memo).expect("matches");
+                            for r in 0..9 {
+                                assert_eq!(fast.rank(r), slow.rank(r));
+                            }
+                            for off in 0..26 {
+                                for count in 0..26 {
+                                    for loc in
+                                        [Loc::input(off), Loc::output(off), Loc::scratch(off)]
+                                    {
+                                        assert_eq!(
+                                            fast.loc(loc, count),
+                                            slow.loc(loc, count),
+                                            "{sym:?} by {by} cap {cap}: {loc}+{count}"
+                                        );
+                                    }
                                 }
                             }
                         }
