@@ -790,14 +790,24 @@ fn parse_ranks(
     ranks: &[u32],
 ) -> Result<(PlanFile, Vec<Option<String>>), ron::error::SpannedError> {
     let options = ron::Options::default().with_recursion_limit(64);
+    // Templates are kept past their entry only to upgrade the seals of an older format.
+    let keep = head_version(text).is_none_or(|v| v < u64::from(RUNS_VERSION));
     WANTED_RANKS
         .with(|w| {
             let previous = w.replace(Some(ranks.to_vec()));
+            let kept = KEEP_TEMPLATES.replace(keep);
             let parsed = options.from_str::<one_rank::Plan>(text);
+            KEEP_TEMPLATES.set(kept);
             w.replace(previous);
             parsed
         })
         .map(one_rank::Plan::into_plan)
+}
+
+thread_local! {
+    /// Whether the one-rank parse on this thread keeps symmetric entries' templates (to
+    /// upgrade the seals of a file before format 5, see [`crate::seal::upgrade_seals`]).
+    static KEEP_TEMPLATES: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
 }
 
 thread_local! {
@@ -834,9 +844,10 @@ mod one_rank {
         _rank_index: (),
     }
 
-    /// An entry holding only the wanted ranks' programs, and the hash of its template when
-    /// it was written symmetric.
-    struct Entry(PlanEntry, Option<SymmetricSchedule>);
+    /// An entry holding only the wanted ranks' programs and, when it was written symmetric,
+    /// the hash of its template as read, and the schedule itself when it is kept (see
+    /// [`super::KEEP_TEMPLATES`]).
+    struct Entry(PlanEntry, Option<(String, Option<SymmetricSchedule>)>);
 
     fn empty() -> RankProgram {
         RankProgram {
@@ -867,15 +878,26 @@ mod one_rank {
                     wire::Form::Symmetric(sym) => {
                         let fail = |e| format!("symmetric schedule: {e}");
                         let table = sym.table().map_err(fail)?;
+                        let hash = crate::seal::symmetric_hash(&sym);
+                        let keep = super::KEEP_TEMPLATES.get();
                         let symmetry = sym.symmetry.clone();
                         let Some(wanted) = &wanted else {
                             let schedule = sym.expand().map_err(fail)?;
-                            template = Some(sym);
+                            template = Some((hash, keep.then_some(sym)));
                             return Ok((schedule, Some(symmetry)));
                         };
                         let mut ranks = vec![empty(); sym.nranks as usize];
-                        for &rank in wanted {
-                            let program = sym.program_with(&table, rank).map_err(fail)?;
+                        let mut sym = sym;
+                        for (i, &rank) in wanted.iter().enumerate() {
+                            let program = if keep || i + 1 < wanted.len() {
+                                sym.program_with(&table, rank).map_err(fail)?
+                            } else {
+                                // The last rank's program: the template translated in place.
+                                let mut program = std::mem::replace(&mut sym.template, empty());
+                                sym.translate_in_place(&table, rank, &mut program)
+                                    .map_err(fail)?;
+                                program
+                            };
                             if let Some(slot) = ranks.get_mut(rank as usize) {
                                 *slot = program;
                             }
@@ -889,7 +911,7 @@ mod one_rank {
                             in_place: sym.in_place,
                             ranks,
                         };
-                        template = Some(sym);
+                        template = Some((hash, keep.then_some(sym)));
                         Ok((schedule, Some(symmetry)))
                     }
                 })
@@ -916,16 +938,16 @@ mod one_rank {
         /// entry); the seals of a file before format 5 are upgraded first
         /// ([`crate::seal::upgrade_seals`]).
         pub(super) fn into_plan(self) -> (PlanFile, Vec<Option<String>>) {
-            let (entries, templates): (Vec<PlanEntry>, Vec<Option<SymmetricSchedule>>) =
+            let (entries, templates): (Vec<PlanEntry>, Vec<_>) =
                 self.entries.into_iter().map(|e| (e.0, e.1)).unzip();
             let mut verified = self.verified;
             if self.format_version < super::RUNS_VERSION {
-                crate::seal::upgrade_seals(&mut verified, templates.iter().flatten());
+                crate::seal::upgrade_seals(
+                    &mut verified,
+                    templates.iter().flatten().filter_map(|(_, t)| t.as_ref()),
+                );
             }
-            let hashes = templates
-                .iter()
-                .map(|t| t.as_ref().map(crate::seal::symmetric_hash))
-                .collect();
+            let hashes = templates.into_iter().map(|t| t.map(|(h, _)| h)).collect();
             let plan = PlanFile {
                 format_version: self.format_version,
                 meta: self.meta,
@@ -1005,23 +1027,24 @@ fn upgrade(mut plan: PlanFile, origin: &str) -> Result<PlanFile, PlanError> {
 /// Refuses files from another format before the full parse, so the user reads "version 7 is
 /// not supported by this build" instead of an error about some field that changed meaning.
 fn check_version(text: &str, origin: &str) -> Result<(), PlanError> {
+    match head_version(text) {
+        Some(found) => version_error(found, origin),
+        None => Ok(()), // the full parse reports a missing field with its location
+    }
+}
+
+/// The `format_version` written near the start of `text`, when a quick look finds it.
+fn head_version(text: &str) -> Option<u64> {
     let head: String = text.chars().take(4096).collect();
-    let Some(pos) = head.find("format_version") else {
-        return Ok(()); // the full parse reports the missing field with its location
-    };
+    let pos = head.find("format_version")?;
     let rest = head[pos + "format_version".len()..].trim_start();
-    let Some(rest) = rest.strip_prefix(':') else {
-        return Ok(());
-    };
+    let rest = rest.strip_prefix(':')?;
     let digits: String = rest
         .trim_start()
         .chars()
         .take_while(|c| c.is_ascii_digit())
         .collect();
-    match digits.parse::<u64>() {
-        Ok(found) => version_error(found, origin),
-        Err(_) => Ok(()),
-    }
+    digits.parse::<u64>().ok()
 }
 
 #[cfg(test)]

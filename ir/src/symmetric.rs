@@ -996,6 +996,34 @@ impl SymmetricSchedule {
         Ok(translation.program(&self.template))
     }
 
+    /// [`SymmetricSchedule::program_with`] into `program`, which must hold the template:
+    /// translated in place, without allocating another program.
+    pub fn translate_in_place(
+        &self,
+        table: &SymmetryTable,
+        rank: Rank,
+        program: &mut RankProgram,
+    ) -> Result<(), SymmetryError> {
+        let missing = SymmetryError::NoSuchRank {
+            rank,
+            nranks: self.nranks,
+        };
+        let by = table.position_of(rank).ok_or(missing.clone())?;
+        let max_count = program
+            .streams
+            .iter()
+            .flat_map(|s| &s.steps)
+            .map(|s| s.count)
+            .max()
+            .unwrap_or(0);
+        let memo = table.memo_for_runs(by, max_count).ok_or(missing.clone())?;
+        let translation = table.translation_with(&memo).ok_or(missing)?;
+        for step in program.streams.iter_mut().flat_map(|s| &mut s.steps) {
+            step.op = translation.op(step.op, step.count);
+        }
+        Ok(())
+    }
+
     /// Number of steps of the template.
     pub fn template_step_count(&self) -> usize {
         self.template.streams.iter().map(|s| s.steps.len()).sum()
