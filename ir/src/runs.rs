@@ -576,12 +576,22 @@ fn expand_steps(steps: &[WStep]) -> Result<Vec<Step>, String> {
             None => reps.push((1, 1)),
         }
     }
+    if steps.iter().all(|s| s.repeat.is_none()) {
+        return Ok(steps.iter().map(as_step).collect());
+    }
+    let strides: Vec<Option<Stride>> = steps
+        .iter()
+        .map(|s| s.repeat.as_ref().map(StepRepeat::stride))
+        .collect();
     place(&reps, "step", |i, k| {
         let s = &steps[i];
-        let base = as_step(s);
-        match &s.repeat {
-            Some(r) if k > 0 => move_step(&base, k, &r.stride()),
-            _ => Ok(base),
+        match &strides[i] {
+            Some(stride) if k > 0 => Ok(Step {
+                op: move_op(s.op, k, stride)?,
+                count: s.count,
+                deps: move_deps(&s.deps, k, &stride.deps)?,
+            }),
+            _ => Ok(as_step(s)),
         }
     })
 }
@@ -655,7 +665,13 @@ impl WProgram {
             ));
         }
         let streams = place(&reps, "stream", |i, k| {
-            let w = move_stream(&self.streams[i], k).map_err(|e| format!("stream {i}: {e}"))?;
+            let moved;
+            let w = if k == 0 {
+                &self.streams[i]
+            } else {
+                moved = move_stream(&self.streams[i], k).map_err(|e| format!("stream {i}: {e}"))?;
+                &moved
+            };
             let steps = expand_steps(&w.steps).map_err(|e| format!("stream {i}: {e}"))?;
             Ok(Stream {
                 channel: w.channel,

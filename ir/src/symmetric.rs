@@ -607,31 +607,59 @@ impl SymmetryTable {
     /// a rank costs `O(1)` instead of `O(dims)` and a run of chunks `O(1)` instead of
     /// `O(count · dims)`. Worth it for a whole program.
     pub fn memo(&self, by_position: usize) -> Option<TranslationMemo> {
-        self.memo_for_runs(by_position, u32::MAX)
+        self.memo_for_runs(by_position, [u32::MAX])
     }
 
-    /// [`SymmetryTable::memo`] whose range minima are built for runs of at most `max_count`
-    /// chunks (longer runs cost more per lookup, but still translate correctly).
-    pub fn memo_for_runs(&self, by_position: usize, max_count: u32) -> Option<TranslationMemo> {
+    /// [`SymmetryTable::memo`] for a program whose steps address runs of `counts` chunks:
+    /// range minima are built only as wide as those runs, and only when looking the runs'
+    /// labels up one by one would cost more than building them (any run still translates
+    /// correctly).
+    pub fn memo_for_runs(
+        &self,
+        by_position: usize,
+        counts: impl IntoIterator<Item = u32>,
+    ) -> Option<TranslationMemo> {
         if by_position >= self.ranks.len() {
             return None;
         }
-        let positions: Vec<u32> = (0..self.ranks.len())
-            .map(|p| self.translate_position(p, by_position) as u32)
-            .collect();
+        let n = self.ranks.len();
+        let k = self.dims.len();
+        // Position p's translation is Σ_i act(x_i(p), by_i) · stride_i: one table per
+        // dimension, summed over the positions in row-major order.
+        let mut positions = vec![0u32; n];
+        let mut stride = 1usize;
+        let mut period = 1usize;
+        for i in (0..k).rev() {
+            let d = self.dims[i] as usize;
+            let by = self.coords[by_position * k + i];
+            for (p, slot) in positions.iter_mut().enumerate() {
+                let x = ((p / period) % d) as u32;
+                *slot += act(self.actions[i], x, by, d as u32) * stride as u32;
+            }
+            stride *= d;
+            period *= d;
+        }
         let labels = self.chunks.as_ref().map(|c| {
             let images: Vec<u32> = c
                 .label_position
                 .iter()
                 .map(|&p| c.position_label[positions[p as usize] as usize])
                 .collect();
-            // Label ranges a run of `max_count` chunks looks up: its blocks (block-major),
-            // or its chunks within one row (piece-major).
-            let width = match c.layout {
-                BlockLayout::BlockMajor => (max_count / c.m.max(1)).saturating_add(2),
-                BlockLayout::PieceMajor => max_count,
-            };
-            RangeMin::new(images, width as usize)
+            // Labels a run of `count` chunks looks up: its blocks (block-major), or its
+            // chunks within one row (piece-major).
+            let width = |count: u32| match c.layout {
+                BlockLayout::BlockMajor => (count / c.m.max(1)).saturating_add(2),
+                BlockLayout::PieceMajor => count.min(n as u32),
+            } as usize;
+            let (mut widest, mut scans) = (1usize, 0usize);
+            for count in counts {
+                let w = width(count);
+                widest = widest.max(w);
+                scans = scans.saturating_add(2 * w);
+            }
+            let build = n.saturating_mul(widest.ilog2() as usize + 1);
+            let cap = if scans > 2 * build { widest } else { 1 };
+            RangeMin::new(images, cap)
         });
         Some(TranslationMemo {
             by: by_position,
@@ -983,15 +1011,10 @@ impl SymmetricSchedule {
             nranks: self.nranks,
         };
         let by = table.position_of(rank).ok_or(missing.clone())?;
-        let max_count = self
-            .template
-            .streams
-            .iter()
-            .flat_map(|s| &s.steps)
-            .map(|s| s.count)
-            .max()
-            .unwrap_or(0);
-        let memo = table.memo_for_runs(by, max_count).ok_or(missing.clone())?;
+        let counts = self.template.streams.iter().flat_map(|s| &s.steps);
+        let memo = table
+            .memo_for_runs(by, counts.map(|s| s.count))
+            .ok_or(missing.clone())?;
         let translation = table.translation_with(&memo).ok_or(missing)?;
         Ok(translation.program(&self.template))
     }
@@ -1009,14 +1032,10 @@ impl SymmetricSchedule {
             nranks: self.nranks,
         };
         let by = table.position_of(rank).ok_or(missing.clone())?;
-        let max_count = program
-            .streams
-            .iter()
-            .flat_map(|s| &s.steps)
-            .map(|s| s.count)
-            .max()
-            .unwrap_or(0);
-        let memo = table.memo_for_runs(by, max_count).ok_or(missing.clone())?;
+        let counts = program.streams.iter().flat_map(|s| &s.steps);
+        let memo = table
+            .memo_for_runs(by, counts.map(|s| s.count))
+            .ok_or(missing.clone())?;
         let translation = table.translation_with(&memo).ok_or(missing)?;
         for step in program.streams.iter_mut().flat_map(|s| &mut s.steps) {
             step.op = translation.op(step.op, step.count);
@@ -1245,8 +1264,9 @@ mod tests {
                     let table = SymmetryTable::new(&sym, 8, 24, 24, 24).expect("valid");
                     for by in 0..8 {
                         let slow = table.translation(by).expect("in range");
-                        for cap in [u32::MAX, 0, 1, 3] {
-                            let memo = table.memo_for_runs(by, cap).expect("in range");
+                        for counts in [vec![u32::MAX], vec![], vec![1], vec![3; 100], vec![3]] {
+                            let cap = counts.clone();
+                            let memo = table.memo_for_runs(by, counts).expect("in range");
                             let fast = table.translation_with(&memo).expect("matches");
                             for r in 0..9 {
                                 assert_eq!(fast.rank(r), slow.rank(r));
@@ -1259,7 +1279,7 @@ mod tests {
                                         assert_eq!(
                                             fast.loc(loc, count),
                                             slow.loc(loc, count),
-                                            "{sym:?} by {by} cap {cap}: {loc}+{count}"
+                                            "{sym:?} by {by} counts {cap:?}: {loc}+{count}"
                                         );
                                     }
                                 }
