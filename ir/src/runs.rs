@@ -312,20 +312,19 @@ fn move_deps(deps: &[Dep], k: u32, s: &[DepStride]) -> Result<Vec<Dep>, String> 
             deps.len()
         ));
     }
-    deps.iter()
-        .zip(s)
-        .map(|(d, s)| {
-            let stream = moved(d.stream, k, s.stream);
-            let step = moved(d.step, k, s.step);
-            match (stream, step) {
-                (Some(stream), Some(step)) => Ok(Dep { stream, step }),
-                _ => Err(format!(
+    let mut out = Vec::with_capacity(deps.len());
+    for (d, s) in deps.iter().zip(s) {
+        match (moved(d.stream, k, s.stream), moved(d.step, k, s.step)) {
+            (Some(stream), Some(step)) => out.push(Dep { stream, step }),
+            _ => {
+                return Err(format!(
                     "repeat: dependency (stream: {}, step: {}) moved {k} times by (stream: {}, step: {}) leaves 0..2^32",
                     d.stream, d.step, s.stream, s.step
-                )),
+                ));
             }
-        })
-        .collect()
+        }
+    }
+    Ok(out)
 }
 
 /// The stride that takes `a` to `b`, when they differ only by strides.
@@ -546,11 +545,12 @@ fn place<T>(
             *slot = Some(make(i, k)?);
         }
     }
-    slots
-        .into_iter()
-        .enumerate()
-        .map(|(at, s)| s.ok_or_else(|| format!("repeats leave {what} {at} empty")))
-        .collect()
+    // Pushed into an exact allocation (collecting `Result`s would grow it by doubling).
+    let mut out = Vec::with_capacity(total);
+    for (at, s) in slots.into_iter().enumerate() {
+        out.push(s.ok_or_else(|| format!("repeats leave {what} {at} empty"))?);
+    }
+    Ok(out)
 }
 
 fn check_repeat(times: u32, every: u32) -> Result<(), String> {
@@ -566,6 +566,9 @@ fn check_repeat(times: u32, every: u32) -> Result<(), String> {
 }
 
 fn expand_steps(steps: &[WStep]) -> Result<Vec<Step>, String> {
+    if steps.iter().all(|s| s.repeat.is_none()) {
+        return Ok(steps.iter().map(as_step).collect());
+    }
     let mut reps = Vec::with_capacity(steps.len());
     for s in steps {
         match &s.repeat {
@@ -575,9 +578,6 @@ fn expand_steps(steps: &[WStep]) -> Result<Vec<Step>, String> {
             }
             None => reps.push((1, 1)),
         }
-    }
-    if steps.iter().all(|s| s.repeat.is_none()) {
-        return Ok(steps.iter().map(as_step).collect());
     }
     let strides: Vec<Option<Stride>> = steps
         .iter()
@@ -665,12 +665,36 @@ impl WProgram {
             ));
         }
         let streams = place(&reps, "stream", |i, k| {
-            let moved;
+            let w = &self.streams[i];
+            if let Some(r) = &w.repeat
+                && k > 0
+                && w.steps.iter().all(|s| s.repeat.is_none())
+                && r.steps.len() == w.steps.len()
+            {
+                // Copy k of a stream of plain steps: its steps moved directly.
+                let channel = moved(w.channel, k, r.channel).ok_or_else(|| {
+                    format!(
+                        "stream {i}: repeat: channel {} moved {k} times by {} leaves 0..2^32",
+                        w.channel, r.channel
+                    )
+                })?;
+                let mut steps = Vec::with_capacity(w.steps.len());
+                for (s, stride) in w.steps.iter().zip(&r.steps) {
+                    let fail = |e| format!("stream {i}: {e}");
+                    steps.push(Step {
+                        op: move_op(s.op, k, stride).map_err(fail)?,
+                        count: s.count,
+                        deps: move_deps(&s.deps, k, &stride.deps).map_err(fail)?,
+                    });
+                }
+                return Ok(Stream { channel, steps });
+            }
+            let copy;
             let w = if k == 0 {
-                &self.streams[i]
+                w
             } else {
-                moved = move_stream(&self.streams[i], k).map_err(|e| format!("stream {i}: {e}"))?;
-                &moved
+                copy = move_stream(w, k).map_err(|e| format!("stream {i}: {e}"))?;
+                &copy
             };
             let steps = expand_steps(&w.steps).map_err(|e| format!("stream {i}: {e}"))?;
             Ok(Stream {

@@ -428,14 +428,21 @@ impl SymmetryTable {
         symmetry.validate(nranks, chunks)?;
         let n = nranks as usize;
         let k = symmetry.dims.len();
+        // Row-major: coordinate i is constant over runs of Π_{j>i} dims[j] positions.
         let mut coords = vec![0u32; n * k];
-        for p in 0..n {
-            let mut rest = p;
-            for i in (0..k).rev() {
-                let d = symmetry.dims[i] as usize;
-                coords[p * k + i] = (rest % d) as u32;
-                rest /= d;
+        let mut stride = 1usize;
+        for i in (0..k).rev() {
+            let d = symmetry.dims[i] as usize;
+            let (mut x, mut left) = (0u32, stride);
+            for p in 0..n {
+                coords[p * k + i] = x;
+                left -= 1;
+                if left == 0 {
+                    left = stride;
+                    x = if x as usize + 1 == d { 0 } else { x + 1 };
+                }
             }
+            stride *= d;
         }
         let mut position = vec![0u32; n];
         for (p, &r) in symmetry.ranks.iter().enumerate() {
@@ -628,16 +635,19 @@ impl SymmetryTable {
         // dimension, summed over the positions in row-major order.
         let mut positions = vec![0u32; n];
         let mut stride = 1usize;
-        let mut period = 1usize;
         for i in (0..k).rev() {
             let d = self.dims[i] as usize;
             let by = self.coords[by_position * k + i];
-            for (p, slot) in positions.iter_mut().enumerate() {
-                let x = ((p / period) % d) as u32;
-                *slot += act(self.actions[i], x, by, d as u32) * stride as u32;
+            let moved: Vec<u32> = (0..d as u32)
+                .map(|x| act(self.actions[i], x, by, d as u32) * stride as u32)
+                .collect();
+            // Coordinate i is constant over runs of `stride` positions and cycles through
+            // 0..d.
+            for (block, run) in positions.chunks_mut(stride).enumerate() {
+                let add = moved[block % d];
+                run.iter_mut().for_each(|slot| *slot += add);
             }
             stride *= d;
-            period *= d;
         }
         let labels = self.chunks.as_ref().map(|c| {
             let images: Vec<u32> = c
