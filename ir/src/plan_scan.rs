@@ -379,7 +379,7 @@ fn skip_char(bytes: &[u8], i: usize) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::shrink;
+    use super::{may_have_explicit, shrink};
 
     #[test]
     fn shrinks_only_explicit_rank_lists() {
@@ -401,6 +401,21 @@ mod tests {
         assert!(got.contains("(),\n              ]"), "{got}");
         assert!(got.contains("symmetry: (ranks: [0, 1, 2])"), "{got}");
         assert!(got.contains(r#"topology: "a)]""#), "{got}");
+    }
+
+    #[test]
+    fn plans_without_explicit_entries_are_not_scanned() {
+        let seals_only = "(entries: [(symmetric: (ranks: [0])), ], verified: [(schedule: \"ab\"), (schedule : \"cd\")])";
+        assert!(!may_have_explicit(seals_only));
+        assert_eq!(shrink(seals_only, &[0]), None);
+        for text in [
+            "(entries: [(schedule: (ranks: [()]))])",
+            "(entries: [(schedule /* c */ : (ranks: [()]))])",
+            "(entries: [(schedule:(ranks: [()]))])",
+            "(entries: [(schedules: 1)])",
+        ] {
+            assert!(may_have_explicit(text), "{text}");
+        }
     }
 
     #[test]
