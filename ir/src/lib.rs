@@ -20,6 +20,7 @@ pub mod msccl;
 pub mod plan;
 pub mod plan_index;
 mod plan_scan;
+pub mod runs;
 pub mod schedule;
 pub mod seal;
 pub mod symmetric;
@@ -37,7 +38,7 @@ pub use schedule::{
 pub use seal::{PlanPart, Seal, rank_digest, schedule_hash, seal_of};
 pub use symmetric::{
     Action, BlockLabel, BlockLayout, ChunkMap, SymmetricSchedule, Symmetry, SymmetryError,
-    SymmetryTable, Translation,
+    SymmetryTable, Translation, TranslationMemo,
 };
 
 use std::io::Write;

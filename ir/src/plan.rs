@@ -4,7 +4,7 @@
 //!
 //! ```ron
 //! (
-//!     format_version: 4,
+//!     format_version: 5,
 //!     meta: (topology: "dgx1", topology_hash: "…", compiler: "hcclc 0.1.0"),
 //!     entries: [
 //!         (min_bytes: 0, max_bytes: Some(262144), algorithm: "ring", …, schedule: (…)),
@@ -25,7 +25,8 @@
 //!   in_place: …, ranks: [ … ])`: the [`Schedule`] with every rank's program (explicit);
 //! - `symmetric: (collective: …, nranks: …, chunks: …, input_chunks: …, output_chunks: …,
 //!   in_place: …, symmetry: ( … ), template: ( … ))`: a
-//!   [`SymmetricSchedule`], one template program and the
+//!   [`SymmetricSchedule`], one template program (its strided runs compressed, see
+//!   [`crate::runs`]) and the
 //!   [`Symmetry`] that translates it to every rank (see [`crate::symmetric`]). Its size is
 //!   `O(nranks + template)` instead of `O(nranks × template)`.
 //!
@@ -43,8 +44,16 @@
 //! - 1: explicit entries only;
 //! - 2: explicit or symmetric entries;
 //! - 3: seals of the verified schedules (`verified`, see [`Seal`]);
-//! - 4 (written by this build): large plans carry a rank index (`rank_index`, see
-//!   [`PlanFile::to_ron`]) for one-rank loads.
+//! - 4: large plans carry a rank index (`rank_index`, see [`PlanFile::to_ron`]) for one-rank
+//!   loads;
+//! - 5 (written by this build): strided runs in templates. A symmetric entry's template
+//!   writes a run of steps of a stream that differ only by constant strides (peers, offsets,
+//!   dependencies) as its first step with `repeat: (times: …, src: …, …)`, and a run of
+//!   streams likewise (`repeat: (times: …, every: …, channel: …, steps: [ … ])`); see
+//!   [`crate::runs`] for the exact form. A template without runs is written as in format 4;
+//!   explicit entries are unchanged. Seals name a symmetric schedule by the hash of this
+//!   written form ([`crate::seal`]); the seals of older files (the expanded template's hash)
+//!   are checked as they were written and held under the current hash.
 //!
 //! Readers accept versions [`MIN_FORMAT_VERSION`]`..=`[`FORMAT_VERSION`] and refuse others
 //! with [`PlanError::Version`]; a plan read from an older version is held (and written back)
@@ -60,7 +69,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// The plan format this build writes (and the newest it reads).
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
+
+/// The first format whose templates may hold strided runs, and whose seals name symmetric
+/// schedules by the hash of their written form (see [`crate::runs`], [`crate::seal`]).
+pub const RUNS_VERSION: u32 = 5;
 
 /// The oldest plan format this build reads.
 pub const MIN_FORMAT_VERSION: u32 = 1;
@@ -264,7 +277,7 @@ mod wire {
         pub synthesis: Option<&'a Synthesis>,
         #[serde(skip_serializing_if = "Option::is_none", serialize_with = "bare")]
         pub schedule: Option<&'a Schedule>,
-        #[serde(skip_serializing_if = "Option::is_none", serialize_with = "bare")]
+        #[serde(skip_serializing_if = "Option::is_none", serialize_with = "written")]
         pub symmetric: Option<SymmetricSchedule>,
     }
 
@@ -287,8 +300,23 @@ mod wire {
         pub synthesis: Option<Synthesis>,
         #[serde(default = "none", deserialize_with = "present")]
         pub schedule: Option<S>,
-        #[serde(default, deserialize_with = "present")]
+        #[serde(default, deserialize_with = "read_symmetric")]
         pub symmetric: Option<SymmetricSchedule>,
+    }
+
+    /// Writes a symmetric schedule with its template's runs compressed (see [`crate::runs`]).
+    fn written<S: Serializer>(value: &Option<SymmetricSchedule>, s: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(v) => crate::runs::SymmetricOut::of(v).serialize(s),
+            None => s.serialize_none(),
+        }
+    }
+
+    /// Reads a symmetric schedule, expanding its template's runs.
+    fn read_symmetric<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<SymmetricSchedule>, D::Error> {
+        crate::runs::SymmetricIn::deserialize(d).map(|s| Some(s.into()))
     }
 
     fn none<S>() -> Option<S> {
@@ -527,6 +555,12 @@ impl PlanFile {
         let plan = options
             .from_str::<PlanFile>(text)
             .map_err(|err| PlanError::Parse(Located::from_ron(origin, &err)))?;
+        let mut plan = plan;
+        if plan.format_version < RUNS_VERSION && plan.has_own_seals() {
+            let compact: Vec<SymmetricSchedule> =
+                plan.entries.iter().filter_map(PlanEntry::compact).collect();
+            crate::seal::upgrade_seals(&mut plan.verified, &compact);
+        }
         let plan = upgrade(plan, origin)?;
         plan.check_seals(origin)?;
         Ok(plan)
@@ -756,14 +790,24 @@ fn parse_ranks(
     ranks: &[u32],
 ) -> Result<(PlanFile, Vec<Option<String>>), ron::error::SpannedError> {
     let options = ron::Options::default().with_recursion_limit(64);
+    // Templates are kept past their entry only to upgrade the seals of an older format.
+    let keep = head_version(text).is_none_or(|v| v < u64::from(RUNS_VERSION));
     WANTED_RANKS
         .with(|w| {
             let previous = w.replace(Some(ranks.to_vec()));
+            let kept = KEEP_TEMPLATES.replace(keep);
             let parsed = options.from_str::<one_rank::Plan>(text);
+            KEEP_TEMPLATES.set(kept);
             w.replace(previous);
             parsed
         })
         .map(one_rank::Plan::into_plan)
+}
+
+thread_local! {
+    /// Whether the one-rank parse on this thread keeps symmetric entries' templates (to
+    /// upgrade the seals of a file before format 5, see [`crate::seal::upgrade_seals`]).
+    static KEEP_TEMPLATES: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
 }
 
 thread_local! {
@@ -784,6 +828,7 @@ fn wanted_ranks() -> Option<Vec<u32>> {
 mod one_rank {
     use super::{PlanEntry, PlanFile, PlanMeta, wanted_ranks, wire};
     use crate::schedule::{Collective, RankProgram, Schedule};
+    use crate::symmetric::SymmetricSchedule;
     use serde::Deserialize;
     use serde::de::{self, IgnoredAny, SeqAccess, Visitor};
 
@@ -799,9 +844,10 @@ mod one_rank {
         _rank_index: (),
     }
 
-    /// An entry holding only the wanted ranks' programs, and the hash of its template when
-    /// it was written symmetric.
-    struct Entry(PlanEntry, Option<String>);
+    /// An entry holding only the wanted ranks' programs and, when it was written symmetric,
+    /// the hash of its template as read, and the schedule itself when it is kept (see
+    /// [`super::KEEP_TEMPLATES`]).
+    struct Entry(PlanEntry, Option<(String, Option<SymmetricSchedule>)>);
 
     fn empty() -> RankProgram {
         RankProgram {
@@ -832,14 +878,26 @@ mod one_rank {
                     wire::Form::Symmetric(sym) => {
                         let fail = |e| format!("symmetric schedule: {e}");
                         let table = sym.table().map_err(fail)?;
-                        template = Some(crate::seal::symmetric_hash(&sym));
+                        let hash = crate::seal::symmetric_hash(&sym);
+                        let keep = super::KEEP_TEMPLATES.get();
+                        let symmetry = sym.symmetry.clone();
                         let Some(wanted) = &wanted else {
                             let schedule = sym.expand().map_err(fail)?;
-                            return Ok((schedule, Some(sym.symmetry)));
+                            template = Some((hash, keep.then_some(sym)));
+                            return Ok((schedule, Some(symmetry)));
                         };
                         let mut ranks = vec![empty(); sym.nranks as usize];
-                        for &rank in wanted {
-                            let program = sym.program_with(&table, rank).map_err(fail)?;
+                        let mut sym = sym;
+                        for (i, &rank) in wanted.iter().enumerate() {
+                            let program = if keep || i + 1 < wanted.len() {
+                                sym.program_with(&table, rank).map_err(fail)?
+                            } else {
+                                // The last rank's program: the template translated in place.
+                                let mut program = std::mem::replace(&mut sym.template, empty());
+                                sym.translate_in_place(&table, rank, &mut program)
+                                    .map_err(fail)?;
+                                program
+                            };
                             if let Some(slot) = ranks.get_mut(rank as usize) {
                                 *slot = program;
                             }
@@ -853,7 +911,8 @@ mod one_rank {
                             in_place: sym.in_place,
                             ranks,
                         };
-                        Ok((schedule, Some(sym.symmetry)))
+                        template = Some((hash, keep.then_some(sym)));
+                        Ok((schedule, Some(symmetry)))
                     }
                 })
                 .map_err(D::Error::custom)?;
@@ -875,17 +934,29 @@ mod one_rank {
     }
 
     impl Plan {
+        /// The plan and, per entry, the hash of its template as read (`None` for an explicit
+        /// entry); the seals of a file before format 5 are upgraded first
+        /// ([`crate::seal::upgrade_seals`]).
         pub(super) fn into_plan(self) -> (PlanFile, Vec<Option<String>>) {
-            let (entries, templates) = self.entries.into_iter().map(|e| (e.0, e.1)).unzip();
+            let (entries, templates): (Vec<PlanEntry>, Vec<_>) =
+                self.entries.into_iter().map(|e| (e.0, e.1)).unzip();
+            let mut verified = self.verified;
+            if self.format_version < super::RUNS_VERSION {
+                crate::seal::upgrade_seals(
+                    &mut verified,
+                    templates.iter().flatten().filter_map(|(_, t)| t.as_ref()),
+                );
+            }
+            let hashes = templates.into_iter().map(|t| t.map(|(h, _)| h)).collect();
             let plan = PlanFile {
                 format_version: self.format_version,
                 meta: self.meta,
                 entries,
                 // Checked against the loaded programs by `PlanPart::check_seals`.
-                verified: self.verified,
+                verified,
                 rank_index: (),
             };
-            (plan, templates)
+            (plan, hashes)
         }
     }
 
@@ -956,23 +1027,24 @@ fn upgrade(mut plan: PlanFile, origin: &str) -> Result<PlanFile, PlanError> {
 /// Refuses files from another format before the full parse, so the user reads "version 7 is
 /// not supported by this build" instead of an error about some field that changed meaning.
 fn check_version(text: &str, origin: &str) -> Result<(), PlanError> {
+    match head_version(text) {
+        Some(found) => version_error(found, origin),
+        None => Ok(()), // the full parse reports a missing field with its location
+    }
+}
+
+/// The `format_version` written near the start of `text`, when a quick look finds it.
+fn head_version(text: &str) -> Option<u64> {
     let head: String = text.chars().take(4096).collect();
-    let Some(pos) = head.find("format_version") else {
-        return Ok(()); // the full parse reports the missing field with its location
-    };
+    let pos = head.find("format_version")?;
     let rest = head[pos + "format_version".len()..].trim_start();
-    let Some(rest) = rest.strip_prefix(':') else {
-        return Ok(());
-    };
+    let rest = rest.strip_prefix(':')?;
     let digits: String = rest
         .trim_start()
         .chars()
         .take_while(|c| c.is_ascii_digit())
         .collect();
-    match digits.parse::<u64>() {
-        Ok(found) => version_error(found, origin),
-        Err(_) => Ok(()),
-    }
+    digits.parse::<u64>().ok()
 }
 
 #[cfg(test)]
@@ -1032,7 +1104,7 @@ mod tests {
         assert_eq!(p.verified.len(), 2);
         assert!(p.sealed().iter().all(|s| *s));
         let text = p.to_ron();
-        assert!(text.contains("format_version: 4") && text.contains("verified:"));
+        assert!(text.contains("format_version: 5") && text.contains("verified:"));
         let back = PlanFile::from_ron(&text, "p").expect("a sealed plan loads");
         assert_eq!(back, p);
         assert!(back.sealed().iter().all(|s| *s));
@@ -1091,7 +1163,7 @@ mod tests {
         let bad = text.replacen("in_place", "in_placed", 1);
         assert!(PlanFile::from_ron(&bad, "p").is_err());
         assert!(PlanFile::from_ron_for_rank(&bad, "p", 0).is_err());
-        let newer = text.replacen("format_version: 4", "format_version: 9", 1);
+        let newer = text.replacen("format_version: 5", "format_version: 9", 1);
         assert!(matches!(
             PlanFile::from_ron_for_rank(&newer, "p", 0),
             Err(PlanError::Version { found: 9, .. })
@@ -1164,6 +1236,149 @@ mod tests {
         let err = PlanFile::from_ron_for_rank(&bad, "p", 2).expect_err("rank 2 reads it");
         let slow = from_ron_for_rank_unshrunk(&bad, "p", 2).expect_err("rank 2 reads it");
         assert_eq!(err.to_string(), slow.to_string(), "located in the file");
+    }
+
+    /// A sealed plan of one symmetric entry whose template is deep (strided runs).
+    fn deep_plan() -> PlanFile {
+        use crate::symmetric::{BlockLabel, BlockLayout, ChunkMap};
+        let sym = SymmetricSchedule {
+            collective: Collective::AllReduce,
+            nranks: 8,
+            chunks: 512,
+            input_chunks: 512,
+            output_chunks: 512,
+            in_place: false,
+            symmetry: Symmetry::ring(
+                (0..8).collect(),
+                Some(ChunkMap {
+                    layout: BlockLayout::BlockMajor,
+                    label: BlockLabel::Rank,
+                }),
+            ),
+            template: crate::runs::tests::deep(),
+        };
+        let mut plan = PlanFile::new(PlanMeta {
+            topology: "t".into(),
+            topology_hash: String::new(),
+            compiler: "test".into(),
+        });
+        plan.entries.push(PlanEntry {
+            min_bytes: 0,
+            max_bytes: None,
+            algorithm: "deep".into(),
+            protocol: Protocol::Simple,
+            cost: None,
+            schedule: sym.expand().expect("expands"),
+            symmetry: Some(sym.symmetry.clone()),
+            synthesis: None,
+            template: None,
+        });
+        assert!(plan.entries[0].is_compact());
+        plan.seal();
+        plan
+    }
+
+    #[test]
+    fn deep_templates_are_written_with_runs_and_read_back() {
+        let plan = deep_plan();
+        let text = plan.to_ron();
+        assert!(text.contains("repeat: ("), "{text}");
+        assert_eq!(text.matches("op: ").count(), 4, "{text}");
+        assert_eq!(PlanFile::from_ron(&text, "p").expect("reads"), plan);
+        for rank in 0..8 {
+            let part = PlanFile::from_ron_for_ranks(&text, "p", &[rank]).expect("reads");
+            assert_eq!(part.sealed(), vec![true]);
+            assert_eq!(part.identity(), Some(plan.identity()));
+            assert_eq!(
+                part.plan.entries[0].schedule.ranks[rank as usize],
+                plan.entries[0].schedule.ranks[rank as usize]
+            );
+        }
+    }
+
+    #[test]
+    fn an_edited_repeat_breaks_the_seal() {
+        let text = deep_plan().to_ron();
+        let edited = text.replacen("times: 12", "times: 11", 1);
+        assert_ne!(edited, text);
+        // Still a well-formed template (one step fewer): the seal catches it.
+        let err = PlanFile::from_ron(&edited, "p.ron").expect_err("edited");
+        assert!(matches!(err, PlanError::Edited { entry: 0, .. }), "{err}");
+        let err = PlanFile::from_ron_for_rank(&edited, "p.ron", 3).expect_err("edited");
+        assert!(matches!(err, PlanError::Edited { entry: 0, .. }), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("p.ron: entry 0 (allreduce deep) was changed"),
+            "{err}"
+        );
+        // A stride edited.
+        let edited = text.replacen("src: 32,", "src: 33,", 1);
+        assert_ne!(edited, text);
+        assert!(matches!(
+            PlanFile::from_ron_for_rank(&edited, "p", 0),
+            Err(PlanError::Edited { .. })
+        ));
+    }
+
+    #[test]
+    fn malformed_repeats_in_a_plan_are_located_errors() {
+        let text = deep_plan().to_ron();
+        for (from, to, fragment) in [
+            ("times: 12", "times: 0", "times is 0"),
+            ("src: 32,", "src: -32,", "leaves 0..2^32"),
+            (
+                "times: 12",
+                "times: 12, often: 1",
+                "Unexpected field named `often`",
+            ),
+            (
+                "deps: [(stream: 0, step: 1)]",
+                "deps: [(stream: 0, step: 4294967295)]",
+                "leaves 0..2^32",
+            ),
+        ] {
+            let bad = text.replacen(from, to, 1);
+            assert_ne!(bad, text, "{from}");
+            for result in [
+                PlanFile::from_ron(&bad, "p.ron").map(|_| ()),
+                PlanFile::from_ron_for_rank(&bad, "p.ron", 1).map(|_| ()),
+            ] {
+                let err = result.expect_err(to);
+                let PlanError::Parse(located) = &err else {
+                    panic!("{to}: {err}");
+                };
+                assert!(located.line > 1, "{to}: {err}");
+                assert!(err.to_string().contains(fragment), "{to}: {err}");
+            }
+        }
+    }
+
+    #[test]
+    fn format_4_seals_still_hold() {
+        let plan = deep_plan();
+        let sym = plan.entries[0].compact().expect("symmetric");
+        // The file format 4 wrote: the template expanded, sealed by its RON's hash.
+        let v4 = format!(
+            "(format_version: 4, meta: (topology: \"t\", compiler: \"test\"), entries: [(min_bytes: 0, max_bytes: None, algorithm: \"deep\", protocol: Simple, symmetric: {})], verified: [(verifier: \"{}\", schedule: \"{}\")])",
+            ron::to_string(&sym).expect("serialises"),
+            crate::verify::VERIFIER,
+            crate::seal::symmetric_hash_v4(&sym),
+        );
+        assert!(!v4.contains("repeat"));
+        let full = PlanFile::from_ron(&v4, "v4").expect("a sealed v4 plan loads");
+        assert_eq!(full.sealed(), vec![true]);
+        assert_eq!(full, plan, "held as the current format, seals included");
+        let part = PlanFile::from_ron_for_ranks(&v4, "v4", &[5]).expect("one rank loads");
+        assert_eq!(part.sealed(), vec![true]);
+        assert_eq!(part.identity(), Some(full.identity()));
+        // The same text claiming format 5: its seal names another hash.
+        let claimed = v4.replacen("format_version: 4", "format_version: 5", 1);
+        for err in [
+            PlanFile::from_ron(&claimed, "v").expect_err("v5 hash"),
+            PlanFile::from_ron_for_rank(&claimed, "v", 0).expect_err("v5 hash"),
+        ] {
+            assert!(matches!(err, PlanError::Edited { .. }), "{err}");
+        }
     }
 
     proptest::proptest! {

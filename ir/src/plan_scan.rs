@@ -27,6 +27,9 @@ const MAX_DEPTH: usize = 256;
 /// replaced by `()`; `None` when the text holds no explicit rank list or looks unexpected
 /// (see the module docs).
 pub(crate) fn shrink(text: &str, ranks: &[u32]) -> Option<String> {
+    if !may_have_explicit(text) {
+        return None;
+    }
     let lists = rank_lists(text)?;
     if lists.is_empty() {
         return None;
@@ -46,6 +49,21 @@ pub(crate) fn shrink(text: &str, ranks: &[u32]) -> Option<String> {
     }
     out.push_str(&text[copied..]);
     Some(out)
+}
+
+/// Whether `text` may hold an explicit entry: `false` only when every `schedule` in it is a
+/// seal's (`schedule: "…"`), so that a plan of symmetric entries alone is not scanned (the
+/// scan would find nothing to shrink). Conservative: anything else says `true`.
+fn may_have_explicit(text: &str) -> bool {
+    text.match_indices("schedule").any(|(at, word)| {
+        let rest = text[at + word.len()..].trim_start_matches(|c: char| c.is_ascii_whitespace());
+        match rest.strip_prefix(':') {
+            Some(value) => !value
+                .trim_start_matches(|c: char| c.is_ascii_whitespace())
+                .starts_with('"'),
+            None => true,
+        }
+    })
 }
 
 /// An explicit entry's rank list in the text.
@@ -361,7 +379,7 @@ fn skip_char(bytes: &[u8], i: usize) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::shrink;
+    use super::{may_have_explicit, shrink};
 
     #[test]
     fn shrinks_only_explicit_rank_lists() {
@@ -383,6 +401,21 @@ mod tests {
         assert!(got.contains("(),\n              ]"), "{got}");
         assert!(got.contains("symmetry: (ranks: [0, 1, 2])"), "{got}");
         assert!(got.contains(r#"topology: "a)]""#), "{got}");
+    }
+
+    #[test]
+    fn plans_without_explicit_entries_are_not_scanned() {
+        let seals_only = "(entries: [(symmetric: (ranks: [0])), ], verified: [(schedule: \"ab\"), (schedule : \"cd\")])";
+        assert!(!may_have_explicit(seals_only));
+        assert_eq!(shrink(seals_only, &[0]), None);
+        for text in [
+            "(entries: [(schedule: (ranks: [()]))])",
+            "(entries: [(schedule /* c */ : (ranks: [()]))])",
+            "(entries: [(schedule:(ranks: [()]))])",
+            "(entries: [(schedules: 1)])",
+        ] {
+            assert!(may_have_explicit(text), "{text}");
+        }
     }
 
     #[test]

@@ -95,11 +95,177 @@ fn explicit_root(header: &Header, digests: &[u8]) -> String {
     hasher.finalize().to_hex().to_string()
 }
 
-/// Hash of a symmetric schedule as written.
+/// Hash of a symmetric schedule (format 5): blake3 of a fixed binary encoding of its header,
+/// symmetry and template (every template step, in order; see `Feed`). Linear in the
+/// template and far cheaper than its RON, and independent of how the file wrote the
+/// template (with or without strided runs, see [`crate::runs`]): what a seal covers is the
+/// schedule, which a one-rank reader holds expanded anyway.
 pub(crate) fn symmetric_hash(symmetric: &SymmetricSchedule) -> String {
+    let mut feed = Feed(Vec::with_capacity(Feed::BUFFER + 64), blake3::Hasher::new());
+    feed.symmetric(symmetric);
+    feed.flush();
+    feed.1.finalize().to_hex().to_string()
+}
+
+/// The binary encoding [`symmetric_hash`] hashes: a tag, then every field in declaration
+/// order (enum variants as their index in declaration order), integers little-endian, lists
+/// and options with their length or tag first; buffered into the hasher.
+struct Feed(Vec<u8>, blake3::Hasher);
+
+impl Feed {
+    const BUFFER: usize = 16 << 10;
+
+    fn flush(&mut self) {
+        self.1.update(&self.0);
+        self.0.clear();
+    }
+
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        if self.0.len() >= Self::BUFFER {
+            self.flush();
+        }
+    }
+
+    fn len(&mut self, n: usize) {
+        self.0.extend_from_slice(&(n as u64).to_le_bytes());
+    }
+
+    fn opt_u32(&mut self, v: Option<u32>) {
+        match v {
+            Some(v) => {
+                self.u8(1);
+                self.u32(v);
+            }
+            None => self.u8(0),
+        }
+    }
+
+    fn opt_loc(&mut self, v: Option<crate::schedule::Loc>) {
+        match v {
+            Some(l) => {
+                self.u8(1);
+                self.u8(l.buf as u8);
+                self.u32(l.off);
+            }
+            None => self.u8(0),
+        }
+    }
+
+    fn symmetric(&mut self, s: &SymmetricSchedule) {
+        use crate::schedule::Op;
+        use crate::symmetric::{BlockLabel, BlockLayout};
+        self.0
+            .extend_from_slice(b"hccl symmetric schedule, format 5\n");
+        self.u8(s.collective.kind() as u8);
+        self.opt_u32(s.collective.root());
+        for v in [s.nranks, s.chunks, s.input_chunks, s.output_chunks] {
+            self.u32(v);
+        }
+        self.u8(u8::from(s.in_place));
+        let sym = &s.symmetry;
+        self.len(sym.dims.len());
+        for &d in &sym.dims {
+            self.u32(d);
+        }
+        self.len(sym.actions.len());
+        for &a in &sym.actions {
+            self.u8(a as u8);
+        }
+        self.len(sym.ranks.len());
+        for &r in &sym.ranks {
+            self.u32(r);
+        }
+        match &sym.chunks {
+            None => self.u8(0),
+            Some(map) => {
+                self.u8(1);
+                self.u8(match map.layout {
+                    BlockLayout::BlockMajor => 0,
+                    BlockLayout::PieceMajor => 1,
+                });
+                match &map.label {
+                    BlockLabel::Rank => self.u8(0),
+                    BlockLabel::Grid { order } => {
+                        self.u8(1);
+                        self.len(order.len());
+                        for &o in order {
+                            self.u32(o);
+                        }
+                    }
+                }
+            }
+        }
+        let t = &s.template;
+        self.u32(t.scratch_chunks);
+        self.len(t.streams.len());
+        for stream in &t.streams {
+            self.u32(stream.channel);
+            self.len(stream.steps.len());
+            for step in &stream.steps {
+                let op = &step.op;
+                self.u8(match op {
+                    Op::Send { .. } => 0,
+                    Op::Recv { .. } => 1,
+                    Op::RecvReduceCopy { .. } => 2,
+                    Op::RecvReduceSend { .. } => 3,
+                    Op::RecvReduceCopySend { .. } => 4,
+                    Op::RecvCopySend { .. } => 5,
+                    Op::Copy { .. } => 6,
+                    Op::Reduce { .. } => 7,
+                    Op::Nop => 8,
+                });
+                self.opt_u32(op.send_peer());
+                self.opt_u32(op.recv_peer());
+                self.opt_loc(op.src());
+                self.opt_loc(op.dst());
+                self.u32(step.count);
+                self.len(step.deps.len());
+                for d in &step.deps {
+                    self.u32(d.stream);
+                    self.u32(d.step);
+                }
+            }
+        }
+    }
+}
+
+/// Hash of a symmetric schedule as formats 2 to 4 wrote it (the template expanded): what the
+/// seals of files of those formats name. Readers of such files replace these roots by
+/// [`symmetric_hash`] once they match ([`upgrade_seals`]).
+pub(crate) fn symmetric_hash_v4(symmetric: &SymmetricSchedule) -> String {
     let mut hasher = blake3::Hasher::new();
     hash_ron(&mut hasher, symmetric);
     hasher.finalize().to_hex().to_string()
+}
+
+/// Rewrites the seals of a plan read from a format before 5: a seal of this build's verifier
+/// whose root is a symmetric schedule's format-4 hash ([`symmetric_hash_v4`]) names it by its
+/// current hash ([`symmetric_hash`]) instead, so the plan is held (and checked, and written
+/// back) as the current format. Seals that match nothing are left as they are (and then
+/// cover nothing).
+pub(crate) fn upgrade_seals<'a>(
+    seals: &mut [Seal],
+    symmetric: impl IntoIterator<Item = &'a SymmetricSchedule>,
+) {
+    if !seals
+        .iter()
+        .any(|s| s.verifier == crate::verify::VERIFIER && s.ranks.is_none())
+    {
+        return;
+    }
+    for sym in symmetric {
+        let (old, new) = (symmetric_hash_v4(sym), symmetric_hash(sym));
+        for s in seals.iter_mut() {
+            if s.verifier == crate::verify::VERIFIER && s.ranks.is_none() && s.schedule == old {
+                s.schedule = new.clone();
+            }
+        }
+    }
 }
 
 fn digests(schedule: &Schedule) -> Vec<u8> {

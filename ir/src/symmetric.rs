@@ -428,14 +428,21 @@ impl SymmetryTable {
         symmetry.validate(nranks, chunks)?;
         let n = nranks as usize;
         let k = symmetry.dims.len();
+        // Row-major: coordinate i is constant over runs of Π_{j>i} dims[j] positions.
         let mut coords = vec![0u32; n * k];
-        for p in 0..n {
-            let mut rest = p;
-            for i in (0..k).rev() {
-                let d = symmetry.dims[i] as usize;
-                coords[p * k + i] = (rest % d) as u32;
-                rest /= d;
+        let mut stride = 1usize;
+        for i in (0..k).rev() {
+            let d = symmetry.dims[i] as usize;
+            let (mut x, mut left) = (0u32, stride);
+            for p in 0..n {
+                coords[p * k + i] = x;
+                left -= 1;
+                if left == 0 {
+                    left = stride;
+                    x = if x as usize + 1 == d { 0 } else { x + 1 };
+                }
             }
+            stride *= d;
         }
         let mut position = vec![0u32; n];
         for (p, &r) in symmetry.ranks.iter().enumerate() {
@@ -598,7 +605,146 @@ impl SymmetryTable {
         (by_position < self.ranks.len()).then_some(Translation {
             table: self,
             by: by_position,
+            memo: None,
         })
+    }
+
+    /// The lookups of the translation by `by_position`'s coordinates, precomputed
+    /// (`O(nranks · (dims + log nranks))`): with them ([`SymmetryTable::translation_with`]),
+    /// a rank costs `O(1)` instead of `O(dims)` and a run of chunks `O(1)` instead of
+    /// `O(count · dims)`. Worth it for a whole program.
+    pub fn memo(&self, by_position: usize) -> Option<TranslationMemo> {
+        self.memo_for_runs(by_position, [u32::MAX])
+    }
+
+    /// [`SymmetryTable::memo`] for a program whose steps address runs of `counts` chunks:
+    /// range minima are built only as wide as those runs, and only when looking the runs'
+    /// labels up one by one would cost more than building them (any run still translates
+    /// correctly).
+    pub fn memo_for_runs(
+        &self,
+        by_position: usize,
+        counts: impl IntoIterator<Item = u32>,
+    ) -> Option<TranslationMemo> {
+        if by_position >= self.ranks.len() {
+            return None;
+        }
+        let n = self.ranks.len();
+        let k = self.dims.len();
+        // Position p's translation is Σ_i act(x_i(p), by_i) · stride_i: one table per
+        // dimension, summed over the positions in row-major order.
+        let mut positions = vec![0u32; n];
+        let mut stride = 1usize;
+        for i in (0..k).rev() {
+            let d = self.dims[i] as usize;
+            let by = self.coords[by_position * k + i];
+            let moved: Vec<u32> = (0..d as u32)
+                .map(|x| act(self.actions[i], x, by, d as u32) * stride as u32)
+                .collect();
+            // Coordinate i is constant over runs of `stride` positions and cycles through
+            // 0..d.
+            for (block, run) in positions.chunks_mut(stride).enumerate() {
+                let add = moved[block % d];
+                run.iter_mut().for_each(|slot| *slot += add);
+            }
+            stride *= d;
+        }
+        let labels = self.chunks.as_ref().map(|c| {
+            let images: Vec<u32> = c
+                .label_position
+                .iter()
+                .map(|&p| c.position_label[positions[p as usize] as usize])
+                .collect();
+            // Labels a run of `count` chunks looks up: its blocks (block-major), or its
+            // chunks within one row (piece-major).
+            let width = |count: u32| match c.layout {
+                BlockLayout::BlockMajor => (count / c.m.max(1)).saturating_add(2),
+                BlockLayout::PieceMajor => count.min(n as u32),
+            } as usize;
+            let (mut widest, mut scans) = (1usize, 0usize);
+            for count in counts {
+                let w = width(count);
+                widest = widest.max(w);
+                scans = scans.saturating_add(2 * w);
+            }
+            let build = n.saturating_mul(widest.ilog2() as usize + 1);
+            let cap = if scans > 2 * build { widest } else { 1 };
+            RangeMin::new(images, cap)
+        });
+        Some(TranslationMemo {
+            by: by_position,
+            positions,
+            labels,
+        })
+    }
+
+    /// The translation whose lookups `memo` holds ([`SymmetryTable::memo`] of this table).
+    pub fn translation_with<'a>(&'a self, memo: &'a TranslationMemo) -> Option<Translation<'a>> {
+        (memo.by < self.ranks.len()
+            && memo.positions.len() == self.ranks.len()
+            && memo.labels.as_ref().map(|l| l.len())
+                == self.chunks.as_ref().map(|_| self.ranks.len()))
+        .then_some(Translation {
+            table: self,
+            by: memo.by,
+            memo: Some(memo),
+        })
+    }
+}
+
+/// One translation's lookups, precomputed ([`SymmetryTable::memo`]).
+#[derive(Debug, Clone)]
+pub struct TranslationMemo {
+    by: usize,
+    /// Every position translated.
+    positions: Vec<u32>,
+    /// Every block label's image, with range minima (when chunks move).
+    labels: Option<RangeMin>,
+}
+
+/// Range minima of a list in `O(1)` per query (a sparse table).
+#[derive(Debug, Clone)]
+struct RangeMin {
+    /// `levels[j][i]`: the least of `levels[0][i..i + 2^j]`.
+    levels: Vec<Vec<u32>>,
+}
+
+impl RangeMin {
+    /// The table for queries of up to `max_width` values (wider ones take several lookups).
+    fn new(values: Vec<u32>, max_width: usize) -> RangeMin {
+        let mut levels = vec![values];
+        let mut width = 1usize;
+        while width * 2 <= levels[0].len() && width * 2 <= max_width {
+            let prev = &levels[levels.len() - 1];
+            let next: Vec<u32> = (0..prev.len() - width)
+                .map(|i| prev[i].min(prev[i + width]))
+                .collect();
+            levels.push(next);
+            width *= 2;
+        }
+        RangeMin { levels }
+    }
+
+    fn len(&self) -> usize {
+        self.levels[0].len()
+    }
+
+    fn get(&self, i: usize) -> u32 {
+        self.levels[0][i]
+    }
+
+    /// The least value of `a..b` (`a < b ≤ len`).
+    fn min(&self, a: usize, b: usize) -> u32 {
+        let j = ((usize::BITS - 1 - (b - a).leading_zeros()) as usize).min(self.levels.len() - 1);
+        let (level, w) = (&self.levels[j], 1usize << j);
+        // Blocks of `w` from `a`, and the last `w` before `b` for the rest.
+        let mut least = level[b - w];
+        let mut i = a;
+        while i + w <= b {
+            least = least.min(level[i]);
+            i += w;
+        }
+        least
     }
 }
 
@@ -608,22 +754,35 @@ pub struct Translation<'a> {
     table: &'a SymmetryTable,
     /// The grid position whose coordinates translate.
     by: usize,
+    /// The lookups, when precomputed ([`SymmetryTable::memo`]).
+    memo: Option<&'a TranslationMemo>,
 }
 
 impl Translation<'_> {
+    /// Position `p` translated.
+    fn position(&self, p: usize) -> usize {
+        match self.memo {
+            Some(m) => m.positions[p] as usize,
+            None => self.table.translate_position(p, self.by),
+        }
+    }
+
     /// The rank `rank` becomes; ranks past the grid are left unchanged.
     pub fn rank(&self, rank: Rank) -> Rank {
         let t = self.table;
         match t.position.get(rank as usize) {
-            Some(&p) => t.ranks[t.translate_position(p as usize, self.by)],
+            Some(&p) => t.ranks[self.position(p as usize)],
             None => rank,
         }
     }
 
     /// The block label `b` becomes (`b < nranks`).
     fn label(&self, chunks: &ChunkTable, b: u32) -> u32 {
+        if let Some(l) = self.memo.and_then(|m| m.labels.as_ref()) {
+            return l.get(b as usize);
+        }
         let p = chunks.label_position[b as usize] as usize;
-        chunks.position_label[self.table.translate_position(p, self.by)]
+        chunks.position_label[self.position(p)]
     }
 
     /// The chunk `c` of the full buffer becomes (when chunks move and `c < C`).
@@ -675,7 +834,16 @@ impl Translation<'_> {
             // Blocks touched: the first from off % m, the others from their start.
             BlockLayout::BlockMajor => {
                 let first = self.chunk(chunks, off);
-                (off / m + 1..end.div_ceil(m))
+                let (a, b) = (off / m + 1, end.div_ceil(m));
+                if let Some(l) = self.memo.and_then(|m| m.labels.as_ref())
+                    && a < b
+                {
+                    return Loc {
+                        off: first.min(l.min(a as usize, b as usize) * m),
+                        ..loc
+                    };
+                }
+                (a..b)
                     .map(|b| self.label(chunks, b) * m)
                     .fold(first, u32::min)
             }
@@ -684,6 +852,13 @@ impl Translation<'_> {
             BlockLayout::PieceMajor => {
                 let row = off / n;
                 let row_end = end.min((row + 1).saturating_mul(n));
+                if let Some(l) = self.memo.and_then(|m| m.labels.as_ref()) {
+                    let (a, b) = ((off - row * n) as usize, (row_end - row * n) as usize);
+                    return Loc {
+                        off: row * n + l.min(a, b),
+                        ..loc
+                    };
+                }
                 (off..row_end)
                     .map(|c| row * n + self.label(chunks, c % n))
                     .min()
@@ -841,14 +1016,41 @@ impl SymmetricSchedule {
         table: &SymmetryTable,
         rank: Rank,
     ) -> Result<RankProgram, SymmetryError> {
-        let translation = table
-            .position_of(rank)
-            .and_then(|p| table.translation(p))
-            .ok_or(SymmetryError::NoSuchRank {
-                rank,
-                nranks: self.nranks,
-            })?;
+        let missing = SymmetryError::NoSuchRank {
+            rank,
+            nranks: self.nranks,
+        };
+        let by = table.position_of(rank).ok_or(missing.clone())?;
+        let counts = self.template.streams.iter().flat_map(|s| &s.steps);
+        let memo = table
+            .memo_for_runs(by, counts.map(|s| s.count))
+            .ok_or(missing.clone())?;
+        let translation = table.translation_with(&memo).ok_or(missing)?;
         Ok(translation.program(&self.template))
+    }
+
+    /// [`SymmetricSchedule::program_with`] into `program`, which must hold the template:
+    /// translated in place, without allocating another program.
+    pub fn translate_in_place(
+        &self,
+        table: &SymmetryTable,
+        rank: Rank,
+        program: &mut RankProgram,
+    ) -> Result<(), SymmetryError> {
+        let missing = SymmetryError::NoSuchRank {
+            rank,
+            nranks: self.nranks,
+        };
+        let by = table.position_of(rank).ok_or(missing.clone())?;
+        let counts = program.streams.iter().flat_map(|s| &s.steps);
+        let memo = table
+            .memo_for_runs(by, counts.map(|s| s.count))
+            .ok_or(missing.clone())?;
+        let translation = table.translation_with(&memo).ok_or(missing)?;
+        for step in program.streams.iter_mut().flat_map(|s| &mut s.steps) {
+            step.op = translation.op(step.op, step.count);
+        }
+        Ok(())
     }
 
     /// Number of steps of the template.
@@ -1042,6 +1244,62 @@ mod tests {
         assert_eq!(t.rank(9), 9);
         assert!(table.translation(8).is_none());
         assert_eq!(sym.translate_rank(6, 8), None);
+    }
+
+    #[test]
+    fn memoised_translations_agree_with_plain_ones() {
+        use Action::*;
+        for (dims, actions) in [
+            (vec![8], vec![Cyclic]),
+            (vec![2, 4], vec![Xor, Cyclic]),
+            (vec![4, 2], vec![Cyclic, Cyclic]),
+        ] {
+            for layout in [BlockLayout::BlockMajor, BlockLayout::PieceMajor] {
+                for label in [BlockLabel::Rank, BlockLabel::Grid { order: vec![0, 1] }] {
+                    let label = match label {
+                        BlockLabel::Grid { .. } if dims.len() == 2 => {
+                            BlockLabel::Grid { order: vec![1, 0] }
+                        }
+                        BlockLabel::Grid { .. } => BlockLabel::Grid { order: vec![0] },
+                        l => l,
+                    };
+                    let sym = Symmetry {
+                        ranks: vec![3, 1, 4, 0, 5, 2, 7, 6],
+                        ..grid(
+                            dims.clone(),
+                            actions.clone(),
+                            Some(ChunkMap { layout, label }),
+                        )
+                    };
+                    let table = SymmetryTable::new(&sym, 8, 24, 24, 24).expect("valid");
+                    for by in 0..8 {
+                        let slow = table.translation(by).expect("in range");
+                        for counts in [vec![u32::MAX], vec![], vec![1], vec![3; 100], vec![3]] {
+                            let cap = counts.clone();
+                            let memo = table.memo_for_runs(by, counts).expect("in range");
+                            let fast = table.translation_with(&memo).expect("matches");
+                            for r in 0..9 {
+                                assert_eq!(fast.rank(r), slow.rank(r));
+                            }
+                            for off in 0..26 {
+                                for count in 0..26 {
+                                    for loc in
+                                        [Loc::input(off), Loc::output(off), Loc::scratch(off)]
+                                    {
+                                        assert_eq!(
+                                            fast.loc(loc, count),
+                                            slow.loc(loc, count),
+                                            "{sym:?} by {by} counts {cap:?}: {loc}+{count}"
+                                        );
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    assert!(table.memo(8).is_none());
+                }
+            }
+        }
     }
 
     #[test]

@@ -109,13 +109,13 @@ fn version_rejection_says_what_to_do() {
         err,
         PlanError::Version {
             found: 7,
-            supported: 4,
+            supported: 5,
             ..
         }
     ));
     assert_eq!(
         err.to_string(),
-        "newer_version.ron: plan format version 7 is not supported by this build (it reads versions 1 to 4); recompile the plan with a matching hcclc"
+        "newer_version.ron: plan format version 7 is not supported by this build (it reads versions 1 to 5); recompile the plan with a matching hcclc"
     );
 }
 

@@ -504,8 +504,8 @@ fn a_schedule_broken_on_one_rank_does_not_compress() {
 fn version_one_plans_still_load() {
     let (schedule, symmetry) = ring_allgather(&[0, 3, 1, 5, 2, 4], 1, false);
     let explicit = plan_of(schedule.clone(), None).to_ron();
-    assert!(explicit.contains("format_version: 4"));
-    let v1 = explicit.replacen("format_version: 4", "format_version: 1", 1);
+    assert!(explicit.contains("format_version: 5"));
+    let v1 = explicit.replacen("format_version: 5", "format_version: 1", 1);
     let plan = PlanFile::from_ron(&v1, "v1").expect("v1 loads");
     assert_eq!(plan.format_version, hccl_ir::FORMAT_VERSION);
     assert_eq!(plan, plan_of(schedule.clone(), None));
@@ -522,10 +522,11 @@ fn version_one_plans_still_load() {
         (2, true),
         (3, true),
         (4, true),
-        (5, false),
+        (5, true),
+        (6, false),
     ] {
         let text = symmetric.replacen(
-            "format_version: 4",
+            "format_version: 5",
             &format!("format_version: {version}"),
             1,
         );
