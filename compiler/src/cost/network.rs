@@ -577,15 +577,7 @@ impl Network {
             sc.done[v] = epoch;
             for &li in &self.out[v] {
                 let l = &self.links[li as usize];
-                let mut width = label.width.min(l.cap);
-                if let Some(r) = self.nic_resource(li) {
-                    width = width.min(self.capacity[r as usize]);
-                }
-                let next = Label {
-                    latency: label.latency + l.latency,
-                    width,
-                    hops: label.hops + 1,
-                };
+                let next = self.extend(&label, li);
                 let t = l.to as usize;
                 if sc.done[t] == epoch {
                     continue;
@@ -618,6 +610,20 @@ impl Network {
         sc.heap.clear();
         sc.reached.clear();
         out
+    }
+
+    /// `label` one hop further, over link `li` (and its NIC direction, if any).
+    fn extend(&self, label: &Label, li: u32) -> Label {
+        let l = &self.links[li as usize];
+        let mut width = label.width.min(l.cap);
+        if let Some(r) = self.nic_resource(li) {
+            width = width.min(self.capacity[r as usize]);
+        }
+        Label {
+            latency: label.latency + l.latency,
+            width,
+            hops: label.hops + 1,
+        }
     }
 
     /// The route from `start` to `end` following `pred` (the link that reached a vertex).
@@ -714,15 +720,7 @@ impl Network {
             }
             for &li in &self.out[v] {
                 let l = &self.links[li as usize];
-                let mut width = label.width.min(l.cap);
-                if let Some(r) = self.nic_resource(li) {
-                    width = width.min(self.capacity[r as usize]);
-                }
-                let next = Label {
-                    latency: label.latency + l.latency,
-                    width,
-                    hops: label.hops + 1,
-                };
+                let next = self.extend(&label, li);
                 let t = l.to as usize;
                 if done[t] {
                     continue;
@@ -737,43 +735,11 @@ impl Network {
                 }
             }
         }
-        let mut result = Vec::with_capacity(dsts.len());
-        for &d in dsts {
-            let mut v = self.rank_vertex[d as usize];
-            if !done[v as usize] {
-                result.push(None);
-                continue;
-            }
-            let mut path = Vec::new();
-            while v != start {
-                let li = pred[v as usize];
-                path.push(li);
-                v = self.links[li as usize].from;
-            }
-            path.reverse();
-            let mut resources = Vec::with_capacity(path.len() * 2);
-            let mut class = LinkClass::NvLink;
-            let mut latency = 0.0;
-            let mut bottleneck = f64::INFINITY;
-            for &li in &path {
-                let l = &self.links[li as usize];
-                resources.push(li);
-                bottleneck = bottleneck.min(l.cap);
-                if let Some(r) = self.nic_resource(li) {
-                    resources.push(r);
-                    bottleneck = bottleneck.min(self.capacity[r as usize]);
-                }
-                class = class.max(l.class);
-                latency += l.latency;
-            }
-            result.push(Some(Route {
-                resources,
-                latency_us: latency,
-                class,
-                bottleneck,
-                hops: path.len() as u32,
-            }));
-        }
-        result
+        dsts.iter()
+            .map(|&d| {
+                let v = self.rank_vertex[d as usize];
+                done[v as usize].then(|| self.route_along(start, v, |x| pred[x as usize]))
+            })
+            .collect()
     }
 }

@@ -382,49 +382,6 @@ impl KaryTree {
             top_down,
         })
     }
-
-    /// The tree as [`KaryTree::tree`] built it before it was made linear: every unassigned
-    /// rank sorted for every parent. Kept to test that both agree.
-    #[doc(hidden)]
-    pub fn tree_by_sorting(&self, topo: &Topology, root: Rank, fanout: usize) -> Option<Tree> {
-        let n = topo.nranks() as usize;
-        let order = host_order(topo);
-        let mut pos = vec![0usize; n];
-        for (i, &r) in order.iter().enumerate() {
-            pos[r as usize] = i;
-        }
-        let mut assigned = vec![false; n];
-        *assigned.get_mut(root as usize)? = true;
-        let mut parent = vec![None; n];
-        let mut children = vec![Vec::new(); n];
-        let mut top_down = vec![root];
-        let mut i = 0;
-        while i < top_down.len() && top_down.len() < n {
-            let v = top_down[i];
-            let mut cands: Vec<Rank> = (0..n as Rank).filter(|&r| !assigned[r as usize]).collect();
-            let hv = topo.host_of[v as usize];
-            let dist = |r: Rank| (pos[r as usize] + n - pos[v as usize]) % n;
-            cands.sort_by(|&a, &c| {
-                direct_bw(topo, v, c)
-                    .total_cmp(&direct_bw(topo, v, a))
-                    .then((topo.host_of[a as usize] != hv).cmp(&(topo.host_of[c as usize] != hv)))
-                    .then(dist(a).cmp(&dist(c)))
-            });
-            for &c in cands.iter().take(fanout) {
-                assigned[c as usize] = true;
-                parent[c as usize] = Some(v);
-                children[v as usize].push(c);
-                top_down.push(c);
-            }
-            i += 1;
-        }
-        (top_down.len() == n).then_some(Tree {
-            root,
-            parent,
-            children,
-            top_down,
-        })
-    }
 }
 
 impl Family for KaryTree {
@@ -475,6 +432,48 @@ mod tests {
     use super::*;
     use hccl_topologies::generate;
 
+    /// The tree as [`KaryTree::tree`] built it before it was made linear: every unassigned
+    /// rank sorted for every parent. Kept to test that both agree.
+    fn tree_by_sorting(topo: &Topology, root: Rank, fanout: usize) -> Option<Tree> {
+        let n = topo.nranks() as usize;
+        let order = host_order(topo);
+        let mut pos = vec![0usize; n];
+        for (i, &r) in order.iter().enumerate() {
+            pos[r as usize] = i;
+        }
+        let mut assigned = vec![false; n];
+        *assigned.get_mut(root as usize)? = true;
+        let mut parent = vec![None; n];
+        let mut children = vec![Vec::new(); n];
+        let mut top_down = vec![root];
+        let mut i = 0;
+        while i < top_down.len() && top_down.len() < n {
+            let v = top_down[i];
+            let mut cands: Vec<Rank> = (0..n as Rank).filter(|&r| !assigned[r as usize]).collect();
+            let hv = topo.host_of[v as usize];
+            let dist = |r: Rank| (pos[r as usize] + n - pos[v as usize]) % n;
+            cands.sort_by(|&a, &c| {
+                direct_bw(topo, v, c)
+                    .total_cmp(&direct_bw(topo, v, a))
+                    .then((topo.host_of[a as usize] != hv).cmp(&(topo.host_of[c as usize] != hv)))
+                    .then(dist(a).cmp(&dist(c)))
+            });
+            for &c in cands.iter().take(fanout) {
+                assigned[c as usize] = true;
+                parent[c as usize] = Some(v);
+                children[v as usize].push(c);
+                top_down.push(c);
+            }
+            i += 1;
+        }
+        (top_down.len() == n).then_some(Tree {
+            root,
+            parent,
+            children,
+            top_down,
+        })
+    }
+
     /// The linear greedy builds exactly the tree the sorting one does: shipped machines and
     /// generated ones (one host, clusters, tori, rings, a fat tree), several roots, every
     /// fan-out.
@@ -505,7 +504,7 @@ mod tests {
             for root in [0, 1, n / 2, n - 1] {
                 for fanout in [1, 2, 3, 4, 7] {
                     let fast = KaryTree.tree(topo, root, fanout);
-                    let slow = KaryTree.tree_by_sorting(topo, root, fanout);
+                    let slow = tree_by_sorting(topo, root, fanout);
                     assert_eq!(fast, slow, "{} root {root} fan-out {fanout}", topo.name);
                     compared += 1;
                 }
