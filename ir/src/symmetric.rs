@@ -538,12 +538,6 @@ impl SymmetryTable {
         out
     }
 
-    /// The position of `p` translated by the coordinates of `by` (the group operation: it
-    /// is commutative, and position 0 is its identity).
-    pub(crate) fn compose(&self, p: usize, by: usize) -> usize {
-        self.translate_position(p, by)
-    }
-
     /// Positions whose translations generate the group: per cyclic dimension its unit
     /// step, per xor dimension every power of two below its extent.
     pub(crate) fn generators(&self) -> Vec<usize> {

@@ -34,6 +34,11 @@
 //!    satisfies `L_s(P ⊕ Q) = L_r(P) ∘ L_s(Q)`: the sender of rank `P`, at `P ⊕ Q`, orders
 //!    the lanes as `P`'s receive expects them.
 //!
+//! Since translations compose (`t_{P⊕Q} = t_P ∘ t_Q`), condition 3 is checked as
+//! `L_{a'}(P) = L_r(P)` with `a' = t_Q(a)` the sender's run moved to the peer: every check
+//! is then under the one translation `P`, so the lane check builds one lookup table per rank
+//! ([`SymmetryTable::memo_for_runs`]) and reads every run's chunks from it.
+//!
 //! Under these the quotient run computes rank `r0`'s values exactly: a message received from
 //! `q` is the template's message translated by `pos(q)` with its lanes put in `L_s(pos(q))`
 //! order. The postcondition is then checked on `r0`; it holds on every rank when the
@@ -54,7 +59,7 @@ use super::sim::{self, Quot};
 use super::structure::{self, ConnInfo, Ends, Layout};
 use super::{ErrorKind, Report, Sink, VerifyError};
 use crate::schedule::{Collective, Loc, Op, RankProgram, Schedule};
-use crate::symmetric::{SymmetricSchedule, SymmetryTable};
+use crate::symmetric::{SymmetricSchedule, SymmetryTable, Translation};
 use std::collections::HashSet;
 
 /// Most chunk translations the lane check may spend (the sum over the checks it needs of the
@@ -309,17 +314,19 @@ fn check_covariance(s: &SymmetricSchedule, table: &SymmetryTable, sink: &mut Sin
     }
 }
 
-/// The lane order of a run on the rank at `pos`: lane `i` of the template's run is lane
-/// `out[i]` of that rank's (the least image, in buffer order). `None` when the run does
-/// not move (unmapped buffer, one chunk, or a translation that shifts it whole); `Err`
-/// when its image is not contiguous.
-fn lanes(table: &SymmetryTable, pos: usize, run: Loc, count: u32) -> Result<Option<Vec<u32>>, ()> {
+/// The lane order of a run under the translation `t` (memoised or not): lane `i` of the
+/// template's run is lane `out[i]` of the translated rank's (the least image, in buffer
+/// order). `None` when the run does not move (unmapped buffer, one chunk, or a translation
+/// that shifts it whole); `Err` when its image is not contiguous.
+fn lanes_by(
+    table: &SymmetryTable,
+    t: &Translation<'_>,
+    run: Loc,
+    count: u32,
+) -> Result<Option<Vec<u32>>, ()> {
     if count <= 1 || !table.maps(run.buf) {
         return Ok(None);
     }
-    let Some(t) = table.translation(pos) else {
-        return Ok(None);
-    };
     let least = t.loc(run, count).off;
     let mut out = Vec::with_capacity(count as usize);
     let mut seen = vec![false; count as usize];
@@ -427,13 +434,61 @@ fn check_lanes(
         return;
     }
     let place = |si: usize, ti: usize| (r0, si as u32, ti, prog.streams[si].channel);
-    for &(si, ti) in &first {
-        let step = &prog.streams[si].steps[ti];
-        let (src, dst) = (step.op.src(), step.op.dst());
-        for pos in 1..n {
-            let a = src.map(|r| lanes(table, pos, r, step.count));
-            let b = dst.map(|r| lanes(table, pos, r, step.count));
-            let problem = match (a, b) {
+    // Condition 3 with one translation: when the sender's run `a` moves under the peer's
+    // translation `Q` to the contiguous run `a' = t_Q(a)` in lane order `L_s(Q)`, then
+    // `t_{P⊕Q} = t_P ∘ t_Q` (the group is abelian) gives `L_s(P ⊕ Q) = L_{a'}(P) ∘ L_s(Q)`,
+    // so `L_s(P ⊕ Q) = L_r(P) ∘ L_s(Q)` holds iff `L_{a'}(P) = L_r(P)`: every check below is
+    // under the one translation `P`, and one memo per rank serves them all.
+    let mut msgs: Vec<(usize, usize, Loc, Loc, u32)> = Vec::with_capacity(msg_first.len());
+    for &(si, ti, ri, rj) in &msg_first {
+        let sstep = &prog.streams[si].steps[ti];
+        let rstep = &prog.streams[ri].steps[rj];
+        let (Some(a), Some(b)) = (lane_run(&sstep.op), lane_run(&rstep.op)) else {
+            continue;
+        };
+        let Some(from) = rstep.op.recv_peer() else {
+            continue;
+        };
+        let (Some(q), count) = (table.position_of(from), rstep.count) else {
+            continue;
+        };
+        let Some(tq) = table.translation(q) else {
+            continue;
+        };
+        if lanes_by(table, &tq, a, count).is_err() {
+            continue; // reported by the step check
+        }
+        msgs.push((ri, rj, tq.loc(a, count), b, count));
+    }
+    // Per check, the first failing rank's problem; a check stops at its first failure.
+    let mut step_problem: Vec<Option<String>> = vec![None; first.len()];
+    let mut msg_problem: Vec<Option<usize>> = vec![None; msgs.len()];
+    let mut msg_done = vec![false; msgs.len()];
+    let mut open = first.len() + msgs.len();
+    let counts: Vec<u32> = first
+        .iter()
+        .map(|&(si, ti)| prog.streams[si].steps[ti].count)
+        .chain(msgs.iter().map(|m| m.4))
+        .collect();
+    for pos in 1..n {
+        if open == 0 {
+            break;
+        }
+        let Some(memo) = table.memo_for_runs(pos, counts.iter().copied()) else {
+            break;
+        };
+        let Some(t) = table.translation_with(&memo) else {
+            break;
+        };
+        for (k, &(si, ti)) in first.iter().enumerate() {
+            if step_problem[k].is_some() {
+                continue;
+            }
+            let step = &prog.streams[si].steps[ti];
+            let (src, dst) = (step.op.src(), step.op.dst());
+            let a = src.map(|r| lanes_by(table, &t, r, step.count));
+            let b = dst.map(|r| lanes_by(table, &t, r, step.count));
+            step_problem[k] = match (a, b) {
                 (Some(Err(())), _) => Some(format!(
                     "its source run's image on the rank at grid position {pos} is not contiguous"
                 )),
@@ -445,47 +500,49 @@ fn check_lanes(
                 )),
                 _ => None,
             };
-            if let Some(p) = problem {
-                structure::step_error(sink, place(si, ti), ErrorKind::Symmetry, p);
-                break;
+            if step_problem[k].is_some() {
+                open -= 1;
+            }
+        }
+        for (k, &(_, _, a2, b, count)) in msgs.iter().enumerate() {
+            if msg_done[k] {
+                continue;
+            }
+            match (
+                lanes_by(table, &t, a2, count),
+                lanes_by(table, &t, b, count),
+            ) {
+                (Ok(ls), Ok(lr)) => {
+                    if !same(&ls, &lr) {
+                        msg_problem[k] = Some(pos);
+                        msg_done[k] = true;
+                        open -= 1;
+                    }
+                }
+                // Not contiguous: the step check reports it.
+                _ => {
+                    msg_done[k] = true;
+                    open -= 1;
+                }
             }
         }
     }
-    for &(si, ti, ri, rj) in &msg_first {
-        let sstep = &prog.streams[si].steps[ti];
-        let rstep = &prog.streams[ri].steps[rj];
-        let (Some(a), Some(b)) = (lane_run(&sstep.op), lane_run(&rstep.op)) else {
-            continue;
-        };
-        let Some(from) = rstep.op.recv_peer() else {
-            continue;
-        };
-        let Some(q) = table.position_of(from) else {
-            continue;
-        };
-        let count = rstep.count;
-        let Ok(lq) = lanes(table, q, a, count) else {
-            continue; // reported above
-        };
-        for pos in 1..n {
-            let sender = table.compose(q, pos);
-            let (Ok(ls), Ok(lr)) = (lanes(table, sender, a, count), lanes(table, pos, b, count))
-            else {
-                break; // reported above
-            };
-            let lane = |l: &Option<Vec<u32>>, i: u32| l.as_ref().map_or(i, |v| v[i as usize]);
-            let ok = (0..count).all(|i| lane(&ls, i) == lane(&lr, lane(&lq, i)));
-            if !ok {
-                structure::step_error(
-                    sink,
-                    place(ri, rj),
-                    ErrorKind::Symmetry,
-                    format!(
-                        "on the rank at grid position {pos}, the message from rank {from}'s translate arrives in another chunk order than this receive's run takes it (the translations permute the sending and receiving runs inconsistently)"
-                    ),
-                );
-                break;
-            }
+    for (&(si, ti), problem) in first.iter().zip(step_problem) {
+        if let Some(p) = problem {
+            structure::step_error(sink, place(si, ti), ErrorKind::Symmetry, p);
+        }
+    }
+    for (&(ri, rj, _, _, _), problem) in msgs.iter().zip(msg_problem) {
+        if let Some(pos) = problem {
+            let from = prog.streams[ri].steps[rj].op.recv_peer().unwrap_or(r0);
+            structure::step_error(
+                sink,
+                place(ri, rj),
+                ErrorKind::Symmetry,
+                format!(
+                    "on the rank at grid position {pos}, the message from rank {from}'s translate arrives in another chunk order than this receive's run takes it (the translations permute the sending and receiving runs inconsistently)"
+                ),
+            );
         }
     }
 }
