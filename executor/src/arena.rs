@@ -5,8 +5,9 @@
 //! ```text
 //! header  : magic | abort word | per rank: { pid, gone, waiting on, calls } (one line each)
 //! control : per connection: { sent (line) | consumed (line) | slot descriptors (line) }
+//!           (a descriptor: state, pointer, bytes, checksum)
 //! data    : per connection: CONNECTION_SLOTS slots of `slot_bytes`
-//! ll      : per connection: LL_SLOTS slots of { flag (8 bytes) | LL_BYTES of data }
+//! ll      : per connection: LL_SLOTS slots of { flag (8 bytes) | LL_BYTES of data | checksum }
 //! ```
 //!
 //! A connection is a single-producer single-consumer ring of [`CONNECTION_SLOTS`] message
@@ -62,6 +63,34 @@ pub const LL_SLOTS: usize = 8;
 pub const LL_BYTES: usize = 8192;
 /// Bytes between LL slots: the flag word, the data, rounded up to whole lines.
 const LL_STRIDE: usize = (8 + LL_BYTES).div_ceil(LINE) * LINE;
+
+/// Bytes of one slot descriptor: state, pointer, bytes, checksum.
+const DESC: usize = 32;
+const _: () = assert!(
+    CONNECTION_SLOTS * DESC <= LINE,
+    "descriptors share one line"
+);
+const _: () = assert!(
+    8 + LL_BYTES + 8 <= LL_STRIDE,
+    "an LL slot holds its checksum"
+);
+
+/// A checksum word's value for message `seq` whose bytes have CRC32C `crc`: the message's
+/// number rides along, so a word left from an earlier message of the slot never passes.
+#[inline]
+pub(crate) fn seal(seq: u64, crc: u32) -> u64 {
+    (seq << 32) ^ u64::from(crc) ^ (1 << 63)
+}
+
+/// The mark a network receiver leaves in the checksum word of message `seq` when a part of
+/// it failed its check (see [`Arena::crc`]).
+#[inline]
+pub(crate) fn corrupt_mark(seq: u64) -> u64 {
+    CORRUPT | (seq & !CORRUPT)
+}
+
+/// Bit of a [`corrupt_mark`].
+pub(crate) const CORRUPT: u64 = 1 << 62;
 
 /// Magic value at offset 0 (checked by ranks that map a region made by another).
 pub(crate) const MAGIC: u64 = 0x4843_434c_4152_4e31; // "HCCLARN1"
@@ -250,11 +279,31 @@ impl Arena {
     /// Descriptor of slot `seq % CONNECTION_SLOTS` of connection `c`: state, pointer, bytes.
     #[inline]
     pub(crate) fn desc(&self, c: u32, seq: u64) -> (&AtomicU64, &AtomicU64, &AtomicU64) {
-        let base = self.layout.control
+        let base = self.desc_offset(c, seq);
+        (self.word(base), self.word(base + 8), self.word(base + 16))
+    }
+
+    /// The checksum word of slot `seq % CONNECTION_SLOTS` of connection `c` (the fourth word
+    /// of its descriptor, `HCCL_CHECKSUM=1`): on a connection within this host the sender's
+    /// CRC32C of the message ([`seal`]); on one from another host the network receiver's
+    /// [`CORRUPT`] mark when a part failed its check.
+    #[inline]
+    pub(crate) fn crc(&self, c: u32, seq: u64) -> &AtomicU64 {
+        self.word(self.desc_offset(c, seq) + 24)
+    }
+
+    #[inline]
+    fn desc_offset(&self, c: u32, seq: u64) -> usize {
+        self.layout.control
             + c as usize * CTRL
             + 2 * LINE
-            + (seq % CONNECTION_SLOTS as u64) as usize * 24;
-        (self.word(base), self.word(base + 8), self.word(base + 16))
+            + (seq % CONNECTION_SLOTS as u64) as usize * DESC
+    }
+
+    /// The checksum word of LL slot `seq % LL_SLOTS` of connection `c`, right after its data.
+    #[inline]
+    pub(crate) fn ll_crc(&self, c: u32, seq: u64) -> &AtomicU64 {
+        self.word(self.ll_offset(c, seq) + 8 + LL_BYTES)
     }
 
     /// Start of slot `seq % CONNECTION_SLOTS` of connection `c`.

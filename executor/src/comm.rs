@@ -571,7 +571,8 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
         failure: &failure,
         on_wait: &on_wait,
         spin_polls: shared.spin_polls,
-        single_copy: !shared.check_pids,
+        single_copy: !shared.check_pids && !shared.config.checksum,
+        checksum: shared.config.checksum,
         call: print,
     };
     tracing::trace!(

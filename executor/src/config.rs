@@ -1,7 +1,7 @@
 //! Configuration: timeouts, slot size, entry filters, network settings, and where plans come
 //! from — with the environment overrides `HCCL_PLAN`, `HCCL_ALGO`, `HCCL_PROTO`,
-//! `HCCL_DEBUG`, `HCCL_TIMEOUT`, `HCCL_SLOT_BYTES`, `HCCL_VERIFY`, `HCCL_CHECK_CALLS` and
-//! the network's (see [`crate::net::NetConfig::from_env`]).
+//! `HCCL_DEBUG`, `HCCL_TIMEOUT`, `HCCL_SLOT_BYTES`, `HCCL_VERIFY`, `HCCL_CHECK_CALLS`,
+//! `HCCL_CHECKSUM` and the network's (see [`crate::net::NetConfig::from_env`]).
 
 use crate::error::{ExecError, Result};
 use hccl_ir::{PlanFile, Protocol};
@@ -41,6 +41,12 @@ pub struct Config {
     pub verify: VerifyMode,
     /// How ranks compare their calls' fingerprints (`HCCL_CHECK_CALLS`).
     pub check_calls: CallCheck,
+    /// Every message carries a CRC32C of its bytes, which its receiver checks
+    /// (`HCCL_CHECKSUM=1`): a mismatch is [`ExecError::Corrupt`] naming sender, receiver,
+    /// channel and step. Every rank must use the same setting (the process backend checks at
+    /// start). Messages then travel through slots only (no single copy in the threads
+    /// backend); RDMA transfers are not covered.
+    pub checksum: bool,
 }
 
 /// How ranks compare their calls (`HCCL_CHECK_CALLS`): every call a rank starts publishes
@@ -74,6 +80,7 @@ impl Default for Config {
             net: crate::net::NetConfig::default(),
             verify: VerifyMode::default(),
             check_calls: CallCheck::default(),
+            checksum: false,
         }
     }
 }
@@ -131,6 +138,18 @@ impl Config {
                 }
             };
         }
+        if let Some(v) = env("HCCL_CHECKSUM") {
+            cfg.checksum = match v.trim() {
+                "0" => false,
+                "1" => true,
+                _ => {
+                    return Err(ExecError::Invalid(format!(
+                        "HCCL_CHECKSUM={v}: expected 1 (a CRC32C on every message, checked by \
+                         its receiver) or 0 (the default)"
+                    )));
+                }
+            };
+        }
         cfg.net = crate::net::NetConfig::from_env()?;
         Ok(cfg)
     }
@@ -144,6 +163,12 @@ impl Config {
     /// Sets how ranks compare their calls (`HCCL_CHECK_CALLS`).
     pub fn with_check_calls(mut self, check: CallCheck) -> Config {
         self.check_calls = check;
+        self
+    }
+
+    /// Sets whether messages carry checksums (`HCCL_CHECKSUM`).
+    pub fn with_checksum(mut self, on: bool) -> Config {
+        self.checksum = on;
         self
     }
 

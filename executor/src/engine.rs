@@ -115,6 +115,8 @@ pub(crate) struct Ctx<'a> {
     /// This call's number and fingerprint when calls are compared (see [`crate::calls`]):
     /// checked against the peer this rank waits for at each liveness check.
     pub call: Option<(u64, u64)>,
+    /// Messages carry checksums (`HCCL_CHECKSUM=1`, see [`EngineState::seal`]).
+    pub checksum: bool,
 }
 
 /// Memory aligned for every element type.
@@ -153,6 +155,12 @@ pub(crate) struct EngineState {
     net: Option<std::sync::Arc<crate::net::Net>>,
     /// Per connection: [`LOCAL`], [`NET_OUT`] or [`NET_IN`].
     remote: Vec<u8>,
+    /// This call's [`Ctx::checksum`] and [`Ctx::rank`].
+    checksum: bool,
+    me: u32,
+    /// A message that failed its checksum: its number and what was found (the step that
+    /// received it reports it).
+    corrupt: Option<(u64, String)>,
 }
 
 /// Both ends of the connection share this host's region.
@@ -208,6 +216,9 @@ impl EngineState {
             spin: 0,
             net: None,
             remote: vec![LOCAL; nconns],
+            checksum: false,
+            me: 0,
+            corrupt: None,
         }
     }
 
@@ -338,6 +349,8 @@ impl EngineState {
                 remaining += 1;
             }
         }
+        self.checksum = ctx.checksum;
+        self.me = ctx.rank;
         if self.spin == 0 || (self.spin != SPIN_ONLY && self.spin > ctx.spin_polls) {
             self.spin = ctx.spin_polls.max(MIN_SPIN);
         }
@@ -373,6 +386,18 @@ impl EngineState {
                             }
                         }
                         Some((peer, what)) => {
+                            if let Some((seq, detail)) = self.corrupt.take() {
+                                waiter.unpublish(ctx);
+                                return Err(ExecError::Corrupt {
+                                    rank: ctx.rank,
+                                    sender: peer,
+                                    channel: prog.channels.get(s).copied().unwrap_or(0),
+                                    stream: s as u32,
+                                    step: pc as u32,
+                                    seq,
+                                    detail,
+                                });
+                            }
                             let better = blocked.is_none_or(|(_, _, p, _)| p == ctx.rank);
                             if better {
                                 blocked = Some((s as u32, pc as u32, peer, what));
@@ -443,6 +468,7 @@ impl EngineState {
         let (ll_in, ll_out) = (self.ll(geo, ins.rconn), self.ll(geo, ins.sconn));
         const SEND: &str = "a free slot on its connection to";
         const RECV: &str = "a message from";
+        const CORRUPT: &str = "an intact message from";
         let writes = matches!(
             ins.kind,
             Kind::Recv
@@ -498,6 +524,9 @@ impl EngineState {
                     if !self.can_recv(arena, ins.rconn, ll_in) {
                         return Some((ins.recv_peer, RECV));
                     }
+                    if self.checksum && !self.check(arena, ins.rconn, ll_in, n as usize * stride) {
+                        return Some((ins.recv_peer, CORRUPT));
+                    }
                     self.recv_into(arena, sc, ins, geo, bufs, k);
                     None
                 }
@@ -505,6 +534,11 @@ impl EngineState {
                     if self.phase[s] == 0 {
                         if !self.can_recv(arena, ins.rconn, ll_in) {
                             return Some((ins.recv_peer, RECV));
+                        }
+                        if self.checksum
+                            && !self.check(arena, ins.rconn, ll_in, n as usize * stride)
+                        {
+                            return Some((ins.recv_peer, CORRUPT));
                         }
                         self.recv_into(arena, sc, ins, geo, bufs, k);
                         self.phase[s] = 1;
@@ -520,6 +554,11 @@ impl EngineState {
                     if self.phase[s] == 0 {
                         if !self.can_recv(arena, ins.rconn, ll_in) {
                             return Some((ins.recv_peer, RECV));
+                        }
+                        if self.checksum
+                            && !self.check(arena, ins.rconn, ll_in, n as usize * stride)
+                        {
+                            return Some((ins.recv_peer, CORRUPT));
                         }
                         let direct = self.can_send(arena, ins.sconn, ll_out);
                         let out = if direct {
@@ -636,6 +675,13 @@ impl EngineState {
     /// in use) and `sent` advanced.
     #[inline]
     fn publish_slot(&mut self, arena: &Arena, sc: bool, c: u32, ll: bool, bytes: usize) {
+        if self.checksum && self.remote[c as usize] == LOCAL {
+            self.seal(arena, c, ll, bytes);
+        }
+        if bytes > 0 && crate::fault::corrupt(crate::fault::Site::Slot, self.me) {
+            // SAFETY: the message's first byte, in the slot this rank owns until it publishes.
+            unsafe { *self.out_slot(arena, c, ll) ^= 0x20 };
+        }
         if ll {
             let c_ = c as usize;
             let seq = self.send_seq[c_];
@@ -645,6 +691,63 @@ impl EngineState {
             return;
         }
         self.publish_inline(arena, sc, c, bytes);
+    }
+
+    /// Stores the CRC32C of the next message of `c` (the first `bytes` of its slot, padding
+    /// between chunks included: the receiver reads the same memory) in the slot's checksum
+    /// word, before the message is published. Messages to other hosts are checked by the
+    /// network instead (each part carries its own CRC32C).
+    #[inline(never)]
+    fn seal(&mut self, arena: &Arena, c: u32, ll: bool, bytes: usize) {
+        let seq = self.send_seq[c as usize];
+        let data = self.out_slot(arena, c, ll);
+        // SAFETY: the slot holds at least `bytes` (a message never exceeds its slot), and
+        // this rank owns it until it publishes the message.
+        let crc = crc32c::crc32c(unsafe { std::slice::from_raw_parts(data, bytes) });
+        let word = if ll {
+            arena.ll_crc(c, seq)
+        } else {
+            arena.crc(c, seq)
+        };
+        word.store(crate::arena::seal(seq, crc), Ordering::Relaxed);
+    }
+
+    /// Whether the next message of `c` (`bytes` long in its slot) is intact: on this host its
+    /// CRC32C matches the sender's, from another host no part of it failed the network's
+    /// check. When not, records why for the step to report.
+    #[inline(never)]
+    fn check(&mut self, arena: &Arena, c: u32, ll: bool, bytes: usize) -> bool {
+        let seq = self.recv_seq[c as usize];
+        if self.remote[c as usize] == NET_IN {
+            if arena.crc(c, seq).load(Ordering::Acquire) == crate::arena::corrupt_mark(seq) {
+                self.corrupt = Some((
+                    seq,
+                    "a part failed its CRC32C on arrival from the network".into(),
+                ));
+                return false;
+            }
+            return true;
+        }
+        let (data, word) = if ll {
+            (arena.ll_data(c, seq), arena.ll_crc(c, seq))
+        } else {
+            (arena.slot(c, seq), arena.crc(c, seq))
+        };
+        // SAFETY: the message is published (its slot holds `bytes` written by the sender,
+        // whose Release store this rank acquired) and not yet consumed.
+        let crc = crc32c::crc32c(unsafe { std::slice::from_raw_parts(data, bytes) });
+        let want = word.load(Ordering::Relaxed);
+        if want == crate::arena::seal(seq, crc) {
+            return true;
+        }
+        let detail = if want & (1 << 63) == 0 {
+            format!("CRC32C {crc:08x} of its {bytes} bytes, but it came without a checksum")
+        } else {
+            let sent = (want ^ (1 << 63) ^ (seq << 32)) as u32;
+            format!("CRC32C {crc:08x} of its {bytes} bytes, sent with {sent:08x}")
+        };
+        self.corrupt = Some((seq, detail));
+        false
     }
 
     /// Marks the next message of `c` as held in its slot (its first `bytes`) and publishes

@@ -98,6 +98,23 @@ pub enum ExecError {
         call: String,
         peer_call: String,
     },
+    /// A message's bytes do not match the checksum its sender computed (`HCCL_CHECKSUM=1`):
+    /// corrupted between the sender's write and this rank's read.
+    #[error(
+        "rank {rank}: message {seq} from rank {sender} on channel {channel} is corrupt ({detail}), received at stream {stream} step {step}; collective aborted"
+    )]
+    Corrupt {
+        /// The receiver (this rank).
+        rank: u32,
+        sender: u32,
+        channel: u32,
+        stream: u32,
+        step: u32,
+        /// The message's number on its connection (from 0).
+        seq: u64,
+        /// What was compared, or where it was caught.
+        detail: String,
+    },
     /// The communicator is unusable after an earlier failure or a lost non-blocking request.
     #[error("rank {rank}: communicator unusable: {reason}")]
     Poisoned { rank: u32, reason: String },

@@ -60,6 +60,8 @@ pub mod dtype;
 pub mod engine;
 pub mod error;
 pub mod fallback;
+#[doc(hidden)]
+pub mod fault;
 pub mod net;
 pub mod process;
 pub mod program;

@@ -37,7 +37,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 const HELLO_MAGIC: &[u8; 8] = b"HCCLBOOT";
-const PROTOCOL: u32 = 2;
+const PROTOCOL: u32 = 3;
 const STEP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where and how to rendezvous.
@@ -216,6 +216,7 @@ impl ProcessGroup {
             limits: held
                 .as_ref()
                 .map_or_else(|_| Vec::new(), |h| h.limits(rank)),
+            checksum: config.checksum,
         };
         let mut job = if rank == 0 {
             lead(addr, boot, &me, &config, deadline)?
@@ -300,6 +301,7 @@ impl ProcessGroup {
                 nonce: &job.nonce,
                 cfg: &net_cfg,
                 slot_bytes: config.slot_bytes,
+                checksum: config.checksum,
                 timeout: config.timeout,
                 arena: Arc::clone(&arena),
                 listener,
@@ -549,6 +551,8 @@ struct Hello {
     /// Per plan entry: this rank's largest message count and scratch extent
     /// ([`crate::program::rank_limits`]); rank 0 answers with the largest of every rank's.
     limits: Vec<(u32, u32)>,
+    /// `HCCL_CHECKSUM`: every rank must use the same setting.
+    checksum: bool,
 }
 
 /// Most plan entries a hello may carry limits for.
@@ -586,6 +590,7 @@ impl Hello {
         write_str(&mut hello, &self.data_addr);
         write_str(&mut hello, &self.machine);
         write_limits(&mut hello, &self.limits);
+        write_u32(&mut hello, u32::from(self.checksum));
         hello
     }
 }
@@ -623,6 +628,7 @@ fn read_hello(s: &mut TcpStream, token: &str) -> std::io::Result<Option<Hello>> 
         data_addr: read_str(s)?,
         machine: read_str(s)?,
         limits: read_limits(s)?,
+        checksum: read_u32(s)? != 0,
     }))
 }
 
@@ -695,6 +701,13 @@ fn lead(
             problem = Some(format!(
                 "rank {r} holds plan {} but rank 0 holds plan {hash}: all ranks must use the same plan file",
                 h.hash
+            ));
+        } else if h.checksum != me.checksum {
+            let says = |on: bool| if on { "1" } else { "0" };
+            problem = Some(format!(
+                "rank {r} runs with HCCL_CHECKSUM={} but rank 0 with HCCL_CHECKSUM={}: every rank must use the same setting",
+                says(h.checksum),
+                says(me.checksum)
             ));
         } else if h.limits.len() != me.limits.len() {
             problem = Some(format!(

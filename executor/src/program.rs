@@ -107,6 +107,8 @@ pub(crate) struct Instr {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Program {
     pub streams: Vec<Vec<Instr>>,
+    /// Each stream's channel.
+    pub channels: Vec<u32>,
     /// Dependencies as `(stream, step)`.
     pub deps: Vec<(u32, u32)>,
     pub scratch_chunks: u32,
@@ -325,6 +327,7 @@ pub(crate) fn compile(
             });
         }
         out.streams.push(instrs);
+        out.channels.push(stream.channel);
         out.needs_hold.push(hold);
     }
     Ok(Entry {

@@ -282,6 +282,8 @@ struct Inner {
     inbound: Vec<Option<Inbound>>,
     slot_bytes: usize,
     nsocks: usize,
+    /// Data parts this rank sends carry a CRC32C ([`Tag::DataCrc`]).
+    checksum: bool,
     silence: Duration,
     epoch: Instant,
     leaving: AtomicBool,
@@ -334,6 +336,8 @@ pub(crate) struct Setup<'a> {
     pub nonce: &'a str,
     pub cfg: &'a NetConfig,
     pub slot_bytes: usize,
+    /// Data parts carry a CRC32C of their payload (`HCCL_CHECKSUM=1`).
+    pub checksum: bool,
     pub timeout: Duration,
     pub arena: Arc<Arena>,
     pub listener: Option<TcpListener>,
@@ -509,7 +513,7 @@ pub(crate) fn connect(mut setup: Setup<'_>) -> Result<Option<Net>> {
         peers,
         dirs,
         channels,
-        (setup.slot_bytes, nsocks),
+        (setup.slot_bytes, nsocks, setup.checksum),
         silence_for(setup.timeout),
     ));
     // RDMA, when chosen, is set up over the authenticated TCP sockets (queue-pair
@@ -825,6 +829,18 @@ fn write_part_on(
 ) -> std::io::Result<()> {
     let table = seg_table(segs);
     let mut slices = part_slices(hdr, &table, segs);
+    // With checksums, the payload's CRC32C follows it.
+    let crc = inner.checksum.then(|| {
+        segs.iter()
+            .fold(0u32, |crc, seg| {
+                // SAFETY: as in `part_slices`.
+                crc32c::crc32c_append(crc, unsafe { std::slice::from_raw_parts(seg.ptr, seg.len) })
+            })
+            .to_le_bytes()
+    });
+    if let Some(crc) = &crc {
+        slices.push(IoSlice::new(crc));
+    }
     let mut w = inner.peers[p].socks[s]
         .write
         .lock()
@@ -869,7 +885,7 @@ impl Inner {
         peers: Vec<Peer>,
         dirs: Vec<Dir>,
         channels: Vec<u32>,
-        (slot_bytes, nsocks): (usize, usize),
+        (slot_bytes, nsocks, checksum): (usize, usize, bool),
         silence: Duration,
     ) -> Inner {
         let mut in_conns: Vec<Vec<u32>> = vec![Vec::new(); peers.len()];
@@ -894,6 +910,7 @@ impl Inner {
             inbound,
             slot_bytes,
             nsocks,
+            checksum,
             silence,
             epoch: Instant::now(),
             leaving: AtomicBool::new(false),
@@ -1157,8 +1174,12 @@ impl ReadAhead {
 enum Stage {
     Header,
     Table(Header, Vec<u8>),
-    /// Data part: header, segments, current segment, bytes of it already read.
-    Payload(Header, Vec<(u32, u32)>, usize, usize),
+    /// Data part: header, segments, current segment, bytes of it already read, the CRC32C
+    /// of the payload so far.
+    Payload(Header, Vec<(u32, u32)>, usize, usize, u32),
+    /// The CRC32C after a [`Tag::DataCrc`] part's payload: header, the payload's CRC32C as
+    /// received, the trailer's bytes so far.
+    Trailer(Header, u32, [u8; 4], usize),
     Closed,
 }
 
@@ -1248,7 +1269,7 @@ fn pump(
                 peer.last_recv.store(inner.now_ms(), Ordering::Release);
                 let h = Header::decode(&rx.hdr).map_err(bad)?;
                 match h.tag {
-                    Tag::Data => {
+                    Tag::Data | Tag::DataCrc => {
                         let Some(c) = inner.wires.incoming(p, h.conn) else {
                             return Err(bad(format!(
                                 "data on channel {}, where it has no connection to this rank",
@@ -1329,9 +1350,9 @@ fn pump(
                 let consumed = inner.arena.consumed(c as u32).load(Ordering::Acquire);
                 inb.begin(h.seq, h.a, inner.nsocks as u32, consumed)
                     .map_err(bad)?;
-                rx.stage = Stage::Payload(h, segs, 0, 0);
+                rx.stage = Stage::Payload(h, segs, 0, 0, 0);
             }
-            Stage::Payload(h, segs, i, done) => {
+            Stage::Payload(h, segs, i, done, crc) => {
                 if *i < segs.len() {
                     let (off, len) = segs[*i];
                     let slot = inner.arena.slot(h.conn, h.seq);
@@ -1354,7 +1375,15 @@ fn pump(
                                 });
                             }
                             Ok(Some(0)) => return Err(mid(&"end of stream")),
-                            Ok(Some(n)) => *done += n,
+                            Ok(Some(n)) => {
+                                if crate::fault::corrupt(crate::fault::Site::Wire, inner.me) {
+                                    dst[0] ^= 0x20;
+                                }
+                                if h.tag == Tag::DataCrc {
+                                    *crc = crc32c::crc32c_append(*crc, &dst[..n]);
+                                }
+                                *done += n;
+                            }
                             Err(e) => return Err(mid(&e)),
                         }
                     }
@@ -1364,17 +1393,63 @@ fn pump(
                     }
                     continue;
                 }
-                let (c, seq) = (h.conn, h.seq);
-                tracing::trace!(rank = inner.me, peer = peer.rank, conn = c, seq, "net recv");
-                if let Some(inb) = &inner.inbound[c as usize]
-                    && let Some(published) = inb.end(seq)
-                {
-                    inner.arena.sent(c).store(published, Ordering::Release);
+                if h.tag == Tag::DataCrc {
+                    rx.stage = Stage::Trailer(*h, *crc, [0; 4], 0);
+                    continue;
                 }
+                let (c, seq) = (h.conn, h.seq);
+                part_done(inner, peer.rank, c, seq);
+                rx.stage = Stage::Header;
+                progress = true;
+            }
+            Stage::Trailer(h, crc, bytes, got) => {
+                if *got < 4 {
+                    match rx.ahead.read(sock, &mut bytes[*got..]) {
+                        Ok(None) => {
+                            return Ok(if progress {
+                                Pumped::Progress
+                            } else {
+                                Pumped::Idle
+                            });
+                        }
+                        Ok(Some(0)) => return Err(mid(&"end of stream")),
+                        Ok(Some(n)) => *got += n,
+                        Err(e) => return Err(mid(&e)),
+                    }
+                    continue;
+                }
+                let (c, seq) = (h.conn, h.seq);
+                let sent = u32::from_le_bytes(*bytes);
+                if sent != *crc {
+                    // The step that receives the message reports it (naming the step).
+                    tracing::warn!(
+                        rank = inner.me,
+                        peer = peer.rank,
+                        conn = c,
+                        seq,
+                        "a data part failed its CRC32C: {crc:08x} received, {sent:08x} sent"
+                    );
+                    inner
+                        .arena
+                        .crc(c, seq)
+                        .store(crate::arena::corrupt_mark(seq), Ordering::Relaxed);
+                }
+                part_done(inner, peer.rank, c, seq);
                 rx.stage = Stage::Header;
                 progress = true;
             }
         }
+    }
+}
+
+/// A part of message `seq` of connection `c` is in its slot: publishes the message when it
+/// was the last (the Release store of `sent` also publishes a checksum mark).
+fn part_done(inner: &Inner, from: u32, c: u32, seq: u64) {
+    tracing::trace!(rank = inner.me, peer = from, conn = c, seq, "net recv");
+    if let Some(inb) = &inner.inbound[c as usize]
+        && let Some(published) = inb.end(seq)
+    {
+        inner.arena.sent(c).store(published, Ordering::Release);
     }
 }
 
@@ -1502,8 +1577,13 @@ impl Net {
         );
         let mut result: std::io::Result<()> = Ok(());
         let mut handed = 0usize;
+        let tag = if self.inner.checksum {
+            Tag::DataCrc
+        } else {
+            Tag::Data
+        };
         for (j, part) in parts.into_iter().enumerate() {
-            let mut h = Header::new(Tag::Data);
+            let mut h = Header::new(tag);
             h.conn = self.inner.wires.of(c);
             h.seq = seq;
             h.a = n as u32;
@@ -1729,7 +1809,7 @@ mod tests {
             vec![Dir::Out(0), Dir::In(0)],
             // Connection 0 on channel 3, connection 1 on channel 5 (what frames name).
             vec![3, 5],
-            (SLOT, 1),
+            (SLOT, 1, false),
             Duration::from_secs(10),
         ))
     }
@@ -1901,6 +1981,7 @@ mod tests {
             nonce: "nonce-1",
             cfg: &cfg,
             slot_bytes: SLOT,
+            checksum: false,
             timeout: Duration::from_secs(30),
             arena: Arc::clone(&arena),
             listener: None,

@@ -37,6 +37,9 @@ pub(crate) enum Tag {
     Abort = 4,
     /// The peer leaves the communicator normally.
     Goodbye = 5,
+    /// A [`Tag::Data`] part followed by the CRC32C of its payload (little-endian `u32`),
+    /// which the receiver checks (`HCCL_CHECKSUM=1`).
+    DataCrc = 6,
 }
 
 /// A decoded frame header.
@@ -86,6 +89,7 @@ impl Header {
             3 => Tag::Heartbeat,
             4 => Tag::Abort,
             5 => Tag::Goodbye,
+            6 => Tag::DataCrc,
             t => return Err(format!("unknown frame tag {t}")),
         };
         let mut seq = [0u8; 8];
