@@ -300,6 +300,16 @@ impl Arena {
             + (seq % CONNECTION_SLOTS as u64) as usize * DESC
     }
 
+    /// The sender's call number and fingerprint for message `seq` of connection `c`, on a
+    /// connection from another host (its descriptor's pointer and length words, which only
+    /// single copy within a host uses): written by the network receiver before it publishes
+    /// the message, compared by the receiving step with its own call (`crate::calls`).
+    #[inline]
+    pub(crate) fn peer_call(&self, c: u32, seq: u64) -> (&AtomicU64, &AtomicU64) {
+        let (_, num, print) = self.desc(c, seq);
+        (num, print)
+    }
+
     /// The checksum word of LL slot `seq % LL_SLOTS` of connection `c`, right after its data.
     #[inline]
     pub(crate) fn ll_crc(&self, c: u32, seq: u64) -> &AtomicU64 {

@@ -156,6 +156,23 @@ pub(crate) fn compare(
     (theirs != print).then(|| mismatch(rank, peer, seq, print, theirs))
 }
 
+/// The error for `rank`, whose call is `mine` (number, fingerprint), when a message of
+/// `peer`'s call `theirs` reached it (a network message carries its sender's call).
+pub(crate) fn mismatch_with(
+    rank: u32,
+    peer: u32,
+    mine: (u64, u64),
+    theirs: (u64, u64),
+) -> ExecError {
+    let mut e = mismatch(rank, peer, mine.0, mine.1, theirs.1);
+    if let ExecError::CallMismatch { peer_call, .. } = &mut e
+        && theirs.0 != mine.0
+    {
+        *peer_call = format!("{peer_call} (its call #{})", theirs.0);
+    }
+    e
+}
+
 fn mismatch(rank: u32, peer: u32, seq: u64, mine: u64, theirs: u64) -> ExecError {
     let show = |w: u64| CallPrint::unpack(w).map_or_else(|| format!("{w:#x}"), |c| c.to_string());
     ExecError::CallMismatch {

@@ -155,12 +155,22 @@ pub(crate) struct EngineState {
     net: Option<std::sync::Arc<crate::net::Net>>,
     /// Per connection: [`LOCAL`], [`NET_OUT`] or [`NET_IN`].
     remote: Vec<u8>,
-    /// This call's [`Ctx::checksum`] and [`Ctx::rank`].
+    /// This call's [`Ctx::checksum`], [`Ctx::rank`] and [`Ctx::call`].
     checksum: bool,
     me: u32,
-    /// A message that failed its checksum: its number and what was found (the step that
-    /// received it reports it).
-    corrupt: Option<(u64, String)>,
+    call: Option<(u64, u64)>,
+    /// Why the next message of a connection was refused (the step that received it reports
+    /// it).
+    refused: Option<Refused>,
+}
+
+/// Why a received message was refused.
+enum Refused {
+    /// It failed its checksum: its number on the connection and what was found.
+    Corrupt(u64, String),
+    /// It came from another call than this rank's: the sender's call number and
+    /// fingerprint.
+    Call(u64, u64),
 }
 
 /// Both ends of the connection share this host's region.
@@ -218,7 +228,8 @@ impl EngineState {
             remote: vec![LOCAL; nconns],
             checksum: false,
             me: 0,
-            corrupt: None,
+            call: None,
+            refused: None,
         }
     }
 
@@ -240,7 +251,7 @@ impl EngineState {
     fn publish_net(&mut self, c: u32, segs: &[crate::net::proto::Seg]) {
         let seq = self.send_seq[c as usize];
         if let Some(net) = &self.net {
-            net.send(c, seq, segs);
+            net.send(c, seq, segs, self.call);
         }
         self.send_seq[c as usize] += 1;
         self.progressed = true;
@@ -351,6 +362,7 @@ impl EngineState {
         }
         self.checksum = ctx.checksum;
         self.me = ctx.rank;
+        self.call = ctx.call;
         if self.spin == 0 || (self.spin != SPIN_ONLY && self.spin > ctx.spin_polls) {
             self.spin = ctx.spin_polls.max(MIN_SPIN);
         }
@@ -386,16 +398,24 @@ impl EngineState {
                             }
                         }
                         Some((peer, what)) => {
-                            if let Some((seq, detail)) = self.corrupt.take() {
+                            if let Some(why) = self.refused.take() {
                                 waiter.unpublish(ctx);
-                                return Err(ExecError::Corrupt {
-                                    rank: ctx.rank,
-                                    sender: peer,
-                                    channel: prog.channels.get(s).copied().unwrap_or(0),
-                                    stream: s as u32,
-                                    step: pc as u32,
-                                    seq,
-                                    detail,
+                                return Err(match why {
+                                    Refused::Corrupt(seq, detail) => ExecError::Corrupt {
+                                        rank: ctx.rank,
+                                        sender: peer,
+                                        channel: prog.channels.get(s).copied().unwrap_or(0),
+                                        stream: s as u32,
+                                        step: pc as u32,
+                                        seq,
+                                        detail,
+                                    },
+                                    Refused::Call(num, print) => crate::calls::mismatch_with(
+                                        ctx.rank,
+                                        peer,
+                                        ctx.call.unwrap_or_default(),
+                                        (num, print),
+                                    ),
                                 });
                             }
                             let better = blocked.is_none_or(|(_, _, p, _)| p == ctx.rank);
@@ -524,7 +544,9 @@ impl EngineState {
                     if !self.can_recv(arena, ins.rconn, ll_in) {
                         return Some((ins.recv_peer, RECV));
                     }
-                    if self.checksum && !self.check(arena, ins.rconn, ll_in, n as usize * stride) {
+                    if self.checks(ins.rconn)
+                        && !self.check(arena, ins.rconn, ll_in, n as usize * stride)
+                    {
                         return Some((ins.recv_peer, CORRUPT));
                     }
                     self.recv_into(arena, sc, ins, geo, bufs, k);
@@ -535,7 +557,7 @@ impl EngineState {
                         if !self.can_recv(arena, ins.rconn, ll_in) {
                             return Some((ins.recv_peer, RECV));
                         }
-                        if self.checksum
+                        if self.checks(ins.rconn)
                             && !self.check(arena, ins.rconn, ll_in, n as usize * stride)
                         {
                             return Some((ins.recv_peer, CORRUPT));
@@ -555,7 +577,7 @@ impl EngineState {
                         if !self.can_recv(arena, ins.rconn, ll_in) {
                             return Some((ins.recv_peer, RECV));
                         }
-                        if self.checksum
+                        if self.checks(ins.rconn)
                             && !self.check(arena, ins.rconn, ll_in, n as usize * stride)
                         {
                             return Some((ins.recv_peer, CORRUPT));
@@ -712,19 +734,39 @@ impl EngineState {
         word.store(crate::arena::seal(seq, crc), Ordering::Relaxed);
     }
 
-    /// Whether the next message of `c` (`bytes` long in its slot) is intact: on this host its
-    /// CRC32C matches the sender's, from another host no part of it failed the network's
-    /// check. When not, records why for the step to report.
+    /// Whether messages of `c` are checked before they are read: with checksums, and from
+    /// another host when calls are compared (on this host ranks compare calls through their
+    /// header lines instead, see [`crate::calls`]).
+    #[inline]
+    fn checks(&self, c: u32) -> bool {
+        self.checksum || (self.call.is_some() && self.remote[c as usize] == NET_IN)
+    }
+
+    /// Whether the next message of `c` (`bytes` long in its slot) may be read: on this host
+    /// its CRC32C matches the sender's; from another host no part of it failed the network's
+    /// check and it belongs to this rank's call. When not, records why for the step to
+    /// report.
     #[inline(never)]
     fn check(&mut self, arena: &Arena, c: u32, ll: bool, bytes: usize) -> bool {
         let seq = self.recv_seq[c as usize];
         if self.remote[c as usize] == NET_IN {
-            if arena.crc(c, seq).load(Ordering::Acquire) == crate::arena::corrupt_mark(seq) {
-                self.corrupt = Some((
+            if self.checksum
+                && arena.crc(c, seq).load(Ordering::Acquire) == crate::arena::corrupt_mark(seq)
+            {
+                self.refused = Some(Refused::Corrupt(
                     seq,
                     "a part failed its CRC32C on arrival from the network".into(),
                 ));
                 return false;
+            }
+            if let Some(mine) = self.call {
+                let (num, print) = arena.peer_call(c, seq);
+                let theirs = (num.load(Ordering::Relaxed), print.load(Ordering::Relaxed));
+                // A sender that compares no calls sends none (number 0).
+                if theirs.0 != 0 && theirs != mine {
+                    self.refused = Some(Refused::Call(theirs.0, theirs.1));
+                    return false;
+                }
             }
             return true;
         }
@@ -746,7 +788,7 @@ impl EngineState {
             let sent = (want ^ (1 << 63) ^ (seq << 32)) as u32;
             format!("CRC32C {crc:08x} of its {bytes} bytes, sent with {sent:08x}")
         };
-        self.corrupt = Some((seq, detail));
+        self.refused = Some(Refused::Corrupt(seq, detail));
         false
     }
 

@@ -171,3 +171,57 @@ fn a_rank_that_leaves_is_named_with_its_host() {
     assert!(text.contains("rank 1"), "{text}");
     assert!(text.contains("leave-h1"), "{text}");
 }
+
+/// Across hosts every data part carries its sender's call, which the receiving step compares
+/// with its own: calls that differ only in count (whose ranks would exchange data and
+/// finish) fail on the first message with an error naming both calls, under the default
+/// `HCCL_CHECK_CALLS=waits`, and no rank returns a result.
+#[test]
+fn mismatched_calls_across_hosts_are_named() {
+    for (hosts, per_host) in [(2usize, 1usize), (2, 2)] {
+        let n = (hosts * per_host) as u32;
+        let comms = group(
+            &fallback::plan(n),
+            &layout(&format!("calls{hosts}x{per_host}"), hosts, per_host),
+            &config(),
+        );
+        let results: Vec<(u32, hccl_executor::Result<()>)> = std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .into_iter()
+                .map(|mut c| {
+                    s.spawn(move || {
+                        let r = c.rank();
+                        // A matching call first, then counts that differ by host.
+                        let first = c.all_reduce_in_place(&mut [1u8; 8], ReduceOp::Sum);
+                        let len = if (r as usize) < per_host { 1000 } else { 2000 };
+                        let mut buf = vec![1.0f32; len];
+                        let second =
+                            first.and_then(|()| c.all_reduce_in_place(&mut buf, ReduceOp::Sum));
+                        (r, second)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let named: Vec<String> = results
+            .iter()
+            .filter_map(|(_, r)| match r {
+                Err(e @ hccl_executor::ExecError::CallMismatch { .. }) => Some(e.to_string()),
+                _ => None,
+            })
+            .collect();
+        assert!(!named.is_empty(), "{hosts}x{per_host}: {results:#?}");
+        for e in &named {
+            assert!(
+                e.contains("#2") && e.contains("1000 float") && e.contains("2000 float"),
+                "{e}"
+            );
+        }
+        for (r, res) in &results {
+            assert!(
+                res.is_err(),
+                "{hosts}x{per_host}: rank {r} returned a result"
+            );
+        }
+    }
+}

@@ -282,7 +282,7 @@ struct Inner {
     inbound: Vec<Option<Inbound>>,
     slot_bytes: usize,
     nsocks: usize,
-    /// Data parts this rank sends carry a CRC32C ([`Tag::DataCrc`]).
+    /// Data parts this rank sends carry a CRC32C ([`proto::FLAG_CRC`]).
     checksum: bool,
     silence: Duration,
     epoch: Instant,
@@ -307,7 +307,7 @@ struct Inner {
     credits_due: AtomicBool,
 }
 
-type PartJob = (usize, usize, Vec<Seg>, [u8; proto::HEADER]);
+type PartJob = (usize, usize, Vec<Seg>, [u8; proto::HEADER], [u8; 16]);
 
 /// One rank's network connections (see the module docs).
 pub(crate) struct Net {
@@ -553,8 +553,8 @@ pub(crate) fn connect(mut setup: Setup<'_>) -> Result<Option<Net>> {
             .name(format!("hccl-tx{t}"))
             .spawn(move || {
                 crate::affinity::unbind_current_thread();
-                while let Ok((p, s, segs, hdr)) = rx.recv() {
-                    let _ = done.send(write_part_on(&inner2, p, s, &hdr, &segs));
+                while let Ok((p, s, segs, hdr, call)) = rx.recv() {
+                    let _ = done.send(write_part_on(&inner2, p, s, &hdr, &segs, &call));
                 }
             })
             .map_err(spawn_err)?;
@@ -826,11 +826,13 @@ fn write_part_on(
     s: usize,
     hdr: &[u8; proto::HEADER],
     segs: &[Seg],
+    call: &[u8; 16],
 ) -> std::io::Result<()> {
     let table = seg_table(segs);
     let mut slices = part_slices(hdr, &table, segs);
-    // With checksums, the payload's CRC32C follows it.
-    let crc = inner.checksum.then(|| {
+    // The trailer the header's flags announce: the payload's CRC32C, the sender's call.
+    let flags = hdr[1];
+    let crc = (flags & proto::FLAG_CRC != 0).then(|| {
         segs.iter()
             .fold(0u32, |crc, seg| {
                 // SAFETY: as in `part_slices`.
@@ -840,6 +842,9 @@ fn write_part_on(
     });
     if let Some(crc) = &crc {
         slices.push(IoSlice::new(crc));
+    }
+    if flags & proto::FLAG_CALL != 0 {
+        slices.push(IoSlice::new(call));
     }
     let mut w = inner.peers[p].socks[s]
         .write
@@ -1177,9 +1182,9 @@ enum Stage {
     /// Data part: header, segments, current segment, bytes of it already read, the CRC32C
     /// of the payload so far.
     Payload(Header, Vec<(u32, u32)>, usize, usize, u32),
-    /// The CRC32C after a [`Tag::DataCrc`] part's payload: header, the payload's CRC32C as
-    /// received, the trailer's bytes so far.
-    Trailer(Header, u32, [u8; 4], usize),
+    /// What follows a data part's payload ([`proto::trailer_len`]): header, the payload's
+    /// CRC32C as received, the trailer's bytes so far.
+    Trailer(Header, u32, [u8; 20], usize),
     Closed,
 }
 
@@ -1269,7 +1274,7 @@ fn pump(
                 peer.last_recv.store(inner.now_ms(), Ordering::Release);
                 let h = Header::decode(&rx.hdr).map_err(bad)?;
                 match h.tag {
-                    Tag::Data | Tag::DataCrc => {
+                    Tag::Data => {
                         let Some(c) = inner.wires.incoming(p, h.conn) else {
                             return Err(bad(format!(
                                 "data on channel {}, where it has no connection to this rank",
@@ -1379,7 +1384,7 @@ fn pump(
                                 if crate::fault::corrupt(crate::fault::Site::Wire, inner.me) {
                                     dst[0] ^= 0x20;
                                 }
-                                if h.tag == Tag::DataCrc {
+                                if h.flags & proto::FLAG_CRC != 0 {
                                     *crc = crc32c::crc32c_append(*crc, &dst[..n]);
                                 }
                                 *done += n;
@@ -1393,8 +1398,14 @@ fn pump(
                     }
                     continue;
                 }
-                if h.tag == Tag::DataCrc {
-                    rx.stage = Stage::Trailer(*h, *crc, [0; 4], 0);
+                if h.flags & proto::FLAG_CALL == 0 {
+                    // No call to compare: a word left by an earlier message must not pass
+                    // for this one's.
+                    let (num, _) = inner.arena.peer_call(h.conn, h.seq);
+                    num.store(0, Ordering::Relaxed);
+                }
+                if h.flags != 0 {
+                    rx.stage = Stage::Trailer(*h, *crc, [0; 20], 0);
                     continue;
                 }
                 let (c, seq) = (h.conn, h.seq);
@@ -1403,8 +1414,9 @@ fn pump(
                 progress = true;
             }
             Stage::Trailer(h, crc, bytes, got) => {
-                if *got < 4 {
-                    match rx.ahead.read(sock, &mut bytes[*got..]) {
+                let want = proto::trailer_len(h.flags);
+                if *got < want {
+                    match rx.ahead.read(sock, &mut bytes[*got..want]) {
                         Ok(None) => {
                             return Ok(if progress {
                                 Pumped::Progress
@@ -1419,20 +1431,41 @@ fn pump(
                     continue;
                 }
                 let (c, seq) = (h.conn, h.seq);
-                let sent = u32::from_le_bytes(*bytes);
-                if sent != *crc {
-                    // The step that receives the message reports it (naming the step).
-                    tracing::warn!(
-                        rank = inner.me,
-                        peer = peer.rank,
-                        conn = c,
-                        seq,
-                        "a data part failed its CRC32C: {crc:08x} received, {sent:08x} sent"
-                    );
-                    inner
-                        .arena
-                        .crc(c, seq)
-                        .store(crate::arena::corrupt_mark(seq), Ordering::Relaxed);
+                let mut rest = &bytes[..want];
+                let mut take = |k: usize| {
+                    let (a, b) = rest.split_at(k);
+                    rest = b;
+                    a
+                };
+                if h.flags & proto::FLAG_CRC != 0 {
+                    let b = take(4);
+                    let sent = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                    if sent != *crc {
+                        // The step that receives the message reports it (naming the step).
+                        tracing::warn!(
+                            rank = inner.me,
+                            peer = peer.rank,
+                            conn = c,
+                            seq,
+                            "a data part failed its CRC32C: {crc:08x} received, {sent:08x} sent"
+                        );
+                        inner
+                            .arena
+                            .crc(c, seq)
+                            .store(crate::arena::corrupt_mark(seq), Ordering::Relaxed);
+                    }
+                }
+                if h.flags & proto::FLAG_CALL != 0 {
+                    let b = take(16);
+                    let word = |b: &[u8]| {
+                        let mut w = [0u8; 8];
+                        w.copy_from_slice(b);
+                        u64::from_le_bytes(w)
+                    };
+                    // The receiving step compares it with its own call (see `Arena::peer_call`).
+                    let (num, print) = inner.arena.peer_call(c, seq);
+                    num.store(word(&b[..8]), Ordering::Relaxed);
+                    print.store(word(&b[8..]), Ordering::Relaxed);
                 }
                 part_done(inner, peer.rank, c, seq);
                 rx.stage = Stage::Header;
@@ -1536,7 +1569,7 @@ impl Net {
     /// Sends message `seq` of connection `c` (whose direction is `Out`), made of `segs`.
     /// Returns when the bytes are with the kernel; a failure marks the peer failed and
     /// raises the abort word (the engine reports it at its next wait).
-    pub(crate) fn send(&self, c: u32, seq: u64, segs: &[Seg]) {
+    pub(crate) fn send(&self, c: u32, seq: u64, segs: &[Seg], call: Option<(u64, u64)>) {
         let Dir::Out(p) = self.inner.dirs[c as usize] else {
             return;
         };
@@ -1577,13 +1610,20 @@ impl Net {
         );
         let mut result: std::io::Result<()> = Ok(());
         let mut handed = 0usize;
-        let tag = if self.inner.checksum {
-            Tag::DataCrc
+        let mut flags = if self.inner.checksum {
+            proto::FLAG_CRC
         } else {
-            Tag::Data
+            0
         };
+        let mut call_bytes = [0u8; 16];
+        if let Some((num, print)) = call {
+            flags |= proto::FLAG_CALL;
+            call_bytes[..8].copy_from_slice(&num.to_le_bytes());
+            call_bytes[8..].copy_from_slice(&print.to_le_bytes());
+        }
         for (j, part) in parts.into_iter().enumerate() {
-            let mut h = Header::new(tag);
+            let mut h = Header::new(Tag::Data);
+            h.flags = flags;
             h.conn = self.inner.wires.of(c);
             h.seq = seq;
             h.a = n as u32;
@@ -1592,14 +1632,17 @@ impl Net {
             let sock = (c as usize + j) % self.inner.nsocks;
             let hdr = h.encode();
             if j > 0 && j <= self.helpers.len() {
-                if self.helpers[j - 1].send((p, sock, part, hdr)).is_ok() {
+                if self.helpers[j - 1]
+                    .send((p, sock, part, hdr, call_bytes))
+                    .is_ok()
+                {
                     handed += 1;
                 } else {
                     result = Err(std::io::Error::other("a network send thread stopped"));
                 }
                 continue;
             }
-            if let Err(e) = write_part_on(&self.inner, p, sock, &hdr, &part)
+            if let Err(e) = write_part_on(&self.inner, p, sock, &hdr, &part, &call_bytes)
                 && result.is_ok()
             {
                 result = Err(e);

@@ -37,15 +37,27 @@ pub(crate) enum Tag {
     Abort = 4,
     /// The peer leaves the communicator normally.
     Goodbye = 5,
-    /// A [`Tag::Data`] part followed by the CRC32C of its payload (little-endian `u32`),
-    /// which the receiver checks (`HCCL_CHECKSUM=1`).
-    DataCrc = 6,
+}
+
+/// Flag of a [`Tag::Data`] header: the payload is followed by its CRC32C (little-endian
+/// `u32`), which the receiver checks (`HCCL_CHECKSUM=1`).
+pub(crate) const FLAG_CRC: u8 = 1;
+/// Flag of a [`Tag::Data`] header: then follow the sender's call number and fingerprint
+/// (two little-endian `u64`, see `crate::calls`), which the receiving step compares with its
+/// own call (`HCCL_CHECK_CALLS` not `0`).
+pub(crate) const FLAG_CALL: u8 = 2;
+
+/// Bytes after a data part's payload for `flags`.
+pub(crate) fn trailer_len(flags: u8) -> usize {
+    (if flags & FLAG_CRC != 0 { 4 } else { 0 }) + (if flags & FLAG_CALL != 0 { 16 } else { 0 })
 }
 
 /// A decoded frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Header {
     pub tag: Tag,
+    /// [`FLAG_CRC`], [`FLAG_CALL`] (data parts only).
+    pub flags: u8,
     pub conn: u32,
     pub seq: u64,
     pub a: u32,
@@ -57,6 +69,7 @@ impl Header {
     pub(crate) fn new(tag: Tag) -> Header {
         Header {
             tag,
+            flags: 0,
             conn: 0,
             seq: 0,
             a: 0,
@@ -67,7 +80,7 @@ impl Header {
 
     pub(crate) fn encode(&self) -> [u8; HEADER] {
         let mut out = [0u8; HEADER];
-        out[0..4].copy_from_slice(&(self.tag as u32).to_le_bytes());
+        out[0..4].copy_from_slice(&(self.tag as u32 | u32::from(self.flags) << 8).to_le_bytes());
         out[4..8].copy_from_slice(&self.conn.to_le_bytes());
         out[8..16].copy_from_slice(&self.seq.to_le_bytes());
         out[16..20].copy_from_slice(&self.a.to_le_bytes());
@@ -83,19 +96,27 @@ impl Header {
         if u32_at(28) != FRAME_CHECK {
             return Err("frame header without the frame check word".into());
         }
-        let tag = match u32_at(0) {
+        let word = u32_at(0);
+        let flags = (word >> 8) as u8;
+        if word >> 16 != 0 || flags & !(FLAG_CRC | FLAG_CALL) != 0 {
+            return Err(format!("frame tag word {word:#x} with unknown flags"));
+        }
+        let tag = match word & 0xff {
             1 => Tag::Data,
             2 => Tag::Credit,
             3 => Tag::Heartbeat,
             4 => Tag::Abort,
             5 => Tag::Goodbye,
-            6 => Tag::DataCrc,
             t => return Err(format!("unknown frame tag {t}")),
         };
         let mut seq = [0u8; 8];
         seq.copy_from_slice(&b[8..16]);
+        if flags != 0 && tag != Tag::Data {
+            return Err(format!("a {tag:?} frame with flags {flags:#x}"));
+        }
         Ok(Header {
             tag,
+            flags,
             conn: u32_at(4),
             seq: u64::from_le_bytes(seq),
             a: u32_at(16),
@@ -267,6 +288,7 @@ mod tests {
     fn headers_round_trip_and_garbage_is_refused() {
         let h = Header {
             tag: Tag::Data,
+            flags: FLAG_CRC | FLAG_CALL,
             conn: 7,
             seq: 1 << 40,
             a: 2,
@@ -277,6 +299,9 @@ mod tests {
         let mut bad = h.encode();
         bad[0] = 9;
         assert!(Header::decode(&bad).unwrap_err().contains("tag"));
+        let mut bad = h.encode();
+        bad[1] |= 0x80;
+        assert!(Header::decode(&bad).unwrap_err().contains("flags"));
         let mut bad = h.encode();
         bad[30] ^= 1;
         assert!(Header::decode(&bad).is_err());
