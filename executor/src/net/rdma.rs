@@ -1276,7 +1276,11 @@ fn tcp_send(inner: &Inner, p: usize, c: u32, seq: u64, segs: &[Seg]) -> std::io:
         h.a = n;
         h.b = part.len() as u32;
         h.c = part.iter().map(|s| s.len).sum::<usize>() as u32;
-        super::write_part_on(inner, p, (c as usize + j) % inner.nsocks, &h.encode(), part)?;
+        if inner.checksum {
+            h.flags = proto::FLAG_CRC;
+        }
+        let sock = (c as usize + j) % inner.nsocks;
+        super::write_part_on(inner, p, sock, &h.encode(), part, &[0; 16])?;
     }
     Ok(())
 }
