@@ -258,5 +258,19 @@ fn template_winners_round_trip_through_plan_files() {
         whole.ranks[rank as usize]
     );
     assert!(part.identity().is_some(), "sealed");
+    // The compact load (`hcclc verify`): the template itself, never expanded, with the
+    // expansion's step and channel counts, sealed, and the same verifier report.
+    let compact = PlanFile::load_compact(&path).expect("loads compact");
+    let held = &compact.entries[0];
+    assert_eq!(held.template.as_deref(), Some(template.as_ref()));
+    assert!(held.schedule.ranks.iter().all(|r| r.streams.is_empty()));
+    assert_eq!(held.schedule.nranks, whole.nranks);
+    assert_eq!(held.step_count(), whole.step_count());
+    assert_eq!(held.channel_count(), whole.channel_count());
+    assert!(compact.sealed().iter().all(|&s| s), "sealed");
+    assert_eq!(
+        hccl_ir::verify::verify_entry(held).expect("verifies"),
+        hccl_ir::verify::verify_entry(&read.entries[0]).expect("verifies")
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -60,7 +60,7 @@
 //! as the current version.
 
 use crate::error::{Located, PlanError};
-use crate::schedule::{Collective, Schedule};
+use crate::schedule::{Collective, RankProgram, Schedule};
 use crate::seal::{PlanPart, seal_of};
 pub use crate::seal::{Seal, schedule_hash};
 use crate::symmetric::{SymmetricSchedule, Symmetry};
@@ -250,6 +250,29 @@ impl PlanEntry {
         self.schedule.compress(self.symmetry.as_ref()?)
     }
 
+    /// Steps of the whole schedule (every rank's), counted on the template for a template
+    /// entry.
+    pub fn step_count(&self) -> usize {
+        match &self.template {
+            Some(t) => t.template_step_count() * t.nranks as usize,
+            None => self.schedule.step_count(),
+        }
+    }
+
+    /// Channels of the schedule (translations keep a stream's channel).
+    pub fn channel_count(&self) -> u32 {
+        match &self.template {
+            Some(t) => t
+                .template
+                .streams
+                .iter()
+                .map(|s| s.channel + 1)
+                .max()
+                .unwrap_or(0),
+            None => self.schedule.channel_count(),
+        }
+    }
+
     /// Whether the entry is written in the symmetric form (see [`PlanEntry::compact`]).
     pub fn is_compact(&self) -> bool {
         self.compact().is_some()
@@ -401,9 +424,34 @@ impl Serialize for PlanEntry {
 impl<'de> Deserialize<'de> for PlanEntry {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<PlanEntry, D::Error> {
         use serde::de::Error;
-        wire::In::<Schedule>::deserialize(d)?
+        let compact = COMPACT.get();
+        let mut kept: Option<SymmetricSchedule> = None;
+        let mut entry = wire::In::<Schedule>::deserialize(d)?
             .into_entry(|form| match form {
                 wire::Form::Explicit(schedule) => Ok((schedule, None)),
+                wire::Form::Symmetric(symmetric) if compact => {
+                    symmetric
+                        .table()
+                        .map_err(|e| format!("symmetric schedule: {e}"))?;
+                    let schedule = Schedule {
+                        collective: symmetric.collective,
+                        nranks: symmetric.nranks,
+                        chunks: symmetric.chunks,
+                        input_chunks: symmetric.input_chunks,
+                        output_chunks: symmetric.output_chunks,
+                        in_place: symmetric.in_place,
+                        ranks: vec![
+                            RankProgram {
+                                scratch_chunks: 0,
+                                streams: Vec::new(),
+                            };
+                            symmetric.nranks as usize
+                        ],
+                    };
+                    let symmetry = symmetric.symmetry.clone();
+                    kept = Some(symmetric);
+                    Ok((schedule, Some(symmetry)))
+                }
                 wire::Form::Symmetric(symmetric) => {
                     let schedule = symmetric
                         .expand()
@@ -411,8 +459,16 @@ impl<'de> Deserialize<'de> for PlanEntry {
                     Ok((schedule, Some(symmetric.symmetry)))
                 }
             })
-            .map_err(D::Error::custom)
+            .map_err(D::Error::custom)?;
+        entry.template = kept.map(Arc::new);
+        Ok(entry)
     }
+}
+
+thread_local! {
+    /// Whether [`PlanEntry`]'s reader on this thread keeps symmetric entries as templates
+    /// ([`PlanFile::load_compact`]).
+    static COMPACT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// The contents of a plan file.
@@ -564,6 +620,18 @@ impl PlanFile {
         let plan = upgrade(plan, origin)?;
         plan.check_seals(origin)?;
         Ok(plan)
+    }
+
+    /// Reads and parses a plan file keeping every symmetric entry as its template
+    /// ([`PlanEntry::template`], the schedule holding the header and empty programs): what
+    /// verifying a whole plan needs ([`crate::verify::verify_entry`] proves a template on
+    /// the template), in time and memory of one rank's program per entry instead of every
+    /// rank's. Use [`PlanEntry::expand_template`] before running such an entry.
+    pub fn load_compact(path: &Path) -> Result<PlanFile, PlanError> {
+        let before = COMPACT.replace(true);
+        let plan = PlanFile::load(path);
+        COMPACT.set(before);
+        plan
     }
 
     /// Reads and parses a plan file.
