@@ -181,6 +181,28 @@ fn every_rank_its_own_host_on_loopback_despite_a_stranger() {
     let _ = std::fs::remove_file(&plan);
 }
 
+/// `HCCL_VERIFY=full`: every rank verifies the whole plan, its symmetric entries on their
+/// templates (`PlanFile::load_compact`), and builds only its host's programs from them; the
+/// job computes as with the default checks.
+#[test]
+fn full_verification_at_start_runs_the_plan_held_as_templates() {
+    let plan = cluster_plan(2, 2);
+    let compact = hccl::ir::PlanFile::load_compact(&plan).expect("loads compact");
+    assert!(
+        compact.entries.iter().any(|e| e.template.is_some()),
+        "the plan has symmetric entries"
+    );
+    let children = spawn_ranks(
+        &Hosts::Loopback,
+        "all",
+        4,
+        &plan,
+        &[("HCCL_TIMEOUT", "60"), ("HCCL_VERIFY", "full")],
+    );
+    expect_all_done(children, "HCCL_VERIFY=full, 4 loopback hosts");
+    let _ = std::fs::remove_file(&plan);
+}
+
 #[test]
 fn a_stranger_at_the_rendezvous_never_gets_in() {
     // The stranger connects to rank 0's rendezvous port before the real ranks and sends

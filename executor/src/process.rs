@@ -343,8 +343,9 @@ impl ProcessGroup {
 
 /// The plan as this rank holds it.
 enum Held {
-    /// Every rank's programs, and their [`PlanFile::schedule_hashes`] (the seals and the
-    /// plan's identity both need them).
+    /// The whole plan, and its [`PlanFile::schedule_hashes`] (the seals and the plan's
+    /// identity both need them). From a plan file, symmetric entries are held as templates
+    /// with only this rank's (then its host's) programs built.
     Full { plan: PlanFile, hashes: Vec<String> },
     /// Some ranks' programs of a sealed plan file (this rank's, then its host's).
     Part { path: PathBuf, part: PlanPart },
@@ -389,6 +390,21 @@ impl Held {
                 _ => {}
             }
         }
+        // The whole plan of a file keeps its symmetric entries as templates: they are verified
+        // there, and only the programs this process runs are built (this rank's now, its
+        // host's in `for_host`).
+        if let PlanSource::Path(path) = &source
+            && path.is_file()
+            && !path
+                .extension()
+                .is_some_and(|x| x.eq_ignore_ascii_case("xml"))
+        {
+            let mut plan = PlanFile::load_compact(path)?;
+            plan.expand_ranks(&[rank]).map_err(|e| {
+                ExecError::Invalid(format!("{}: symmetric entry: {e}", path.display()))
+            })?;
+            return Ok(Held::full(plan));
+        }
         source.load(world).map(Held::full)
     }
 
@@ -430,7 +446,14 @@ impl Held {
     /// checked (`identity`).
     fn for_host(self, on_host: &[bool], identity: &str) -> Result<Held> {
         match self {
-            Held::Full { .. } => Ok(self),
+            Held::Full { mut plan, hashes } => {
+                let ranks: Vec<u32> = (0..on_host.len() as u32)
+                    .filter(|&r| on_host[r as usize])
+                    .collect();
+                plan.expand_ranks(&ranks)
+                    .map_err(|e| ExecError::Invalid(format!("plan: symmetric entry: {e}")))?;
+                Ok(Held::Full { plan, hashes })
+            }
             Held::Part { path, part } => {
                 let ranks: Vec<u32> = (0..on_host.len() as u32)
                     .filter(|&r| on_host[r as usize])

@@ -634,6 +634,22 @@ impl PlanFile {
         plan
     }
 
+    /// Builds the programs of `ranks` in every template entry of a compact plan
+    /// ([`PlanFile::load_compact`]), leaving the template in place (it still stands for the
+    /// whole schedule: its seal and its verification). Ranks past an entry are skipped.
+    pub fn expand_ranks(&mut self, ranks: &[u32]) -> Result<(), crate::SymmetryError> {
+        for entry in &mut self.entries {
+            let Some(t) = &entry.template else { continue };
+            let table = t.table()?;
+            for &r in ranks {
+                if let Some(slot) = entry.schedule.ranks.get_mut(r as usize) {
+                    *slot = t.program_with(&table, r)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Reads and parses a plan file.
     pub fn load(path: &Path) -> Result<PlanFile, PlanError> {
         let origin = path.display().to_string();
