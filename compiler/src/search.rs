@@ -1280,7 +1280,7 @@ fn screen(
 /// `f` applied to every item on up to [`std::thread::available_parallelism`] threads (each
 /// takes the next unclaimed item), results in item order: the outcome does not depend on
 /// the thread count. A panic in `f` is propagated.
-fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+pub fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(items.len());

@@ -82,6 +82,13 @@ pub(crate) fn seal(seq: u64, crc: u32) -> u64 {
     (seq << 32) ^ u64::from(crc) ^ (1 << 63)
 }
 
+/// The CRC32C a checksum word holds for message `seq` ([`seal`] undone); `None` when the
+/// word holds no seal (its sender computed none).
+#[inline]
+pub(crate) fn sealed_crc(seq: u64, word: u64) -> Option<u32> {
+    (word & (1 << 63) != 0).then_some((word ^ (1 << 63) ^ (seq << 32)) as u32)
+}
+
 /// The mark a network receiver leaves in the checksum word of message `seq` when a part of
 /// it failed its check (see [`Arena::crc`]).
 #[inline]

@@ -782,11 +782,11 @@ impl EngineState {
         if want == crate::arena::seal(seq, crc) {
             return true;
         }
-        let detail = if want & (1 << 63) == 0 {
-            format!("CRC32C {crc:08x} of its {bytes} bytes, but it came without a checksum")
-        } else {
-            let sent = (want ^ (1 << 63) ^ (seq << 32)) as u32;
-            format!("CRC32C {crc:08x} of its {bytes} bytes, sent with {sent:08x}")
+        let detail = match crate::arena::sealed_crc(seq, want) {
+            Some(sent) => format!("CRC32C {crc:08x} of its {bytes} bytes, sent with {sent:08x}"),
+            None => {
+                format!("CRC32C {crc:08x} of its {bytes} bytes, but it came without a checksum")
+            }
         };
         self.refused = Some(Refused::Corrupt(seq, detail));
         false

@@ -365,12 +365,20 @@ impl Held {
             Some(path) => PlanSource::Path(PathBuf::from(path)),
             None => source,
         };
-        if let PlanSource::Path(path) = &source
+        // A plan file (not a directory of them, not an MSCCL algorithm).
+        let file = match &source {
+            PlanSource::Path(path)
+                if path.is_file()
+                    && !path
+                        .extension()
+                        .is_some_and(|x| x.eq_ignore_ascii_case("xml")) =>
+            {
+                Some(path)
+            }
+            _ => None,
+        };
+        if let Some(path) = file
             && config.verify == crate::config::VerifyMode::Unsealed
-            && path.is_file()
-            && !path
-                .extension()
-                .is_some_and(|x| x.eq_ignore_ascii_case("xml"))
         {
             match PlanFile::load_for_ranks(path, &[rank]) {
                 Ok(part) if part.identity().is_some() => {
@@ -393,12 +401,7 @@ impl Held {
         // The whole plan of a file keeps its symmetric entries as templates: they are verified
         // there, and only the programs this process runs are built (this rank's now, its
         // host's in `for_host`).
-        if let PlanSource::Path(path) = &source
-            && path.is_file()
-            && !path
-                .extension()
-                .is_some_and(|x| x.eq_ignore_ascii_case("xml"))
-        {
+        if let Some(path) = file {
             let mut plan = PlanFile::load_compact(path)?;
             plan.expand_ranks(&[rank]).map_err(|e| {
                 ExecError::Invalid(format!("{}: symmetric entry: {e}", path.display()))

@@ -10,9 +10,7 @@ mod common;
 
 use common::{Case, wait_output};
 use hccl_executor::fault::{Site, arm};
-use hccl_executor::{
-    Bootstrap, Communicator, Config, DataType, ExecError, ProcessGroup, ReduceOp, fallback,
-};
+use hccl_executor::{Communicator, Config, DataType, ExecError, ReduceOp, fallback};
 use std::process::Command;
 use std::time::Duration;
 
@@ -107,32 +105,15 @@ fn a_corrupted_slot_is_caught_by_its_receiver() {
     );
 }
 
-/// Ranks on `hosts`, as threads of this process (see `tests/net.rs`).
+/// Ranks on `hosts`, as threads of this process (see `tests/net.rs`), each with its config.
 fn group(hosts: &[&str], cfgs: &[Config]) -> Vec<Result<Communicator, ExecError>> {
-    let boot = Bootstrap {
-        addr: format!("127.0.0.1:{}", common::free_port()),
-        token: "checksum-net".into(),
-        host: None,
-    };
     let n = hosts.len() as u32;
-    std::thread::scope(|s| {
-        let handles: Vec<_> = hosts
-            .iter()
-            .zip(cfgs)
-            .enumerate()
-            .map(|(r, (h, cfg))| {
-                let mut boot = boot.clone();
-                boot.host = Some(h.to_string());
-                let cfg = cfg.clone();
-                let plan = fallback::plan(n);
-                s.spawn(move || ProcessGroup::init_with(plan, r as u32, n, &boot, cfg))
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("rank thread"))
-            .collect()
-    })
+    let ranks = hosts
+        .iter()
+        .zip(cfgs)
+        .map(|(h, cfg)| (fallback::plan(n), Some(h.to_string()), cfg.clone()))
+        .collect();
+    common::join_group(ranks, "checksum-net")
 }
 
 #[test]

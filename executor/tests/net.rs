@@ -8,40 +8,21 @@ mod common;
 
 use common::Case;
 use hccl_executor::net::NetConfig;
-use hccl_executor::{Bootstrap, Communicator, Config, DataType, ProcessGroup, ReduceOp, fallback};
+use hccl_executor::{Communicator, Config, DataType, ReduceOp, fallback};
 use hccl_ir::PlanFile;
 use std::time::Duration;
 
 /// Starts one rank per entry of `hosts` (its host name) and returns the communicators.
 fn group(plan: &PlanFile, hosts: &[String], cfg: &Config) -> Vec<Communicator> {
-    hccl_executor::config::init_tracing();
-    let boot = Bootstrap {
-        addr: format!("127.0.0.1:{}", common::free_port()),
-        token: "net-test-token".into(),
-        host: None,
-    };
-    let n = hosts.len() as u32;
-    std::thread::scope(|s| {
-        let handles: Vec<_> = hosts
-            .iter()
-            .enumerate()
-            .map(|(r, h)| {
-                let mut boot = boot.clone();
-                boot.host = Some(h.clone());
-                let (plan, cfg) = (plan.clone(), cfg.clone());
-                s.spawn(move || ProcessGroup::init_with(plan, r as u32, n, &boot, cfg))
-            })
-            .collect();
-        handles
-            .into_iter()
-            .enumerate()
-            .map(|(r, h)| {
-                h.join()
-                    .expect("rank thread")
-                    .unwrap_or_else(|e| panic!("rank {r} failed to join: {e}"))
-            })
-            .collect()
-    })
+    let ranks = hosts
+        .iter()
+        .map(|h| (plan.clone(), Some(h.clone()), cfg.clone()))
+        .collect();
+    common::join_group(ranks, "net-test-token")
+        .into_iter()
+        .enumerate()
+        .map(|(r, c)| c.unwrap_or_else(|e| panic!("rank {r} failed to join: {e}")))
+        .collect()
 }
 
 /// `hosts` × `per_host` ranks, host-major.

@@ -110,27 +110,9 @@ fn in_process_group(
     plans: Vec<hccl_ir::PlanFile>,
     token: &str,
 ) -> Vec<Result<Communicator, ExecError>> {
-    let boot = Bootstrap {
-        addr: format!("127.0.0.1:{}", common::free_port()),
-        token: token.into(),
-        host: None,
-    };
-    let n = plans.len() as u32;
     let cfg = Config::default().with_timeout(Duration::from_secs(30));
-    std::thread::scope(|s| {
-        let handles: Vec<_> = plans
-            .into_iter()
-            .enumerate()
-            .map(|(r, plan)| {
-                let (boot, cfg) = (boot.clone(), cfg.clone());
-                s.spawn(move || ProcessGroup::init_with(plan, r as u32, n, &boot, cfg))
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("rank thread"))
-            .collect()
-    })
+    let ranks = plans.into_iter().map(|p| (p, None, cfg.clone())).collect();
+    common::join_group(ranks, token)
 }
 
 #[test]

@@ -402,14 +402,7 @@ impl Network {
             missing = missing_of(&self.route_cache())?;
             Some(turn)
         };
-        let missing: Vec<(u32, Vec<u32>)> = missing
-            .into_iter()
-            .map(|(src, mut dsts)| {
-                dsts.sort_unstable();
-                dsts.dedup();
-                (src, dsts)
-            })
-            .collect();
+        let missing = distinct_destinations(missing);
         let found = self.search(&missing);
         let mut cache = self.route_cache();
         for ((src, dsts), routes) in missing.iter().zip(found) {
@@ -433,14 +426,7 @@ impl Network {
             }
             by_source.entry(a).or_default().push(b);
         }
-        let batches: Vec<(u32, Vec<u32>)> = by_source
-            .into_iter()
-            .map(|(src, mut dsts)| {
-                dsts.sort_unstable();
-                dsts.dedup();
-                (src, dsts)
-            })
-            .collect();
+        let batches = distinct_destinations(by_source);
         let mut batch_of = vec![u32::MAX; n as usize];
         for (i, (src, _)) in batches.iter().enumerate() {
             batch_of[*src as usize] = i as u32;
@@ -742,4 +728,18 @@ impl Network {
             })
             .collect()
     }
+}
+
+/// Route batches (source, destinations) with each batch's destinations sorted and distinct.
+fn distinct_destinations(
+    batches: impl IntoIterator<Item = (u32, Vec<u32>)>,
+) -> Vec<(u32, Vec<u32>)> {
+    batches
+        .into_iter()
+        .map(|(src, mut dsts)| {
+            dsts.sort_unstable();
+            dsts.dedup();
+            (src, dsts)
+        })
+        .collect()
 }

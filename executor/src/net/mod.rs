@@ -1115,6 +1115,17 @@ enum Pumped {
     Closed,
 }
 
+impl Pumped {
+    /// What a pump that must wait for more bytes reports: whether it completed a frame.
+    fn after(progress: bool) -> Pumped {
+        if progress {
+            Pumped::Progress
+        } else {
+            Pumped::Idle
+        }
+    }
+}
+
 /// Where a socket's incoming byte stream stands (partial frames survive between pumps).
 #[derive(Debug)]
 struct RxState {
@@ -1184,7 +1195,7 @@ enum Stage {
     Payload(Header, Vec<(u32, u32)>, usize, usize, u32),
     /// What follows a data part's payload ([`proto::trailer_len`]): header, the payload's
     /// CRC32C as received, the trailer's bytes so far.
-    Trailer(Header, u32, [u8; 20], usize),
+    Trailer(Header, u32, [u8; proto::MAX_TRAILER], usize),
     Closed,
 }
 
@@ -1241,11 +1252,7 @@ fn pump(
                 let got = rx.got;
                 match rx.ahead.read(sock, &mut rx.hdr[got..]) {
                     Ok(None) => {
-                        return Ok(if progress {
-                            Pumped::Progress
-                        } else {
-                            Pumped::Idle
-                        });
+                        return Ok(Pumped::after(progress));
                     }
                     Ok(Some(0)) if got == 0 => {
                         rx.stage = Stage::Closed;
@@ -1322,11 +1329,7 @@ fn pump(
                     let got = match rx.ahead.read(sock, &mut table[have..]) {
                         Ok(None) => {
                             table.truncate(have);
-                            return Ok(if progress {
-                                Pumped::Progress
-                            } else {
-                                Pumped::Idle
-                            });
+                            return Ok(Pumped::after(progress));
                         }
                         Ok(Some(0)) => return Err(mid(&"end of stream")),
                         Ok(Some(n)) => n,
@@ -1373,11 +1376,7 @@ fn pump(
                     if !dst.is_empty() {
                         match rx.ahead.read(sock, dst) {
                             Ok(None) => {
-                                return Ok(if progress {
-                                    Pumped::Progress
-                                } else {
-                                    Pumped::Idle
-                                });
+                                return Ok(Pumped::after(progress));
                             }
                             Ok(Some(0)) => return Err(mid(&"end of stream")),
                             Ok(Some(n)) => {
@@ -1405,7 +1404,7 @@ fn pump(
                     num.store(0, Ordering::Relaxed);
                 }
                 if h.flags != 0 {
-                    rx.stage = Stage::Trailer(*h, *crc, [0; 20], 0);
+                    rx.stage = Stage::Trailer(*h, *crc, [0; proto::MAX_TRAILER], 0);
                     continue;
                 }
                 let (c, seq) = (h.conn, h.seq);
@@ -1418,11 +1417,7 @@ fn pump(
                 if *got < want {
                     match rx.ahead.read(sock, &mut bytes[*got..want]) {
                         Ok(None) => {
-                            return Ok(if progress {
-                                Pumped::Progress
-                            } else {
-                                Pumped::Idle
-                            });
+                            return Ok(Pumped::after(progress));
                         }
                         Ok(Some(0)) => return Err(mid(&"end of stream")),
                         Ok(Some(n)) => *got += n,
@@ -1431,41 +1426,28 @@ fn pump(
                     continue;
                 }
                 let (c, seq) = (h.conn, h.seq);
-                let mut rest = &bytes[..want];
-                let mut take = |k: usize| {
-                    let (a, b) = rest.split_at(k);
-                    rest = b;
-                    a
-                };
-                if h.flags & proto::FLAG_CRC != 0 {
-                    let b = take(4);
-                    let sent = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                    if sent != *crc {
-                        // The step that receives the message reports it (naming the step).
-                        tracing::warn!(
-                            rank = inner.me,
-                            peer = peer.rank,
-                            conn = c,
-                            seq,
-                            "a data part failed its CRC32C: {crc:08x} received, {sent:08x} sent"
-                        );
-                        inner
-                            .arena
-                            .crc(c, seq)
-                            .store(crate::arena::corrupt_mark(seq), Ordering::Relaxed);
-                    }
+                let (sent_crc, call) = proto::read_trailer(h.flags, &bytes[..want]);
+                if let Some(sent) = sent_crc
+                    && sent != *crc
+                {
+                    // The step that receives the message reports it (naming the step).
+                    tracing::warn!(
+                        rank = inner.me,
+                        peer = peer.rank,
+                        conn = c,
+                        seq,
+                        "a data part failed its CRC32C: {crc:08x} received, {sent:08x} sent"
+                    );
+                    inner
+                        .arena
+                        .crc(c, seq)
+                        .store(crate::arena::corrupt_mark(seq), Ordering::Relaxed);
                 }
-                if h.flags & proto::FLAG_CALL != 0 {
-                    let b = take(16);
-                    let word = |b: &[u8]| {
-                        let mut w = [0u8; 8];
-                        w.copy_from_slice(b);
-                        u64::from_le_bytes(w)
-                    };
+                if let Some((number, print)) = call {
                     // The receiving step compares it with its own call (see `Arena::peer_call`).
-                    let (num, print) = inner.arena.peer_call(c, seq);
-                    num.store(word(&b[..8]), Ordering::Relaxed);
-                    print.store(word(&b[8..]), Ordering::Relaxed);
+                    let (num, word) = inner.arena.peer_call(c, seq);
+                    num.store(number, Ordering::Relaxed);
+                    word.store(print, Ordering::Relaxed);
                 }
                 part_done(inner, peer.rank, c, seq);
                 rx.stage = Stage::Header;

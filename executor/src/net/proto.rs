@@ -52,6 +52,24 @@ pub(crate) fn trailer_len(flags: u8) -> usize {
     (if flags & FLAG_CRC != 0 { 4 } else { 0 }) + (if flags & FLAG_CALL != 0 { 16 } else { 0 })
 }
 
+/// The longest trailer ([`trailer_len`] with every flag).
+pub(crate) const MAX_TRAILER: usize = 20;
+
+/// A data part's trailer (`bytes`: [`trailer_len`] of `flags` long): the payload's CRC32C
+/// and the sender's call (number, fingerprint), each when its flag is set.
+pub(crate) fn read_trailer(flags: u8, bytes: &[u8]) -> (Option<u32>, Option<(u64, u64)>) {
+    let word = |at: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&bytes[at..at + 8]);
+        u64::from_le_bytes(w)
+    };
+    let crc = (flags & FLAG_CRC != 0)
+        .then(|| u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]));
+    let at = if crc.is_some() { 4 } else { 0 };
+    let call = (flags & FLAG_CALL != 0).then(|| (word(at), word(at + 8)));
+    (crc, call)
+}
+
 /// A decoded frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Header {
@@ -306,6 +324,25 @@ mod tests {
         bad[30] ^= 1;
         assert!(Header::decode(&bad).is_err());
         assert!(Header::decode(&[0xAB; HEADER]).is_err());
+    }
+
+    #[test]
+    fn trailers_hold_what_their_flags_say() {
+        let crc = 0xdead_beefu32.to_le_bytes();
+        let call: Vec<u8> = 7u64
+            .to_le_bytes()
+            .into_iter()
+            .chain(0x1234u64.to_le_bytes())
+            .collect();
+        let both: Vec<u8> = crc.iter().chain(&call).copied().collect();
+        assert_eq!(trailer_len(FLAG_CRC | FLAG_CALL), MAX_TRAILER);
+        assert_eq!(
+            read_trailer(FLAG_CRC | FLAG_CALL, &both),
+            (Some(0xdead_beef), Some((7, 0x1234)))
+        );
+        assert_eq!(read_trailer(FLAG_CRC, &crc), (Some(0xdead_beef), None));
+        assert_eq!(read_trailer(FLAG_CALL, &call), (None, Some((7, 0x1234))));
+        assert_eq!(read_trailer(0, &[]), (None, None));
     }
 
     #[test]

@@ -375,3 +375,35 @@ pub fn rank_command<'c>(
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
 }
+
+/// Joins a process group whose ranks are threads of this test, rendezvousing on loopback:
+/// rank `r` holds `ranks[r]`'s plan, claims its host (`None`: this machine's identity; a
+/// name emulates a host of its own, as `HCCL_HOST_ID` does) and runs with its config.
+pub fn join_group(
+    ranks: Vec<(PlanFile, Option<String>, Config)>,
+    token: &str,
+) -> Vec<hccl_executor::Result<Communicator>> {
+    use hccl_executor::{Bootstrap, ProcessGroup};
+    hccl_executor::config::init_tracing();
+    let boot = Bootstrap {
+        addr: format!("127.0.0.1:{}", free_port()),
+        token: token.into(),
+        host: None,
+    };
+    let n = ranks.len() as u32;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = ranks
+            .into_iter()
+            .enumerate()
+            .map(|(r, (plan, host, cfg))| {
+                let mut boot = boot.clone();
+                boot.host = host;
+                s.spawn(move || ProcessGroup::init_with(plan, r as u32, n, &boot, cfg))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    })
+}

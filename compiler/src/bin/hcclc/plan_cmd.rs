@@ -165,7 +165,8 @@ pub fn verify(args: VerifyArgs) -> Result<(), CliError> {
     // Symmetric entries stay templates: they are verified on the template, never expanded.
     let plan = load_plan_as(&args.plan, PlanFile::load_compact)?;
     let path = args.plan.display().to_string();
-    let results = verify_entries(&plan.entries);
+    // Entries side by side on the machine's cores.
+    let results = hccl_compiler::search::par_map(&plan.entries, verify_entry);
     let steps: usize = plan.entries.iter().map(PlanEntry::step_count).sum();
     let collectives: BTreeSet<&str> = plan
         .entries
@@ -248,39 +249,6 @@ pub fn verify(args: VerifyArgs) -> Result<(), CliError> {
             plan.entries.len()
         )))
     }
-}
-
-/// [`verify_entry`] of every entry, side by side on the machine's cores (results in entry
-/// order).
-fn verify_entries(entries: &[PlanEntry]) -> Vec<Result<Report, Vec<VerifyError>>> {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(entries.len());
-    if threads <= 1 {
-        return entries.iter().map(verify_entry).collect();
-    }
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let mut done: Vec<(usize, Result<Report, Vec<VerifyError>>)> = std::thread::scope(|s| {
-        let workers: Vec<_> = (0..threads)
-            .map(|_| {
-                s.spawn(|| {
-                    let mut out = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(entry) = entries.get(i) else { break };
-                        out.push((i, verify_entry(entry)));
-                    }
-                    out
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .flat_map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-            .collect()
-    });
-    done.sort_unstable_by_key(|(i, _)| *i);
-    done.into_iter().map(|(_, r)| r).collect()
 }
 
 /// Every error of every entry, one line each: `entry I (LABEL): ERROR`.
