@@ -39,6 +39,8 @@ const OPS: [ReduceOp; 5] = [
     ReduceOp::Max,
     ReduceOp::Avg,
 ];
+/// The kind code of an AllToAllv (the six collective kinds use 1 to 6).
+const VARY_KIND: u64 = 7;
 /// Largest root a fingerprint tells apart (larger ones compare equal to it).
 const ROOT_MAX: u64 = (1 << 17) - 1;
 /// Largest element count a fingerprint tells apart.
@@ -48,6 +50,11 @@ const COUNT_MAX: u64 = (1 << 36) - 1;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct CallPrint {
     pub collective: Collective,
+    /// An AllToAllv (`collective` is then AllToAll): blocks of their own sizes. Its count
+    /// exchange has `count` 0 (and element type `u64`, whatever the call's: ranks that pass
+    /// different types learn it from the exchange), its data phase the elements all ranks
+    /// send together.
+    pub vary: bool,
     pub dtype: DataType,
     /// [`ReduceOp::Sum`] for collectives that do not reduce.
     pub op: ReduceOp,
@@ -58,15 +65,19 @@ pub(crate) struct CallPrint {
 }
 
 impl CallPrint {
-    /// One word, never 0: kind (3 bits, from 1), element type (4), operator (3),
-    /// placement (1), root (17), count (36).
+    /// One word, never 0: kind (3 bits, from 1; [`VARY_KIND`] for an AllToAllv), element
+    /// type (4), operator (3), placement (1), root (17), count (36).
     pub(crate) fn pack(&self) -> u64 {
         let kind = self.collective.kind();
-        let k = CollectiveKind::ALL
-            .iter()
-            .position(|&x| x == kind)
-            .unwrap_or(0) as u64
-            + 1;
+        let k = if self.vary {
+            VARY_KIND
+        } else {
+            CollectiveKind::ALL
+                .iter()
+                .position(|&x| x == kind)
+                .unwrap_or(0) as u64
+                + 1
+        };
         let d = DataType::ALL
             .iter()
             .position(|&x| x == self.dtype)
@@ -82,7 +93,12 @@ impl CallPrint {
 
     /// The call [`CallPrint::pack`] packed (`None` for a word it cannot have written).
     pub(crate) fn unpack(w: u64) -> Option<CallPrint> {
-        let kind = *CollectiveKind::ALL.get(((w & 7) as usize).checked_sub(1)?)?;
+        let vary = w & 7 == VARY_KIND;
+        let kind = if vary {
+            CollectiveKind::AllToAll
+        } else {
+            *CollectiveKind::ALL.get(((w & 7) as usize).checked_sub(1)?)?
+        };
         let dtype = *DataType::ALL.get((w >> 3 & 15) as usize)?;
         let op = *OPS.get((w >> 7 & 7) as usize)?;
         let root = (w >> 11 & ROOT_MAX) as u32;
@@ -96,6 +112,7 @@ impl CallPrint {
         };
         Some(CallPrint {
             collective,
+            vary,
             dtype,
             op,
             count: w >> 28,
@@ -106,6 +123,16 @@ impl CallPrint {
 
 impl std::fmt::Display for CallPrint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.vary {
+            if self.count == 0 {
+                return f.write_str("alltoallv (its count exchange)");
+            }
+            write!(f, "alltoallv of {} {} in all", self.count, self.dtype)?;
+            if self.count >= COUNT_MAX {
+                f.write_str(" or more")?;
+            }
+            return Ok(());
+        }
         write!(f, "{} of {} {}", self.collective, self.count, self.dtype)?;
         if self.count >= COUNT_MAX {
             f.write_str(" or more")?;
@@ -193,6 +220,7 @@ mod tests {
         let calls = [
             CallPrint {
                 collective: Collective::AllReduce,
+                vary: false,
                 dtype: DataType::F32,
                 op: ReduceOp::Sum,
                 count: 100,
@@ -200,6 +228,7 @@ mod tests {
             },
             CallPrint {
                 collective: Collective::Broadcast { root: 3 },
+                vary: false,
                 dtype: DataType::BF16,
                 op: ReduceOp::Sum,
                 count: 7,
@@ -207,6 +236,7 @@ mod tests {
             },
             CallPrint {
                 collective: Collective::Reduce { root: 70_000 },
+                vary: false,
                 dtype: DataType::U64,
                 op: ReduceOp::Avg,
                 count: COUNT_MAX,
@@ -238,6 +268,18 @@ mod tests {
                 ..base
             },
         ];
+        let a2a = CallPrint {
+            collective: Collective::AllToAll,
+            ..base
+        };
+        let a2av = CallPrint { vary: true, ..a2a };
+        assert_ne!(a2a.pack(), a2av.pack());
+        assert_eq!(CallPrint::unpack(a2av.pack()), Some(a2av));
+        assert_eq!(a2av.to_string(), "alltoallv of 100 float in all");
+        assert_eq!(
+            CallPrint { count: 0, ..a2av }.to_string(),
+            "alltoallv (its count exchange)"
+        );
         for v in variants {
             assert_ne!(v.pack(), base.pack(), "{v}");
         }

@@ -4,7 +4,7 @@
 use crate::arena::Arena;
 use crate::config::Config;
 use crate::dtype::{Element, Kernels, ReduceOp};
-use crate::engine::{AlignedBuf, Bufs, Ctx, EngineState, Geometry, raise_abort};
+use crate::engine::{AlignedBuf, Bufs, Ctx, EngineState, Geometry, VarBlocks, raise_abort};
 use crate::error::{ExecError, Result};
 use crate::program::{self, ConnTable, Entry};
 use hccl_ir::{Collective, CollectiveKind, PlanFile, Protocol};
@@ -218,11 +218,15 @@ fn filter_entries(plan: &PlanFile, config: &Config) -> Vec<usize> {
 /// One rank's private state.
 pub(crate) struct RankState {
     /// Calls started (see [`crate::calls`]).
-    calls: u64,
-    entries: Vec<Entry>,
-    engine: EngineState,
-    scratch: AlignedBuf,
+    pub(crate) calls: u64,
+    pub(crate) entries: Vec<Entry>,
+    pub(crate) engine: EngineState,
+    pub(crate) scratch: AlignedBuf,
     stage: AlignedBuf,
+    /// AllToAllv's padded blocks (input, output) when it replays a relaying entry.
+    pub(crate) vstage: (AlignedBuf, AlignedBuf),
+    /// AllToAllv said on INFO that it pads its blocks.
+    pub(crate) vpadded_said: bool,
 }
 
 impl RankState {
@@ -260,6 +264,8 @@ impl RankState {
             engine,
             scratch,
             stage: AlignedBuf::default(),
+            vstage: Default::default(),
+            vpadded_said: false,
         })
     }
 }
@@ -303,16 +309,19 @@ pub struct EntryInfo {
 
 /// A raw call: pointers and element counts.
 #[derive(Clone, Copy)]
-struct Call {
-    collective: Collective,
-    kernels: Kernels,
-    dtype: crate::dtype::DataType,
-    op: ReduceOp,
-    input: *const u8,
-    in_len: usize,
-    output: *mut u8,
-    out_len: usize,
-    in_place: bool,
+pub(crate) struct Call {
+    pub collective: Collective,
+    pub kernels: Kernels,
+    pub dtype: crate::dtype::DataType,
+    pub op: ReduceOp,
+    pub input: *const u8,
+    pub in_len: usize,
+    pub output: *mut u8,
+    pub out_len: usize,
+    pub in_place: bool,
+    /// The fingerprint to publish instead of the call's own (the rounds of an AllToAllv;
+    /// its placement is still that of the entry that runs).
+    pub print: Option<crate::calls::CallPrint>,
 }
 
 // SAFETY: the pointers refer to buffers the call's owner keeps alive and exclusively lent
@@ -323,9 +332,20 @@ unsafe impl Send for Call {}
 /// placement); failing that, the entry of the collective whose range lies nearest (a
 /// schedule is correct at any size; ranges only say where it is fastest).
 fn lookup(entries: &[Entry], coll: Collective, bytes: u64, in_place: bool) -> Option<usize> {
+    lookup_where(entries, coll, bytes, in_place, |_| true)
+}
+
+/// [`lookup`] among the entries `keep` accepts (by index).
+pub(crate) fn lookup_where(
+    entries: &[Entry],
+    coll: Collective,
+    bytes: u64,
+    in_place: bool,
+    keep: impl Fn(usize) -> bool,
+) -> Option<usize> {
     let mut best: Option<(u64, bool, usize)> = None;
     for (i, e) in entries.iter().enumerate() {
-        if e.collective != coll {
+        if e.collective != coll || !keep(i) {
             continue;
         }
         let distance = if e.covers(bytes) {
@@ -343,8 +363,33 @@ fn lookup(entries: &[Entry], coll: Collective, bytes: u64, in_place: bool) -> Op
     best.map(|(_, _, i)| i)
 }
 
+/// The most elements a chunk of `entry` may hold with `es`-byte elements, and whether its
+/// messages travel in LL slots. The same on every rank (it depends on the entry, the slot
+/// size and the element size only).
+///
+/// LL entries run in segments whose messages fit an LL slot (when a chunk of at least one
+/// element does); no message ever exceeds `slot_bytes`, which sizes scratch, hold buffers
+/// and what the network accepts.
+pub(crate) fn chunk_cap(config: &Config, entry: &Entry, es: usize) -> Result<(usize, bool)> {
+    let per_step = es * entry.max_count.max(1) as usize;
+    let ll_bytes = crate::arena::LL_BYTES.min(config.slot_bytes);
+    let ll = entry.protocol == Protocol::LL && ll_bytes >= per_step;
+    let cap = if ll { ll_bytes } else { config.slot_bytes } / per_step;
+    // Chunks small enough for the scratch budget too (at least one element: scratch chunks
+    // are sized for that, see `RankState::new`).
+    let geometry = es * entry.geometry_count(config.slot_bytes) as usize;
+    let cap = cap.min((config.slot_bytes / geometry).max(1));
+    if cap == 0 {
+        return Err(ExecError::Invalid(format!(
+            "plan entry {}: steps of {} chunks do not fit a {}-byte slot",
+            entry.index, entry.max_count, config.slot_bytes
+        )));
+    }
+    Ok((cap, ll))
+}
+
 /// Runs one call on `rank`. Errors leave the caller's output undefined but reported.
-fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Result<()> {
+pub(crate) fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Result<()> {
     let n = shared.world as usize;
     let coll = call.collective;
     let es = call.kernels.esize;
@@ -414,12 +459,16 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
     let check = shared.config.check_calls;
     let publish = |in_place: bool| {
         (check != crate::config::CallCheck::Off).then(|| {
-            let print = crate::calls::CallPrint {
-                collective: coll,
-                dtype: call.dtype,
-                op: call.op,
-                count: total as u64,
-                in_place,
+            let print = match call.print {
+                Some(p) => crate::calls::CallPrint { in_place, ..p },
+                None => crate::calls::CallPrint {
+                    collective: coll,
+                    vary: false,
+                    dtype: call.dtype,
+                    op: call.op,
+                    count: total as u64,
+                    in_place,
+                },
             }
             .pack();
             crate::calls::publish(&shared.arena, rank, seq, print);
@@ -461,6 +510,7 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
         engine,
         scratch,
         stage,
+        ..
     } = st;
     let entry = &entries[ei];
     let cpb = u64::from(if blocked {
@@ -469,27 +519,7 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
         entry.chunks
     })
     .max(1);
-    // LL entries run in segments whose messages fit an LL slot (when a chunk of at least
-    // one element does); no message ever exceeds `slot_bytes`, which sizes scratch, hold
-    // buffers and what the network accepts.
-    let per_step = es * entry.max_count.max(1) as usize;
-    let ll_bytes = crate::arena::LL_BYTES.min(shared.config.slot_bytes);
-    let ll = entry.protocol == Protocol::LL && ll_bytes >= per_step;
-    let cap = if ll {
-        ll_bytes
-    } else {
-        shared.config.slot_bytes
-    } / per_step;
-    // Chunks small enough for the scratch budget too (at least one element: scratch chunks
-    // are sized for that, see `RankState::new`).
-    let geometry = es * entry.geometry_count(shared.config.slot_bytes) as usize;
-    let cap = cap.min((shared.config.slot_bytes / geometry).max(1));
-    if cap == 0 {
-        return Err(ExecError::Invalid(format!(
-            "plan entry {}: steps of {} chunks do not fit a {}-byte slot",
-            entry.index, entry.max_count, shared.config.slot_bytes
-        )));
-    }
+    let (cap, ll) = chunk_cap(&shared.config, entry, es)?;
     let stride = count as u64;
     let segmax = cap as u64 * cpb;
     let segs = stride.div_ceil(segmax).max(1);
@@ -558,23 +588,6 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
         output: out_ptr,
         scratch: scratch.ptr(),
     };
-    let failure = |p: u32| peer_failure(shared, p);
-    let on_wait = || {
-        if let Some(net) = &shared.net {
-            net.on_wait();
-        }
-    };
-    let ctx = Ctx {
-        rank,
-        arena: &shared.arena,
-        timeout: shared.config.timeout,
-        failure: &failure,
-        on_wait: &on_wait,
-        spin_polls: shared.spin_polls,
-        single_copy: !shared.check_pids && !shared.config.checksum,
-        checksum: shared.config.checksum,
-        call: print,
-    };
     tracing::trace!(
         rank,
         %coll,
@@ -584,26 +597,23 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
         segments = segs,
         "collective start"
     );
-    if let Some(net) = &shared.net {
-        net.begin_call();
-    }
-    let res = run_segments(
+    replay(
         shared,
+        rank,
         engine,
-        &ctx,
         entry,
         &bufs,
-        call,
-        (segs, seglen, stride, cpb, ll),
-    )
-    .and_then(|()| at_end(print));
-    if let Some(net) = &shared.net {
-        net.end_call();
-        if res.is_err() {
-            net.forward_abort();
-        }
-    }
-    res?;
+        &call.kernels,
+        print,
+        Segments {
+            segs,
+            seglen,
+            stride,
+            cpb,
+            ll,
+            var: None,
+        },
+    )?;
     // SAFETY: as above.
     unsafe {
         if let Some((src, dst, len)) = post_copy {
@@ -626,6 +636,68 @@ fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Resul
     Ok(())
 }
 
+/// How a call is cut into segments (see [`crate::engine`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Segments<'a> {
+    pub segs: u64,
+    pub seglen: u64,
+    pub stride: u64,
+    pub cpb: u64,
+    pub ll: bool,
+    /// An AllToAllv's blocks, with the largest chunk of any of its segments, in elements.
+    pub var: Option<(&'a VarBlocks, usize)>,
+}
+
+/// Runs `entry` over the call's segments, under the call fingerprint `print`: the waits'
+/// context, the network's call boundaries, and the end-of-call comparison
+/// (`HCCL_CHECK_CALLS=1`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn replay(
+    shared: &Shared,
+    rank: u32,
+    engine: &mut EngineState,
+    entry: &Entry,
+    bufs: &Bufs,
+    kernels: &Kernels,
+    print: Option<(u64, u64)>,
+    seg: Segments<'_>,
+) -> Result<()> {
+    let failure = |p: u32| peer_failure(shared, p);
+    let on_wait = || {
+        if let Some(net) = &shared.net {
+            net.on_wait();
+        }
+    };
+    let ctx = Ctx {
+        rank,
+        arena: &shared.arena,
+        timeout: shared.config.timeout,
+        failure: &failure,
+        on_wait: &on_wait,
+        spin_polls: shared.spin_polls,
+        single_copy: !shared.check_pids && !shared.config.checksum,
+        checksum: shared.config.checksum,
+        call: print,
+    };
+    if let Some(net) = &shared.net {
+        net.begin_call();
+    }
+    let res = run_segments(shared, engine, &ctx, entry, bufs, kernels, seg).and_then(|()| {
+        if shared.config.check_calls == crate::config::CallCheck::EveryCall {
+            check_calls(shared, rank, print)
+        } else {
+            Ok(())
+        }
+    });
+    if let Some(net) = &shared.net {
+        net.end_call();
+        if res.is_err() {
+            net.forward_abort();
+        }
+    }
+    res
+}
+
 /// Replays `entry` over every segment of a call.
 fn run_segments(
     shared: &Shared,
@@ -633,23 +705,32 @@ fn run_segments(
     ctx: &Ctx<'_>,
     entry: &Entry,
     bufs: &Bufs,
-    call: &Call,
-    (segs, seglen, stride, cpb, ll): (u64, u64, u64, u64, bool),
+    kernels: &Kernels,
+    Segments {
+        segs,
+        seglen,
+        stride,
+        cpb,
+        ll,
+        var,
+    }: Segments<'_>,
 ) -> Result<()> {
     let rank = ctx.rank;
     for s in 0..segs {
         let lo = s * seglen;
         let len = seglen.min(stride - lo);
         let geo = Geometry {
-            esize: call.kernels.esize,
+            esize: kernels.esize,
             cpb,
             stride,
             lo,
             len,
-            maxc: len.div_ceil(cpb) as usize,
+            maxc: var.map_or(len.div_ceil(cpb) as usize, |(_, maxc)| maxc),
             ll,
+            var: var.map(|(v, _)| v),
+            seg: s,
         };
-        if let Err(e) = engine.run_segment(ctx, &entry.program, &geo, bufs, &call.kernels) {
+        if let Err(e) = engine.run_segment(ctx, &entry.program, &geo, bufs, kernels) {
             engine.settle_all(&shared.arena);
             return Err(with_host(shared, e));
         }
@@ -971,6 +1052,7 @@ fn make_call<T: Element>(collective: Collective, op: ReduceOp, b: &mut Buffers<'
             output: buf.as_mut_ptr().cast(),
             out_len: buf.len(),
             in_place: true,
+            print: None,
         },
         Buffers::OutOfPlace { input, output } => Call {
             collective,
@@ -982,6 +1064,7 @@ fn make_call<T: Element>(collective: Collective, op: ReduceOp, b: &mut Buffers<'
             output: output.as_mut_ptr().cast(),
             out_len: output.len(),
             in_place: false,
+            print: None,
         },
     }
 }
@@ -1087,6 +1170,130 @@ impl Communicator {
         /// AllToAll: block `b` of this rank's input goes to block `r` of rank `b`'s output.
         all_to_all, all_to_all_in_place, Collective::AllToAll, plain
     );
+
+    /// AllToAllv (`MPI_Alltoallv`): `send_counts[p]` elements from `send_displs[p]` of this
+    /// rank's input go to rank `p`, which receives them at its `recv_displs[r]`
+    /// (`recv_counts[r]` elements, `r` this rank). Every slice has one entry per rank; counts
+    /// may be zero; send blocks may overlap, receive blocks with elements may not.
+    ///
+    /// Every call first exchanges the counts (a small AllToAll), so counts that disagree
+    /// between a sender and its receiver are an error, [`ExecError::BadBuffers`] naming both
+    /// ranks and their counts, returned by both ranks once the call completes (the blocks of
+    /// that pair move the smaller count; ranks whose pairs agree get their results). See
+    /// [`crate::alltoallv`] for how the plan's AllToAll entries carry blocks of their own
+    /// sizes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn all_to_all_v<T: Element>(
+        &mut self,
+        input: &[T],
+        send_counts: &[usize],
+        send_displs: &[usize],
+        output: &mut [T],
+        recv_counts: &[usize],
+        recv_displs: &[usize],
+    ) -> Result<()> {
+        use crate::alltoallv as v;
+        let mut state = self.take_state()?;
+        let (rank, n) = (self.rank, self.shared.world);
+        let shared = Arc::clone(&self.shared);
+        let res = (|| {
+            let send = v::Side {
+                counts: send_counts,
+                displs: send_displs,
+                len: input.len(),
+            };
+            let recv = v::Side {
+                counts: recv_counts,
+                displs: recv_displs,
+                len: output.len(),
+            };
+            v::check_side(rank, n, send, "send", false)?;
+            v::check_side(rank, n, recv, "receive", true)?;
+            let x = v::exchange(
+                &shared,
+                rank,
+                &mut state,
+                T::DTYPE,
+                send_counts,
+                Some(recv_counts),
+            )?;
+            let (sends, recvs, errs) = v::agree(rank, &x, send_counts, Some(recv_counts));
+            let data = v::Data {
+                kernels: Kernels::new(T::DTYPE, ReduceOp::Sum),
+                dtype: T::DTYPE,
+                input: input.as_ptr().cast(),
+                send_displs,
+                output: output.as_mut_ptr().cast(),
+                recv_displs,
+            };
+            // SAFETY: the blocks were checked against the slices, which this call borrows.
+            unsafe { v::move_blocks(&shared, rank, &mut state, &x, &data, &sends, &recvs)? };
+            v::disagreement(rank, errs)
+        })();
+        self.finish(state, res)
+    }
+
+    /// AllToAllv whose receive counts come from the senders: `send_counts[p]` elements from
+    /// `send_displs[p]` of this rank's input go to rank `p`. Returns the received blocks
+    /// packed in rank order (rank `p`'s at the sum of the counts of the ranks before it) and
+    /// the count received from each rank. Peers may pass either form
+    /// ([`Communicator::all_to_all_v`] checks its receive counts against what comes).
+    pub fn all_to_all_v_exchanged<T: Element>(
+        &mut self,
+        input: &[T],
+        send_counts: &[usize],
+        send_displs: &[usize],
+    ) -> Result<(Vec<T>, Vec<usize>)> {
+        use crate::alltoallv as v;
+        let mut state = self.take_state()?;
+        let (rank, n) = (self.rank, self.shared.world);
+        let shared = Arc::clone(&self.shared);
+        let mut output = Vec::new();
+        let res = (|| {
+            let send = v::Side {
+                counts: send_counts,
+                displs: send_displs,
+                len: input.len(),
+            };
+            v::check_side(rank, n, send, "send", false)?;
+            let x = v::exchange(&shared, rank, &mut state, T::DTYPE, send_counts, None)?;
+            let counts: Vec<usize> = x
+                .from
+                .iter()
+                .map(|&c| usize::try_from(c).unwrap_or(usize::MAX))
+                .collect();
+            let mut displs = Vec::with_capacity(counts.len());
+            let mut total = 0usize;
+            for &c in &counts {
+                displs.push(total);
+                total = total.checked_add(c).ok_or_else(|| {
+                    ExecError::Invalid(format!(
+                        "rank {rank}: alltoallv: the blocks sent to it exceed the address space"
+                    ))
+                })?;
+            }
+            output = vec![T::default(); total];
+            let (sends, recvs, errs) = v::agree(rank, &x, send_counts, None);
+            let data = v::Data {
+                kernels: Kernels::new(T::DTYPE, ReduceOp::Sum),
+                dtype: T::DTYPE,
+                input: input.as_ptr().cast(),
+                send_displs,
+                output: output.as_mut_ptr().cast(),
+                recv_displs: &displs,
+            };
+            // SAFETY: the send blocks were checked against `input`, which this call borrows;
+            // the receive blocks tile `output`.
+            unsafe { v::move_blocks(&shared, rank, &mut state, &x, &data, &sends, &recvs)? };
+            v::disagreement(rank, errs)?;
+            Ok(counts)
+        })();
+        let res = match res {
+            Ok(counts) => self.finish(state, Ok(())).map(|()| counts),
+            Err(e) => self.finish(state, Err(e)).map(|()| Vec::new()),
+        };
+        res.map(|counts| (output, counts))
+    }
 
     /// Broadcast: every output becomes the root's input (which only the root reads).
     pub fn broadcast<T: Element>(

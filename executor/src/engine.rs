@@ -62,9 +62,19 @@ use hccl_ir::{Buf, CONNECTION_SLOTS, Loc};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+/// Per-block extents of an AllToAllv call (see [`Geometry::var`]): for each block `b`, its
+/// first element and element count in the input and in the output, and the number of
+/// segments the call is replayed in.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct VarBlocks {
+    pub input: Vec<(u64, u64)>,
+    pub output: Vec<(u64, u64)>,
+    pub segs: u64,
+}
+
 /// Element geometry of one segment.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Geometry {
+pub(crate) struct Geometry<'a> {
     pub esize: usize,
     /// Chunks per block.
     pub cpb: u64,
@@ -77,15 +87,39 @@ pub(crate) struct Geometry {
     /// Messages on this host's connections travel in LL slots (the entry's protocol is LL
     /// and a message fits one, see [`crate::arena`]).
     pub ll: bool,
+    /// Blocks of their own sizes (AllToAllv): block `b` of the input (output) is
+    /// `[d, d + c)` for `(d, c) = input[b]` (`output[b]`), segment `seg` of `segs` covers its
+    /// `[seg·c/segs, (seg+1)·c/segs)`, and chunk `j` of the block `[j·l/cpb, (j+1)·l/cpb)`
+    /// of that (`l` elements). `stride`, `lo` and `len` are then unused; `maxc` bounds every
+    /// chunk of every block (it is computed from the largest block of the job, so that
+    /// sender and receiver lay a message out alike).
+    pub var: Option<&'a VarBlocks>,
+    /// The segment this geometry describes (with [`Geometry::var`]).
+    pub seg: u64,
 }
 
-impl Geometry {
+impl Geometry<'_> {
     #[inline]
-    fn range(&self, k: u32) -> (usize, usize) {
+    fn range(&self, buf: Buf, k: u32) -> (usize, usize) {
         let k = u64::from(k);
         let (b, j) = (k / self.cpb, k % self.cpb);
-        let base = b * self.stride + self.lo;
-        let cut = |j: u64| (u128::from(j) * u128::from(self.len) / u128::from(self.cpb)) as u64;
+        let (base, len) = match self.var {
+            None => (b * self.stride + self.lo, self.len),
+            Some(v) => {
+                let table = if buf == Buf::Input {
+                    &v.input
+                } else {
+                    &v.output
+                };
+                // `b` is in range: the program's locations were checked against the
+                // buffer extents (`program::compile`).
+                let (d, c) = table.get(b as usize).copied().unwrap_or((0, 0));
+                let cut = |s: u64| (u128::from(s) * u128::from(c) / u128::from(v.segs)) as u64;
+                let lo = cut(self.seg);
+                (d + lo, cut(self.seg + 1) - lo)
+            }
+        };
+        let cut = |j: u64| (u128::from(j) * u128::from(len) / u128::from(self.cpb)) as u64;
         ((base + cut(j)) as usize, (base + cut(j + 1)) as usize)
     }
 }
@@ -460,7 +494,7 @@ impl EngineState {
                 } else {
                     bufs.output
                 };
-                let (s, e) = geo.range(k);
+                let (s, e) = geo.range(loc.buf, k);
                 (base.wrapping_add(s * geo.esize), e - s)
             }
         }

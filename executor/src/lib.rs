@@ -49,6 +49,7 @@
 //! the culprit; a dead process is detected through its pid.
 
 pub mod affinity;
+pub mod alltoallv;
 pub mod arena;
 mod calls;
 pub mod comm;
