@@ -98,6 +98,55 @@ pub struct Network {
     routing: Mutex<()>,
     /// [`super::mcf::alltoall_rate`], computed on first use.
     alltoall: std::sync::OnceLock<Option<f64>>,
+    /// Links by their ends and per vertex the links into it, built on first use.
+    adjacency: std::sync::OnceLock<Adjacency>,
+}
+
+/// What finding an [`Automorphism`] looks links up by.
+#[derive(Debug)]
+struct Adjacency {
+    by_ends: HashMap<(u32, u32), u32>,
+    into: Vec<Vec<u32>>,
+}
+
+/// A permutation of the resource network's vertices that maps every link onto a link of
+/// exactly the same capacity, latency, class and kind, every NIC onto a NIC of the same
+/// bandwidth and every rank's device onto a rank's device: the network looks the same from
+/// every image, so the route search finds the image of every route that was its only best
+/// path ([`Network::unique_routes`]). Found by [`Network::automorphism`].
+#[derive(Debug, Clone)]
+pub struct Automorphism {
+    vertex: Vec<u32>,
+    resource: Vec<u32>,
+}
+
+impl Automorphism {
+    /// The image of a resource (a link or a NIC direction).
+    pub fn resource(&self, r: u32) -> u32 {
+        self.resource[r as usize]
+    }
+
+    /// The image of a vertex.
+    pub fn vertex(&self, v: u32) -> u32 {
+        self.vertex[v as usize]
+    }
+
+    /// The image of a route: the same latency, class, bottleneck and hops over the images
+    /// of its resources.
+    pub fn map_route(&self, route: &Route) -> Route {
+        Route {
+            resources: route.resources.iter().map(|&r| self.resource(r)).collect(),
+            ..route.clone()
+        }
+    }
+}
+
+/// Whether two links are alike in everything a route search or a simulation reads.
+fn same_link(a: &Link, b: &Link) -> bool {
+    a.cap.to_bits() == b.cap.to_bits()
+        && a.latency.to_bits() == b.latency.to_bits()
+        && a.class == b.class
+        && a.network == b.network
 }
 
 thread_local! {
@@ -115,6 +164,9 @@ struct Scratch {
     target: Vec<u32>,
     best: Vec<Label>,
     pred: Vec<u32>,
+    /// Epoch of a vertex whose best label two different links gave (a tie the search broke
+    /// by the order it relaxed them).
+    tied: Vec<u32>,
     heap: BinaryHeap<HeapItem>,
     /// Labels destinations reached, best first.
     reached: BinaryHeap<HeapItem>,
@@ -135,6 +187,7 @@ impl Scratch {
                 target: vec![0; nv],
                 best: vec![zero; nv],
                 pred: vec![u32::MAX; nv],
+                tied: vec![0; nv],
                 heap: BinaryHeap::new(),
                 reached: BinaryHeap::new(),
             };
@@ -152,6 +205,20 @@ impl Scratch {
         self.labelled[v] = self.epoch;
         self.best[v] = label;
         self.pred[v] = pred;
+        self.tied[v] = 0;
+    }
+
+    /// Whether the path the search keeps to `end` was its only best one: no vertex on it
+    /// (past `start`) was reached by two links with the same label.
+    fn unique(&self, start: u32, end: u32, links: &[Link]) -> bool {
+        let mut v = end;
+        while v != start {
+            if self.tied[v as usize] == self.epoch {
+                return false;
+            }
+            v = links[self.pred[v as usize] as usize].from;
+        }
+        true
     }
 }
 
@@ -344,7 +411,155 @@ impl Network {
             routes: Mutex::new(HashMap::new()),
             routing: Mutex::new(()),
             alltoall: std::sync::OnceLock::new(),
+            adjacency: std::sync::OnceLock::new(),
         }
+    }
+
+    fn adjacency(&self) -> &Adjacency {
+        self.adjacency.get_or_init(|| {
+            let mut into = vec![Vec::new(); self.vertices.len()];
+            let mut by_ends = HashMap::with_capacity(self.links.len());
+            for (i, l) in self.links.iter().enumerate() {
+                into[l.to as usize].push(i as u32);
+                by_ends.insert((l.from, l.to), i as u32);
+            }
+            Adjacency { by_ends, into }
+        })
+    }
+
+    /// The automorphism of this network that takes rank `r`'s device to rank `image[r]`'s,
+    /// if there is one this finds: the other vertices are matched outward from the devices
+    /// (each to the first free neighbour of its neighbour's image whose links to every
+    /// vertex matched so far have equal counterparts), and the whole map is then checked
+    /// link by link. `None` when the ranks' images are not a permutation, when matching
+    /// gets stuck, or when the check fails (the map is then not an automorphism; a
+    /// network with one may still be missed where twins make the first free match wrong).
+    pub fn automorphism(&self, image: &[u32]) -> Option<Automorphism> {
+        const FREE: u32 = u32::MAX;
+        let nv = self.vertices.len();
+        if image.len() != self.rank_vertex.len() {
+            return None;
+        }
+        let adj = self.adjacency();
+        let mut vmap = vec![FREE; nv];
+        let mut used = vec![false; nv];
+        let mut queue = std::collections::VecDeque::new();
+        for (r, &v) in self.rank_vertex.iter().enumerate() {
+            let w = *self.rank_vertex.get(image[r] as usize)?;
+            if used[w as usize] || vmap[v as usize] != FREE {
+                return None;
+            }
+            vmap[v as usize] = w;
+            used[w as usize] = true;
+            queue.push_back(v);
+        }
+        let same_kind =
+            |v: u32, w: u32| match (self.vertices[v as usize], self.vertices[w as usize]) {
+                (VertexKind::Nic { bw: a }, VertexKind::Nic { bw: b }) => {
+                    a.to_bits() == b.to_bits()
+                }
+                (VertexKind::Switch, VertexKind::Switch) => true,
+                _ => false,
+            };
+        // Whether `w` can be `v`'s image: free, alike, and linked to the image of every
+        // matched neighbour of `v` as `v` is to it.
+        let fits = |vmap: &[u32], used: &[bool], v: u32, w: u32| -> bool {
+            if used[w as usize] || !same_kind(v, w) {
+                return false;
+            }
+            let out = self.out[v as usize].iter().map(|&li| {
+                let l = &self.links[li as usize];
+                (l, vmap[l.to as usize], true)
+            });
+            let inc = adj.into[v as usize].iter().map(|&li| {
+                let l = &self.links[li as usize];
+                (l, vmap[l.from as usize], false)
+            });
+            out.chain(inc).all(|(l, fx, outward)| {
+                if fx == FREE {
+                    return true;
+                }
+                let ends = if outward { (w, fx) } else { (fx, w) };
+                adj.by_ends
+                    .get(&ends)
+                    .is_some_and(|&m| same_link(l, &self.links[m as usize]))
+            })
+        };
+        while let Some(u) = queue.pop_front() {
+            let fu = vmap[u as usize];
+            let neighbours = self.out[u as usize]
+                .iter()
+                .map(|&li| self.links[li as usize].to)
+                .chain(
+                    adj.into[u as usize]
+                        .iter()
+                        .map(|&li| self.links[li as usize].from),
+                );
+            for v in neighbours {
+                if vmap[v as usize] != FREE {
+                    continue;
+                }
+                let candidates = self.out[fu as usize]
+                    .iter()
+                    .map(|&li| self.links[li as usize].to)
+                    .chain(
+                        adj.into[fu as usize]
+                            .iter()
+                            .map(|&li| self.links[li as usize].from),
+                    );
+                let mut found = FREE;
+                for w in candidates {
+                    if fits(&vmap, &used, v, w) {
+                        found = w;
+                        break;
+                    }
+                }
+                if found == FREE {
+                    return None;
+                }
+                vmap[v as usize] = found;
+                used[found as usize] = true;
+                queue.push_back(v);
+            }
+        }
+        if vmap.contains(&FREE) {
+            return None;
+        }
+        let mut resource = vec![FREE; self.capacity.len()];
+        for (i, l) in self.links.iter().enumerate() {
+            let m = *adj
+                .by_ends
+                .get(&(vmap[l.from as usize], vmap[l.to as usize]))?;
+            if !same_link(l, &self.links[m as usize]) {
+                return None;
+            }
+            resource[i] = m;
+        }
+        for v in 0..nv {
+            let w = vmap[v] as usize;
+            if let VertexKind::Device { .. } = self.vertices[v] {
+                continue; // matched by rank above
+            }
+            if !same_kind(v as u32, w as u32) {
+                return None;
+            }
+            for dir in [&self.nic_tx, &self.nic_rx] {
+                match (dir[v], dir[w]) {
+                    (Some(a), Some(b)) => resource[a as usize] = b,
+                    (None, None) => {}
+                    _ => return None,
+                }
+            }
+        }
+        // Links are matched injectively (distinct ends), NIC directions by vertex: a
+        // permutation exactly when nothing was left out.
+        if resource.contains(&FREE) {
+            return None;
+        }
+        Some(Automorphism {
+            vertex: vmap,
+            resource,
+        })
     }
 
     /// The AllToAll flow rate of this network (GB/s per ordered rank pair; see
@@ -500,8 +715,28 @@ impl Network {
         if through_devices {
             self.shortest_routes_through_devices(src, dsts)
         } else {
-            SCRATCH.with(|scratch| self.switched_routes(&mut scratch.borrow_mut(), src, dsts))
+            SCRATCH.with(|scratch| {
+                self.switched_routes(&mut scratch.borrow_mut(), src, dsts)
+                    .into_iter()
+                    .map(|found| found.map(|(route, _)| route))
+                    .collect()
+            })
         }
+    }
+
+    /// The routes [`Network::shortest_routes`] gives `src` to each of `dsts`, when each is
+    /// the only best path there is through switches and NICs (no vertex on it was reached
+    /// by two links with the same label, so the search's order of relaxing links decided
+    /// nothing); `None` otherwise. A unique route's image under an [`Automorphism`] is the
+    /// unique route between the images of its ends (the search sees the same labels there),
+    /// which is what lets [`Automorphism::map_route`] stand for a search.
+    pub fn unique_routes(&self, src: u32, dsts: &[u32]) -> Option<Vec<Route>> {
+        SCRATCH.with(|scratch| {
+            self.switched_routes(&mut scratch.borrow_mut(), src, dsts)
+                .into_iter()
+                .map(|found| found.and_then(|(route, unique)| unique.then_some(route)))
+                .collect()
+        })
     }
 
     /// [`Network::shortest_routes`] through switches and NICs only: the same search, but
@@ -512,7 +747,15 @@ impl Network {
     /// per thread and reset by epoch, not cleared. The routes are exactly those of the full
     /// search (tested), at about half the work on clusters, where devices are half the
     /// vertices.
-    fn switched_routes(&self, sc: &mut Scratch, src: u32, dsts: &[u32]) -> Vec<Option<Route>> {
+    ///
+    /// Each route comes with whether it was the search's only best path (see
+    /// [`Network::unique_routes`]).
+    fn switched_routes(
+        &self,
+        sc: &mut Scratch,
+        src: u32,
+        dsts: &[u32],
+    ) -> Vec<Option<(Route, bool)>> {
         let nv = self.vertices.len();
         sc.reset(nv);
         let epoch = sc.epoch;
@@ -568,19 +811,26 @@ impl Network {
                 if sc.done[t] == epoch {
                     continue;
                 }
-                if sc.get(t).is_none_or(|b| next.better(&b)) {
-                    sc.set(t, next, li);
-                    let item = HeapItem {
-                        label: next,
-                        vertex: l.to,
-                    };
-                    if matches!(self.vertices[t], VertexKind::Device { .. }) {
-                        if sc.target[t] == epoch {
-                            sc.reached.push(item);
+                match sc.get(t) {
+                    Some(b) if !next.better(&b) => {
+                        if same_label(&next, &b) {
+                            sc.tied[t] = epoch;
                         }
-                    } else {
-                        sc.heap.push(item);
+                        continue;
                     }
+                    _ => {}
+                }
+                sc.set(t, next, li);
+                let item = HeapItem {
+                    label: next,
+                    vertex: l.to,
+                };
+                if matches!(self.vertices[t], VertexKind::Device { .. }) {
+                    if sc.target[t] == epoch {
+                        sc.reached.push(item);
+                    }
+                } else {
+                    sc.heap.push(item);
                 }
             }
         }
@@ -590,7 +840,8 @@ impl Network {
             .map(|&d| {
                 let v = self.rank_vertex[d as usize];
                 sc.get(v as usize)?;
-                Some(self.route_along(start, v, |x| sc.pred[x as usize]))
+                let route = self.route_along(start, v, |x| sc.pred[x as usize]);
+                Some((route, sc.unique(start, v, &self.links)))
             })
             .collect();
         sc.heap.clear();

@@ -401,39 +401,12 @@ impl Simulator {
         if let Some(hit) = self.symmetric_cache.get(&key) {
             return Ok(hit);
         }
-        let n = self.network.nranks();
-        let mut translated = Vec::with_capacity(class_peer.len() * n as usize);
-        for &peer in class_peer {
-            for pos in 0..n as usize {
-                let (Some(t), Some(from)) = (table.translation(pos), table.rank_at(pos)) else {
-                    return Err(CostError::BadSymmetry(format!("no grid position {pos}")));
-                };
-                translated.push((from, t.rank(peer)));
-            }
-        }
-        let routes = self.network.routes_uncached(&translated)?;
+        let (class_resources, equivariant) =
+            match self.class_resources_by_symmetry(s, table, r0, class_peer) {
+                Some(found) => (found, self.uniform_memory(r0)),
+                None => self.class_resources_searched(s, table, r0, class_peer)?,
+            };
         let nres = self.network.capacity.len();
-        let equivariant = self.equivariant(s, table, r0, &translated, &routes);
-        let mut mult = vec![0u32; nres];
-        let mut touched: Vec<u32> = Vec::new();
-        let mut class_resources = Vec::with_capacity(class_peer.len());
-        for class_routes in routes.chunks(n as usize) {
-            for route in class_routes {
-                for &r in &route.resources {
-                    if mult[r as usize] == 0 {
-                        touched.push(r);
-                    }
-                    mult[r as usize] += 1;
-                }
-            }
-            touched.sort_unstable();
-            class_resources.push(
-                touched
-                    .drain(..)
-                    .map(|r| (r, std::mem::take(&mut mult[r as usize])))
-                    .collect::<Vec<_>>(),
-            );
-        }
         // Constraint rows: resources with equal capacity and multiplicities are one.
         let mut res_classes: Vec<Vec<(u32, u32)>> = vec![Vec::new(); nres];
         for (c, list) in class_resources.iter().enumerate() {
@@ -473,6 +446,131 @@ impl Simulator {
         Ok(out)
     }
 
+    /// Per template peer (of `class_peer`), the resources the routes of its translates
+    /// cross with their multiplicities, every translate routed by a search; and whether
+    /// the translations are symmetries of those routes ([`Simulator::equivariant`]).
+    fn class_resources_searched(
+        &self,
+        s: &SymmetricSchedule,
+        table: &SymmetryTable,
+        r0: u32,
+        class_peer: &[u32],
+    ) -> Result<(Vec<Vec<(u32, u32)>>, bool), CostError> {
+        let n = self.network.nranks();
+        let mut translated = Vec::with_capacity(class_peer.len() * n as usize);
+        for &peer in class_peer {
+            for pos in 0..n as usize {
+                let (Some(t), Some(from)) = (table.translation(pos), table.rank_at(pos)) else {
+                    return Err(CostError::BadSymmetry(format!("no grid position {pos}")));
+                };
+                translated.push((from, t.rank(peer)));
+            }
+        }
+        let routes = self.network.routes_uncached(&translated)?;
+        let nres = self.network.capacity.len();
+        let equivariant = self.equivariant(s, table, r0, &translated, &routes);
+        let mut mult = vec![0u32; nres];
+        let mut touched: Vec<u32> = Vec::new();
+        let mut class_resources = Vec::with_capacity(class_peer.len());
+        for class_routes in routes.chunks(n as usize) {
+            for route in class_routes {
+                for &r in &route.resources {
+                    if mult[r as usize] == 0 {
+                        touched.push(r);
+                    }
+                    mult[r as usize] += 1;
+                }
+            }
+            touched.sort_unstable();
+            class_resources.push(
+                touched
+                    .drain(..)
+                    .map(|r| (r, std::mem::take(&mut mult[r as usize])))
+                    .collect::<Vec<_>>(),
+            );
+        }
+        Ok((class_resources, equivariant))
+    }
+
+    /// [`Simulator::class_resources_searched`] without the searches, when the network's
+    /// automorphisms carry the routes: each generator of the translation group extends to
+    /// an [`Automorphism`](super::network::Automorphism) of the network, and the template's
+    /// routes are each the only best path ([`super::Network::unique_routes`]). A translate's
+    /// route is then its predecessor's mapped by one generator's automorphism (exactly the
+    /// route a search finds), and the translations are symmetries of the routes. `None`
+    /// when any of that fails: the caller searches every translate.
+    fn class_resources_by_symmetry(
+        &self,
+        s: &SymmetricSchedule,
+        table: &SymmetryTable,
+        r0: u32,
+        class_peer: &[u32],
+    ) -> Option<Vec<Vec<(u32, u32)>>> {
+        let net = &self.network;
+        let n = s.nranks as usize;
+        let (generators, steps) = generators(&s.symmetry, n)?;
+        let autos = generators
+            .iter()
+            .map(|&g| {
+                let t = table.translation(g)?;
+                let image: Vec<u32> = (0..n as u32).map(|r| t.rank(r)).collect();
+                net.automorphism(&image)
+            })
+            .collect::<Option<Vec<_>>>()?;
+        let base = net.unique_routes(r0, class_peer)?;
+        // Every translate's ends are its predecessor's moved by the generator.
+        let translations = (0..n)
+            .map(|pos| table.translation(pos))
+            .collect::<Option<Vec<_>>>()?;
+        for (pos, &(pred, gi)) in steps.iter().enumerate().skip(1) {
+            let g = &translations[generators[gi]];
+            let (now, before) = (&translations[pos], &translations[pred]);
+            if table.rank_at(pos) != Some(now.rank(r0)) {
+                return None;
+            }
+            for &x in std::iter::once(&r0).chain(class_peer) {
+                if now.rank(x) != g.rank(before.rank(x)) {
+                    return None;
+                }
+            }
+        }
+        let mut mult = vec![0u32; net.capacity.len()];
+        let mut touched: Vec<u32> = Vec::new();
+        let mut class_resources = Vec::with_capacity(class_peer.len());
+        let mut at: Vec<u32> = Vec::new();
+        for route in &base {
+            let len = route.resources.len();
+            at.clear();
+            at.extend_from_slice(&route.resources);
+            for &(pred, gi) in steps.iter().skip(1) {
+                for k in 0..len {
+                    let r = autos[gi].resource(at[pred * len + k]);
+                    at.push(r);
+                }
+            }
+            for &r in &at {
+                if mult[r as usize] == 0 {
+                    touched.push(r);
+                }
+                mult[r as usize] += 1;
+            }
+            touched.sort_unstable();
+            class_resources.push(
+                touched
+                    .drain(..)
+                    .map(|r| (r, std::mem::take(&mut mult[r as usize])))
+                    .collect::<Vec<_>>(),
+            );
+        }
+        Some(class_resources)
+    }
+
+    /// Whether every rank has `r0`'s memory bandwidth.
+    fn uniform_memory(&self, r0: u32) -> bool {
+        let bw = &self.network.mem_bw;
+        bw.iter().all(|b| b.to_bits() == bw[r0 as usize].to_bits())
+    }
+
     /// Whether the translations are symmetries of what the full run sees (see
     /// [`PreparedSymmetric::is_equivariant`]): for each generator `g` of the translation group
     /// (a unit step of every cyclic dimension, every bit of every XOR one), the routes of the
@@ -500,19 +598,9 @@ impl Simulator {
         // rank `a` at position `pos` sits at `class × n + pos`, and its translate by `g` at
         // the position of `T_g a` in the same class.
         let n = s.nranks as usize;
-        let mut generators = Vec::new();
-        let mut stride = 1usize;
-        for (&d, &action) in s.symmetry.dims.iter().zip(&s.symmetry.actions).rev() {
-            let d = d as usize;
-            match action {
-                Action::Cyclic if d > 1 => generators.push(stride),
-                Action::Cyclic => {}
-                Action::Xor => {
-                    generators.extend((0..d.trailing_zeros()).map(|bit| (1usize << bit) * stride))
-                }
-            }
-            stride = stride.saturating_mul(d);
-        }
+        let Some((generators, _)) = generators(&s.symmetry, n) else {
+            return false;
+        };
         let nres = net.capacity.len();
         let mut image = vec![NONE; nres];
         let mut preimage = vec![NONE; nres];
@@ -586,6 +674,50 @@ impl Simulator {
             Form::Template(t) => run_template(self, t, p.nranks, bytes, protocol),
         }
     }
+}
+
+/// The generators of a symmetry's translation group as grid positions (a unit step of
+/// every cyclic dimension, every bit of every XOR one), and for every position `pos > 0` a
+/// predecessor `pred < pos` and the index `g` of a generator with `T_pos = T_g ∘ T_pred`
+/// (the least significant coordinate that is not zero, stepped back by one or by its lowest
+/// bit; entry 0 is unused). `None` when the grid does not hold `n` positions.
+fn generators(sym: &hccl_ir::Symmetry, n: usize) -> Option<(Vec<usize>, Vec<(usize, usize)>)> {
+    let mut gens = Vec::new();
+    // Per dimension, least significant first: stride, size, action, its first generator.
+    let mut layout = Vec::new();
+    let mut stride = 1usize;
+    for (&d, &action) in sym.dims.iter().zip(&sym.actions).rev() {
+        let d = d as usize;
+        let first = gens.len();
+        match action {
+            Action::Cyclic if d > 1 => gens.push(stride),
+            Action::Cyclic => {}
+            Action::Xor if d.is_power_of_two() => {
+                gens.extend((0..d.trailing_zeros()).map(|bit| (1usize << bit) * stride))
+            }
+            Action::Xor => return None,
+        }
+        layout.push((stride, d, action, first));
+        stride = stride.checked_mul(d)?;
+    }
+    if stride != n {
+        return None;
+    }
+    let mut steps = vec![(0, 0); n];
+    for (pos, step) in steps.iter_mut().enumerate().skip(1) {
+        let &(stride, d, action, first) = layout
+            .iter()
+            .find(|&&(stride, d, _, _)| (pos / stride) % d != 0)?;
+        let k = (pos / stride) % d;
+        *step = match action {
+            Action::Cyclic => (pos - stride, first),
+            Action::Xor => {
+                let bit = k.trailing_zeros() as usize;
+                (pos - (1 << bit) * stride, first + bit)
+            }
+        };
+    }
+    Some((gens, steps))
 }
 
 /// Weighted max-min fair rates of a template's flows (every translate of a flow at its
@@ -807,5 +939,116 @@ impl<'a> ClassRates<'a> {
             let finish = st.now + self.remaining[fi] / new;
             st.push(finish, EventKind::FlowDone(f, self.version[fi]));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::{CostModel, Network};
+    use crate::families::families_for;
+    use crate::search::collective_of;
+    use crate::synth::SynthLevel;
+    use hccl_ir::CollectiveKind;
+    use hccl_topologies::{Topology, generate};
+
+    fn machines() -> Vec<(&'static str, Topology)> {
+        let shipped = |name| hccl_topologies::shipped_by_name(name).expect("shipped machine");
+        let build = |spec, name| hccl_topologies::build(spec, name).expect("generated machine");
+        let text = hccl_topologies::shipped_text("dgx-h100").expect("dgx-h100 is shipped");
+        let dgx = hccl_topologies::parse_spec(text, "dgx-h100").expect("shipped spec parses");
+        vec![
+            ("dgx1-v100", shipped("dgx1-v100")),
+            ("dgx-h100", shipped("dgx-h100")),
+            ("ring-8", build(generate::ring(8, 25.0, 0.7), "ring-8")),
+            ("torus-4x4", build(generate::torus(&[4, 4], 25.0, 0.7), "t")),
+            ("cluster-4", build(generate::cluster(4, &dgx), "cluster-4")),
+        ]
+    }
+
+    /// Routing translates through the network's automorphisms gives exactly the
+    /// multiplicities that searching every translate gives, for every symmetric candidate
+    /// of the hand-written families on five machines, and it is taken where the machines
+    /// allow it (the cluster of DGX H100 and the torus), so the searches it saves on
+    /// thousands of ranks are not traded for different routes.
+    #[test]
+    fn routes_carried_by_automorphisms_are_the_searched_ones() {
+        let mut carried: Vec<&str> = Vec::new();
+        let mut searched = 0;
+        for (machine, topo) in machines() {
+            let sim = Simulator::new(Network::new(&topo), CostModel::for_topology(&topo));
+            for family in families_for(SynthLevel::Off) {
+                for kind in [CollectiveKind::AllReduce, CollectiveKind::AllGather] {
+                    if !family.supports(kind) {
+                        continue;
+                    }
+                    let collective = collective_of(kind);
+                    for params in family.param_space(&topo, collective) {
+                        for c in family.generate(&topo, collective, params) {
+                            let Some(compact) =
+                                c.symmetry.as_ref().and_then(|s| c.schedule.compress(s))
+                            else {
+                                continue;
+                            };
+                            let what = format!("{} {kind} {params:?} on {machine}", c.algorithm);
+                            let table = compact.table().expect("symmetry table");
+                            let r0 = table.rank_at(0).expect("position 0");
+                            let mut peers: Vec<u32> = compact
+                                .template
+                                .streams
+                                .iter()
+                                .flat_map(|s| &s.steps)
+                                .filter_map(|st| st.op.send_peer())
+                                .collect();
+                            peers.sort_unstable();
+                            peers.dedup();
+                            let (slow, equivariant) = sim
+                                .class_resources_searched(&compact, &table, r0, &peers)
+                                .expect("every translate routes");
+                            match sim.class_resources_by_symmetry(&compact, &table, r0, &peers) {
+                                Some(fast) => {
+                                    assert_eq!(fast, slow, "{what}");
+                                    assert!(equivariant, "{what}");
+                                    if !carried.contains(&machine) {
+                                        carried.push(machine);
+                                    }
+                                }
+                                None => searched += 1,
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        println!("carried by automorphisms on {carried:?}; {searched} candidates searched");
+        for machine in ["cluster-4", "torus-4x4", "dgx-h100"] {
+            assert!(carried.contains(&machine), "never carried on {machine}");
+        }
+    }
+
+    #[test]
+    fn every_position_steps_back_by_one_generator() {
+        let sym = hccl_ir::Symmetry {
+            dims: vec![3, 4],
+            actions: vec![Action::Cyclic, Action::Xor],
+            ranks: (0..12).collect(),
+            chunks: None,
+        };
+        let (gens, steps) = generators(&sym, 12).expect("a 3 × 4 grid");
+        // The XOR dimension (stride 1) has bits 1 and 2; the cyclic one a unit step of 4.
+        assert_eq!(gens, vec![1, 2, 4]);
+        assert_eq!(steps[1], (0, 0));
+        assert_eq!(steps[3], (2, 0));
+        assert_eq!(steps[2], (0, 1));
+        assert_eq!(steps[4], (0, 2));
+        assert_eq!(steps[11], (10, 0));
+        assert!(
+            steps
+                .iter()
+                .skip(1)
+                .enumerate()
+                .all(|(i, &(p, _))| p < i + 1)
+        );
+        assert!(generators(&sym, 24).is_none());
     }
 }
