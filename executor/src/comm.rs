@@ -899,6 +899,36 @@ impl Communicator {
         })
     }
 
+    /// The entry an AllToAllv whose ranks send `bytes` on average would replay, as this
+    /// rank sees the plan (see [`crate::alltoallv`]): the nearest entry it can replay block
+    /// by block, else the AllToAll entry for `bytes`, whose algorithm is then marked
+    /// `(padded)`.
+    pub fn all_to_all_v_entry(&self, bytes: u64) -> Option<EntryInfo> {
+        let st = self.state.as_ref()?;
+        let n = self.shared.world;
+        let direct = |i: usize| crate::alltoallv::blockwise(&st.entries[i], self.rank, n);
+        let (i, padded) =
+            match lookup_where(&st.entries, Collective::AllToAll, bytes, false, direct) {
+                Some(i) => (i, false),
+                None => (
+                    lookup(&st.entries, Collective::AllToAll, bytes, false)?,
+                    true,
+                ),
+            };
+        let e = &st.entries[i];
+        Some(EntryInfo {
+            index: e.index,
+            algorithm: if padded {
+                format!("{} (padded)", e.algorithm)
+            } else {
+                e.algorithm.clone()
+            },
+            protocol: e.protocol,
+            chunks: e.chunks,
+            in_place: e.in_place,
+        })
+    }
+
     /// Marks the communicator failed and tells the other ranks.
     pub fn abort(&mut self) {
         self.abort_handle().abort();

@@ -3,7 +3,7 @@
 //! ```text
 //! hccl-perf -b 8 -e 256M -f 4 -g 8 -c allreduce -d float -o sum --backend threads|process
 //!           [--plan PLAN|ALGO.xml] [-n ITERS] [-w WARMUP] [-T SECONDS] [--check] [--json]
-//!           [--no-bind]
+//!           [--no-bind] [--counts uniform|skewed] [--seed N]
 //! ```
 //!
 //! With `-T` the iteration count is calibrated as `mpi_coll_bench` does it: rounds of
@@ -12,7 +12,9 @@
 //! `--no-bind` is given.
 //!
 //! Sizes follow nccl-tests: AllReduce, Broadcast, Reduce: the buffer; AllGather: the whole
-//! output; ReduceScatter: the whole input; AllToAll: what one rank sends. Each row shows the
+//! output; ReduceScatter: the whole input; AllToAll: what one rank sends; AllToAllv
+//! (`-c alltoallv`): what a rank sends on average (the counts of all ranks summed, over the
+//! ranks), its blocks drawn by `--counts` (see [`Counts`]). Each row shows the
 //! measured time (mean over ranks of each rank's average per call), algbw, busbw, the number
 //! of wrong elements (with `--check`) and the plan's predicted time, so the cost model's error
 //! on this machine is visible.
@@ -42,6 +44,130 @@ use std::process::ExitCode;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
+/// How AllToAllv's block sizes are drawn (`per`: the size over the ranks, in elements).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Counts {
+    /// Rank `s`'s block for rank `d`: empty one time in eight, else uniform in
+    /// `[0, 16·per/7]` (hashed from the seed, `s` and `d`).
+    Uniform,
+    /// Every rank sends rank 0 `n` shares, the last rank (of 3 or more) none, the others
+    /// one share each, the shares summing to `n·per`.
+    Skewed,
+}
+
+fn mix(mut h: u64) -> u64 {
+    h ^= h >> 31;
+    h = h.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    h ^= h >> 29;
+    h = h.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    h ^ (h >> 32)
+}
+
+/// `m[s][d]`: the elements rank `s` sends rank `d`.
+fn count_matrix(counts: Counts, seed: u64, n: u32, per: usize) -> Vec<Vec<usize>> {
+    let n = n as usize;
+    (0..n)
+        .map(|s| {
+            (0..n)
+                .map(|d| match counts {
+                    Counts::Uniform => {
+                        let h = mix(seed ^ mix(((s as u64) << 32) | d as u64));
+                        if h.is_multiple_of(8) {
+                            0
+                        } else {
+                            let hi = (16 * per as u64).div_ceil(7);
+                            ((h >> 3) % (hi + 1)) as usize
+                        }
+                    }
+                    Counts::Skewed => {
+                        let weight = |d: usize| match d {
+                            0 => n,
+                            _ if d == n - 1 && n > 2 => 0,
+                            _ => 1,
+                        };
+                        let total: usize = (0..n).map(weight).sum();
+                        per * n * weight(d) / total.max(1)
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// AllToAllv test data: rank `s`'s element `i` of its block for rank `d`, from 1 to 100
+/// (exact in every type), so a block landing at the wrong place or shifted is caught.
+fn vvalue<T: Element>(s: usize, d: usize, i: usize) -> T {
+    T::from_i64(1 + (mix(((s as u64) << 48) ^ ((d as u64) << 32) ^ i as u64) % 100) as i64)
+}
+
+/// One rank's AllToAllv buffers: counts and packed displacements on both sides.
+struct VBuffers<T> {
+    input: Vec<T>,
+    output: Vec<T>,
+    send: Vec<usize>,
+    sdispl: Vec<usize>,
+    recv: Vec<usize>,
+    rdispl: Vec<usize>,
+}
+
+fn packed(counts: &[usize]) -> (Vec<usize>, usize) {
+    let mut at = 0;
+    let displs = counts
+        .iter()
+        .map(|&c| {
+            at += c;
+            at - c
+        })
+        .collect();
+    (displs, at)
+}
+
+impl<T: Element> VBuffers<T> {
+    fn new(m: &[Vec<usize>], rank: u32) -> VBuffers<T> {
+        let r = rank as usize;
+        let send = m[r].clone();
+        let recv: Vec<usize> = m.iter().map(|row| row[r]).collect();
+        let (sdispl, slen) = packed(&send);
+        let (rdispl, rlen) = packed(&recv);
+        let mut input = Vec::with_capacity(slen);
+        for (d, &c) in send.iter().enumerate() {
+            input.extend((0..c).map(|i| vvalue::<T>(r, d, i)));
+        }
+        VBuffers {
+            input,
+            output: vec![T::default(); rlen],
+            send,
+            sdispl,
+            recv,
+            rdispl,
+        }
+    }
+
+    fn call(&mut self, comm: &mut Communicator) -> Result<(), ExecError> {
+        comm.all_to_all_v(
+            &self.input,
+            &self.send,
+            &self.sdispl,
+            &mut self.output,
+            &self.recv,
+            &self.rdispl,
+        )
+    }
+
+    fn count_wrong(&self, rank: u32) -> u64 {
+        let mut wrong = 0;
+        for (s, &c) in self.recv.iter().enumerate() {
+            for i in 0..c {
+                let want = vvalue::<T>(s, rank as usize, i);
+                if self.output[self.rdispl[s] + i].to_f64().to_bits() != want.to_f64().to_bits() {
+                    wrong += 1;
+                }
+            }
+        }
+        wrong
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Backend {
     /// All ranks as threads of this process.
@@ -69,9 +195,18 @@ struct Args {
     /// Ranks (threads, or processes started by hccl-perf).
     #[arg(short = 'g', long = "ranks", default_value_t = 2)]
     ranks: u32,
-    /// Collective: allreduce, allgather, reducescatter, broadcast, reduce, alltoall.
+    /// Collective: allreduce, allgather, reducescatter, broadcast, reduce, alltoall,
+    /// alltoallv.
     #[arg(short = 'c', long = "collective", default_value = "allreduce")]
     collective: String,
+    /// AllToAllv's block sizes: uniform (random, about one block in eight empty, a rank's
+    /// blocks summing to the size on average) or skewed (rank 0 receives n times as much as
+    /// an ordinary rank, the last of 3 or more ranks nothing).
+    #[arg(long, value_enum, default_value = "uniform")]
+    counts: Counts,
+    /// Seed of `--counts uniform`.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
     /// Data type (nccl-tests names: float, half, bfloat16, double, int8, uint8, int32, uint32,
     /// int64, uint64).
     #[arg(short = 'd', long = "datatype", default_value = "float")]
@@ -479,6 +614,8 @@ struct Row {
 /// Everything a rank needs to run the sweep.
 struct Sweep {
     coll: Collective,
+    /// An AllToAllv (`coll` is AllToAll) of these counts.
+    vary: Option<Counts>,
     op: ReduceOp,
     dtype: DataType,
     sizes: Vec<u64>,
@@ -500,11 +637,24 @@ fn sweep<T: Element>(
         output: Vec::new(),
     };
     let in_place = sw.args.in_place;
+    let mut v: Option<VBuffers<T>> = None;
     for &nominal in &sw.sizes {
-        let s = shape(sw.coll.kind(), nominal, sw.dtype.size(), sw.n);
-        fill(&mut b, sw.coll, sw.op, rank, &s, in_place);
+        let mut s = shape(sw.coll.kind(), nominal, sw.dtype.size(), sw.n);
+        if let Some(counts) = sw.vary {
+            let m = count_matrix(counts, sw.args.seed, sw.n, s.count / sw.n as usize);
+            let total: usize = m.iter().flatten().sum();
+            s.count = total / sw.n as usize;
+            s.bytes = (s.count * sw.dtype.size()) as u64;
+            v = Some(VBuffers::new(&m, rank));
+        } else {
+            fill(&mut b, sw.coll, sw.op, rank, &s, in_place);
+        }
+        let mut once = |comm: &mut Communicator, b: &mut RankBuffers<T>| match &mut v {
+            Some(v) => v.call(comm),
+            None => call(comm, sw.coll, sw.op, b, in_place),
+        };
         for _ in 0..sw.args.warmup {
-            call(comm, sw.coll, sw.op, &mut b, in_place)?;
+            once(comm, &mut b)?;
         }
         // Iteration count: fixed, or calibrated to the time budget (agreed on by all ranks).
         let iters = match sw.args.target {
@@ -518,7 +668,7 @@ fn sweep<T: Element>(
                     sync.combine(comm, 0.0)?;
                     let start = Instant::now();
                     for _ in 0..probe {
-                        call(comm, sw.coll, sw.op, &mut b, in_place)?;
+                        once(comm, &mut b)?;
                     }
                     let (_, slowest) = sync.combine(comm, start.elapsed().as_secs_f64())?;
                     if slowest >= target / 10.0 || probe >= 1 << 24 {
@@ -534,14 +684,23 @@ fn sweep<T: Element>(
         sync.combine(comm, 0.0)?;
         let start = Instant::now();
         for _ in 0..iters {
-            call(comm, sw.coll, sw.op, &mut b, in_place)?;
+            once(comm, &mut b)?;
         }
         let mine = start.elapsed().as_secs_f64() / iters as f64;
         let (sum, max) = sync.combine(comm, mine)?;
         let wrong = if sw.args.check {
-            fill(&mut b, sw.coll, sw.op, rank, &s, in_place);
-            call(comm, sw.coll, sw.op, &mut b, in_place)?;
-            let local = count_wrong(&b, sw.coll, sw.op, sw.n, rank, &s, in_place);
+            let local = match &mut v {
+                Some(v) => {
+                    v.output.fill(T::default());
+                    v.call(comm)?;
+                    v.count_wrong(rank)
+                }
+                None => {
+                    fill(&mut b, sw.coll, sw.op, rank, &s, in_place);
+                    call(comm, sw.coll, sw.op, &mut b, in_place)?;
+                    count_wrong(&b, sw.coll, sw.op, sw.n, rank, &s, in_place)
+                }
+            };
             let (total, _) = sync.combine(comm, local as f64)?;
             Some(total as u64)
         } else {
@@ -553,7 +712,11 @@ fn sweep<T: Element>(
             time_us: sum / f64::from(sw.n) * 1e6,
             time_max_us: max * 1e6,
             wrong,
-            entry: comm.entry_for(sw.coll, s.bytes, in_place),
+            entry: if sw.vary.is_some() {
+                comm.all_to_all_v_entry(s.bytes)
+            } else {
+                comm.entry_for(sw.coll, s.bytes, in_place)
+            },
         };
         on_row(&row);
         rows.push(row);
@@ -606,6 +769,8 @@ struct Printer {
     plan_file: Option<PathBuf>,
     plan: PlanFile,
     sw_coll: Collective,
+    /// What the header and the JSON call the collective (`alltoallv` for an AllToAllv).
+    name: String,
     dtype: DataType,
     op: ReduceOp,
     n: u32,
@@ -651,7 +816,7 @@ impl Printer {
         }
         println!(
             "# hccl-perf: {} {} ranks, {} {}, {}, plan: {label}",
-            self.sw_coll,
+            self.name,
             self.n,
             self.dtype.name(),
             if self.sw_coll.kind().reduces() {
@@ -882,10 +1047,34 @@ fn forced_algo(args: &Args) -> Option<String> {
     })
 }
 
+/// Whether the collective is AllToAllv.
+fn is_v(args: &Args) -> bool {
+    args.collective.eq_ignore_ascii_case("alltoallv")
+}
+
+/// The collective's name in the header and the JSON.
+fn collective_name(args: &Args) -> String {
+    if is_v(args) {
+        return "alltoallv".into();
+    }
+    CollectiveKind::from_name(&args.collective)
+        .map_or_else(|| args.collective.clone(), |k| k.name().to_string())
+}
+
 fn parse_choice(args: &Args) -> Result<(Collective, DataType, ReduceOp), Failure> {
-    let kind = CollectiveKind::from_name(&args.collective).ok_or_else(|| {
+    if is_v(args) && args.in_place {
+        return Err(Failure::Usage(
+            "alltoallv runs out of place only (no --in-place)".into(),
+        ));
+    }
+    let name = if is_v(args) {
+        "alltoall"
+    } else {
+        args.collective.as_str()
+    };
+    let kind = CollectiveKind::from_name(name).ok_or_else(|| {
         Failure::Usage(format!(
-            "unknown collective `{}` (allreduce, allgather, reducescatter, broadcast, reduce, alltoall)",
+            "unknown collective `{}` (allreduce, allgather, reducescatter, broadcast, reduce, alltoall, alltoallv)",
             args.collective
         ))
     })?;
@@ -912,7 +1101,7 @@ fn finish(printer: Printer, label: &str, rows: &[Row]) -> Result<(), Failure> {
     let wrong: u64 = rows.iter().filter_map(|r| r.wrong).sum();
     if printer.json {
         let doc = serde_json::json!({
-            "collective": printer.sw_coll.kind().name(),
+            "collective": printer.name,
             "root": printer.sw_coll.root(),
             "ranks": printer.n,
             "plan": label,
@@ -962,6 +1151,7 @@ fn run_threads(args: &Args) -> Result<(), Failure> {
         .map_err(|e| Failure::Usage(e.to_string()))?;
     let sw = Arc::new(Sweep {
         coll,
+        vary: is_v(args).then_some(args.counts),
         op,
         dtype,
         sizes,
@@ -975,6 +1165,7 @@ fn run_threads(args: &Args) -> Result<(), Failure> {
         plan_file: user_plan_file(args),
         plan,
         sw_coll: coll,
+        name: collective_name(args),
         dtype,
         op,
         n,
@@ -1092,6 +1283,7 @@ fn run_process_rank(args: &Args) -> Result<(), Failure> {
         ProcessGroup::init_with(plan.clone(), rank, world, &Bootstrap::from_env(), config)?;
     let sw = Sweep {
         coll,
+        vary: is_v(args).then_some(args.counts),
         op,
         dtype,
         sizes,
@@ -1104,6 +1296,7 @@ fn run_process_rank(args: &Args) -> Result<(), Failure> {
         plan_file: user_plan_file(args),
         plan,
         sw_coll: coll,
+        name: collective_name(args),
         dtype,
         op,
         n: world,
