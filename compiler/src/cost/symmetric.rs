@@ -111,6 +111,13 @@ pub(super) struct ContentionCache {
     turn: std::sync::Mutex<()>,
 }
 
+/// Per template peer, the resources its translates' routes cross, with multiplicities.
+type ClassResources = Vec<Vec<(u32, u32)>>;
+
+/// A translation group's generators (grid positions) and each position's predecessor and
+/// generator (see [`generators`]).
+type Generators = (Vec<usize>, Vec<(usize, usize)>);
+
 /// A symmetry and a template's distinct peers.
 type ContentionKey = (hccl_ir::Symmetry, Vec<u32>);
 
@@ -455,7 +462,7 @@ impl Simulator {
         table: &SymmetryTable,
         r0: u32,
         class_peer: &[u32],
-    ) -> Result<(Vec<Vec<(u32, u32)>>, bool), CostError> {
+    ) -> Result<(ClassResources, bool), CostError> {
         let n = self.network.nranks();
         let mut translated = Vec::with_capacity(class_peer.len() * n as usize);
         for &peer in class_peer {
@@ -505,7 +512,7 @@ impl Simulator {
         table: &SymmetryTable,
         r0: u32,
         class_peer: &[u32],
-    ) -> Option<Vec<Vec<(u32, u32)>>> {
+    ) -> Option<ClassResources> {
         let net = &self.network;
         let n = s.nranks as usize;
         let (generators, steps) = generators(&s.symmetry, n)?;
@@ -681,7 +688,7 @@ impl Simulator {
 /// predecessor `pred < pos` and the index `g` of a generator with `T_pos = T_g ∘ T_pred`
 /// (the least significant coordinate that is not zero, stepped back by one or by its lowest
 /// bit; entry 0 is unused). `None` when the grid does not hold `n` positions.
-fn generators(sym: &hccl_ir::Symmetry, n: usize) -> Option<(Vec<usize>, Vec<(usize, usize)>)> {
+fn generators(sym: &hccl_ir::Symmetry, n: usize) -> Option<Generators> {
     let mut gens = Vec::new();
     // Per dimension, least significant first: stride, size, action, its first generator.
     let mut layout = Vec::new();
