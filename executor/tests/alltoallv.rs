@@ -304,3 +304,46 @@ fn bad_arguments_are_typed_errors_and_an_alltoall_is_not_an_alltoallv() {
         }
     });
 }
+
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Ranks, channels, parts per channel, slot bytes, protocol, counts, exchanged.
+    type Scenario = (u32, u32, u32, usize, Protocol, Vec<Vec<usize>>, bool);
+
+    fn scenario() -> impl Strategy<Value = Scenario> {
+        (1u32..=4, 1u32..=2, 1u32..=3).prop_flat_map(|(n, channels, parts)| {
+            let row = proptest::collection::vec(prop_oneof![Just(0usize), 0usize..60], n as usize);
+            (
+                Just(n),
+                Just(channels),
+                Just(parts),
+                prop_oneof![Just(64usize), Just(4096)],
+                prop_oneof![Just(Protocol::LL), Just(Protocol::Simple)],
+                proptest::collection::vec(row, n as usize),
+                any::<bool>(),
+            )
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+        /// Random counts (zeros often), schedule shapes, slot sizes (64-byte slots cut
+        /// blocks into many segments) and protocols: every element lands where it should.
+        #[test]
+        fn random_counts_match_the_reference(
+            (n, channels, parts, slot, proto, c, exchanged) in scenario()
+        ) {
+            let mut plan = fallback::plan_with(n, channels, parts);
+            for e in &mut plan.entries {
+                e.protocol = proto;
+            }
+            let comms =
+                ThreadGroup::with_config(plan, n, config().with_slot_bytes(slot)).unwrap();
+            let errors = run(comms, &[(c, exchanged)]);
+            prop_assert!(errors.is_empty(), "{:?}", errors);
+        }
+    }
+}

@@ -3,7 +3,7 @@
 //! ```text
 //! hccl-perf -b 8 -e 256M -f 4 -g 8 -c allreduce -d float -o sum --backend threads|process
 //!           [--plan PLAN|ALGO.xml] [-n ITERS] [-w WARMUP] [-T SECONDS] [--check] [--json]
-//!           [--no-bind] [--counts uniform|skewed] [--seed N]
+//!           [--no-bind] [--counts uniform|skewed|equal] [--seed N]
 //! ```
 //!
 //! With `-T` the iteration count is calibrated as `mpi_coll_bench` does it: rounds of
@@ -53,6 +53,8 @@ enum Counts {
     /// Every rank sends rank 0 `n` shares, the last rank (of 3 or more) none, the others
     /// one share each, the shares summing to `n·per`.
     Skewed,
+    /// Every block `per` elements: the AllToAll of the same size, through AllToAllv.
+    Equal,
 }
 
 fn mix(mut h: u64) -> u64 {
@@ -79,6 +81,7 @@ fn count_matrix(counts: Counts, seed: u64, n: u32, per: usize) -> Vec<Vec<usize>
                             ((h >> 3) % (hi + 1)) as usize
                         }
                     }
+                    Counts::Equal => per,
                     Counts::Skewed => {
                         let weight = |d: usize| match d {
                             0 => n,
@@ -200,8 +203,8 @@ struct Args {
     #[arg(short = 'c', long = "collective", default_value = "allreduce")]
     collective: String,
     /// AllToAllv's block sizes: uniform (random, about one block in eight empty, a rank's
-    /// blocks summing to the size on average) or skewed (rank 0 receives n times as much as
-    /// an ordinary rank, the last of 3 or more ranks nothing).
+    /// blocks summing to the size on average), skewed (rank 0 receives n times as much as
+    /// an ordinary rank, the last of 3 or more ranks nothing) or equal (AllToAll's blocks).
     #[arg(long, value_enum, default_value = "uniform")]
     counts: Counts,
     /// Seed of `--counts uniform`.
