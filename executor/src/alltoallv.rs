@@ -4,9 +4,9 @@
 //! # Rounds
 //!
 //! A call is two rounds on the plan's AllToAll entries, each under the call's own
-//! fingerprint (an AllToAllv is never mistaken for an AllToAll, see [`crate::calls`]):
+//! fingerprint (an AllToAllv is never mistaken for an AllToAll, see `calls.rs`):
 //!
-//! 1. **Count exchange**: an AllToAll of [`WORDS`] `u64` per peer. Rank `r` tells rank `p`
+//! 1. **Count exchange**: an AllToAll of six `u64` per peer. Rank `r` tells rank `p`
 //!    what it sends it, what it expects from it (none when the caller leaves the receive
 //!    counts to the exchange), its largest and total send count, its element type and which
 //!    AllToAll entries it can replay with blocks of their own sizes. So every rank learns
@@ -27,7 +27,7 @@
 //! block, with no scratch (pairwise and mesh schedules are). Chunk `j` of block `b`
 //! (`cpb` chunks per block) then covers `[d_b + j·c_b/cpb, d_b + (j+1)·c_b/cpb)` of the
 //! caller's buffer, `d_b` and `c_b` the block's displacement and count on that side
-//! ([`crate::engine::Geometry::var`]); the segments cut every block into the same number
+//! (`engine::Geometry::var`); the segments cut every block into the same number
 //! of pieces, enough for the largest block of the job to fit a slot. Sender and receiver
 //! compute a message's chunks from the same count, so they agree on its size.
 //!
@@ -346,8 +346,11 @@ pub(crate) unsafe fn move_blocks(
         // Every rank sees the same total: none of them moves anything.
         return Ok(());
     }
-    // The plain AllToAll with as many bytes per rank as the average rank sends.
-    let bytes = x.total.div_ceil(n).saturating_mul(es as u64);
+    // The entry is chosen for the AllToAll whose every block is as large as the job's
+    // largest: that block sets how many segments the call runs (and whether its messages
+    // fit LL slots), as it would for that AllToAll; the average would pick LL for calls
+    // whose largest block needs many LL segments.
+    let bytes = x.max.saturating_mul(n).saturating_mul(es as u64);
     let blockwise = |i: usize| i < 64 && x.blockwise >> i & 1 == 1;
     if let Some(ei) = lookup_where(&st.entries, Collective::AllToAll, bytes, false, blockwise) {
         // SAFETY: forwarded.

@@ -899,10 +899,10 @@ impl Communicator {
         })
     }
 
-    /// The entry an AllToAllv whose ranks send `bytes` on average would replay, as this
-    /// rank sees the plan (see [`crate::alltoallv`]): the nearest entry it can replay block
-    /// by block, else the AllToAll entry for `bytes`, whose algorithm is then marked
-    /// `(padded)`.
+    /// The entry an AllToAllv would replay, as this rank sees the plan (see
+    /// [`crate::alltoallv`]), `bytes` being `n` times its largest block (in bytes): the
+    /// nearest entry it can replay block by block, else the AllToAll entry for `bytes`, whose
+    /// algorithm is then marked `(padded)`.
     pub fn all_to_all_v_entry(&self, bytes: u64) -> Option<EntryInfo> {
         let st = self.state.as_ref()?;
         let n = self.shared.world;

@@ -643,9 +643,11 @@ fn sweep<T: Element>(
     let mut v: Option<VBuffers<T>> = None;
     for &nominal in &sw.sizes {
         let mut s = shape(sw.coll.kind(), nominal, sw.dtype.size(), sw.n);
+        let mut largest = 0;
         if let Some(counts) = sw.vary {
             let m = count_matrix(counts, sw.args.seed, sw.n, s.count / sw.n as usize);
             let total: usize = m.iter().flatten().sum();
+            largest = m.iter().flatten().copied().max().unwrap_or(0);
             s.count = total / sw.n as usize;
             s.bytes = (s.count * sw.dtype.size()) as u64;
             v = Some(VBuffers::new(&m, rank));
@@ -716,7 +718,7 @@ fn sweep<T: Element>(
             time_max_us: max * 1e6,
             wrong,
             entry: if sw.vary.is_some() {
-                comm.all_to_all_v_entry(s.bytes)
+                comm.all_to_all_v_entry((largest * sw.n as usize * sw.dtype.size()) as u64)
             } else {
                 comm.entry_for(sw.coll, s.bytes, in_place)
             },
