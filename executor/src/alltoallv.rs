@@ -1,5 +1,6 @@
 //! AllToAllv: AllToAll with a count and a displacement per peer on both sides
-//! (`MPI_Alltoallv`), on every backend, replayed from the plan's AllToAll schedules.
+//! (`MPI_Alltoallv`), on the threads and process backends (one host or many, TCP or RDMA),
+//! replayed from the plan's AllToAll schedules. The CUDA backend has no AllToAllv.
 //!
 //! # Rounds
 //!
@@ -29,7 +30,10 @@
 //! caller's buffer, `d_b` and `c_b` the block's displacement and count on that side
 //! (`engine::Geometry::var`); the segments cut every block into the same number
 //! of pieces, enough for the largest block of the job to fit a slot. Sender and receiver
-//! compute a message's chunks from the same count, so they agree on its size.
+//! compute a message's chunks from the same count, so they agree on its size. Of the
+//! entries every rank replays block by block, the call takes the one the plan has for an
+//! AllToAll whose blocks are all `G` elements (the largest block sets the segments and
+//! whether messages fit LL slots), or the nearest one.
 //!
 //! Entries that relay blocks through scratch or other ranks (bruck, two-phase,
 //! hierarchical, flow schedules) are replayed on blocks padded to `G` elements: the input
