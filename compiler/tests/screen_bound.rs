@@ -200,3 +200,46 @@ fn the_switched_search_finds_the_plain_searchs_routes() {
     }
     assert!(compared > 1000, "only {compared} routes compared");
 }
+
+/// Routes carried from one host's ranks to the others by the shift of every rank to the
+/// next host are the routes every rank's own search finds: every pair of ranks, on every
+/// machine; the shift is found on the clusters of identical boxes (and only used there).
+#[test]
+fn routes_carried_between_hosts_are_the_searched_ones() {
+    let h100 = hccl_topologies::parse_spec(
+        hccl_topologies::shipped_text("dgx-h100").expect("shipped"),
+        "dgx-h100",
+    )
+    .expect("parses");
+    let mut all_machines = machines();
+    all_machines.push((
+        "cluster-3x-dgx-h100",
+        hccl_topologies::build(generate::cluster(3, &h100), "cluster-3").expect("builds"),
+    ));
+    let mut shifted = Vec::new();
+    for (machine, topo) in all_machines {
+        let net = Network::new(&topo);
+        let n = net.nranks();
+        let pairs: Vec<(u32, u32)> = (0..n)
+            .flat_map(|a| (0..n).filter(move |&b| b != a).map(move |b| (a, b)))
+            .collect();
+        let carried = net.routes_uncached(&pairs).expect("every pair routes");
+        for (&(a, b), route) in pairs.iter().zip(&carried) {
+            let plain = net.reference_routes(a, &[b], false).remove(0);
+            let plain = plain.or_else(|| net.reference_routes(a, &[b], true).remove(0));
+            assert_eq!(Some(route), plain.as_ref(), "{machine}: {a} to {b}");
+        }
+        if net.shifts_routes() {
+            shifted.push(machine);
+        }
+    }
+    assert_eq!(
+        shifted,
+        [
+            "h100-cluster-2node",
+            "azure-ndv2-2node",
+            "cluster-4x-dgx-h100",
+            "cluster-3x-dgx-h100"
+        ]
+    );
+}
