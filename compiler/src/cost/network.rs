@@ -116,10 +116,13 @@ struct Shift {
     res_orbits: Vec<Vec<u32>>,
 }
 
+/// Every element's (orbit, position) and the orbits, as [`orbits`] finds them.
+type Orbits = (Vec<(u32, u32)>, Vec<Vec<u32>>);
+
 /// The orbits of the permutation `next` of `0..n`, and each element's (orbit, position):
 /// an orbit lists `x, next(x), next(next(x)), …` from its least element. `None` when `next`
 /// is not a permutation.
-fn orbits(n: usize, next: impl Fn(u32) -> u32) -> Option<(Vec<(u32, u32)>, Vec<Vec<u32>>)> {
+fn orbits(n: usize, next: impl Fn(u32) -> u32) -> Option<Orbits> {
     let mut at = vec![(u32::MAX, 0u32); n];
     let mut list: Vec<Vec<u32>> = Vec::new();
     for start in 0..n {
