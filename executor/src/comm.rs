@@ -2,7 +2,7 @@
 //! typed blocking and non-blocking collective calls.
 
 use crate::arena::Arena;
-use crate::config::Config;
+use crate::config::{Config, PlanOrigin, PlanSource};
 use crate::dtype::{Element, Kernels, ReduceOp};
 use crate::engine::{AlignedBuf, Bufs, Ctx, EngineState, Geometry, VarBlocks, raise_abort};
 use crate::error::{ExecError, Result};
@@ -24,6 +24,50 @@ pub(crate) struct Shared {
     pub check_pids: bool,
     /// See [`Ctx::spin_polls`].
     pub spin_polls: u32,
+    /// Where a shrink of this group looks for a plan ([`PlanSource::for_world`]).
+    pub origin: PlanSource,
+    /// Where the plan this group runs came from.
+    pub plan_origin: PlanOrigin,
+    /// How the survivors of this group meet to shrink it.
+    pub regroup: Regroup,
+}
+
+/// How the survivors of a group meet to build the group without its failed ranks
+/// ([`Communicator::shrink`]).
+pub(crate) enum Regroup {
+    /// Threads of one process: a meeting point every communicator of the group shares.
+    Threads(Arc<crate::threads::Meeting>),
+    /// Processes: a new rendezvous at the lowest survivor's address.
+    Process(crate::process::Rejoin),
+}
+
+/// The ranks of a `world`-rank group that survive `failed`, in increasing order (their new
+/// ranks are their positions), and `failed` sorted without repeats; `me` must survive.
+pub(crate) fn survivors(me: u32, world: u32, failed: &[u32]) -> Result<(Vec<u32>, Vec<u32>)> {
+    let mut failed = failed.to_vec();
+    failed.sort_unstable();
+    failed.dedup();
+    if let Some(bad) = failed.iter().find(|&&r| r >= world) {
+        return Err(ExecError::Invalid(format!(
+            "rank {me}: shrink: rank {bad} is not a rank of this {world}-rank communicator"
+        )));
+    }
+    if failed.contains(&me) {
+        return Err(ExecError::Invalid(format!(
+            "rank {me}: shrink: this rank is among the failed ranks {failed:?}; only survivors shrink"
+        )));
+    }
+    let alive = (0..world).filter(|r| !failed.contains(r)).collect();
+    Ok((alive, failed))
+}
+
+/// The source a shrunk group's own shrinks draw from: what loading its plan left (`rest`),
+/// or, when it runs the built-in plan, the source it was shrunk from (`from`).
+pub(crate) fn next_origin(rest: PlanSource, from: PlanSource) -> PlanSource {
+    match rest {
+        PlanSource::Builtin => from,
+        other => other,
+    }
 }
 
 /// Aborts a [`Communicator`] from another thread ([`Communicator::abort_handle`]): cheap to
@@ -927,6 +971,76 @@ impl Communicator {
             chunks: e.chunks,
             in_place: e.in_place,
         })
+    }
+
+    /// Where the plan this communicator runs came from: a plan file or directory, the
+    /// built-in plans, or a plan the program passed in memory.
+    pub fn plan_origin(&self) -> &PlanOrigin {
+        &self.shared.plan_origin
+    }
+
+    /// The communicator of the survivors when ranks `failed` are lost (NCCL's
+    /// `ncclCommShrink` with excluded ranks). Every survivor calls it with the same failed
+    /// ranks; their new ranks are their old ranks in increasing order, renumbered from 0.
+    ///
+    /// This communicator is aborted first (a survivor still blocked in a call returns) and
+    /// stays poisoned. The plan of the new world size comes from where this communicator's
+    /// plan came from when that has entries for it (a plan directory holding plans for
+    /// several world sizes, a plan file or an in-memory plan with such entries), else from
+    /// the built-in plans; one INFO line says which. It is checked, verified and agreed on
+    /// exactly as at init. The survivors meet within the configured timeout: a survivor that
+    /// does not come, or survivors that pass different failed ranks, make the others return
+    /// an error naming them. Threads of one process meet in memory; processes rendezvous
+    /// again at the lowest survivor's address, port `MASTER_PORT + k` for the `k`-th shrink
+    /// (see the README).
+    ///
+    /// `failed` may be empty: the same ranks then build a fresh group, e.g. after an abort.
+    pub fn shrink(&mut self, failed: &[u32]) -> Result<Communicator> {
+        let source = self.shared.origin.clone();
+        self.shrink_with(failed, source)
+    }
+
+    /// [`Communicator::shrink`] with the new plan from `source` (`HCCL_PLAN` does not
+    /// override it): its entries for the new world size, or the built-in plan when it has
+    /// none.
+    pub fn shrink_with(&mut self, failed: &[u32], source: PlanSource) -> Result<Communicator> {
+        let me = self.rank;
+        let world = self.shared.world;
+        let (alive, failed) = survivors(me, world, failed)?;
+        // The old group is over: a survivor still blocked in a call returns now.
+        raise_abort(
+            &self.shared.arena,
+            me,
+            failed.first().copied().unwrap_or(me),
+        );
+        if let Some(net) = &self.shared.net {
+            net.forward_abort();
+        }
+        self.poisoned = Some(format!(
+            "it was shrunk to the survivors of ranks {failed:?}; use the new communicator"
+        ));
+        let n = alive.len() as u32;
+        let (chosen, why) = source.clone().for_world(n);
+        let started = std::time::Instant::now();
+        let config = self.shared.config.clone();
+        let comm = match &self.shared.regroup {
+            Regroup::Threads(meeting) => {
+                meeting.shrink(me, &failed, &alive, chosen, source, config)?
+            }
+            Regroup::Process(rejoin) => {
+                rejoin.shrink(me, &failed, &alive, chosen, source, config)?
+            }
+        };
+        tracing::info!(
+            rank = comm.rank(),
+            was = me,
+            world = n,
+            of = world,
+            plan = %comm.plan_hash(),
+            secs = started.elapsed().as_secs_f64(),
+            "shrunk communicator without ranks {failed:?} uses {why}"
+        );
+        Ok(comm)
     }
 
     /// Marks the communicator failed and tells the other ranks.

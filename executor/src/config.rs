@@ -225,18 +225,119 @@ pub enum PlanSource {
 }
 
 impl PlanSource {
-    /// Resolves the source to a plan for `world` ranks; `HCCL_PLAN` overrides it.
+    /// Resolves the source to a plan for `world` ranks; `HCCL_PLAN` overrides it. A plan
+    /// (file, directory or in memory) may hold entries for several world sizes: those for
+    /// `world` ranks are kept, the others skipped.
     pub fn load(self, world: u32) -> Result<PlanFile> {
-        let source = match env("HCCL_PLAN") {
+        self.resolve().load_split(world).map(|(plan, _)| plan)
+    }
+
+    /// The source `HCCL_PLAN` names, else this one.
+    pub(crate) fn resolve(self) -> PlanSource {
+        match env("HCCL_PLAN") {
             Some(path) => PlanSource::Path(PathBuf::from(path)),
             None => self,
-        };
-        match source {
-            PlanSource::Builtin => Ok(crate::fallback::plan(world)),
-            PlanSource::Plan(plan) => Ok(plan),
-            PlanSource::Path(path) => load_path(&path),
         }
     }
+
+    /// The plan for `world` ranks from exactly this source (no `HCCL_PLAN`), and the source
+    /// a later [`crate::Communicator::shrink`] draws from: the same path, the built-in plans,
+    /// or the entries of an in-memory plan for other world sizes.
+    pub(crate) fn load_split(self, world: u32) -> Result<(PlanFile, PlanSource)> {
+        match self {
+            PlanSource::Builtin => Ok((crate::fallback::plan(world), PlanSource::Builtin)),
+            PlanSource::Plan(mut plan) => {
+                let rest = split_world(&mut plan, world);
+                Ok((plan, PlanSource::Plan(rest)))
+            }
+            PlanSource::Path(path) => {
+                let mut plan = load_path(&path)?;
+                split_world(&mut plan, world);
+                Ok((plan, PlanSource::Path(path)))
+            }
+        }
+    }
+
+    /// Where a plan from this source comes from.
+    pub(crate) fn origin(&self) -> PlanOrigin {
+        match self {
+            PlanSource::Builtin => PlanOrigin::Builtin,
+            PlanSource::Path(p) => PlanOrigin::Path(p.clone()),
+            PlanSource::Plan(_) => PlanOrigin::Memory,
+        }
+    }
+
+    /// The source a communicator of `world` ranks shrunk from a communicator built from this
+    /// one uses, and why: this source when it has entries for `world` ranks (a plan
+    /// directory holding plans for several world sizes, a plan file or an in-memory plan
+    /// with such entries), else the built-in plan. A path that can no longer be read falls
+    /// back to the built-in plan with a warning.
+    pub(crate) fn for_world(self, world: u32) -> (PlanSource, String) {
+        let builtin = |why: String| (PlanSource::Builtin, format!("the built-in plan ({why})"));
+        match self {
+            PlanSource::Builtin => builtin("the communicator's plan was built in".into()),
+            PlanSource::Plan(plan) => {
+                if plan.entries.iter().any(|e| e.schedule.nranks == world) {
+                    let why = format!("the entries for {world} ranks of the plan it was given");
+                    (PlanSource::Plan(plan), why)
+                } else {
+                    builtin(format!(
+                        "the plan it was given has no entries for {world} ranks"
+                    ))
+                }
+            }
+            PlanSource::Path(path) => match load_path(&path) {
+                Ok(plan) if plan.entries.iter().any(|e| e.schedule.nranks == world) => {
+                    let why = format!("the entries for {world} ranks of {}", path.display());
+                    (PlanSource::Path(path), why)
+                }
+                Ok(_) => builtin(format!(
+                    "{} has no entries for {world} ranks",
+                    path.display()
+                )),
+                Err(e) => {
+                    tracing::warn!("shrink: cannot read {}: {e}", path.display());
+                    builtin(format!("{} cannot be read: {e}", path.display()))
+                }
+            },
+        }
+    }
+}
+
+/// Where the plan a communicator runs came from ([`crate::Communicator::plan_origin`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlanOrigin {
+    /// The built-in plans ([`crate::fallback`]).
+    Builtin,
+    /// This plan file or directory (its entries for the communicator's world size).
+    Path(PathBuf),
+    /// A plan the program passed in memory.
+    Memory,
+}
+
+/// Keeps only `plan`'s entries for `world` ranks, when it has any (otherwise leaves it
+/// alone, so that the world-size check names the mismatch), and returns the others (with
+/// the plan's metadata and seals): a plan directory or file may hold plans for several
+/// world sizes, e.g. for the communicators [`crate::Communicator::shrink`] builds.
+pub(crate) fn split_world(plan: &mut PlanFile, world: u32) -> PlanFile {
+    let mut rest = PlanFile::new(plan.meta.clone());
+    rest.format_version = plan.format_version;
+    rest.verified = plan.verified.clone();
+    if plan.entries.iter().any(|e| e.schedule.nranks == world)
+        && plan.entries.iter().any(|e| e.schedule.nranks != world)
+    {
+        let (mine, other): (Vec<_>, Vec<_>) = std::mem::take(&mut plan.entries)
+            .into_iter()
+            .partition(|e| e.schedule.nranks == world);
+        tracing::debug!(
+            "plan: {} entries for {world} ranks kept, {} for other world sizes skipped",
+            mine.len(),
+            other.len()
+        );
+        plan.entries = mine;
+        rest.entries = other;
+    }
+    rest
 }
 
 /// Loads a plan file (RON, or MSCCL XML by its `.xml` extension) or merges a directory of

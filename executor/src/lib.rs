@@ -69,7 +69,7 @@ pub mod program;
 pub mod threads;
 
 pub use comm::{AbortHandle, Buffers, Communicator, EntryInfo, OwnedBuffers, Request};
-pub use config::{CallCheck, Config, PlanSource, VerifyMode};
+pub use config::{CallCheck, Config, PlanOrigin, PlanSource, VerifyMode};
 pub use dtype::{DataType, Element, ReduceOp};
 pub use error::{ExecError, Result};
 pub use process::{Bootstrap, ProcessGroup};

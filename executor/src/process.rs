@@ -23,8 +23,8 @@
 //! `SLURM_PROCID`/`SLURM_NTASKS`.
 
 use crate::arena::{Arena, Layout, MAGIC};
-use crate::comm::{Communicator, RankState, Shared, check_part, check_plan};
-use crate::config::{Config, PlanSource};
+use crate::comm::{Communicator, RankState, Regroup, Shared, check_part, check_plan, next_origin};
+use crate::config::{Config, PlanOrigin, PlanSource, split_world};
 use crate::error::{ExecError, Result};
 use crate::net::{self, read_str, read_u32, same_secret, write_str};
 use crate::program::ConnTable;
@@ -37,7 +37,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 const HELLO_MAGIC: &[u8; 8] = b"HCCLBOOT";
-const PROTOCOL: u32 = 3;
+const PROTOCOL: u32 = 4;
 const STEP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where and how to rendezvous.
@@ -147,8 +147,15 @@ impl ProcessGroup {
         let (rank, world) = rank_world_from_env()?;
         // A plan this rank cannot use still takes part in the rendezvous, so that every rank
         // learns why the job cannot start.
-        let held = Held::load(source, rank, world, &config);
-        ProcessGroup::start(held, rank, world, &Bootstrap::from_env(), config)
+        let source = source.resolve();
+        let plan_origin = source.origin();
+        let (held, origin) = match Held::load(source.clone(), rank, world, &config) {
+            Ok((held, origin)) => (Ok(held), origin),
+            Err(e) => (Err(e), source),
+        };
+        let boot = Bootstrap::from_env();
+        let join = Join::first(&boot, origin, plan_origin);
+        ProcessGroup::start(held, rank, world, &boot, config, join)
     }
 
     /// Explicit rank, world size, rendezvous and configuration.
@@ -159,7 +166,10 @@ impl ProcessGroup {
         boot: &Bootstrap,
         config: Config,
     ) -> Result<Communicator> {
-        ProcessGroup::start(Ok(Held::full(plan)), rank, world, boot, config)
+        let mut plan = plan;
+        let rest = split_world(&mut plan, world);
+        let join = Join::first(boot, PlanSource::Plan(rest), PlanOrigin::Memory);
+        ProcessGroup::start(Ok(Held::full(plan)), rank, world, boot, config, join)
     }
 
     /// Joins the job with `held` (or, when this rank could not load its plan, tells the
@@ -170,6 +180,7 @@ impl ProcessGroup {
         world: u32,
         boot: &Bootstrap,
         config: Config,
+        join: Join,
     ) -> Result<Communicator> {
         if world == 0 || rank >= world {
             return Err(ExecError::Invalid(format!(
@@ -217,6 +228,7 @@ impl ProcessGroup {
                 .as_ref()
                 .map_or_else(|_| Vec::new(), |h| h.limits(rank)),
             checksum: config.checksum,
+            group: join.group.clone(),
         };
         let mut job = if rank == 0 {
             lead(addr, boot, &me, &config, deadline)?
@@ -327,6 +339,18 @@ impl ProcessGroup {
             state.attach_net(Arc::clone(n));
         }
         tracing::info!(rank, world, hosts, plan = %hash, region = %region, "process group ready");
+        let rejoin = Rejoin {
+            boot: Bootstrap {
+                addr: addr.to_string(),
+                token: boot.token.clone(),
+                host: Some(job.hosts[rank as usize].clone()),
+            },
+            base_port: join.base_port,
+            generation: join.generation,
+            hosts: job.hosts.clone(),
+            addrs: job.addrs.clone(),
+            nonce: job.nonce.clone(),
+        };
         let shared = Arc::new(Shared {
             arena,
             net: network,
@@ -336,8 +360,146 @@ impl ProcessGroup {
             check_pids: true,
             // Ranks of emulated hosts on one machine compete for its cores too.
             spin_polls: crate::comm::spin_polls_for(local_ranks(&job.machines, rank)),
+            origin: join.origin,
+            plan_origin: join.plan_origin,
+            regroup: Regroup::Process(rejoin),
         });
         Ok(Communicator::new(rank, shared, state))
+    }
+}
+
+/// What a rendezvous forms besides its ranks: the group's identity in the hellos, where its
+/// plan came from, and the numbering of shrinks.
+struct Join {
+    /// Empty for the job's first rendezvous; a shrink's description otherwise.
+    group: String,
+    /// Where a shrink of the group draws its plan from.
+    origin: PlanSource,
+    plan_origin: PlanOrigin,
+    /// The port of the job's first rendezvous.
+    base_port: u16,
+    /// How many shrinks made this group (0: the job's first group).
+    generation: u16,
+}
+
+impl Join {
+    fn first(boot: &Bootstrap, origin: PlanSource, plan_origin: PlanOrigin) -> Join {
+        let base_port = boot
+            .addr
+            .rsplit_once(':')
+            .and_then(|(_, p)| p.parse().ok())
+            .unwrap_or(0);
+        Join {
+            group: String::new(),
+            origin,
+            plan_origin,
+            base_port,
+            generation: 0,
+        }
+    }
+}
+
+/// How the survivors of a process group meet to shrink it ([`Communicator::shrink`]).
+///
+/// The new leader is the lowest surviving rank `L` (rank 0 may be the one that died). It
+/// listens at its own address, which every rank knows from this group's rendezvous: the
+/// rendezvous address's host when `L` is on rank 0's host, else the address of `L`'s data
+/// listener (on the interface `HCCL_SOCKET_IFNAME` selects); the port is the job's first
+/// rendezvous port (`MASTER_PORT`) plus the number of the shrink (1 for the first shrink
+/// of the job, 2 for a shrink of that group, …). There the survivors rendezvous exactly as
+/// at init ([`ProcessGroup::init_with`]): token, plan identity, host table, a new shared
+/// region per host (its name carries the new port and job nonce, so the old region and its
+/// abort word are not touched) and new data connections between hosts.
+pub(crate) struct Rejoin {
+    /// The rendezvous this group met at (its address, the job token, this rank's host).
+    boot: Bootstrap,
+    base_port: u16,
+    generation: u16,
+    hosts: Vec<String>,
+    addrs: Vec<String>,
+    nonce: String,
+}
+
+impl Rejoin {
+    /// Where rank `leader` of this group leads a shrink's rendezvous.
+    fn leader_addr(&self, me: u32, leader: u32, port: u16) -> Result<SocketAddr> {
+        let boot_err = |message: String| ExecError::Bootstrap { rank: me, message };
+        let l = leader as usize;
+        let ip = if leader == 0 || self.hosts[l] == self.hosts[0] {
+            self.boot
+                .addr
+                .to_socket_addrs()
+                .ok()
+                .and_then(|mut a| a.next())
+                .map(|a| a.ip())
+                .ok_or_else(|| boot_err(format!("bad rendezvous address {}", self.boot.addr)))?
+        } else {
+            self.addrs[l]
+                .parse::<SocketAddr>()
+                .map(|a| a.ip())
+                .map_err(|_| {
+                    boot_err(format!(
+                        "shrink: rank {leader}, the lowest survivor, has no known address (its data listener could not be opened)"
+                    ))
+                })?
+        };
+        Ok(SocketAddr::new(ip, port))
+    }
+
+    /// Rank `me` of this group joins the group of `alive` (the survivors of `failed`), whose
+    /// plan comes from `chosen` (`from`: the source it was chosen from).
+    pub(crate) fn shrink(
+        &self,
+        me: u32,
+        failed: &[u32],
+        alive: &[u32],
+        chosen: PlanSource,
+        from: PlanSource,
+        config: Config,
+    ) -> Result<Communicator> {
+        let boot_err = |message: String| ExecError::Bootstrap { rank: me, message };
+        let n = alive.len() as u32;
+        let rank = alive.iter().position(|&r| r == me).unwrap_or(0) as u32;
+        let generation = self.generation + 1;
+        let port = self.base_port.checked_add(generation).ok_or_else(|| {
+            boot_err(format!(
+                "shrink: no port for shrink {generation} after the rendezvous port {}",
+                self.base_port
+            ))
+        })?;
+        let addr = self.leader_addr(me, alive[0], port)?;
+        let boot = Bootstrap {
+            addr: addr.to_string(),
+            token: self.boot.token.clone(),
+            host: Some(self.hosts[me as usize].clone()),
+        };
+        let plan_origin = chosen.origin();
+        let (held, origin) = match Held::load(chosen, rank, n, &config) {
+            Ok((held, rest)) => (Ok(held), next_origin(rest, from)),
+            Err(e) => (Err(e), from),
+        };
+        let join = Join {
+            group: format!(
+                "shrink {generation} of job {} without ranks {failed:?}",
+                self.nonce
+            ),
+            origin,
+            plan_origin,
+            base_port: self.base_port,
+            generation,
+        };
+        tracing::debug!(rank = me, new_rank = rank, %addr, "shrink: rendezvous");
+        ProcessGroup::start(held, rank, n, &boot, config, join).map_err(|e| match e {
+            ExecError::Io { rank: r, what, source } if what.starts_with("listening on") => {
+                ExecError::Bootstrap {
+                    rank: r,
+                    message: format!(
+                        "shrink: {what} (port MASTER_PORT+{generation}): {source}; is another survivor leading with other failed ranks?"
+                    ),
+                }
+            }
+            other => other,
+        })
     }
 }
 
@@ -360,11 +522,14 @@ impl Held {
     /// Resolves `source` (`HCCL_PLAN` overrides it): a part for `rank` when the source is a
     /// plan file whose every entry is sealed and the whole plan need not be verified
     /// (`HCCL_VERIFY` other than `full`), the whole plan otherwise.
-    fn load(source: PlanSource, rank: u32, world: u32, config: &Config) -> Result<Held> {
-        let source = match crate::config::env("HCCL_PLAN") {
-            Some(path) => PlanSource::Path(PathBuf::from(path)),
-            None => source,
-        };
+    /// Also returns the source a shrink of the group draws from
+    /// ([`PlanSource::load_split`]).
+    fn load(
+        source: PlanSource,
+        rank: u32,
+        world: u32,
+        config: &Config,
+    ) -> Result<(Held, PlanSource)> {
         // A plan file (not a directory of them, not an MSCCL algorithm).
         let file = match &source {
             PlanSource::Path(path)
@@ -381,11 +546,19 @@ impl Held {
             && config.verify == crate::config::VerifyMode::Unsealed
         {
             match PlanFile::load_for_ranks(path, &[rank]) {
-                Ok(part) if part.identity().is_some() => {
-                    return Ok(Held::Part {
-                        path: path.clone(),
-                        part,
-                    });
+                // (A file holding plans for several world sizes is read whole and split.)
+                Ok(part)
+                    if part.identity().is_some()
+                        && part.plan.entries.iter().all(|e| e.schedule.nranks == world) =>
+                {
+                    let origin = source.clone();
+                    return Ok((
+                        Held::Part {
+                            path: path.clone(),
+                            part,
+                        },
+                        origin,
+                    ));
                 }
                 // Edited after it was sealed: this rank refuses to start.
                 Err(
@@ -403,12 +576,15 @@ impl Held {
         // host's in `for_host`).
         if let Some(path) = file {
             let mut plan = PlanFile::load_compact(path)?;
+            split_world(&mut plan, world);
             plan.expand_ranks(&[rank]).map_err(|e| {
                 ExecError::Invalid(format!("{}: symmetric entry: {e}", path.display()))
             })?;
-            return Ok(Held::full(plan));
+            let origin = source.clone();
+            return Ok((Held::full(plan), origin));
         }
-        source.load(world).map(Held::full)
+        let (plan, origin) = source.load_split(world)?;
+        Ok((Held::full(plan), origin))
     }
 
     fn plan(&self) -> &PlanFile {
@@ -579,6 +755,9 @@ struct Hello {
     limits: Vec<(u32, u32)>,
     /// `HCCL_CHECKSUM`: every rank must use the same setting.
     checksum: bool,
+    /// Which group this rank means to form: empty for the job's first rendezvous, else the
+    /// shrink (job, number, failed ranks); the leader refuses a rank that means another.
+    group: String,
 }
 
 /// Most plan entries a hello may carry limits for.
@@ -617,6 +796,7 @@ impl Hello {
         write_str(&mut hello, &self.machine);
         write_limits(&mut hello, &self.limits);
         write_u32(&mut hello, u32::from(self.checksum));
+        write_str(&mut hello, &self.group);
         hello
     }
 }
@@ -655,6 +835,7 @@ fn read_hello(s: &mut TcpStream, token: &str) -> std::io::Result<Option<Hello>> 
         machine: read_str(s)?,
         limits: read_limits(s)?,
         checksum: read_u32(s)? != 0,
+        group: read_str(s)?,
     }))
 }
 
@@ -680,6 +861,19 @@ fn lead(
                 let _ = sock.set_read_timeout(Some(STEP_TIMEOUT));
                 let _ = sock.set_nodelay(true);
                 match read_hello(&mut sock, &boot.token) {
+                    Ok(Some(h)) if h.group != me.group => {
+                        let problem = format!(
+                            "rank {} joins {} but rank 0 joins {}: every survivor must pass the same failed ranks",
+                            h.rank,
+                            describe_group(&h.group),
+                            describe_group(&me.group)
+                        );
+                        let mut socks: Vec<TcpStream> =
+                            peers.into_iter().flatten().map(|(s, _)| s).collect();
+                        socks.push(sock);
+                        refuse(listener, socks, &problem, &boot.token, deadline);
+                        return Err(boot_err(problem));
+                    }
                     Ok(Some(h))
                         if h.rank > 0 && h.rank < world && peers[h.rank as usize].is_none() =>
                     {
@@ -790,6 +984,48 @@ fn lead(
         limits,
         socks,
     })
+}
+
+/// What a hello's `group` means, for errors.
+fn describe_group(group: &str) -> String {
+    if group.is_empty() {
+        "the job's first rendezvous".into()
+    } else {
+        group.to_string()
+    }
+}
+
+/// Answers every rank connected so far, and for the rest of the rendezvous every rank that
+/// still comes, with `problem`: the rendezvous failed and nobody should wait for it.
+fn refuse(
+    listener: TcpListener,
+    mut socks: Vec<TcpStream>,
+    problem: &str,
+    token: &str,
+    deadline: Instant,
+) {
+    let mut msg = vec![1u8];
+    write_str(&mut msg, problem);
+    for s in &mut socks {
+        let _ = s.write_all(&msg);
+    }
+    let token = token.to_string();
+    let _ = std::thread::Builder::new()
+        .name("hccl-refuse".into())
+        .spawn(move || {
+            while Instant::now() < deadline {
+                match listener.accept() {
+                    Ok((mut sock, _)) => {
+                        let _ = sock.set_nonblocking(false);
+                        let _ = sock.set_read_timeout(Some(STEP_TIMEOUT));
+                        if let Ok(Some(_)) = read_hello(&mut sock, &token) {
+                            let _ = sock.write_all(&msg);
+                        }
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
 }
 
 fn rand_word() -> u64 {

@@ -6,11 +6,12 @@
 //! [`crate::arena`].
 
 use crate::arena::{Arena, Layout};
-use crate::comm::{Communicator, RankState, Shared, prepare_plan};
-use crate::config::Config;
+use crate::comm::{Communicator, RankState, Regroup, Shared, next_origin, prepare_plan};
+use crate::config::{Config, PlanOrigin, PlanSource, split_world};
 use crate::error::{ExecError, Result};
 use hccl_ir::PlanFile;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
 
 /// Builds the communicators of an in-process group.
 #[derive(Debug, Clone, Copy)]
@@ -26,15 +27,30 @@ impl ThreadGroup {
 
     /// `n` communicators over a plan from `source` (`HCCL_PLAN` overrides it) with the
     /// configuration from the environment.
-    pub fn from_source(source: crate::config::PlanSource, n: u32) -> Result<Vec<Communicator>> {
+    pub fn from_source(source: PlanSource, n: u32) -> Result<Vec<Communicator>> {
         let config = Config::from_env()?;
-        ThreadGroup::with_config(source.load(n)?, n, config)
+        let source = source.resolve();
+        let plan_origin = source.origin();
+        let (plan, origin) = source.load_split(n)?;
+        let hash = plan.content_hash();
+        build(&plan, hash, n, config, origin, plan_origin)
     }
 
-    /// `n` communicators over `plan` with an explicit configuration.
+    /// `n` communicators over `plan` with an explicit configuration. A plan with entries for
+    /// several world sizes runs those for `n` ranks (its others serve
+    /// [`Communicator::shrink`]).
     pub fn with_config(plan: PlanFile, n: u32, config: Config) -> Result<Vec<Communicator>> {
+        let mut plan = plan;
+        let rest = split_world(&mut plan, n);
         let hash = plan.content_hash();
-        build(&plan, hash, n, config)
+        build(
+            &plan,
+            hash,
+            n,
+            config,
+            PlanSource::Plan(rest),
+            PlanOrigin::Memory,
+        )
     }
 
     /// One communicator per rank where every rank brings its own plan, as separate processes
@@ -56,12 +72,21 @@ impl ThreadGroup {
                 })
                 .collect();
         }
-        let Some(plan) = plans.into_iter().next() else {
+        let Some(mut plan) = plans.into_iter().next() else {
             return vec![Err(ExecError::Invalid(
                 "a group needs at least one rank".into(),
             ))];
         };
-        match build(&plan, hashes[0].clone(), n, config) {
+        let rest = split_world(&mut plan, n);
+        let built = build(
+            &plan,
+            hashes[0].clone(),
+            n,
+            config,
+            PlanSource::Plan(rest),
+            PlanOrigin::Memory,
+        );
+        match built {
             Ok(comms) => comms.into_iter().map(Ok).collect(),
             Err(e) => {
                 let msg = e.to_string();
@@ -73,7 +98,14 @@ impl ThreadGroup {
     }
 }
 
-fn build(plan: &PlanFile, hash: String, n: u32, config: Config) -> Result<Vec<Communicator>> {
+fn build(
+    plan: &PlanFile,
+    hash: String,
+    n: u32,
+    config: Config,
+    origin: PlanSource,
+    plan_origin: PlanOrigin,
+) -> Result<Vec<Communicator>> {
     let (keep, conns) = prepare_plan(plan, n, &config)?;
     let layout = Layout::new(n as usize, conns.len(), config.slot_bytes);
     let arena = Arena::heap(layout).ok_or_else(|| {
@@ -101,10 +133,144 @@ fn build(plan: &PlanFile, hash: String, n: u32, config: Config) -> Result<Vec<Co
         plan_hash: hash,
         check_pids: false,
         spin_polls: crate::comm::spin_polls_for(n),
+        origin,
+        plan_origin,
+        regroup: Regroup::Threads(Arc::new(Meeting::new(n))),
     });
     Ok(states
         .into_iter()
         .enumerate()
         .map(|(r, st)| Communicator::new(r as u32, Arc::clone(&shared), st))
         .collect())
+}
+
+/// Where the surviving threads of a group meet to shrink it ([`Communicator::shrink`]):
+/// every communicator of the group holds it. The last survivor to arrive builds the new
+/// group (plan checks, a new heap arena) and hands every survivor its communicator; the
+/// failed ranks' memory and the old arena stay out of it.
+pub(crate) struct Meeting {
+    state: Mutex<MeetState>,
+    cv: Condvar,
+}
+
+struct MeetState {
+    /// The first survivor to arrive and the failed ranks it passed.
+    failed: Option<(u32, Vec<u32>)>,
+    /// Per old rank: arrived.
+    arrived: Vec<bool>,
+    /// Per old rank: its communicator in the new group, until it takes it.
+    comms: Vec<Option<Communicator>>,
+    /// Why the meeting failed; every survivor gets it.
+    error: Option<String>,
+    /// The new group was built (a second shrink of the same group is refused).
+    built: bool,
+}
+
+impl Meeting {
+    fn new(world: u32) -> Meeting {
+        Meeting {
+            state: Mutex::new(MeetState {
+                failed: None,
+                arrived: vec![false; world as usize],
+                comms: (0..world).map(|_| None).collect(),
+                error: None,
+                built: false,
+            }),
+            cv: Condvar::new(),
+        }
+    }
+
+    /// Rank `me` (a survivor of `failed`, the survivors being `alive`) joins the meeting and
+    /// waits, at most the timeout, for its communicator in the group of `alive`, whose plan
+    /// comes from `chosen` (`from`: the source it was chosen from).
+    pub(crate) fn shrink(
+        &self,
+        me: u32,
+        failed: &[u32],
+        alive: &[u32],
+        chosen: PlanSource,
+        from: PlanSource,
+        config: Config,
+    ) -> Result<Communicator> {
+        let fail = |message: String| ExecError::Bootstrap { rank: me, message };
+        let deadline = Instant::now() + config.timeout;
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = &st.error {
+            return Err(fail(e.clone()));
+        }
+        if st.arrived[me as usize] || (st.built && st.comms[me as usize].is_none()) {
+            return Err(fail(format!(
+                "shrink: rank {me} already shrank this communicator"
+            )));
+        }
+        match &st.failed {
+            None => st.failed = Some((me, failed.to_vec())),
+            Some((first, theirs)) if theirs.as_slice() != failed => {
+                let e = format!(
+                    "shrink: rank {me} passes failed ranks {failed:?} but rank {first} passed \
+                     {theirs:?}: every survivor must pass the same failed ranks"
+                );
+                st.error = Some(e.clone());
+                self.cv.notify_all();
+                return Err(fail(e));
+            }
+            Some(_) => {}
+        }
+        st.arrived[me as usize] = true;
+        if alive.iter().all(|&r| st.arrived[r as usize]) {
+            // The last survivor builds the group for everyone.
+            let n = alive.len() as u32;
+            let plan_origin = chosen.origin();
+            let built = chosen.load_split(n).and_then(|(plan, rest)| {
+                let hash = plan.content_hash();
+                build(
+                    &plan,
+                    hash,
+                    n,
+                    config.clone(),
+                    next_origin(rest, from),
+                    plan_origin,
+                )
+            });
+            match built {
+                Ok(comms) => {
+                    for (comm, &old) in comms.into_iter().zip(alive) {
+                        st.comms[old as usize] = Some(comm);
+                    }
+                    st.built = true;
+                }
+                Err(e) => st.error = Some(format!("shrink: building the group: {e}")),
+            }
+            self.cv.notify_all();
+        }
+        loop {
+            if let Some(comm) = st.comms[me as usize].take() {
+                return Ok(comm);
+            }
+            if let Some(e) = &st.error {
+                return Err(fail(e.clone()));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let missing: Vec<u32> = alive
+                    .iter()
+                    .copied()
+                    .filter(|&r| !st.arrived[r as usize])
+                    .collect();
+                let e = format!(
+                    "shrink: timed out after {:.1} s waiting for ranks {missing:?} to shrink \
+                     the communicator too",
+                    config.timeout.as_secs_f64()
+                );
+                st.error = Some(e.clone());
+                self.cv.notify_all();
+                return Err(fail(e));
+            }
+            st = self
+                .cv
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
 }
