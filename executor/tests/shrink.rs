@@ -17,6 +17,10 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const ROLE: &str = "HCCL_TEST_ROLE";
+
+/// A survivor's timeline in ms after the kill (error, shrunk, next correct result) and its
+/// `TIMELINE` line.
+type Timeline = (f64, f64, f64, String);
 const ELEMS: usize = 1000;
 
 /// What old rank `old` contributes at iteration `it`: exact in f32 for these sizes.
@@ -359,7 +363,7 @@ fn kill_one_of_four(
     victim: u32,
     hosts: Option<[&str; 4]>,
     env: &[(&str, String)],
-) -> Vec<(f64, f64, f64, String)> {
+) -> Vec<Timeline> {
     let exe = std::env::current_exe().expect("test executable");
     let port = common::free_port().to_string();
     let mut children: Vec<Option<Child>> = (0..4u32)
@@ -441,9 +445,8 @@ fn kill_one_of_four(
     out
 }
 
-fn print_summary(what: &str, t: &[(f64, f64, f64, String)]) {
-    let max =
-        |f: &dyn Fn(&(f64, f64, f64, String)) -> f64| t.iter().map(f).fold(f64::MIN, f64::max);
+fn print_summary(what: &str, t: &[Timeline]) {
+    let max = |f: &dyn Fn(&Timeline) -> f64| t.iter().map(f).fold(f64::MIN, f64::max);
     println!(
         "{what}: the last survivor to get there, in ms after the kill: error {:.1}, shrunk communicator {:.1}, next correct result {:.1}",
         max(&|x| x.0),
