@@ -229,6 +229,7 @@ impl ProcessGroup {
                 .map_or_else(|_| Vec::new(), |h| h.limits(rank)),
             checksum: config.checksum,
             group: join.group.clone(),
+            was: join.was.unwrap_or(rank),
         };
         let mut job = if rank == 0 {
             lead(addr, boot, &me, &config, deadline)?
@@ -373,6 +374,8 @@ impl ProcessGroup {
 struct Join {
     /// Empty for the job's first rendezvous; a shrink's description otherwise.
     group: String,
+    /// This rank's rank in the group a shrink started from.
+    was: Option<u32>,
     /// Where a shrink of the group draws its plan from.
     origin: PlanSource,
     plan_origin: PlanOrigin,
@@ -391,6 +394,7 @@ impl Join {
             .unwrap_or(0);
         Join {
             group: String::new(),
+            was: None,
             origin,
             plan_origin,
             base_port,
@@ -485,19 +489,24 @@ impl Rejoin {
             ),
             origin,
             plan_origin,
+            was: Some(me),
             base_port: self.base_port,
             generation,
         };
         tracing::debug!(rank = me, new_rank = rank, %addr, "shrink: rendezvous");
+        // Errors name this rank as the caller knows it (its rank in this group).
         ProcessGroup::start(held, rank, n, &boot, config, join).map_err(|e| match e {
-            ExecError::Io { rank: r, what, source } if what.starts_with("listening on") => {
-                ExecError::Bootstrap {
-                    rank: r,
-                    message: format!(
-                        "shrink: {what} (port MASTER_PORT+{generation}): {source}; is another survivor leading with other failed ranks?"
-                    ),
-                }
+            ExecError::Io { what, source, .. } if what.starts_with("listening on") => {
+                boot_err(format!(
+                    "shrink: {what} (port MASTER_PORT+{generation}): {source}; is another survivor leading with other failed ranks?"
+                ))
             }
+            ExecError::Bootstrap { message, .. } => boot_err(format!("shrink: {message}")),
+            ExecError::Io { what, source, .. } => ExecError::Io {
+                rank: me,
+                what: format!("shrink: {what}"),
+                source,
+            },
             other => other,
         })
     }
@@ -758,6 +767,8 @@ struct Hello {
     /// Which group this rank means to form: empty for the job's first rendezvous, else the
     /// shrink (job, number, failed ranks); the leader refuses a rank that means another.
     group: String,
+    /// This rank's rank in the group a shrink starts from (at a first rendezvous, its rank).
+    was: u32,
 }
 
 /// Most plan entries a hello may carry limits for.
@@ -797,6 +808,7 @@ impl Hello {
         write_limits(&mut hello, &self.limits);
         write_u32(&mut hello, u32::from(self.checksum));
         write_str(&mut hello, &self.group);
+        write_u32(&mut hello, self.was);
         hello
     }
 }
@@ -836,6 +848,7 @@ fn read_hello(s: &mut TcpStream, token: &str) -> std::io::Result<Option<Hello>> 
         limits: read_limits(s)?,
         checksum: read_u32(s)? != 0,
         group: read_str(s)?,
+        was: read_u32(s)?,
     }))
 }
 
@@ -863,9 +876,10 @@ fn lead(
                 match read_hello(&mut sock, &boot.token) {
                     Ok(Some(h)) if h.group != me.group => {
                         let problem = format!(
-                            "rank {} joins {} but rank 0 joins {}: every survivor must pass the same failed ranks",
-                            h.rank,
+                            "rank {} joins {} but rank {} joins {}: every survivor must pass the same failed ranks",
+                            h.was,
                             describe_group(&h.group),
+                            me.was,
                             describe_group(&me.group)
                         );
                         let mut socks: Vec<TcpStream> =

@@ -537,3 +537,44 @@ fn an_abort_unblocks_ranks_across_hosts_which_then_shrink() {
     });
     drop(stuck);
 }
+
+#[test]
+fn processes_that_disagree_on_the_failed_ranks_are_refused_by_name() {
+    // One host, ranks as threads of this test: rank 3 leaves, ranks 0 and 1 shrink without
+    // it, rank 2 also without rank 1. Rank 0 leads both views of the shrink and refuses the
+    // survivor that means another group; nobody waits for the timeout.
+    let cfg = common::config().with_timeout(Duration::from_secs(20));
+    let ranks = (0..4)
+        .map(|_| (fallback::plan(4), None, cfg.clone()))
+        .collect();
+    let mut comms: Vec<Communicator> = common::join_group(ranks, "mismatch-token")
+        .into_iter()
+        .map(|c| c.expect("join"))
+        .collect();
+    drop(comms.pop());
+    let start = Instant::now();
+    let sets: [&[u32]; 3] = [&[3], &[3], &[1, 3]];
+    let errors: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .zip(sets)
+            .map(|(mut comm, set)| s.spawn(move || comm.shrink(set).map(|_| ())))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank").unwrap_err().to_string())
+            .collect()
+    });
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    for e in &errors {
+        assert!(
+            e.contains("every survivor must pass the same failed ranks")
+                && e.contains("without ranks [1, 3]"),
+            "{errors:#?}"
+        );
+    }
+}
