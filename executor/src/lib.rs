@@ -46,7 +46,9 @@
 //!
 //! Failures never hang or panic: a rank that waits longer than the timeout reports the peer it
 //! waits for and raises the shared abort word, so every other rank returns an error naming
-//! the culprit; a dead process is detected through its pid.
+//! the culprit; a dead process is detected through its pid. The survivors may then
+//! [`Communicator::shrink`] the communicator into one of their own, with a plan for the new
+//! world size.
 
 pub mod affinity;
 pub mod alltoallv;
