@@ -8,7 +8,7 @@ mod cost_common;
 
 use cost_common::par_each;
 use hccl_compiler::families::{all_families, generate_with};
-use hccl_ir::verify::{ErrorKind, verify_report, verify_symmetric};
+use hccl_ir::verify::{ErrorKind, verify_report, verify_symmetric, verify_symmetric_by_orbits};
 use hccl_ir::{Action, BlockLayout, Buf, Collective, Loc, Op, SymmetricSchedule};
 use hccl_topologies::{Topology, generate};
 use std::collections::BTreeSet;
@@ -145,8 +145,9 @@ fn family_schedules_verify_alike() {
     par_each(&cases, |(name, s)| {
         let oracle = expanded(s);
         let quick = verify_symmetric(s);
-        match (&oracle, &quick) {
-            (Ok(a), Ok(b)) if a == b => {}
+        let orbits = verify_symmetric_by_orbits(s);
+        match (&oracle, &quick, &orbits) {
+            (Ok(a), Ok(b), Ok(c)) if a == b && a == c => {}
             _ => failures.lock().unwrap().push(format!(
                 "{name}: expanded {oracle:?}, symmetric {:?}",
                 quick.as_ref().map_err(|e| e
@@ -337,12 +338,13 @@ fn mutated_templates_verify_alike() {
     par_each(&mutants, |(name, m)| {
         let oracle = expanded(m);
         let quick = verify_symmetric(m);
+        let orbits = verify_symmetric_by_orbits(m);
         if oracle.is_err() {
             rejected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        let agree = match (&oracle, &quick) {
-            (Ok(a), Ok(b)) => a == b,
-            (Err(_), Err(_)) => true,
+        let agree = match (&oracle, &quick, &orbits) {
+            (Ok(a), Ok(b), Ok(c)) => a == b && a == c,
+            (Err(_), Err(_), Err(_)) => true,
             _ => false,
         };
         if !agree {

@@ -89,7 +89,9 @@ mod sim;
 mod structure;
 mod value;
 
-pub use quotient::{MAX_LANE_WORK, check_limits_symmetric, verify_symmetric};
+pub use quotient::{
+    MAX_LANE_WORK, check_limits_symmetric, verify_symmetric, verify_symmetric_by_orbits,
+};
 
 pub use structure::{MAX_CLOCKS, MAX_SET_WORDS, MAX_SLOTS, MAX_WORK};
 

@@ -39,6 +39,20 @@
 //! is then under the one translation `P`, so the lane check builds one lookup table per rank
 //! ([`SymmetryTable::memo_for_runs`]) and reads every run's chunks from it.
 //!
+//! *Lanes by orbits.* Rank by rank, the lane check costs the ranks times the chunks of every
+//! checked run, which on tens of thousands of ranks is billions for the long runs of
+//! halving and doubling. A check that two runs `a`, `b` (or one lone run) keep contiguous
+//! images and one lane order under every translation is decided instead on the orbit of
+//! the pair: for every generator `g` and every pair `(a', b')` reachable from `(a, b)` by
+//! generators, `a'` and `b'` have contiguous images and `L_{a'}(g) = L_{b'}(g)`. That
+//! suffices: writing `P = g ⊕ Q`, `L_a(g ⊕ Q) = L_{t_Q(a)}(g) ∘ L_a(Q)` (translations
+//! compose), and likewise for `b`, so by induction on `Q` the two orders agree for every
+//! `P`, and images stay contiguous since `t_Q(a)` is one of the runs checked. The orbit of a
+//! run of `2^k` blocks under XOR translations has `nranks / 2^k` pairs, so long runs cost
+//! little; a check whose orbit grows past a quarter of `nranks` over the generators' count
+//! (short runs) or that fails there (to name the first failing rank) is checked rank by
+//! rank.
+//!
 //! Under these the quotient run computes rank `r0`'s values exactly: a message received from
 //! `q` is the template's message translated by `pos(q)` with its lanes put in `L_s(pos(q))`
 //! order. The postcondition is then checked on `r0`; it holds on every rank when the
@@ -72,6 +86,18 @@ pub const MAX_LANE_WORK: u64 = 1 << 30;
 /// module docs). The report counts as the expansion would (every rank's streams, steps,
 /// connections and messages).
 pub fn verify_symmetric(s: &SymmetricSchedule) -> Result<Report, Vec<VerifyError>> {
+    verify_with(s, false)
+}
+
+/// [`verify_symmetric`] with every lane check tried on its orbit first, however short its
+/// runs and however large its orbit (see the module docs, *Lanes by orbits*): the same
+/// verdict, by the other way; what tests compare.
+#[doc(hidden)]
+pub fn verify_symmetric_by_orbits(s: &SymmetricSchedule) -> Result<Report, Vec<VerifyError>> {
+    verify_with(s, true)
+}
+
+fn verify_with(s: &SymmetricSchedule, all_orbits: bool) -> Result<Report, Vec<VerifyError>> {
     let mut sink = Sink::default();
     let header = |sink: &mut Sink, kind: ErrorKind, message: String| {
         sink.push(VerifyError {
@@ -120,7 +146,7 @@ pub fn verify_symmetric(s: &SymmetricSchedule) -> Result<Report, Vec<VerifyError
     let Some((layout, sends, recvs)) = quotient_layout(&sparse, &table, r0, &mut sink) else {
         return Err(sink.finish().err().unwrap_or_default());
     };
-    check_lanes(s, &table, &layout, &sends, &recvs, &mut sink);
+    check_lanes(s, &table, &layout, &sends, &recvs, all_orbits, &mut sink);
     if sink.total() > 0 {
         return Err(sink.finish().err().unwrap_or_default());
     }
@@ -352,6 +378,44 @@ fn same(a: &Option<Vec<u32>>, b: &Option<Vec<u32>>) -> bool {
     }
 }
 
+/// Whether the runs `a` and `b` (`None`: a lone operand) of `count` chunks have a contiguous
+/// image and one lane order under every translation, decided on the orbit of the pair under
+/// the generators `gens` instead of rank by rank (see the module docs, *Lanes by orbits*):
+/// `Some(true)` when every pair of the orbit passes under every generator, `Some(false)` at
+/// the first that fails, `None` once the orbit holds more than `cap` pairs (the caller then
+/// checks rank by rank).
+fn orbit_check(
+    table: &SymmetryTable,
+    gens: &[Translation<'_>],
+    a: Loc,
+    b: Option<Loc>,
+    count: u32,
+    cap: usize,
+) -> Option<bool> {
+    let mut seen: HashSet<(Loc, Option<Loc>)> = HashSet::new();
+    seen.insert((a, b));
+    let mut stack = vec![(a, b)];
+    while let Some((x, y)) = stack.pop() {
+        for t in gens {
+            let lx = lanes_by(table, t, x, count);
+            let ly = y.map(|y| lanes_by(table, t, y, count));
+            match (lx, ly) {
+                (Err(()), _) | (_, Some(Err(()))) => return Some(false),
+                (Ok(lx), Some(Ok(ly))) if !same(&lx, &ly) => return Some(false),
+                _ => {}
+            }
+            let next = (t.loc(x, count), y.map(|y| t.loc(y, count)));
+            if seen.insert(next) {
+                if seen.len() > cap {
+                    return None;
+                }
+                stack.push(next);
+            }
+        }
+    }
+    Some(true)
+}
+
 /// The lane check of the module docs (conditions 1-3), over every rank.
 fn check_lanes(
     s: &SymmetricSchedule,
@@ -359,6 +423,7 @@ fn check_lanes(
     layout: &Layout,
     sends: &[Ends],
     recvs: &[Ends],
+    all_orbits: bool,
     sink: &mut Sink,
 ) {
     let n = s.nranks as usize;
@@ -416,23 +481,6 @@ fn check_lanes(
             }
         }
     }
-    let work: u64 = runs
-        .iter()
-        .map(|&(_, b, c)| u64::from(c) * if b.is_some() { 2 } else { 1 })
-        .chain(messages.iter().map(|&(_, _, _, c)| 2 * u64::from(c)))
-        .sum::<u64>()
-        .saturating_mul(n as u64);
-    if work > MAX_LANE_WORK {
-        sink.push(VerifyError {
-            at: None,
-            channel: None,
-            kind: ErrorKind::Limit,
-            message: format!(
-                "the lane check would translate {work} chunks (runs of several blocks, over {n} ranks), more than the verifier allows ({MAX_LANE_WORK})"
-            ),
-        });
-        return;
-    }
     let place = |si: usize, ti: usize| (r0, si as u32, ti, prog.streams[si].channel);
     // Condition 3 with one translation: when the sender's run `a` moves under the peer's
     // translation `Q` to the contiguous run `a' = t_Q(a)` in lane order `L_s(Q)`, then
@@ -459,6 +507,54 @@ fn check_lanes(
             continue; // reported by the step check
         }
         msgs.push((ri, rj, tq.loc(a, count), b, count));
+    }
+    // Checks decided on their orbits under the generators (long runs have small orbits:
+    // the translations that only reorder a run inside itself fix it); the others, and any
+    // that fails there (to name the first failing rank), are checked rank by rank below.
+    let gens: Vec<Translation<'_>> = table
+        .generators()
+        .into_iter()
+        .filter_map(|g| table.translation(g))
+        .collect();
+    let cap = if all_orbits {
+        usize::MAX
+    } else {
+        n / (4 * gens.len().max(1))
+    };
+    let by_orbit = |a: Loc, b: Option<Loc>, count: u32| {
+        (all_orbits || count as usize > 4 * gens.len())
+            && orbit_check(table, &gens, a, b, count, cap) == Some(true)
+    };
+    first.retain(|&(si, ti)| {
+        let step = &prog.streams[si].steps[ti];
+        let (a, b) = match (step.op.src(), step.op.dst()) {
+            (Some(a), b) => (a, b),
+            (None, Some(b)) => (b, None),
+            (None, None) => return false,
+        };
+        !by_orbit(a, b, step.count)
+    });
+    msgs.retain(|&(_, _, a2, b, count)| !by_orbit(a2, Some(b), count));
+    let work: u64 = first
+        .iter()
+        .map(|&(si, ti)| {
+            let step = &prog.streams[si].steps[ti];
+            let operands = u64::from(step.op.src().is_some()) + u64::from(step.op.dst().is_some());
+            u64::from(step.count) * operands
+        })
+        .chain(msgs.iter().map(|m| 2 * u64::from(m.4)))
+        .sum::<u64>()
+        .saturating_mul(n as u64);
+    if work > MAX_LANE_WORK {
+        sink.push(VerifyError {
+            at: None,
+            channel: None,
+            kind: ErrorKind::Limit,
+            message: format!(
+                "the lane check would translate {work} chunks (runs of several blocks, over {n} ranks), more than the verifier allows ({MAX_LANE_WORK})"
+            ),
+        });
+        return;
     }
     // Per check, the first failing rank's problem; a check stops at its first failure.
     let mut step_problem: Vec<Option<String>> = vec![None; first.len()];
