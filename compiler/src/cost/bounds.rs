@@ -192,97 +192,134 @@ fn time_us(bytes: f64, cap_gbps: f64) -> f64 {
     }
 }
 
+/// Which ranks a cut of [`CutCaps`] holds.
+#[derive(Debug, Clone, Copy)]
+enum Side {
+    /// One device vertex.
+    Single(u32),
+    /// One host's vertices.
+    Host(usize),
+    /// The vertices of the hosts below this index.
+    Prefix(usize),
+}
+
+/// The cuts the bandwidth bound tries, with their capacities (GB/s) out of and into the
+/// side and the ranks on it: they depend on the network alone, so they are found once per
+/// network ([`Network::cut_caps`](super::Network)) and every size and collective only
+/// weighs them by the bytes that must cross.
+#[derive(Debug, Default)]
+pub struct CutCaps {
+    cuts: Vec<(Side, u32, f64, f64)>,
+    /// Capacity out of and into every host, summed (the host-level gossip bound).
+    host_out: f64,
+    host_in: f64,
+}
+
+impl CutCaps {
+    /// The cuts of `network`: every rank alone (a sample of one rank per host on very large
+    /// machines), every host, and unions of the first `j` hosts.
+    pub(super) fn new(network: &Network) -> CutCaps {
+        let n = network.nranks();
+        let nv = network.vertices.len();
+        let mut nic_sum = vec![[0.0f64; 2]; nv];
+        let mut touched = Vec::new();
+        let mut in_s = vec![false; nv];
+        let mut complement = vec![true; nv];
+        let mut out = CutCaps::default();
+        let mut eval = |side: Side, in_s: &[bool], complement: &[bool], out: &mut CutCaps| {
+            let k = network
+                .rank_vertex
+                .iter()
+                .filter(|&&v| in_s[v as usize])
+                .count() as u32;
+            if k == 0 || k == n {
+                return None;
+            }
+            let b_out = cut_out(network, in_s, &mut nic_sum, &mut touched);
+            let b_in = cut_out(network, complement, &mut nic_sum, &mut touched);
+            out.cuts.push((side, k, b_out, b_in));
+            Some((b_out, b_in))
+        };
+        // Singletons and their complements: O(degree) via in/out sums would be faster, but
+        // the generic evaluation keeps one definition of the cut; limit it to the distinct
+        // ranks.
+        let singles: Vec<u32> = if n as usize * network.links.len() <= 50_000_000 {
+            network.rank_vertex.clone()
+        } else {
+            // Very large machines: a sample of ranks (every host's first rank).
+            let hosts = network.nhosts.max(1);
+            let mut seen = vec![false; hosts];
+            network
+                .rank_vertex
+                .iter()
+                .zip(&network.host_of)
+                .filter(|&(_, &h)| !std::mem::replace(&mut seen[h.min(hosts - 1)], true))
+                .map(|(&v, _)| v)
+                .collect()
+        };
+        for v in singles {
+            in_s[v as usize] = true;
+            complement[v as usize] = false;
+            eval(Side::Single(v), &in_s, &complement, &mut out);
+            in_s[v as usize] = false;
+            complement[v as usize] = true;
+        }
+        if network.nhosts > 1 {
+            for h in 0..network.nhosts {
+                for v in 0..nv {
+                    let inside = network.vertex_host[v] == Some(h);
+                    in_s[v] = inside;
+                    complement[v] = !inside;
+                }
+                if let Some((b_out, b_in)) = eval(Side::Host(h), &in_s, &complement, &mut out) {
+                    out.host_out += b_out;
+                    out.host_in += b_in;
+                }
+            }
+            // Unions of the first j hosts.
+            let hosts = network.nhosts;
+            let step = (hosts - 1).div_ceil(MAX_PREFIX_CUTS).max(1);
+            let mut j = 1;
+            while j < hosts {
+                for v in 0..nv {
+                    let inside = network.vertex_host[v].is_some_and(|h| h < j);
+                    in_s[v] = inside;
+                    complement[v] = !inside;
+                }
+                eval(Side::Prefix(j), &in_s, &complement, &mut out);
+                j += step;
+            }
+        }
+        out
+    }
+}
+
 fn bandwidth_bound(network: &Network, collective: Collective, m: f64) -> f64 {
     let n = network.nranks();
-    let nv = network.vertices.len();
-    let root_vertex = collective
-        .root()
-        .and_then(|r| network.rank_vertex.get(r as usize).copied());
-    let mut nic_sum = vec![[0.0f64; 2]; nv];
-    let mut touched = Vec::new();
+    let root = collective.root();
+    let root_vertex = root.and_then(|r| network.rank_vertex.get(r as usize).copied());
+    let root_host = root.and_then(|r| network.host_of.get(r as usize).copied());
+    let caps = network.cut_caps();
     let mut best = 0.0f64;
-    let mut in_s = vec![false; nv];
-    let mut complement = vec![true; nv];
-    // Bounds `best` by the cut `in_s`; returns the capacity out of and into it (`None` when
-    // the cut holds no rank or every rank).
-    let mut eval = |in_s: &[bool], complement: &[bool], best: &mut f64| {
-        let k = network
-            .rank_vertex
-            .iter()
-            .filter(|&&v| in_s[v as usize])
-            .count() as u32;
-        if k == 0 || k == n {
-            return None;
-        }
-        let root_in = root_vertex.is_some_and(|v| in_s[v as usize]);
+    for &(side, k, b_out, b_in) in &caps.cuts {
+        let root_in = match side {
+            Side::Single(v) => root_vertex == Some(v),
+            Side::Host(h) => root_host == Some(h),
+            Side::Prefix(j) => root_host.is_some_and(|h| h < j),
+        };
         let (out_bytes, in_bytes) = crossing(collective, f64::from(n), f64::from(k), root_in, m);
-        let b_out = cut_out(network, in_s, &mut nic_sum, &mut touched);
-        let b_in = cut_out(network, complement, &mut nic_sum, &mut touched);
-        *best = best
+        best = best
             .max(time_us(out_bytes, b_out))
             .max(time_us(in_bytes, b_in));
-        Some((b_out, b_in))
-    };
-    // Singletons and their complements: O(degree) via in/out sums would be faster, but the
-    // generic evaluation keeps one definition of the cut; limit it to the distinct ranks.
-    let singles: Vec<u32> = if n as usize * network.links.len() <= 50_000_000 {
-        network.rank_vertex.clone()
-    } else {
-        // Very large machines: a sample of ranks (every host's first rank).
-        let hosts = network.nhosts.max(1);
-        let mut seen = vec![false; hosts];
-        network
-            .rank_vertex
-            .iter()
-            .zip(&network.host_of)
-            .filter(|&(_, &h)| !std::mem::replace(&mut seen[h.min(hosts - 1)], true))
-            .map(|(&v, _)| v)
-            .collect()
-    };
-    for v in singles {
-        in_s[v as usize] = true;
-        complement[v as usize] = false;
-        eval(&in_s, &complement, &mut best);
-        in_s[v as usize] = false;
-        complement[v as usize] = true;
     }
-    // Host groups and their complements.
-    if network.nhosts > 1 {
-        // Capacity out of and into every host, summed (the host-level gossip bound below).
-        let (mut host_out, mut host_in) = (0.0, 0.0);
-        for h in 0..network.nhosts {
-            for v in 0..nv {
-                let inside = network.vertex_host[v] == Some(h);
-                in_s[v] = inside;
-                complement[v] = !inside;
-            }
-            if let Some((b_out, b_in)) = eval(&in_s, &complement, &mut best) {
-                host_out += b_out;
-                host_in += b_in;
-            }
-        }
-        if collective == Collective::AllReduce {
-            // Gossip among hosts: contract every host to one node (its devices combine for
-            // free); without in-network reduction each element still needs 2(H−1)
-            // transmissions between hosts, so 2(H−1)·M bytes leave and enter hosts in total.
-            let total = 2.0 * (network.nhosts as f64 - 1.0) * m;
-            best = best
-                .max(time_us(total, host_out))
-                .max(time_us(total, host_in));
-        }
-        // Unions of the first j hosts.
-        let hosts = network.nhosts;
-        let step = (hosts - 1).div_ceil(MAX_PREFIX_CUTS).max(1);
-        let mut j = 1;
-        while j < hosts {
-            for v in 0..nv {
-                let inside = network.vertex_host[v].is_some_and(|h| h < j);
-                in_s[v] = inside;
-                complement[v] = !inside;
-            }
-            eval(&in_s, &complement, &mut best);
-            j += step;
-        }
+    if network.nhosts > 1 && collective == Collective::AllReduce {
+        // Gossip among hosts: contract every host to one node (its devices combine for
+        // free); without in-network reduction each element still needs 2(H−1)
+        // transmissions between hosts, so 2(H−1)·M bytes leave and enter hosts in total.
+        let total = 2.0 * (network.nhosts as f64 - 1.0) * m;
+        best = best
+            .max(time_us(total, caps.host_out))
+            .max(time_us(total, caps.host_in));
     }
     if let Some(caps) = route_caps(network) {
         for cut in &caps.cuts {

@@ -102,6 +102,8 @@ pub struct Network {
     adjacency: std::sync::OnceLock<Adjacency>,
     /// The automorphism moving every rank to the next host, if the network has it.
     shift: std::sync::OnceLock<Option<Shift>>,
+    /// The bandwidth bound's cuts and their capacities, found on first use.
+    cut_caps: std::sync::OnceLock<super::bounds::CutCaps>,
 }
 
 /// An automorphism of the network as orbits: that of every rank and every resource, and
@@ -479,7 +481,15 @@ impl Network {
             alltoall: std::sync::OnceLock::new(),
             adjacency: std::sync::OnceLock::new(),
             shift: std::sync::OnceLock::new(),
+            cut_caps: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The cuts the lower bounds weigh and their capacities ([`super::bounds::CutCaps`]),
+    /// found once.
+    pub(super) fn cut_caps(&self) -> &super::bounds::CutCaps {
+        self.cut_caps
+            .get_or_init(|| super::bounds::CutCaps::new(self))
     }
 
     /// The automorphism that moves the `i`-th rank of every host to the `i`-th rank of the
