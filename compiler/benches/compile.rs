@@ -1,5 +1,5 @@
 //! Compile time, plan size and per-rank load time of AllReduce plans on clusters of DGX H100
-//! boxes: 8 ranks (one box), 64, 1024 and 4096 ranks, at the default sizes (1 KiB .. 4 GiB,
+//! boxes: 8 ranks (one box), 64, 1024, 4096 and 32,768 ranks, at the default sizes (1 KiB .. 4 GiB,
 //! factor 2), which is what `hcclc compile` does.
 //!
 //! A compile of thousands of ranks takes seconds to a minute, too long for criterion's ten
@@ -7,14 +7,16 @@
 //! 64 ranks, once beyond) and the median is reported, with the plan's size on disk (symmetric
 //! entries stored as one template, see `hccl_ir::symmetric`), what it would be with every
 //! entry written out in full (unless that is over 4M steps), the process's peak memory, and
-//! the median time of 9 loads of the whole plan (3 when that large); then what a rank of a
+//! the median time of 9 loads of the whole plan as `hcclc verify` and `HCCL_VERIFY=full` read
+//! it (symmetric entries as templates, [`PlanFile::load_compact`]; 3 loads when large); then what a rank of a
 //! job does at start with the plan file (medians of as many): load its own programs ([`PlanFile::load_for_ranks`], through the rank
 //! index of a large plan), check them against the seals and alone
 //! ([`hccl_ir::verify::check_rank`]) and name the plan ([`hccl_ir::PlanPart::identity`]);
 //! then load the programs of its host's 8 ranks. Last, every entry verified again, as
-//! `HCCL_VERIFY=full` does (once).
+//! `HCCL_VERIFY=full` does (once; templates on the template).
 //!
-//! `cargo bench -p hccl-compiler --bench compile [-- RANKS...]` (default: 8 64 1024 4096).
+//! `cargo bench -p hccl-compiler --bench compile [-- RANKS...]` (default: 8 64 1024 4096
+//! 32768).
 
 use hccl_compiler::search::{self, Options};
 use hccl_ir::{CollectiveKind, PlanFile};
@@ -60,7 +62,7 @@ fn main() {
         .filter_map(|a| a.parse().ok())
         .collect();
     let ranks = if wanted.is_empty() {
-        vec![8, 64, 1024, 4096]
+        vec![8, 64, 1024, 4096, 32768]
     } else {
         wanted
     };
@@ -107,19 +109,20 @@ fn main() {
             }
             full.to_ron().len()
         });
-        // Loads of the whole plan expand every entry: fewer repetitions when large.
         let reps = if expanded_steps <= 1 << 22 { 9 } else { 3 };
         let loads = |f: &dyn Fn()| median((0..reps).map(|_| timed(f).1).collect());
+        let path =
+            std::env::temp_dir().join(format!("hccl-bench-{}-{n}.plan.ron", std::process::id()));
+        plan.save(&path).expect("plan written");
+        // The whole plan as `hcclc verify` and `HCCL_VERIFY=full` read it: symmetric
+        // entries held as their templates (`PlanFile::load_compact`).
         let load_all = loads(&|| {
-            PlanFile::from_ron(&text, "bench").expect("loads");
+            PlanFile::load_compact(&path).expect("loads");
         });
         // What a rank of a job does at start with a sealed plan file (written as
         // `hcclc compile` writes it, with a rank index when large): load its own programs,
         // check them against the seals and alone, name the plan for the rendezvous; then,
         // once it knows its host, load the host's ranks' programs.
-        let path =
-            std::env::temp_dir().join(format!("hccl-bench-{}-{n}.plan.ron", std::process::id()));
-        plan.save(&path).expect("plan written");
         let rank = n / 2;
         let start_one = loads(&|| {
             let part = PlanFile::load_for_ranks(&path, &[rank]).expect("loads");
@@ -132,10 +135,10 @@ fn main() {
         let start_host = loads(&|| {
             PlanFile::load_for_ranks(&path, &host).expect("loads");
         });
-        let _ = std::fs::remove_file(&path);
         // With `HCCL_VERIFY=full` (or an unsealed plan) every rank reads the whole plan and
-        // verifies every entry again.
-        let loaded = PlanFile::from_ron(&text, "bench").expect("loads");
+        // verifies every entry again (templates on the template), as `hcclc verify` does.
+        let loaded = PlanFile::load_compact(&path).expect("loads");
+        let _ = std::fs::remove_file(&path);
         let (_, verify_all) = timed(|| hccl_ir::verify::verify_plan(&loaded).expect("verifies"));
         println!(
             "| {n} | {:.2} s | {:.2} GB | {} ({compact}) | {:.2} MB | {} | {:.1} ms | {:.2} ms | {:.2} ms | {:.0} ms |",
