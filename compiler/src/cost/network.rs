@@ -682,30 +682,24 @@ impl Network {
                     .is_some_and(|&m| same_link(l, &self.links[m as usize]))
             })
         };
+        // The vertices a link joins to `v`, either way.
+        let neighbours = |v: u32| {
+            let out = self.out[v as usize]
+                .iter()
+                .map(|&li| self.links[li as usize].to);
+            let inc = adj.into[v as usize]
+                .iter()
+                .map(|&li| self.links[li as usize].from);
+            out.chain(inc)
+        };
         while let Some(u) = queue.pop_front() {
             let fu = vmap[u as usize];
-            let neighbours = self.out[u as usize]
-                .iter()
-                .map(|&li| self.links[li as usize].to)
-                .chain(
-                    adj.into[u as usize]
-                        .iter()
-                        .map(|&li| self.links[li as usize].from),
-                );
-            for v in neighbours {
+            for v in neighbours(u) {
                 if vmap[v as usize] != FREE {
                     continue;
                 }
-                let candidates = self.out[fu as usize]
-                    .iter()
-                    .map(|&li| self.links[li as usize].to)
-                    .chain(
-                        adj.into[fu as usize]
-                            .iter()
-                            .map(|&li| self.links[li as usize].from),
-                    );
                 let mut found = FREE;
-                for w in candidates {
+                for w in neighbours(fu) {
                     if fits(&vmap, &used, v, w) {
                         found = w;
                         break;

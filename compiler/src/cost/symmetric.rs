@@ -477,25 +477,12 @@ impl Simulator {
         let nres = self.network.capacity.len();
         let equivariant = self.equivariant(s, table, r0, &translated, &routes);
         let mut mult = vec![0u32; nres];
-        let mut touched: Vec<u32> = Vec::new();
-        let mut class_resources = Vec::with_capacity(class_peer.len());
-        for class_routes in routes.chunks(n as usize) {
-            for route in class_routes {
-                for &r in &route.resources {
-                    if mult[r as usize] == 0 {
-                        touched.push(r);
-                    }
-                    mult[r as usize] += 1;
-                }
-            }
-            touched.sort_unstable();
-            class_resources.push(
-                touched
-                    .drain(..)
-                    .map(|r| (r, std::mem::take(&mut mult[r as usize])))
-                    .collect::<Vec<_>>(),
-            );
-        }
+        let class_resources = routes
+            .chunks(n as usize)
+            .map(|class_routes| {
+                multiplicities(class_routes.iter().flat_map(|r| &r.resources), &mut mult)
+            })
+            .collect();
         Ok((class_resources, equivariant))
     }
 
@@ -542,7 +529,6 @@ impl Simulator {
             }
         }
         let mut mult = vec![0u32; net.capacity.len()];
-        let mut touched: Vec<u32> = Vec::new();
         let mut class_resources = Vec::with_capacity(class_peer.len());
         let mut at: Vec<u32> = Vec::new();
         for route in &base {
@@ -555,19 +541,7 @@ impl Simulator {
                     at.push(r);
                 }
             }
-            for &r in &at {
-                if mult[r as usize] == 0 {
-                    touched.push(r);
-                }
-                mult[r as usize] += 1;
-            }
-            touched.sort_unstable();
-            class_resources.push(
-                touched
-                    .drain(..)
-                    .map(|r| (r, std::mem::take(&mut mult[r as usize])))
-                    .collect::<Vec<_>>(),
-            );
+            class_resources.push(multiplicities(&at, &mut mult));
         }
         Some(class_resources)
     }
@@ -681,6 +655,26 @@ impl Simulator {
             Form::Template(t) => run_template(self, t, p.nranks, bytes, protocol),
         }
     }
+}
+
+/// How many times each resource occurs in `resources`, as (resource, count) by resource;
+/// `mult` is zero throughout before and after (scratch indexed by resource).
+fn multiplicities<'a>(
+    resources: impl IntoIterator<Item = &'a u32>,
+    mult: &mut [u32],
+) -> Vec<(u32, u32)> {
+    let mut touched: Vec<u32> = Vec::new();
+    for &r in resources {
+        if mult[r as usize] == 0 {
+            touched.push(r);
+        }
+        mult[r as usize] += 1;
+    }
+    touched.sort_unstable();
+    touched
+        .into_iter()
+        .map(|r| (r, std::mem::take(&mut mult[r as usize])))
+        .collect()
 }
 
 /// The generators of a symmetry's translation group as grid positions (a unit step of
