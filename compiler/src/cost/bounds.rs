@@ -208,7 +208,7 @@ enum Side {
 /// network ([`Network::cut_caps`](super::Network)) and every size and collective only
 /// weighs them by the bytes that must cross.
 #[derive(Debug, Default)]
-pub struct CutCaps {
+pub(crate) struct CutCaps {
     cuts: Vec<(Side, u32, f64, f64)>,
     /// Capacity out of and into every host, summed (the host-level gossip bound).
     host_out: f64,
@@ -298,7 +298,7 @@ fn bandwidth_bound(network: &Network, collective: Collective, m: f64) -> f64 {
     let n = network.nranks();
     let root = collective.root();
     let root_vertex = root.and_then(|r| network.rank_vertex.get(r as usize).copied());
-    let root_host = root.and_then(|r| network.host_of.get(r as usize).copied());
+    let root_host = root_vertex.and_then(|v| network.vertex_host[v as usize]);
     let caps = network.cut_caps();
     let mut best = 0.0f64;
     for &(side, k, b_out, b_in) in &caps.cuts {

@@ -184,7 +184,6 @@ struct Adjacency {
 /// path ([`Network::unique_routes`]). Found by [`Network::automorphism`].
 #[derive(Debug, Clone)]
 pub struct Automorphism {
-    vertex: Vec<u32>,
     resource: Vec<u32>,
 }
 
@@ -193,18 +192,18 @@ impl Automorphism {
     pub fn resource(&self, r: u32) -> u32 {
         self.resource[r as usize]
     }
+}
 
-    /// The image of a vertex.
-    pub fn vertex(&self, v: u32) -> u32 {
-        self.vertex[v as usize]
-    }
-
-    /// The image of a route: the same latency, class, bottleneck and hops over the images
-    /// of its resources.
-    pub fn map_route(&self, route: &Route) -> Route {
+impl Route {
+    /// This route's image under a map of resources (an automorphism's power): the same
+    /// latency, class, bottleneck and hops.
+    fn carried(&self, map: impl Fn(u32) -> u32) -> Route {
         Route {
-            resources: route.resources.iter().map(|&r| self.resource(r)).collect(),
-            ..route.clone()
+            resources: self.resources.iter().map(|&r| map(r)).collect(),
+            latency_us: self.latency_us,
+            class: self.class,
+            bottleneck: self.bottleneck,
+            hops: self.hops,
         }
     }
 }
@@ -549,11 +548,7 @@ impl Network {
         };
         let canon: Vec<(u32, u32, u32)> =
             pairs.iter().map(|&(a, b)| shift.canonical(a, b)).collect();
-        let mut by_source: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-        for &(a0, b0, _) in &canon {
-            by_source.entry(a0).or_default().push(b0);
-        }
-        let batches = distinct_destinations(by_source);
+        let batches = batches(canon.iter().map(|&(a0, b0, _)| (a0, b0)));
         let found: Vec<Vec<Option<(Route, bool)>>> = batches
             .iter()
             .map(|(src, dsts)| {
@@ -563,17 +558,9 @@ impl Network {
         let mut out: Vec<Option<Route>> = Vec::with_capacity(pairs.len());
         let mut left: Vec<(u32, u32)> = Vec::new();
         for (&(a, b), &(a0, b0, k)) in pairs.iter().zip(&canon) {
-            let i = batches.partition_point(|(src, _)| *src < a0);
-            let j = batches[i].1.binary_search(&b0).unwrap_or(0);
+            let (i, j) = batch_slot(&batches, a0, b0);
             match &found[i][j] {
-                Some((route, true)) => out.push(Some(Route {
-                    resources: route
-                        .resources
-                        .iter()
-                        .map(|&r| shift.resource(r, k))
-                        .collect(),
-                    ..route.clone()
-                })),
+                Some((route, true)) => out.push(Some(route.carried(|r| shift.resource(r, k)))),
                 _ => {
                     out.push(None);
                     left.push((a, b));
@@ -593,11 +580,7 @@ impl Network {
     /// Routes for `pairs` (same order; checked, distinct ends), each searched from its own
     /// source ([`Network::search`]).
     fn search_pairs(&self, pairs: &[(u32, u32)]) -> Result<Vec<Route>, CostError> {
-        let mut by_source: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-        for &(a, b) in pairs {
-            by_source.entry(a).or_default().push(b);
-        }
-        let batches = distinct_destinations(by_source);
+        let batches = batches(pairs.iter().copied());
         let found = self
             .search(&batches)
             .into_iter()
@@ -605,9 +588,8 @@ impl Network {
         Ok(pairs
             .iter()
             .map(|&(a, b)| {
-                let i = batches.partition_point(|(src, _)| *src < a);
-                let k = batches[i].1.binary_search(&b).unwrap_or(0);
-                found[i][k].clone()
+                let (i, j) = batch_slot(&batches, a, b);
+                found[i][j].clone()
             })
             .collect())
     }
@@ -747,10 +729,7 @@ impl Network {
         if resource.contains(&FREE) {
             return None;
         }
-        Some(Automorphism {
-            vertex: vmap,
-            resource,
-        })
+        Some(Automorphism { resource })
     }
 
     /// The AllToAll flow rate of this network (GB/s per ordered rank pair; see
@@ -906,7 +885,7 @@ impl Network {
     /// by two links with the same label, so the search's order of relaxing links decided
     /// nothing); `None` otherwise. A unique route's image under an [`Automorphism`] is the
     /// unique route between the images of its ends (the search sees the same labels there),
-    /// which is what lets [`Automorphism::map_route`] stand for a search.
+    /// which is what lets a carried route stand for a search.
     pub fn unique_routes(&self, src: u32, dsts: &[u32]) -> Option<Vec<Route>> {
         SCRATCH.with(|scratch| {
             self.switched_routes(&mut scratch.borrow_mut(), src, dsts)
@@ -1156,6 +1135,21 @@ impl Network {
             })
             .collect()
     }
+}
+
+/// `pairs` as route batches by source ([`distinct_destinations`]), sources ascending.
+fn batches(pairs: impl IntoIterator<Item = (u32, u32)>) -> Vec<(u32, Vec<u32>)> {
+    let mut by_source: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for (a, b) in pairs {
+        by_source.entry(a).or_default().push(b);
+    }
+    distinct_destinations(by_source)
+}
+
+/// Where the pair `(a, b)` sits in [`batches`] of pairs that hold it: (batch, destination).
+fn batch_slot(batches: &[(u32, Vec<u32>)], a: u32, b: u32) -> (usize, usize) {
+    let i = batches.partition_point(|(src, _)| *src < a);
+    (i, batches[i].1.binary_search(&b).unwrap_or(0))
 }
 
 /// Route batches (source, destinations) with each batch's destinations sorted and distinct.

@@ -512,20 +512,16 @@ impl Simulator {
             })
             .collect::<Option<Vec<_>>>()?;
         let base = net.unique_routes(r0, class_peer)?;
-        // Every translate's ends are its predecessor's moved by the generator.
-        let translations = (0..n)
-            .map(|pos| table.translation(pos))
+        // `T_pos = T_g ∘ T_pred` for every step: a translation is the one by its offset, and
+        // `r0` sits at position 0, so it suffices that `T_g` moves the rank at `pred` to the
+        // rank at `pos`. Then every translate's ends are its predecessor's moved by `g`.
+        let gens = generators
+            .iter()
+            .map(|&g| table.translation(g))
             .collect::<Option<Vec<_>>>()?;
         for (pos, &(pred, gi)) in steps.iter().enumerate().skip(1) {
-            let g = &translations[generators[gi]];
-            let (now, before) = (&translations[pos], &translations[pred]);
-            if table.rank_at(pos) != Some(now.rank(r0)) {
+            if table.rank_at(pred).map(|x| gens[gi].rank(x)) != table.rank_at(pos) {
                 return None;
-            }
-            for &x in std::iter::once(&r0).chain(class_peer) {
-                if now.rank(x) != g.rank(before.rank(x)) {
-                    return None;
-                }
             }
         }
         let mut mult = vec![0u32; net.capacity.len()];
