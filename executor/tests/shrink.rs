@@ -411,10 +411,19 @@ fn kill_one_of_four(
     let killed = unix_ns();
     v.kill().expect("kill the victim");
     let _ = v.wait();
+    // Every survivor waited for (or killed past the limit) before any assertion, so a
+    // failing rank leaves no process behind.
+    let finished: Vec<(usize, Option<i32>, String)> = children
+        .into_iter()
+        .enumerate()
+        .filter_map(|(r, c)| c.map(|c| (r, c)))
+        .map(|(r, c)| {
+            let (code, text) = common::wait_output(c, Duration::from_secs(60));
+            (r, code, text)
+        })
+        .collect();
     let mut out = Vec::new();
-    for (r, c) in children.into_iter().enumerate() {
-        let Some(c) = c else { continue };
-        let (code, text) = common::wait_output(c, Duration::from_secs(60));
+    for (r, code, text) in finished {
         assert_eq!(code, Some(0), "rank {r}:\n{text}");
         assert!(
             text.contains(&format!("rank {victim} failed")),
