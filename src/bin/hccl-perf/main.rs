@@ -1144,8 +1144,14 @@ fn finish(printer: Printer, label: &str, rows: &[Row]) -> Result<(), Failure> {
 fn run_threads(args: &Args) -> Result<(), Failure> {
     let (coll, dtype, op) = parse_choice(args)?;
     let n = args.ranks;
-    if n == 0 || coll.root().is_some_and(|r| r >= n) {
-        return Err(Failure::Usage(format!("need -g >= 1 and root < {n}")));
+    if n == 0 {
+        return Err(Failure::Usage("need -g >= 1".into()));
+    }
+    if let Some(r) = coll.root().filter(|&r| r >= n) {
+        return Err(Failure::Usage(format!(
+            "--root {r} is not a rank of -g {n} (ranks 0..{})",
+            n - 1
+        )));
     }
     let sizes = nominal_sizes(args)?;
     let (mut plan, label, topo) = obtain_plan(args, coll.kind(), n, true)?;
