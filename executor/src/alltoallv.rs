@@ -1,6 +1,7 @@
 //! AllToAllv: AllToAll with a count and a displacement per peer on both sides
 //! (`MPI_Alltoallv`), on the threads and process backends (one host or many, TCP or RDMA),
-//! replayed from the plan's AllToAll schedules. The CUDA backend has no AllToAllv.
+//! replayed from the plan's AllToAll schedules. The CUDA backend lowers AllToAllv itself
+//! (`cuda::lower::lower_v`), with [`blockwise`] choosing the entries it can take.
 //!
 //! # Rounds
 //!

@@ -512,6 +512,24 @@ pub fn plan_with(n: u32, channels: u32, parts: u32) -> PlanFile {
     plan
 }
 
+/// A plan with one entry: the out-of-place pairwise AllToAll of shape (`channels`, `parts`),
+/// for every size. What the CUDA backend replays an AllToAllv on when the job's plan has no
+/// AllToAll that moves blocks straight to their ranks.
+pub fn alltoall_plan(n: u32, channels: u32, parts: u32) -> PlanFile {
+    let mut plan = PlanFile::new(PlanMeta {
+        topology: format!("builtin-{n}"),
+        topology_hash: String::new(),
+        compiler: format!("hccl-executor {} fallback", env!("CARGO_PKG_VERSION")),
+    });
+    plan.entries.push(entry(
+        0,
+        None,
+        "pairwise",
+        pairwise_alltoall(n, channels, parts, false),
+    ));
+    plan
+}
+
 /// The default fallback plan for `n` ranks (two channels, one chunk per rank and channel).
 pub fn plan(n: u32) -> PlanFile {
     plan_with(n, 2, 1)

@@ -4,7 +4,7 @@
 #![cfg(feature = "cuda")]
 
 use half::{bf16, f16};
-use hccl_executor::cuda::{Call, CudaGroup, DeviceMap, probe};
+use hccl_executor::cuda::{BlockLayout, Call, CudaGroup, DeviceMap, VCall, probe};
 use hccl_executor::{DataType, Element, ReduceOp, fallback};
 use hccl_ir::{Collective, CollectiveKind};
 
@@ -214,6 +214,99 @@ fn graph_replays_repeat_the_result_with_new_data() {
     };
     for seed in 0..3 {
         check_dtype(&mut g, call, true, seed).expect("graph replay");
+    }
+}
+
+/// Skewed AllToAllv counts (zeros included) with a gap before every receive block.
+fn skewed_layout(n: usize, scale: usize) -> BlockLayout {
+    let counts: Vec<Vec<usize>> = (0..n)
+        .map(|r| {
+            (0..n)
+                .map(|p| {
+                    if (r + 2 * p) % 5 == 3 {
+                        0
+                    } else {
+                        scale * (1 + (r * 3 + p) % 4)
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    let mut layout = BlockLayout::packed(counts);
+    for row in &mut layout.recv_displs {
+        for (p, d) in row.iter_mut().enumerate() {
+            *d += p + 1;
+        }
+    }
+    layout
+}
+
+/// Runs an AllToAllv of `layout` (i32) and compares every received block with what its
+/// sender sent.
+fn check_v(g: &mut CudaGroup, layout: &BlockLayout, graph: bool, seed: u64) -> Result<(), String> {
+    let n = g.nranks() as usize;
+    let call = VCall {
+        dtype: DataType::I32,
+        layout: layout.clone(),
+    };
+    let ctx = |e: hccl_executor::cuda::CudaError| format!("alltoallv graph={graph}: {e}");
+    let inputs: Vec<Vec<i32>> = (0..n)
+        .map(|r| {
+            (0..layout.send_len(r))
+                .map(|i| value(ReduceOp::Sum, r as u32, i, seed))
+                .collect()
+        })
+        .collect();
+    for (r, input) in inputs.iter().enumerate() {
+        g.write_input_v(&call, r as u32, input).map_err(ctx)?;
+    }
+    g.run_v(&call, graph).map_err(ctx)?;
+    for r in 0..n {
+        let got: Vec<i32> = g.read_output_v(&call, r as u32).map_err(ctx)?;
+        for (p, sent) in inputs.iter().enumerate() {
+            let c = layout.recv_counts[r][p];
+            let (d, sd) = (layout.recv_displs[r][p], layout.send_displs[p][r]);
+            if c > 0 && got[d..d + c] != sent[sd..sd + c] {
+                return Err(format!(
+                    "alltoallv graph={graph}: rank {r}'s block from rank {p} differs"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn alltoallv_matches_what_was_sent() {
+    if skip().is_some() {
+        return;
+    }
+    for n in [2u32, 8] {
+        // A plan whose AllToAll (pairwise) moves blocks straight to their ranks, and one with
+        // no AllToAll at all, where the group falls back to its built-in pairwise schedule.
+        let full = fallback::plan_with(n, 2, 1);
+        let mut no_alltoall = full.clone();
+        no_alltoall
+            .entries
+            .retain(|e| e.schedule.collective != Collective::AllToAll);
+        for plan in [full, no_alltoall] {
+            let mut g = CudaGroup::new(&plan, n, DeviceMap::single(0, n)).expect("group");
+            for (seed, scale) in [(1, 1), (2, 1000), (3, 1 << 18)] {
+                let layout = skewed_layout(n as usize, scale);
+                for graph in [false, true] {
+                    check_v(&mut g, &layout, graph, seed).expect("alltoallv");
+                }
+            }
+            let bad = {
+                let mut l = skewed_layout(n as usize, 4);
+                l.recv_counts[1][0] += 1;
+                l
+            };
+            assert!(
+                check_v(&mut g, &bad, false, 9).is_err(),
+                "disagreeing counts must be refused"
+            );
+        }
     }
 }
 

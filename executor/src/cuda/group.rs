@@ -1,7 +1,7 @@
 //! [`CudaGroup`]: all ranks of a group in this process, on one or several GPUs.
 
 use super::kernels::{self, THREADS};
-use super::lower::{self, Cmd, Lowered, Mem, Placement, Span};
+use super::lower::{self, BlockLayout, Cmd, Lowered, Mem, Placement, Span};
 use super::{CudaError, drv, probe};
 use crate::config::Config;
 use crate::dtype::{DataType, Element, ReduceOp};
@@ -94,6 +94,22 @@ impl Call {
             (false, _) => (false, 0, inl, 0, outl),
         }
     }
+}
+
+/// An AllToAllv of a group: the element type and every rank's blocks (see
+/// [`BlockLayout`]). Rank `r`'s input holds [`BlockLayout::send_len`]`(r)` elements and its
+/// output [`BlockLayout::recv_len`]`(r)`; zero counts are allowed.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct VCall {
+    pub dtype: DataType,
+    pub layout: BlockLayout,
+}
+
+/// A call of either kind, as the cache and the launch path see it.
+#[derive(Clone, Copy)]
+enum Which<'a> {
+    Plain(&'a Call),
+    V(&'a VCall),
 }
 
 /// Device memory from `cuMemAlloc` (plain allocations, so peers can map them).
@@ -266,6 +282,10 @@ pub struct CudaGroup {
     rank_streams: Vec<Vec<Arc<CudaStream>>>,
     bufs: Vec<RankBufs>,
     cache: HashMap<Call, Prepared>,
+    vcache: HashMap<VCall, Prepared>,
+    /// The built-in pairwise AllToAll (verified) that AllToAllv runs on when no AllToAll
+    /// entry of the plan moves blocks straight to their ranks.
+    v_fallback: Option<Vec<Entry>>,
 }
 
 impl CudaGroup {
@@ -345,6 +365,8 @@ impl CudaGroup {
             rank_streams: vec![Vec::new(); nranks as usize],
             bufs: (0..nranks).map(|_| RankBufs::default()).collect(),
             cache: HashMap::new(),
+            vcache: HashMap::new(),
+            v_fallback: None,
         })
     }
 
@@ -432,6 +454,110 @@ impl CudaGroup {
             direct: &self.direct,
         };
         let lowered = lower::lower(&entries, &shape, &access)?;
+        tracing::debug!(
+            call = ?call,
+            queues = lowered.queues.len(),
+            commands = lowered.cmds.len(),
+            staged_for_order = lowered.staged_for_order,
+            "cuda: lowered call"
+        );
+        let prepared = self.install(lowered, call.dtype, shape.op)?;
+        self.cache.insert(*call, prepared);
+        Ok(())
+    }
+
+    /// The AllToAll entry (compiled per rank) an AllToAllv of `call` replays: of the plan's
+    /// out-of-place AllToAll entries that move blocks straight to their ranks on every rank,
+    /// the one for blocks of the call's largest size, or the nearest; else the built-in
+    /// pairwise AllToAll.
+    fn entry_for_v(&mut self, call: &VCall) -> Result<Vec<Entry>, CudaError> {
+        let n = self.nranks;
+        let bytes = (call.layout.largest() * n as usize * call.dtype.size()) as u64;
+        let mut best: Option<(u64, usize)> = None;
+        for k in 0..self.keep.len() {
+            let i = self.keep[k];
+            let e = &self.plan.entries[i];
+            if e.schedule.collective != Collective::AllToAll || e.schedule.in_place {
+                continue;
+            }
+            if !self.compiled.contains_key(&i) {
+                let per_rank = (0..n)
+                    .map(|r| program::compile(i, &self.plan.entries[i], r, &self.conns))
+                    .collect::<Result<Vec<_>, _>>()?;
+                self.compiled.insert(i, per_rank);
+            }
+            let compiled = &self.compiled[&i];
+            if !(0..n).all(|r| crate::alltoallv::blockwise(&compiled[r as usize], r, n)) {
+                continue;
+            }
+            let e = &self.plan.entries[i];
+            let distance = if e.covers(bytes) {
+                0
+            } else if bytes < e.min_bytes {
+                e.min_bytes - bytes
+            } else {
+                bytes.saturating_sub(e.max_bytes.unwrap_or(u64::MAX))
+            };
+            if best.is_none_or(|(d, _)| distance < d) {
+                best = Some((distance, i));
+            }
+        }
+        if let Some((_, i)) = best {
+            return Ok(self.compiled[&i].clone());
+        }
+        if self.v_fallback.is_none() {
+            let plan = crate::fallback::alltoall_plan(n, 2, 1);
+            let (keep, conns) = crate::comm::prepare_plan(&plan, n, &Config::default())?;
+            let i = *keep.first().ok_or_else(|| {
+                CudaError::Internal("the built-in AllToAll plan has no entry".into())
+            })?;
+            let per_rank = (0..n)
+                .map(|r| program::compile(i, &plan.entries[i], r, &conns))
+                .collect::<Result<Vec<_>, _>>()?;
+            tracing::info!(
+                "cuda: alltoallv: no AllToAll entry of the plan moves blocks straight to their \
+                 ranks; using the built-in pairwise AllToAll"
+            );
+            self.v_fallback = Some(per_rank);
+        }
+        self.v_fallback
+            .clone()
+            .ok_or_else(|| CudaError::Internal("fallback entry vanished".into()))
+    }
+
+    /// Lowers an AllToAllv, sizes buffers and streams for it, and caches the result (see
+    /// [`CudaGroup::prepare`]). The layout is checked first: every pair's two ends must
+    /// agree on the count, and no output blocks may overlap.
+    pub fn prepare_v(&mut self, call: &VCall) -> Result<(), CudaError> {
+        if self.vcache.contains_key(call) {
+            return Ok(());
+        }
+        call.layout.check(self.nranks as usize)?;
+        let entries = self.entry_for_v(call)?;
+        let access = Access {
+            rank_dev: &self.rank_dev,
+            direct: &self.direct,
+        };
+        let lowered = lower::lower_v(&entries, &call.layout, call.dtype.size(), &access)?;
+        tracing::debug!(
+            entry = entries.first().map_or(0, |e| e.index),
+            queues = lowered.queues.len(),
+            commands = lowered.cmds.len(),
+            "cuda: lowered alltoallv"
+        );
+        let prepared = self.install(lowered, call.dtype, ReduceOp::Sum)?;
+        self.vcache.insert(call.clone(), prepared);
+        Ok(())
+    }
+
+    /// Sizes buffers (growing one drops every cached call: their pointers change) and
+    /// streams for `lowered`, and creates its staging areas and events.
+    fn install(
+        &mut self,
+        lowered: Lowered,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<Prepared, CudaError> {
         // buffers
         let mut grow = false;
         for r in 0..self.nranks as usize {
@@ -449,6 +575,7 @@ impl CudaGroup {
         if grow {
             self.synchronize_all()?;
             self.cache.clear();
+            self.vcache.clear();
             for r in 0..self.nranks as usize {
                 let ctx = self.devs[self.rank_dev[r]].ctx.clone();
                 let b = &mut self.bufs[r];
@@ -495,27 +622,30 @@ impl CudaGroup {
             let ctx = self.queue_ctx(&lowered, q);
             joins.push(drv(|| "creating an event".into(), ctx.new_event(None))?);
         }
-        tracing::debug!(
-            call = ?call,
-            queues = lowered.queues.len(),
-            commands = lowered.cmds.len(),
-            staged_for_order = lowered.staged_for_order,
-            "cuda: lowered call"
-        );
-        self.cache.insert(
-            *call,
-            Prepared {
-                lowered,
-                staging,
-                events,
-                fork,
-                joins,
-                graph: None,
-                dtype: call.dtype,
-                op: shape.op,
-            },
-        );
-        Ok(())
+        Ok(Prepared {
+            lowered,
+            staging,
+            events,
+            fork,
+            joins,
+            graph: None,
+            dtype,
+            op,
+        })
+    }
+
+    fn prepared(&self, w: Which<'_>) -> Option<&Prepared> {
+        match w {
+            Which::Plain(c) => self.cache.get(c),
+            Which::V(v) => self.vcache.get(v),
+        }
+    }
+
+    fn prepare_which(&mut self, w: Which<'_>) -> Result<(), CudaError> {
+        match w {
+            Which::Plain(c) => self.prepare(c),
+            Which::V(v) => self.prepare_v(v),
+        }
     }
 
     fn queue_ctx(&self, lowered: &Lowered, q: u32) -> Arc<CudaContext> {
@@ -692,15 +822,23 @@ impl CudaGroup {
     /// `graph`, the replay is captured into a CUDA Graph the first time and relaunched after
     /// (all ranks must share one device).
     pub fn launch(&mut self, call: &Call, graph: bool) -> Result<(), CudaError> {
-        self.prepare(call)?;
+        self.launch_which(Which::Plain(call), graph)
+    }
+
+    /// Enqueues an AllToAllv (see [`CudaGroup::launch`]).
+    pub fn launch_v(&mut self, call: &VCall, graph: bool) -> Result<(), CudaError> {
+        self.launch_which(Which::V(call), graph)
+    }
+
+    fn launch_which(&mut self, call: Which<'_>, graph: bool) -> Result<(), CudaError> {
+        self.prepare_which(call)?;
         if graph && self.devs.len() > 1 {
             return Err(CudaError::Invalid(
                 "CUDA graphs are supported when all ranks share one device".into(),
             ));
         }
         let prep = self
-            .cache
-            .get(call)
+            .prepared(call)
             .ok_or_else(|| CudaError::Internal("prepared call vanished".into()))?;
         if !graph {
             return self.issue(prep);
@@ -720,7 +858,11 @@ impl CudaGroup {
             .ok_or_else(|| CudaError::Internal("the capture produced no graph".into()))?;
         drv(|| "uploading the graph".into(), g.upload())?;
         drv(|| "launching the graph".into(), g.launch())?;
-        if let Some(p) = self.cache.get_mut(call) {
+        let slot = match call {
+            Which::Plain(c) => self.cache.get_mut(c),
+            Which::V(v) => self.vcache.get_mut(v),
+        };
+        if let Some(p) = slot {
             p.graph = Some(g);
         }
         Ok(())
@@ -741,6 +883,105 @@ impl CudaGroup {
     pub fn run(&mut self, call: &Call, graph: bool) -> Result<(), CudaError> {
         self.launch(call, graph)?;
         self.synchronize()
+    }
+
+    /// Runs an AllToAllv to completion (see [`CudaGroup::launch_v`]).
+    pub fn run_v(&mut self, call: &VCall, graph: bool) -> Result<(), CudaError> {
+        self.launch_v(call, graph)?;
+        self.synchronize()
+    }
+
+    /// Copies `data` into `rank`'s input of an AllToAllv ([`BlockLayout::send_len`] elements).
+    pub fn write_input_v<T: Element>(
+        &mut self,
+        call: &VCall,
+        rank: u32,
+        data: &[T],
+    ) -> Result<(), CudaError> {
+        self.check_rank_type::<T>(call.dtype, rank)?;
+        self.prepare_v(call)?;
+        let len = call.layout.send_len(rank as usize);
+        if data.len() != len {
+            return Err(CudaError::Invalid(format!(
+                "rank {rank}: alltoallv input has {} elements, its blocks need {len}",
+                data.len()
+            )));
+        }
+        let span = Span {
+            mem: Mem::Send(rank),
+            off: 0,
+            len: len * call.dtype.size(),
+        };
+        self.copy_in(rank, &span, data)
+    }
+
+    /// Reads `rank`'s output of the last AllToAllv of `call` ([`BlockLayout::recv_len`]
+    /// elements; what lies between its blocks is unspecified).
+    pub fn read_output_v<T: Element>(
+        &mut self,
+        call: &VCall,
+        rank: u32,
+    ) -> Result<Vec<T>, CudaError> {
+        self.check_rank_type::<T>(call.dtype, rank)?;
+        self.prepare_v(call)?;
+        let len = call.layout.recv_len(rank as usize);
+        let span = Span {
+            mem: Mem::Recv(rank),
+            off: 0,
+            len: len * call.dtype.size(),
+        };
+        self.copy_out(rank, &span, len)
+    }
+
+    /// Mean time per AllToAllv in microseconds (see [`CudaGroup::time_call`]).
+    pub fn time_call_v(&mut self, call: &VCall, graph: bool, iters: u32) -> Result<f64, CudaError> {
+        self.time_which(Which::V(call), graph, iters)
+    }
+
+    /// The lowered form of an AllToAllv, for tools and tests.
+    pub fn lowered_v(&mut self, call: &VCall) -> Result<&Lowered, CudaError> {
+        self.prepare_v(call)?;
+        self.vcache
+            .get(call)
+            .map(|p| &p.lowered)
+            .ok_or_else(|| CudaError::Internal("prepared call vanished".into()))
+    }
+
+    fn copy_in<T: Element>(&self, rank: u32, span: &Span, data: &[T]) -> Result<(), CudaError> {
+        if span.len == 0 {
+            return Ok(());
+        }
+        let ptr = self.plain_ptr(span)?;
+        self.synchronize()?;
+        let ctx = &self.devs[self.rank_dev[rank as usize]].ctx;
+        drv(|| "binding the context".into(), ctx.bind_to_thread())?;
+        // SAFETY: `ptr` is valid for `span.len` bytes (checked), which the caller sized to
+        // `data`, and `T` is a plain number type (sealed `Element`), so its bytes can be
+        // copied as they are.
+        drv(|| "copying input to the device".into(), unsafe {
+            result::memcpy_htod_sync(ptr, data)
+        })
+    }
+
+    fn copy_out<T: Element>(
+        &self,
+        rank: u32,
+        span: &Span,
+        len: usize,
+    ) -> Result<Vec<T>, CudaError> {
+        let mut out = vec![T::default(); len];
+        if span.len == 0 {
+            return Ok(out);
+        }
+        let ptr = self.plain_ptr(span)?;
+        self.synchronize()?;
+        let ctx = &self.devs[self.rank_dev[rank as usize]].ctx;
+        drv(|| "binding the context".into(), ctx.bind_to_thread())?;
+        // SAFETY: as in `copy_in`, in the other direction.
+        drv(|| "copying output from the device".into(), unsafe {
+            result::memcpy_dtoh_sync(&mut out, ptr)
+        })?;
+        Ok(out)
     }
 
     /// Copies `data` into `rank`'s input of `call` (sized for it first).
@@ -769,15 +1010,7 @@ impl CudaGroup {
             off: off * es,
             len: len * es,
         };
-        let ptr = self.plain_ptr(&span)?;
-        self.synchronize()?;
-        let ctx = &self.devs[self.rank_dev[rank as usize]].ctx;
-        drv(|| "binding the context".into(), ctx.bind_to_thread())?;
-        // SAFETY: `ptr` is valid for `len·es` bytes (checked), and `T` is a plain number type
-        // (sealed `Element`), so its bytes can be copied as they are.
-        drv(|| "copying input to the device".into(), unsafe {
-            result::memcpy_htod_sync(ptr, data)
-        })
+        self.copy_in(rank, &span, data)
     }
 
     /// Reads `rank`'s output of the last `call`.
@@ -791,16 +1024,7 @@ impl CudaGroup {
             off: off * es,
             len: len * es,
         };
-        let ptr = self.plain_ptr(&span)?;
-        self.synchronize()?;
-        let mut out = vec![T::default(); len];
-        let ctx = &self.devs[self.rank_dev[rank as usize]].ctx;
-        drv(|| "binding the context".into(), ctx.bind_to_thread())?;
-        // SAFETY: as in `write_input`, in the other direction.
-        drv(|| "copying output from the device".into(), unsafe {
-            result::memcpy_dtoh_sync(&mut out, ptr)
-        })?;
-        Ok(out)
+        self.copy_out(rank, &span, len)
     }
 
     /// Sets every byte of every rank's input of `call` to `byte` on the device (fast fill
@@ -834,7 +1058,12 @@ impl CudaGroup {
     /// Mean time per call in microseconds over `iters` back-to-back launches, measured
     /// with CUDA events on the origin stream after one warm-up launch.
     pub fn time_call(&mut self, call: &Call, graph: bool, iters: u32) -> Result<f64, CudaError> {
-        self.run(call, graph)?;
+        self.time_which(Which::Plain(call), graph, iters)
+    }
+
+    fn time_which(&mut self, call: Which<'_>, graph: bool, iters: u32) -> Result<f64, CudaError> {
+        self.launch_which(call, graph)?;
+        self.synchronize()?;
         let origin = self.devs[self.rank_dev[0]].main.clone();
         let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
         let ctx = self.devs[self.rank_dev[0]].ctx.clone();
@@ -842,7 +1071,7 @@ impl CudaGroup {
         let end = drv(|| "creating a timing event".into(), ctx.new_event(flags))?;
         drv(|| "recording".into(), start.record(&origin))?;
         for _ in 0..iters.max(1) {
-            self.launch(call, graph)?;
+            self.launch_which(call, graph)?;
         }
         drv(|| "recording".into(), end.record(&origin))?;
         drv(|| "waiting for the timed calls".into(), end.synchronize())?;
@@ -860,11 +1089,15 @@ impl CudaGroup {
     }
 
     fn check_type<T: Element>(&self, call: &Call, rank: u32) -> Result<(), CudaError> {
-        if T::DTYPE != call.dtype {
+        self.check_rank_type::<T>(call.dtype, rank)
+    }
+
+    fn check_rank_type<T: Element>(&self, dtype: DataType, rank: u32) -> Result<(), CudaError> {
+        if T::DTYPE != dtype {
             return Err(CudaError::Invalid(format!(
                 "element type {} does not match the call's {}",
                 T::DTYPE,
-                call.dtype
+                dtype
             )));
         }
         if rank >= self.nranks {

@@ -33,6 +33,16 @@
 //! element ranges of the CPU engine with one segment. Scratch chunk `i` starts at
 //! `i·maxc` elements (the largest chunk); an operation on a chunk moves the length of its
 //! shortest user-buffer side.
+//!
+//! # AllToAllv
+//!
+//! An AllToAllv ([`lower_v`]) lowers an AllToAll entry whose every rank program moves chunks
+//! only from input block `b` to rank `b`'s output block of the sender, and copies its own
+//! block, with no scratch (`alltoallv::blockwise`: pairwise and mesh schedules) with a
+//! [`BlockLayout`]: chunk `j` of block `b` (`cpb` chunks per block) of rank `r` covers
+//! `[d + j·c/cpb, d + (j+1)·c/cpb)` with `d`, `c` that block's displacement and count on that
+//! side (what `r` sends `b` in its input, what it receives from `b` in its output). The
+//! layout is checked first so that both ends of every message agree on its size.
 
 use crate::cuda::CudaError;
 use crate::dtype::ReduceOp;
@@ -216,21 +226,171 @@ impl Placement for OneDevice {
     }
 }
 
+/// The blocks of an AllToAllv for every rank of a group, in elements: `send_counts[r][p]`
+/// elements of rank `r`'s input from `send_displs[r][p]` go to rank `p`, and
+/// `recv_counts[r][p]` elements from rank `p` land at `recv_displs[r][p]` of `r`'s output
+/// (`MPI_Alltoallv`'s arguments, for all ranks at once).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BlockLayout {
+    pub send_counts: Vec<Vec<usize>>,
+    pub send_displs: Vec<Vec<usize>>,
+    pub recv_counts: Vec<Vec<usize>>,
+    pub recv_displs: Vec<Vec<usize>>,
+}
+
+impl BlockLayout {
+    /// The layout where `counts[r][p]` elements go from rank `r` to rank `p`, every rank's
+    /// blocks packed in rank order on both sides.
+    pub fn packed(counts: Vec<Vec<usize>>) -> BlockLayout {
+        let n = counts.len();
+        let displs = |c: &[usize]| {
+            c.iter()
+                .scan(0usize, |at, &x| {
+                    let d = *at;
+                    *at = at.saturating_add(x);
+                    Some(d)
+                })
+                .collect::<Vec<_>>()
+        };
+        let recv_counts: Vec<Vec<usize>> = (0..n)
+            .map(|r| {
+                (0..n)
+                    .map(|p| counts[p].get(r).copied().unwrap_or(0))
+                    .collect()
+            })
+            .collect();
+        BlockLayout {
+            send_displs: counts.iter().map(|c| displs(c)).collect(),
+            recv_displs: recv_counts.iter().map(|c| displs(c)).collect(),
+            send_counts: counts,
+            recv_counts,
+        }
+    }
+
+    /// Number of ranks.
+    pub fn nranks(&self) -> usize {
+        self.send_counts.len()
+    }
+
+    /// The largest block of the call.
+    pub fn largest(&self) -> usize {
+        self.send_counts
+            .iter()
+            .flatten()
+            .copied()
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Elements rank `r`'s input must hold: the end of its last non-empty block.
+    pub fn send_len(&self, r: usize) -> usize {
+        extent(&self.send_counts[r], &self.send_displs[r])
+    }
+
+    /// Elements rank `r`'s output must hold.
+    pub fn recv_len(&self, r: usize) -> usize {
+        extent(&self.recv_counts[r], &self.recv_displs[r])
+    }
+
+    /// Checks the layout for `n` ranks: `n` counts and displacements per rank and side,
+    /// blocks that do not overflow, output blocks that do not overlap, and every pair's
+    /// two ends agreeing (what `r` sends `p` is what `p` receives from `r`).
+    pub fn check(&self, n: usize) -> Result<(), CudaError> {
+        let bad = |m: String| CudaError::Invalid(format!("alltoallv: {m}"));
+        for (name, v) in [
+            ("send counts", &self.send_counts),
+            ("send displacements", &self.send_displs),
+            ("receive counts", &self.recv_counts),
+            ("receive displacements", &self.recv_displs),
+        ] {
+            if v.len() != n {
+                return Err(bad(format!("{} ranks of {name} for {n} ranks", v.len())));
+            }
+            if let Some((r, row)) = v.iter().enumerate().find(|(_, row)| row.len() != n) {
+                return Err(bad(format!(
+                    "rank {r} has {} {name} for {n} ranks",
+                    row.len()
+                )));
+            }
+        }
+        for r in 0..n {
+            for (what, counts, displs) in [
+                ("send", &self.send_counts[r], &self.send_displs[r]),
+                ("receive", &self.recv_counts[r], &self.recv_displs[r]),
+            ] {
+                if let Some(p) = (0..n).find(|&p| counts[p].checked_add(displs[p]).is_none()) {
+                    return Err(bad(format!(
+                        "rank {r}'s {what} block for rank {p} overflows (displacement {}, count {})",
+                        displs[p], counts[p]
+                    )));
+                }
+            }
+            let mut blocks: Vec<(usize, usize, usize)> = (0..n)
+                .filter(|&p| self.recv_counts[r][p] > 0)
+                .map(|p| {
+                    let d = self.recv_displs[r][p];
+                    (d, d + self.recv_counts[r][p], p)
+                })
+                .collect();
+            blocks.sort_unstable();
+            if let Some(w) = blocks.windows(2).find(|w| w[1].0 < w[0].1) {
+                return Err(bad(format!(
+                    "rank {r}'s receive blocks from ranks {} and {} overlap",
+                    w[0].2, w[1].2
+                )));
+            }
+            for p in 0..n {
+                let (sent, taken) = (self.send_counts[r][p], self.recv_counts[p][r]);
+                if sent != taken {
+                    return Err(bad(format!(
+                        "rank {r} sends {sent} elements to rank {p}, which receives {taken}"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn extent(counts: &[usize], displs: &[usize]) -> usize {
+    counts
+        .iter()
+        .zip(displs)
+        .filter(|(c, _)| **c > 0)
+        .map(|(c, d)| c + d)
+        .max()
+        .unwrap_or(0)
+}
+
 /// Element geometry of a call.
 #[derive(Debug, Clone, Copy)]
-struct Geo {
+struct Geo<'a> {
     esize: usize,
     cpb: u64,
     stride: u64,
     maxc: usize,
+    /// Per-rank blocks of an AllToAllv.
+    var: Option<&'a BlockLayout>,
 }
 
-impl Geo {
-    fn range(&self, k: u32) -> (usize, usize) {
+impl Geo<'_> {
+    /// Elements `[start, end)` of chunk `k` of rank `rank`'s buffer `buf` (input or output).
+    fn range(&self, rank: u32, buf: Buf, k: u32) -> (usize, usize) {
         let k = u64::from(k);
         let (b, j) = (k / self.cpb, k % self.cpb);
-        let base = b * self.stride;
-        let cut = |j: u64| (u128::from(j) * u128::from(self.stride) / u128::from(self.cpb)) as u64;
+        let (base, len) = match self.var {
+            None => (b * self.stride, self.stride),
+            Some(v) => {
+                let (r, b) = (rank as usize, b as usize);
+                let (counts, displs) = if buf == Buf::Input {
+                    (&v.send_counts, &v.send_displs)
+                } else {
+                    (&v.recv_counts, &v.recv_displs)
+                };
+                (displs[r][b] as u64, counts[r][b] as u64)
+            }
+        };
+        let cut = |j: u64| (u128::from(j) * u128::from(len) / u128::from(self.cpb)) as u64;
         ((base + cut(j)) as usize, (base + cut(j + 1)) as usize)
     }
 }
@@ -266,7 +426,7 @@ fn span_of(geo: &Geo, bases: &Bases, rank: u32, loc: Loc, i: u32) -> Span {
             } else {
                 bases.output
             };
-            let (s, e) = geo.range(k);
+            let (s, e) = geo.range(rank, loc.buf, k);
             Span {
                 mem,
                 off: base + s * geo.esize,
@@ -281,6 +441,50 @@ fn span_of(geo: &Geo, bases: &Bases, rank: u32, loc: Loc, i: u32) -> Span {
 pub(crate) fn lower(
     entries: &[Entry],
     shape: &CallShape,
+    place: &dyn Placement,
+) -> Result<Lowered, CudaError> {
+    lower_with(entries, shape, None, place)
+}
+
+/// Lowers an AllToAllv of `esize`-byte elements laid out by `layout` on the AllToAll entry
+/// `entries` (compiled per rank), which must move blocks straight to their ranks
+/// (`alltoallv::blockwise` on every rank); the layout is checked first.
+pub(crate) fn lower_v(
+    entries: &[Entry],
+    layout: &BlockLayout,
+    esize: usize,
+    place: &dyn Placement,
+) -> Result<Lowered, CudaError> {
+    let n = entries.len();
+    layout.check(n)?;
+    if let Some(r) = (0..n).find(|&r| !crate::alltoallv::blockwise(&entries[r], r as u32, n as u32))
+    {
+        return Err(CudaError::Invalid(format!(
+            "alltoallv: rank {r}'s program of entry {} relays blocks, so it cannot be replayed \
+             with per-block sizes",
+            entries[r].index
+        )));
+    }
+    // Uniform geometry of blocks of the largest size: scratch chunks (none here) and
+    // the divisibility check; every input and output chunk is cut by the layout.
+    let largest = layout.largest().max(1);
+    let shape = CallShape {
+        collective: Collective::AllToAll,
+        op: ReduceOp::Sum,
+        esize,
+        total: largest * n,
+        in_place: false,
+    };
+    let mut low = lower_with(entries, &shape, Some(layout), place)?;
+    low.send_bytes = (0..n).map(|r| layout.send_len(r)).max().unwrap_or(0) * esize;
+    low.recv_bytes = (0..n).map(|r| layout.recv_len(r)).max().unwrap_or(0) * esize;
+    Ok(low)
+}
+
+fn lower_with(
+    entries: &[Entry],
+    shape: &CallShape,
+    var: Option<&BlockLayout>,
     place: &dyn Placement,
 ) -> Result<Lowered, CudaError> {
     let n = entries.len() as u32;
@@ -310,6 +514,7 @@ pub(crate) fn lower(
         cpb,
         stride: blk as u64,
         maxc: (blk as u64).div_ceil(cpb) as usize,
+        var,
     };
     let kind = shape.collective.kind();
     let (in_elems, _) = shape.extents(n);

@@ -25,7 +25,8 @@ mod group;
 pub mod kernels;
 pub mod lower;
 
-pub use group::{Call, CudaGroup, DeviceMap, memcpy_bandwidth};
+pub use group::{Call, CudaGroup, DeviceMap, VCall, memcpy_bandwidth};
+pub use lower::BlockLayout;
 
 use thiserror::Error;
 

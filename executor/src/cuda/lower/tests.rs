@@ -518,3 +518,190 @@ fn the_race_check_notices_missing_waits() {
     let caught = std::panic::catch_unwind(|| check_races(&low));
     assert!(caught.is_err(), "dropping every wait must leave races");
 }
+
+/// A pseudo-random AllToAllv layout for `n` ranks: counts up to `max` with zeros among
+/// them, and on both sides blocks in a shuffled order with gaps between them.
+fn random_layout(n: usize, max: usize, seed: u64) -> BlockLayout {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut next = move |m: usize| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % m.max(1) as u64) as usize
+    };
+    let counts: Vec<Vec<usize>> = (0..n)
+        .map(|_| {
+            (0..n)
+                .map(|_| if next(4) == 0 { 0 } else { next(max + 1) })
+                .collect()
+        })
+        .collect();
+    let mut spread = |counts: &[usize]| {
+        let mut order: Vec<usize> = (0..n).collect();
+        for i in (1..n).rev() {
+            order.swap(i, next(i + 1));
+        }
+        let mut displs = vec![0; n];
+        let mut at = 0;
+        for p in order {
+            at += next(3);
+            displs[p] = at;
+            at += counts[p];
+        }
+        displs
+    };
+    let recv_counts: Vec<Vec<usize>> = (0..n)
+        .map(|r| (0..n).map(|p| counts[p][r]).collect())
+        .collect();
+    BlockLayout {
+        send_displs: counts.iter().map(|c| spread(c)).collect(),
+        recv_displs: recv_counts.iter().map(|c| spread(c)).collect(),
+        send_counts: counts,
+        recv_counts,
+    }
+}
+
+/// Lowers an AllToAllv of `layout` on entry `index`, replays it on the host and checks
+/// every block arrived and nothing outside the blocks was written.
+fn run_v_case(plan: &PlanFile, index: usize, layout: &BlockLayout) {
+    let entry = &plan.entries[index];
+    let n = entry.schedule.nranks;
+    let conns = ConnTable::build([&entry.schedule]);
+    let entries: Vec<Entry> = (0..n)
+        .map(|r| compile(index, entry, r, &conns).expect("compiles"))
+        .collect();
+    let es = 4;
+    let low = lower_v(&entries, layout, es, &OneDevice).expect("lowers");
+    check_races(&low);
+    let mut host = alloc(&low, n);
+    const UNTOUCHED: u64 = 0xabab_abab_abab_abab;
+    for r in 0..n {
+        host.mems
+            .get_mut(&Mem::Recv(r))
+            .expect("allocated")
+            .fill(UNTOUCHED);
+    }
+    let inputs: Vec<Vec<i32>> = (0..n as usize)
+        .map(|r| {
+            (0..layout.send_len(r))
+                .map(|i| value(ReduceOp::Sum, r as u32, i, 11))
+                .collect()
+        })
+        .collect();
+    for r in 0..n {
+        let bytes = bytes_of(&inputs[r as usize]);
+        if bytes.is_empty() {
+            continue;
+        }
+        let p = host.ptr(&Span {
+            mem: Mem::Send(r),
+            off: 0,
+            len: bytes.len(),
+        });
+        // SAFETY: in bounds (checked by `ptr`).
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), p, bytes.len()) };
+    }
+    execute(
+        &mut host,
+        &low,
+        &Kernels::new(DataType::I32, ReduceOp::Sum),
+        es,
+        n,
+    );
+    for r in 0..n as usize {
+        let words = &host.mems[&Mem::Recv(r as u32)];
+        // SAFETY: the u64 backing viewed as the bytes it holds.
+        let got: &[u8] =
+            unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), words.len() * 8) };
+        let mut covered = vec![false; got.len()];
+        for (p, sent) in inputs.iter().enumerate() {
+            let c = layout.recv_counts[r][p];
+            if c == 0 {
+                continue;
+            }
+            let (d, sd) = (layout.recv_displs[r][p], layout.send_displs[p][r]);
+            let want = bytes_of(&sent[sd..sd + c]);
+            assert_eq!(
+                &got[d * es..(d + c) * es],
+                &want[..],
+                "{} n {n}: rank {r}'s block from rank {p}",
+                entry.algorithm
+            );
+            covered[d * es..(d + c) * es].fill(true);
+        }
+        let stray = (0..got.len()).find(|&i| !covered[i] && got[i] != 0xab);
+        assert_eq!(
+            stray, None,
+            "rank {r}: a byte outside its blocks was written"
+        );
+    }
+}
+
+#[test]
+fn alltoallv_replays_with_per_block_sizes_on_the_host() {
+    for n in [1u32, 2, 3, 5, 8] {
+        for (channels, parts) in [(2, 1), (1, 3)] {
+            let plan = fallback::alltoall_plan(n, channels, parts);
+            for (seed, max) in [(1, 0), (2, 1), (3, 9), (4, 100)] {
+                let layout = random_layout(n as usize, max, seed + u64::from(n) * 10);
+                run_v_case(&plan, 0, &layout);
+            }
+            run_v_case(
+                &plan,
+                0,
+                &BlockLayout::packed(vec![vec![7; n as usize]; n as usize]),
+            );
+        }
+    }
+}
+
+#[test]
+fn alltoallv_layouts_that_cannot_run_are_errors() {
+    let n = 3;
+    let plan = fallback::alltoall_plan(n, 1, 1);
+    let conns = ConnTable::build([&plan.entries[0].schedule]);
+    let entries: Vec<Entry> = (0..n)
+        .map(|r| compile(0, &plan.entries[0], r, &conns).expect("compiles"))
+        .collect();
+    let err = |layout: &BlockLayout| {
+        lower_v(&entries, layout, 4, &OneDevice)
+            .expect_err("must be refused")
+            .to_string()
+    };
+    let mut disagree = BlockLayout::packed(vec![vec![2; 3]; 3]);
+    disagree.recv_counts[2][0] = 3;
+    assert!(
+        err(&disagree).contains("rank 0 sends 2 elements to rank 2, which receives 3"),
+        "{}",
+        err(&disagree)
+    );
+    let mut overlap = BlockLayout::packed(vec![vec![2; 3]; 3]);
+    overlap.recv_displs[1][2] = 1;
+    assert!(err(&overlap).contains("rank 1's receive blocks from ranks 0 and 2 overlap"));
+    let mut short = BlockLayout::packed(vec![vec![2; 3]; 3]);
+    short.send_displs[1].pop();
+    assert!(err(&short).contains("rank 1 has 2 send displacements for 3 ranks"));
+    let mut huge = BlockLayout::packed(vec![vec![2; 3]; 3]);
+    huge.send_displs[0][1] = usize::MAX;
+    assert!(err(&huge).contains("overflows"));
+    // An AllToAll that relays blocks through other ranks cannot take per-block sizes.
+    let ring = fallback::plan_with(n, 1, 1);
+    let i = ring
+        .entries
+        .iter()
+        .position(|e| e.schedule.collective == Collective::AllReduce && !e.schedule.in_place)
+        .expect("allreduce entry");
+    let conns = ConnTable::build([&ring.entries[i].schedule]);
+    let relay: Vec<Entry> = (0..n)
+        .map(|r| compile(i, &ring.entries[i], r, &conns).expect("compiles"))
+        .collect();
+    let e = lower_v(
+        &relay,
+        &BlockLayout::packed(vec![vec![2; 3]; 3]),
+        4,
+        &OneDevice,
+    )
+    .expect_err("an allreduce is no alltoall")
+    .to_string();
+    assert!(e.contains("cannot be replayed with per-block sizes"), "{e}");
+}
