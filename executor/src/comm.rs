@@ -737,12 +737,12 @@ pub(crate) fn replay(
     if let Some(net) = &shared.net {
         net.begin_call();
     }
-    let started = std::time::Instant::now();
+    // Time in calls for `Communicator::stats`, sampled (see `waits::TIME_EVERY`).
+    let started = engine.waits.time_replay().then(std::time::Instant::now);
     let res = run_segments(shared, engine, &ctx, entry, bufs, kernels, seg);
-    engine.waits.replay_ns = engine
-        .waits
-        .replay_ns
-        .saturating_add(u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX));
+    if let Some(t) = started {
+        engine.waits.timed_replay(t.elapsed());
+    }
     let res = res.and_then(|()| {
         if shared.config.check_calls == crate::config::CallCheck::EveryCall {
             check_calls(shared, rank, print)

@@ -98,11 +98,43 @@ pub(crate) struct Waits {
     /// Per rank: one plus its index in `held`; 0 while never waited for.
     slot: Vec<u32>,
     held: Vec<Held>,
-    /// Nanoseconds spent replaying calls (waits included).
-    pub(crate) replay_ns: u64,
+    /// Replays (one per call; an AllToAllv's count exchange is one more), and the
+    /// nanoseconds spent in those of them that were timed ([`Waits::time_replay`]).
+    replays: u64,
+    timed: u64,
+    timed_ns: u64,
 }
 
+/// One replay in this many is timed: two clock reads in every call would cost an 8-byte
+/// call a measurable share of its fraction of a microsecond.
+pub(crate) const TIME_EVERY: u64 = 64;
+
 impl Waits {
+    /// Counts a replay; whether to time it (the first and every [`TIME_EVERY`]-th).
+    #[inline]
+    pub(crate) fn time_replay(&mut self) -> bool {
+        self.replays += 1;
+        self.replays % TIME_EVERY == 1
+    }
+
+    /// Adds a timed replay's duration.
+    pub(crate) fn timed_replay(&mut self, d: Duration) {
+        self.timed += 1;
+        self.timed_ns = self
+            .timed_ns
+            .saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    }
+
+    /// Nanoseconds spent replaying calls, estimated from the timed ones.
+    fn replay_ns(&self) -> u64 {
+        if self.timed == 0 {
+            return 0;
+        }
+        (u128::from(self.timed_ns) * u128::from(self.replays) / u128::from(self.timed))
+            .try_into()
+            .unwrap_or(u64::MAX)
+    }
+
     /// Charges a wait of `d` to rank `rank`.
     #[inline(never)]
     pub(crate) fn record(&mut self, rank: u32, d: Duration) {
@@ -147,7 +179,7 @@ impl Waits {
         WaitStats {
             rank,
             calls,
-            time_in_calls_s: secs(self.replay_ns),
+            time_in_calls_s: secs(self.replay_ns()),
             waited_s: secs(self.held.iter().map(|h| h.total_ns).sum()),
             peers,
         }
@@ -171,7 +203,7 @@ impl Waits {
             }
             maxes[h.rank as usize] = h.max_ns;
         }
-        sums[n * ROW] = self.replay_ns;
+        sums[n * ROW] = self.replay_ns();
         (sums, maxes)
     }
 }
@@ -246,7 +278,7 @@ pub struct WaitStats {
     /// Collective calls it made (an AllToAllv counts its count exchange too).
     pub calls: u64,
     /// Seconds it spent replaying them, from a call's first step to its last, waits
-    /// included.
+    /// included: estimated from the first and every 64th call, which alone read the clock.
     pub time_in_calls_s: f64,
     /// Seconds of timed waits in all (the sum over `peers`).
     pub waited_s: f64,
@@ -280,7 +312,8 @@ pub struct StragglerReport {
     pub ranks: u32,
     /// Seconds all ranks waited for other ranks, together.
     pub total_wait_s: f64,
-    /// Seconds all ranks spent in calls, together.
+    /// Seconds all ranks spent in calls, together (estimated as in
+    /// [`WaitStats::time_in_calls_s`]).
     pub time_in_calls_s: f64,
     /// Waits counted.
     pub waits: u64,
@@ -439,7 +472,13 @@ mod tests {
             w.record(1, Duration::from_micros(100));
         }
         w.record(0, ms(2));
-        w.replay_ns = 1_000_000_000;
+        // 128 replays, of which the 1st and the 65th are timed, at 7.8125 ms: 1 s in all.
+        for _ in 0..128 {
+            if w.time_replay() {
+                w.timed_replay(Duration::from_nanos(7_812_500));
+            }
+        }
+        assert_eq!(w.replay_ns(), 1_000_000_000);
         let s = w.stats(0, 7);
         assert_eq!((s.calls, s.peers.len()), (7, 3));
         let p3 = &s.peers[0];
@@ -455,7 +494,9 @@ mod tests {
         let mut w2 = Waits::default();
         w2.record(3, ms(60));
         w2.record(0, ms(10));
-        w2.replay_ns = 1_000_000_000;
+        assert!(w2.time_replay() && !w2.time_replay());
+        w2.timed_replay(ms(500));
+        assert_eq!(w2.replay_ns(), 1_000_000_000);
         let world = 4;
         let (mut sums, mut maxes) = w.group_rows(0, world);
         let (s2, m2) = w2.group_rows(2, world);
