@@ -1158,6 +1158,10 @@ fn finish(
     Ok(())
 }
 
+/// What a rank thread of the threads backend ends with: its rows and the straggler report
+/// its `finalize` returned.
+type RankOutcome = (Result<Vec<Row>, Failure>, Option<StragglerReport>);
+
 fn run_threads(args: &Args) -> Result<(), Failure> {
     let (coll, dtype, op) = parse_choice(args)?;
     let n = args.ranks;
@@ -1206,39 +1210,38 @@ fn run_threads(args: &Args) -> Result<(), Failure> {
     printer.header(&label);
     let printer = Mutex::new(printer);
     let binding = should_bind(args, n);
-    let results: Vec<(Result<Vec<Row>, Failure>, Option<StragglerReport>)> =
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = comms
-                .into_iter()
-                .enumerate()
-                .map(|(rank, mut comm)| {
-                    let sw = Arc::clone(&sw);
-                    let mut sync = Arc::clone(&sync);
-                    let printer = &printer;
-                    scope.spawn(move || {
-                        if binding {
-                            bind(rank as u32);
+    let results: Vec<RankOutcome> = std::thread::scope(|scope| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .enumerate()
+            .map(|(rank, mut comm)| {
+                let sw = Arc::clone(&sw);
+                let mut sync = Arc::clone(&sync);
+                let printer = &printer;
+                scope.spawn(move || {
+                    if binding {
+                        bind(rank as u32);
+                    }
+                    let rows = dispatch(&sw, rank as u32, &mut comm, &mut sync, |row| {
+                        if rank == 0 {
+                            printer.lock().unwrap_or_else(|e| e.into_inner()).row(row);
                         }
-                        let rows = dispatch(&sw, rank as u32, &mut comm, &mut sync, |row| {
-                            if rank == 0 {
-                                printer.lock().unwrap_or_else(|e| e.into_inner()).row(row);
-                            }
-                        });
-                        // Collective: a rank whose sweep failed aborted the communicator, so
-                        // the others' finalize fails fast instead of waiting for it.
-                        let report = comm.finalize();
-                        (rows, report)
-                    })
+                    });
+                    // Collective: a rank whose sweep failed aborted the communicator, so
+                    // the others' finalize fails fast instead of waiting for it.
+                    let report = comm.finalize();
+                    (rows, report)
                 })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| (Err(Failure::Runtime("a rank panicked".into())), None))
-                })
-                .collect()
-        });
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| (Err(Failure::Runtime("a rank panicked".into())), None))
+            })
+            .collect()
+    });
     let printer = printer.into_inner().unwrap_or_else(|e| e.into_inner());
     let mut rows = None;
     let mut report = None;
