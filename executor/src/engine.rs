@@ -25,7 +25,9 @@
 //! whose core is shared with unrelated work keeps spinning rather than give its share away.
 //! While waiting it watches the abort word (another rank failed) and the timeout, and, once
 //! a wait passes 5 ms, whether the peer it waits for is still alive (a file
-//! read in the process backend: far too slow for every short wait).
+//! read in the process backend: far too slow for every short wait). A wait that got as far
+//! as reading the clock is charged, when it ends, to the peer it named ([`crate::waits`]:
+//! the straggler report).
 //!
 //! # Single copy
 //!

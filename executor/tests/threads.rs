@@ -903,7 +903,7 @@ fn a_late_rank_leads_the_straggler_report() {
             let top = &stats.peers[0];
             // Three sleeps of 30 ms: most of them waited for rank 1.
             assert_eq!(top.peer, 1, "rank {r}: {stats}");
-            assert!(top.total_s >= 0.045 && top.count >= 1, "rank {r}: {stats}");
+            assert!(top.total_s >= 0.03 && top.count >= 1, "rank {r}: {stats}");
             assert!(
                 top.p50_s <= top.p99_s && top.p99_s <= top.max_s,
                 "{stats:?}"
