@@ -1061,9 +1061,9 @@ impl Communicator {
     }
 
     /// How long this rank waited for which ranks, and the calls it made (see
-    /// [`crate::waits`]): numbers since the communicator was made, kept by the engine at no
-    /// cost to calls that do not wait. `None` only while a leaked non-blocking request holds
-    /// this rank's state.
+    /// [`crate::waits`]): numbers since the communicator was made, kept by the engine
+    /// without reading the clock in calls that do not wait (but one in 64, timed for the time
+    /// in calls). `None` only while a leaked non-blocking request holds this rank's state.
     pub fn stats(&self) -> Option<crate::waits::WaitStats> {
         let st = self.state.as_ref()?;
         Some(st.engine.waits.stats(self.rank, st.calls))

@@ -1134,8 +1134,8 @@ impl Waiter {
         }
     }
 
-    /// Progress was made: adapt the budget to how this wait ended, charge it to whoever held
-    /// this rank up when it was timed, and start afresh.
+    /// Progress was made: adapt the budget to how this wait ended, charge it to the peer it
+    /// named when it got as far as reading the clock, and start afresh.
     fn reset(&mut self, spin: &mut u32, max: u32, waits: &mut crate::waits::Waits) {
         if let Some(since) = self.since {
             let end = Instant::now();

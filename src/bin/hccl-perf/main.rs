@@ -1106,8 +1106,8 @@ fn parse_choice(args: &Args) -> Result<(Collective, DataType, ReduceOp), Failure
     Ok((coll, dtype, op))
 }
 
-/// `report`: the run's straggler report (`None` when the ranks could not make one, e.g. a
-/// plan without an AllReduce entry on the threads backend).
+/// `report`: the run's straggler report (`None` when the ranks could not make one: a rank
+/// failed).
 fn finish(
     printer: Printer,
     label: &str,
