@@ -5,9 +5,10 @@
 //!
 //! The engine ([`crate::engine`]) reads the clock only once a wait outlasts its spin phase
 //! (a few polls); such a *timed* wait ends when a sweep makes progress again, which reads the
-//! clock once more, and its length is recorded here ([`Waits::record`]). Waits that end while
-//! spinning cost microseconds and are not counted, so the fast path (no wait) and short
-//! spins never touch the clock.
+//! clock once more, and its length is recorded here. Waits that end while spinning cost
+//! microseconds and are not counted, so the fast path (no wait) and short spins never touch
+//! the clock. Time in calls is taken from the first and every 64th call ([`TIME_EVERY`]
+//! replays), the only calls that read the clock whether they wait or not.
 //!
 //! A wait is charged to the peer named by the wait: the sender of an awaited message, or
 //! the receiver whose slot is still full (it has not consumed this rank's earlier messages).
@@ -107,7 +108,7 @@ pub(crate) struct Waits {
 
 /// One replay in this many is timed: two clock reads in every call would cost an 8-byte
 /// call a measurable share of its fraction of a microsecond.
-pub(crate) const TIME_EVERY: u64 = 64;
+pub const TIME_EVERY: u64 = 64;
 
 impl Waits {
     /// Counts a replay; whether to time it (the first and every [`TIME_EVERY`]-th).
