@@ -50,6 +50,16 @@ fn assert_correct(args: &[&str], rows: usize) {
         }
         assert_eq!(row["wrong"], 0, "{args:?}: {row}");
     }
+    // The run's straggler report: one per run, over its ranks.
+    let st = &doc["stragglers"];
+    assert_eq!(st["ranks"], doc["ranks"], "{args:?}: {st}");
+    for c in st["culprits"].as_array().expect("culprits") {
+        for key in [
+            "rank", "host", "share", "total_s", "count", "waiters", "p99_s",
+        ] {
+            assert!(c.get(key).is_some(), "{key} missing in {c}");
+        }
+    }
 }
 
 #[test]

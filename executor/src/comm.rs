@@ -32,6 +32,17 @@ pub(crate) struct Shared {
     pub regroup: Regroup,
 }
 
+impl Shared {
+    /// The host identity of `rank`: the rendezvous's table for processes, this machine's
+    /// for threads.
+    pub(crate) fn host_of(&self, rank: u32) -> String {
+        match &self.regroup {
+            Regroup::Process(rejoin) => rejoin.host_of(rank),
+            Regroup::Threads(_) => crate::net::host_id(),
+        }
+    }
+}
+
 /// How the survivors of a group meet to build the group without its failed ranks
 /// ([`Communicator::shrink`]).
 pub(crate) enum Regroup {
@@ -726,7 +737,13 @@ pub(crate) fn replay(
     if let Some(net) = &shared.net {
         net.begin_call();
     }
-    let res = run_segments(shared, engine, &ctx, entry, bufs, kernels, seg).and_then(|()| {
+    // Time in calls for `Communicator::stats`, sampled (see `waits::TIME_EVERY`).
+    let started = engine.waits.time_replay().then(std::time::Instant::now);
+    let res = run_segments(shared, engine, &ctx, entry, bufs, kernels, seg);
+    if let Some(t) = started {
+        engine.waits.timed_replay(t.elapsed());
+    }
+    let res = res.and_then(|()| {
         if shared.config.check_calls == crate::config::CallCheck::EveryCall {
             check_calls(shared, rank, print)
         } else {
@@ -1043,6 +1060,67 @@ impl Communicator {
         Ok(comm)
     }
 
+    /// How long this rank waited for which ranks, and the calls it made (see
+    /// [`crate::waits`]): numbers since the communicator was made, kept by the engine
+    /// without reading the clock in calls that do not wait (but one in 64, timed for the time
+    /// in calls). `None` only while a leaked non-blocking request holds this rank's state.
+    pub fn stats(&self) -> Option<crate::waits::WaitStats> {
+        let st = self.state.as_ref()?;
+        Some(st.engine.waits.stats(self.rank, st.calls))
+    }
+
+    /// The group's view of who held everyone up: the ranks the others waited for most, with
+    /// each one's host, share of all waiting and wait percentiles. Collective: every rank
+    /// calls it, after the same calls, and gets the same report. It sums every rank's
+    /// [`Communicator::stats`] with two AllReduces of `u64` through this communicator (about
+    /// `930 · ranks` bytes), which count as calls but not in the report; a plan without an
+    /// AllReduce entry makes it fail with [`ExecError::NoEntry`] on every rank.
+    pub fn straggler_report(&mut self) -> Result<crate::waits::StragglerReport> {
+        let world = self.shared.world;
+        let st = self.state.as_ref().ok_or_else(|| ExecError::Poisoned {
+            rank: self.rank,
+            reason: "a non-blocking request was leaked".into(),
+        })?;
+        let (mut sums, mut maxes) = st.engine.waits.group_rows(self.rank, world);
+        self.run(
+            Collective::AllReduce,
+            ReduceOp::Sum,
+            Buffers::InPlace(&mut sums),
+        )?;
+        self.run(
+            Collective::AllReduce,
+            ReduceOp::Max,
+            Buffers::InPlace(&mut maxes),
+        )?;
+        Ok(crate::waits::report(&sums, &maxes, world, |r| {
+            crate::waits::host_name(&self.shared.host_of(r))
+        }))
+    }
+
+    /// Ends this rank's use of the communicator: collective, like NCCL's `ncclCommFinalize`
+    /// (every rank calls it). A communicator in good standing first computes the group's
+    /// [`Communicator::straggler_report`], which rank 0 logs at `HCCL_DEBUG=INFO` and every
+    /// rank returns; a poisoned or aborted one (a failure, [`Communicator::shrink`]) runs no
+    /// collective and returns `None`, as do ranks whose report failed (the error is logged
+    /// at WARN). The communicator is dropped either way.
+    pub fn finalize(mut self) -> Option<crate::waits::StragglerReport> {
+        if self.poisoned.is_some() {
+            return None;
+        }
+        match self.straggler_report() {
+            Ok(report) => {
+                if self.rank == 0 {
+                    tracing::info!(ranks = report.ranks, "straggler report: {report}");
+                }
+                Some(report)
+            }
+            Err(e) => {
+                tracing::warn!(rank = self.rank, "no straggler report at finalize: {e}");
+                None
+            }
+        }
+    }
+
     /// Marks the communicator failed and tells the other ranks.
     pub fn abort(&mut self) {
         self.abort_handle().abort();
@@ -1263,8 +1341,18 @@ impl<T> Drop for Request<'_, T> {
 }
 
 impl Drop for Communicator {
+    /// Marks this rank gone. With `HCCL_DEBUG=INFO` it first logs this rank's own waits
+    /// ([`Communicator::stats`]): dropping is not collective (ranks of a thread group may be
+    /// dropped one after another by one thread), so the group's view is logged by
+    /// [`Communicator::finalize`] only.
     fn drop(&mut self) {
         self.worker.take();
+        if tracing::enabled!(tracing::Level::INFO)
+            && let Some(stats) = self.stats()
+            && stats.calls > 0
+        {
+            tracing::info!(rank = self.rank, "waits: {stats}");
+        }
         self.shared
             .arena
             .gone(self.rank as usize)

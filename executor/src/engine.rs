@@ -25,7 +25,9 @@
 //! whose core is shared with unrelated work keeps spinning rather than give its share away.
 //! While waiting it watches the abort word (another rank failed) and the timeout, and, once
 //! a wait passes 5 ms, whether the peer it waits for is still alive (a file
-//! read in the process backend: far too slow for every short wait).
+//! read in the process backend: far too slow for every short wait). A wait that got as far
+//! as reading the clock is charged, when it ends, to the peer it named ([`crate::waits`]:
+//! the straggler report).
 //!
 //! # Single copy
 //!
@@ -196,6 +198,8 @@ pub(crate) struct EngineState {
     /// Why the next message of a connection was refused (the step that received it reports
     /// it).
     refused: Option<Refused>,
+    /// How long this rank waited for whom ([`crate::waits`]).
+    pub(crate) waits: crate::waits::Waits,
 }
 
 /// Why a received message was refused.
@@ -264,6 +268,7 @@ impl EngineState {
             me: 0,
             call: None,
             refused: None,
+            waits: Default::default(),
         }
     }
 
@@ -466,7 +471,7 @@ impl EngineState {
             }
             if self.progressed {
                 waiter.unpublish(ctx);
-                waiter.reset(&mut self.spin, ctx.spin_polls);
+                waiter.reset(&mut self.spin, ctx.spin_polls, &mut self.waits);
             } else {
                 if let Err(e) = waiter.pause(ctx, blocked.unwrap_or((0, 0, ctx.rank, "nothing"))) {
                     waiter.unpublish(ctx);
@@ -476,7 +481,7 @@ impl EngineState {
             }
         }
         waiter.unpublish(ctx);
-        waiter.reset(&mut self.spin, ctx.spin_polls);
+        waiter.reset(&mut self.spin, ctx.spin_polls, &mut self.waits);
         Ok(())
     }
 
@@ -1057,6 +1062,9 @@ const SWITCHED: Duration = Duration::from_micros(3);
 const HOGGED: Duration = Duration::from_micros(200);
 /// In spin-only mode, how long a wait spins before it yields after all.
 const SPIN_FOR: Duration = Duration::from_micros(50);
+/// A gap this long between two polls of a wait (a poll sleeps at most [`SLEEP`] or yields
+/// once) means the rank did not run: it is not charged to the peer ([`crate::waits`]).
+const OFF_CPU: Duration = Duration::from_millis(5);
 /// Smallest adaptive spin budget.
 const MIN_SPIN: u32 = 2;
 /// Budget value meaning "spin-only mode".
@@ -1092,6 +1100,11 @@ struct Waiter {
     suspect: Option<u32>,
     /// This rank's wait is published in [`Arena::waiting_on`].
     published: bool,
+    /// A timed wait is charged to the peer it names ([`crate::waits`]), less the time this
+    /// rank did not run: gaps of [`OFF_CPU`] or more between its clock reads (`last`).
+    peer: u32,
+    last: Option<Instant>,
+    off_cpu: Duration,
 }
 
 impl Waiter {
@@ -1105,6 +1118,9 @@ impl Waiter {
             last_liveness: None,
             suspect: None,
             published: false,
+            peer: 0,
+            last: None,
+            off_cpu: Duration::ZERO,
         }
     }
 
@@ -1118,8 +1134,16 @@ impl Waiter {
         }
     }
 
-    /// Progress was made: adapt the budget to how this wait ended and start afresh.
-    fn reset(&mut self, spin: &mut u32, max: u32) {
+    /// Progress was made: adapt the budget to how this wait ended, charge it to the peer it
+    /// named when it got as far as reading the clock, and start afresh.
+    fn reset(&mut self, spin: &mut u32, max: u32, waits: &mut crate::waits::Waits) {
+        if let Some(since) = self.since {
+            let end = Instant::now();
+            self.note_gap(end);
+            waits.record(self.peer, (end - since).saturating_sub(self.off_cpu));
+            self.last = None;
+            self.off_cpu = Duration::ZERO;
+        }
         let max = max.max(MIN_SPIN);
         if self.hogged {
             self.budget = if max >= SPIN_POLLS { SPIN_ONLY } else { max };
@@ -1140,6 +1164,19 @@ impl Waiter {
         self.suspect = None;
     }
 
+    /// Counts the time since the last clock read of this wait as off the CPU when it is
+    /// [`OFF_CPU`] or more (the rank was descheduled or stopped, not held up by its peer).
+    #[inline]
+    fn note_gap(&mut self, now: Instant) {
+        if let Some(last) = self.last {
+            let gap = now - last;
+            if gap >= OFF_CPU {
+                self.off_cpu += gap;
+            }
+        }
+        self.last = Some(now);
+    }
+
     fn pause(&mut self, ctx: &Ctx<'_>, blocked: (u32, u32, u32, &'static str)) -> Result<()> {
         let word = ctx.arena.abort().load(Ordering::Acquire);
         if word != 0 {
@@ -1153,6 +1190,8 @@ impl Waiter {
         }
         let now = Instant::now();
         let since = *self.since.get_or_insert(now);
+        self.note_gap(now);
+        self.peer = blocked.2;
         let waited = now - since;
         if self.budget == SPIN_ONLY && waited < SPIN_FOR {
             std::hint::spin_loop();
@@ -1237,7 +1276,7 @@ mod tests {
         w.switched = switched;
         w.hogged = hogged;
         let mut spin = 0;
-        w.reset(&mut spin, max);
+        w.reset(&mut spin, max, &mut crate::waits::Waits::default());
         assert_eq!(spin, w.budget);
         assert_eq!((w.polls, w.switched, w.hogged), (0, false, false));
         spin

@@ -69,6 +69,7 @@ pub mod net;
 pub mod process;
 pub mod program;
 pub mod threads;
+pub mod waits;
 
 pub use comm::{AbortHandle, Buffers, Communicator, EntryInfo, OwnedBuffers, Request};
 pub use config::{CallCheck, Config, PlanOrigin, PlanSource, VerifyMode};
@@ -76,3 +77,4 @@ pub use dtype::{DataType, Element, ReduceOp};
 pub use error::{ExecError, Result};
 pub use process::{Bootstrap, ProcessGroup};
 pub use threads::ThreadGroup;
+pub use waits::{Culprit, PeerWaits, StragglerReport, WaitStats};

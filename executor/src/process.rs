@@ -425,6 +425,14 @@ pub(crate) struct Rejoin {
 }
 
 impl Rejoin {
+    /// The host identity rank `rank` gave at the rendezvous.
+    pub(crate) fn host_of(&self, rank: u32) -> String {
+        self.hosts
+            .get(rank as usize)
+            .cloned()
+            .unwrap_or_else(|| "?".into())
+    }
+
     /// Where rank `leader` of this group leads a shrink's rendezvous.
     fn leader_addr(&self, me: u32, leader: u32, port: u16) -> Result<SocketAddr> {
         let boot_err = |message: String| ExecError::Bootstrap { rank: me, message };

@@ -52,6 +52,9 @@ fn child_cases(n: u32) -> Vec<Case> {
 #[test]
 fn process_child() {
     if let Ok(role) = std::env::var(ROLE) {
+        if role == "straggler" {
+            straggler_child();
+        }
         common::run_child(&role, &child_cases, 1 << 20);
     }
     let boot = Bootstrap {
@@ -221,4 +224,171 @@ fn mismatched_calls_fail_on_the_process_backend() {
             && e.contains("broadcast(root=0) of 100 float")),
         "{errors:?}"
     );
+}
+
+/// Rank body of [`a_stopped_rank_is_named_by_the_straggler_report`]: small AllReduces
+/// (the built-in all-pairs schedule: every rank waits for every other directly) until some
+/// rank sees the file `HCCL_TEST_STOP_FILE` (or has run for 20 s), agreed on through the
+/// AllReduce itself; then `finalize`, printing the report as `REPORT top share waiters
+/// report`.
+fn straggler_child() -> ! {
+    use std::io::Write;
+    let mut comm = match hccl_executor::ProcessGroup::init(hccl_executor::PlanSource::Builtin) {
+        Ok(c) => c,
+        Err(e) => {
+            println!("ERROR: {e}");
+            std::process::exit(2);
+        }
+    };
+    let stop =
+        std::path::PathBuf::from(std::env::var_os("HCCL_TEST_STOP_FILE").unwrap_or_default());
+    let start = std::time::Instant::now();
+    let mut calls = 0u64;
+    loop {
+        // [data, stop flag], maxed over ranks.
+        let done = stop.exists() || start.elapsed() > Duration::from_secs(20);
+        let mut buf = [1.0f32, f32::from(u8::from(done))];
+        if let Err(e) = comm.all_reduce_in_place(&mut buf, ReduceOp::Max) {
+            println!("ERROR: {e}");
+            std::process::exit(3);
+        }
+        calls += 1;
+        if calls == 1 {
+            println!("READY");
+            let _ = std::io::stdout().flush();
+        }
+        if buf[1] > 0.0 {
+            break;
+        }
+    }
+    let stats = comm.stats().expect("no request in flight");
+    assert_eq!(stats.calls, calls);
+    let Some(report) = comm.finalize() else {
+        println!("ERROR: no report");
+        std::process::exit(3);
+    };
+    let Some(top) = report.culprits.first() else {
+        println!("ERROR: nobody waited: {report:?}");
+        std::process::exit(3);
+    };
+    println!("REPORT {} {} {} {report}", top.rank, top.share, top.waiters);
+    let _ = std::io::stdout().flush();
+    std::process::exit(0);
+}
+
+/// Rank processes that SIGCONT and reap every child left when dropped (a failed assertion
+/// included), so no stopped or orphaned rank outlives the test.
+struct Reaped(Vec<Option<Child>>);
+
+impl Reaped {
+    fn signal(&self, rank: usize, sig: libc::c_int) {
+        if let Some(c) = &self.0[rank] {
+            // SAFETY: plain kill(2) on a child this test started and has not reaped.
+            unsafe { libc::kill(c.id() as libc::pid_t, sig) };
+        }
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        for rank in 0..self.0.len() {
+            self.signal(rank, libc::SIGCONT);
+            if let Some(mut c) = self.0[rank].take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+/// One of four rank processes is stopped 20 ms and let run 5 ms, over and over, while the
+/// ranks run AllReduces: the straggler report names it as the rank the others waited for,
+/// with most of the waiting.
+#[test]
+fn a_stopped_rank_is_named_by_the_straggler_report() {
+    const VICTIM: usize = 2;
+    let stop = std::env::temp_dir().join(format!(
+        "hccl-straggler-test-{}-{:?}",
+        std::process::id(),
+        std::time::SystemTime::now()
+    ));
+    let stop_str = stop.to_string_lossy().into_owned();
+    let ranks = spawn_ranks(
+        "straggler",
+        4,
+        &[("HCCL_TIMEOUT", "30"), ("HCCL_TEST_STOP_FILE", &stop_str)],
+    );
+    let mut ranks = Reaped(ranks.into_iter().map(Some).collect());
+    let child = ranks.0[VICTIM].as_mut().expect("spawned");
+    let mut lines = BufReader::new(child.stdout.take().expect("piped"));
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let read = lines.read_line(&mut line).unwrap_or(0);
+        assert!(read > 0, "rank {VICTIM} ended before its first AllReduce");
+        if line.contains("READY") {
+            break;
+        }
+    }
+    // Stop the victim 20 ms of every 25 for most of a second, then let the ranks end.
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_millis(800) {
+        ranks.signal(VICTIM, libc::SIGSTOP);
+        std::thread::sleep(Duration::from_millis(20));
+        ranks.signal(VICTIM, libc::SIGCONT);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    ranks.signal(VICTIM, libc::SIGCONT);
+    let made = std::fs::write(&stop, b"");
+    let mut rest = Some(std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = lines.read_to_string(&mut rest);
+        rest
+    }));
+    let mut outs = Vec::new();
+    for r in 0..4 {
+        let mut c = ranks.0[r].take().expect("not reaped yet");
+        let (code, out) = if r == VICTIM {
+            // Its stdout is with the reader: wait for it here, killed past the limit.
+            let limit = std::time::Instant::now() + Duration::from_secs(60);
+            let code = loop {
+                match c.try_wait() {
+                    Ok(Some(status)) => break status.code(),
+                    Ok(None) if std::time::Instant::now() < limit => {
+                        std::thread::sleep(Duration::from_millis(20))
+                    }
+                    _ => {
+                        let _ = c.kill();
+                        let _ = c.wait();
+                        break None;
+                    }
+                }
+            };
+            let out = rest.take().and_then(|h| h.join().ok());
+            (code, out.unwrap_or_default())
+        } else {
+            wait_output(c, Duration::from_secs(60))
+        };
+        outs.push((code, out));
+    }
+    let _ = std::fs::remove_file(&stop);
+    made.expect("the stop file");
+    for (r, (code, out)) in outs.iter().enumerate() {
+        assert_eq!(*code, Some(0), "rank {r}:\n{out}");
+        let report = out
+            .lines()
+            .find_map(|l| l.find("REPORT ").map(|i| &l[i + 7..]))
+            .unwrap_or_else(|| panic!("rank {r} printed no report:\n{out}"));
+        let mut words = report.split_whitespace();
+        let top: usize = words.next().and_then(|w| w.parse().ok()).expect("top rank");
+        let share: f64 = words.next().and_then(|w| w.parse().ok()).expect("share");
+        let waiters: u32 = words.next().and_then(|w| w.parse().ok()).expect("waiters");
+        assert_eq!(top, VICTIM, "rank {r}: {report}");
+        assert!(share >= 0.5, "rank {r}: {report}");
+        assert_eq!(waiters, 3, "rank {r}: {report}");
+        assert!(
+            report.contains(&format!("rank {VICTIM} on host ")),
+            "rank {r}: {report}"
+        );
+    }
 }

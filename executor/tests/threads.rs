@@ -870,3 +870,49 @@ fn buffer_placement_is_a_rank_s_own_unless_it_picks_another_schedule() {
         "{errors:?}"
     );
 }
+
+/// A rank that sleeps before each call is the one the others waited for: in its peers'
+/// `stats()` and, collectively, in the straggler report.
+#[test]
+fn a_late_rank_leads_the_straggler_report() {
+    let comms = ThreadGroup::with_config(fallback::plan(3), 3, config()).expect("group");
+    let results: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|mut comm| {
+                s.spawn(move || {
+                    for _ in 0..3 {
+                        if comm.rank() == 1 {
+                            std::thread::sleep(Duration::from_millis(30));
+                        }
+                        let mut buf = vec![1.0f32; 64];
+                        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap();
+                    }
+                    let stats = comm.stats().expect("stats");
+                    let report = comm.straggler_report().expect("report");
+                    (stats, report)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (r, (stats, report)) in results.iter().enumerate() {
+        assert_eq!((stats.rank, stats.calls), (r as u32, 3));
+        assert!(stats.time_in_calls_s > 0.0);
+        if r != 1 {
+            let top = &stats.peers[0];
+            // Three sleeps of 30 ms: most of them waited for rank 1.
+            assert_eq!(top.peer, 1, "rank {r}: {stats}");
+            assert!(top.total_s >= 0.03 && top.count >= 1, "rank {r}: {stats}");
+            assert!(
+                top.p50_s <= top.p99_s && top.p99_s <= top.max_s,
+                "{stats:?}"
+            );
+        }
+        assert_eq!(report, &results[0].1, "every rank gets the same report");
+        let top = &report.culprits[0];
+        assert_eq!((top.rank, top.waiters), (1, 2), "{report}");
+        assert!(top.share > 0.5, "{report}");
+        assert_eq!(report.dominant().map(|c| c.rank), Some(1), "{report}");
+    }
+}

@@ -19,6 +19,10 @@
 //! of wrong elements (with `--check`) and the plan's predicted time, so the cost model's error
 //! on this machine is visible.
 //!
+//! At the end the ranks finalize their communicator, which sums who waited for whom over the
+//! run (`Communicator::straggler_report`): `--json` carries it as `stragglers`, and the text
+//! output gets a `# Straggler` line when one rank dominates the waiting.
+//!
 //! Without `--plan` a plan is compiled for this machine: a `host` topology whose per-rank
 //! bandwidth comes from a memory-copy probe. With `--backend process`, `-g N` starts N rank
 //! processes; under a launcher (`mpirun`, torchrun, srun) the rank and world size come from
@@ -33,7 +37,7 @@ use half::{bf16, f16};
 use hccl::compiler::search;
 use hccl::executor::{
     Bootstrap, Buffers, Communicator, Config, DataType, Element, ExecError, ProcessGroup, ReduceOp,
-    ThreadGroup,
+    StragglerReport, ThreadGroup,
 };
 use hccl::ir::{Collective, CollectiveKind, PlanFile, Protocol};
 use hccl::topologies::Topology;
@@ -1102,7 +1106,14 @@ fn parse_choice(args: &Args) -> Result<(Collective, DataType, ReduceOp), Failure
     Ok((coll, dtype, op))
 }
 
-fn finish(printer: Printer, label: &str, rows: &[Row]) -> Result<(), Failure> {
+/// `report`: the run's straggler report (`None` when the ranks could not make one: a rank
+/// failed).
+fn finish(
+    printer: Printer,
+    label: &str,
+    rows: &[Row],
+    report: Option<&StragglerReport>,
+) -> Result<(), Failure> {
     let wrong: u64 = rows.iter().filter_map(|r| r.wrong).sum();
     if printer.json {
         let doc = serde_json::json!({
@@ -1115,6 +1126,9 @@ fn finish(printer: Printer, label: &str, rows: &[Row]) -> Result<(), Failure> {
             // here.
             "plan_file": printer.plan_file.as_ref().map(|p| p.display().to_string()),
             "rows": printer.rows,
+            // Who the ranks waited for over the whole run (warm-up and synchronisation
+            // included): `Communicator::straggler_report`.
+            "stragglers": report.and_then(|r| serde_json::to_value(r).ok()),
         });
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else if printer.rows.is_empty() {
@@ -1134,12 +1148,19 @@ fn finish(printer: Printer, label: &str, rows: &[Row]) -> Result<(), Failure> {
             .sum::<f64>()
             / rows.len().max(1) as f64;
         println!("# Avg bus bandwidth    : {avg:.3}");
+        if let Some(top) = report.and_then(StragglerReport::dominant) {
+            println!("# Straggler            : {top}");
+        }
     }
     if wrong > 0 {
         return Err(Failure::Runtime(format!("{wrong} wrong element(s)")));
     }
     Ok(())
 }
+
+/// What a rank thread of the threads backend ends with: its rows and the straggler report
+/// its `finalize` returned.
+type RankOutcome = (Result<Vec<Row>, Failure>, Option<StragglerReport>);
 
 fn run_threads(args: &Args) -> Result<(), Failure> {
     let (coll, dtype, op) = parse_choice(args)?;
@@ -1154,7 +1175,10 @@ fn run_threads(args: &Args) -> Result<(), Failure> {
         )));
     }
     let sizes = nominal_sizes(args)?;
-    let (mut plan, label, topo) = obtain_plan(args, coll.kind(), n, true)?;
+    let (plan, label, topo) = obtain_plan(args, coll.kind(), n, true)?;
+    // AllReduce entries for the straggler report at the end (appended: the measured
+    // entries keep their indices).
+    let mut plan = with_control_entries(plan, n);
     plan.ensure_root(coll);
     let config = Config::from_env()?;
     warn_unforced(&plan, coll, &config);
@@ -1186,7 +1210,7 @@ fn run_threads(args: &Args) -> Result<(), Failure> {
     printer.header(&label);
     let printer = Mutex::new(printer);
     let binding = should_bind(args, n);
-    let results: Vec<Result<Vec<Row>, Failure>> = std::thread::scope(|scope| {
+    let results: Vec<RankOutcome> = std::thread::scope(|scope| {
         let handles: Vec<_> = comms
             .into_iter()
             .enumerate()
@@ -1198,11 +1222,15 @@ fn run_threads(args: &Args) -> Result<(), Failure> {
                     if binding {
                         bind(rank as u32);
                     }
-                    dispatch(&sw, rank as u32, &mut comm, &mut sync, |row| {
+                    let rows = dispatch(&sw, rank as u32, &mut comm, &mut sync, |row| {
                         if rank == 0 {
                             printer.lock().unwrap_or_else(|e| e.into_inner()).row(row);
                         }
-                    })
+                    });
+                    // Collective: a rank whose sweep failed aborted the communicator, so
+                    // the others' finalize fails fast instead of waiting for it.
+                    let report = comm.finalize();
+                    (rows, report)
                 })
             })
             .collect();
@@ -1210,19 +1238,21 @@ fn run_threads(args: &Args) -> Result<(), Failure> {
             .into_iter()
             .map(|h| {
                 h.join()
-                    .unwrap_or_else(|_| Err(Failure::Runtime("a rank panicked".into())))
+                    .unwrap_or_else(|_| (Err(Failure::Runtime("a rank panicked".into())), None))
             })
             .collect()
     });
     let printer = printer.into_inner().unwrap_or_else(|e| e.into_inner());
     let mut rows = None;
-    for res in results {
+    let mut report = None;
+    for (res, rep) in results {
         match res {
             Ok(r) => rows = rows.or(Some(r)),
             Err(e) => return Err(e),
         }
+        report = report.or(rep);
     }
-    finish(printer, &label, &rows.unwrap_or_default())
+    finish(printer, &label, &rows.unwrap_or_default(), report.as_ref())
 }
 
 /// Set by `hccl-perf` for the rank processes it starts when they should bind to cores.
@@ -1322,8 +1352,10 @@ fn run_process_rank(args: &Args) -> Result<(), Failure> {
             printer.row(row);
         }
     })?;
+    // Collective, like the sweep: every rank of the job gets here or has failed it.
+    let report = comm.finalize();
     if rank == 0 {
-        finish(printer, &label, &rows)
+        finish(printer, &label, &rows, report.as_ref())
     } else {
         let wrong: u64 = rows.iter().filter_map(|r| r.wrong).sum();
         if wrong > 0 {
@@ -1334,8 +1366,8 @@ fn run_process_rank(args: &Args) -> Result<(), Failure> {
     }
 }
 
-/// Makes sure the plan can synchronise ranks: adds the built-in AllReduce entries when the
-/// plan has none (e.g. an imported AllGather).
+/// Makes sure the plan can synchronise ranks and sum their straggler reports: adds the
+/// built-in AllReduce entries when the plan has none (e.g. an imported AllGather).
 fn with_control_entries(mut plan: PlanFile, world: u32) -> PlanFile {
     let has_allreduce = plan
         .entries
