@@ -302,6 +302,11 @@ impl RankState {
         }
         let mut scratch = AlignedBuf::default();
         scratch.reserve(scratch_bytes);
+        if let Some(cfg) = &config.trace {
+            let world = plan.entries.first().map_or(0, |e| e.schedule.nranks);
+            let rec = crate::trace::Recorder::new(cfg, rank, world)?;
+            engine.trace = Some(Box::new(rec));
+        }
         Ok(RankState {
             calls: 0,
             entries,
@@ -548,6 +553,9 @@ pub(crate) fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Cal
         });
     };
     let print = publish(st.entries[ei].in_place);
+    if let Some(t) = st.engine.trace.as_deref_mut() {
+        t.note_call(seq, bytes);
+    }
     let RankState {
         calls: _,
         entries,
@@ -726,6 +734,9 @@ pub(crate) fn replay(
     if let Some(net) = &shared.net {
         net.begin_call();
     }
+    if let Some(t) = engine.trace.as_deref_mut() {
+        t.begin(entry, seg.segs);
+    }
     let res = run_segments(shared, engine, &ctx, entry, bufs, kernels, seg).and_then(|()| {
         if shared.config.check_calls == crate::config::CallCheck::EveryCall {
             check_calls(shared, rank, print)
@@ -733,6 +744,9 @@ pub(crate) fn replay(
             Ok(())
         }
     });
+    if let Some(t) = engine.trace.as_deref_mut() {
+        t.end(res.is_ok());
+    }
     if let Some(net) = &shared.net {
         net.end_call();
         if res.is_err() {
@@ -971,6 +985,23 @@ impl Communicator {
             chunks: e.chunks,
             in_place: e.in_place,
         })
+    }
+
+    /// Writes this rank's trace now (`HCCL_TRACE=DIR`, [`Config::trace`]): `DIR/rank-<r>.json`,
+    /// atomically, holding every call recorded so far; its path, or `None` when the
+    /// communicator does not trace. The file is written again when the communicator is
+    /// dropped (if calls were recorded since).
+    pub fn flush_trace(&mut self) -> Result<Option<std::path::PathBuf>> {
+        let rank = self.rank;
+        let st = self.state.as_mut().ok_or_else(|| {
+            ExecError::Invalid(format!(
+                "rank {rank}: a non-blocking call is in flight; wait for it before flushing the trace"
+            ))
+        })?;
+        match st.engine.trace.as_deref_mut() {
+            Some(t) => t.flush().map(Some),
+            None => Ok(None),
+        }
     }
 
     /// Where the plan this communicator runs came from: a plan file or directory, the

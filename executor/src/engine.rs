@@ -196,6 +196,8 @@ pub(crate) struct EngineState {
     /// Why the next message of a connection was refused (the step that received it reports
     /// it).
     refused: Option<Refused>,
+    /// The step recorder when the communicator traces (`HCCL_TRACE`, see [`crate::trace`]).
+    pub(crate) trace: Option<Box<crate::trace::Recorder>>,
 }
 
 /// Why a received message was refused.
@@ -264,6 +266,7 @@ impl EngineState {
             me: 0,
             call: None,
             refused: None,
+            trace: None,
         }
     }
 
@@ -401,6 +404,9 @@ impl EngineState {
             self.spin = ctx.spin_polls.max(MIN_SPIN);
         }
         let mut waiter = Waiter::new(self.spin);
+        if let Some(t) = self.trace.as_deref_mut() {
+            t.segment(geo.seg);
+        }
         while remaining > 0 {
             self.progressed = false;
             let mut blocked: Option<(u32, u32, u32, &'static str)> = None;
@@ -424,6 +430,9 @@ impl EngineState {
                     match unsafe { self.try_step(ctx.arena, ctx.single_copy, s, ins, geo, bufs, k) }
                     {
                         None => {
+                            if let Some(t) = self.trace.as_deref_mut() {
+                                t.step(prog, s, pc);
+                            }
                             self.pc[s] += 1;
                             self.phase[s] = 0;
                             self.progressed = true;

@@ -69,6 +69,7 @@ pub mod net;
 pub mod process;
 pub mod program;
 pub mod threads;
+pub mod trace;
 
 pub use comm::{AbortHandle, Buffers, Communicator, EntryInfo, OwnedBuffers, Request};
 pub use config::{CallCheck, Config, PlanOrigin, PlanSource, VerifyMode};
