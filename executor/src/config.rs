@@ -155,22 +155,9 @@ impl Config {
             };
         }
         if let Some(dir) = env("HCCL_TRACE") {
-            let calls = match env("HCCL_TRACE_CALLS") {
-                None => crate::trace::DEFAULT_TRACE_CALLS,
-                Some(v) => v
-                    .trim()
-                    .parse()
-                    .ok()
-                    .filter(|&n: &u32| n > 0)
-                    .ok_or_else(|| {
-                        ExecError::Invalid(format!(
-                            "HCCL_TRACE_CALLS={v}: expected a positive number of calls"
-                        ))
-                    })?,
-            };
             cfg.trace = Some(crate::trace::TraceConfig {
                 dir: PathBuf::from(dir),
-                calls,
+                calls: crate::trace::calls_from_env()?,
             });
         }
         cfg.net = crate::net::NetConfig::from_env()?;

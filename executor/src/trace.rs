@@ -54,6 +54,24 @@ pub struct TraceConfig {
     pub calls: u32,
 }
 
+/// `HCCL_TRACE_CALLS`: how many calls a traced rank records ([`DEFAULT_TRACE_CALLS`] when
+/// unset).
+pub fn calls_from_env() -> crate::Result<u32> {
+    match crate::config::env("HCCL_TRACE_CALLS") {
+        None => Ok(DEFAULT_TRACE_CALLS),
+        Some(v) => v
+            .trim()
+            .parse()
+            .ok()
+            .filter(|&n: &u32| n > 0)
+            .ok_or_else(|| {
+                crate::ExecError::Invalid(format!(
+                    "HCCL_TRACE_CALLS={v}: expected a positive number of calls"
+                ))
+            }),
+    }
+}
+
 /// This host's `CLOCK_MONOTONIC`, in nanoseconds.
 #[inline]
 pub(crate) fn now_ns() -> u64 {

@@ -1165,10 +1165,7 @@ fn run_threads(args: &Args, trace: Option<&Path>) -> Result<(), Failure> {
     plan.ensure_root(coll);
     let mut config = Config::from_env()?;
     if let Some(dir) = trace {
-        let calls = config
-            .trace
-            .as_ref()
-            .map_or(hccl::executor::trace::DEFAULT_TRACE_CALLS, |t| t.calls);
+        let calls = hccl::executor::trace::calls_from_env()?;
         config = config.with_trace(Some(hccl::executor::trace::TraceConfig {
             dir: dir.to_path_buf(),
             calls,
