@@ -1053,7 +1053,17 @@ impl Communicator {
         let n = alive.len() as u32;
         let (chosen, why) = source.clone().for_world(n);
         let started = std::time::Instant::now();
-        let config = self.shared.config.clone();
+        let mut config = self.shared.config.clone();
+        // The survivors are renumbered: their group traces into a directory of its own.
+        if let Some(t) = &mut config.trace {
+            let without: Vec<String> = failed.iter().map(u32::to_string).collect();
+            let without = if without.is_empty() {
+                "none".to_string()
+            } else {
+                without.join("-")
+            };
+            t.dir = t.dir.join(format!("shrink-without-{without}"));
+        }
         let comm = match &self.shared.regroup {
             Regroup::Threads(meeting) => {
                 meeting.shrink(me, &failed, &alive, chosen, source, config)?
