@@ -42,6 +42,8 @@ use std::path::PathBuf;
 pub const DEFAULT_TRACE_CALLS: u32 = 64;
 /// Most step records a rank keeps (32 bytes each).
 pub const MAX_STEPS: usize = 1 << 20;
+/// Most calls a rank records, whatever `HCCL_TRACE_CALLS` asks (56 bytes each).
+pub const MAX_CALLS: u32 = 1 << 18;
 /// Ping-pongs a rank on another host than rank 0 exchanges to align its clock.
 const PINGS: u32 = 8;
 
@@ -247,7 +249,7 @@ impl Recorder {
             backend: "threads",
             clock: Clock::shared("one process: the ranks share its clock"),
             entries: BTreeMap::new(),
-            calls: Vec::with_capacity(cfg.calls as usize),
+            calls: Vec::with_capacity(cfg.calls.min(MAX_CALLS) as usize),
             steps: Vec::new(),
             untraced_calls: 0,
             dropped_steps: 0,
@@ -275,7 +277,7 @@ impl Recorder {
 
     /// A call of `entry` in `segments` segments begins.
     pub(crate) fn begin(&mut self, entry: &Entry, segments: u64) {
-        if self.calls.len() >= self.cfg.calls as usize {
+        if self.calls.len() >= self.cfg.calls.min(MAX_CALLS) as usize {
             self.untraced_calls += 1;
             self.active = false;
             return;
@@ -469,7 +471,8 @@ impl Recorder {
             "steps_limit": MAX_STEPS,
             "steps_dropped": self.dropped_steps,
             "note": format!(
-                "the first {} calls of the rank (HCCL_TRACE_CALLS), every segment of each",
+                "the first {} calls of the rank (HCCL_TRACE_CALLS, at most {MAX_CALLS}), \
+                 every segment of each",
                 self.cfg.calls
             ),
         }));
