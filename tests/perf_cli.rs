@@ -500,20 +500,22 @@ fn calibrate_writes_a_topology_that_plans_compile_for() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `--trace FILE`: the rank processes, on one host and on two emulated hosts (TCP on
-/// loopback, clocks aligned by ping-pongs with rank 0), write measured timelines that are
+/// `--trace FILE`: the ranks (threads; processes on one host and on two emulated hosts, TCP
+/// on loopback, clocks aligned by ping-pongs with rank 0) write measured timelines that are
 /// merged into one trace-event file with a process per rank; bad trace settings are bad
 /// input.
 #[test]
 fn trace_merges_the_ranks_of_a_process_job() {
     use hccl::ir::trace::{CALLS_TID, TraceFile};
-    for hosts in ["1", "2"] {
-        let file =
-            std::env::temp_dir().join(format!("perf-trace-{}-{hosts}.json", std::process::id()));
+    for (backend, hosts) in [("threads", "1"), ("process", "1"), ("process", "2")] {
+        let file = std::env::temp_dir().join(format!(
+            "perf-trace-{}-{backend}-{hosts}.json",
+            std::process::id()
+        ));
         let f = file.to_str().unwrap();
         let out = perf(&[
             "--backend",
-            "process",
+            backend,
             "-g",
             "2",
             "--hosts",
