@@ -550,6 +550,8 @@ fn trace_merges_the_ranks_of_a_process_job() {
         }
         let ranks = doc.other["ranks"].as_array().expect("rank data");
         let clock = &ranks[1]["clock"];
+        let ran = ranks[1]["backend"].as_str().unwrap_or_default();
+        assert!(ran.starts_with(backend), "{ran}");
         if hosts == "2" {
             assert!(
                 clock["method"].as_str().unwrap().contains("ping-pong"),
