@@ -509,3 +509,91 @@ fn calibrate_writes_a_topology_that_plans_compile_for() {
     assert!(json(&out)["plan"].as_str().unwrap().contains("calibrated"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--trace FILE`: the ranks (threads; processes on one host and on two emulated hosts, TCP
+/// on loopback, clocks aligned by ping-pongs with rank 0) write measured timelines that are
+/// merged into one trace-event file with a process per rank; bad trace settings are bad
+/// input.
+#[test]
+fn trace_merges_the_ranks_of_a_process_job() {
+    use hccl::ir::trace::{CALLS_TID, TraceFile};
+    for (backend, hosts) in [("threads", "1"), ("process", "1"), ("process", "2")] {
+        let file = std::env::temp_dir().join(format!(
+            "perf-trace-{}-{backend}-{hosts}.json",
+            std::process::id()
+        ));
+        let f = file.to_str().unwrap();
+        let out = perf(&[
+            "--backend",
+            backend,
+            "-g",
+            "2",
+            "--hosts",
+            hosts,
+            "-b",
+            "64K",
+            "-e",
+            "64K",
+            "-n",
+            "1",
+            "-w",
+            "0",
+            "--json",
+            "--trace",
+            f,
+        ]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        json(&out);
+        let doc = TraceFile::load(&file).expect("a merged trace");
+        assert_eq!(doc.check().expect("valid").processes, vec![0, 1]);
+        for r in 0..2 {
+            let mine = |cat: &str| {
+                doc.events
+                    .iter()
+                    .filter(|e| e.pid == r && e.cat.as_deref() == Some(cat))
+                    .count()
+            };
+            assert!(mine("step") > 0 && mine("call") > 0, "rank {r}");
+            assert!(doc.events.iter().any(|e| e.pid == r
+                && e.tid == Some(CALLS_TID)
+                && e.args.get("bytes") == Some(&serde_json::json!(65536))));
+        }
+        let ranks = doc.other["ranks"].as_array().expect("rank data");
+        let clock = &ranks[1]["clock"];
+        let ran = ranks[1]["backend"].as_str().unwrap_or_default();
+        assert!(ran.starts_with(backend), "{ran}");
+        if hosts == "2" {
+            assert!(
+                clock["method"].as_str().unwrap().contains("ping-pong"),
+                "{clock}"
+            );
+            assert!(clock["uncertainty_us"].as_f64().unwrap() > 0.0, "{clock}");
+        } else {
+            assert_eq!(clock["offset_us"], 0.0, "{clock}");
+        }
+        let _ = std::fs::remove_file(&file);
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_hccl-perf"))
+        .args([
+            "-g",
+            "2",
+            "-b",
+            "8",
+            "-e",
+            "8",
+            "--trace",
+            "/tmp/never.json",
+        ])
+        .env("HCCL_TRACE_CALLS", "0")
+        .output()
+        .expect("hccl-perf runs");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("HCCL_TRACE_CALLS"), "{}", text(&out));
+    let out = perf(&[
+        "--calibrate",
+        "/tmp/never.ron",
+        "--trace",
+        "/tmp/never.json",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}

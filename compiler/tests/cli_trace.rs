@@ -107,6 +107,20 @@ fn a_predicted_timeline_has_a_slice_per_step() {
         .find(|e| e.covers(1 << 20) && !e.schedule.in_place)
         .expect("an entry");
     assert_eq!(slices.len(), entry.schedule.step_count());
+    // Threads are named as measured traces name them (`hccl_ir::trace::thread_name`).
+    let doc = hccl_ir::trace::TraceFile::load(&trace).expect("a trace file");
+    for (r, prog) in entry.schedule.ranks.iter().enumerate() {
+        for (i, st) in prog.streams.iter().enumerate() {
+            let name = hccl_ir::trace::thread_name(i as u32, st.channel);
+            assert!(
+                doc.events.iter().any(|e| e.name == "thread_name"
+                    && e.pid == r as u32
+                    && e.tid == Some(i as u32)
+                    && e.args["name"] == name.as_str()),
+                "rank {r} stream {i}: {name}"
+            );
+        }
+    }
     assert_eq!(other["algorithm"], entry.algorithm.as_str());
     // Slices are named by the op in words; messages have a peer and bytes.
     assert!(slices.iter().any(|s| s["name"] == "send"), "{slices:?}");
@@ -163,4 +177,68 @@ fn cpu_hosts_get_a_timeline_of_one_segment() {
     for f in [topo, plan, trace] {
         let _ = std::fs::remove_file(f);
     }
+}
+
+/// `hcclc trace merge DIR`: rank files checked and joined; a missing directory, an empty one,
+/// a malformed file or a file holding another rank's events is bad input (exit 2) naming it.
+#[test]
+fn trace_merge_joins_rank_files_and_names_the_bad_one() {
+    use hccl_ir::trace::{Event, TraceFile, process_meta, rank_file, thread_meta};
+    let dir = tmp("merge");
+    let _ = std::fs::remove_dir_all(&dir);
+    let d = dir.to_str().unwrap();
+    let out = hcclc(&["trace", "merge", d]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(d));
+    std::fs::create_dir_all(&dir).unwrap();
+    assert_eq!(
+        hcclc(&["trace", "merge", d]).status.code(),
+        Some(2),
+        "no rank files"
+    );
+    let rank_doc = |pid: u32, r: u32, ts: f64| {
+        let mut events: Vec<Event> = process_meta(pid).into();
+        events.push(thread_meta(pid, 0, "stream 0 (channel 0)"));
+        events.push(Event::slice("send", "step", pid, 0, ts, 2.0));
+        let mut other = serde_json::Map::new();
+        other.insert("world".into(), serde_json::json!(3));
+        TraceFile::new(events, other)
+            .save(&rank_file(&dir, r))
+            .unwrap();
+    };
+    rank_doc(0, 0, 100.0);
+    rank_doc(1, 1, 101.5);
+    std::fs::write(dir.join("notes.txt"), "not a rank file").unwrap();
+    let merged = dir.join("all.json");
+    let out = hcclc(&[
+        "trace",
+        "merge",
+        d,
+        "-o",
+        merged.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: Value = serde_json::from_slice(&out.stdout).expect("JSON summary");
+    assert_eq!(summary["ranks"], serde_json::json!([0, 1]));
+    assert_eq!(summary["missing_ranks"], serde_json::json!([2]));
+    let doc = TraceFile::load(&merged).expect("merged");
+    assert_eq!(doc.check().unwrap().processes, vec![0, 1]);
+    let ts: Vec<f64> = doc.events.iter().filter_map(|e| e.ts).collect();
+    assert_eq!(ts, vec![0.0, 1.5], "rebased to the earliest event");
+    // Another rank's events in a rank file; then a file that is not JSON.
+    rank_doc(0, 2, 5.0);
+    let out = hcclc(&["trace", "merge", d]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("rank-2.json"));
+    std::fs::write(rank_file(&dir, 2), "{\"traceEvents\": [").unwrap();
+    let out = hcclc(&["trace", "merge", d]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("rank-2.json:1:"));
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -410,6 +410,9 @@ unsafe fn by_block(
         crate::calls::publish(&shared.arena, rank, seq, p);
         (seq, p)
     });
+    if let Some(t) = st.engine.trace.as_deref_mut() {
+        t.note_call(seq, sends.iter().sum::<u64>().saturating_mul(es as u64));
+    }
     tracing::trace!(
         rank,
         total = x.total,

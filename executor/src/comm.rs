@@ -313,6 +313,11 @@ impl RankState {
         }
         let mut scratch = AlignedBuf::default();
         scratch.reserve(scratch_bytes);
+        if let Some(cfg) = &config.trace {
+            let world = plan.entries.first().map_or(0, |e| e.schedule.nranks);
+            let rec = crate::trace::Recorder::new(cfg, rank, world)?;
+            engine.trace = Some(Box::new(rec));
+        }
         Ok(RankState {
             calls: 0,
             entries,
@@ -559,6 +564,9 @@ pub(crate) fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Cal
         });
     };
     let print = publish(st.entries[ei].in_place);
+    if let Some(t) = st.engine.trace.as_deref_mut() {
+        t.note_call(seq, bytes);
+    }
     let RankState {
         calls: _,
         entries,
@@ -737,6 +745,9 @@ pub(crate) fn replay(
     if let Some(net) = &shared.net {
         net.begin_call();
     }
+    if let Some(t) = engine.trace.as_deref_mut() {
+        t.begin(entry, seg.segs);
+    }
     // Time in calls for `Communicator::stats`, sampled (see `waits::TIME_EVERY`).
     let started = engine.waits.time_replay().then(std::time::Instant::now);
     let res = run_segments(shared, engine, &ctx, entry, bufs, kernels, seg);
@@ -750,6 +761,9 @@ pub(crate) fn replay(
             Ok(())
         }
     });
+    if let Some(t) = engine.trace.as_deref_mut() {
+        t.end(res.is_ok());
+    }
     if let Some(net) = &shared.net {
         net.end_call();
         if res.is_err() {
@@ -990,6 +1004,23 @@ impl Communicator {
         })
     }
 
+    /// Writes this rank's trace now (`HCCL_TRACE=DIR`, [`Config::trace`]): `DIR/rank-<r>.json`,
+    /// atomically, holding every call recorded so far; its path, or `None` when the
+    /// communicator does not trace. The file is written again when the communicator is
+    /// dropped (if calls were recorded since).
+    pub fn flush_trace(&mut self) -> Result<Option<std::path::PathBuf>> {
+        let rank = self.rank;
+        let st = self.state.as_mut().ok_or_else(|| {
+            ExecError::Invalid(format!(
+                "rank {rank}: a non-blocking call is in flight; wait for it before flushing the trace"
+            ))
+        })?;
+        match st.engine.trace.as_deref_mut() {
+            Some(t) => t.flush().map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// Where the plan this communicator runs came from: a plan file or directory, the
     /// built-in plans, or a plan the program passed in memory.
     pub fn plan_origin(&self) -> &PlanOrigin {
@@ -1039,7 +1070,17 @@ impl Communicator {
         let n = alive.len() as u32;
         let (chosen, why) = source.clone().for_world(n);
         let started = std::time::Instant::now();
-        let config = self.shared.config.clone();
+        let mut config = self.shared.config.clone();
+        // The survivors are renumbered: their group traces into a directory of its own.
+        if let Some(t) = &mut config.trace {
+            let without: Vec<String> = failed.iter().map(u32::to_string).collect();
+            let without = if without.is_empty() {
+                "none".to_string()
+            } else {
+                without.join("-")
+            };
+            t.dir = t.dir.join(format!("shrink-without-{without}"));
+        }
         let comm = match &self.shared.regroup {
             Regroup::Threads(meeting) => {
                 meeting.shrink(me, &failed, &alive, chosen, source, config)?
@@ -1082,16 +1123,27 @@ impl Communicator {
             reason: "a non-blocking request was leaked".into(),
         })?;
         let (mut sums, mut maxes) = st.engine.waits.group_rows(self.rank, world);
-        self.run(
-            Collective::AllReduce,
-            ReduceOp::Sum,
-            Buffers::InPlace(&mut sums),
-        )?;
-        self.run(
-            Collective::AllReduce,
-            ReduceOp::Max,
-            Buffers::InPlace(&mut maxes),
-        )?;
+        // The report's own calls are not the program's: they stay out of its trace.
+        let trace = self.state.as_mut().and_then(|st| st.engine.trace.take());
+        let ran = self
+            .run(
+                Collective::AllReduce,
+                ReduceOp::Sum,
+                Buffers::InPlace(&mut sums),
+            )
+            .and_then(|()| {
+                self.run(
+                    Collective::AllReduce,
+                    ReduceOp::Max,
+                    Buffers::InPlace(&mut maxes),
+                )
+            });
+        if let Some(st) = self.state.as_mut()
+            && trace.is_some()
+        {
+            st.engine.trace = trace;
+        }
+        ran?;
         Ok(crate::waits::report(&sums, &maxes, world, |r| {
             crate::waits::host_name(&self.shared.host_of(r))
         }))

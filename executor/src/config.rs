@@ -1,7 +1,7 @@
 //! Configuration: timeouts, slot size, entry filters, network settings, and where plans come
 //! from — with the environment overrides `HCCL_PLAN`, `HCCL_ALGO`, `HCCL_PROTO`,
 //! `HCCL_DEBUG`, `HCCL_TIMEOUT`, `HCCL_SLOT_BYTES`, `HCCL_VERIFY`, `HCCL_CHECK_CALLS`,
-//! `HCCL_CHECKSUM` and the network's (see [`crate::net::NetConfig::from_env`]).
+//! `HCCL_CHECKSUM`, `HCCL_TRACE`, `HCCL_TRACE_CALLS` and the network's (see [`crate::net::NetConfig::from_env`]).
 
 use crate::error::{ExecError, Result};
 use hccl_ir::{PlanFile, Protocol};
@@ -47,6 +47,9 @@ pub struct Config {
     /// start). Messages then travel through slots only (no single copy in the threads
     /// backend); RDMA transfers are not covered.
     pub checksum: bool,
+    /// Record every rank's steps and write `DIR/rank-<r>.json` (`HCCL_TRACE=DIR`,
+    /// `HCCL_TRACE_CALLS`; see [`crate::trace`]); `None`: no tracing (the default).
+    pub trace: Option<crate::trace::TraceConfig>,
 }
 
 /// How ranks compare their calls (`HCCL_CHECK_CALLS`): every call a rank starts publishes
@@ -81,6 +84,7 @@ impl Default for Config {
             verify: VerifyMode::default(),
             check_calls: CallCheck::default(),
             checksum: false,
+            trace: None,
         }
     }
 }
@@ -150,8 +154,20 @@ impl Config {
                 }
             };
         }
+        if let Some(dir) = env("HCCL_TRACE") {
+            cfg.trace = Some(crate::trace::TraceConfig {
+                dir: PathBuf::from(dir),
+                calls: crate::trace::calls_from_env()?,
+            });
+        }
         cfg.net = crate::net::NetConfig::from_env()?;
         Ok(cfg)
+    }
+
+    /// Sets whether and where every rank writes its trace (`HCCL_TRACE`).
+    pub fn with_trace(mut self, trace: Option<crate::trace::TraceConfig>) -> Config {
+        self.trace = trace;
+        self
     }
 
     /// Sets the network settings.

@@ -200,6 +200,8 @@ pub(crate) struct EngineState {
     refused: Option<Refused>,
     /// How long this rank waited for whom ([`crate::waits`]).
     pub(crate) waits: crate::waits::Waits,
+    /// The step recorder when the communicator traces (`HCCL_TRACE`, see [`crate::trace`]).
+    pub(crate) trace: Option<Box<crate::trace::Recorder>>,
 }
 
 /// Why a received message was refused.
@@ -269,6 +271,7 @@ impl EngineState {
             call: None,
             refused: None,
             waits: Default::default(),
+            trace: None,
         }
     }
 
@@ -406,6 +409,9 @@ impl EngineState {
             self.spin = ctx.spin_polls.max(MIN_SPIN);
         }
         let mut waiter = Waiter::new(self.spin);
+        if let Some(t) = self.trace.as_deref_mut() {
+            t.segment(geo.seg);
+        }
         while remaining > 0 {
             self.progressed = false;
             let mut blocked: Option<(u32, u32, u32, &'static str)> = None;
@@ -429,6 +435,9 @@ impl EngineState {
                     match unsafe { self.try_step(ctx.arena, ctx.single_copy, s, ins, geo, bufs, k) }
                     {
                         None => {
+                            if let Some(t) = self.trace.as_deref_mut() {
+                                t.step(prog, s, pc);
+                            }
                             self.pc[s] += 1;
                             self.phase[s] = 0;
                             self.progressed = true;

@@ -69,6 +69,7 @@ pub mod net;
 pub mod process;
 pub mod program;
 pub mod threads;
+pub mod trace;
 pub mod waits;
 
 pub use comm::{AbortHandle, Buffers, Communicator, EntryInfo, OwnedBuffers, Request};

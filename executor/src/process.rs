@@ -339,6 +339,21 @@ impl ProcessGroup {
         if let Some(n) = &network {
             state.attach_net(Arc::clone(n));
         }
+        // Clocks: rank 0 tells every rank whether to align its clock with rank 0's (only
+        // when rank 0 traces and the rank is on another host; see `crate::trace`).
+        let clock =
+            crate::trace::sync_clocks(rank, &mut job.socks, &job.hosts, config.trace.is_some())
+                .map_err(io_err(rank, "aligning clocks with rank 0"))?;
+        if let Some(t) = state.engine.trace.as_deref_mut() {
+            t.set_clock(
+                if hosts > 1 {
+                    "process (TCP between hosts)"
+                } else {
+                    "process"
+                },
+                clock,
+            );
+        }
         tracing::info!(rank, world, hosts, plan = %hash, region = %region, "process group ready");
         let rejoin = Rejoin {
             boot: Bootstrap {

@@ -916,3 +916,114 @@ fn a_late_rank_leads_the_straggler_report() {
         assert_eq!(report.dominant().map(|c| c.rank), Some(1), "{report}");
     }
 }
+
+/// `HCCL_TRACE` through the configuration: every rank writes a trace file in the layout of
+/// the predicted trace (`hcclc explain --trace`), bounded to the first calls, its slices in
+/// step order on each stream, and the merge gives one process per rank.
+#[test]
+fn traced_calls_are_written_per_rank_in_the_predicted_layout() {
+    use hccl_executor::trace::TraceConfig;
+    use hccl_ir::trace::{CALLS_TID, TraceFile, merge_dir, rank_file, thread_name};
+    let n = 4u32;
+    let dir = std::env::temp_dir().join(format!("hccl-trace-threads-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cfg = config()
+        .with_slot_bytes(16 << 10)
+        .with_trace(Some(TraceConfig {
+            dir: dir.clone(),
+            calls: 2,
+        }));
+    let plan = fallback::plan(n);
+    let count = 64 << 10; // 256 KiB of f32 in 16 KiB slots: several segments
+    let bytes = (count * 4) as u64;
+    let comms = ThreadGroup::with_config(plan.clone(), n, cfg).expect("group");
+    let entry = comms[0]
+        .entry_for(Collective::AllReduce, bytes, false)
+        .expect("an entry");
+    std::thread::scope(|s| {
+        for mut comm in comms {
+            s.spawn(move || {
+                let input = vec![1.0f32; count];
+                let mut output = vec![0.0f32; count];
+                for _ in 0..3 {
+                    comm.all_reduce(&input, &mut output, ReduceOp::Sum)
+                        .expect("allreduce");
+                }
+                let path = comm.flush_trace().expect("flushed").expect("traced");
+                assert!(path.ends_with(format!("rank-{}.json", comm.rank())));
+            });
+        }
+    });
+    let schedule = &plan.entries[entry.index].schedule;
+    for r in 0..n {
+        let doc = TraceFile::load(&rank_file(&dir, r)).expect("a rank file");
+        let summary = doc.check().expect("trace-event format");
+        assert_eq!(summary.processes, vec![r], "one process, its rank");
+        assert!(doc.events.iter().all(|e| e.pid == r));
+        let other = &doc.other;
+        assert_eq!(other["source"], "measured");
+        assert_eq!(
+            other["calls_traced"], 2,
+            "HCCL_TRACE_CALLS bounds the calls"
+        );
+        assert_eq!(other["calls_untraced"], 1);
+        assert_eq!(other["steps_dropped"], 0);
+        // Thread names are the predicted trace's for this plan's entry.
+        let prog = &schedule.ranks[r as usize];
+        for (i, st) in prog.streams.iter().enumerate() {
+            let named = doc
+                .events
+                .iter()
+                .find(|e| e.ph == "M" && e.name == "thread_name" && e.tid == Some(i as u32));
+            assert_eq!(
+                named.and_then(|e| e.args["name"].as_str()),
+                Some(thread_name(i as u32, st.channel).as_str())
+            );
+        }
+        let calls: Vec<_> = doc
+            .events
+            .iter()
+            .filter(|e| e.ph == "X" && e.tid == Some(CALLS_TID))
+            .collect();
+        assert_eq!(calls.len(), 2);
+        assert!(
+            calls
+                .iter()
+                .all(|c| c.name == "allreduce" && c.args["bytes"] == bytes)
+        );
+        let segments = calls[0].args["segments"].as_u64().expect("segments");
+        assert!(segments > 1, "{segments} segments");
+        // Every step of every segment of both calls, named by its op, in step order on
+        // its stream and never overlapping the previous slice of the stream.
+        for (i, st) in prog.streams.iter().enumerate() {
+            let slices: Vec<_> = doc
+                .events
+                .iter()
+                .filter(|e| e.ph == "X" && e.tid == Some(i as u32))
+                .collect();
+            assert_eq!(slices.len() as u64, 2 * segments * st.steps.len() as u64);
+            let mut prev_end = f64::NEG_INFINITY;
+            let mut prev_key = None;
+            for e in &slices {
+                let key = (
+                    e.args["call"].as_u64().unwrap(),
+                    e.args["segment"].as_u64().unwrap(),
+                    e.args["step"].as_u64().unwrap(),
+                );
+                assert!(prev_key.is_none_or(|p| p < key), "{e:?} out of order");
+                prev_key = Some(key);
+                let step = &st.steps[key.2 as usize];
+                assert_eq!(e.name, step.op.name());
+                assert_eq!(e.cat.as_deref(), Some("step"));
+                assert_eq!(e.args["chunks"], step.count);
+                let (ts, dur) = (e.ts.unwrap(), e.dur.unwrap());
+                assert!(ts >= prev_end - 1e-3, "{e:?} overlaps the previous step");
+                prev_end = ts + dur;
+            }
+        }
+    }
+    let merged = merge_dir(&dir).expect("merges");
+    assert_eq!(merged.check().expect("valid").processes, vec![0, 1, 2, 3]);
+    assert_eq!(merged.other["missing_ranks"], serde_json::json!([]));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -24,6 +24,7 @@ pub mod runs;
 pub mod schedule;
 pub mod seal;
 pub mod symmetric;
+pub mod trace;
 pub mod units;
 pub mod verify;
 

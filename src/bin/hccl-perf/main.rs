@@ -3,7 +3,7 @@
 //! ```text
 //! hccl-perf -b 8 -e 256M -f 4 -g 8 -c allreduce -d float -o sum --backend threads|process
 //!           [--plan PLAN|ALGO.xml] [-n ITERS] [-w WARMUP] [-T SECONDS] [--check] [--json]
-//!           [--no-bind] [--counts uniform|skewed|equal] [--seed N]
+//!           [--no-bind] [--counts uniform|skewed|equal] [--seed N] [--hosts K] [--trace FILE.json]
 //! ```
 //!
 //! With `-T` the iteration count is calibrated as `mpi_coll_bench` does it: rounds of
@@ -279,6 +279,13 @@ struct Args {
     /// different "hosts" talk over TCP on loopback instead of shared memory.
     #[arg(long, default_value_t = 1)]
     hosts: u32,
+    /// Record a measured timeline of every rank's calls (the first `HCCL_TRACE_CALLS`, 64
+    /// by default: warm-up calls and the ranks' synchronising AllReduces included) and write
+    /// it to this file in the Chrome trace-event format (Perfetto, chrome://tracing), the
+    /// layout of `hcclc explain --trace`. The ranks write into a temporary directory
+    /// (`HCCL_TRACE`), merged into the file at the end.
+    #[arg(long, value_name = "FILE.json")]
+    trace: Option<PathBuf>,
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
@@ -1162,7 +1169,7 @@ fn finish(
 /// its `finalize` returned.
 type RankOutcome = (Result<Vec<Row>, Failure>, Option<StragglerReport>);
 
-fn run_threads(args: &Args) -> Result<(), Failure> {
+fn run_threads(args: &Args, trace: Option<&Path>) -> Result<(), Failure> {
     let (coll, dtype, op) = parse_choice(args)?;
     let n = args.ranks;
     if n == 0 {
@@ -1180,7 +1187,14 @@ fn run_threads(args: &Args) -> Result<(), Failure> {
     // entries keep their indices).
     let mut plan = with_control_entries(plan, n);
     plan.ensure_root(coll);
-    let config = Config::from_env()?;
+    let mut config = Config::from_env()?;
+    if let Some(dir) = trace {
+        let calls = hccl::executor::trace::calls_from_env()?;
+        config = config.with_trace(Some(hccl::executor::trace::TraceConfig {
+            dir: dir.to_path_buf(),
+            calls,
+        }));
+    }
     warn_unforced(&plan, coll, &config);
     let comms = ThreadGroup::with_config(plan.clone(), n, config)
         .map_err(|e| Failure::Usage(e.to_string()))?;
@@ -1386,7 +1400,7 @@ fn with_control_entries(mut plan: PlanFile, world: u32) -> PlanFile {
 }
 
 /// Starts `-g N` rank processes of this program and waits for them.
-fn launch_processes(args: &Args) -> Result<(), Failure> {
+fn launch_processes(args: &Args, trace: Option<&Path>) -> Result<(), Failure> {
     let (coll, _, _) = parse_choice(args)?;
     let n = args.ranks;
     if n == 0 {
@@ -1429,6 +1443,9 @@ fn launch_processes(args: &Args) -> Result<(), Failure> {
             command.env(BIND_ENV, "1");
         } else {
             command.env_remove(BIND_ENV);
+        }
+        if let Some(dir) = trace {
+            command.env("HCCL_TRACE", dir);
         }
         if args.hosts > 1 {
             let per_host = n / args.hosts;
@@ -1483,6 +1500,26 @@ fn launch_processes(args: &Args) -> Result<(), Failure> {
     }
 }
 
+/// Merges the rank files of `dir` into `out` (`--trace`).
+fn merge_trace(dir: &Path, out: &Path, json: bool) -> Result<(), Failure> {
+    let doc = hccl::ir::trace::merge_dir(dir)
+        .map_err(|e| Failure::Runtime(format!("merging the trace: {e}")))?;
+    let summary = doc
+        .check()
+        .map_err(|e| Failure::Runtime(format!("the merged trace is malformed: {e}")))?;
+    doc.save(out)
+        .map_err(|e| Failure::Usage(format!("--trace {}: cannot write: {e}", out.display())))?;
+    if !json {
+        println!(
+            "# Trace                : {} ({} ranks, {} slices)",
+            out.display(),
+            summary.processes.len(),
+            summary.slices
+        );
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let args = match Args::try_parse() {
         Ok(args) => args,
@@ -1493,13 +1530,46 @@ fn main() -> ExitCode {
         }
     };
     hccl::executor::config::init_tracing();
+    // `--trace`: the ranks write into a fresh directory, merged into the file at the end.
+    let trace_dir = args.trace.as_ref().filter(|_| !under_launcher()).map(|_| {
+        let random = RandomState::new().build_hasher().finish();
+        std::env::temp_dir().join(format!(
+            "hccl-perf-trace-{}-{random:016x}",
+            std::process::id()
+        ))
+    });
     let res = match args.backend {
+        _ if args.trace.is_some() && args.calibrate.is_some() => Err(Failure::Usage(
+            "--trace does not go with --calibrate (trace one family with --algo)".into(),
+        )),
+        _ if args.trace.is_some()
+            && under_launcher()
+            && std::env::var_os("HCCL_TRACE").is_none() =>
+        {
+            Err(Failure::Usage(
+                "--trace under a launcher: set HCCL_TRACE=DIR for every rank instead and merge \
+                 the rank files with `hcclc trace merge DIR`"
+                    .into(),
+            ))
+        }
         _ if args.calibrate.is_some() && !under_launcher() => {
             calibrate::run(&args, args.calibrate.as_deref().unwrap_or(Path::new("")))
         }
-        Backend::Threads => run_threads(&args),
+        Backend::Threads => run_threads(&args, trace_dir.as_deref()),
         Backend::Process if under_launcher() => run_process_rank(&args),
-        Backend::Process => launch_processes(&args),
+        Backend::Process => launch_processes(&args, trace_dir.as_deref()),
+    };
+    let res = match (&trace_dir, &args.trace) {
+        (Some(dir), Some(out)) => {
+            let merged = if dir.is_dir() {
+                res.and_then(|()| merge_trace(dir, out, args.json))
+            } else {
+                res
+            };
+            let _ = std::fs::remove_dir_all(dir);
+            merged
+        }
+        _ => res,
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

@@ -367,68 +367,44 @@ fn write_trace(
         .timeline(&prepared, bytes, entry.protocol)
         .map_err(fail)?;
     let chunk_bytes = bytes as f64 / f64::from(s.chunks.max(1)) / timeline.segments as f64;
+    // The layout and names of `hccl_ir::trace`, which measured traces (`HCCL_TRACE`) share.
+    use hccl_ir::trace::{TraceFile, process_meta, step_slice, thread_meta, thread_name};
     let mut events = Vec::new();
     for (r, prog) in s.ranks.iter().enumerate() {
-        events.push(json!({"name": "process_name", "ph": "M", "pid": r,
-            "args": {"name": format!("rank {r}")}}));
-        events.push(json!({"name": "process_sort_index", "ph": "M", "pid": r,
-            "args": {"sort_index": r}}));
+        let r = r as u32;
+        events.extend(process_meta(r));
         for (i, st) in prog.streams.iter().enumerate() {
-            events.push(json!({"name": "thread_name", "ph": "M", "pid": r, "tid": i,
-                "args": {"name": format!("stream {i} (channel {})", st.channel)}}));
+            events.push(thread_meta(r, i as u32, &thread_name(i as u32, st.channel)));
         }
     }
     for span in &timeline.steps {
         let at = span.at;
         let step = &s.ranks[at.rank as usize].streams[at.stream as usize].steps[at.step as usize];
-        let mut a = serde_json::Map::new();
-        a.insert("step".into(), json!(at.step));
-        a.insert("chunks".into(), json!(step.count));
-        a.insert(
-            "bytes".into(),
-            json!((f64::from(step.count) * chunk_bytes).round()),
-        );
-        if let Some(p) = step.op.recv_peer() {
-            a.insert("from".into(), json!(p));
-        }
-        if let Some(p) = step.op.send_peer() {
-            a.insert("to".into(), json!(p));
-        }
-        if let Some(src) = step.op.src() {
-            a.insert("src".into(), json!(src.to_string()));
-        }
-        if let Some(dst) = step.op.dst() {
-            a.insert("dst".into(), json!(dst.to_string()));
-        }
-        events.push(json!({
-            "name": step.op.name(),
-            "cat": "step",
-            "ph": "X",
-            "pid": at.rank,
-            "tid": at.stream,
-            "ts": span.start_us,
-            "dur": (span.end_us - span.start_us).max(0.0),
-            "args": a,
-        }));
+        events.push(step_slice(
+            at.rank,
+            at.stream,
+            at.step,
+            &step.op,
+            step.count,
+            (f64::from(step.count) * chunk_bytes).round(),
+            span.start_us,
+            (span.end_us - span.start_us).max(0.0),
+        ));
     }
-    let doc = json!({
-        "traceEvents": events,
-        "displayTimeUnit": "ns",
-        "otherData": {
-            "source": "predicted",
-            "plan": args.plan.display().to_string(),
-            "topology": topo.name,
-            "collective": s.collective.to_string(),
-            "algorithm": entry.algorithm,
-            "protocol": entry.protocol.name(),
-            "bytes": bytes,
-            "predicted_us": timeline.estimate.time_us,
-            "base_us": timeline.estimate.base_us,
-            "segments": timeline.segments,
-        },
+    let other = json!({
+        "source": "predicted",
+        "plan": args.plan.display().to_string(),
+        "topology": topo.name,
+        "collective": s.collective.to_string(),
+        "algorithm": entry.algorithm,
+        "protocol": entry.protocol.name(),
+        "bytes": bytes,
+        "predicted_us": timeline.estimate.time_us,
+        "base_us": timeline.estimate.base_us,
+        "segments": timeline.segments,
     });
-    let text = serde_json::to_string(&doc).expect("JSON values always serialise");
-    hccl_ir::write_atomic(path, text.as_bytes())
+    let doc = TraceFile::new(events, other.as_object().cloned().unwrap_or_default());
+    doc.save(path)
         .map_err(|e| CliError::Input(format!("{}: cannot write: {e}", path.display())))?;
     let summary = json!({
         "trace": path.display().to_string(),

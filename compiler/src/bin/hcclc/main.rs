@@ -10,6 +10,7 @@ mod msccl_cmd;
 mod plan_cmd;
 mod synth_cmd;
 mod topo_cmd;
+mod trace_cmd;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -48,6 +49,10 @@ enum Command {
     /// ways): its trees, its rate against its bounds, its predicted time, and the verified
     /// schedule as a plan.
     Synth(synth_cmd::SynthArgs),
+    /// Measured timelines: merge the per-rank files of `HCCL_TRACE=DIR` into one
+    /// Chrome trace-event file (Perfetto, chrome://tracing).
+    #[command(subcommand)]
+    Trace(trace_cmd::TraceCommand),
 }
 
 /// A reader that closes the pipe early (`hcclc synth … | head`) ends the process quietly, as
@@ -82,6 +87,7 @@ fn main() -> ExitCode {
         Command::Explain(args) => compile_cmd::explain(args),
         Command::Calibrate(args) => calibrate_cmd::run(args),
         Command::Synth(args) => synth_cmd::run(args),
+        Command::Trace(cmd) => trace_cmd::run(cmd),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
