@@ -54,6 +54,11 @@ pub struct ShowArgs {
     /// links labelled by kind and bandwidth; hosts summarised beyond 64 ranks.
     #[arg(long)]
     pub dot: bool,
+    /// Also draw the machine as an SVG picture: devices grouped by host, links by kind and
+    /// bandwidth (legend, and labels on the links between devices); hosts summarised beyond
+    /// 64 ranks.
+    #[arg(long, value_name = "FILE.svg", conflicts_with = "dot")]
+    pub svg: Option<std::path::PathBuf>,
 }
 
 /// Output options shared by every generator.
@@ -241,6 +246,12 @@ fn show(args: ShowArgs) -> Result<(), CliError> {
     if args.dot {
         print!("{}", hccl_topologies::dot::to_dot(&topo));
         return Ok(());
+    }
+    if let Some(path) = &args.svg {
+        let svg = hccl_compiler::plot::topology_svg(&topo)
+            .map_err(|e| CliError::Failed(e.to_string()))?;
+        hccl_ir::write_atomic(path, svg.as_bytes())
+            .map_err(|e| CliError::Input(format!("{}: cannot write: {e}", path.display())))?;
     }
     let summary = summarize(&topo);
     if args.json {
