@@ -89,7 +89,12 @@ pub fn busbw_chart(title: &str, panels: &[Panel]) -> Result<String, PlotError> {
     }
     let cols = if panels.len() == 1 { 1 } else { 2 };
     let rows = panels.len().div_ceil(cols);
-    let size = (PANEL_W * cols as u32, TITLE_H + PANEL_H * rows as u32);
+    // Wide enough for the title (26 asked, about 12 pixels a character).
+    let title_w = title.chars().count() as u32 * 12 + 40;
+    let size = (
+        (PANEL_W * cols as u32).max(title_w),
+        TITLE_H + PANEL_H * rows as u32,
+    );
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
@@ -130,8 +135,15 @@ where
         x0 -= 0.5;
         x1 += 0.5;
     }
-    // Room above the highest curve for the legend.
-    let (y0, y1) = (y0 / 1.5, y1 * 4.0);
+    // Room above the highest curve for the legend; below the lowest, down to a power of ten
+    // when one is near (a log axis labels powers of ten only).
+    let decade = 10f64.powf((y0 / 1.2).log10().floor());
+    let y0 = if y0 / 1.2 / decade < 3.0 {
+        decade * 0.999
+    } else {
+        y0 / 1.5
+    };
+    let y1 = y1 * 4.0;
     let ticks = ((x1 - x0).round() as usize + 1).clamp(2, 14);
     let mut chart = ChartBuilder::on(area)
         .caption(&panel.title, ("sans-serif", 22))
