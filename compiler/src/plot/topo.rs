@@ -570,16 +570,13 @@ fn draw(mut scene: Scene) -> Result<String, PlotError> {
             placed[i] = true;
         }
     };
-    for h in 0..scene.hosts.len() {
-        let (hx, hw) = host_boxes[h];
+    for ((_, rows), &(hx, hw)) in scene.hosts.iter().zip(&host_boxes) {
         for r in (0..HOST_ROWS).rev() {
-            let row = scene.hosts[h].1[r].clone();
-            place(&mut scene.items, &row, hx, hw, row_y[r]);
+            place(&mut scene.items, &rows[r], hx, hw, row_y[r]);
         }
     }
-    for k in 0..scene.network.len() {
-        let row = scene.network[k].clone();
-        place(&mut scene.items, &row, 0, width, net_y[k]);
+    for (row, &y) in scene.network.iter().zip(&net_y) {
+        place(&mut scene.items, row, 0, width, y);
     }
     for l in &mut scene.links {
         l.arc = scene.items[l.a].y == scene.items[l.b].y;
