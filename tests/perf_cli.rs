@@ -528,8 +528,11 @@ fn plot_draws_measured_against_predicted() {
             svg.to_str().unwrap(),
         ]);
         assert_eq!(out.status.code(), Some(0), "{backend}: {}", text(&out));
-        let rows = json(&out)["rows"].as_array().unwrap().len();
+        let doc = json(&out);
+        let rows = doc["rows"].as_array().unwrap().len();
         assert_eq!(rows, 3);
+        // What ran is written on the measured line (at the first size at least).
+        let first = doc["rows"][0]["algorithm"].as_str().unwrap().to_string();
         let body = std::fs::read_to_string(&svg).expect("SVG written");
         let doc = roxmltree::Document::parse(&body).expect("the SVG is XML");
         let texts: Vec<&str> = doc
@@ -545,6 +548,7 @@ fn plot_draws_measured_against_predicted() {
             "message size (bytes, log scale)",
             "1K",
             "16K",
+            first.as_str(),
         ] {
             assert!(texts.contains(&want), "{backend}: {want} not in {texts:?}");
         }

@@ -279,6 +279,20 @@ fn explain_plots_the_plan_against_nccl_and_the_bound() {
         assert!(texts.iter().any(|t| t == want), "{want} not in {texts:?}");
     }
     assert!(texts.iter().any(|t| t.contains("4 ranks")), "{texts:?}");
+    // The plan's algorithm is written where it changes: at the first size at least.
+    let rows_json = doc["rows"].as_array().unwrap();
+    let mut changes = 0;
+    for (k, r) in rows_json.iter().enumerate() {
+        let algorithm = r["algorithm"].as_str().unwrap();
+        if k == 0 || rows_json[k - 1]["algorithm"] != r["algorithm"] {
+            changes += 1;
+            assert!(
+                texts.iter().any(|t| t == algorithm),
+                "{algorithm}: {texts:?}"
+            );
+        }
+    }
+    assert!(changes >= 1);
     // The plan's series: a line and a marker per size (blue); NCCL's and the bound's lines
     // (orange, grey).
     let count = |tag: &str, colour: &str| {

@@ -24,6 +24,9 @@ pub struct Series {
     pub name: String,
     pub line: Line,
     pub points: Vec<(u64, f64)>,
+    /// Notes written below the series at some of its sizes (`(bytes, text)`), e.g. the
+    /// algorithm where it changes.
+    pub notes: Vec<(u64, String)>,
 }
 
 /// One chart: a title (the collective) and its series, drawn in order with the colours
@@ -131,11 +134,11 @@ where
         y0 = y0.min(y);
         y1 = y1.max(y);
     }
-    if x1 - x0 < 1.0 {
-        x0 -= 0.5;
-        x1 += 0.5;
-    }
-    // Room above the highest curve for the legend; below the lowest, down to a power of ten
+    // A little room left of the first size (its note) and right of the last.
+    let pad = if x1 - x0 < 1.0 { 0.5 } else { 0.3 };
+    x0 -= pad;
+    x1 += pad;
+    // Room above the highest curve for the notes; below the lowest, down to a power of ten
     // when one is near (a log axis labels powers of ten only).
     let decade = 10f64.powf((y0 / 1.2).log10().floor());
     let y0 = if y0 / 1.2 / decade < 3.0 {
@@ -143,7 +146,7 @@ where
     } else {
         y0 / 1.5
     };
-    let y1 = y1 * 4.0;
+    let y1 = y1 * 8.0;
     let ticks = ((x1 - x0).round() as usize + 1).clamp(2, 14);
     let mut chart = ChartBuilder::on(area)
         .caption(&panel.title, ("sans-serif", 22))
@@ -198,10 +201,23 @@ where
         if series.line == Line::Solid {
             chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, colour.filled())))?;
         }
+        // Notes above their points, reading upwards so that neighbours do not collide (the
+        // curves rise to the right: the space above them is free; the legend is below).
+        let note_style = TextStyle::from(("sans-serif", 14).into_font())
+            .color(&colour)
+            .transform(FontTransform::Rotate270);
+        let at = |bytes: u64| {
+            let x = (bytes as f64).log2();
+            points.iter().find(|p| (p.0 - x).abs() < 1e-9).copied()
+        };
+        chart.draw_series(series.notes.iter().filter_map(|(bytes, text)| {
+            let p = at(*bytes)?;
+            Some(EmptyElement::at(p) + Text::new(text.clone(), (-7, -10), note_style.clone()))
+        }))?;
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(SeriesLabelPosition::LowerRight)
         .label_font(("sans-serif", 15))
         .background_style(WHITE.mix(0.9))
         .border_style(RGBColor(180, 180, 180))

@@ -787,8 +787,9 @@ struct Printer {
     rows: Vec<serde_json::Value>,
     /// Where `--plot` draws the sweep.
     plot: Option<PathBuf>,
-    /// Per row: size, measured busbw and predicted busbw (GB/s), for `--plot`.
-    points: Vec<(u64, f64, Option<f64>)>,
+    /// Per row: size, measured busbw and predicted busbw (GB/s), and the algorithm that
+    /// ran, for `--plot`.
+    points: Vec<(u64, f64, Option<f64>, String)>,
 }
 
 /// The cost model of the topology a plan was compiled for, simulating entries at the exact
@@ -873,16 +874,17 @@ impl Printer {
                 .or_else(|| entry.cost.map(|c| c.predict_us(s.bytes)))
         });
         let factor = self.sw_coll.kind().busbw_factor(self.n);
+        let algorithm = row.entry.as_ref().map_or("-".to_string(), |e| {
+            format!("{}/{}", e.algorithm, e.protocol)
+        });
         self.points.push((
             s.bytes,
             busbw,
             predicted
                 .filter(|p| *p > 0.0)
                 .map(|p| s.bytes as f64 / (p * 1e3) * factor),
+            algorithm.clone(),
         ));
-        let algorithm = row.entry.as_ref().map_or("-".to_string(), |e| {
-            format!("{}/{}", e.algorithm, e.protocol)
-        });
         let redop = if self.sw_coll.kind().reduces() {
             self.op.name()
         } else {
@@ -1127,16 +1129,26 @@ fn write_plot(path: &Path, printer: &Printer, label: &str) -> Result<(), Failure
         .iter()
         .filter_map(|p| p.2.map(|q| (p.0, q)))
         .collect();
+    // What ran, written where it changes.
+    let notes = printer
+        .points
+        .iter()
+        .enumerate()
+        .filter(|(k, p)| *k == 0 || printer.points[k - 1].3 != p.3)
+        .map(|(_, p)| (p.0, p.3.clone()))
+        .collect();
     let mut series = vec![Series {
         name: "measured".into(),
         line: Line::Solid,
         points: measured,
+        notes,
     }];
     if !predicted.is_empty() {
         series.push(Series {
             name: "predicted (the plan's cost model)".into(),
             line: Line::Dashed,
             points: predicted,
+            notes: Vec::new(),
         });
     }
     let reduces = printer.sw_coll.kind().reduces();

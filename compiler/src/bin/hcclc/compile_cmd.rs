@@ -624,11 +624,22 @@ fn write_plot(path: &Path, plan: &Path, topo: &Topology, rows: &[Row]) -> Result
                 .iter()
                 .filter_map(|r| us(r).map(|t| (r.bytes, busbw(r, t))))
                 .collect(),
+            notes: Vec::new(),
         };
+        // The plan's algorithm, written where it changes.
+        let mut notes: Vec<(u64, String)> = Vec::new();
+        for (k, r) in block.iter().enumerate() {
+            if k == 0 || block[k - 1].algorithm != r.algorithm {
+                notes.push((r.bytes, r.algorithm.clone()));
+            }
+        }
         panels.push(Panel {
             title: kind.name().to_string(),
             series: vec![
-                series("this plan", Line::Solid, &|r| Some(r.predicted_us)),
+                Series {
+                    notes,
+                    ..series("this plan", Line::Solid, &|r| Some(r.predicted_us))
+                },
                 series("NCCL's choice", Line::Dashed, &|r| r.baseline_us),
                 series("lower bound", Line::Dotted, &|r| Some(r.bound_us)),
             ],
