@@ -119,7 +119,8 @@ pub struct ExplainArgs {
     pub plot: Option<PathBuf>,
     /// Write the predicted timeline of one call (--size) as Chrome trace-event JSON (open in
     /// Perfetto or chrome://tracing): a process per rank, a thread per stream, a slice per
-    /// step with its op, peer and bytes.
+    /// step with its op, peer and bytes; and a process of counter tracks, the utilisation of
+    /// the busiest links over time (--links).
     #[arg(long, value_name = "FILE", requires = "size")]
     pub trace: Option<PathBuf>,
     /// The call size the trace shows (bytes; K, M, G = powers of 1024).
