@@ -2,13 +2,14 @@
 //! plotters' drawing API.
 //!
 //! Each host is a box: its NICs and the switches wired to no device (CPUs) on top (towards
-//! the network), the switches wired to devices (NVSwitch, PCIe) in the middle, its devices
-//! at the bottom in rank order, every row above ordered by where its neighbours are; links between two devices of
-//! a host hang below them as arcs labelled with their bandwidth, deeper the farther apart
-//! their ends are, so that the arcs of a mesh or a cube stay apart (links within another row
-//! arch above it). Network switches sit in
-//! rows above the hosts, nearest the hosts those wired to NICs. A link's colour is its kind,
-//! its width grows with its bandwidth, and the legend names every (kind, bandwidth) drawn.
+//! the network), the switches wired to devices (NVSwitch, PCIe) in the middle, its devices at
+//! the bottom in rank order; every row above the devices is ordered by where its neighbours
+//! are. Links between two devices of a host hang below them as arcs, deeper the farther
+//! apart their ends are, so that the arcs of a mesh or a cube stay apart, labelled with their
+//! bandwidth where arcs differ; links within another row arch above it. Network switches sit
+//! in rows above the hosts, nearest the hosts those wired to NICs. A link's colour is its
+//! kind, its width grows with its bandwidth, and the legend names every (kind, bandwidth)
+//! drawn.
 //!
 //! Up to [`MAX_DETAILED_RANKS`] ranks every device is drawn; beyond, as `topo show --dot`
 //! does, each host is one box (its devices and NICs counted) and the links between a host
@@ -523,7 +524,11 @@ fn draw(mut scene: Scene) -> Result<String, PlotError> {
         .iter()
         .any(|l| row_of.get(&l.a) == Some(&0) && row_of.get(&l.b) == Some(&0));
     let mut ry = host_top
-        + if scene.hosts[0].0.is_empty() { 10 } else { 34 }
+        + if scene.hosts.first().is_none_or(|h| h.0.is_empty()) {
+            10
+        } else {
+            34
+        }
         + if arches_on_top { ROW_GAP - 34 } else { 0 };
     for (r, row_y) in row_y.iter_mut().enumerate() {
         if scene.hosts.iter().any(|(_, rows)| !rows[r].is_empty()) {
@@ -690,8 +695,18 @@ fn draw(mut scene: Scene) -> Result<String, PlotError> {
                 text(17).color(&RGBColor(60, 60, 60)),
             ))?;
         }
-        // Arc labels at the arcs' lowest (or highest) points.
-        for l in scene.links.iter().filter(|l| l.arc) {
+        // Arc labels at the arcs' lowest (or highest) points, unless every arc has the same
+        // kind and bandwidth (the legend then says it once).
+        let mut arc_kinds: Vec<(LinkKind, String)> = scene
+            .links
+            .iter()
+            .filter(|l| l.arc)
+            .map(|l| (l.kind, link_label(l)))
+            .collect();
+        arc_kinds.sort_by(|a, b| a.1.cmp(&b.1).then(a.0.label().cmp(b.0.label())));
+        arc_kinds.dedup();
+        let label_arcs = arc_kinds.len() > 1;
+        for l in scene.links.iter().filter(|l| l.arc && label_arcs) {
             let (a, b) = (&items[l.a], &items[l.b]);
             let depth = arc_of(l, items);
             let at = ((a.x + b.x) / 2, a.y + NODE_H / 2 * depth.signum() + depth);
