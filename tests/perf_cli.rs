@@ -597,3 +597,72 @@ fn trace_merges_the_ranks_of_a_process_job() {
     ]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
 }
+
+/// `--plot`: the sweep as an SVG chart, measured bus bandwidth beside the plan's prediction,
+/// a marker per size; with processes rank 0 draws it.
+#[test]
+fn plot_draws_measured_against_predicted() {
+    let dir = std::env::temp_dir().join(format!("perf-plot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for backend in ["threads", "process"] {
+        let svg = dir.join(format!("{backend}.svg"));
+        let out = perf(&[
+            "--backend",
+            backend,
+            "-g",
+            "2",
+            "-b",
+            "1K",
+            "-e",
+            "16K",
+            "-f",
+            "4",
+            "-n",
+            "2",
+            "-w",
+            "1",
+            "--json",
+            "--plot",
+            svg.to_str().unwrap(),
+        ]);
+        assert_eq!(out.status.code(), Some(0), "{backend}: {}", text(&out));
+        let doc = json(&out);
+        let rows = doc["rows"].as_array().unwrap().len();
+        assert_eq!(rows, 3);
+        // What ran is written on the measured line (at the first size at least).
+        let first = doc["rows"][0]["algorithm"].as_str().unwrap().to_string();
+        let body = std::fs::read_to_string(&svg).expect("SVG written");
+        let doc = roxmltree::Document::parse(&body).expect("the SVG is XML");
+        let texts: Vec<&str> = doc
+            .descendants()
+            .filter(|n| n.has_tag_name("text"))
+            .filter_map(|n| n.text())
+            .map(str::trim)
+            .collect();
+        for want in [
+            "measured",
+            "predicted (the plan's cost model)",
+            "bus bandwidth (GB/s, log scale)",
+            "message size (bytes, log scale)",
+            "1K",
+            "16K",
+            first.as_str(),
+        ] {
+            assert!(texts.contains(&want), "{backend}: {want} not in {texts:?}");
+        }
+        assert!(
+            texts.iter().any(|t| t.starts_with("allreduce, 2 ranks")),
+            "{texts:?}"
+        );
+        // One marker per measured size (the measured series' colour).
+        let markers = doc
+            .descendants()
+            .filter(|n| n.has_tag_name("circle") && n.attribute("fill") == Some("#1F77B4"))
+            .count();
+        assert_eq!(markers, rows, "{backend}");
+    }
+    // With --calibrate there is no sweep to draw.
+    let out = perf(&["--plot", "x.svg", "--calibrate", "y.ron"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let _ = std::fs::remove_dir_all(&dir);
+}

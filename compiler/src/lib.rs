@@ -5,5 +5,6 @@ pub mod builder;
 pub mod cost;
 pub mod families;
 pub mod lp;
+pub mod plot;
 pub mod search;
 pub mod synth;

@@ -425,3 +425,134 @@ fn show_dot_draws_every_device_and_link_and_summarises_large_machines() {
         Some(2)
     );
 }
+
+/// The `<text>` contents of an SVG document (which must parse as XML).
+fn svg_texts(path: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(path).expect("SVG written");
+    let doc = roxmltree::Document::parse(&text).expect("the SVG is XML");
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    doc.descendants()
+        .filter(|n| n.has_tag_name("text"))
+        .map(|n| n.text().unwrap_or_default().trim().to_string())
+        .collect()
+}
+
+#[test]
+fn show_svg_draws_devices_by_host_and_links_by_kind() {
+    let dir = std::env::temp_dir().join(format!("hcclc-topo-svg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // DGX-1: every device, NIC and switch of its one host; the legend names each kind and
+    // bandwidth; the NVLinks between GPUs carry their bandwidth (one link or two).
+    let svg = dir.join("dgx1.svg");
+    let out = hcclc(&["topo", "show", "dgx1-v100", "--svg", svg.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout(&out).contains("dgx1-v100"),
+        "the text report still comes"
+    );
+    let texts = svg_texts(&svg);
+    let has = |t: &str| texts.iter().any(|x| x == t);
+    for want in (0..8).map(|r| format!("gpu{r}")).chain([
+        "ib0".into(),
+        "pcie3".into(),
+        "cpu1".into(),
+        "host dgx1".into(),
+        "GPU rank 7".into(),
+        "NVLink 25 GB/s".into(),
+        "NVLink 2×25 GB/s".into(),
+        "PCIe 15.75 GB/s".into(),
+    ]) {
+        assert!(has(&want), "{want} not in {texts:?}");
+    }
+    // 16 NVLink pairs, each labelled on its arc.
+    let arcs = texts
+        .iter()
+        .filter(|t| *t == "25 GB/s" || *t == "2×25 GB/s")
+        .count();
+    assert_eq!(arcs, 16, "{texts:?}");
+    // Two hosts of 8 GPUs: both hosts, their ranks 0..15, the rail switches above them.
+    let svg2 = dir.join("cluster.svg");
+    let out = hcclc(&[
+        "topo",
+        "show",
+        "h100-cluster-2node",
+        "--svg",
+        svg2.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let texts = svg_texts(&svg2);
+    for want in [
+        "host n0.dgx-h100",
+        "host n1.dgx-h100",
+        "GPU rank 15",
+        "rail7",
+        "InfiniBand 50 GB/s",
+    ] {
+        assert!(texts.iter().any(|x| x == want), "{want} not in {texts:?}");
+    }
+    // Beyond 64 ranks one box per host; beyond 24 hosts the rest are counted.
+    let topo = dir.join("c40.ron");
+    let out = hcclc(&[
+        "topo",
+        "gen",
+        "cluster",
+        "--nodes",
+        "40",
+        "--box",
+        "dgx-h100",
+        "-o",
+        topo.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let svg3 = dir.join("c40.svg");
+    let out = hcclc(&[
+        "topo",
+        "show",
+        topo.to_str().unwrap(),
+        "--svg",
+        svg3.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let texts = svg_texts(&svg3);
+    assert!(
+        !texts.iter().any(|t| t.starts_with("gpu")),
+        "no device drawn alone"
+    );
+    let hosts = texts.iter().filter(|t| *t == "8 GPU, 8 NICs").count();
+    assert_eq!(hosts, 23, "{texts:?}");
+    assert!(texts.iter().any(|t| t == "… 17 more"), "{texts:?}");
+    assert!(
+        texts
+            .iter()
+            .any(|t| t == "17 hosts and their links not drawn")
+    );
+    // --svg and --dot are one or the other; a directory is no file to write.
+    let out = hcclc(&[
+        "topo",
+        "show",
+        "dgx1-v100",
+        "--dot",
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = hcclc(&["topo", "show", "dgx1-v100", "--svg", dir.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let _ = std::fs::remove_dir_all(&dir);
+}

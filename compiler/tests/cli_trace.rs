@@ -1,5 +1,6 @@
 //! `hcclc explain PLAN --trace FILE --size SIZE`: the simulator's timeline of one call as
-//! Chrome trace-event JSON, on a GPU-model ring and a CPU host.
+//! Chrome trace-event JSON (steps, and counter tracks of the busiest links), on a GPU-model
+//! ring and a CPU host; `hcclc explain PLAN --plot FILE.svg`: the predicted bandwidth chart.
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -40,9 +41,15 @@ fn check_trace(path: &Path, nranks: u64) -> (Vec<Value>, Value) {
     let doc: Value =
         serde_json::from_str(&std::fs::read_to_string(path).expect("trace written")).expect("JSON");
     let events = doc["traceEvents"].as_array().expect("traceEvents");
+    // Rank processes (the busiest links have one of their own, after them).
     let procs: Vec<u64> = events
         .iter()
         .filter(|e| e["ph"] == "M" && e["name"] == "process_name")
+        .filter(|e| {
+            e["args"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("rank "))
+        })
         .map(|e| e["pid"].as_u64().expect("pid"))
         .collect();
     assert_eq!(
@@ -122,6 +129,50 @@ fn a_predicted_timeline_has_a_slice_per_step() {
         }
     }
     assert_eq!(other["algorithm"], entry.algorithm.as_str());
+    // Counter tracks: the busiest links of the ring (each rank sends to the next), named by
+    // kind and ends, at most --links of them, each a step function whose integral is the
+    // bytes the link carried: its utilisation over the whole call.
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let events = doc["traceEvents"].as_array().unwrap();
+    let links = other["links"].as_array().expect("links");
+    assert!(!links.is_empty() && links.len() <= 8, "{links:?}");
+    assert_eq!(summary["links"].as_u64(), Some(links.len() as u64));
+    let predicted = other["predicted_us"].as_f64().unwrap();
+    for link in links {
+        let name = link["name"].as_str().unwrap();
+        assert!(
+            name.starts_with("NVLink gpu") && name.contains('→'),
+            "{name}"
+        );
+        let points: Vec<(f64, f64)> = events
+            .iter()
+            .filter(|e| e["ph"] == "C" && e["name"] == name)
+            .map(|e| {
+                (
+                    e["ts"].as_f64().unwrap(),
+                    e["args"]["used %"].as_f64().unwrap(),
+                )
+            })
+            .collect();
+        assert!(points.len() >= 2, "{name}: {points:?}");
+        assert!(points.iter().all(|p| (0.0..=100.0 + 1e-9).contains(&p.1)));
+        assert_eq!(points.last().unwrap().1, 0.0, "{name} ends idle");
+        let busy: f64 = points
+            .windows(2)
+            .map(|w| (w[1].0 - w[0].0) * w[0].1 / 100.0)
+            .sum();
+        let util = link["utilisation"].as_f64().unwrap();
+        assert!(
+            (busy - util * predicted).abs() <= 0.01 * util * predicted + 1e-3,
+            "{name}: busy {busy} us, utilisation {util} of {predicted} us"
+        );
+    }
+    let out = hcclc(&[
+        "explain", p, "--topo", t, "--trace", f, "--size", "1M", "--links", "1", "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let summary: Value = serde_json::from_slice(&out.stdout).expect("JSON summary");
+    assert_eq!(summary["links"], 1);
     // Slices are named by the op in words; messages have a peer and bytes.
     assert!(slices.iter().any(|s| s["name"] == "send"), "{slices:?}");
     assert!(
@@ -173,6 +224,8 @@ fn cpu_hosts_get_a_timeline_of_one_segment() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("predicted"));
     let (slices, other) = check_trace(&trace, 3);
     assert!(other["segments"].as_u64().is_some_and(|s| s >= 1));
+    // The CPU model's times do not come from links: no counter tracks.
+    assert_eq!(other["links"].as_array().map(Vec::len), Some(0));
     assert!(slices.iter().all(|s| s["ts"].is_number()));
     for f in [topo, plan, trace] {
         let _ = std::fs::remove_file(f);
@@ -241,4 +294,118 @@ fn trace_merge_joins_rank_files_and_names_the_bad_one() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("rank-2.json:1:"));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The `<text>` contents of an SVG document, and how many elements of each name it has in
+/// each stroke or fill colour.
+fn svg_texts(svg: &str) -> (Vec<String>, Vec<(String, String)>) {
+    let doc = roxmltree::Document::parse(svg).expect("the SVG is XML");
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    let texts = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("text"))
+        .map(|n| n.text().unwrap_or_default().trim().to_string())
+        .collect();
+    let shapes = doc
+        .descendants()
+        .filter(|n| n.is_element())
+        .map(|n| {
+            let colour = [n.attribute("stroke"), n.attribute("fill")]
+                .into_iter()
+                .flatten()
+                .find(|c| *c != "none")
+                .unwrap_or("");
+            (n.tag_name().name().to_string(), colour.to_ascii_uppercase())
+        })
+        .collect();
+    (texts, shapes)
+}
+
+#[test]
+fn explain_plots_the_plan_against_nccl_and_the_bound() {
+    let (topo, plan) = plan_for(hccl_topologies::generate::ring(4, 50.0, 1.0), "plot4");
+    let svg_path = tmp("plot4.svg");
+    let (t, p, f) = (
+        topo.to_str().unwrap(),
+        plan.to_str().unwrap(),
+        svg_path.to_str().unwrap(),
+    );
+    let out = hcclc(&[
+        "explain", p, "--topo", t, "--sizes", "4K..1M", "--plot", f, "--json",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The table still comes, and the chart shows its rows.
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let rows = doc["rows"].as_array().unwrap().len();
+    assert_eq!(rows, 9, "4K..1M by factors of 2");
+    let (texts, shapes) = svg_texts(&std::fs::read_to_string(&svg_path).unwrap());
+    for want in [
+        "allreduce",
+        "this plan",
+        "NCCL's choice",
+        "lower bound",
+        "message size (bytes, log scale)",
+        "bus bandwidth (GB/s, log scale)",
+        "4K",
+        "1M",
+    ] {
+        assert!(texts.iter().any(|t| t == want), "{want} not in {texts:?}");
+    }
+    assert!(texts.iter().any(|t| t.contains("4 ranks")), "{texts:?}");
+    // The plan's algorithm is written where it changes: at the first size at least.
+    let rows_json = doc["rows"].as_array().unwrap();
+    let mut changes = 0;
+    for (k, r) in rows_json.iter().enumerate() {
+        let algorithm = r["algorithm"].as_str().unwrap();
+        if k == 0 || rows_json[k - 1]["algorithm"] != r["algorithm"] {
+            changes += 1;
+            assert!(
+                texts.iter().any(|t| t == algorithm),
+                "{algorithm}: {texts:?}"
+            );
+        }
+    }
+    assert!(changes >= 1);
+    // The plan's series: a line and a marker per size (blue); NCCL's and the bound's lines
+    // (orange, grey).
+    let count = |tag: &str, colour: &str| {
+        shapes
+            .iter()
+            .filter(|(t, c)| t == tag && c == colour)
+            .count()
+    };
+    assert_eq!(count("circle", "#1F77B4"), rows, "{shapes:?}");
+    assert!(count("polyline", "#1F77B4") >= 1);
+    assert!(count("polyline", "#E6780A") >= 1);
+    assert!(count("polyline", "#646464") >= 1);
+    // --plot and --trace are one or the other; a directory is no file to write.
+    let out = hcclc(&[
+        "explain", p, "--topo", t, "--plot", f, "--trace", f, "--size", "1M",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let dir = std::env::temp_dir();
+    let out = hcclc(&[
+        "explain",
+        p,
+        "--topo",
+        t,
+        "--sizes",
+        "4K",
+        "--plot",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for f in [topo, plan, svg_path] {
+        let _ = std::fs::remove_file(f);
+    }
 }

@@ -357,3 +357,99 @@ fn the_protocol_lower_bound_never_exceeds_the_simulated_time() {
         None
     );
 }
+
+#[test]
+fn a_traced_run_records_each_resources_rate_over_time() {
+    // The star of `max_min_fair_share_over_different_routes`: A 0→2, B 1→2, C 0→1.
+    let t = topo(
+        3,
+        &["sw"],
+        &[
+            ("g0", "sw", 30.0, 0.5),
+            ("g1", "sw", 25.0, 0.5),
+            ("g2", "sw", 25.0, 0.5),
+        ],
+    );
+    let mut s = skeleton(3, 4);
+    stream(&mut s, 0, 0, vec![send(2, 0, 1)]);
+    stream(&mut s, 1, 0, vec![send(2, 1, 1)]);
+    stream(&mut s, 0, 1, vec![send(1, 2, 2)]);
+    stream(&mut s, 2, 0, vec![recv(0, 0, 1)]);
+    stream(&mut s, 2, 0, vec![recv(1, 1, 1)]);
+    stream(&mut s, 1, 1, vec![recv(0, 2, 2)]);
+    let sim = Simulator::new(Network::new(&t), bare());
+    let p = sim.prepare(&s).unwrap();
+    let timeline = sim.timeline(&p, 4 * MIB, Protocol::Simple).unwrap();
+    // Tracing changes nothing.
+    assert_eq!(
+        timeline.estimate,
+        sim.run(&p, 4 * MIB, Protocol::Simple).unwrap()
+    );
+    let phase1 = MIB as f64 / 12_500.0;
+    let end_c = phase1 + (2.0 * MIB as f64 - 17_500.0 * phase1) / 25_000.0;
+    let rates = |name: &str| -> Vec<(f64, f64)> {
+        let u = timeline
+            .resources
+            .iter()
+            .find(|u| sim.network.resource_name(&t, u.resource) == name)
+            .unwrap_or_else(|| panic!("{name} carried nothing"));
+        u.rates.clone()
+    };
+    let same = |got: Vec<(f64, f64)>, want: &[(f64, f64)]| {
+        assert_eq!(got.len(), want.len(), "{got:?} vs {want:?}");
+        for (g, w) in got.iter().zip(want) {
+            close(g.0, w.0);
+            close(g.1, w.1);
+        }
+    };
+    // g0→sw carries A and C (30 GB/s), then C alone at sw→g1's 25 GB/s.
+    same(
+        rates("NVLink g0→sw"),
+        &[(0.0, 30.0), (phase1, 25.0), (end_c, 0.0)],
+    );
+    same(rates("NVLink sw→g2"), &[(0.0, 25.0), (phase1, 0.0)]);
+    same(
+        rates("NVLink sw→g1"),
+        &[(0.0, 17.5), (phase1, 25.0), (end_c, 0.0)],
+    );
+    // Every resource's rate integrates to the bytes the estimate puts on it.
+    for u in &timeline.resources {
+        let moved: f64 = u
+            .rates
+            .windows(2)
+            .map(|w| (w[1].0 - w[0].0) * w[0].1 * 1e3)
+            .sum();
+        close(moved, timeline.estimate.resource_bytes[u.resource as usize]);
+        assert_eq!(u.rates.last().map(|p| p.1), Some(0.0));
+    }
+}
+
+#[test]
+fn resources_are_named_by_link_kind_and_ends_and_nic_direction() {
+    let t = hccl_topologies::shipped_by_name("h100-cluster-2node").unwrap();
+    let net = Network::new(&t);
+    let names: Vec<String> = (0..net.capacity.len() as u32)
+        .map(|r| net.resource_name(&t, r))
+        .collect();
+    let mut distinct = names.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(
+        distinct.len(),
+        names.len(),
+        "every resource has its own name"
+    );
+    for want in [
+        "NIC n0.nic0 out",
+        "NIC n1.nic7 in",
+        "InfiniBand n0.nic0→rail0",
+        "InfiniBand rail0→n1.nic0",
+    ] {
+        assert!(names.iter().any(|n| n == want), "{want} not in {names:?}");
+    }
+    // The four NVSwitches of a host are merged into one vertex, named as such.
+    assert!(
+        names.iter().any(|n| n == "NVLink n0.gpu0→n0.nvswitch0×4"),
+        "{names:?}"
+    );
+}

@@ -50,6 +50,20 @@ impl LinkKind {
             LinkKind::InfiniBand | LinkKind::Roce | LinkKind::Ethernet
         )
     }
+
+    /// The kind as readers write it: `NVLink`, `PCIe`, `InfiniBand`, ...
+    pub fn label(self) -> &'static str {
+        match self {
+            LinkKind::NvLink => "NVLink",
+            LinkKind::Hccs => "HCCS",
+            LinkKind::Xgmi => "xGMI",
+            LinkKind::Pcie => "PCIe",
+            LinkKind::InfiniBand => "InfiniBand",
+            LinkKind::Roce => "RoCE",
+            LinkKind::Ethernet => "Ethernet",
+            LinkKind::Memory => "memory",
+        }
+    }
 }
 
 /// A compute device: one rank.

@@ -32,7 +32,7 @@ pub use model::{
     LinkClass,
 };
 pub use network::{Network, Route};
-pub use sim::{Estimate, Prepared, Simulator, StepSpan, Timeline};
+pub use sim::{Estimate, Prepared, ResourceUse, Simulator, StepSpan, Timeline};
 pub use symmetric::PreparedSymmetric;
 
 use crate::families::{Candidate, all_families};

@@ -17,7 +17,7 @@
 
 use super::CostError;
 use super::model::LinkClass;
-use hccl_topologies::{Node, Topology};
+use hccl_topologies::{LinkKind, Node, Topology};
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -48,6 +48,9 @@ pub struct Link {
     pub class: LinkClass,
     /// Whether the link leaves the host (network kind).
     pub network: bool,
+    /// The topology's kind of the link (of the first, where links of several kinds were
+    /// aggregated).
+    pub kind: LinkKind,
 }
 
 /// A route between two ranks: the resources it occupies and what it costs.
@@ -92,6 +95,9 @@ pub struct Network {
     pub nhosts: usize,
     /// Hash of the topology this network was built from (keys solver caches).
     pub topo_hash: String,
+    /// Topology graph node of each vertex (of merged switches, the first) and how many
+    /// graph nodes it stands for: what [`Network::resource_name`] names.
+    pub vertex_node: Vec<(u32, u32)>,
     routes: Mutex<HashMap<(u32, u32), Arc<Route>>>,
     /// Held while routes for the cache are searched: one search at a time (each on all
     /// threads when large), so two candidates needing the same routes search them once.
@@ -375,11 +381,17 @@ impl Network {
         let mut vid = vec![u32::MAX; n];
         let mut vertices = Vec::new();
         let mut vertex_host = Vec::new();
+        let mut vertex_node = Vec::new();
+        let mut merged = vec![0u32; n];
+        for &r in &rep {
+            merged[r] += 1;
+        }
         for i in 0..n {
             if rep[i] != i {
                 continue;
             }
             vid[i] = vertices.len() as u32;
+            vertex_node.push((i as u32, merged[i]));
             let node = &g[petgraph::graph::NodeIndex::new(i)];
             vertices.push(match node {
                 Node::Device { rank, .. } => VertexKind::Device { rank: *rank },
@@ -437,6 +449,7 @@ impl Network {
                     latency,
                     class,
                     network: w.kind.is_network(),
+                    kind: w.kind,
                 });
         }
         let links: Vec<Link> = agg.into_values().collect();
@@ -475,6 +488,7 @@ impl Network {
             mem_bw,
             nhosts: topo.nhosts(),
             topo_hash: topo.hash.clone(),
+            vertex_node,
             routes: Mutex::new(HashMap::new()),
             routing: Mutex::new(()),
             alltoall: std::sync::OnceLock::new(),
@@ -743,6 +757,37 @@ impl Network {
     /// Number of ranks.
     pub fn nranks(&self) -> u32 {
         self.rank_vertex.len() as u32
+    }
+
+    /// A reader's name of resource `r` of the network built from `topo`: a link as its
+    /// kind and ends (`NVLink gpu3→gpu5`), a NIC direction as `NIC n1.nic0 out` / `in`; a vertex that
+    /// stands for `k` merged switches is its first switch's id and `×k`.
+    pub fn resource_name(&self, topo: &Topology, r: u32) -> String {
+        let vertex = |v: u32| -> String {
+            let Some(&(node, merged)) = self.vertex_node.get(v as usize) else {
+                return format!("vertex {v}");
+            };
+            let id = topo
+                .graph
+                .node_weight(petgraph::graph::NodeIndex::new(node as usize))
+                .map_or_else(|| format!("node {node}"), |n| n.id().to_string());
+            if merged > 1 {
+                format!("{id}×{merged}")
+            } else {
+                id
+            }
+        };
+        if let Some(l) = self.links.get(r as usize) {
+            return format!("{} {}→{}", l.kind.label(), vertex(l.from), vertex(l.to));
+        }
+        let nic = |dirs: &[Option<u32>]| dirs.iter().position(|&x| x == Some(r));
+        if let Some(v) = nic(&self.nic_tx) {
+            return format!("NIC {} out", vertex(v as u32));
+        }
+        if let Some(v) = nic(&self.nic_rx) {
+            return format!("NIC {} in", vertex(v as u32));
+        }
+        format!("resource {r}")
     }
 
     /// The NIC direction resource a flow leaving `link`'s source uses, if it is a NIC.

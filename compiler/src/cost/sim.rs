@@ -62,6 +62,28 @@ pub struct Timeline {
     /// The run covers one of this many segments (the CPU model runs a call whose chunks do
     /// not fit a slot as sequential segments, and simulates one); 1 otherwise.
     pub segments: u64,
+    /// How fast every resource that carried data moved it, over time (resource order); empty
+    /// on a CPU host model, whose times do not come from link capacities.
+    pub resources: Vec<ResourceUse>,
+}
+
+/// The rate at which one resource (a link or a NIC direction) moved data during a traced
+/// run: the sum of its flows' rates, a step function.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResourceUse {
+    /// Resource id (see [`Network`]).
+    pub resource: u32,
+    /// `(time µs, GB/s)`: the rate from that time until the next point (the base latency not
+    /// included, as in [`StepSpan`]); the first point is at the resource's first flow, the
+    /// last one is 0 when its last flow ends.
+    pub rates: Vec<(f64, f64)>,
+}
+
+impl ResourceUse {
+    /// The highest rate reached (GB/s).
+    pub fn peak_gbps(&self) -> f64 {
+        self.rates.iter().map(|p| p.1).fold(0.0, f64::max)
+    }
 }
 
 /// One step's place and time in a [`Timeline`].
@@ -494,7 +516,7 @@ impl Simulator {
         if let Some(cpu) = &self.model.cpu {
             return super::cpu::run(self, cpu, prepared, bytes, protocol, false).map(|r| r.0);
         }
-        run_flows(self, prepared, bytes, protocol, false, f64::INFINITY).map(|r| r.0)
+        run_flows(self, prepared, bytes, protocol, &mut None, f64::INFINITY).map(|r| r.0)
     }
 
     /// [`Simulator::run`], given up as soon as the collective is sure to take longer than
@@ -515,7 +537,7 @@ impl Simulator {
         if limit.is_nan() {
             return self.run(prepared, bytes, protocol).map(Some);
         }
-        match run_flows(self, prepared, bytes, protocol, false, limit) {
+        match run_flows(self, prepared, bytes, protocol, &mut None, limit) {
             Ok((estimate, _)) => Ok((estimate.time_us <= limit_us).then_some(estimate)),
             Err(CostError::PastLimit { .. }) => Ok(None),
             Err(e) => Err(e),
@@ -529,11 +551,18 @@ impl Simulator {
         bytes: u64,
         protocol: Protocol,
     ) -> Result<Timeline, CostError> {
-        let (estimate, spans, segments) = match &self.model.cpu {
-            Some(cpu) => super::cpu::run(self, cpu, prepared, bytes, protocol, true)?,
+        let (estimate, spans, segments, resources) = match &self.model.cpu {
+            Some(cpu) => {
+                let (e, spans, segments) =
+                    super::cpu::run(self, cpu, prepared, bytes, protocol, true)?;
+                (e, spans, segments, Vec::new())
+            }
             None => {
-                let (e, spans) = run_flows(self, prepared, bytes, protocol, true, f64::INFINITY)?;
-                (e, spans, 1)
+                let mut log = Some(Vec::new());
+                let (e, spans) =
+                    run_flows(self, prepared, bytes, protocol, &mut log, f64::INFINITY)?;
+                let uses = resource_uses(prepared, log.unwrap_or_default());
+                (e, spans, 1, uses)
             }
         };
         let steps = spans
@@ -550,6 +579,7 @@ impl Simulator {
             estimate,
             steps,
             segments,
+            resources,
         })
     }
 
@@ -1037,19 +1067,26 @@ impl<'a> Steps<'a> {
     }
 }
 
-/// Runs a prepared schedule with max-min fair flows ([`FlowRates`]).
+/// A traced run's rate changes: `(time µs, message, new rate in bytes/µs)`, in time order.
+type RateLog = Option<Vec<(f64, u32, f64)>>;
+
+/// Runs a prepared schedule with max-min fair flows ([`FlowRates`]). With a `log`, the run
+/// is traced: step spans are returned and every flow's rate changes are appended to it.
 fn run_flows(
     sim: &Simulator,
     p: &Prepared,
     bytes: u64,
     protocol: Protocol,
-    trace: bool,
+    log: &mut RateLog,
     limit: f64,
 ) -> Result<(Estimate, Spans), CostError> {
-    let mut st = Steps::new(sim, p, bytes, protocol, trace);
+    let mut st = Steps::new(sim, p, bytes, protocol, log.is_some());
     st.limit = limit;
     let mut rates = FlowRates::new(sim, p, bytes, protocol);
-    let spans = st.execute(&mut rates)?;
+    rates.log = log.take();
+    let result = st.execute(&mut rates);
+    *log = rates.log.take();
+    let spans = result?;
     let base = sim.model.base_us(protocol);
     Ok((
         Estimate {
@@ -1063,9 +1100,52 @@ fn run_flows(
     ))
 }
 
+/// Per resource, the sum of its flows' rates over time, from a traced run's rate changes.
+fn resource_uses(p: &Prepared, log: Vec<(f64, u32, f64)>) -> Vec<ResourceUse> {
+    let mut rate = vec![0.0f64; p.msg_conn.len()];
+    let mut uses: HashMap<u32, Vec<(f64, f64)>> = HashMap::new();
+    let mut total: HashMap<u32, f64> = HashMap::new();
+    for (t, m, new) in log {
+        let Some(old) = rate.get_mut(m as usize) else {
+            continue;
+        };
+        let delta = new - *old;
+        *old = new;
+        if delta == 0.0 {
+            continue;
+        }
+        for &r in &p.conn_route[p.msg_conn[m as usize] as usize].resources {
+            let sum = total.entry(r).or_insert(0.0);
+            *sum += delta;
+            // Rounding leaves a few ulps where every flow has ended.
+            if sum.abs() < 1e-9 * delta.abs().max(1.0) {
+                *sum = 0.0;
+            }
+            let gbps = (*sum / 1e3).max(0.0);
+            let points = uses.entry(r).or_default();
+            match points.last_mut() {
+                Some(last) if last.0 == t => last.1 = gbps,
+                _ => points.push((t, gbps)),
+            }
+        }
+    }
+    let mut out: Vec<ResourceUse> = uses
+        .into_iter()
+        .map(|(resource, mut rates)| {
+            // Drop points that repeat the previous rate.
+            rates.dedup_by(|b, a| a.1 == b.1);
+            ResourceUse { resource, rates }
+        })
+        .collect();
+    out.sort_unstable_by_key(|u| u.resource);
+    out
+}
+
 /// Max-min fair rates of every flow of a whole schedule (see [`FlowRates::recompute`]).
 struct FlowRates<'a> {
     p: &'a Prepared,
+    /// Rate changes, when the run is traced.
+    log: RateLog,
     // flows (indexed by message)
     rate: Vec<f64>,
     remaining: Vec<f64>,
@@ -1134,6 +1214,7 @@ impl<'a> FlowRates<'a> {
             shares: Shares::new(nres, nmsg),
             comp_res: Vec::new(),
             comp_flows: Vec::new(),
+            log: None,
         }
     }
 }
@@ -1156,8 +1237,11 @@ impl Rates for FlowRates<'_> {
         self.dirty.extend_from_slice(&route.resources);
     }
 
-    fn finish(&mut self, _st: &mut Steps<'_>, m: u32) {
+    fn finish(&mut self, st: &mut Steps<'_>, m: u32) {
         let mi = m as usize;
+        if let Some(log) = &mut self.log {
+            log.push((st.now, m, 0.0));
+        }
         self.active[mi] = false;
         self.active_count -= 1;
         self.released += 1;
@@ -1325,6 +1409,9 @@ impl<'a> FlowRates<'a> {
         self.remaining[fi] = (self.remaining[fi] - self.rate[fi] * elapsed).max(0.0);
         self.last[fi] = st.now;
         self.rate[fi] = new;
+        if let Some(log) = &mut self.log {
+            log.push((st.now, f, new));
+        }
         self.version[fi] = self.version[fi].wrapping_add(1);
         if new > 0.0 {
             let finish = st.now + self.remaining[fi] / new;

@@ -4,6 +4,7 @@
 //! hccl-perf -b 8 -e 256M -f 4 -g 8 -c allreduce -d float -o sum --backend threads|process
 //!           [--plan PLAN|ALGO.xml] [-n ITERS] [-w WARMUP] [-T SECONDS] [--check] [--json]
 //!           [--no-bind] [--counts uniform|skewed|equal] [--seed N] [--hosts K] [--trace FILE.json]
+//!           [--plot FILE.svg]
 //! ```
 //!
 //! With `-T` the iteration count is calibrated as `mpi_coll_bench` does it: rounds of
@@ -270,6 +271,10 @@ struct Args {
     /// Print one JSON document instead of the table.
     #[arg(long)]
     json: bool,
+    /// Also draw the sweep as an SVG chart: measured bus bandwidth against size, beside the
+    /// plan's prediction (the `pred(us)` column as bandwidth).
+    #[arg(long, value_name = "FILE.svg", conflicts_with = "calibrate")]
+    plot: Option<PathBuf>,
     /// Leave ranks unbound. By default, when ranks do not outnumber the cores, rank `r` is
     /// bound to the `r`-th core (as `mpirun` binds to cores for up to two ranks).
     #[arg(long)]
@@ -792,6 +797,11 @@ struct Printer {
     n: u32,
     in_place: bool,
     rows: Vec<serde_json::Value>,
+    /// Where `--plot` draws the sweep.
+    plot: Option<PathBuf>,
+    /// Per row: size, measured busbw and predicted busbw (GB/s), and the algorithm that
+    /// ran, for `--plot`.
+    points: Vec<(u64, f64, Option<f64>, String)>,
 }
 
 /// The cost model of the topology a plan was compiled for, simulating entries at the exact
@@ -875,9 +885,18 @@ impl Printer {
                 .and_then(|p| p.predict(e.index, entry, s.bytes))
                 .or_else(|| entry.cost.map(|c| c.predict_us(s.bytes)))
         });
+        let factor = self.sw_coll.kind().busbw_factor(self.n);
         let algorithm = row.entry.as_ref().map_or("-".to_string(), |e| {
             format!("{}/{}", e.algorithm, e.protocol)
         });
+        self.points.push((
+            s.bytes,
+            busbw,
+            predicted
+                .filter(|p| *p > 0.0)
+                .map(|p| s.bytes as f64 / (p * 1e3) * factor),
+            algorithm.clone(),
+        ));
         let redop = if self.sw_coll.kind().reduces() {
             self.op.name()
         } else {
@@ -1113,6 +1132,64 @@ fn parse_choice(args: &Args) -> Result<(Collective, DataType, ReduceOp), Failure
     Ok((coll, dtype, op))
 }
 
+/// `--plot`: measured bus bandwidth against the prediction, one panel.
+fn write_plot(path: &Path, printer: &Printer, label: &str) -> Result<(), Failure> {
+    use hccl::compiler::plot::{Line, Panel, Series, busbw_chart};
+    let measured: Vec<(u64, f64)> = printer.points.iter().map(|p| (p.0, p.1)).collect();
+    let predicted: Vec<(u64, f64)> = printer
+        .points
+        .iter()
+        .filter_map(|p| p.2.map(|q| (p.0, q)))
+        .collect();
+    // What ran, written where it changes.
+    let notes = printer
+        .points
+        .iter()
+        .enumerate()
+        .filter(|(k, p)| *k == 0 || printer.points[k - 1].3 != p.3)
+        .map(|(_, p)| (p.0, p.3.clone()))
+        .collect();
+    let mut series = vec![Series {
+        name: "measured".into(),
+        line: Line::Solid,
+        points: measured,
+        notes,
+    }];
+    if !predicted.is_empty() {
+        series.push(Series {
+            name: "predicted (the plan's cost model)".into(),
+            line: Line::Dashed,
+            points: predicted,
+            notes: Vec::new(),
+        });
+    }
+    let reduces = printer.sw_coll.kind().reduces();
+    let panel = Panel {
+        title: format!(
+            "{}, {} ranks, {}{}, {}",
+            printer.name,
+            printer.n,
+            printer.dtype.name(),
+            if reduces {
+                format!(" {}", printer.op.name())
+            } else {
+                String::new()
+            },
+            if printer.in_place {
+                "in place"
+            } else {
+                "out of place"
+            }
+        ),
+        series,
+    };
+    let title = format!("hccl-perf: measured bus bandwidth (plan: {label})");
+    let svg =
+        busbw_chart(&title, &[panel]).map_err(|e| Failure::Runtime(format!("--plot: {e}")))?;
+    hccl::ir::write_atomic(path, svg.as_bytes())
+        .map_err(|e| Failure::Usage(format!("--plot {}: cannot write: {e}", path.display())))
+}
+
 /// `report`: the run's straggler report (`None` when the ranks could not make one: a rank
 /// failed).
 fn finish(
@@ -1121,6 +1198,9 @@ fn finish(
     rows: &[Row],
     report: Option<&StragglerReport>,
 ) -> Result<(), Failure> {
+    if let Some(path) = &printer.plot {
+        write_plot(path, &printer, label)?;
+    }
     let wrong: u64 = rows.iter().filter_map(|r| r.wrong).sum();
     if printer.json {
         let doc = serde_json::json!({
@@ -1220,6 +1300,8 @@ fn run_threads(args: &Args, trace: Option<&Path>) -> Result<(), Failure> {
         n,
         in_place: args.in_place,
         rows: Vec::new(),
+        plot: args.plot.clone(),
+        points: Vec::new(),
     };
     printer.header(&label);
     let printer = Mutex::new(printer);
@@ -1357,6 +1439,8 @@ fn run_process_rank(args: &Args) -> Result<(), Failure> {
         n: world,
         in_place: args.in_place,
         rows: Vec::new(),
+        plot: args.plot.clone(),
+        points: Vec::new(),
     };
     if rank == 0 {
         printer.header(&label);

@@ -113,9 +113,14 @@ pub struct ExplainArgs {
     /// Print one JSON document instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Also draw the table as an SVG chart: bus bandwidth against size per collective, the
+    /// plan's, NCCL's choice and the lower bound (all predicted by the same model).
+    #[arg(long, value_name = "FILE.svg", conflicts_with = "trace")]
+    pub plot: Option<PathBuf>,
     /// Write the predicted timeline of one call (--size) as Chrome trace-event JSON (open in
     /// Perfetto or chrome://tracing): a process per rank, a thread per stream, a slice per
-    /// step with its op, peer and bytes.
+    /// step with its op, peer and bytes; and a process of counter tracks, the utilisation of
+    /// the busiest links over time (--links).
     #[arg(long, value_name = "FILE", requires = "size")]
     pub trace: Option<PathBuf>,
     /// The call size the trace shows (bytes; K, M, G = powers of 1024).
@@ -124,6 +129,10 @@ pub struct ExplainArgs {
     /// The collective the trace shows, when the plan has several.
     #[arg(long, value_name = "NAME", requires = "trace")]
     pub collective: Option<String>,
+    /// How many of the busiest links and NIC directions the trace shows as counter tracks
+    /// of their utilisation over time (0: none).
+    #[arg(long, value_name = "N", default_value_t = 8, requires = "trace")]
+    pub links: usize,
 }
 
 /// Parses `1024`, `4K`, `16M`, `1G` (powers of 1024).
@@ -368,7 +377,7 @@ fn write_trace(
         .map_err(fail)?;
     let chunk_bytes = bytes as f64 / f64::from(s.chunks.max(1)) / timeline.segments as f64;
     // The layout and names of `hccl_ir::trace`, which measured traces (`HCCL_TRACE`) share.
-    use hccl_ir::trace::{TraceFile, process_meta, step_slice, thread_meta, thread_name};
+    use hccl_ir::trace::{Event, TraceFile, process_meta, step_slice, thread_meta, thread_name};
     let mut events = Vec::new();
     for (r, prog) in s.ranks.iter().enumerate() {
         let r = r as u32;
@@ -391,6 +400,67 @@ fn write_trace(
             (span.end_us - span.start_us).max(0.0),
         ));
     }
+    // Counter tracks: the busiest resources (by their utilisation over the call) in a process
+    // of their own, each one's utilisation as a step function.
+    let net = &sim.network;
+    let mut busiest: Vec<(f64, &hccl_compiler::cost::ResourceUse)> = timeline
+        .resources
+        .iter()
+        .map(|u| (timeline.estimate.utilisation(net, u.resource), u))
+        .filter(|(util, _)| *util > 0.0)
+        .collect();
+    busiest.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.resource.cmp(&b.1.resource)));
+    busiest.truncate(args.links);
+    let links_pid = s.nranks;
+    if !busiest.is_empty() {
+        let name = format!(
+            "busiest links ({} of {})",
+            busiest.len(),
+            timeline.resources.len()
+        );
+        events.push(Event::meta(
+            "process_name",
+            links_pid,
+            None,
+            json!({ "name": name }),
+        ));
+        events.push(Event::meta(
+            "process_sort_index",
+            links_pid,
+            None,
+            json!({"sort_index": -1}),
+        ));
+    }
+    let mut links = Vec::new();
+    for (util, u) in &busiest {
+        let cap = net.capacity[u.resource as usize];
+        let name = format!(
+            "{} ({} GB/s)",
+            net.resource_name(topo, u.resource),
+            round3(cap)
+        );
+        for &(t, gbps) in &u.rates {
+            let mut used = serde_json::Map::new();
+            used.insert("used %".into(), json!(round3(100.0 * gbps / cap)));
+            events.push(Event {
+                name: name.clone(),
+                cat: None,
+                ph: "C".into(),
+                pid: links_pid,
+                tid: None,
+                ts: Some(t),
+                dur: None,
+                args: used,
+            });
+        }
+        links.push(json!({
+            "name": name,
+            "resource": u.resource,
+            "capacity_gbps": cap,
+            "utilisation": round3(*util),
+            "peak_gbps": round3(u.peak_gbps()),
+        }));
+    }
     let other = json!({
         "source": "predicted",
         "plan": args.plan.display().to_string(),
@@ -402,6 +472,7 @@ fn write_trace(
         "predicted_us": timeline.estimate.time_us,
         "base_us": timeline.estimate.base_us,
         "segments": timeline.segments,
+        "links": links,
     });
     let doc = TraceFile::new(events, other.as_object().cloned().unwrap_or_default());
     doc.save(path)
@@ -414,6 +485,7 @@ fn write_trace(
         "predicted_us": timeline.estimate.time_us,
         "steps": timeline.steps.len(),
         "segments": timeline.segments,
+        "links": links.len(),
     });
     if args.json {
         print_json(&summary);
@@ -460,6 +532,9 @@ pub fn explain(args: ExplainArgs) -> Result<(), CliError> {
         ..Options::default()
     };
     let rows = search::evaluate_plan(&topo, &plan, &options).map_err(search_error)?;
+    if let Some(path) = &args.plot {
+        write_plot(path, &args.plan, &topo, &rows)?;
+    }
     if !is_xml {
         report(&args.plan, &topo, &rows, args.json);
         return Ok(());
@@ -518,6 +593,67 @@ pub fn explain(args: ExplainArgs) -> Result<(), CliError> {
         }
     }
     Ok(())
+}
+
+/// `explain --plot`: the rows as bus bandwidth against size, one panel per collective.
+fn write_plot(path: &Path, plan: &Path, topo: &Topology, rows: &[Row]) -> Result<(), CliError> {
+    use hccl_compiler::plot::{Line, Panel, Series, busbw_chart};
+    let mut panels: Vec<Panel> = Vec::new();
+    let mut i = 0;
+    while i < rows.len() {
+        let kind = rows[i].collective;
+        let block: Vec<&Row> = rows[i..]
+            .iter()
+            .take_while(|r| r.collective == kind)
+            .collect();
+        i += block.len();
+        let busbw = |r: &Row, us: f64| {
+            if us > 0.0 {
+                r.bytes as f64 / (us * 1e3) * kind.busbw_factor(r.nranks)
+            } else {
+                0.0
+            }
+        };
+        let series = |name: &str, line: Line, us: &dyn Fn(&Row) -> Option<f64>| Series {
+            name: name.to_string(),
+            line,
+            points: block
+                .iter()
+                .filter_map(|r| us(r).map(|t| (r.bytes, busbw(r, t))))
+                .collect(),
+            notes: Vec::new(),
+        };
+        // The plan's algorithm, written where it changes.
+        let mut notes: Vec<(u64, String)> = Vec::new();
+        for (k, r) in block.iter().enumerate() {
+            if k == 0 || block[k - 1].algorithm != r.algorithm {
+                notes.push((r.bytes, r.algorithm.clone()));
+            }
+        }
+        panels.push(Panel {
+            title: kind.name().to_string(),
+            series: vec![
+                Series {
+                    notes,
+                    ..series("this plan", Line::Solid, &|r| Some(r.predicted_us))
+                },
+                series("NCCL's choice", Line::Dashed, &|r| r.baseline_us),
+                series("lower bound", Line::Dotted, &|r| Some(r.bound_us)),
+            ],
+        });
+    }
+    let name = plan.file_name().map_or_else(
+        || plan.display().to_string(),
+        |f| f.to_string_lossy().into_owned(),
+    );
+    let title = format!(
+        "{name} on {} ({} ranks): predicted bus bandwidth",
+        topo.name,
+        topo.nranks()
+    );
+    let svg = busbw_chart(&title, &panels).map_err(|e| CliError::Failed(e.to_string()))?;
+    hccl_ir::write_atomic(path, svg.as_bytes())
+        .map_err(|e| CliError::Input(format!("{}: cannot write: {e}", path.display())))
 }
 
 fn report(plan_path: &Path, topo: &Topology, rows: &[Row], json: bool) {

@@ -54,6 +54,11 @@ pub struct ShowArgs {
     /// links labelled by kind and bandwidth; hosts summarised beyond 64 ranks.
     #[arg(long)]
     pub dot: bool,
+    /// Draw the machine as an SVG picture instead of the report: devices grouped by host,
+    /// links by kind and bandwidth (legend, and labels on the links within a row); hosts
+    /// summarised beyond 64 ranks.
+    #[arg(long, value_name = "FILE.svg", conflicts_with = "dot")]
+    pub svg: Option<std::path::PathBuf>,
 }
 
 /// Output options shared by every generator.
@@ -240,6 +245,33 @@ fn show(args: ShowArgs) -> Result<(), CliError> {
     let topo = load_topology(&args.file)?;
     if args.dot {
         print!("{}", hccl_topologies::dot::to_dot(&topo));
+        return Ok(());
+    }
+    if let Some(path) = &args.svg {
+        let svg = hccl_compiler::plot::topology_svg(&topo)
+            .map_err(|e| CliError::Failed(e.to_string()))?;
+        hccl_ir::write_atomic(path, svg.as_bytes())
+            .map_err(|e| CliError::Input(format!("{}: cannot write: {e}", path.display())))?;
+        let summarised = topo.nranks() > hccl_topologies::dot::MAX_DETAILED_RANKS;
+        if args.json {
+            print_json(&serde_json::json!({
+                "svg": path.display().to_string(),
+                "topology": topo.name,
+                "ranks": topo.nranks(),
+                "hosts": topo.nhosts(),
+                "hosts_summarised": summarised,
+            }));
+        } else {
+            println!(
+                "{}: {} ({} ranks, {} host{}{})",
+                path.display(),
+                topo.name,
+                topo.nranks(),
+                topo.nhosts(),
+                if topo.nhosts() == 1 { "" } else { "s" },
+                if summarised { ", one box per host" } else { "" }
+            );
+        }
         return Ok(());
     }
     let summary = summarize(&topo);
