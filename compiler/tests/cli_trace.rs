@@ -409,3 +409,77 @@ fn explain_plots_the_plan_against_nccl_and_the_bound() {
         let _ = std::fs::remove_file(f);
     }
 }
+
+/// `hcclc trace show TRACE --svg FILE`: a predicted trace drawn as a timeline, a row per
+/// stream of each rank named as the trace names it, a bar per step in its operation's
+/// colour, the operations in the legend; a missing or malformed trace is bad input.
+#[test]
+fn trace_show_draws_a_row_per_stream_and_a_bar_per_step() {
+    let (topo, plan) = plan_for(hccl_topologies::generate::ring(4, 50.0, 1.0), "show4");
+    let (trace, svg) = (tmp("show4.json"), tmp("show4.svg"));
+    let (t, p, f, s) = (
+        topo.to_str().unwrap(),
+        plan.to_str().unwrap(),
+        trace.to_str().unwrap(),
+        svg.to_str().unwrap(),
+    );
+    let out = hcclc(&["explain", p, "--topo", t, "--trace", f, "--size", "64K"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (slices, _) = check_trace(&trace, 4);
+    let out = hcclc(&["trace", "show", f, "--svg", s, "--json"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: Value = serde_json::from_slice(&out.stdout).expect("JSON summary");
+    assert_eq!(summary["slices"].as_u64(), Some(slices.len() as u64));
+    let text = std::fs::read_to_string(&svg).expect("the picture");
+    let (texts, shapes) = svg_texts(&text);
+    // Every thread the trace names is a row label; every op a legend entry.
+    let doc = hccl_ir::trace::TraceFile::load(&trace).expect("trace");
+    let mut rows = 0;
+    for e in doc.events.iter().filter(|e| e.name == "thread_name") {
+        let name = e.args["name"].as_str().unwrap();
+        let label = format!("rank {} · {name}", e.pid);
+        assert!(texts.contains(&label), "no row {label:?} in {texts:?}");
+        rows += 1;
+    }
+    assert_eq!(summary["rows"].as_u64(), Some(rows));
+    let ops = summary["ops"].as_array().expect("ops");
+    assert!(!ops.is_empty());
+    for op in ops {
+        assert!(
+            texts.contains(&op.as_str().unwrap().to_string()),
+            "{op} not in the legend"
+        );
+    }
+    assert!(texts.iter().any(|t| t == "time (µs)"), "{texts:?}");
+    // A filled bar per step (plus the legend's swatches and the background).
+    let bars = shapes.iter().filter(|(name, _)| name == "rect").count();
+    assert!(
+        bars >= slices.len() + ops.len(),
+        "{bars} rects for {} slices",
+        slices.len()
+    );
+    // Bad input: a missing trace, a file that is not one.
+    assert_eq!(
+        hcclc(&["trace", "show", "/nonexistent.json", "--svg", s])
+            .status
+            .code(),
+        Some(2)
+    );
+    std::fs::write(&trace, "{\"traceEvents\": [}").unwrap();
+    let out = hcclc(&["trace", "show", f, "--svg", s]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(f));
+    for x in [topo, plan, trace, svg] {
+        let _ = std::fs::remove_file(x);
+    }
+}

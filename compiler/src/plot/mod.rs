@@ -6,11 +6,15 @@
 //!   depends on the compiler for its plans and predictions, and both charts then look alike).
 //! - [`topo`]: a machine: devices grouped by host, links by kind and bandwidth
 //!   (`hcclc topo show --svg`).
+//! - [`timeline`]: a trace file's steps, a row per stream of each rank (`hcclc trace show
+//!   --svg`).
 
 pub mod chart;
+pub mod timeline;
 pub mod topo;
 
 pub use chart::{Line, Panel, Series, busbw_chart};
+pub use timeline::{TimelineSummary, timeline_svg};
 pub use topo::topology_svg;
 
 /// A drawing that could not be made.
