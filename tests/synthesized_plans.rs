@@ -362,6 +362,7 @@ fn last(i: usize, len: usize) -> bool {
 }
 
 #[test]
+#[ignore = "slow: `.ci/run` runs it; run it with `cargo test -- --ignored`"]
 fn packed_trees_dgx1_broadcast_reduce() {
     let topo = shipped("dgx1-v100");
     // 8 trees of 2 pieces (2048 chunks); 16 channels × 256 pieces (262144 chunks).
@@ -406,6 +407,7 @@ fn packed_trees_dgx1_broadcast_reduce() {
 }
 
 #[test]
+#[ignore = "slow: `.ci/run` runs it; run it with `cargo test -- --ignored`"]
 fn packed_trees_dgx1_allgather_reducescatter() {
     let topo = shipped("dgx1-v100");
     for coll in [Collective::AllGather, Collective::ReduceScatter] {
@@ -490,6 +492,7 @@ fn packed_trees_torus_disjoint() {
 }
 
 #[test]
+#[ignore = "slow: `.ci/run` runs it; run it with `cargo test -- --ignored`"]
 fn packed_trees_dgx_h100() {
     // All NVSwitch planes: the shallowest and the most channels × deepest pipelines.
     let topo = shipped("dgx-h100");
