@@ -233,6 +233,39 @@ fn network_rows(
     (rows, hidden)
 }
 
+/// The links between drawn items: one per full-duplex pair of edges whose ends are drawn
+/// (as items `of` names), merged per pair of items and link kind (bandwidths and counts
+/// summed); edges inside one item (a host's box in the summary) are left out.
+fn merged_links(topo: &Topology, of: &HashMap<NodeIndex, usize>) -> Vec<Link> {
+    let mut merged: BTreeMap<(usize, usize, String), Link> = BTreeMap::new();
+    for e in topo.graph.edge_references() {
+        if e.source() > e.target() {
+            continue;
+        }
+        let (Some(&a), Some(&b)) = (of.get(&e.source()), of.get(&e.target())) else {
+            continue;
+        };
+        if a == b {
+            continue;
+        }
+        let w = e.weight();
+        let (a, b) = (a.min(b), a.max(b));
+        let link = merged
+            .entry((a, b, format!("{:?}", w.kind)))
+            .or_insert(Link {
+                a,
+                b,
+                kind: w.kind,
+                bw: 0.0,
+                count: 0,
+                arc: false,
+            });
+        link.bw += w.bw;
+        link.count += w.count.max(1);
+    }
+    merged.into_values().collect()
+}
+
 fn detailed(topo: &Topology) -> Scene {
     let g = &topo.graph;
     let mut items = Vec::new();
@@ -305,30 +338,7 @@ fn detailed(topo: &Topology) -> Scene {
         hosts[host].1[row].push(items.len() - 1);
     }
     let (network, hidden) = network_rows(topo, &mut items, &mut of);
-    // Links: one per full-duplex pair of edges, merged per pair of items and kind.
-    let mut merged: BTreeMap<(usize, usize, String), Link> = BTreeMap::new();
-    for e in g.edge_references() {
-        if e.source() > e.target() {
-            continue;
-        }
-        let (Some(&a), Some(&b)) = (of.get(&e.source()), of.get(&e.target())) else {
-            continue;
-        };
-        let w = e.weight();
-        let (a, b) = (a.min(b), a.max(b));
-        let link = merged
-            .entry((a, b, format!("{:?}", w.kind)))
-            .or_insert(Link {
-                a,
-                b,
-                kind: w.kind,
-                bw: 0.0,
-                count: 0,
-                arc: false,
-            });
-        link.bw += w.bw;
-        link.count += w.count.max(1);
-    }
+    let links = merged_links(topo, &of);
     Scene {
         title: format!(
             "{} ({} ranks, {} host{})",
@@ -340,7 +350,7 @@ fn detailed(topo: &Topology) -> Scene {
         hosts,
         network,
         items,
-        links: merged.into_values().collect(),
+        links,
         note: (hidden > 0).then(|| format!("{hidden} network switches not drawn")),
     }
 }
@@ -385,32 +395,7 @@ fn summary(topo: &Topology) -> Scene {
         }
     }
     let (network, hidden) = network_rows(topo, &mut items, &mut of);
-    let mut merged: BTreeMap<(usize, usize, String), Link> = BTreeMap::new();
-    for e in g.edge_references() {
-        if e.source() > e.target() {
-            continue;
-        }
-        let (Some(&a), Some(&b)) = (of.get(&e.source()), of.get(&e.target())) else {
-            continue;
-        };
-        if a == b {
-            continue;
-        }
-        let w = e.weight();
-        let (a, b) = (a.min(b), a.max(b));
-        let link = merged
-            .entry((a, b, format!("{:?}", w.kind)))
-            .or_insert(Link {
-                a,
-                b,
-                kind: w.kind,
-                bw: 0.0,
-                count: 0,
-                arc: false,
-            });
-        link.bw += w.bw;
-        link.count += w.count.max(1);
-    }
+    let links = merged_links(topo, &of);
     let mut notes = Vec::new();
     if hidden_hosts > 0 {
         notes.push(format!("{hidden_hosts} hosts and their links not drawn"));
@@ -428,7 +413,7 @@ fn summary(topo: &Topology) -> Scene {
         hosts: vec![(String::new(), [Vec::new(), Vec::new(), row])],
         network,
         items,
-        links: merged.into_values().collect(),
+        links,
         note: (!notes.is_empty()).then(|| notes.join("; ")),
     }
 }
