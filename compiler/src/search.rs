@@ -24,7 +24,11 @@
 //! [`MAX_CANDIDATE_STEPS`]. Schedules over that cap (ranks² families on large topologies,
 //! e.g. the ring from about 512 ranks) are not generated; where NCCL's chosen family was
 //! capped, the baseline's time is NCCL's own predicted time ([`NcclTopo::predict`]) and the
-//! winner is compared with that (it can then be slower).
+//! winner is compared with that (it can then be slower). So it is where even the family's
+//! cheapest schedule is too large to simulate at [`BASELINE_MIN_SAMPLES`] sizes within the
+//! per-candidate budget ([`modelled_baselines`]: the double binary tree from about 2048
+//! ranks): its schedules then still compete, screened like any other family's, but the
+//! baseline is NCCL's formula, marked as such in the rows ([`Row::baseline_modelled`]).
 //!
 //! Candidates are costed and winners verified on all available cores; results are collected
 //! in candidate order, so the plan does not depend on the thread count.
@@ -137,6 +141,10 @@ pub struct Row {
     pub baseline_protocol: Option<Protocol>,
     /// Its time in our model (µs).
     pub baseline_us: Option<f64>,
+    /// Whether `baseline_us` is NCCL's own tuning-model time ([`NcclChoice::nccl_model_us`])
+    /// rather than our simulation of its algorithm: where its family was over the step cap
+    /// or too large to simulate at enough sizes ([`modelled_baselines`]).
+    pub baseline_modelled: bool,
     /// Lower bound (µs).
     pub bound_us: f64,
     /// Number of ranks (for bus bandwidth).
@@ -370,9 +378,18 @@ pub fn compile_with_progress(
         }
         let total = candidates.len();
         phase.done("generate");
-        let probes = screen(&sim, &candidates, &sizes, options, &baseline_names);
-        phase.done("screen");
         let budget = sim_budget(options.sim_budget, nranks);
+        let modelled =
+            modelled_baselines(candidates.iter().map(|(c, _)| c), &sizes, options, budget);
+        // The baseline's simulated families: kept by the screen and costed at every
+        // protocol whatever their times (NCCL's choice reads them).
+        let simulated: Vec<&str> = baseline_names
+            .iter()
+            .copied()
+            .filter(|name| !modelled.contains(name))
+            .collect();
+        let probes = screen(&sim, &candidates, &sizes, options, &simulated);
+        phase.done("screen");
         let indexed: Vec<(usize, &Candidate)> =
             candidates.iter().map(|(c, _)| c).enumerate().collect();
         let mut all_times = par_map(&indexed, |&(i, candidate)| {
@@ -385,7 +402,8 @@ pub fn compile_with_progress(
                     options,
                     budget,
                     &probes[i].known,
-                    !baseline_names.iter().any(|b| candidate.algorithm == *b),
+                    !simulated.iter().any(|b| candidate.algorithm == *b),
+                    probes[i].ready.as_ref(),
                 );
                 let shown = if tracing() {
                     let best = times
@@ -513,8 +531,8 @@ pub fn compile_with_progress(
                             .filter_map(|c| c.times[pi].as_ref().map(|t| t[si]))
                             .fold(f64::INFINITY, f64::min)
                     });
-                baseline_time(&ch, best, &capped)
-                    .map(|t| (ch.algo.family().to_string(), ch.protocol, t))
+                baseline_time(&ch, best, &capped, &modelled)
+                    .map(|(t, m)| (ch.algo.family().to_string(), ch.protocol, t, m))
             });
             let b: Bound = *bounds[si].get_or_insert_with(|| bound_at(si));
             rows.push(Row {
@@ -529,6 +547,7 @@ pub fn compile_with_progress(
                 baseline_algorithm: baseline.as_ref().map(|b| b.0.clone()),
                 baseline_protocol: baseline.as_ref().map(|b| b.1),
                 baseline_us: baseline.as_ref().map(|b| b.2),
+                baseline_modelled: baseline.as_ref().is_some_and(|b| b.3),
                 bound_us: b.total_us,
                 nranks,
                 synthesis: cand.synthesis.clone(),
@@ -618,6 +637,7 @@ pub fn evaluate_plan(
         let mut base: Vec<(String, Vec<Option<Vec<f64>>>)> = Vec::new();
         let mut channels_hint = 1;
         let mut capped: Vec<&str> = Vec::new();
+        let mut modelled: Vec<&str> = Vec::new();
         let budget = sim_budget(options.sim_budget, nranks);
         for family in families
             .iter()
@@ -630,8 +650,15 @@ pub fn evaluate_plan(
             if generated.capped {
                 capped.push(family.name());
             }
+            if !modelled_baselines(generated.candidates.iter(), &sizes, options, budget).is_empty()
+            {
+                // NCCL's formula, as the search uses: nothing to simulate.
+                modelled.push(family.name());
+                base.push((family.name().to_string(), Vec::new()));
+                continue;
+            }
             for c in generated.candidates {
-                let (times, _) = cost_sampled(&sim, &c, &sizes, options, budget, &[], false);
+                let (times, _) = cost_sampled(&sim, &c, &sizes, options, budget, &[], false, None);
                 base.push((c.algorithm, times));
             }
         }
@@ -663,11 +690,11 @@ pub fn evaluate_plan(
                     .map_or(f64::INFINITY, |pi| {
                         base.iter()
                             .filter(|(n, _)| n == ch.algo.family())
-                            .filter_map(|(_, t)| t[pi].as_ref().map(|t| t[si]))
+                            .filter_map(|(_, t)| t.get(pi)?.as_ref().map(|t| t[si]))
                             .fold(f64::INFINITY, f64::min)
                     });
-                baseline_time(&ch, best, &capped)
-                    .map(|t| (ch.algo.family().to_string(), ch.protocol, t))
+                baseline_time(&ch, best, &capped, &modelled)
+                    .map(|(t, m)| (ch.algo.family().to_string(), ch.protocol, t, m))
             });
             let b = bound(&sim.network, &options.model, collective, bytes);
             rows.push(Row {
@@ -685,6 +712,7 @@ pub fn evaluate_plan(
                 baseline_algorithm: baseline.as_ref().map(|b| b.0.clone()),
                 baseline_protocol: baseline.as_ref().map(|b| b.1),
                 baseline_us: baseline.as_ref().map(|b| b.2),
+                baseline_modelled: baseline.as_ref().is_some_and(|b| b.3),
                 bound_us: b.total_us,
                 nranks,
                 synthesis: entry.synthesis.clone(),
@@ -1120,17 +1148,77 @@ fn trace_candidate(what: &str, c: &Candidate, started: std::time::Instant, extra
     }
 }
 
-/// The baseline's time for NCCL's `choice`: `simulated` (the best schedule of its family in
-/// our model) when there is one, else NCCL's own predicted time when the family's schedules
-/// were over the step cap (`capped`) and so not simulated.
-fn baseline_time(choice: &NcclChoice, simulated: f64, capped: &[&str]) -> Option<f64> {
-    if simulated.is_finite() {
-        Some(simulated)
-    } else if capped.contains(&choice.algo.family()) && choice.nccl_model_us.is_finite() {
-        Some(choice.nccl_model_us)
+/// The baseline's time for NCCL's `choice` and whether it is NCCL's own predicted time:
+/// that when its family is `modelled` ([`modelled_baselines`]), else `simulated` (the best
+/// schedule of its family in our model) when there is one, else NCCL's own predicted time
+/// when the family's schedules were over the step cap (`capped`) and so not simulated.
+fn baseline_time(
+    choice: &NcclChoice,
+    simulated: f64,
+    capped: &[&str],
+    modelled: &[&str],
+) -> Option<(f64, bool)> {
+    let family = choice.algo.family();
+    let model = choice
+        .nccl_model_us
+        .is_finite()
+        .then_some((choice.nccl_model_us, true));
+    if modelled.contains(&family) {
+        model
+    } else if simulated.is_finite() {
+        Some((simulated, false))
+    } else if capped.contains(&family) {
+        model
     } else {
         None
     }
+}
+
+/// Fewest sizes the cheapest schedule of a baseline family must be simulated at within the
+/// per-candidate budget (or every size, when fewer are compiled) for the baseline to be our
+/// simulation of NCCL's algorithm ([`modelled_baselines`]).
+pub const BASELINE_MIN_SAMPLES: usize = 3;
+
+/// The baseline families among `candidates` whose time is NCCL's own tuning formula instead
+/// of our simulation: those whose cheapest schedule the per-candidate `budget` affords at
+/// fewer than [`BASELINE_MIN_SAMPLES`] of `sizes` (and not at all of them). Such a family's
+/// simulated time would be a chord between the range's two ends, over schedules whose
+/// pipelines (bounded by the step cap) are far shallower than NCCL's chunking at that
+/// scale: at 4096 ranks the double binary tree's deepest candidate has 8 pieces for a
+/// tree of depth 16, which our simulator prices at 3–12× NCCL's formula. Its schedules
+/// still compete like any family's; only the baseline changes, and rows say so
+/// ([`Row::baseline_modelled`]). With the default budget this is the tree from about 2048
+/// ranks (the ring is over the step cap from about 512).
+pub fn modelled_baselines<'a>(
+    candidates: impl IntoIterator<Item = &'a Candidate>,
+    sizes: &[u64],
+    options: &Options,
+    budget: usize,
+) -> Vec<&'static str> {
+    // Per baseline family seen: whether one of its schedules is affordable.
+    let mut seen: Vec<(&'static str, bool)> = Vec::new();
+    for c in candidates {
+        let Some(&name) = BASELINE_FAMILIES.iter().find(|&&b| b == c.algorithm) else {
+            continue;
+        };
+        // Templates cost one rank class, with the full budget (as `cost_sampled` does).
+        let budget = if c.template.is_some() {
+            budget.max(options.sim_budget)
+        } else {
+            budget
+        };
+        let n = sizes.len() - sizes.partition_point(|&s| s < c.min_bytes);
+        let afforded = sample_indices(n, c.work_steps() as usize, budget).len();
+        let enough = afforded >= n.min(BASELINE_MIN_SAMPLES);
+        match seen.iter_mut().find(|(f, _)| *f == name) {
+            Some(entry) => entry.1 |= enough,
+            None => seen.push((name, enough)),
+        }
+    }
+    seen.into_iter()
+        .filter(|&(_, enough)| !enough)
+        .map(|(name, _)| name)
+        .collect()
 }
 
 /// The screen's verdict on one candidate.
@@ -1139,6 +1227,8 @@ struct Probe {
     keep: bool,
     /// Times already simulated: `(size index, protocol index, µs)`.
     known: Vec<(usize, usize, f64)>,
+    /// The schedule as the screen prepared it (flattened and routed), when it was kept.
+    ready: Option<Ready>,
 }
 
 /// Which candidates to cost at every size and protocol. On more than [`SCREEN_RANKS`] ranks
@@ -1169,6 +1259,7 @@ fn screen(
             .map(|_| Probe {
                 keep: true,
                 known: Vec::new(),
+                ready: None,
             })
             .collect()
     };
@@ -1185,13 +1276,18 @@ fn screen(
     let (last_size, last_proto) = (sizes.len() - 1, options.protocols.len() - 1);
     let kept_anyway = |c: &Candidate| always.contains(&c.algorithm.as_str());
     let first_wave = |c: &Candidate| c.template.is_some() || kept_anyway(c);
-    // Both probes of one candidate, each run given up past its limit.
-    let probe = |c: &Candidate, limits: [f64; 2]| -> [f64; 2] {
+    // Both probes of one candidate, each run given up past its limit; the prepared schedule
+    // when a probe came in within its limit (costing then starts from it).
+    let probe = |c: &Candidate, limits: [f64; 2]| -> ([f64; 2], Option<Ready>) {
         let started = std::time::Instant::now();
+        let lost = ([f64::INFINITY; 2], None);
+        // Probes a route-free lower bound already puts past their limit are not run (the run
+        // would stop past the limit all the same).
+        let mut past = [false; 2];
         let prep = if limits.iter().any(|l| l.is_finite()) && c.template.is_none() {
             // Its critical path first: past both limits, its routes are never looked up.
             let Ok(unrouted) = sim.unrouted(&c.schedule) else {
-                return [f64::INFINITY; 2];
+                return lost;
             };
             let bound = [
                 if small >= c.min_bytes {
@@ -1201,25 +1297,26 @@ fn screen(
                 },
                 unrouted.bound_us(sim, large, p_large),
             ];
-            if bound[0] > limits[0] && bound[1] > limits[1] {
+            past = [bound[0] > limits[0], bound[1] > limits[1]];
+            if past == [true; 2] {
                 let shown = format!(
                     " (bounds {:.1} µs, {:.1} µs past the limits)",
                     bound[0], bound[1]
                 );
                 trace_candidate("screen", c, started, &shown);
-                return [f64::INFINITY; 2];
+                return lost;
             }
             match unrouted.route(sim) {
                 Ok(p) => Ready::Full(Box::new(p)),
-                Err(_) => return [f64::INFINITY; 2],
+                Err(_) => return lost,
             }
         } else {
             match Ready::new(sim, c) {
                 Ok(p) => p,
-                Err(_) => return [f64::INFINITY; 2],
+                Err(_) => return lost,
             }
         };
-        let small_time = if small >= c.min_bytes {
+        let small_time = if small >= c.min_bytes && !past[0] {
             prep.time_within(sim, small, p_small, limits[0])
         } else {
             f64::INFINITY
@@ -1230,13 +1327,16 @@ fn screen(
         } else {
             limits[1]
         };
-        let times = [
-            small_time,
-            prep.time_within(sim, large, p_large, large_limit),
-        ];
+        let large_time = if past[1] && small_time.is_infinite() {
+            f64::INFINITY
+        } else {
+            prep.time_within(sim, large, p_large, large_limit)
+        };
+        let times = [small_time, large_time];
         let shown = format!(" ({:.1} µs, {:.1} µs at the probes)", times[0], times[1]);
         trace_candidate("screen", c, started, &shown);
-        times
+        let keep_ready = times.iter().any(|t| t.is_finite());
+        (times, keep_ready.then_some(prep))
     };
     let wave = |first: bool| -> Vec<usize> {
         (0..n)
@@ -1244,11 +1344,13 @@ fn screen(
             .collect()
     };
     let mut probes = vec![[f64::INFINITY; 2]; n];
+    let mut readies: Vec<Option<Ready>> = (0..n).map(|_| None).collect();
     let first = wave(true);
-    for (&i, times) in first.iter().zip(par_map(&first, |&i| {
+    for (&i, (times, ready)) in first.iter().zip(par_map(&first, |&i| {
         probe(&candidates[i].0, [f64::INFINITY; 2])
     })) {
         probes[i] = times;
+        readies[i] = ready;
     }
     let best =
         |probes: &[[f64; 2]], k: usize| probes.iter().map(|p| p[k]).fold(f64::INFINITY, f64::min);
@@ -1257,22 +1359,28 @@ fn screen(
         best(&probes, 1) * SCREEN_FACTOR,
     ];
     let second = wave(false);
-    for (&i, times) in second
+    for (&i, (times, ready)) in second
         .iter()
         .zip(par_map(&second, |&i| probe(&candidates[i].0, limits)))
     {
         probes[i] = times;
+        readies[i] = ready;
     }
     let (b0, b1) = (best(&probes, 0), best(&probes, 1));
     candidates
         .iter()
         .zip(&probes)
-        .map(|((c, _), p)| Probe {
-            keep: kept_anyway(c) || p[0] <= b0 * SCREEN_FACTOR || p[1] <= b1 * SCREEN_FACTOR,
-            known: [(0, 0, p[0]), (last_size, last_proto, p[1])]
-                .into_iter()
-                .filter(|k| k.2.is_finite())
-                .collect(),
+        .zip(readies)
+        .map(|(((c, _), p), ready)| {
+            let keep = kept_anyway(c) || p[0] <= b0 * SCREEN_FACTOR || p[1] <= b1 * SCREEN_FACTOR;
+            Probe {
+                keep,
+                known: [(0, 0, p[0]), (last_size, last_proto, p[1])]
+                    .into_iter()
+                    .filter(|k| k.2.is_finite())
+                    .collect(),
+                ready: if keep { ready } else { None },
+            }
         })
         .collect()
 }
@@ -1325,18 +1433,27 @@ fn cost_sampled(
     budget: usize,
     known: &[(usize, usize, f64)],
     prune: bool,
+    ready: Option<&Ready>,
 ) -> (Vec<Option<Vec<f64>>>, Vec<bool>) {
     let np = options.protocols.len();
     let first = sizes.partition_point(|&s| s < candidate.min_bytes);
     if first == sizes.len() {
         return (vec![None; np], vec![true; sizes.len()]);
     }
-    let Ok(prepared) = Ready::new(sim, candidate) else {
-        return (vec![None; np], vec![true; sizes.len()]);
+    let owned;
+    let prepared = match ready {
+        Some(r) => r,
+        None => match Ready::new(sim, candidate) {
+            Ok(r) => {
+                owned = r;
+                &owned
+            }
+            Err(_) => return (vec![None; np], vec![true; sizes.len()]),
+        },
     };
     // A template costs one rank class: its steps do not grow with the ranks as a whole
     // schedule's do, so the budget does not shrink with them either (see `sim_budget`).
-    let budget = match prepared {
+    let budget = match *prepared {
         Ready::Template(_) => budget.max(options.sim_budget),
         Ready::Full(_) => budget,
     };
@@ -1545,10 +1662,65 @@ mod tests {
                     nccl_model_us: 42.0
                 },
                 f64::INFINITY,
-                &["ring"]
+                &["ring"],
+                &[]
             ),
-            Some(42.0)
+            Some((42.0, true))
         );
+    }
+
+    #[test]
+    fn baselines_too_large_to_sample_are_nccls_formula() {
+        let topo = hccl_topologies::shipped_by_name("dgx1-v100").expect("shipped");
+        let tree = all_families()
+            .into_iter()
+            .find(|f| f.name() == "tree")
+            .expect("registered");
+        let candidates: Vec<Candidate> = tree
+            .param_space(&topo, Collective::AllReduce)
+            .into_iter()
+            .flat_map(|p| tree.generate(&topo, Collective::AllReduce, p))
+            .collect();
+        let least = candidates.iter().map(Candidate::work_steps).min().unwrap() as usize;
+        let sizes = geometric_sizes(1 << 10, 1 << 30, 2);
+        let options = Options::default();
+        let modelled = |budget| modelled_baselines(&candidates, &sizes, &options, budget);
+        // The cheapest tree simulated at 3 sizes: the baseline is simulated; at 2, NCCL's.
+        assert!(modelled(3 * least).is_empty());
+        assert_eq!(modelled(3 * least - 1), vec!["tree"]);
+        // Every size affordable (one or two sizes compiled): simulated.
+        assert!(modelled_baselines(&candidates, &sizes[..2], &options, 2 * least).is_empty());
+        // Other families never are.
+        let other: Vec<Candidate> = all_families()
+            .into_iter()
+            .filter(|f| f.name() == "hierarchical_hd")
+            .flat_map(|f| {
+                f.generate(
+                    &topo,
+                    Collective::AllReduce,
+                    FamilyParams {
+                        channels: 1,
+                        pipeline: 1,
+                    },
+                )
+            })
+            .collect();
+        assert!(modelled_baselines(&other, &sizes, &options, 1).is_empty());
+        // A modelled family's baseline is NCCL's formula even where it was simulated.
+        let choice = NcclChoice {
+            algo: crate::cost::NcclAlgo::Tree,
+            protocol: Protocol::LL,
+            nccl_model_us: 105.0,
+        };
+        assert_eq!(
+            baseline_time(&choice, 157.0, &[], &["tree"]),
+            Some((105.0, true))
+        );
+        assert_eq!(
+            baseline_time(&choice, 157.0, &[], &[]),
+            Some((157.0, false))
+        );
+        assert_eq!(baseline_time(&choice, f64::INFINITY, &[], &[]), None);
     }
 
     #[test]

@@ -537,11 +537,36 @@ impl Simulator {
         if limit.is_nan() {
             return self.run(prepared, bytes, protocol).map(Some);
         }
+        // The busiest link alone already past the limit: no need to run (a schedule that
+        // would deadlock then reads as past the limit too).
+        if limit_us.is_finite()
+            && self
+                .lower_bound_us(&self.resource_loads(prepared, bytes), bytes, protocol)
+                .is_some_and(|lb| lb > limit_us)
+        {
+            return Ok(None);
+        }
         match run_flows(self, prepared, bytes, protocol, &mut None, limit) {
             Ok((estimate, _)) => Ok((estimate.time_us <= limit_us).then_some(estimate)),
             Err(CostError::PastLimit { .. }) => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// The payload bytes each resource carries when `prepared` runs a collective of `bytes`:
+    /// what a full run's [`Estimate::resource_bytes`] adds up to, without running it.
+    pub fn resource_loads(&self, prepared: &Prepared, bytes: u64) -> Vec<f64> {
+        let chunk_bytes = bytes as f64 / f64::from(prepared.chunks);
+        let mut loads = vec![0.0; self.network.capacity.len()];
+        for (&c, &count) in prepared.msg_conn.iter().zip(&prepared.msg_count) {
+            let b = f64::from(count) * chunk_bytes;
+            if b > 0.0 {
+                for &r in &prepared.conn_route[c as usize].resources {
+                    loads[r as usize] += b;
+                }
+            }
+        }
+        loads
     }
 
     /// [`Simulator::run`], recording when every step ran.
