@@ -259,7 +259,7 @@ impl<K> Ord for Event<K> {
 
 /// `x`'s position in the IEEE total order ([`f64::total_cmp`]) as an unsigned integer.
 #[inline]
-fn total_order_key(x: f64) -> u64 {
+pub(super) fn total_order_key(x: f64) -> u64 {
     let mut b = x.to_bits() as i64;
     b ^= (((b >> 63) as u64) >> 1) as i64;
     (b as u64) ^ (1 << 63)

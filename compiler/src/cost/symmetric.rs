@@ -67,11 +67,12 @@ use super::CostError;
 use super::network::Route;
 use super::sim::{
     Estimate, EventKind, FlatStep, Messages, NONE, Prepared, Rates, Simulator, Steps,
-    number_messages, step_kind, successors,
+    number_messages, step_kind, successors, total_order_key,
 };
 use hccl_ir::{Action, Protocol, StepRef, SymmetricSchedule, SymmetryTable};
-use std::collections::HashMap;
+use std::cmp::Reverse;
 use std::collections::hash_map::Entry;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 
 /// A symmetric schedule flattened for repeated simulation ([`Simulator::run_symmetric`]).
@@ -135,13 +136,13 @@ struct Template {
     resources: usize,
     /// Per connection: its peer class (one per distinct template peer `p'`).
     conn_class: Vec<u32>,
-    /// Per peer class: `(resource, mult)` for every resource a translate of its route crosses.
-    class_resources: Vec<Vec<(u32, u32)>>,
-    /// Per peer class: `(row, mult)` of every constraint row it is in.
-    class_rows: Vec<Vec<(u32, u32)>>,
-    /// Per constraint row: `(class, mult)`, and the capacity of its resources (GB/s).
-    row_classes: Vec<Vec<(u32, u32)>>,
-    row_cap: Vec<f64>,
+    /// The peer classes' resources and constraint rows (shared by the templates of one
+    /// symmetry and peer set).
+    contention: Arc<Contention>,
+    /// Per resource: the chunks every rank's messages put on it in a whole run (the
+    /// template's chunks per peer class times the class's multiplicity there), so a run's
+    /// [`Estimate::resource_bytes`] is this times the chunk size.
+    resource_chunks: Vec<f64>,
 }
 
 impl PreparedSymmetric {
@@ -178,7 +179,7 @@ impl PreparedSymmetric {
     /// Distinct contention constraints of the template's flows (0 for the expanded form).
     pub fn constraint_rows(&self) -> usize {
         match &self.form {
-            Form::Template(t) => t.row_cap.len(),
+            Form::Template(t) => t.contention.row_cap.len(),
             Form::Full(_) => 0,
         }
     }
@@ -337,7 +338,7 @@ impl Simulator {
         let mut class_peer = conn_peer.clone();
         class_peer.sort_unstable();
         class_peer.dedup();
-        let conn_class = conn_peer
+        let conn_class: Vec<u32> = conn_peer
             .iter()
             .map(|p| class_peer.binary_search(p).unwrap_or(0) as u32)
             .collect();
@@ -361,22 +362,28 @@ impl Simulator {
             collective: s.collective,
             max_scratch: prog.scratch_chunks,
         };
-        let Contention {
-            class_resources,
-            class_rows,
-            row_classes,
-            row_cap,
-            equivariant,
-        } = contention.as_ref().clone();
+        let equivariant = contention.equivariant;
+        let mut class_chunks = vec![0u64; class_peer.len()];
+        for (&c, &count) in prepared.msg_conn.iter().zip(&prepared.msg_count) {
+            if !prepared.conn_route[c as usize].resources.is_empty() {
+                class_chunks[conn_class[c as usize] as usize] += u64::from(count);
+            }
+        }
+        let mut resource_chunks = vec![0.0; nres];
+        for (list, &chunks) in contention.class_resources.iter().zip(&class_chunks) {
+            if chunks > 0 {
+                for &(r, k) in list {
+                    resource_chunks[r as usize] += (chunks * u64::from(k)) as f64;
+                }
+            }
+        }
         Ok(PreparedSymmetric {
             form: Form::Template(Box::new(Template {
                 prepared,
                 resources: nres,
                 conn_class,
-                class_resources,
-                class_rows,
-                row_classes,
-                row_cap,
+                contention,
+                resource_chunks,
             })),
             nranks: n,
             template_steps,
@@ -734,8 +741,6 @@ struct ClassRates<'a> {
     flows: Vec<u32>,
     /// Flows started or finished since the last rate computation.
     dirty: bool,
-    /// Payload bytes started per peer class.
-    class_bytes: Vec<f64>,
     // scratch of the filling
     class_active: Vec<u64>,
     class_rate: Vec<f64>,
@@ -743,14 +748,19 @@ struct ClassRates<'a> {
     row_rem: Vec<f64>,
     row_weight: Vec<u64>,
     row_seen: Vec<bool>,
+    /// Bumped whenever a row's remainder or weight changes: heap entries of older stamps
+    /// are stale.
+    row_stamp: Vec<u32>,
     live_rows: Vec<u32>,
+    /// Rows by fair share `(share key, row, stamp)`, least first (ties: lowest row).
+    heap: BinaryHeap<Reverse<(u64, u32, u32)>>,
 }
 
 impl<'a> ClassRates<'a> {
     fn new(sim: &Simulator, t: &'a Template, bytes: u64, protocol: Protocol) -> ClassRates<'a> {
         let p = &t.prepared;
         let nmsg = p.msg_conn.len();
-        let (nclass, nrows) = (t.class_rows.len(), t.row_cap.len());
+        let (nclass, nrows) = (t.contention.class_rows.len(), t.contention.row_cap.len());
         let scale = sim.model.bandwidth_factor(bytes);
         ClassRates {
             t,
@@ -763,14 +773,15 @@ impl<'a> ClassRates<'a> {
             active: vec![false; nmsg],
             flows: Vec::new(),
             dirty: false,
-            class_bytes: vec![0.0; nclass],
             class_active: vec![0; nclass],
             class_rate: vec![0.0; nclass],
             class_frozen: vec![false; nclass],
             row_rem: vec![0.0; nrows],
             row_weight: vec![0; nrows],
             row_seen: vec![false; nrows],
+            row_stamp: vec![0; nrows],
             live_rows: Vec::new(),
+            heap: BinaryHeap::new(),
         }
     }
 
@@ -782,8 +793,6 @@ impl<'a> ClassRates<'a> {
 impl Rates for ClassRates<'_> {
     fn start(&mut self, st: &mut Steps<'_>, m: u32, bytes: f64) {
         let mi = m as usize;
-        let class = self.class_of(m);
-        self.class_bytes[class] += bytes;
         self.active[mi] = true;
         self.flows.push(m);
         self.remaining[mi] = bytes;
@@ -831,12 +840,8 @@ fn run_template(
     let mut st = Steps::new(sim, p, bytes, protocol, false);
     let mut rates = ClassRates::new(sim, t, bytes, protocol);
     st.execute(&mut rates)?;
-    let mut resource_bytes = vec![0.0; t.resources];
-    for (list, &bytes) in t.class_resources.iter().zip(&rates.class_bytes) {
-        for &(r, k) in list {
-            resource_bytes[r as usize] += bytes * f64::from(k);
-        }
-    }
+    let chunk_bytes = bytes as f64 / f64::from(p.chunks);
+    let resource_bytes = t.resource_chunks.iter().map(|&c| c * chunk_bytes).collect();
     let n = nranks as usize;
     let base = sim.model.base_us(protocol);
     Ok(Estimate {
@@ -866,37 +871,36 @@ impl<'a> ClassRates<'a> {
             if active == 0 {
                 continue;
             }
-            for &(row, k) in &t.class_rows[c] {
+            for &(row, k) in &t.contention.class_rows[c] {
                 let ri = row as usize;
                 if !self.row_seen[ri] {
                     self.row_seen[ri] = true;
-                    self.row_rem[ri] = t.row_cap[ri] * self.cap_scale;
+                    self.row_rem[ri] = t.contention.row_cap[ri] * self.cap_scale;
                     self.row_weight[ri] = 0;
                     self.live_rows.push(row);
                 }
                 self.row_weight[ri] += u64::from(k) * active;
             }
         }
-        // Ties go to the lowest row.
-        self.live_rows.sort_unstable();
-        loop {
-            let mut best: Option<(f64, usize)> = None;
-            for &row in &self.live_rows {
-                let ri = row as usize;
-                let w = self.row_weight[ri];
-                if w == 0 {
-                    continue;
-                }
-                let share = self.row_rem[ri] / w as f64;
-                if best.is_none_or(|(b, _)| share < b) {
-                    best = Some((share, ri));
-                }
+        // The least share first, ties to the lowest row: a heap of every live row's share,
+        // an entry dropped when its row changed since (stamp) or has nothing left to fill.
+        self.heap.clear();
+        for &row in &self.live_rows {
+            let ri = row as usize;
+            let w = self.row_weight[ri];
+            if w > 0 {
+                let key = total_order_key(self.row_rem[ri] / w as f64);
+                self.heap.push(Reverse((key, row, self.row_stamp[ri])));
             }
-            let Some((share, ri)) = best else {
-                break;
-            };
-            let share = share.max(0.0);
-            for &(c, _) in &t.row_classes[ri] {
+        }
+        while let Some(Reverse((_, row, stamp))) = self.heap.pop() {
+            let ri = row as usize;
+            let w = self.row_weight[ri];
+            if stamp != self.row_stamp[ri] || w == 0 {
+                continue;
+            }
+            let share = (self.row_rem[ri] / w as f64).max(0.0);
+            for &(c, _) in &t.contention.row_classes[ri] {
                 let ci = c as usize;
                 let active = self.class_active[ci];
                 if active == 0 || self.class_frozen[ci] {
@@ -904,11 +908,16 @@ impl<'a> ClassRates<'a> {
                 }
                 self.class_frozen[ci] = true;
                 self.class_rate[ci] = share;
-                for &(row, k) in &t.class_rows[ci] {
-                    let r2 = row as usize;
+                for &(row2, k) in &t.contention.class_rows[ci] {
+                    let r2 = row2 as usize;
                     let w = u64::from(k) * active;
                     self.row_rem[r2] = (self.row_rem[r2] - share * w as f64).max(0.0);
                     self.row_weight[r2] -= w;
+                    self.row_stamp[r2] = self.row_stamp[r2].wrapping_add(1);
+                    if self.row_weight[r2] > 0 {
+                        let key = total_order_key(self.row_rem[r2] / self.row_weight[r2] as f64);
+                        self.heap.push(Reverse((key, row2, self.row_stamp[r2])));
+                    }
                 }
             }
         }
