@@ -1181,14 +1181,14 @@ pub const BASELINE_MIN_SAMPLES: usize = 3;
 
 /// The baseline families among `candidates` whose time is NCCL's own tuning formula instead
 /// of our simulation: those whose cheapest schedule the per-candidate `budget` affords at
-/// fewer than [`BASELINE_MIN_SAMPLES`] of `sizes` (and not at all of them). Such a family's
-/// simulated time would be a chord between the range's two ends, over schedules whose
-/// pipelines (bounded by the step cap) are far shallower than NCCL's chunking at that
-/// scale: at 4096 ranks the double binary tree's deepest candidate has 8 pieces for a
-/// tree of depth 16, which our simulator prices at 3–12× NCCL's formula. Its schedules
-/// still compete like any family's; only the baseline changes, and rows say so
-/// ([`Row::baseline_modelled`]). With the default budget this is the tree from about 2048
-/// ranks (the ring is over the step cap from about 512).
+/// fewer than [`BASELINE_MIN_SAMPLES`] of `sizes` (and not at all of them). Their simulated
+/// baseline would be a chord between the range's two ends, and it cost most of a large
+/// compile: at 4096 ranks the double binary tree's 8 schedules (up to 393k steps, each
+/// simulated at both ends under three protocols) took three quarters of the CPU time, for
+/// times within 6% of NCCL's formula from 16 MiB up (1.5× it at 1 KiB). Such a family's
+/// schedules still compete, screened like any other's; only the baseline changes, and rows
+/// say so ([`Row::baseline_modelled`]). With the default budget this is the tree from about
+/// 2048 ranks (the ring is over the step cap from about 512).
 pub fn modelled_baselines<'a>(
     candidates: impl IntoIterator<Item = &'a Candidate>,
     sizes: &[u64],

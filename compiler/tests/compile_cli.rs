@@ -88,6 +88,7 @@ fn json_rows_follow_the_contract_and_explain_agrees() {
         "busbw_gbps",
         "baseline_algorithm",
         "baseline_us",
+        "baseline_source",
         "bound_us",
     ];
     for row in rows {
@@ -95,6 +96,8 @@ fn json_rows_follow_the_contract_and_explain_agrees() {
             assert!(row.get(key).is_some(), "row lacks {key}: {row}");
         }
     }
+    // NCCL's ring, simulated on one box.
+    assert!(rows.iter().all(|r| r["baseline_source"] == "simulated"));
     assert_eq!(rows[0]["collective"], "allgather");
     assert_eq!(rows[0]["bytes"], 4096);
     assert_eq!(rows[9]["collective"], "broadcast");
@@ -266,5 +269,72 @@ fn unschedulable_collectives_are_left_out_and_named() {
     );
     assert_eq!(none.status.code(), Some(1));
     assert!(!dir.join("none.plan.ron").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Where NCCL's algorithm is too large to simulate at 3 sizes within `--sim-budget` (the
+/// double binary tree from about 2048 ranks by default), the `nccl` column is NCCL's own
+/// formula, and the table and the JSON say so.
+#[test]
+fn a_baseline_too_large_to_simulate_is_nccls_formula_and_says_so() {
+    let dir = scratch("modelled");
+    let generated = hcclc(
+        &[
+            "topo", "gen", "cluster", "--nodes", "2", "--box", "dgx-h100", "-o", "c.ron",
+        ],
+        &dir,
+    );
+    assert_eq!(generated.status.code(), Some(0));
+    let compile = |extra: &[&str]| {
+        let mut args = vec![
+            "compile",
+            "c.ron",
+            "-c",
+            "allreduce",
+            "--sizes",
+            "1K..4K",
+            "-o",
+            "c.plan.ron",
+        ];
+        args.extend_from_slice(extra);
+        let out = hcclc(&args, &dir);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    };
+    let sources = |out: &Output| -> Vec<(String, String)> {
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        doc["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["baseline_algorithm"].as_str().unwrap_or("-").to_string(),
+                    r["baseline_source"].as_str().unwrap_or("-").to_string(),
+                )
+            })
+            .collect()
+    };
+    let tree = |source: &str| vec![("tree".to_string(), source.to_string()); 3];
+    assert_eq!(sources(&compile(&["--json"])), tree("simulated"));
+    // 100 steps: no tree of 16 ranks is simulated at 3 sizes.
+    assert_eq!(
+        sources(&compile(&["--sim-budget", "100", "--json"])),
+        tree("nccl-model")
+    );
+    let table = stdout(&compile(&["--sim-budget", "100"]));
+    assert_eq!(table.matches("tree/LL (model)").count(), 3, "{table}");
+    assert!(
+        table.contains("(model): NCCL's own tuning formula"),
+        "{table}"
+    );
+    assert!(!stdout(&compile(&[])).contains("(model)"));
+    let zero = hcclc(&["compile", "c.ron", "--sim-budget", "0"], &dir);
+    assert_eq!(zero.status.code(), Some(2));
     let _ = std::fs::remove_dir_all(&dir);
 }

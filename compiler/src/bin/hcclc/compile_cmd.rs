@@ -41,6 +41,13 @@ pub struct CompileArgs {
     /// a compile of a few seconds) or full (every synthesizer at every size it solves).
     #[arg(long, default_value = "auto", value_name = "off|auto|full")]
     pub synth: String,
+    /// Steps simulated per candidate and protocol over all sizes (default 400000, shrinking
+    /// as 64/ranks beyond 64 ranks). Larger schedules are simulated at fewer sizes and
+    /// interpolated; where even the cheapest schedule of NCCL's algorithm gets fewer than 3
+    /// sizes, the `nccl` column is NCCL's own formula, marked `(model)`. Larger is slower and
+    /// simulates more.
+    #[arg(long, value_name = "STEPS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub sim_budget: Option<u64>,
     /// Print one JSON document instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -252,6 +259,9 @@ pub fn compile(args: CompileArgs) -> Result<(), CliError> {
         // A collective nothing schedules (at thousands of ranks) is left out of the plan,
         // which is still written; the command then exits 1 naming it.
         partial: true,
+        sim_budget: args.sim_budget.map_or(Options::default().sim_budget, |b| {
+            usize::try_from(b).unwrap_or(usize::MAX)
+        }),
         ..Options::default()
     };
     let bar = progress_bar();
@@ -683,6 +693,7 @@ fn row_json(r: &Row) -> serde_json::Value {
         "baseline_algorithm": r.baseline_algorithm,
         "baseline_protocol": r.baseline_protocol.map(|p| p.name()),
         "baseline_us": r.baseline_us.map(round3),
+        "baseline_source": r.baseline_us.map(|_| if r.baseline_modelled { "nccl-model" } else { "simulated" }),
         "speedup": r.speedup().map(round3),
         "bound_us": round3(r.bound_us),
         "bound_ratio": round3(r.bound_ratio()),
@@ -736,6 +747,7 @@ pub fn table(plan_path: &Path, topo: &Topology, rows: &[Row]) -> String {
         while i < rows.len() && rows[i].collective == kind {
             let r = &rows[i];
             let nccl = match (&r.baseline_algorithm, r.baseline_protocol) {
+                (Some(a), Some(p)) if r.baseline_modelled => format!("{a}/{p} (model)"),
                 (Some(a), Some(p)) => format!("{a}/{p}"),
                 _ => "-".into(),
             };
@@ -757,6 +769,16 @@ pub fn table(plan_path: &Path, topo: &Topology, rows: &[Row]) -> String {
                 r.bound_ratio(),
             );
             i += 1;
+        }
+        if rows[start..i]
+            .iter()
+            .any(|r| r.baseline_modelled && r.baseline_us.is_some())
+        {
+            let _ = writeln!(
+                out,
+                "  (model): NCCL's own tuning formula; its algorithm's schedules are too large to \
+                 simulate here at enough sizes"
+            );
         }
         // What the synthesizers behind this collective's entries proved, once per record.
         let mut seen: Vec<(&str, &Synthesis)> = Vec::new();
