@@ -401,9 +401,8 @@ pub fn compile_with_progress(
                     &sizes,
                     options,
                     budget,
-                    &probes[i].known,
+                    Some(&probes[i]),
                     !simulated.iter().any(|b| candidate.algorithm == *b),
-                    probes[i].ready.as_ref(),
                 );
                 let shown = if tracing() {
                     let best = times
@@ -658,7 +657,7 @@ pub fn evaluate_plan(
                 continue;
             }
             for c in generated.candidates {
-                let (times, _) = cost_sampled(&sim, &c, &sizes, options, budget, &[], false, None);
+                let (times, _) = cost_sampled(&sim, &c, &sizes, options, budget, None, false);
                 base.push((c.algorithm, times));
             }
         }
@@ -1420,8 +1419,9 @@ pub fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec
 }
 
 /// Predicted times of one candidate at every size, per protocol, simulating at most
-/// `budget` steps per protocol (see [`sample_indices`]); `known` times (size index,
-/// protocol index, µs) are used instead of simulating again. Sizes below the candidate's
+/// `budget` steps per protocol (see [`sample_indices`]); what the screen found (`screened`:
+/// the times it simulated, used instead of simulating again, and the schedule as it prepared
+/// it) is reused. Sizes below the candidate's
 /// [`Candidate::min_bytes`] are not simulated and get an infinite time.
 /// Also returns, per size, whether its times were simulated (or are known, or cannot be
 /// had: below the candidate's least size) rather than interpolated.
@@ -1431,10 +1431,11 @@ fn cost_sampled(
     sizes: &[u64],
     options: &Options,
     budget: usize,
-    known: &[(usize, usize, f64)],
+    screened: Option<&Probe>,
     prune: bool,
-    ready: Option<&Ready>,
 ) -> (Vec<Option<Vec<f64>>>, Vec<bool>) {
+    let known: &[(usize, usize, f64)] = screened.map_or(&[], |p| &p.known);
+    let ready = screened.and_then(|p| p.ready.as_ref());
     let np = options.protocols.len();
     let first = sizes.partition_point(|&s| s < candidate.min_bytes);
     if first == sizes.len() {
