@@ -262,7 +262,6 @@ pub fn compile(args: CompileArgs) -> Result<(), CliError> {
         sim_budget: args.sim_budget.map_or(Options::default().sim_budget, |b| {
             usize::try_from(b).unwrap_or(usize::MAX)
         }),
-        ..Options::default()
     };
     let bar = progress_bar();
     let mut on_progress = |p: Progress| {
