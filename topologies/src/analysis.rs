@@ -260,7 +260,7 @@ pub fn hop_diameter(topo: &Topology) -> u32 {
 
 /// Ranks grouped by host: entry `h` lists the ranks of host `h` in rank order.
 pub fn hosts(topo: &Topology) -> Vec<Vec<u32>> {
-    (0..topo.nhosts()).map(|h| topo.ranks_of_host(h)).collect()
+    topo.ranks_by_host()
 }
 
 /// One host in a [`Summary`].

@@ -349,6 +349,18 @@ impl Topology {
         self.hosts.len()
     }
 
+    /// Ranks grouped by host: entry `h` lists the ranks of host `h` in rank order (one pass;
+    /// [`Topology::ranks_of_host`] for every host would cost hosts × ranks).
+    pub fn ranks_by_host(&self) -> Vec<Vec<u32>> {
+        let mut by_host = vec![Vec::new(); self.nhosts()];
+        for (r, &h) in self.host_of.iter().enumerate() {
+            if let Some(list) = by_host.get_mut(h) {
+                list.push(r as u32);
+            }
+        }
+        by_host
+    }
+
     /// Ranks of host `host`, in rank order.
     pub fn ranks_of_host(&self, host: usize) -> Vec<u32> {
         (0..self.nranks())

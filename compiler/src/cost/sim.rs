@@ -1178,6 +1178,11 @@ struct FlowRates<'a> {
     version: Vec<u32>,
     active: Vec<bool>,
     res_flows: Vec<Vec<u32>>,
+    /// Where each active flow sits in the flow list of each resource on its route:
+    /// `slot[slot_base[m] + j]` for the `j`-th resource of message `m`'s route (a finished
+    /// flow leaves every list in O(1), not by searching lists of thousands of flows).
+    slot: Vec<u32>,
+    slot_base: Vec<u32>,
     cap: Vec<f64>,
     resource_bytes: Vec<f64>,
     dirty: Vec<u32>,
@@ -1213,6 +1218,12 @@ impl<'a> FlowRates<'a> {
         let eff = sim.model.efficiency(protocol) * scale;
         // GB/s × 1e3 = bytes per µs.
         let cap = sim.network.capacity.iter().map(|c| c * eff * 1e3).collect();
+        let mut slot_base = Vec::with_capacity(nmsg);
+        let mut slots = 0u32;
+        for &c in &p.msg_conn {
+            slot_base.push(slots);
+            slots += p.conn_route[c as usize].resources.len() as u32;
+        }
         FlowRates {
             p,
             rate: vec![0.0; nmsg],
@@ -1221,6 +1232,8 @@ impl<'a> FlowRates<'a> {
             version: vec![0; nmsg],
             active: vec![false; nmsg],
             res_flows: vec![Vec::new(); nres],
+            slot: vec![0; slots as usize],
+            slot_base,
             cap,
             resource_bytes: vec![0.0; nres],
             dirty: Vec::new(),
@@ -1249,8 +1262,11 @@ impl Rates for FlowRates<'_> {
         let mi = m as usize;
         let p = self.p;
         let route: &Route = &p.conn_route[p.msg_conn[mi] as usize];
-        for &r in &route.resources {
-            self.res_flows[r as usize].push(m);
+        let base = self.slot_base[mi] as usize;
+        for (j, &r) in route.resources.iter().enumerate() {
+            let list = &mut self.res_flows[r as usize];
+            self.slot[base + j] = list.len() as u32;
+            list.push(m);
             self.resource_bytes[r as usize] += bytes;
         }
         self.active[mi] = true;
@@ -1272,11 +1288,24 @@ impl Rates for FlowRates<'_> {
         self.released += 1;
         let p = self.p;
         let route: &Route = &p.conn_route[p.msg_conn[mi] as usize];
-        for &r in &route.resources {
+        let base = self.slot_base[mi] as usize;
+        for (j, &r) in route.resources.iter().enumerate() {
             self.used[r as usize] = (self.used[r as usize] - self.rate[mi]).max(0.0);
             let list = &mut self.res_flows[r as usize];
-            if let Some(pos) = list.iter().position(|&f| f == m) {
-                list.swap_remove(pos);
+            let pos = self.slot[base + j] as usize;
+            let last = list.len() - 1;
+            list.swap_remove(pos);
+            if pos < last {
+                // The flow that was last now sits at `pos`: find its entry for `r` (the one
+                // that pointed at the end of the list).
+                let moved = list[pos] as usize;
+                let mbase = self.slot_base[moved] as usize;
+                let mroute = &p.conn_route[p.msg_conn[moved] as usize].resources;
+                if let Some(k) = (0..mroute.len())
+                    .find(|&k| mroute[k] == r && self.slot[mbase + k] as usize == last)
+                {
+                    self.slot[mbase + k] = pos as u32;
+                }
             }
         }
         self.dirty.extend_from_slice(&route.resources);
@@ -1328,6 +1357,12 @@ impl<'a> FlowRates<'a> {
             }
             self.res_stamp[r as usize] = epoch;
             comp_res.push(r);
+            if self.res_flows[r as usize].len() > EXACT_COMPONENT {
+                // More flows on this one resource than an exact component may hold: the
+                // search below would only find that out after stamping them.
+                big = true;
+                break 'bfs;
+            }
             for &f in &self.res_flows[r as usize] {
                 if self.flow_stamp[f as usize] != epoch {
                     self.flow_stamp[f as usize] = epoch;

@@ -18,8 +18,9 @@ pub fn host_order(topo: &Topology) -> Vec<Rank> {
 /// Ranks of every host (hosts in index order, ranks ascending) when all hosts hold the same
 /// number of ranks and there is more than one host.
 pub fn uniform_hosts(topo: &Topology) -> Option<Vec<Vec<Rank>>> {
-    let groups: Vec<Vec<Rank>> = (0..topo.nhosts())
-        .map(|h| topo.ranks_of_host(h))
+    let groups: Vec<Vec<Rank>> = topo
+        .ranks_by_host()
+        .into_iter()
         .filter(|g| !g.is_empty())
         .collect();
     let g = groups.first()?.len();

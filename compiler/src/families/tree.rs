@@ -288,6 +288,7 @@ impl KaryTree {
         for (r, &node) in topo.ranks.iter().enumerate() {
             rank_of.insert(node, r as Rank);
         }
+        let by_host = topo.ranks_by_host();
         let mut assigned = vec![false; n];
         // next[i]: a position at or after i (n: none) whose rank may be unassigned.
         let mut next: Vec<usize> = (0..=n).collect();
@@ -337,9 +338,9 @@ impl KaryTree {
             let mut picked: Vec<Rank> = linked.iter().take(fanout).map(|x| x.0).collect();
             // Then the host's own ranks, then the others, by distance in host order.
             if picked.len() < fanout {
-                let mut own: Vec<Rank> = topo
-                    .ranks_of_host(hv)
-                    .into_iter()
+                let mut own: Vec<Rank> = by_host[hv]
+                    .iter()
+                    .copied()
                     .filter(|&c| c != v && !assigned[c as usize] && !picked.contains(&c))
                     .collect();
                 own.sort_by_key(|&c| dist(c));
