@@ -775,8 +775,8 @@ pub fn table(plan_path: &Path, topo: &Topology, rows: &[Row]) -> String {
         {
             let _ = writeln!(
                 out,
-                "  (model): NCCL's own tuning formula; its algorithm's schedules are too large to \
-                 simulate here at enough sizes"
+                "  (model): NCCL's own tuning formula, where its algorithm's schedules are too \
+                 large to simulate here"
             );
         }
         // What the synthesizers behind this collective's entries proved, once per record.
