@@ -109,7 +109,7 @@ fn a_corrupted_slot_is_caught_by_its_receiver() {
     );
 }
 
-/// Ranks on `hosts`, as threads of this process (see `tests/net.rs`), each with its config.
+/// Ranks on `hosts`, as threads of this process (see `tests/it/net.rs`), each with its config.
 fn group(hosts: &[&str], cfgs: &[Config]) -> Vec<Result<Communicator, ExecError>> {
     let n = hosts.len() as u32;
     let ranks = hosts
