@@ -17,7 +17,9 @@ if [ "${1:-}" = "--prepare" ]; then
   mkdir -p "$dir"
   cargo build --release -p hccl-executor --features cuda --examples || exit 1
   msgs=$(cargo test --release -p hccl-executor --features cuda --no-run --message-format=json 2>/dev/null) || exit 1
-  for t in cuda_collectives hccl_executor; do
+  # The executor's integration tests are one binary, `it` (the CUDA suite is its module
+  # cuda_collectives); its unit tests are hccl_executor.
+  for t in it hccl_executor; do
     exe=$(echo "$msgs" | grep -o '"executable":"[^"]*/'"$t"'-[^"]*"' | tail -1 | cut -d'"' -f4)
     [ -n "$exe" ] && cp "$exe" "$dir/$t"
   done
@@ -59,13 +61,13 @@ step() {
 
 if [ -n "${GPU_CHECK_BIN:-}" ]; then
   B="$GPU_CHECK_BIN"
-  step tests 200 "$B/cuda_collectives" --nocapture --test-threads=1
+  step tests 200 "$B/it" cuda_collectives:: --nocapture --test-threads=1
   step lower 40 "$B/hccl_executor" cuda::
   step perf 120 "$B/cuda_perf" 8
 else
   step build 200 cargo build --release --offline -p hccl-executor --features cuda --tests --examples \
     || { say "build failed"; exit 1; }
-  step tests 150 cargo test --release --offline -p hccl-executor --features cuda --test cuda_collectives -- --nocapture --test-threads=1
+  step tests 150 cargo test --release --offline -p hccl-executor --features cuda --test it -- cuda_collectives:: --nocapture --test-threads=1
   step lower 40 cargo test --release --offline -p hccl-executor --features cuda --lib cuda::
   step perf 90 cargo run --release --offline -p hccl-executor --features cuda --example cuda_perf -- 8
 fi

@@ -6,6 +6,9 @@
 //!
 //! Ranks are this test executable re-executed (`multihost_child`) with launcher variables,
 //! inside `ip netns exec` for namespaced hosts.
+//!
+//! A test binary of its own, not a module of `tests/it/`: it re-executes itself by exact test
+//! name, makes and removes network namespaces, and kills the rank processes it started.
 
 #[path = "../executor/tests/common/mod.rs"]
 mod common;

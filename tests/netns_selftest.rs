@@ -4,6 +4,9 @@
 //! leaves no namespace behind. Sockets inside a namespace need a process there, so the
 //! echo ends are this test executable re-executed (`HCCL_NETNS_ROLE` set) through
 //! `Cluster::command`. Skips (passing) where namespaces cannot be made.
+//!
+//! A test binary of its own, not a module of `tests/it/`: it re-executes itself, makes and
+//! removes network namespaces, and kills what ran inside them.
 
 mod netns;
 

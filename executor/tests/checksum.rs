@@ -5,6 +5,10 @@
 //! (`hccl_executor::fault`): a bit flipped in a slot after the sender sealed it (the process
 //! backend, ranks in separate processes) or in a network part before its receiver checked
 //! it (ranks on emulated hosts talking TCP over loopback).
+//!
+//! A test binary of its own, not a module of `tests/it/`: it starts itself again as rank
+//! processes that run `checksum_child` by its exact name, and arms the fault injection, which
+//! is process-wide and would corrupt the messages of tests running beside it.
 
 mod common;
 
@@ -105,7 +109,7 @@ fn a_corrupted_slot_is_caught_by_its_receiver() {
     );
 }
 
-/// Ranks on `hosts`, as threads of this process (see `tests/net.rs`), each with its config.
+/// Ranks on `hosts`, as threads of this process (see `tests/it/net.rs`), each with its config.
 fn group(hosts: &[&str], cfgs: &[Config]) -> Vec<Result<Communicator, ExecError>> {
     let n = hosts.len() as u32;
     let ranks = hosts

@@ -1,6 +1,9 @@
 //! The process backend: real OS processes (this test executable re-executed with
 //! `HCCL_TEST_ROLE` set) rendezvousing over TCP and exchanging data through `/dev/shm`, plus
 //! in-process checks of the bootstrap (token refusal, plan mismatch).
+//!
+//! A test binary of its own, not a module of `tests/it/`: it starts itself again as rank
+//! processes that run `process_child` by its exact name, and stops one with SIGSTOP.
 
 mod common;
 

@@ -4,6 +4,9 @@
 //! with processes (one of them killed with SIGKILL) and across emulated hosts over TCP. The
 //! process tests print the recovery's timeline (time to detect, to shrink, to the next
 //! correct result; run with `--nocapture` to see it).
+//!
+//! A test binary of its own, not a module of `tests/it/`: it starts itself again as rank
+//! processes that run one test by its exact name, and kills one of them.
 
 mod common;
 

@@ -18,7 +18,7 @@
 //!   parsed whole and for one rank (where the other ranks' programs are skipped by a byte
 //!   scan before parsing). Its size is printed once.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 
 use criterion::{Criterion, criterion_group, criterion_main};

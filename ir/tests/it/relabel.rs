@@ -1,6 +1,6 @@
 //! Deriving a Broadcast or Reduce for another root by swapping rank labels keeps it correct.
 
-mod common;
+use crate::common;
 
 use hccl_ir::verify::verify;
 use hccl_ir::{Collective, PlanEntry, PlanFile, PlanMeta, Protocol};

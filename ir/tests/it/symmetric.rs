@@ -2,7 +2,7 @@
 //! under their symmetry, expand back exactly, and travel through plan files in the symmetric
 //! form; malformed symmetric entries fail cleanly.
 
-mod common;
+use crate::common;
 
 use common::mutate::{Edit, apply};
 use hccl_ir::verify::{verify, verify_plan};

@@ -2,7 +2,7 @@
 //! equals the full load with the other ranks' programs emptied, also with comments, strings
 //! and struct names around and inside the rank lists, and under random byte edits.
 
-mod common;
+use crate::common;
 
 use hccl_ir::{
     BlockLabel, BlockLayout, ChunkMap, PlanEntry, PlanFile, PlanMeta, Protocol, RankProgram,

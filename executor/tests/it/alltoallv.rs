@@ -3,7 +3,7 @@
 //! LL and Simple, checksums, emulated hosts over loopback; counts that disagree and bad
 //! displacements give typed errors and leave the communicator usable.
 
-mod common;
+use crate::common;
 
 use hccl_executor::{CallCheck, Communicator, Config, ExecError, ThreadGroup, fallback};
 use hccl_ir::{Collective, PlanFile, Protocol};

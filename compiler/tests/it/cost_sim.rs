@@ -1,6 +1,6 @@
 //! Simulator tests with hand-computed expectations.
 
-mod cost_common;
+use crate::cost_common;
 
 use cost_common::*;
 use hccl_compiler::cost::{CostError, CostModel, Network, Simulator, simulate};

@@ -1,7 +1,7 @@
 //! Every family × collective × rank count × parameters × buffer arrangement produces
 //! schedules that pass the verifier (structure, deadlock freedom, postcondition).
 
-mod cost_common;
+use crate::cost_common;
 
 use cost_common::par_each;
 use hccl_compiler::families::common::uniform_hosts;

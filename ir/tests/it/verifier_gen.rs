@@ -1,7 +1,7 @@
 //! Generated schedules: every valid construction verifies (and the concrete oracle agrees),
 //! and random single mutations are rejected unless they really are harmless.
 
-mod common;
+use crate::common;
 
 use common::{FAMILIES, MUTATIONS, Params, Rng, generate, mutate, oracle};
 use hccl_ir::verify::{verify, verify_report};

@@ -2,7 +2,7 @@
 //! placement over a range of element counts and rank counts, plus segmenting, non-blocking
 //! calls, plan checks and failure reporting.
 
-mod common;
+use crate::common;
 
 use common::{Case, collectives, config, count_for, run_cases};
 use hccl_executor::{

@@ -1,7 +1,7 @@
 //! `hcclc synth` end to end: the packing against its max-flow bound (AllReduce trees against
 //! equal blocks), a plan that verifies, and located errors with exit code 2 for bad input.
 
-mod synth_common;
+use crate::synth_common;
 
 use std::path::Path;
 use std::process::{Command, Output};

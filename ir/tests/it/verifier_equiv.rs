@@ -4,7 +4,7 @@
 //! so any change of representation must reproduce it byte for byte; a sample of the verdicts
 //! is listed in full so a mismatch can be traced.
 
-mod common;
+use crate::common;
 
 use common::{FAMILIES, MUTATIONS, Params, Rng, generate, mutate};
 use hccl_ir::verify::verify;

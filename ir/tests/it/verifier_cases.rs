@@ -1,7 +1,7 @@
 //! One small hand-made schedule per class of error: each must be rejected with the expected
 //! kind at the expected place, and nothing else may panic.
 
-mod common;
+use crate::common;
 
 use common::{Builder, direct_allgather, ring_allreduce, ring_broadcast};
 use hccl_ir::verify::{ErrorKind, MAX_ERRORS, verify};

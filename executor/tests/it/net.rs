@@ -4,7 +4,7 @@
 //! code path of a real multi-host job. Namespaced hosts and process faults are tested in the
 //! workspace's `tests/multihost.rs`.
 
-mod common;
+use crate::common;
 
 use common::Case;
 use hccl_executor::net::NetConfig;

@@ -6,8 +6,7 @@
 //! element by element against a sequential reference: several data types and operators, in
 //! and out of place, element counts smaller than the chunk count and not divisible by it.
 
-#[path = "../executor/tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use common::{Case, check, config, count_for};
 use hccl_compiler::families::{Candidate, FamilyParams, families_for};
@@ -62,7 +61,7 @@ fn plan_of(topo: &Topology, cands: &[&Candidate], proto: Protocol) -> PlanFile {
     let mut plan = PlanFile::new(PlanMeta {
         topology: topo.name.clone(),
         topology_hash: topo.hash.clone(),
-        compiler: "tests/synthesized_plans.rs".into(),
+        compiler: "tests/it/synthesized_plans.rs".into(),
     });
     for c in cands {
         plan.entries.push(PlanEntry {

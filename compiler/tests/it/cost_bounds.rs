@@ -1,6 +1,6 @@
 //! Lower bounds: no schedule beats them, and good schedules get close to them.
 
-mod cost_common;
+use crate::cost_common;
 
 use cost_common::*;
 use hccl_compiler::cost::{

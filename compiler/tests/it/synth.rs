@@ -3,7 +3,7 @@
 //! verify for every packed collective, and at 1 GiB the packed trees bring Broadcast, Reduce,
 //! AllGather and ReduceScatter closer to the lower bound than the hand-written families.
 
-mod synth_common;
+use crate::synth_common;
 use synth_common::machines;
 
 use hccl_compiler::cost::{Network, bounds};

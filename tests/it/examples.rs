@@ -1,6 +1,6 @@
 //! The examples' logic, run as tests (the examples themselves are built by `cargo test`).
 
-#[path = "../examples/custom_algorithm.rs"]
+#[path = "../../examples/custom_algorithm.rs"]
 #[allow(dead_code)]
 mod custom_algorithm;
 

@@ -1,7 +1,7 @@
 //! The search on every shipped machine and every collective: plans verify, cover every size,
 //! never lose to the NCCL baseline, never beat the lower bound, and are deterministic.
 
-mod cost_common;
+use crate::cost_common;
 
 use cost_common::par_each;
 use hccl_compiler::families::{Candidate, FamilyParams};

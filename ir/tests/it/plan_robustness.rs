@@ -6,7 +6,7 @@ use hccl_ir::{PlanError, PlanFile};
 use proptest::prelude::*;
 use std::path::{Path, PathBuf};
 
-mod common;
+use crate::common;
 use common::mutate::{self, Edit, apply};
 
 fn corpus_dir() -> PathBuf {

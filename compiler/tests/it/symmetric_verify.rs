@@ -4,7 +4,7 @@
 //! on templates mutated in every way a step can be (dependencies, offsets, counts, peers,
 //! channels, order, missing steps).
 
-mod cost_common;
+use crate::cost_common;
 
 use cost_common::par_each;
 use hccl_compiler::families::{all_families, generate_with};

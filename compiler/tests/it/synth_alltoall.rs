@@ -3,7 +3,7 @@
 //! lowered schedules verify in both placements on every machine, and at 1 GiB the search
 //! with the flow family is never slower and closer to the flow bound than without it.
 
-mod synth_common;
+use crate::synth_common;
 use synth_common::machines;
 
 use hccl_compiler::cost::{Network, mcf};

@@ -1,7 +1,7 @@
 //! Property test: random rank counts, element counts, data types, operators, collectives,
 //! placements, schedule shapes and protocols all match the sequential reference.
 
-mod common;
+use crate::common;
 
 use common::{Case, config, run_cases};
 use hccl_executor::{DataType, ReduceOp, fallback};
