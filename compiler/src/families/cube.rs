@@ -481,26 +481,15 @@ impl Layout {
     }
 }
 
-/// Builds a cube schedule over `emb` for `n` ranks.
-fn cube_schedule(
-    name: &str,
-    emb: &CubeEmbedding,
-    n: u32,
-    collective: Collective,
-    params: FamilyParams,
-    in_place: bool,
-) -> Vec<Candidate> {
-    cube_schedule_with(name, emb, n, collective, params, in_place, true)
-}
-
-/// [`cube_schedule`]; with `ranges`, AllReduce's exchanges are cut from slot ranges instead
-/// of by listing every chunk they move (the same schedule: the tests compare both). An
+/// Builds a cube schedule over `emb` for `n` ranks. With `ranges` (what the family uses),
+/// AllReduce's exchanges are cut from slot ranges instead of by listing every chunk they
+/// move (the same schedule: the tests compare both). An
 /// AllReduce exchange moves the blocks of the labels that agree with one label on the bits
 /// already halved (or not yet doubled): those are the leading bits of the slot order, so
 /// the blocks are the consecutive slots from that label with the free bits clear to it
 /// with them all set (its extra included). Listing them costs `n` per exchange (`n²` in
 /// all, 34M chunks sorted at 4096 ranks); the range costs one lookup.
-fn cube_schedule_with(
+fn cube_schedule(
     name: &str,
     emb: &CubeEmbedding,
     n: u32,
@@ -873,7 +862,7 @@ impl Family for HybridCube {
             return single_rank(self.name(), collective, in_place, params);
         }
         match embed_cached(topo) {
-            Some(emb) => cube_schedule(self.name(), &emb, n, collective, params, in_place),
+            Some(emb) => cube_schedule(self.name(), &emb, n, collective, params, in_place, true),
             None => Vec::new(),
         }
     }
@@ -907,7 +896,7 @@ mod tests {
                 let params = FamilyParams { channels, pipeline };
                 for in_place in [false, true] {
                     let build = |ranges| {
-                        cube_schedule_with(
+                        cube_schedule(
                             "hybrid_cube",
                             &emb,
                             n,
