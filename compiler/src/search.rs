@@ -653,7 +653,6 @@ pub fn evaluate_plan(
             {
                 // NCCL's formula, as the search uses: nothing to simulate.
                 modelled.push(family.name());
-                base.push((family.name().to_string(), Vec::new()));
                 continue;
             }
             for c in generated.candidates {
@@ -679,7 +678,9 @@ pub fn evaluate_plan(
                 .and_then(|p| sim.run(p, bytes, entry.protocol).ok())
                 .map_or(f64::NAN, |e| e.time_us);
             let choice = nccl.choose(kind, bytes, channels_hint, |name| {
-                capped.contains(&name) || base.iter().any(|(n, _)| n == name)
+                capped.contains(&name)
+                    || modelled.contains(&name)
+                    || base.iter().any(|(n, _)| n == name)
             });
             let baseline = choice.and_then(|ch| {
                 let best = options
@@ -689,7 +690,7 @@ pub fn evaluate_plan(
                     .map_or(f64::INFINITY, |pi| {
                         base.iter()
                             .filter(|(n, _)| n == ch.algo.family())
-                            .filter_map(|(_, t)| t.get(pi)?.as_ref().map(|t| t[si]))
+                            .filter_map(|(_, t)| t[pi].as_ref().map(|t| t[si]))
                             .fold(f64::INFINITY, f64::min)
                     });
                 baseline_time(&ch, best, &capped, &modelled)
