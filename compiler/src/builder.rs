@@ -42,7 +42,7 @@
 //!     .any(|s| s.op.mnemonic() == "rcs"));
 //! ```
 
-use hccl_ir::{Buf, Collective, Dep, Loc, Op, Rank, RankProgram, Schedule, Step, Stream};
+use hccl_ir::{Buf, Collective, Dep, Loc, Op, Rank, RankProgram, Schedule, Step, StepRef, Stream};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use thiserror::Error;
@@ -122,12 +122,47 @@ type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 /// Channel marker of a fence (a `Nop` that is not emitted).
 const FENCE: u32 = u32::MAX;
 
+/// No op (an [`Origins`] slot a step does not use).
+const NO_OP: u32 = u32::MAX;
+
 /// One recorded op.
 #[derive(Debug, Clone, Copy)]
 struct BOp {
     op: Op,
     count: u32,
     channel: u32,
+    /// Its index in its rank's recording order.
+    origin: u32,
+    /// For a fused op, the recorded index of the send folded into it; else [`NO_OP`].
+    fused: u32,
+}
+
+/// Which recorded ops made each step of a built schedule ([`ScheduleBuilder::build_traced`]):
+/// what lets a front end that records ops point a verifier error, which names a step, back at
+/// the line of its own code that recorded the op.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Origins {
+    /// `ranks[r][stream][step]`: recorded indices on rank `r` ([`NO_OP`] in unused slots).
+    ranks: Vec<Vec<Vec<[u32; 2]>>>,
+}
+
+impl Origins {
+    /// The indices, in rank `at.rank`'s recording order, of the ops that made step `at`: one,
+    /// or two for a fused receive-and-forward (the receive first). Empty for a step this
+    /// builder did not make.
+    pub fn of(&self, at: StepRef) -> Vec<usize> {
+        self.ranks
+            .get(at.rank as usize)
+            .and_then(|r| r.get(at.stream as usize))
+            .and_then(|s| s.get(at.step as usize))
+            .map(|pair| {
+                pair.iter()
+                    .filter(|&&i| i != NO_OP)
+                    .map(|&i| i as usize)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
 }
 
 /// Builds a [`Schedule`] from chunk-level ops. See the module docs.
@@ -367,7 +402,13 @@ impl ScheduleBuilder {
             self.fail(err);
             return;
         }
-        self.ops[rank as usize].push(BOp { op, count, channel });
+        self.ops[rank as usize].push(BOp {
+            op,
+            count,
+            channel,
+            origin: index as u32,
+            fused: NO_OP,
+        });
     }
 
     /// `rank` sends `src` to `to`.
@@ -446,10 +487,13 @@ impl ScheduleBuilder {
             return;
         }
         if let Some(list) = self.ops.get_mut(rank as usize) {
+            let origin = list.len() as u32;
             list.push(BOp {
                 op: Op::Nop,
                 count: 0,
                 channel: FENCE,
+                origin,
+                fused: NO_OP,
             });
         }
     }
@@ -457,6 +501,12 @@ impl ScheduleBuilder {
     /// Number of ops recorded so far on all ranks.
     pub fn op_count(&self) -> usize {
         self.ops.iter().map(Vec::len).sum()
+    }
+
+    /// Number of ops (fences included) recorded so far on `rank`: the index the next op
+    /// recorded there gets, as [`BuildError`] and [`Origins`] count them.
+    pub fn ops_on(&self, rank: Rank) -> usize {
+        self.ops.get(rank as usize).map_or(0, Vec::len)
     }
 
     fn fail(&mut self, err: BuildError) {
@@ -510,7 +560,20 @@ impl ScheduleBuilder {
     }
 
     /// Finishes the schedule: fusion, stream assignment, dependencies.
-    pub fn build(mut self) -> Result<Schedule, BuildError> {
+    pub fn build(self) -> Result<Schedule, BuildError> {
+        self.finish(None)
+    }
+
+    /// [`ScheduleBuilder::build`], also saying which recorded ops made each step.
+    pub fn build_traced(self) -> Result<(Schedule, Origins), BuildError> {
+        let mut origins = Origins {
+            ranks: vec![Vec::new(); self.nranks as usize],
+        };
+        let schedule = self.finish(Some(&mut origins))?;
+        Ok((schedule, origins))
+    }
+
+    fn finish(mut self, mut origins: Option<&mut Origins>) -> Result<Schedule, BuildError> {
         if let Some(err) = self.error.take() {
             return Err(err);
         }
@@ -546,9 +609,10 @@ impl ScheduleBuilder {
             if self.fusion {
                 list = fuse(list, &space, &mut bufs);
             }
+            let slot = origins.as_deref_mut().map(|o| &mut o.ranks[r]);
             schedule.ranks[r] = RankProgram {
                 scratch_chunks: self.scratch[r],
-                streams: assign_streams(&list, &space, &mut bufs),
+                streams: assign_streams(&list, &space, &mut bufs, slot),
             };
         }
         Ok(schedule)
@@ -663,7 +727,11 @@ fn fuse(list: Vec<BOp>, space: &AddrSpace, bufs: &mut Buffers) -> Vec<BOp> {
                             _ => None,
                         };
                         if let Some(op) = fused {
-                            out[j] = Some(BOp { op, ..x });
+                            out[j] = Some(BOp {
+                                op,
+                                fused: b.origin,
+                                ..x
+                            });
                             out[i] = None;
                             last_send.insert((to, b.channel), j);
                             valid[j] = false;
@@ -736,7 +804,12 @@ fn find(parent: &mut [usize], mut x: usize) -> usize {
 }
 
 /// Assigns one rank's ops to streams and adds cross-stream hazard dependencies.
-fn assign_streams(list: &[BOp], space: &AddrSpace, bufs: &mut Buffers) -> Vec<Stream> {
+fn assign_streams(
+    list: &[BOp],
+    space: &AddrSpace,
+    bufs: &mut Buffers,
+    mut origins: Option<&mut Vec<Vec<[u32; 2]>>>,
+) -> Vec<Stream> {
     // Connection directions: (is_send, peer, channel) → union-find node.
     let mut conn: FastMap<(bool, Rank, u32), usize> = FastMap::default();
     let mut parent: Vec<usize> = Vec::new();
@@ -843,6 +916,9 @@ fn assign_streams(list: &[BOp], space: &AddrSpace, bufs: &mut Buffers) -> Vec<St
     for r in readers.iter_mut() {
         r.clear();
     }
+    if let Some(o) = origins.as_deref_mut() {
+        *o = vec![Vec::new(); streams.len()];
+    }
     let mut waited: Vec<FastMap<u32, u32>> = vec![FastMap::default(); streams.len()];
     // The latest fence's `Nop` step, and the streams that got steps since it.
     let mut fence: Option<(u32, u32)> = None;
@@ -876,6 +952,9 @@ fn assign_streams(list: &[BOp], space: &AddrSpace, bufs: &mut Buffers) -> Vec<St
                 count: 0,
                 deps,
             });
+            if let Some(o) = origins.as_deref_mut() {
+                o[sid as usize].push([b.origin, NO_OP]);
+            }
             fence = Some((sid, step));
             continue;
         }
@@ -952,6 +1031,9 @@ fn assign_streams(list: &[BOp], space: &AddrSpace, bufs: &mut Buffers) -> Vec<St
             count: b.count,
             deps,
         });
+        if let Some(o) = origins.as_deref_mut() {
+            o[sid as usize].push([b.origin, b.fused]);
+        }
     }
     streams
 }

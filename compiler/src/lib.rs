@@ -6,5 +6,6 @@ pub mod cost;
 pub mod families;
 pub mod lp;
 pub mod plot;
+pub mod report;
 pub mod search;
 pub mod synth;

@@ -33,6 +33,9 @@
 //! Candidates are costed and winners verified on all available cores; results are collected
 //! in candidate order, so the plan does not depend on the thread count.
 
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
 use crate::cost::{
     Bound, CostError, CostModel, Estimate, NcclChoice, NcclTopo, Network, Prepared,
     PreparedSymmetric, Simulator, bounds::bound, device_models,
@@ -74,6 +77,27 @@ pub struct Options {
     /// A collective no candidate schedules is left out of the plan (and listed in
     /// [`CompiledPlan::skipped`]) instead of failing the whole compile.
     pub partial: bool,
+    /// Set from elsewhere (another thread, a signal handler) to stop the compile: it returns
+    /// [`SearchError::Cancelled`] at the next phase boundary, and skips the candidates of the
+    /// current phase not yet started. `None`: runs to the end.
+    pub cancel: Option<Arc<AtomicBool>>,
+}
+
+impl Options {
+    /// Whether [`Options::cancel`] is set.
+    pub fn cancelled(&self) -> bool {
+        self.cancel
+            .as_ref()
+            .is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    fn check_cancel(&self) -> Result<(), SearchError> {
+        if self.cancelled() {
+            Err(SearchError::Cancelled)
+        } else {
+            Ok(())
+        }
+    }
 }
 
 impl Default for Options {
@@ -88,6 +112,7 @@ impl Default for Options {
             sim_budget: 400_000,
             synth: SynthLevel::Auto,
             partial: false,
+            cancel: None,
         }
     }
 }
@@ -222,6 +247,9 @@ pub enum SearchError {
         topology: String,
         tried: usize,
     },
+    /// [`Options::cancel`] was set.
+    #[error("compilation cancelled")]
+    Cancelled,
 }
 
 /// A costed candidate.
@@ -323,6 +351,7 @@ pub fn compile_with_progress(
     let mut skipped = Vec::new();
     let ncoll = options.collectives.len();
     for (ci, &kind) in options.collectives.iter().enumerate() {
+        options.check_cancel()?;
         let mut phase = Phase::start(kind);
         let collective = collective_of(kind);
         // NCCL's families are generated even when --algo excludes them: they are the baseline.
@@ -339,7 +368,13 @@ pub fn compile_with_progress(
                 f.supports(kind) && (allowed(f.name()) || baseline_names.contains(&f.name()))
             })
             .collect();
-        let generated_all = par_map(&wanted, |f| generate_capped(*f, topo, collective));
+        let generated_all = par_map(&wanted, |f| {
+            if options.cancelled() {
+                return Generated::default();
+            }
+            generate_capped(*f, topo, collective)
+        });
+        options.check_cancel()?;
         for (family, generated) in wanted.iter().zip(generated_all) {
             let selectable = allowed(family.name());
             if family.name() == "ring" {
@@ -389,11 +424,12 @@ pub fn compile_with_progress(
             .filter(|name| !modelled.contains(name))
             .collect();
         let probes = screen(&sim, &candidates, &sizes, options, &simulated);
+        options.check_cancel()?;
         phase.done("screen");
         let indexed: Vec<(usize, &Candidate)> =
             candidates.iter().map(|(c, _)| c).enumerate().collect();
         let mut all_times = par_map(&indexed, |&(i, candidate)| {
-            if probes[i].keep {
+            if probes[i].keep && !options.cancelled() {
                 let started = std::time::Instant::now();
                 let (times, exact) = cost_sampled(
                     &sim,
@@ -421,6 +457,7 @@ pub fn compile_with_progress(
             }
         })
         .into_iter();
+        options.check_cancel()?;
         phase.done("cost");
         let mut costed = Vec::with_capacity(total);
         for (i, (candidate, selectable)) in candidates.into_iter().enumerate() {
@@ -610,24 +647,143 @@ pub fn evaluate_plan(
     plan: &PlanFile,
     options: &Options,
 ) -> Result<Vec<Row>, SearchError> {
+    if let Some(e) = plan
+        .entries
+        .iter()
+        .find(|e| e.schedule.nranks != topo.nranks())
+    {
+        return Err(SearchError::BadOptions(format!(
+            "the plan's {} schedule is for {} ranks but topology {} has {}",
+            e.schedule.collective,
+            e.schedule.nranks,
+            topo.name,
+            topo.nranks()
+        )));
+    }
+    let mut kinds: Vec<Collective> = plan.entries.iter().map(|e| e.schedule.collective).collect();
+    kinds.sort();
+    kinds.dedup();
+    let mut prepared: Vec<Option<Option<Prepared>>> = vec![None; plan.entries.len()];
+    let rows = evaluate_with(topo, &kinds, options, &mut |sim, collective, bytes| {
+        let entry = plan.lookup(collective, bytes, false)?;
+        let ei = plan
+            .entries
+            .iter()
+            .position(|e| std::ptr::eq(e, entry))
+            .unwrap_or(0);
+        let predicted_us = prepared[ei]
+            .get_or_insert_with(|| sim.prepare(&entry.schedule).ok())
+            .as_ref()
+            .and_then(|p| sim.run(p, bytes, entry.protocol).ok())
+            .map_or(f64::NAN, |e| e.time_us);
+        Some(Choice {
+            algorithm: entry.algorithm.clone(),
+            protocol: entry.protocol,
+            predicted_us,
+            channels: entry.schedule.channel_count(),
+            chunks: entry.schedule.chunks,
+            synthesis: entry.synthesis.clone(),
+        })
+    })?;
+    if rows.is_empty() && !plan.entries.is_empty() {
+        return Err(SearchError::BadOptions(
+            "the plan has no entry for the requested collectives and sizes".into(),
+        ));
+    }
+    Ok(rows)
+}
+
+/// Rows for one schedule, named `algorithm`, on `topo`: at every size of `options.sizes`, its
+/// time under the fastest of `protocols` (the same simulator, NCCL baseline and lower bound as
+/// [`compile`] and [`evaluate_plan`]; NCCL's choice picks its protocol among
+/// `options.protocols`, as in the search). What a front end that writes a new algorithm
+/// asks: is it correct (verify it first), how fast, how far from the bound, and does it beat
+/// NCCL's choice.
+pub fn evaluate_schedule(
+    topo: &Topology,
+    algorithm: &str,
+    schedule: &hccl_ir::Schedule,
+    protocols: &[Protocol],
+    options: &Options,
+) -> Result<Vec<Row>, SearchError> {
+    if schedule.nranks != topo.nranks() {
+        return Err(SearchError::BadOptions(format!(
+            "the {} schedule is for {} ranks but topology {} has {}",
+            schedule.collective,
+            schedule.nranks,
+            topo.name,
+            topo.nranks()
+        )));
+    }
+    if protocols.is_empty() {
+        return Err(SearchError::BadOptions(
+            "no protocols to evaluate under".into(),
+        ));
+    }
+    let collective = schedule.collective;
+    let mut prepared: Option<Prepared> = None;
+    let mut failure: Option<String> = None;
+    let options = Options {
+        collectives: vec![collective.kind()],
+        ..options.clone()
+    };
+    let rows = evaluate_with(topo, &[collective], &options, &mut |sim, _, bytes| {
+        if prepared.is_none() && failure.is_none() {
+            match sim.prepare(schedule) {
+                Ok(p) => prepared = Some(p),
+                Err(e) => failure = Some(e.to_string()),
+            }
+        }
+        let p = prepared.as_ref()?;
+        let (protocol, predicted_us) = protocols
+            .iter()
+            .filter_map(|&q| sim.run(p, bytes, q).ok().map(|e| (q, e.time_us)))
+            .filter(|(_, t)| t.is_finite())
+            .min_by(|a, b| a.1.total_cmp(&b.1))?;
+        Some(Choice {
+            algorithm: algorithm.to_string(),
+            protocol,
+            predicted_us,
+            channels: schedule.channel_count(),
+            chunks: schedule.chunks,
+            synthesis: None,
+        })
+    })?;
+    if let Some(why) = failure {
+        return Err(SearchError::BadOptions(format!(
+            "cannot simulate {algorithm}: {why}"
+        )));
+    }
+    Ok(rows)
+}
+
+/// What a row of [`evaluate_with`] reports of the schedule it evaluates at one size.
+struct Choice {
+    algorithm: String,
+    protocol: Protocol,
+    predicted_us: f64,
+    channels: u32,
+    chunks: u32,
+    synthesis: Option<Synthesis>,
+}
+
+/// Rows for `collectives` at every size of `options.sizes`: `choose` names and times the
+/// schedule evaluated at that size (`None`: no row), beside NCCL's choice and the bound.
+fn evaluate_with(
+    topo: &Topology,
+    collectives: &[Collective],
+    options: &Options,
+    choose: &mut dyn FnMut(&Simulator, Collective, u64) -> Option<Choice>,
+) -> Result<Vec<Row>, SearchError> {
     let mut sizes = options.sizes.clone();
     sizes.sort_unstable();
     sizes.dedup();
     let sim = Simulator::new(Network::new(topo), options.model.clone());
     let nccl = NcclTopo::new(&sim.network, &device_models(topo));
     let nranks = topo.nranks();
-    if let Some(e) = plan.entries.iter().find(|e| e.schedule.nranks != nranks) {
-        return Err(SearchError::BadOptions(format!(
-            "the plan's {} schedule is for {} ranks but topology {} has {nranks}",
-            e.schedule.collective, e.schedule.nranks, topo.name
-        )));
-    }
     let families = all_families();
-    let mut kinds: Vec<Collective> = plan.entries.iter().map(|e| e.schedule.collective).collect();
-    kinds.sort();
-    kinds.dedup();
     let mut rows = Vec::new();
-    for collective in kinds {
+    for &collective in collectives {
         let kind = collective.kind();
         if !options.collectives.contains(&kind) {
             continue;
@@ -660,23 +816,10 @@ pub fn evaluate_plan(
                 base.push((c.algorithm, times));
             }
         }
-        let mut prepared: Vec<Option<Prepared>> = vec![None; plan.entries.len()];
         for (si, &bytes) in sizes.iter().enumerate() {
-            let Some(entry) = plan.lookup(collective, bytes, false) else {
+            let Some(chosen) = choose(&sim, collective, bytes) else {
                 continue;
             };
-            let ei = plan
-                .entries
-                .iter()
-                .position(|e| std::ptr::eq(e, entry))
-                .unwrap_or(0);
-            if prepared[ei].is_none() {
-                prepared[ei] = sim.prepare(&entry.schedule).ok();
-            }
-            let predicted_us = prepared[ei]
-                .as_ref()
-                .and_then(|p| sim.run(p, bytes, entry.protocol).ok())
-                .map_or(f64::NAN, |e| e.time_us);
             let choice = nccl.choose(kind, bytes, channels_hint, |name| {
                 capped.contains(&name)
                     || modelled.contains(&name)
@@ -700,29 +843,24 @@ pub fn evaluate_plan(
             rows.push(Row {
                 collective: kind,
                 bytes,
-                algorithm: entry.algorithm.clone(),
+                algorithm: chosen.algorithm,
                 params: FamilyParams {
-                    channels: entry.schedule.channel_count(),
+                    channels: chosen.channels,
                     pipeline: 0,
                 },
-                channels: entry.schedule.channel_count(),
-                chunks: entry.schedule.chunks,
-                protocol: entry.protocol,
-                predicted_us,
+                channels: chosen.channels,
+                chunks: chosen.chunks,
+                protocol: chosen.protocol,
+                predicted_us: chosen.predicted_us,
                 baseline_algorithm: baseline.as_ref().map(|b| b.0.clone()),
                 baseline_protocol: baseline.as_ref().map(|b| b.1),
                 baseline_us: baseline.as_ref().map(|b| b.2),
                 baseline_modelled: baseline.as_ref().is_some_and(|b| b.3),
                 bound_us: b.total_us,
                 nranks,
-                synthesis: entry.synthesis.clone(),
+                synthesis: chosen.synthesis,
             });
         }
-    }
-    if rows.is_empty() && !plan.entries.is_empty() {
-        return Err(SearchError::BadOptions(
-            "the plan has no entry for the requested collectives and sizes".into(),
-        ));
     }
     Ok(rows)
 }
@@ -974,6 +1112,7 @@ pub fn sim_budget(budget: usize, nranks: u32) -> usize {
 }
 
 /// What [`generate_capped`] produced for one family.
+#[derive(Default)]
 struct Generated {
     /// Schedules within [`MAX_CANDIDATE_STEPS`], in parameter order.
     candidates: Vec<Candidate>,

@@ -561,3 +561,63 @@ mod tests {
         }
     }
 }
+
+/// Runs `nvidia-smi ARGS`; `None` when it is missing or fails.
+fn nvidia_smi(args: &[&str]) -> Option<String> {
+    let out = std::process::Command::new("nvidia-smi")
+        .args(args)
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `nvidia-smi`'s topology matrix, NVLink status and GPU list on this machine; empty
+/// [`Sources`] when it is missing or fails (a machine without NVIDIA GPUs).
+pub fn nvidia_sources() -> Sources {
+    match nvidia_smi(&["topo", "-m"]) {
+        Some(m) => Sources {
+            topo_matrix: Some(m),
+            nvlink_status: nvidia_smi(&["nvlink", "-s"]),
+            gpu_list: nvidia_smi(&["-L"]),
+        },
+        None => Sources::default(),
+    }
+}
+
+/// Detects the machine whose sysfs is at `sysfs` (`/sys` for this one) with GPU facts from
+/// `sources` ([`nvidia_sources`] here): `hcclc topo detect` and the Python
+/// `Topology.detect()`. `mem_bw` (GB/s per rank) overrides the measurement: CPU ranks get a
+/// copy probe of this machine without it, GPUs the default. `name` defaults to the host name.
+pub fn detect(
+    sysfs: &Path,
+    sources: &Sources,
+    name: Option<&str>,
+    mem_bw: Option<f64>,
+) -> Result<Detected, TopologyError> {
+    if let Some(bw) = mem_bw
+        && !(bw.is_finite() && bw > 0.0)
+    {
+        return Err(TopologyError::Detect {
+            tool: "detect".into(),
+            message: format!("memory bandwidth {bw}: must be a positive number"),
+        });
+    }
+    let numa = numa_cpus(sysfs);
+    let nets = net_devices(sysfs);
+    let cores: u32 = numa.iter().sum::<u32>().max(1);
+    let mem_bw = match mem_bw {
+        Some(bw) => bw,
+        None if sources.topo_matrix.is_none() => crate::probe::probe_host().per_rank_gbps(cores),
+        None => crate::generate::CPU_MEM_BW,
+    };
+    let name = name.map(str::to_string).unwrap_or_else(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "this-machine".to_string())
+    });
+    describe(&name, (sockets(sysfs), &numa), &nets, mem_bw, sources)
+}

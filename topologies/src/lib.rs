@@ -27,4 +27,4 @@ pub use model::{
 pub use parse::{
     build, default_mem_bw, from_bytes, from_ron, load, parse_spec, to_ron, validate_ranks,
 };
-pub use shipped::{shipped, shipped_by_name, shipped_or_err, shipped_text};
+pub use shipped::{load_spec, shipped, shipped_by_name, shipped_or_err, shipped_text};

@@ -54,3 +54,18 @@ pub fn shipped_or_err(name: &str) -> Result<Topology, TopologyError> {
         }),
     }
 }
+
+/// A topology named the way every front end takes one: the path of a RON file, or the name
+/// of a shipped machine. A path that exists wins; a spec that is neither reads as a missing
+/// file when it looks like a path (has a `/` or ends in `.ron`), else as an unknown shipped
+/// name (whose error lists the shipped ones).
+pub fn load_spec(spec: &str) -> Result<Topology, TopologyError> {
+    let path = std::path::Path::new(spec);
+    if path.exists() {
+        return crate::parse::load(path);
+    }
+    if shipped_text(spec).is_some() || !(spec.contains('/') || spec.ends_with(".ron")) {
+        return shipped_or_err(spec);
+    }
+    crate::parse::load(path)
+}

@@ -68,6 +68,25 @@ pub struct Candidate {
 }
 
 impl Candidate {
+    /// A candidate from outside the built-in families: a plan entry (an imported MSCCL
+    /// algorithm, a plan file's entry, an algorithm written in the Python language), competing
+    /// under its own name for the collective it implements. Verify it first: the search
+    /// trusts its candidates.
+    pub fn imported(entry: hccl_ir::PlanEntry) -> Candidate {
+        Candidate {
+            algorithm: entry.algorithm,
+            params: FamilyParams {
+                channels: entry.schedule.channel_count().max(1),
+                pipeline: 1,
+            },
+            schedule: entry.schedule,
+            symmetry: entry.symmetry,
+            min_bytes: 0,
+            synthesis: None,
+            template: None,
+        }
+    }
+
     /// Steps over all ranks (the template's times the ranks for a template candidate).
     pub fn step_count(&self) -> u64 {
         match &self.template {

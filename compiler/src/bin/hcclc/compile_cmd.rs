@@ -3,12 +3,14 @@
 
 use crate::cli_error::{CliError, print_json};
 use clap::Args;
-use hccl_compiler::families::{Candidate, FamilyParams};
+use hccl_compiler::families::Candidate;
+use hccl_compiler::report::{self, ReportError, row_json, table};
 use hccl_compiler::search::{
     self, CompiledPlan, DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES, Options, Progress, Row, SearchError,
 };
 use hccl_compiler::synth::SynthLevel;
-use hccl_ir::{CollectiveKind, PlanFile, Synthesis};
+use hccl_ir::units::format_bytes;
+use hccl_ir::{CollectiveKind, PlanFile};
 use hccl_topologies::Topology;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -90,18 +92,7 @@ fn external_candidates(paths: &[PathBuf], topo: &Topology) -> Result<Vec<Candida
                     errors[0]
                 )));
             }
-            out.push(Candidate {
-                algorithm: entry.algorithm,
-                params: FamilyParams {
-                    channels: entry.schedule.channel_count().max(1),
-                    pipeline: 1,
-                },
-                schedule: entry.schedule,
-                symmetry: entry.symmetry,
-                min_bytes: 0,
-                synthesis: None,
-                template: None,
-            });
+            out.push(Candidate::imported(entry));
         }
     }
     Ok(out)
@@ -218,7 +209,9 @@ pub fn load_topology(spec: &str) -> Result<Topology, CliError> {
 fn search_error(err: SearchError) -> CliError {
     match err {
         SearchError::BadOptions(_) => CliError::Input(err.to_string()),
-        SearchError::NoCandidate { .. } => CliError::Failed(err.to_string()),
+        SearchError::NoCandidate { .. } | SearchError::Cancelled => {
+            CliError::Failed(err.to_string())
+        }
     }
 }
 
@@ -262,6 +255,7 @@ pub fn compile(args: CompileArgs) -> Result<(), CliError> {
         sim_budget: args.sim_budget.map_or(Options::default().sim_budget, |b| {
             usize::try_from(b).unwrap_or(usize::MAX)
         }),
+        cancel: None,
     };
     let bar = progress_bar();
     let mut on_progress = |p: Progress| {
@@ -310,7 +304,7 @@ pub fn compile(args: CompileArgs) -> Result<(), CliError> {
             .iter()
             .filter_map(|e| match e {
                 SearchError::NoCandidate { collective, .. } => Some(collective.name()),
-                SearchError::BadOptions(_) => None,
+                SearchError::BadOptions(_) | SearchError::Cancelled => None,
             })
             .collect::<Vec<_>>()
             .join(", "),
@@ -325,189 +319,41 @@ fn write_trace(
     plan: &PlanFile,
     topo: &Topology,
 ) -> Result<(), CliError> {
-    use hccl_compiler::cost::{CostModel, network::Network, sim::Simulator};
-    use serde_json::json;
     let bytes = parse_size(args.size.as_deref().unwrap_or_default())?;
-    let mut kinds: Vec<CollectiveKind> = Vec::new();
-    for e in &plan.entries {
-        let k = e.schedule.collective.kind();
-        if !kinds.contains(&k) {
-            kinds.push(k);
-        }
-    }
-    let names = || {
-        kinds
-            .iter()
-            .map(|k| k.name())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let kind = match &args.collective {
-        Some(name) => CollectiveKind::from_name(name)
-            .filter(|k| kinds.contains(k))
-            .ok_or_else(|| {
-                CliError::Input(format!("--collective {name}: the plan has {}", names()))
-            })?,
-        None if kinds.len() == 1 => kinds[0],
-        None => {
-            return Err(CliError::Input(format!(
-                "the plan has several collectives ({}): pick one with --collective",
-                names()
-            )));
-        }
-    };
-    // The entry a call of this size runs (out of place, the lowest root's for rooted ones).
-    let entry = plan
-        .entries
-        .iter()
-        .filter(|e| e.schedule.collective.kind() == kind && e.covers(bytes))
-        .min_by_key(|e| (e.schedule.in_place, e.schedule.collective.root()))
-        .ok_or_else(|| {
-            CliError::Input(format!(
-                "{}: no {} entry covers {bytes} bytes",
-                args.plan.display(),
-                kind.name()
-            ))
+    let collective =
+        match &args.collective {
+            Some(name) => Some(CollectiveKind::from_name(name).ok_or_else(|| {
+                CliError::Input(format!("--collective {name}: no such collective"))
+            })?),
+            None => None,
+        };
+    let label = args.plan.display().to_string();
+    let trace = report::predicted_trace(plan, &label, topo, bytes, collective, args.links)
+        .map_err(|e| match e {
+            ReportError::Input(m) => {
+                CliError::Input(m.replace("pick one", "pick one with --collective"))
+            }
+            ReportError::Failed(m) => CliError::Failed(m),
         })?;
-    let s = &entry.schedule;
-    if s.nranks != topo.nranks() {
-        return Err(CliError::Input(format!(
-            "the plan is for {} ranks, topology {} has {}",
-            s.nranks,
-            topo.name,
-            topo.nranks()
-        )));
-    }
-    let sim = Simulator::new(Network::new(topo), CostModel::for_topology(topo));
-    let fail = |e: hccl_compiler::cost::CostError| CliError::Failed(format!("simulating: {e}"));
-    let prepared = sim.prepare(s).map_err(fail)?;
-    let timeline = sim
-        .timeline(&prepared, bytes, entry.protocol)
-        .map_err(fail)?;
-    let chunk_bytes = bytes as f64 / f64::from(s.chunks.max(1)) / timeline.segments as f64;
-    // The layout and names of `hccl_ir::trace`, which measured traces (`HCCL_TRACE`) share.
-    use hccl_ir::trace::{Event, TraceFile, process_meta, step_slice, thread_meta, thread_name};
-    let mut events = Vec::new();
-    for (r, prog) in s.ranks.iter().enumerate() {
-        let r = r as u32;
-        events.extend(process_meta(r));
-        for (i, st) in prog.streams.iter().enumerate() {
-            events.push(thread_meta(r, i as u32, &thread_name(i as u32, st.channel)));
-        }
-    }
-    for span in &timeline.steps {
-        let at = span.at;
-        let step = &s.ranks[at.rank as usize].streams[at.stream as usize].steps[at.step as usize];
-        events.push(step_slice(
-            at.rank,
-            at.stream,
-            at.step,
-            &step.op,
-            step.count,
-            (f64::from(step.count) * chunk_bytes).round(),
-            span.start_us,
-            (span.end_us - span.start_us).max(0.0),
-        ));
-    }
-    // Counter tracks: the busiest resources (by their utilisation over the call) in a process
-    // of their own, each one's utilisation as a step function.
-    let net = &sim.network;
-    let mut busiest: Vec<(f64, &hccl_compiler::cost::ResourceUse)> = timeline
-        .resources
-        .iter()
-        .map(|u| (timeline.estimate.utilisation(net, u.resource), u))
-        .filter(|(util, _)| *util > 0.0)
-        .collect();
-    busiest.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.resource.cmp(&b.1.resource)));
-    busiest.truncate(args.links);
-    let links_pid = s.nranks;
-    if !busiest.is_empty() {
-        let name = format!(
-            "busiest links ({} of {})",
-            busiest.len(),
-            timeline.resources.len()
-        );
-        events.push(Event::meta(
-            "process_name",
-            links_pid,
-            None,
-            json!({ "name": name }),
-        ));
-        events.push(Event::meta(
-            "process_sort_index",
-            links_pid,
-            None,
-            json!({"sort_index": -1}),
-        ));
-    }
-    let mut links = Vec::new();
-    for (util, u) in &busiest {
-        let cap = net.capacity[u.resource as usize];
-        let name = format!(
-            "{} ({} GB/s)",
-            net.resource_name(topo, u.resource),
-            round3(cap)
-        );
-        for &(t, gbps) in &u.rates {
-            let mut used = serde_json::Map::new();
-            used.insert("used %".into(), json!(round3(100.0 * gbps / cap)));
-            events.push(Event {
-                name: name.clone(),
-                cat: None,
-                ph: "C".into(),
-                pid: links_pid,
-                tid: None,
-                ts: Some(t),
-                dur: None,
-                args: used,
-            });
-        }
-        links.push(json!({
-            "name": name,
-            "resource": u.resource,
-            "capacity_gbps": cap,
-            "utilisation": round3(*util),
-            "peak_gbps": round3(u.peak_gbps()),
-        }));
-    }
-    let other = json!({
-        "source": "predicted",
-        "plan": args.plan.display().to_string(),
-        "topology": topo.name,
-        "collective": s.collective.to_string(),
-        "algorithm": entry.algorithm,
-        "protocol": entry.protocol.name(),
-        "bytes": bytes,
-        "predicted_us": timeline.estimate.time_us,
-        "base_us": timeline.estimate.base_us,
-        "segments": timeline.segments,
-        "links": links,
-    });
-    let doc = TraceFile::new(events, other.as_object().cloned().unwrap_or_default());
-    doc.save(path)
+    trace
+        .doc
+        .save(path)
         .map_err(|e| CliError::Input(format!("{}: cannot write: {e}", path.display())))?;
-    let summary = json!({
-        "trace": path.display().to_string(),
-        "collective": s.collective.to_string(),
-        "algorithm": entry.algorithm,
-        "bytes": bytes,
-        "predicted_us": timeline.estimate.time_us,
-        "steps": timeline.steps.len(),
-        "segments": timeline.segments,
-        "links": links.len(),
-    });
+    let mut summary = trace.summary;
+    summary["trace"] = serde_json::Value::from(path.display().to_string());
     if args.json {
         print_json(&summary);
     } else {
+        let segments = summary["segments"].as_u64().unwrap_or(1);
         println!(
             "{}: {} {} at {bytes} bytes, {} steps, predicted {:.2} us{}",
             path.display(),
-            s.collective,
-            entry.algorithm,
-            timeline.steps.len(),
-            timeline.estimate.time_us,
-            if timeline.segments > 1 {
-                format!(" (one of {} segments shown)", timeline.segments)
+            summary["collective"].as_str().unwrap_or_default(),
+            summary["algorithm"].as_str().unwrap_or_default(),
+            summary["steps"],
+            summary["predicted_us"].as_f64().unwrap_or(f64::NAN),
+            if segments > 1 {
+                format!(" (one of {segments} segments shown)")
             } else {
                 String::new()
             }
@@ -542,7 +388,14 @@ pub fn explain(args: ExplainArgs) -> Result<(), CliError> {
     };
     let rows = search::evaluate_plan(&topo, &plan, &options).map_err(search_error)?;
     if let Some(path) = &args.plot {
-        write_plot(path, &args.plan, &topo, &rows)?;
+        let name = args.plan.file_name().map_or_else(
+            || args.plan.display().to_string(),
+            |f| f.to_string_lossy().into_owned(),
+        );
+        let svg =
+            report::busbw_svg(&name, &topo, &rows).map_err(|e| CliError::Failed(e.to_string()))?;
+        hccl_ir::write_atomic(path, svg.as_bytes())
+            .map_err(|e| CliError::Input(format!("{}: cannot write: {e}", path.display())))?;
     }
     if !is_xml {
         report(&args.plan, &topo, &rows, args.json);
@@ -577,21 +430,17 @@ pub fn explain(args: ExplainArgs) -> Result<(), CliError> {
             "compiler_rows": compiler_rows,
         }));
     } else {
-        print!("{}", table(&args.plan, &topo, &rows));
+        print!("{}", table(&args.plan.display().to_string(), &topo, &rows));
         println!();
         print!(
             "{}",
-            table(
-                Path::new("(hcclc's own choice, not written)"),
-                &topo,
-                &ours.rows
-            )
+            table("(hcclc's own choice, not written)", &topo, &ours.rows)
         );
         for (theirs, mine) in rows.iter().zip(&ours.rows) {
             if theirs.bytes == mine.bytes && mine.predicted_us > 0.0 {
                 println!(
                     "  {:>5}: {} {:.2} us vs hcclc {} {:.2} us ({:.2}x)",
-                    human(theirs.bytes),
+                    format_bytes(theirs.bytes),
                     theirs.algorithm,
                     theirs.predicted_us,
                     mine.algorithm,
@@ -604,67 +453,6 @@ pub fn explain(args: ExplainArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// `explain --plot`: the rows as bus bandwidth against size, one panel per collective.
-fn write_plot(path: &Path, plan: &Path, topo: &Topology, rows: &[Row]) -> Result<(), CliError> {
-    use hccl_compiler::plot::{Line, Panel, Series, busbw_chart};
-    let mut panels: Vec<Panel> = Vec::new();
-    let mut i = 0;
-    while i < rows.len() {
-        let kind = rows[i].collective;
-        let block: Vec<&Row> = rows[i..]
-            .iter()
-            .take_while(|r| r.collective == kind)
-            .collect();
-        i += block.len();
-        let busbw = |r: &Row, us: f64| {
-            if us > 0.0 {
-                r.bytes as f64 / (us * 1e3) * kind.busbw_factor(r.nranks)
-            } else {
-                0.0
-            }
-        };
-        let series = |name: &str, line: Line, us: &dyn Fn(&Row) -> Option<f64>| Series {
-            name: name.to_string(),
-            line,
-            points: block
-                .iter()
-                .filter_map(|r| us(r).map(|t| (r.bytes, busbw(r, t))))
-                .collect(),
-            notes: Vec::new(),
-        };
-        // The plan's algorithm, written where it changes.
-        let mut notes: Vec<(u64, String)> = Vec::new();
-        for (k, r) in block.iter().enumerate() {
-            if k == 0 || block[k - 1].algorithm != r.algorithm {
-                notes.push((r.bytes, r.algorithm.clone()));
-            }
-        }
-        panels.push(Panel {
-            title: kind.name().to_string(),
-            series: vec![
-                Series {
-                    notes,
-                    ..series("this plan", Line::Solid, &|r| Some(r.predicted_us))
-                },
-                series("NCCL's choice", Line::Dashed, &|r| r.baseline_us),
-                series("lower bound", Line::Dotted, &|r| Some(r.bound_us)),
-            ],
-        });
-    }
-    let name = plan.file_name().map_or_else(
-        || plan.display().to_string(),
-        |f| f.to_string_lossy().into_owned(),
-    );
-    let title = format!(
-        "{name} on {} ({} ranks): predicted bus bandwidth",
-        topo.name,
-        topo.nranks()
-    );
-    let svg = busbw_chart(&title, &panels).map_err(|e| CliError::Failed(e.to_string()))?;
-    hccl_ir::write_atomic(path, svg.as_bytes())
-        .map_err(|e| CliError::Input(format!("{}: cannot write: {e}", path.display())))
-}
-
 fn report(plan_path: &Path, topo: &Topology, rows: &[Row], json: bool) {
     if json {
         let rows: Vec<serde_json::Value> = rows.iter().map(row_json).collect();
@@ -674,151 +462,6 @@ fn report(plan_path: &Path, topo: &Topology, rows: &[Row], json: bool) {
             "rows": rows,
         }));
     } else {
-        print!("{}", table(plan_path, topo, rows));
+        print!("{}", table(&plan_path.display().to_string(), topo, rows));
     }
-}
-
-fn row_json(r: &Row) -> serde_json::Value {
-    serde_json::json!({
-        "collective": r.collective.name(),
-        "bytes": r.bytes,
-        "algorithm": r.algorithm,
-        "channels": r.channels,
-        "chunks": r.chunks,
-        "protocol": r.protocol.name(),
-        "predicted_us": round3(r.predicted_us),
-        "algbw_gbps": round3(r.algbw_gbps()),
-        "busbw_gbps": round3(r.busbw_gbps()),
-        "baseline_algorithm": r.baseline_algorithm,
-        "baseline_protocol": r.baseline_protocol.map(|p| p.name()),
-        "baseline_us": r.baseline_us.map(round3),
-        "baseline_source": r.baseline_us.map(|_| if r.baseline_modelled { "nccl-model" } else { "simulated" }),
-        "speedup": r.speedup().map(round3),
-        "bound_us": round3(r.bound_us),
-        "bound_ratio": round3(r.bound_ratio()),
-        "synthesis": r.synthesis.as_ref().map(synthesis_json),
-    })
-}
-
-/// Three decimals: keeps JSON stable and readable.
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
-}
-
-/// Human-readable size: `4K`, `1M`, or bytes.
-pub fn human(bytes: u64) -> String {
-    hccl_ir::units::format_bytes(bytes)
-}
-
-/// The text table: one block per collective, one line per size.
-pub fn table(plan_path: &Path, topo: &Topology, rows: &[Row]) -> String {
-    use std::fmt::Write;
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "plan {} for {} ({} ranks)",
-        plan_path.display(),
-        topo.name,
-        topo.nranks()
-    );
-    let mut i = 0;
-    while i < rows.len() {
-        let kind = rows[i].collective;
-        let start = i;
-        let _ = writeln!(out, "\n{kind}");
-        let _ = writeln!(
-            out,
-            "{:>6} {:<15} {:>3} {:>6} {:<6} {:>11} {:>8} {:>8} {:<19} {:>11} {:>7} {:>11} {:>6}",
-            "size",
-            "algorithm",
-            "ch",
-            "chunks",
-            "proto",
-            "time_us",
-            "algbw",
-            "busbw",
-            "nccl",
-            "nccl_us",
-            "speedup",
-            "bound_us",
-            "/bound"
-        );
-        while i < rows.len() && rows[i].collective == kind {
-            let r = &rows[i];
-            let nccl = match (&r.baseline_algorithm, r.baseline_protocol) {
-                (Some(a), Some(p)) if r.baseline_modelled => format!("{a}/{p} (model)"),
-                (Some(a), Some(p)) => format!("{a}/{p}"),
-                _ => "-".into(),
-            };
-            let _ = writeln!(
-                out,
-                "{:>6} {:<15} {:>3} {:>6} {:<6} {:>11.2} {:>8.2} {:>8.2} {:<19} {:>11} {:>7} {:>11.2} {:>6.2}",
-                human(r.bytes),
-                r.algorithm,
-                r.channels,
-                r.chunks,
-                r.protocol.name(),
-                r.predicted_us,
-                r.algbw_gbps(),
-                r.busbw_gbps(),
-                nccl,
-                r.baseline_us.map_or("-".into(), |b| format!("{b:.2}")),
-                r.speedup().map_or("-".into(), |s| format!("{s:.2}x")),
-                r.bound_us,
-                r.bound_ratio(),
-            );
-            i += 1;
-        }
-        if rows[start..i]
-            .iter()
-            .any(|r| r.baseline_modelled && r.baseline_us.is_some())
-        {
-            let _ = writeln!(
-                out,
-                "  (model): NCCL's own tuning formula, where its algorithm's schedules are too \
-                 large to simulate here"
-            );
-        }
-        // What the synthesizers behind this collective's entries proved, once per record.
-        let mut seen: Vec<(&str, &Synthesis)> = Vec::new();
-        for r in rows[start..i].iter() {
-            if let Some(s) = &r.synthesis
-                && !seen.iter().any(|(a, t)| *a == r.algorithm && *t == s)
-            {
-                seen.push((&r.algorithm, s));
-            }
-        }
-        for (algorithm, s) in seen {
-            let _ = writeln!(out, "  {algorithm}: {}", describe(s));
-        }
-    }
-    out
-}
-
-/// One line on a synthesized schedule: method, its value and the proven optimum, objective.
-pub fn describe(s: &Synthesis) -> String {
-    format!(
-        "{} gives {:.2} {}, {} {:.2}; objective: {}",
-        s.method,
-        s.value,
-        s.unit,
-        if s.proven {
-            "proven optimum"
-        } else {
-            "best bound"
-        },
-        s.optimum,
-        s.objective
-    )
-}
-
-fn synthesis_json(s: &Synthesis) -> serde_json::Value {
-    serde_json::json!({
-        "method": s.method,
-        "objective": s.objective,
-        "value": round3(s.value),
-        "optimum": round3(s.optimum),
-        "unit": s.unit,
-        "proven": s.proven,
-    })
 }

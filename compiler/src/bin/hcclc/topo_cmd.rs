@@ -161,17 +161,6 @@ pub fn run(cmd: TopoCommand) -> Result<(), CliError> {
     }
 }
 
-/// Runs `nvidia-smi ARGS`; `None` when it is missing or fails.
-fn nvidia_smi(args: &[&str]) -> Option<String> {
-    let out = std::process::Command::new("nvidia-smi")
-        .args(args)
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 fn detect(args: DetectArgs) -> Result<(), CliError> {
     use hccl_topologies::detect;
     let read = |p: &Option<PathBuf>| -> Result<Option<String>, CliError> {
@@ -189,14 +178,7 @@ fn detect(args: DetectArgs) -> Result<(), CliError> {
             gpu_list: read(&args.gpu_list)?,
         }
     } else {
-        match nvidia_smi(&["topo", "-m"]) {
-            Some(m) => detect::Sources {
-                topo_matrix: Some(m),
-                nvlink_status: nvidia_smi(&["nvlink", "-s"]),
-                gpu_list: nvidia_smi(&["-L"]),
-            },
-            None => detect::Sources::default(),
-        }
+        detect::nvidia_sources()
     };
     if let Some(bw) = args.mem_bw
         && !(bw.is_finite() && bw > 0.0)
@@ -205,25 +187,7 @@ fn detect(args: DetectArgs) -> Result<(), CliError> {
             "--mem-bw {bw}: must be a positive number"
         )));
     }
-    let numa = detect::numa_cpus(&args.sysfs);
-    let nets = detect::net_devices(&args.sysfs);
-    let cores: u32 = numa.iter().sum::<u32>().max(1);
-    let mem_bw = match args.mem_bw {
-        Some(bw) => bw,
-        None if sources.topo_matrix.is_none() => {
-            hccl_topologies::probe::probe_host().per_rank_gbps(cores)
-        }
-        None => hccl_topologies::generate::CPU_MEM_BW,
-    };
-    let name = args.name.clone().unwrap_or_else(|| {
-        std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_string())
-            .ok()
-            .filter(|h| !h.is_empty())
-            .unwrap_or_else(|| "this-machine".to_string())
-    });
-    let sockets = detect::sockets(&args.sysfs);
-    let detected = detect::describe(&name, (sockets, &numa), &nets, mem_bw, &sources)
+    let detected = detect::detect(&args.sysfs, &sources, args.name.as_deref(), args.mem_bw)
         .map_err(CliError::input)?;
     for note in &detected.notes {
         eprintln!("hcclc: detected: {note}");
@@ -508,34 +472,13 @@ fn generate_cmd(cmd: GenCommand) -> Result<(), CliError> {
                 }
                 None => None,
             };
-            let mem_bw = match (mem_bw, &calibrated) {
-                (Some(bw), _) => bw,
-                (None, Some((_, bw))) => *bw,
-                (None, None) => hccl_topologies::probe::probe_host().per_rank_gbps(ranks),
-            };
-            check_positive("mem-bw", mem_bw)?;
-            let mut spec = match nic_bw {
-                Some(nic_bw) => generate::host_with_nic(
-                    ranks,
-                    mem_bw,
-                    nic_bw,
-                    nic_latency.unwrap_or(generate::TCP_NIC_LATENCY_US),
-                ),
-                None => generate::host(ranks, mem_bw),
-            };
-            // Without a calibration of its own, a host without NIC gets the built-in one (the
-            // development machine's fits for as many ranks per core); a networked host keeps
-            // the uncalibrated model, since the built-in fits know nothing of its network.
-            spec.calibration = match calibrated {
-                Some((cal, _)) => Some(cal),
-                None if nic_bw.is_none() => {
-                    let cores = std::thread::available_parallelism().map_or(1, |c| c.get() as u32);
-                    Some(hccl_compiler::cost::calibrate::builtin_cpu_calibration(
-                        ranks, cores,
-                    ))
-                }
-                None => None,
-            };
+            let spec = hccl_compiler::cost::calibrate::host_spec(
+                ranks,
+                mem_bw,
+                nic_bw.map(|bw| (bw, nic_latency)),
+                calibrated,
+            )
+            .map_err(CliError::Input)?;
             (spec, out)
         }
     };
