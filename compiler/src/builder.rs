@@ -503,6 +503,12 @@ impl ScheduleBuilder {
         self.ops.iter().map(Vec::len).sum()
     }
 
+    /// The first error an op recorded so far made (what [`ScheduleBuilder::build`] will
+    /// return), if any: lets a front end name the op that caused it as it is recorded.
+    pub fn error(&self) -> Option<&BuildError> {
+        self.error.as_ref()
+    }
+
     /// Number of ops (fences included) recorded so far on `rank`: the index the next op
     /// recorded there gets, as [`BuildError`] and [`Origins`] count them.
     pub fn ops_on(&self, rank: Rank) -> usize {

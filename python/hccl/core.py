@@ -81,7 +81,10 @@ def sizes(spec: Sizes = None) -> List[int]:
         if ".." in spec:
             lo, hi = spec.split("..", 1)
             return _hccl.geometric_sizes(_hccl.parse_bytes(lo), _hccl.parse_bytes(hi))
-        return [_hccl.parse_bytes(spec)]
+        one = _hccl.parse_bytes(spec)
+        if one < 1:
+            raise CompileError(f"bad size {spec!r}: sizes are at least 1 byte")
+        return [one]
     try:
         items = list(spec)
     except TypeError:
@@ -325,6 +328,7 @@ class Table(List[Row]):
         return pandas.DataFrame([asdict(r) for r in self])
 
     def to_dicts(self) -> List[Dict[str, Any]]:
+        """The rows as plain dictionaries (JSON-ready)."""
         return [asdict(r) for r in self]
 
     def __str__(self) -> str:
@@ -414,6 +418,7 @@ class Plan:
 
     @classmethod
     def from_ron(cls, text: str, origin: str = "<string>") -> "Plan":
+        """A plan from its RON text; ``origin`` names it in error messages."""
         return cls(_hccl.Plan.from_ron(text, origin))
 
     @classmethod
@@ -441,6 +446,7 @@ class Plan:
         self._native.save(os.fspath(path))
 
     def to_ron(self) -> str:
+        """The plan file's text (RON), as :meth:`save` writes it."""
         return self._native.to_ron()
 
     @property

@@ -58,7 +58,15 @@ class Buffer:
 def _buffer(b: Any) -> str:
     if b in ("input", "output", "scratch"):
         return b
-    raise AlgorithmError(f"unknown buffer {b!r}: use Buffer.input, Buffer.output or Buffer.scratch")
+    raise _fail(f"unknown buffer {b!r}: use Buffer.input, Buffer.output or Buffer.scratch")
+
+
+def _fail(message: str) -> AlgorithmError:
+    """An AlgorithmError at the author's line that called into the language."""
+    filename, lineno = _caller()
+    err = AlgorithmError(f"{filename}:{lineno}: {message}{_source(filename, lineno)}")
+    err.filename, err.lineno = filename, lineno  # type: ignore[attr-defined]
+    return err
 
 
 def _int(x: Any, what: str) -> int:
@@ -108,7 +116,7 @@ class Ref:
         if not isinstance(other, Ref):
             raise TypeError(f"reduce: expected a Ref, got {type(other).__name__}")
         if other.count != self.count:
-            raise AlgorithmError(
+            raise _fail(
                 f"reduce: {other.count} chunks into {self.count}: the counts must be equal"
             )
         self.algorithm._record("reduce", other.rank, self.rank, -1, other, self, ch)
@@ -118,7 +126,7 @@ class Ref:
         """The chunks cut into ``parts`` equal runs."""
         parts = _int(parts, "parts")
         if parts < 1 or self.count % parts:
-            raise AlgorithmError(f"cannot split {self.count} chunks into {parts} equal parts")
+            raise _fail(f"cannot split {self.count} chunks into {parts} equal parts")
         n = self.count // parts
         return [Ref(self.algorithm, self.rank, self.buffer, self.index + k * n, n) for k in range(parts)]
 
@@ -127,7 +135,7 @@ class Ref:
             if buffer is not None or index is not None:
                 raise TypeError("copy: give a destination Ref or (rank, buffer, index), not both")
             if rank.count != self.count:
-                raise AlgorithmError(f"copy: {self.count} chunks onto {rank.count}: the counts must be equal")
+                raise _fail(f"copy: {self.count} chunks onto {rank.count}: the counts must be equal")
             return rank
         return Ref(
             self.algorithm,
@@ -192,19 +200,20 @@ class Algorithm:
         fusion: bool = True,
     ) -> None:
         if collective not in COLLECTIVES:
-            raise AlgorithmError(f"unknown collective {collective!r} (known: {', '.join(COLLECTIVES)})")
+            raise _fail(f"unknown collective {collective!r} (known: {', '.join(COLLECTIVES)})")
         self.collective = collective
         self.ranks = _int(ranks, "ranks")
         self.chunks = self.ranks if chunks is None else _int(chunks, "chunks")
         if self.ranks < 1 or self.chunks < 1:
-            raise AlgorithmError("an algorithm needs at least one rank and one chunk")
+            raise _fail("an algorithm needs at least one rank and one chunk")
         self.in_place = bool(in_place)
         self.root = _int(root, "root")
         self.name = name or f"custom_{collective}"
         self.fusion = bool(fusion)
         self._ops: List[_Op] = []
         self._built: Optional[Any] = None
-        self.where = _caller()
+        #: The file and line that created the algorithm (errors with no step of their own point here).
+        self.defined_at = _caller()
 
     # ----- writing it -----
     def chunk(self, rank: int, buffer: str, index: int, count: int = 1) -> Ref:
@@ -212,9 +221,11 @@ class Algorithm:
         return Ref(self, _int(rank, "rank"), _buffer(buffer), _int(index, "index"), _int(count, "count"))
 
     def input(self, rank: int, index: int, count: int = 1) -> Ref:
+        """``chunk(rank, Buffer.input, index, count)``."""
         return self.chunk(rank, Buffer.input, index, count)
 
     def output(self, rank: int, index: int, count: int = 1) -> Ref:
+        """``chunk(rank, Buffer.output, index, count)``."""
         return self.chunk(rank, Buffer.output, index, count)
 
     def scratch(self, rank: int, index: int, count: int = 1) -> Ref:
@@ -268,16 +279,16 @@ class Algorithm:
     @staticmethod
     def _same_rank(src: Ref, dst: Ref) -> None:
         if src.rank != dst.rank or src.count != dst.count:
-            raise AlgorithmError("src and dst must be on one rank with equal counts")
+            raise _fail("src and dst must be on one rank with equal counts")
 
     def _record(self, code: str, rank: int, a: int, b: int, src: Optional[Ref], dst: Optional[Ref], ch: int) -> None:
         for ref in (src, dst):
             if ref is not None and ref.algorithm is not self:
-                raise AlgorithmError("a Ref of another Algorithm")
+                raise _fail("a Ref of another Algorithm")
         for v, what in ((a, "peer"), (b, "peer"), (ch, "ch")):
             _int(v, what)
         if ch < 0:
-            raise AlgorithmError(f"channel {ch} is negative")
+            raise _fail(f"channel {ch} is negative")
         self._ops.append(_Op(code, rank, a, b, src, dst, ch, _caller()))
         self._built = None
 
@@ -285,7 +296,7 @@ class Algorithm:
     def _build(self) -> Any:
         if self._built is None:
             if not self._ops:
-                raise AlgorithmError(f"{self.name}: no ops written")
+                raise self._located(AlgorithmError, "no ops written", [])
             try:
                 self._built = _hccl.build_algorithm(
                     self.collective,
@@ -301,16 +312,19 @@ class Algorithm:
                 op = e.args[1] if len(e.args) > 1 else None
                 if isinstance(op, int) and 0 <= op < len(self._ops):
                     raise self._located(AlgorithmError, message, [op]) from None
-                raise AlgorithmError(f"{self.name}: {message}") from None
+                raise self._located(AlgorithmError, message, []) from None
         return self._built
 
     def _located(self, cls: type, message: str, ops: Sequence[int]) -> Exception:
         if ops:
             filename, lineno = self._ops[ops[0]].where
-        else:
+        elif cls is VerifyError:
             # Nothing wrote what is wrong (a chunk never filled): the algorithm as a whole.
-            filename, lineno = self.where
+            filename, lineno = self.defined_at
             message = f"{self.name}: {message} (no op of this algorithm writes it)"
+        else:
+            filename, lineno = self.defined_at
+            message = f"{self.name}: {message}"
         err = cls(f"{filename}:{lineno}: {message}{_source(filename, lineno)}")
         err.filename, err.lineno = filename, lineno  # type: ignore[attr-defined]
         return err

@@ -1018,6 +1018,9 @@ fn build_algorithm(
                 )));
             }
         }
+        if let Some(e) = b.error() {
+            return Err(AlgorithmError::new_err((e.to_string(), id)));
+        }
         for (r, ids) in op_ids.iter_mut().enumerate() {
             let now = b.ops_on(r as u32);
             ids.extend(std::iter::repeat_n(id, now - before[r]));

@@ -1,0 +1,41 @@
+"""Shared fixtures: the repository, shipped topologies, the msccl-tools XML and hcclc."""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import hccl
+
+REPO = Path(__file__).resolve().parents[2]
+MSCCL = REPO.parent / "shared" / "msccl"
+
+
+@pytest.fixture(scope="session")
+def dgx1() -> hccl.Topology:
+    return hccl.topology("dgx1-v100")
+
+
+@pytest.fixture(scope="session")
+def msccl_dir() -> Path:
+    if not MSCCL.is_dir():
+        pytest.skip(f"{MSCCL}: the msccl-tools XML files are not beside this checkout")
+    return MSCCL
+
+
+@pytest.fixture(scope="session")
+def hcclc() -> str:
+    """The hcclc binary: $HCCLC, else target/{release,debug}/hcclc, else on PATH."""
+    candidates = [os.environ.get("HCCLC")]
+    candidates += [str(REPO / "target" / p / "hcclc") for p in ("release", "debug")]
+    candidates.append(shutil.which("hcclc"))
+    for c in candidates:
+        if c and Path(c).is_file() and os.access(c, os.X_OK):
+            return c
+    pytest.skip("no hcclc binary: build it with `cargo build -p hccl-compiler --bin hcclc`")
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, capture_output=True, text=True, **kw)

@@ -1,0 +1,101 @@
+"""Topologies: shipped, loaded, generated, detected; inspected as Python data."""
+
+import json
+
+import pytest
+
+import hccl
+
+
+def test_shipped(dgx1):
+    assert "dgx1-v100" in hccl.Topology.shipped_names()
+    assert dgx1.name == "dgx1-v100" and dgx1.nranks == 8 and dgx1.nhosts == 1
+    assert len(dgx1.hash) == 64
+    kinds = {l["kind"] for l in dgx1.links}
+    assert "NvLink" in kinds
+    m = dgx1.bandwidth_matrix
+    assert len(m) == 8 and all(len(row) == 8 for row in m)
+    assert all(bw > 0 for bw in dgx1.injection_bw)
+    assert dgx1.devices and dgx1.hosts
+
+
+def test_every_shipped_machine_loads():
+    for name in hccl.Topology.shipped_names():
+        t = hccl.Topology.shipped(name)
+        assert t.nranks >= 1
+
+
+def test_round_trip_through_ron(tmp_path, dgx1):
+    path = tmp_path / "m.ron"
+    dgx1.save(path)
+    again = hccl.Topology.load(path)
+    assert again.hash == dgx1.hash
+    assert hccl.Topology.from_ron(dgx1.to_ron()).hash == dgx1.hash
+
+
+def test_pictures(dgx1):
+    svg = dgx1.svg()
+    assert svg.lstrip().startswith("<svg") or "<svg" in svg[:200]
+    assert dgx1._repr_svg_() == svg
+    assert "digraph" in dgx1.dot() or "graph" in dgx1.dot()
+
+
+def test_generators():
+    assert hccl.Topology.ring(5, 10.0, 1.0).nranks == 5
+    assert hccl.Topology.torus((2, 3), 10.0, 1.0).nranks == 6
+    c = hccl.Topology.cluster(2, "dgx1-v100")
+    assert c.nranks == 16 and c.nhosts == 2
+    h = hccl.Topology.host(4, mem_bw=5.0)
+    assert h.nranks == 4
+    box = hccl.Topology.host(2, mem_bw=5.0, nic_bw=1.0)
+    assert hccl.Topology.cluster(3, box).nranks == 6
+
+
+def test_detect_this_machine():
+    t = hccl.Topology.detect(mem_bw=5.0)
+    assert t.nranks >= 1
+    assert t.notes, "detect says what it found and assumed"
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: hccl.Topology.ring(0, 10, 1),
+        lambda: hccl.Topology.ring(4, -1, 1),
+        lambda: hccl.Topology.ring(4, float("nan"), 1),
+        lambda: hccl.Topology.torus((), 10, 1),
+        lambda: hccl.Topology.torus((2, 0), 10, 1),
+        lambda: hccl.Topology.host(2, nic_latency=3.0),
+        lambda: hccl.Topology.cluster(2, hccl.Topology.host(2, mem_bw=5.0)),
+        lambda: hccl.Topology.detect(sysfs="/nonexistent"),
+        lambda: hccl.topology("no-such-machine"),
+        lambda: hccl.topology("/nonexistent/m.ron"),
+        lambda: hccl.Topology.shipped("nope"),
+    ],
+)
+def test_bad_topologies_raise_topology_error(make):
+    with pytest.raises(hccl.TopologyError):
+        make()
+
+
+def test_malformed_ron_is_located(tmp_path):
+    path = tmp_path / "broken.ron"
+    path.write_text("(\n  name: \"x\",\n  hosts: [ (id: 3) ],\n)\n")
+    with pytest.raises(hccl.TopologyError) as e:
+        hccl.Topology.load(path)
+    assert "broken.ron:3:" in str(e.value)
+
+
+@pytest.mark.parametrize("text", ["", "(", "\x00\x01", "(name: \"a\", hosts: [], links: [])", "[1,2,3]"])
+def test_hostile_ron_never_crashes(text):
+    with pytest.raises(hccl.TopologyError):
+        hccl.Topology.from_ron(text, "fuzz.ron")
+
+
+def test_wrong_types():
+    with pytest.raises(TypeError):
+        hccl.Topology.load(42)
+    with pytest.raises(TypeError):
+        hccl.Topology.ring("four", 10, 1)
+    with pytest.raises(TypeError):
+        hccl.Topology(None)
