@@ -884,6 +884,7 @@ impl Built {
 /// `AlgorithmError(message, op_index)`.
 #[pyfunction]
 #[pyo3(signature = (collective, root, nranks, chunks, in_place, fusion, ops))]
+#[allow(clippy::too_many_arguments)]
 fn build_algorithm(
     py: Python<'_>,
     collective: &str,

@@ -534,34 +534,6 @@ fn gpu_host(
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cpu_lists_count() {
-        assert_eq!(cpu_count("0-19,40-59"), Some(40));
-        assert_eq!(cpu_count("0"), Some(1));
-        assert_eq!(cpu_count("3,5-6"), Some(3));
-        assert_eq!(cpu_count("5-3"), None);
-        assert_eq!(cpu_count("x"), None);
-    }
-
-    #[test]
-    fn malformed_matrices_are_errors() {
-        for bad in [
-            "",
-            "\tNIC0\nNIC0\t X \n",
-            "\tGPU0\tGPU1\nGPU0\t X \tNV2\nGPU1\tNV1\t X \n",
-            "\tGPU0\tGPU1\nGPU0\t X \tQQ\nGPU1\tQQ\t X \n",
-            "\tGPU0\tGPU1\nGPU0\t X \tNVx\nGPU1\tNVx\t X \n",
-            "\tGPU0\tGPU1\nGPU0\t X \tNV2\n",
-        ] {
-            assert!(parse_topo_matrix(bad).is_err(), "{bad:?}");
-        }
-    }
-}
-
 /// Runs `nvidia-smi ARGS`; `None` when it is missing or fails.
 fn nvidia_smi(args: &[&str]) -> Option<String> {
     let out = std::process::Command::new("nvidia-smi")
@@ -620,4 +592,32 @@ pub fn detect(
             .unwrap_or_else(|| "this-machine".to_string())
     });
     describe(&name, (sockets(sysfs), &numa), &nets, mem_bw, sources)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists_count() {
+        assert_eq!(cpu_count("0-19,40-59"), Some(40));
+        assert_eq!(cpu_count("0"), Some(1));
+        assert_eq!(cpu_count("3,5-6"), Some(3));
+        assert_eq!(cpu_count("5-3"), None);
+        assert_eq!(cpu_count("x"), None);
+    }
+
+    #[test]
+    fn malformed_matrices_are_errors() {
+        for bad in [
+            "",
+            "\tNIC0\nNIC0\t X \n",
+            "\tGPU0\tGPU1\nGPU0\t X \tNV2\nGPU1\tNV1\t X \n",
+            "\tGPU0\tGPU1\nGPU0\t X \tQQ\nGPU1\tQQ\t X \n",
+            "\tGPU0\tGPU1\nGPU0\t X \tNVx\nGPU1\tNVx\t X \n",
+            "\tGPU0\tGPU1\nGPU0\t X \tNV2\n",
+        ] {
+            assert!(parse_topo_matrix(bad).is_err(), "{bad:?}");
+        }
+    }
 }

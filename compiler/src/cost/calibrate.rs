@@ -692,6 +692,50 @@ fn round_sig(v: f64, digits: i32) -> f64 {
     (v * scale).round() / scale
 }
 
+/// The spec of `ranks` CPU ranks on this machine (`hcclc topo gen host`, the Python
+/// `Topology.host`): `mem_bw` GB/s per rank, else the calibration's, else a copy probe of
+/// this machine; with `nic` = (GB/s, latency µs, default TCP's) a NIC, making it a box for
+/// [`hccl_topologies::generate::cluster`]. `calibrated` (a calibration and the memory
+/// bandwidth it was measured with) is kept; without one, a host without NIC gets the built-in
+/// calibration (the development machine's fits for as many ranks per core), and a networked
+/// host the uncalibrated model, since the built-in fits know nothing of its network.
+pub fn host_spec(
+    ranks: u32,
+    mem_bw: Option<f64>,
+    nic: Option<(f64, Option<f64>)>,
+    calibrated: Option<(Calibration, f64)>,
+) -> Result<hccl_topologies::TopologySpec, String> {
+    use hccl_topologies::generate;
+    let mem_bw = match (mem_bw, &calibrated) {
+        (Some(bw), _) => bw,
+        (None, Some((_, bw))) => *bw,
+        (None, None) => hccl_topologies::probe::probe_host().per_rank_gbps(ranks),
+    };
+    if !(mem_bw.is_finite() && mem_bw > 0.0) {
+        return Err(format!(
+            "--mem-bw must be a finite number > 0, got {mem_bw}"
+        ));
+    }
+    let mut spec = match nic {
+        Some((nic_bw, latency)) => generate::host_with_nic(
+            ranks,
+            mem_bw,
+            nic_bw,
+            latency.unwrap_or(generate::TCP_NIC_LATENCY_US),
+        ),
+        None => generate::host(ranks, mem_bw),
+    };
+    spec.calibration = match calibrated {
+        Some((cal, _)) => Some(cal),
+        None if nic.is_none() => {
+            let cores = std::thread::available_parallelism().map_or(1, |c| c.get() as u32);
+            Some(builtin_cpu_calibration(ranks, cores))
+        }
+        None => None,
+    };
+    Ok(spec)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -822,48 +866,4 @@ mod tests {
         assert!((cal.bandwidth_factor(1 << 15) - 2.0).abs() < 1e-9);
         assert_eq!(Calibration::identity("t").bandwidth_factor(123), 1.0);
     }
-}
-
-/// The spec of `ranks` CPU ranks on this machine (`hcclc topo gen host`, the Python
-/// `Topology.host`): `mem_bw` GB/s per rank, else the calibration's, else a copy probe of
-/// this machine; with `nic` = (GB/s, latency µs, default TCP's) a NIC, making it a box for
-/// [`hccl_topologies::generate::cluster`]. `calibrated` (a calibration and the memory
-/// bandwidth it was measured with) is kept; without one, a host without NIC gets the built-in
-/// calibration (the development machine's fits for as many ranks per core), and a networked
-/// host the uncalibrated model, since the built-in fits know nothing of its network.
-pub fn host_spec(
-    ranks: u32,
-    mem_bw: Option<f64>,
-    nic: Option<(f64, Option<f64>)>,
-    calibrated: Option<(Calibration, f64)>,
-) -> Result<hccl_topologies::TopologySpec, String> {
-    use hccl_topologies::generate;
-    let mem_bw = match (mem_bw, &calibrated) {
-        (Some(bw), _) => bw,
-        (None, Some((_, bw))) => *bw,
-        (None, None) => hccl_topologies::probe::probe_host().per_rank_gbps(ranks),
-    };
-    if !(mem_bw.is_finite() && mem_bw > 0.0) {
-        return Err(format!(
-            "--mem-bw must be a finite number > 0, got {mem_bw}"
-        ));
-    }
-    let mut spec = match nic {
-        Some((nic_bw, latency)) => generate::host_with_nic(
-            ranks,
-            mem_bw,
-            nic_bw,
-            latency.unwrap_or(generate::TCP_NIC_LATENCY_US),
-        ),
-        None => generate::host(ranks, mem_bw),
-    };
-    spec.calibration = match calibrated {
-        Some((cal, _)) => Some(cal),
-        None if nic.is_none() => {
-            let cores = std::thread::available_parallelism().map_or(1, |c| c.get() as u32);
-            Some(builtin_cpu_calibration(ranks, cores))
-        }
-        None => None,
-    };
-    Ok(spec)
 }

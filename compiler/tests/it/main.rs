@@ -23,6 +23,7 @@ mod cpu_model;
 mod families_cube;
 mod families_snapshots;
 mod families_verify;
+mod front_end;
 mod hier_scale;
 mod msccl_export;
 mod multinode_quality;
