@@ -10,7 +10,8 @@ import pytest
 import hccl
 
 REPO = Path(__file__).resolve().parents[2]
-MSCCL = REPO.parent / "shared" / "msccl"
+# MSCCL XML that msccl-tools generated (copied from ../shared/msccl with its provenance).
+MSCCL = REPO / "ir" / "tests" / "data" / "msccl"
 
 
 @pytest.fixture(scope="session")
@@ -21,7 +22,7 @@ def dgx1() -> hccl.Topology:
 @pytest.fixture(scope="session")
 def msccl_dir() -> Path:
     if not MSCCL.is_dir():
-        pytest.skip(f"{MSCCL}: the msccl-tools XML files are not beside this checkout")
+        pytest.skip(f"{MSCCL}: the msccl-tools XML test data is missing from this checkout")
     return MSCCL
 
 

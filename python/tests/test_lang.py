@@ -234,15 +234,9 @@ def test_split_pipelines():
     assert report["messages"] == 8
 
 
-def test_verify_and_cost_of_a_few_hundred_steps_is_fast(dgx1):
+def test_an_algorithm_of_a_few_hundred_steps_verifies_and_costs(dgx1):
+    # (How long this takes is measured by scripts/bench-python.sh, not here.)
     a = ring_allgather(8, pieces=4)
     assert a.steps >= 200
-    a.verify()
-    a.cost(dgx1, "1K..1G")  # warm: the first call pays for the baseline families once
-    start = time.perf_counter()
-    fresh = ring_allgather(8, pieces=4)
-    fresh.verify()
-    fresh.cost(dgx1, "1M")
-    elapsed = time.perf_counter() - start
-    # Generous bound for a loaded CI machine; the benchmark (scripts/bench-python.sh) measures.
-    assert elapsed < 2.0, elapsed
+    assert a.verify()["steps"] == a.steps
+    assert len(a.cost(dgx1, "1K..1G")) == 21
