@@ -22,7 +22,7 @@ from ._hccl import (
     VerifyError,
     __version__,
 )
-from .core import Plan, Row, Table, Topology, Trace, compile, sizes, topology
+from .core import Plan, Row, Table, Topology, Trace, compile, sizes, topology, trace_svg
 from .lang import Algorithm, Buffer, Ref
 
 __all__ = [
@@ -44,4 +44,5 @@ __all__ = [
     "compile",
     "sizes",
     "topology",
+    "trace_svg",
 ]

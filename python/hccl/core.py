@@ -39,6 +39,7 @@ __all__ = [
     "compile",
     "topology",
     "sizes",
+    "trace_svg",
 ]
 
 
@@ -381,6 +382,14 @@ class Trace:
 
     def _repr_svg_(self) -> str:
         return self.svg
+
+
+def trace_svg(path: PathLike, title: Optional[str] = None) -> str:
+    """A trace file as an SVG picture (``hcclc trace show``): a predicted one
+    (:meth:`Plan.trace`) or one a job measured (``HCCL_TRACE=DIR``, joined by
+    ``hcclc trace merge``); a row per stream of each rank, a bar per step."""
+    path = os.fspath(path)
+    return _hccl.trace_svg(path, title if title is not None else Path(path).name)
 
 
 class Plan:

@@ -65,6 +65,12 @@ def test_trace_and_plot(tmp_path, allreduce_plan):
     doc = json.loads(path.read_text())
     assert doc["traceEvents"] and doc["otherData"]["source"] == "predicted"
     assert "<svg" in tr.svg[:300]
+    assert "<svg" in hccl.trace_svg(path)[:300]
+    with pytest.raises(hccl.PlanError):
+        hccl.trace_svg(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text('{"traceEvents": [{"ph": "X"}]}')
+    with pytest.raises(hccl.PlanError):
+        hccl.trace_svg(tmp_path / "bad.json")
     svg = allreduce_plan.plot(sizes="1K..1M")
     assert "<svg" in svg[:300]
 
