@@ -120,7 +120,7 @@ class Topology:
     machine. In a notebook it shows as its picture.
     """
 
-    __slots__ = ("_native", "notes", "_summary")
+    __slots__ = ("_native", "notes", "_summary", "_rank_links")
 
     def __init__(self, native: "_hccl.Topology", notes: Sequence[str] = ()) -> None:
         if not isinstance(native, _hccl.Topology):
@@ -129,6 +129,7 @@ class Topology:
         #: What :meth:`detect` found and assumed, one line per fact (empty otherwise).
         self.notes: List[str] = list(notes)
         self._summary: Optional[Dict[str, Any]] = None
+        self._rank_links: Optional[List[Dict[str, Any]]] = None
 
     # ----- making one -----
     @classmethod
@@ -247,6 +248,19 @@ class Topology:
     def injection_bw(self) -> List[float]:
         """Per rank, the bandwidth (GB/s) of the links leaving it."""
         return self.summary["injection_bw"]
+
+    @property
+    def rank_links(self) -> List[Dict[str, Any]]:
+        """Direct links between ranks (no switch or NIC on the way), one per direction ``a →
+        b``: ``kind`` (``"NvLink"``, ``"Pcie"``, …), ``bw`` (GB/s, all parallel links),
+        ``latency`` (µs), ``count``. Listed up to 4096 ranks."""
+        if self._rank_links is None:
+            self._rank_links = json.loads(self._native.rank_links_json())
+        return self._rank_links
+
+    def neighbors(self, rank: int) -> List[int]:
+        """The ranks ``rank`` has a direct link to."""
+        return sorted({l["b"] for l in self.rank_links if l["a"] == rank})
 
     def svg(self) -> str:
         """The machine as an SVG picture (``hcclc topo show --svg``)."""

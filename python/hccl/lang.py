@@ -341,7 +341,10 @@ class Algorithm:
             return data
         for e in data:
             e["where"] = [list(self._ops[i].where) for i in e.get("ops", [])]
-        first = data[0]
+        # Report first the error whose op was written earliest: wrong data that correct code
+        # forwards later shows up on several ranks, and the earliest op is where it came from.
+        # (Errors of whole-schedule problems, with no op, come after those with one.)
+        first = min(data, key=lambda e: min(e.get("ops") or [len(self._ops)]))
         more = f"\n({len(data) - 1} more errors in .errors)" if len(data) > 1 else ""
         err = self._located(VerifyError, first["text"] + more, first.get("ops", []))
         err.errors = data  # type: ignore[attr-defined]
@@ -358,8 +361,8 @@ class Algorithm:
         simulator. Verify first: the cost of a wrong algorithm means nothing."""
         t = topology(topo)
         protos = [proto] if isinstance(proto, str) else (None if proto is None else list(proto))
-        text = self._build().cost(t._native, _sizes(sizes), protos, self.name)
-        return Table(_rows(text))
+        rows, text = self._build().cost(t._native, _sizes(sizes), protos, self.name)
+        return Table(_rows(rows), text=text)
 
     def to_plan(self, proto: str = "Simple", topology_name: str = "") -> Plan:
         """A plan of this algorithm for every size under ``proto`` (what :func:`hccl.compile`

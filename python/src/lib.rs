@@ -351,6 +351,37 @@ impl PyTopology {
         hccl_topologies::dot::to_dot(&self.inner)
     }
 
+    /// Direct links between ranks (no switch or NIC between them) as JSON: per ordered pair
+    /// `a → b`, the link kind, bandwidth (GB/s, all parallel links), latency (µs), count.
+    fn rank_links_json(&self, py: Python<'_>) -> String {
+        let t = self.inner.clone();
+        py.detach(|| {
+            let n = t.nranks();
+            let mut out = Vec::new();
+            if n <= 4096 {
+                for a in 0..n {
+                    for b in 0..n {
+                        if a == b {
+                            continue;
+                        }
+                        if let Some(e) = t.direct_edge(a, b) {
+                            let edge = &t.graph[e];
+                            out.push(json!({
+                                "a": a,
+                                "b": b,
+                                "kind": format!("{:?}", edge.kind),
+                                "bw": edge.bw,
+                                "latency": edge.latency,
+                                "count": edge.count,
+                            }));
+                        }
+                    }
+                }
+            }
+            Value::Array(out).to_string()
+        })
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "Topology({:?}, nranks={}, nhosts={})",
@@ -1068,8 +1099,8 @@ impl Built {
         }
     }
 
-    /// Rows (JSON) at `sizes` under the fastest of `protocols`, beside NCCL's choice and the
-    /// bound, in the compiler's simulator.
+    /// Rows (JSON, and as `hcclc`'s table) at `sizes` under the fastest of `protocols`,
+    /// beside NCCL's choice and the bound, in the compiler's simulator.
     #[pyo3(signature = (topo, sizes, protocols_ = None, name = "algorithm"))]
     fn cost(
         &self,
@@ -1078,7 +1109,7 @@ impl Built {
         sizes: Vec<u64>,
         protocols_: Option<Vec<String>>,
         name: &str,
-    ) -> PyResult<String> {
+    ) -> PyResult<(String, String)> {
         check_sizes(&sizes)?;
         let protos = protocols(protocols_)?;
         let (s, t) = (self.schedule.clone(), topo.inner.clone());
@@ -1104,7 +1135,8 @@ impl Built {
                     t.name
                 )));
             }
-            search::evaluate_schedule(&t, name, &s, &offered, &options).map(|r| rows_json(&r))
+            search::evaluate_schedule(&t, name, &s, &offered, &options)
+                .map(|r| (rows_json(&r), report::table(name, &t, &r)))
         })
         .map_err(search_err)
     }

@@ -240,3 +240,29 @@ def test_an_algorithm_of_a_few_hundred_steps_verifies_and_costs(dgx1):
     assert a.steps >= 200
     assert a.verify()["steps"] == a.steps
     assert len(a.cost(dgx1, "1K..1G")) == 21
+
+
+def test_the_first_error_reported_is_the_earliest_written_cause():
+    # Line A puts rank 2's block where rank 1's own belongs; correct code (line B) then
+    # forwards it. The error reported first is line A, where the wrong data came from.
+    a = Algorithm("allgather", ranks=3, name="cascade")
+    for r in range(3):
+        a.input(r, 0).copy(r, "output", r)
+    a.output(2, 2).copy(1, index=1)  # A
+    for s in range(3):
+        for d in range(3):
+            if d != s:
+                a.output(s, s).copy(d)  # B
+    with pytest.raises(hccl.VerifyError) as e:
+        a.verify()
+    line_a = next(i for i, l in enumerate(open(__file__), 1) if l.rstrip().endswith("# A"))
+    assert e.value.lineno == line_a, str(e.value)
+    assert len(e.value.errors) > 1
+
+
+def test_cost_table_prints_what_compile_prints(dgx1):
+    a = ring_allgather(8)
+    text = str(a.cost(dgx1, "64K", proto="LL"))
+    explained = str(a.to_plan("LL").explain(dgx1, "64K"))
+    row = lambda t: next(l for l in t.splitlines() if l.strip().startswith("64K"))
+    assert row(text) == row(explained)

@@ -17,6 +17,11 @@ def test_shipped(dgx1):
     assert len(m) == 8 and all(len(row) == 8 for row in m)
     assert all(bw > 0 for bw in dgx1.injection_bw)
     assert dgx1.devices and dgx1.hosts
+    # The hybrid cube-mesh: fully connected quads, and rank i wired to i + 4.
+    assert dgx1.neighbors(0) == [1, 2, 3, 4]
+    assert dgx1.neighbors(5) == [1, 4, 6, 7]
+    nv = [l for l in dgx1.rank_links if l["kind"] == "NvLink"]
+    assert len(nv) == 32 and all(l["bw"] > 0 and l["latency"] > 0 for l in nv)
 
 
 def test_every_shipped_machine_loads():
