@@ -15,6 +15,7 @@ step; or the line of your algorithm).
 
 from ._hccl import (
     AlgorithmError,
+    CommError,
     CompileError,
     Error,
     PlanError,
@@ -22,6 +23,7 @@ from ._hccl import (
     VerifyError,
     __version__,
 )
+from .comm import Communicator, Work
 from .core import Plan, Row, Table, Topology, Trace, compile, sizes, topology, trace_svg
 from .lang import Algorithm, Buffer, Ref
 
@@ -29,6 +31,8 @@ __all__ = [
     "Algorithm",
     "AlgorithmError",
     "Buffer",
+    "CommError",
+    "Communicator",
     "CompileError",
     "Error",
     "Plan",
@@ -40,6 +44,7 @@ __all__ = [
     "TopologyError",
     "Trace",
     "VerifyError",
+    "Work",
     "__version__",
     "compile",
     "sizes",

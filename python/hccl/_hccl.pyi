@@ -22,6 +22,49 @@ class CompileError(Error):
 class AlgorithmError(Error):
     """An algorithm written in hccl.lang that cannot be built."""
 
+class CommError(Error):
+    """A collective that failed at run time."""
+
+class Handle:
+    def wait(self, timeout: Optional[float] = None) -> bool: ...
+    def done(self) -> bool: ...
+
+class Communicator:
+    @staticmethod
+    def from_env(plan: Optional[Plan] = None, path: Optional[str] = None) -> Communicator: ...
+    @staticmethod
+    def connect(
+        rank: int,
+        world: int,
+        addr: str,
+        plan: Optional[Plan] = None,
+        path: Optional[str] = None,
+        token: str = "",
+        host: Optional[str] = None,
+    ) -> Communicator: ...
+    @staticmethod
+    def free_port() -> int: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def plan_hash(self) -> str: ...
+    def submit(
+        self,
+        collective: str,
+        op: str,
+        dtype_: str,
+        out_ptr: int,
+        out_len: int,
+        in_ptr: Optional[int] = None,
+        in_len: int = 0,
+        root: int = 0,
+        counts: Optional[Tuple[List[int], List[int], List[int], List[int]]] = None,
+    ) -> Handle: ...
+    def straggler_report(self) -> str: ...
+    def finalize(self) -> Optional[str]: ...
+
 class Topology:
     @staticmethod
     def load(spec: str) -> Topology: ...

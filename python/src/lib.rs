@@ -9,6 +9,8 @@
 //! message the command line prints; no input reaches a Rust panic (a panic would still only
 //! raise `pyo3_runtime.PanicException`, never abort the interpreter).
 
+mod comm;
+
 use hccl_compiler::builder::{BuildError, Origins, ScheduleBuilder};
 use hccl_compiler::cost::CostModel;
 use hccl_compiler::families::Candidate;
@@ -1236,5 +1238,6 @@ fn _hccl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(geometric_sizes, m)?)?;
     m.add_function(wrap_pyfunction!(build_algorithm, m)?)?;
+    comm::register(m)?;
     Ok(())
 }
