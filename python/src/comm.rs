@@ -57,6 +57,9 @@ struct Raw {
     len: usize,
 }
 
+/// AllToAllv's send counts, send displacements, receive counts, receive displacements.
+type Counts = (Vec<usize>, Vec<usize>, Vec<usize>, Vec<usize>);
+
 /// What one call does.
 enum Kind {
     Run(Collective),
@@ -426,7 +429,7 @@ impl PyComm {
         in_ptr: Option<usize>,
         in_len: usize,
         root: u32,
-        counts: Option<(Vec<usize>, Vec<usize>, Vec<usize>, Vec<usize>)>,
+        counts: Option<Counts>,
     ) -> PyResult<Handle> {
         let kind = match collective {
             "allreduce" => Kind::Run(Collective::AllReduce),
