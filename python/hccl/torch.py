@@ -23,7 +23,7 @@ from typing import Any, Callable, List, Optional
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
+from torch._C._distributed_c10d import Work as _C10dWork
 from torch.futures import Future
 
 from .comm import CommError, Communicator
@@ -70,6 +70,38 @@ def _unsupported(call: str, instead: str) -> Callable[..., Any]:
     return method
 
 
+class _Work(_C10dWork):
+    """A call in flight: ``wait()`` raises what the call raised (c10d's own future-backed work
+    would return ``True`` and drop it), ``get_future()`` is what DDP's hooks chain on."""
+
+    def __init__(self, fut: Future, result: Any) -> None:
+        super().__init__()
+        self._fut = fut
+        self._result = result
+
+    def wait(self, timeout: Any = None) -> bool:
+        self._fut.wait()
+        return True
+
+    def get_future(self) -> Future:
+        return self._fut
+
+    def is_completed(self) -> bool:
+        return self._fut.done()
+
+    def is_success(self) -> bool:
+        if not self._fut.done():
+            return False
+        try:
+            self._fut.wait()
+            return True
+        except Exception:
+            return False
+
+    def result(self) -> Any:
+        return self._result
+
+
 class _Completer:
     """Completes each call's future once the communicator has finished it, in order, on a
     thread of its own (so DDP's hooks see asynchronous work)."""
@@ -97,7 +129,7 @@ class _Completer:
     def submit(self, works: List[Any], result: Any, after: Optional[Callable[[], None]] = None) -> Any:
         fut: Future = Future()
         self._q.put((works, fut, result, after))
-        return _create_work_from_future(fut)
+        return _Work(fut, result)
 
     def close(self) -> None:
         self._q.put(None)

@@ -1,0 +1,104 @@
+"""The torch.distributed backend ``hccl_aot`` in real processes started by torchrun."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install ./python[torch])")
+
+import hccl  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+
+
+def torchrun(n, env, timeout=300):
+    port = hccl.Communicator.free_port()
+    e = dict(os.environ)
+    e.update(OMP_NUM_THREADS="1", HCCL_TIMEOUT=os.environ.get("HCCL_TIMEOUT", "30"))
+    e.update(env)
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}",
+           f"--master-port={port}", "--tee=3", str(HERE / "torch_worker.py")]
+    return subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_collectives(n):
+    r = torchrun(n, {"MODE": "collectives"})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for k in range(n):
+        assert f"rank {k}: ok" in r.stdout
+
+
+def test_across_emulated_hosts():
+    # torchrun gives every rank the same environment; HCCL_HOST_ID=rank-parity via a wrapper
+    # is not possible, so emulate 2 hosts with the communicator test's launcher instead.
+    pytest.importorskip("numpy")
+    from test_comm import launch
+
+    outs = launch(4, HERE / "comm_worker.py", hosts=2)
+    assert all(rc == 0 for rc, _, _ in outs), outs
+
+
+def read(out):
+    rows = {}
+    for f in sorted(Path(out).glob("rank*.txt")):
+        rows[f.name] = [line.split() for line in f.read_text().splitlines()]
+    return rows
+
+
+# The losses of the two backends differ only in the order of the floating-point sums of
+# the gradient AllReduce (Gloo and the compiled plan add the ranks' float32 gradients in
+# different orders): a relative difference of a few float32 ulps per step, which momentum
+# SGD carries over 20 steps. 1e-4 relative is two orders of magnitude above what was seen.
+LOSS_RTOL = 1e-4
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_ddp_matches_gloo(tmp_path, n):
+    results = {}
+    for backend in ("gloo", "hccl_aot"):
+        out = tmp_path / backend
+        out.mkdir()
+        r = torchrun(n, {"MODE": "ddp", "BACKEND": backend, "OUT": str(out), "STEPS": "20"})
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        results[backend] = read(out)
+    ours = results["hccl_aot"]
+    assert len(ours) == n
+    steps = list(zip(*ours.values()))
+    assert len(steps) == 20
+    for rows in steps:
+        # Every rank holds identical parameters after every step.
+        assert len({row[2] for row in rows}) == 1, rows
+    gloo = results["gloo"]["rank0.txt"]
+    for a, b in zip(ours["rank0.txt"], gloo):
+        assert float(a[1]) == pytest.approx(float(b[1]), rel=LOSS_RTOL), (a, b)
+
+
+@pytest.mark.parametrize(
+    "case, expect",
+    [
+        ("noncontiguous", "not contiguous"),
+        ("dtype", "not supported"),
+        ("bool", "not supported"),
+        ("send", "send is not supported"),
+        ("mismatch", "but rank"),
+    ],
+)
+def test_bad_input(case, expect):
+    env = {"MODE": "bad", "CASE": case, "HCCL_TIMEOUT": "10"}
+    if case == "mismatch":
+        env["HCCL_CHECK_CALLS"] = "1"
+    r = torchrun(2, env, timeout=120)
+    out = r.stdout
+    # Both ranks raise, each with the message.
+    assert out.count(expect) == 2, out[-2000:] + r.stderr[-2000:]
+    assert "no error" not in out, out
+
+
+def test_a_killed_rank_is_named():
+    r = torchrun(3, {"MODE": "bad", "CASE": "killed", "HCCL_TIMEOUT": "5"}, timeout=180)
+    lines = [l for l in r.stdout.splitlines() if "RuntimeError" in l or "CommError" in l]
+    assert len(lines) >= 2 and all("rank 1" in l for l in lines), r.stdout[-3000:]
