@@ -313,6 +313,22 @@ class HcclProcessGroup(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return BACKEND
 
+    # c10d names a group through its C++ backend, which a process group written in Python
+    # does not have: keep the name here (DeviceMesh, FSDP2 and DTensor look it up).
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+        try:
+            super()._set_group_name(name)
+        except Exception:
+            pass
+
+    @property
+    def group_name(self) -> str:
+        name = getattr(self, "_group_name", None)
+        if name is None:
+            return dist.distributed_c10d._world.pg_names[self]
+        return name
+
     def size(self) -> int:
         return self._world
 

@@ -77,6 +77,18 @@ def test_ddp_matches_gloo(tmp_path, n):
         assert float(a[1]) == pytest.approx(float(b[1]), rel=LOSS_RTOL), (a, b)
 
 
+def test_fsdp2_matches_gloo(tmp_path):
+    losses = {}
+    for backend in ("gloo", "hccl_aot"):
+        out = tmp_path / backend
+        out.mkdir()
+        r = torchrun(2, {"MODE": "fsdp", "BACKEND": backend, "OUT": str(out), "STEPS": "5"})
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        losses[backend] = [float(row[1]) for row in read(out)["rank0.txt"]]
+    assert len(losses["hccl_aot"]) == 5
+    assert losses["hccl_aot"] == pytest.approx(losses["gloo"], rel=LOSS_RTOL)
+
+
 @pytest.mark.parametrize(
     "case, expect",
     [

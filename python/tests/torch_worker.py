@@ -144,6 +144,36 @@ def ddp():
     dist.destroy_process_group()
 
 
+def fsdp():
+    """FSDP2 (fully_shard) on CPU: every layer sharded, STEPS steps, the mean loss per step."""
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group(os.environ["BACKEND"])
+    r = dist.get_rank()
+    torch.manual_seed(0)
+    model = MLP()
+    for layer in model.net:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(100 + r)
+    lines = []
+    for step in range(int(os.environ.get("STEPS", "5"))):
+        x = torch.randn(16, 32, generator=g)
+        y = torch.randint(0, 4, (16,), generator=g)
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        l = loss.detach().clone()
+        dist.all_reduce(l)
+        lines.append(f"{step} {l.item() / dist.get_world_size():.10e} -")
+    with open(os.path.join(os.environ["OUT"], f"rank{r}.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    dist.destroy_process_group()
+
+
 def bad():
     case = os.environ["CASE"]
     dist.init_process_group("hccl_aot")
@@ -173,4 +203,4 @@ def bad():
 
 
 if __name__ == "__main__":
-    {"collectives": collectives, "ddp": ddp, "bad": bad}[os.environ.get("MODE", "collectives")]()
+    {"collectives": collectives, "ddp": ddp, "fsdp": fsdp, "bad": bad}[os.environ.get("MODE", "collectives")]()
