@@ -62,6 +62,18 @@ class Communicator:
         root: int = 0,
         counts: Optional[Tuple[List[int], List[int], List[int], List[int]]] = None,
     ) -> Handle: ...
+    def run(
+        self,
+        collective: str,
+        op: str,
+        dtype_: str,
+        out_ptr: int,
+        out_len: int,
+        in_ptr: Optional[int] = None,
+        in_len: int = 0,
+        root: int = 0,
+        counts: Optional[Tuple[List[int], List[int], List[int], List[int]]] = None,
+    ) -> None: ...
     def straggler_report(self) -> str: ...
     def finalize(self) -> Optional[str]: ...
 

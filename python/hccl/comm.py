@@ -8,8 +8,9 @@
 
 Arrays are NumPy arrays, PyTorch CPU tensors, or any writable buffer (``bytearray``,
 ``array.array``, ``memoryview``): they are read and written where they are, never copied, and
-must be contiguous. The GIL is released while a call runs, and calls return at once with
-``async_op=True``; the arrays of a call must not be touched until its ``wait()``. The ``HCCL_*``
+must be contiguous. The GIL is released while a call runs. A blocking call runs on the calling thread; with
+``async_op=True`` it is queued to the communicator's own thread and returns at once (calls run
+in the order they were made); the arrays of a call must not be touched until its ``wait()``. The ``HCCL_*``
 variables (timeout, checks, checksums, traces) work as for a Rust program.
 """
 
@@ -211,14 +212,12 @@ class Communicator:
             raise CommError(f"output has {dst.len} elements, {collective} needs {out_len}")
         if in_len is not None and src.len != in_len:
             raise CommError(f"input has {src.len} elements, {collective} needs {in_len}")
-        handle = self._native.submit(
-            collective, op, dst.dtype, dst.ptr, dst.len,
-            None if inp is None else inp.ptr, 0 if inp is None else inp.len, root, counts,
-        )
-        work = Work(handle, (src.keep, dst.keep), dst.obj)
+        args = (collective, op, dst.dtype, dst.ptr, dst.len,
+                None if inp is None else inp.ptr, 0 if inp is None else inp.len, root, counts)
         if async_op:
-            return work
-        work.wait()
+            return Work(self._native.submit(*args), (src.keep, dst.keep), dst.obj)
+        # Blocking: runs on this thread (the GIL released), after any queued call.
+        self._native.run(*args)
         return dst.obj
 
     def all_reduce(self, x: Any, out: Any = None, op: str = "sum", async_op: bool = False) -> Any:

@@ -4,7 +4,9 @@
     dist.init_process_group("hccl_aot")          # under torchrun; HCCL_PLAN=job.plan.ron picks the plan
 
 The name is ``hccl_aot`` (ahead-of-time compiled hccl): ``"hccl"`` is Huawei's (``torch_npu``).
-It runs on CPU tensors. It implements all_reduce, all_gather and all_gather_into_tensor,
+It runs on CPU tensors. Every call runs to the end before it returns, on the calling thread
+with the GIL released (a few microseconds of overhead; ``async_op=True`` gives a work that is
+already complete). It implements all_reduce, all_gather and all_gather_into_tensor,
 reduce_scatter and reduce_scatter_tensor, broadcast, reduce, all_to_all and
 all_to_all_single (uneven splits through AllToAllv), barrier and the coalesced variants
 DistributedDataParallel uses. Point-to-point (send, recv) and gather/scatter raise an error
@@ -17,8 +19,6 @@ shares through the process group's store.
 
 from __future__ import annotations
 
-import queue
-import threading
 from typing import Any, Callable, List, Optional
 
 import torch
@@ -58,6 +58,26 @@ def _op(opts: Any, call: str) -> str:
         if op == k:
             return v
     raise RuntimeError(f"{BACKEND}: {call} with {op} is not supported (SUM, PRODUCT, MIN, MAX, AVG)")
+
+
+_DTYPES = {
+    torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
+    torch.bfloat16: "bfloat16", torch.int8: "int8", torch.uint8: "uint8",
+    torch.int32: "int32", torch.int64: "int64",
+}
+
+
+def _counts(send: List[int], recv: List[int]) -> Any:
+    """AllToAllv's counts and packed displacements."""
+
+    def packed(c: List[int]) -> List[int]:
+        out, acc = [], 0
+        for n in c:
+            out.append(acc)
+            acc += n
+        return out
+
+    return (send, packed(send), recv, packed(recv))
 
 
 def _unsupported(call: str, instead: str) -> Callable[..., Any]:
@@ -102,39 +122,6 @@ class _Work(_C10dWork):
         return self._result
 
 
-class _Completer:
-    """Completes each call's future once the communicator has finished it, in order, on a
-    thread of its own (so DDP's hooks see asynchronous work)."""
-
-    def __init__(self) -> None:
-        self._q: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
-        self._t = threading.Thread(target=self._run, name="hccl-aot-completer", daemon=True)
-        self._t.start()
-
-    def _run(self) -> None:
-        while True:
-            item = self._q.get()
-            if item is None:
-                return
-            works, fut, result, after = item
-            try:
-                for w in works:
-                    w.wait()
-                if after is not None:
-                    after()
-                fut.set_result(result)
-            except BaseException as e:  # the future carries it to whoever waits
-                fut.set_exception(RuntimeError(f"{BACKEND}: {e}") if not isinstance(e, CommError) else e)
-
-    def submit(self, works: List[Any], result: Any, after: Optional[Callable[[], None]] = None) -> Any:
-        fut: Future = Future()
-        self._q.put((works, fut, result, after))
-        return _Work(fut, result)
-
-    def close(self) -> None:
-        self._q.put(None)
-
-
 class HcclProcessGroup(dist.ProcessGroup):
     """The process group ``init_process_group("hccl_aot")`` makes (see the module docs)."""
 
@@ -147,7 +134,7 @@ class HcclProcessGroup(dist.ProcessGroup):
             store.set("hccl_aot_addr", f"{host}:{Communicator.free_port()}")
         addr = store.get("hccl_aot_addr").decode()
         self._comm = Communicator.connect(rank, world_size, addr, plan=_plan)
-        self._done = _Completer()
+        self._native = self._comm._native
         self._world = world_size
 
     # ----- helpers -----
@@ -158,33 +145,58 @@ class HcclProcessGroup(dist.ProcessGroup):
             raise RuntimeError(f"{BACKEND}: {call}: tensor on {t.device}; this backend runs on CPU")
         if not t.is_contiguous():
             raise RuntimeError(f"{BACKEND}: {call}: the tensor is not contiguous (call .contiguous())")
-        if t.dtype == torch.bool or t.is_complex():
-            raise RuntimeError(f"{BACKEND}: {call}: element type {t.dtype} is not supported")
         return t
+
+    def _dtype(self, t: torch.Tensor, call: str) -> str:
+        name = _DTYPES.get(t.dtype)
+        if name is None:
+            raise RuntimeError(
+                f"{BACKEND}: {call}: element type {t.dtype} is not supported (float32, float64, "
+                "float16, bfloat16, int8, uint8, int32, int64)"
+            )
+        return name
 
     def _one(self, tensors: List[Any], call: str) -> torch.Tensor:
         if len(tensors) != 1:
             raise RuntimeError(f"{BACKEND}: {call} takes one tensor per process, got {len(tensors)}")
         return self._tensor(tensors[0], call)
 
-    def _wrap(self, fn: Callable[[], Any], call: str) -> Any:
+    def _run(self, call: str, coll: str, out: torch.Tensor, inp: Optional[torch.Tensor] = None,
+             op: str = "sum", root: int = 0, counts: Any = None) -> None:
+        """Runs one collective to the end on this thread (the GIL released)."""
+        dtype = self._dtype(out, call)
+        if inp is not None:
+            if inp.dtype != out.dtype:
+                raise RuntimeError(f"{BACKEND}: {call}: input is {inp.dtype}, output {out.dtype}")
+            if inp.data_ptr() == out.data_ptr() and inp.numel() == out.numel():
+                inp = None
         try:
-            return fn()
+            self._native.run(coll, op, dtype, out.data_ptr(), out.numel(),
+                             None if inp is None else inp.data_ptr(), 0 if inp is None else inp.numel(),
+                             root, counts)
         except CommError as e:
-            raise RuntimeError(f"{BACKEND}: {call}: {e}") from e
+            raise RuntimeError(f"{BACKEND}: {call}: {e}") from None
+
+    @staticmethod
+    def _done(result: Any) -> "_Work":
+        fut: Future = Future()
+        fut.set_result(result)
+        return _Work(fut, result)
 
     # ----- collectives -----
+    # Each runs to the end before it returns (the work it returns is complete): a blocking
+    # call on this thread costs a few microseconds, and the order of calls is the order the
+    # ranks make them, as the compiled plans require.
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
         t = self._one(tensors, "all_reduce")
-        op = _op(opts, "all_reduce")
-        w = self._wrap(lambda: self._comm.all_reduce(t, op=op, async_op=True), "all_reduce")
-        return self._done.submit([w], tensors)
+        self._run("all_reduce", "allreduce", t, op=_op(opts, "all_reduce"))
+        return self._done(tensors)
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
         op = _op(opts, "all_reduce_coalesced")
-        ws = [self._wrap(lambda t=t: self._comm.all_reduce(self._tensor(t, "all_reduce_coalesced"), op=op, async_op=True),
-                         "all_reduce_coalesced") for t in tensors]
-        return self._done.submit(ws, tensors)
+        for t in tensors:
+            self._run("all_reduce_coalesced", "allreduce", self._tensor(t, "all_reduce_coalesced"), op=op)
+        return self._done(tensors)
 
     def allgather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts: Any = None) -> Any:
         t = self._one(input_tensors, "all_gather")
@@ -195,32 +207,30 @@ class HcclProcessGroup(dist.ProcessGroup):
                 "(uneven sizes: gather them as one tensor with padding, or use all_to_all_single)"
             )
         flat = torch.empty(self._world * t.numel(), dtype=t.dtype)
-        w = self._wrap(lambda: self._comm.all_gather(t, flat, async_op=True), "all_gather")
-
-        def scatter_out() -> None:
-            for i, o in enumerate(outs):
-                o.copy_(flat[i * t.numel():(i + 1) * t.numel()].view_as(o))
-
-        return self._done.submit([w], output_tensors, scatter_out)
+        self._run("all_gather", "allgather", flat, t)
+        for i, o in enumerate(outs):
+            o.copy_(flat[i * t.numel():(i + 1) * t.numel()].view_as(o))
+        return self._done(output_tensors)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         o, i = self._tensor(output, "all_gather_into_tensor"), self._tensor(input, "all_gather_into_tensor")
-        w = self._wrap(lambda: self._comm.all_gather(i, o, async_op=True), "all_gather_into_tensor")
-        return self._done.submit([w], [output])
+        if o.numel() != i.numel() * self._world:
+            raise RuntimeError(f"{BACKEND}: all_gather_into_tensor: output has {o.numel()} elements, "
+                               f"needs {self._world} x {i.numel()}")
+        self._run("all_gather_into_tensor", "allgather", o, i)
+        return self._done([output])
 
     _allgather_base = all_gather_single
 
     def allgather_into_tensor_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None) -> Any:
-        ws = [self._wrap(lambda o=o, i=i: self._comm.all_gather(self._tensor(i, "all_gather_into_tensor"),
-                                                                self._tensor(o, "all_gather_into_tensor"), async_op=True),
-                         "all_gather_into_tensor") for o, i in zip(outputs, inputs)]
-        return self._done.submit(ws, outputs)
+        for o, i in zip(outputs, inputs):
+            self.all_gather_single(o, i)
+        return self._done(outputs)
 
     def allgather_coalesced(self, output_lists: List[List[torch.Tensor]], inputs: List[torch.Tensor], opts: Any = None) -> Any:
-        works = [self.allgather([outs], [i], opts) for outs, i in zip(output_lists, inputs)]
-        for w in works[:-1]:
-            w.wait()
-        return works[-1] if works else self._done.submit([], output_lists)
+        for outs, i in zip(output_lists, inputs):
+            self.allgather([outs], [i], opts)
+        return self._done(output_lists)
 
     def reduce_scatter(self, output_tensors: List[torch.Tensor], input_lists: List[List[torch.Tensor]], opts: Any = None) -> Any:
         out = self._one(output_tensors, "reduce_scatter")
@@ -228,81 +238,73 @@ class HcclProcessGroup(dist.ProcessGroup):
         if len(ins) != self._world or any(i.numel() != out.numel() or i.dtype != out.dtype for i in ins):
             raise RuntimeError(f"{BACKEND}: reduce_scatter needs {self._world} inputs shaped like the output")
         flat = torch.cat([i.reshape(-1) for i in ins])
-        op = _op(opts, "reduce_scatter")
-        w = self._wrap(lambda: self._comm.reduce_scatter(flat, out, op=op, async_op=True), "reduce_scatter")
-        return self._done.submit([w], output_tensors)
+        self._run("reduce_scatter", "reducescatter", out, flat, op=_op(opts, "reduce_scatter"))
+        return self._done(output_tensors)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         o, i = self._tensor(output, "reduce_scatter_tensor"), self._tensor(input, "reduce_scatter_tensor")
-        op = _op(opts, "reduce_scatter_tensor")
-        w = self._wrap(lambda: self._comm.reduce_scatter(i, o, op=op, async_op=True), "reduce_scatter_tensor")
-        return self._done.submit([w], [output])
+        if i.numel() != o.numel() * self._world:
+            raise RuntimeError(f"{BACKEND}: reduce_scatter_tensor: input has {i.numel()} elements, "
+                               f"needs {self._world} x {o.numel()}")
+        self._run("reduce_scatter_tensor", "reducescatter", o, i, op=_op(opts, "reduce_scatter_tensor"))
+        return self._done([output])
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_tensor_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None) -> Any:
-        op = _op(opts, "reduce_scatter_tensor")
-        ws = [self._wrap(lambda o=o, i=i: self._comm.reduce_scatter(self._tensor(i, "reduce_scatter_tensor"),
-                                                                    self._tensor(o, "reduce_scatter_tensor"), op=op, async_op=True),
-                         "reduce_scatter_tensor") for o, i in zip(outputs, inputs)]
-        return self._done.submit(ws, outputs)
+        for o, i in zip(outputs, inputs):
+            self.reduce_scatter_single(o, i, opts)
+        return self._done(outputs)
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
     def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
         t = self._one(tensors, "broadcast")
-        root = int(getattr(opts, "rootRank", 0))
-        w = self._wrap(lambda: self._comm.broadcast(t, root=root, async_op=True), "broadcast")
-        return self._done.submit([w], tensors)
+        self._run("broadcast", "broadcast", t, root=int(getattr(opts, "rootRank", 0)))
+        return self._done(tensors)
 
     def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
         t = self._one(tensors, "reduce")
-        root = int(getattr(opts, "rootRank", 0))
-        op = _op(opts, "reduce")
-        w = self._wrap(lambda: self._comm.reduce(t, root=root, op=op, async_op=True), "reduce")
-        return self._done.submit([w], tensors)
+        self._run("reduce", "reduce", t, op=_op(opts, "reduce"), root=int(getattr(opts, "rootRank", 0)))
+        return self._done(tensors)
 
     def alltoall(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None) -> Any:
         if len(outputs) != self._world or len(inputs) != self._world:
             raise RuntimeError(f"{BACKEND}: all_to_all needs {self._world} inputs and outputs")
-        dtype = inputs[0].dtype
         send = torch.cat([self._tensor(i, "all_to_all").reshape(-1) for i in inputs])
-        recv = torch.empty(sum(o.numel() for o in outputs), dtype=dtype)
+        recv = torch.empty(sum(o.numel() for o in outputs), dtype=send.dtype)
         sc, rc = [i.numel() for i in inputs], [o.numel() for o in outputs]
         if len(set(sc)) == 1 and sc == rc:
-            w = self._wrap(lambda: self._comm.all_to_all(send, recv, async_op=True), "all_to_all")
+            self._run("all_to_all", "alltoall", recv, send)
         else:
-            w = self._wrap(lambda: self._comm.all_to_all_v(send, sc, recv, rc, async_op=True), "all_to_all")
-
-        def scatter_out() -> None:
-            off = 0
-            for o in outputs:
-                o.copy_(recv[off:off + o.numel()].view_as(o))
-                off += o.numel()
-
-        return self._done.submit([w], outputs, scatter_out)
+            self._run("all_to_all", "alltoallv", recv, send, counts=_counts(sc, rc))
+        off = 0
+        for o in outputs:
+            o.copy_(recv[off:off + o.numel()].view_as(o))
+            off += o.numel()
+        return self._done(outputs)
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Optional[List[int]] = None,
                           input_split_sizes: Optional[List[int]] = None, opts: Any = None) -> Any:
         o, i = self._tensor(output, "all_to_all_single"), self._tensor(input, "all_to_all_single")
         if not output_split_sizes and not input_split_sizes:
-            w = self._wrap(lambda: self._comm.all_to_all(i, o, async_op=True), "all_to_all_single")
+            self._run("all_to_all_single", "alltoall", o, i)
         else:
+            w = self._world
             row_in = i[0].numel() if i.dim() > 0 and i.shape[0] else 1
             row_out = o[0].numel() if o.dim() > 0 and o.shape[0] else 1
-            w_ = self._world
-            isz = list(input_split_sizes) if input_split_sizes else [i.shape[0] // w_] * w_
-            osz = list(output_split_sizes) if output_split_sizes else [o.shape[0] // w_] * w_
-            sc, rc = [s * row_in for s in isz], [s * row_out for s in osz]
-            w = self._wrap(lambda: self._comm.all_to_all_v(i, sc, o, rc, async_op=True), "all_to_all_single")
-        return self._done.submit([w], [output])
+            isz = list(input_split_sizes) if input_split_sizes else [i.shape[0] // w] * w
+            osz = list(output_split_sizes) if output_split_sizes else [o.shape[0] // w] * w
+            self._run("all_to_all_single", "alltoallv", o, i,
+                      counts=_counts([s * row_in for s in isz], [s * row_out for s in osz]))
+        return self._done([output])
 
     alltoall_base = all_to_all_single
 
     def barrier(self, opts: Any = None) -> Any:
         t = torch.zeros(1, dtype=torch.int32)
-        w = self._wrap(lambda: self._comm.all_reduce(t, async_op=True), "barrier")
-        return self._done.submit([w], [t])
+        self._run("barrier", "allreduce", t)
+        return self._done([t])
 
     send = _unsupported("send", "use all_to_all_single with split sizes, or a Gloo group for point-to-point")
     recv = _unsupported("recv", "use all_to_all_single with split sizes, or a Gloo group for point-to-point")

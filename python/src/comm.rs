@@ -18,6 +18,7 @@ use hccl_ir::Collective;
 use pyo3::create_exception;
 use pyo3::prelude::*;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -78,12 +79,6 @@ struct Job {
     input: Option<Raw>,
     output: Raw,
     slot: Arc<Slot>,
-}
-
-enum Msg {
-    Call(Job),
-    Straggler(mpsc::Sender<Result<String, String>>),
-    Finish(mpsc::Sender<Result<Option<String>, String>>),
 }
 
 /// Runs `job` on `comm` with the element type `T`.
@@ -156,29 +151,27 @@ fn run_job(comm: &mut Communicator, job: &Job) -> Result<(), ExecError> {
     }
 }
 
-/// The communicator's thread: runs calls in submission order until the queue closes.
-fn serve(mut comm: Communicator, rx: mpsc::Receiver<Msg>) {
-    while let Ok(msg) = rx.recv() {
-        match msg {
-            Msg::Call(job) => {
-                let r = run_job(&mut comm, &job).map_err(|e| e.to_string());
-                job.slot.set(r);
-            }
-            Msg::Straggler(reply) => {
-                let r = comm
-                    .straggler_report()
-                    .map_err(|e| e.to_string())
-                    .and_then(|rep| serde_json::to_string(&rep).map_err(|e| e.to_string()));
-                let _ = reply.send(r);
-            }
-            Msg::Finish(reply) => {
-                let report = comm
-                    .finalize()
-                    .map(|rep| serde_json::to_string(&rep).unwrap_or_default());
-                let _ = reply.send(Ok(report));
-                return;
-            }
-        }
+/// The communicator, shared by the calling thread (blocking calls run there, with the GIL
+/// released, when nothing is queued) and its own thread (queued asynchronous calls);
+/// `None` once finalized.
+type Shared = Arc<Mutex<Option<Communicator>>>;
+
+fn run_locked(comm: &Shared, job: &Job) -> Result<(), String> {
+    match comm.lock() {
+        Ok(mut g) => match g.as_mut() {
+            Some(c) => run_job(c, job).map_err(|e| e.to_string()),
+            None => Err("the communicator was finalized".into()),
+        },
+        Err(_) => Err("the communicator failed in an earlier call (lock poisoned)".into()),
+    }
+}
+
+/// The communicator's thread: runs queued calls in submission order until the queue closes.
+fn serve(comm: Shared, pending: Arc<AtomicUsize>, rx: mpsc::Receiver<Job>) {
+    while let Ok(job) = rx.recv() {
+        let r = run_locked(&comm, &job);
+        pending.fetch_sub(1, Ordering::AcqRel);
+        job.slot.set(r);
     }
 }
 
@@ -236,10 +229,14 @@ impl Handle {
     }
 }
 
-/// One rank of a job (`hccl_executor::Communicator`), on a thread of its own.
+/// One rank of a job (`hccl_executor::Communicator`): blocking calls run on the caller's
+/// thread, asynchronous ones on a thread of the communicator's own, in submission order.
 #[pyclass(module = "hccl._hccl", name = "Communicator", frozen)]
 pub struct PyComm {
-    tx: Mutex<Option<mpsc::Sender<Msg>>>,
+    comm: Shared,
+    /// Calls queued and not yet finished: a blocking call runs in place only when none is.
+    pending: Arc<AtomicUsize>,
+    tx: Mutex<Option<mpsc::Sender<Job>>>,
     worker: Mutex<Option<std::thread::JoinHandle<()>>>,
     rank: u32,
     world: u32,
@@ -250,14 +247,19 @@ impl PyComm {
     fn start(comm: Communicator) -> PyResult<PyComm> {
         let (rank, world, plan_hash) =
             (comm.rank(), comm.world_size(), comm.plan_hash().to_string());
+        let comm: Shared = Arc::new(Mutex::new(Some(comm)));
+        let pending = Arc::new(AtomicUsize::new(0));
         let (tx, rx) = mpsc::channel();
+        let (c, p) = (comm.clone(), pending.clone());
         let worker = std::thread::Builder::new()
             .name(format!("hccl-py-rank{rank}"))
-            .spawn(move || serve(comm, rx))
+            .spawn(move || serve(c, p, rx))
             .map_err(|e| {
                 CommError::new_err(format!("cannot start the communicator thread: {e}"))
             })?;
         Ok(PyComm {
+            comm,
+            pending,
             tx: Mutex::new(Some(tx)),
             worker: Mutex::new(Some(worker)),
             rank,
@@ -266,17 +268,88 @@ impl PyComm {
         })
     }
 
-    fn send(&self, msg: Msg) -> PyResult<()> {
+    fn queue(&self, job: Job) -> PyResult<()> {
         let g = self
             .tx
             .lock()
             .map_err(|_| CommError::new_err("communicator lock poisoned"))?;
         match g.as_ref() {
-            Some(tx) => tx
-                .send(msg)
-                .map_err(|_| CommError::new_err("the communicator has stopped")),
+            Some(tx) => {
+                self.pending.fetch_add(1, Ordering::AcqRel);
+                tx.send(job).map_err(|_| {
+                    self.pending.fetch_sub(1, Ordering::AcqRel);
+                    CommError::new_err("the communicator has stopped")
+                })
+            }
             None => Err(CommError::new_err("the communicator was finalized")),
         }
+    }
+
+    /// Waits (GIL released) until every queued call has finished.
+    fn drain(&self, py: Python<'_>) {
+        let pending = self.pending.clone();
+        py.detach(move || {
+            while pending.load(Ordering::Acquire) > 0 {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        });
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn job(
+        &self,
+        collective: &str,
+        op: &str,
+        dtype_: &str,
+        out_ptr: usize,
+        out_len: usize,
+        in_ptr: Option<usize>,
+        in_len: usize,
+        root: u32,
+        counts: Option<Counts>,
+    ) -> PyResult<Job> {
+        let kind = match collective {
+            "allreduce" => Kind::Run(Collective::AllReduce),
+            "allgather" => Kind::Run(Collective::AllGather),
+            "reducescatter" => Kind::Run(Collective::ReduceScatter),
+            "alltoall" => Kind::Run(Collective::AllToAll),
+            "broadcast" | "reduce" if root >= self.world => {
+                return Err(CommError::new_err(format!(
+                    "root {root} is not a rank (world size {})",
+                    self.world
+                )));
+            }
+            "broadcast" => Kind::Run(Collective::Broadcast { root }),
+            "reduce" => Kind::Run(Collective::Reduce { root }),
+            "alltoallv" => {
+                let (send_counts, send_displs, recv_counts, recv_displs) =
+                    counts.ok_or_else(|| {
+                        CommError::new_err(
+                            "alltoallv needs send and receive counts and displacements",
+                        )
+                    })?;
+                Kind::AllToAllV {
+                    send_counts,
+                    send_displs,
+                    recv_counts,
+                    recv_displs,
+                }
+            }
+            other => {
+                return Err(CommError::new_err(format!("unknown collective {other:?}")));
+            }
+        };
+        Ok(Job {
+            kind,
+            op: reduce_op(op)?,
+            dtype: dtype(dtype_)?,
+            input: in_ptr.map(|ptr| Raw { ptr, len: in_len }),
+            output: Raw {
+                ptr: out_ptr,
+                len: out_len,
+            },
+            slot: Arc::new(Slot::default()),
+        })
     }
 }
 
@@ -431,78 +504,68 @@ impl PyComm {
         root: u32,
         counts: Option<Counts>,
     ) -> PyResult<Handle> {
-        let kind = match collective {
-            "allreduce" => Kind::Run(Collective::AllReduce),
-            "allgather" => Kind::Run(Collective::AllGather),
-            "reducescatter" => Kind::Run(Collective::ReduceScatter),
-            "alltoall" => Kind::Run(Collective::AllToAll),
-            "broadcast" | "reduce" if root >= self.world => {
-                return Err(CommError::new_err(format!(
-                    "root {root} is not a rank (world size {})",
-                    self.world
-                )));
-            }
-            "broadcast" => Kind::Run(Collective::Broadcast { root }),
-            "reduce" => Kind::Run(Collective::Reduce { root }),
-            "alltoallv" => {
-                let (send_counts, send_displs, recv_counts, recv_displs) =
-                    counts.ok_or_else(|| {
-                        CommError::new_err(
-                            "alltoallv needs send and receive counts and displacements",
-                        )
-                    })?;
-                Kind::AllToAllV {
-                    send_counts,
-                    send_displs,
-                    recv_counts,
-                    recv_displs,
-                }
-            }
-            other => {
-                return Err(CommError::new_err(format!("unknown collective {other:?}")));
-            }
-        };
-        let slot = Arc::new(Slot::default());
-        let job = Job {
-            kind,
-            op: reduce_op(op)?,
-            dtype: dtype(dtype_)?,
-            input: in_ptr.map(|ptr| Raw { ptr, len: in_len }),
-            output: Raw {
-                ptr: out_ptr,
-                len: out_len,
-            },
-            slot: slot.clone(),
-        };
-        self.send(Msg::Call(job))?;
+        let job = self.job(
+            collective, op, dtype_, out_ptr, out_len, in_ptr, in_len, root, counts,
+        )?;
+        let slot = job.slot.clone();
+        self.queue(job)?;
         Ok(Handle { slot })
+    }
+
+    /// Runs one call to the end (GIL released): on this thread when nothing is queued, else
+    /// after the queued calls. Same contract as `submit`.
+    #[pyo3(signature = (collective, op, dtype_, out_ptr, out_len, in_ptr = None, in_len = 0, root = 0, counts = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        py: Python<'_>,
+        collective: &str,
+        op: &str,
+        dtype_: &str,
+        out_ptr: usize,
+        out_len: usize,
+        in_ptr: Option<usize>,
+        in_len: usize,
+        root: u32,
+        counts: Option<Counts>,
+    ) -> PyResult<()> {
+        let job = self.job(
+            collective, op, dtype_, out_ptr, out_len, in_ptr, in_len, root, counts,
+        )?;
+        if self.pending.load(Ordering::Acquire) > 0 {
+            self.drain(py);
+        }
+        let comm = self.comm.clone();
+        py.detach(move || run_locked(&comm, &job))
+            .map_err(CommError::new_err)
     }
 
     /// The straggler report as JSON (collective: every rank calls it after the same calls).
     fn straggler_report(&self, py: Python<'_>) -> PyResult<String> {
-        let (tx, rx) = mpsc::channel();
-        self.send(Msg::Straggler(tx))?;
-        py.detach(move || rx.recv())
-            .map_err(|_| CommError::new_err("the communicator has stopped"))?
-            .map_err(CommError::new_err)
+        self.drain(py);
+        let comm = self.comm.clone();
+        py.detach(move || {
+            let mut g = comm.lock().map_err(|_| "lock poisoned".to_string())?;
+            let c = g.as_mut().ok_or("the communicator was finalized")?;
+            let report = c.straggler_report().map_err(|e| e.to_string())?;
+            serde_json::to_string(&report).map_err(|e| e.to_string())
+        })
+        .map_err(CommError::new_err)
     }
 
     /// Ends the communicator after the calls queued; its straggler report (JSON), if any.
     fn finalize(&self, py: Python<'_>) -> PyResult<Option<String>> {
-        let Some(tx) = self.tx.lock().ok().and_then(|mut g| g.take()) else {
-            return Ok(None);
-        };
-        let (reply_tx, reply_rx) = mpsc::channel();
-        let _ = tx.send(Msg::Finish(reply_tx));
-        drop(tx);
-        let report = py.detach(move || reply_rx.recv());
+        if let Some(tx) = self.tx.lock().ok().and_then(|mut g| g.take()) {
+            drop(tx);
+        }
         if let Some(w) = self.worker.lock().ok().and_then(|mut g| g.take()) {
-            let _ = py.detach(|| w.join());
+            let _ = py.detach(move || w.join());
         }
-        match report {
-            Ok(r) => r.map_err(CommError::new_err),
-            Err(_) => Ok(None),
-        }
+        let comm = self.comm.clone();
+        let taken = py.detach(move || comm.lock().ok().and_then(|mut g| g.take()));
+        Ok(taken
+            .and_then(|c| c.finalize())
+            .map(|r| serde_json::to_string(&r).unwrap_or_default()))
     }
 }
 

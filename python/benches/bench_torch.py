@@ -1,0 +1,72 @@
+"""hccl_aot against Gloo through the same torch.distributed calls, side by side in one run:
+back-to-back pairs of launches (alternating which goes first), the median of each pair's
+ratio per collective and size, for 2 and 4 processes; and the DDP step of a 26M-parameter
+model. Usage: python bench_torch.py [--pairs 3] [--procs 2 4] [--colls ...]"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+JOB = Path(__file__).with_name("torch_job.py")
+
+
+def launch(backend, n, env):
+    import hccl
+
+    e = dict(os.environ, BACKEND=backend, OMP_NUM_THREADS="1", **env)
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}",
+           f"--master-port={hccl.Communicator.free_port()}", str(JOB)]
+    r = subprocess.run(cmd, env=e, capture_output=True, text=True)
+    if r.returncode:
+        sys.exit(f"{backend} x{n} failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
+    return [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
+
+
+def human(b):
+    for u, s in (("G", 30), ("M", 20), ("K", 10)):
+        if b >= 1 << s:
+            return f"{b >> s}{u}"
+    return f"{b}B"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--procs", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--colls", default="all_reduce,all_gather_into_tensor,reduce_scatter_tensor")
+    ap.add_argument("--no-ddp", action="store_true")
+    a = ap.parse_args()
+    for n in a.procs:
+        runs = {"gloo": [], "hccl_aot": []}
+        for p in range(a.pairs):
+            order = ["gloo", "hccl_aot"] if p % 2 == 0 else ["hccl_aot", "gloo"]
+            for b in order:
+                runs[b].append({(x["coll"], x["bytes"]): x for x in launch(b, n, {"MODE": "collectives", "COLLS": a.colls})})
+        keys = list(runs["gloo"][0])
+        print(f"\n{n} processes, {a.pairs} back-to-back pairs; times are medians over pairs, ratio = median of per-pair gloo/hccl_aot")
+        print(f"{'collective':<24}{'size':>6}{'gloo us':>12}{'hccl us':>12}{'gloo busbw':>12}{'hccl busbw':>12}{'ratio':>8}")
+        for k in keys:
+            g = [r[k]["us"] for r in runs["gloo"]]
+            h = [r[k]["us"] for r in runs["hccl_aot"]]
+            gb = statistics.median(r[k]["busbw"] for r in runs["gloo"])
+            hb = statistics.median(r[k]["busbw"] for r in runs["hccl_aot"])
+            ratio = statistics.median(x / y for x, y in zip(g, h))
+            print(f"{k[0]:<24}{human(k[1]):>6}{statistics.median(g):>12.1f}{statistics.median(h):>12.1f}{gb:>12.3f}{hb:>12.3f}{ratio:>8.2f}")
+        if not a.no_ddp:
+            g, h = [], []
+            for p in range(a.pairs):
+                order = ["gloo", "hccl_aot"] if p % 2 == 0 else ["hccl_aot", "gloo"]
+                for b in order:
+                    ms = launch(b, n, {"MODE": "ddp"})[0]["ms"]
+                    (g if b == "gloo" else h).append(ms)
+            print(f"DDP step, 26.2M parameters, {n} processes: gloo {statistics.median(g):.1f} ms, "
+                  f"hccl_aot {statistics.median(h):.1f} ms, ratio {statistics.median(x / y for x, y in zip(g, h)):.2f} "
+                  f"(pairs: {', '.join(f'{x:.0f}/{y:.0f}' for x, y in zip(g, h))})")
+
+
+if __name__ == "__main__":
+    main()
