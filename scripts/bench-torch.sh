@@ -9,4 +9,5 @@ cd "$(dirname "$0")/.."
 venv=target/py-bench-venv
 [[ -x $venv/bin/python ]] || python3 -m venv "$venv"
 "$venv/bin/pip" install -q "./python[torch]"
-exec "$venv/bin/python" python/benches/bench_torch.py "$@"
+cargo build --release -q --bin hccl-perf
+exec "$venv/bin/python" python/benches/bench_torch.py --hccl-perf target/release/hccl-perf "$@"

@@ -39,8 +39,21 @@ def main():
     ap.add_argument("--procs", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--colls", default="all_reduce,all_gather_into_tensor,reduce_scatter_tensor")
     ap.add_argument("--no-ddp", action="store_true")
+    ap.add_argument("--plan", help="plan file for hccl_aot (HCCL_PLAN); default: one compiled for this host")
+    ap.add_argument("--hccl-perf", help="hccl-perf binary: all_reduce on the same plan, for the overhead of PyTorch")
     a = ap.parse_args()
+    import tempfile
+
+    import hccl
+
+    tmp = tempfile.mkdtemp()
     for n in a.procs:
+        plan = a.plan
+        if plan is None:
+            # What hccl-perf runs when given no plan: compiled for this host's ranks.
+            plan = os.path.join(tmp, f"host{n}.plan.ron")
+            hccl.compile(hccl.Topology.host(n), sizes="8..256M").save(plan)
+        os.environ["HCCL_PLAN"] = plan
         runs = {"gloo": [], "hccl_aot": []}
         for p in range(a.pairs):
             order = ["gloo", "hccl_aot"] if p % 2 == 0 else ["hccl_aot", "gloo"]
@@ -56,6 +69,24 @@ def main():
             hb = statistics.median(r[k]["busbw"] for r in runs["hccl_aot"])
             ratio = statistics.median(x / y for x, y in zip(g, h))
             print(f"{k[0]:<24}{human(k[1]):>6}{statistics.median(g):>12.1f}{statistics.median(h):>12.1f}{gb:>12.3f}{hb:>12.3f}{ratio:>8.2f}")
+        if a.hccl_perf and "all_reduce" in a.colls:
+            perf = []
+            for p in range(a.pairs):
+                r = subprocess.run([a.hccl_perf, "--backend", "process", "-g", str(n), "-b", "8", "-e", "256M",
+                                    "-f", "4", "--plan", plan, "--json"], capture_output=True, text=True)
+                if r.returncode:
+                    sys.exit(f"hccl-perf failed: {r.stderr[-2000:]}")
+                doc = json.loads(r.stdout)
+                rows = doc["rows"] if isinstance(doc, dict) else doc
+                perf.append({int(x["bytes"]): float(x["time_us"]) for x in rows})
+            print(f"all_reduce through PyTorch (hccl_aot) against hccl-perf (Rust), same plan, {n} processes")
+            print(f"{'size':>6}{'hccl-perf us':>14}{'torch us':>10}{'overhead us':>13}{'ratio':>8}")
+            for k in keys:
+                if k[0] != "all_reduce" or k[1] not in perf[0]:
+                    continue
+                rust = statistics.median(pp[k[1]] for pp in perf)
+                torch_us = statistics.median(r[k]["us"] for r in runs["hccl_aot"])
+                print(f"{human(k[1]):>6}{rust:>14.2f}{torch_us:>10.2f}{torch_us - rust:>13.2f}{torch_us / rust:>8.3f}")
         if not a.no_ddp:
             g, h = [], []
             for p in range(a.pairs):
