@@ -4,6 +4,7 @@ Azure/msccl-tools 7e7d6bf82249fce9f9caa64802c5a1567d556027): every port verifies
 than its original, has the original's shape (chunks, channels, steps of each kind) and costs
 what the original's XML costs on the same topology under the same protocol.
 """
+
 import importlib.util
 import io
 import tokenize
@@ -18,18 +19,21 @@ import hccl
 HERE = Path(__file__).resolve().parent
 EXAMPLES = HERE.parent / "examples" / "msccl"
 DATA = HERE / "data"
-# The corpus lives beside the repository, not in it (README.md there says where it came from).
-MSCCL = Path(__file__).resolve().parents[2].parent / "shared" / "msccl"
+# The corpus msccl-tools generated, as the repository keeps it (ir/tests/data/msccl, copied
+# unchanged from the shared corpus; NOTICE.md there says where it came from).
+MSCCL = Path(__file__).resolve().parents[2] / "ir" / "tests" / "data" / "msccl"
 needs_corpus = pytest.mark.skipif(
-    not MSCCL.is_dir(), reason=f"the shared MSCCL XML corpus is not at {MSCCL}"
+    not MSCCL.is_dir(), reason=f"the MSCCL XML test data is not at {MSCCL}"
 )
 
 SIZES = "1K..1G"
-# Predicted times of a port and of the imported XML may differ by this much, relatively. The
-# ring and hierarchical ports give the XML's streams step for step, and their times agree to
-# rounding; the two-step AllToAll's two local copies per rank run on a stream of their own
-# here, where msccl-tools put them on a sending thread block.
-RTOL = 0.02
+# How far a port's predicted time may be from the imported XML's, relatively, at every size.
+# The ring and hierarchical ports give the XML's streams step for step and their times are
+# equal (EXACT leaves room for float rounding only). The two-step AllToAll's two local copies
+# per rank run on a local stream here, where msccl-tools put them on the thread block that
+# sends to the next GPU; that makes the port at most 0.13% faster (at 1 GiB; 2026-12-04).
+EXACT = 1e-9
+TWO_STEP = 0.005
 
 # The originals, measured at the commit above: "code" counts the lines of code as
 # `code_lines` does (the same rule for ports and originals), "wc" is `wc -l` of the whole file.
@@ -98,36 +102,69 @@ def cluster(nodes, box):
 
 BOX4 = str(DATA / "box4-v100.ron")  # 4 fully NVLinked V100s, 2 NICs (see the file)
 
-# (port, its parameters, the corpus file of the same parameters, topology, protocol)
+# (port, its parameters, the corpus file of the same parameters, topology, protocol, tolerance)
 CASES = {
-    "ring_r8_ch1_i1": ("ring_allreduce", dict(ranks=8, channels=1, instances=1),
-                       "allreduce_ring_r8_ch1_i1_ll128.xml", lambda: hccl.topology("dgx1-v100"),
-                       "LL128"),
-    "ring_r8_ch4_i2": ("ring_allreduce", dict(ranks=8, channels=4, instances=2),
-                       "allreduce_ring_r8_ch4_i2_simple.xml", lambda: hccl.topology("dgx1-v100"),
-                       "Simple"),
-    "ring_r32_ch1_i1": ("ring_allreduce", dict(ranks=32, channels=1, instances=1),
-                        "allreduce_ring_r32_ch1_i1_ll.xml", cluster(4, "dgx1-v100"), "LL"),
-    "hierarchical_n2g4": ("hierarchical_allreduce", dict(gpus=4, nodes=2),
-                          "allreduce_hierarchical_n2g4_i1_simple.xml", cluster(2, BOX4), "Simple"),
-    "hierarchical_n2g8": ("hierarchical_allreduce", dict(gpus=8, nodes=2),
-                          "allreduce_hierarchical_n2g8_i1_simple.xml", cluster(2, "dgx1-v100"),
-                          "Simple"),
-    "two_step_n2g8": ("alltoall_two_step", dict(nodes=2, gpus=8),
-                      "alltoall_two_step_n2g8_simple.xml", cluster(2, "dgx1-v100"), "Simple"),
+    "ring_r8_ch1_i1": (
+        "ring_allreduce",
+        dict(ranks=8, channels=1, instances=1),
+        "allreduce_ring_r8_ch1_i1_ll128.xml",
+        lambda: hccl.topology("dgx1-v100"),
+        "LL128",
+        EXACT,
+    ),
+    "ring_r8_ch4_i2": (
+        "ring_allreduce",
+        dict(ranks=8, channels=4, instances=2),
+        "allreduce_ring_r8_ch4_i2_simple.xml",
+        lambda: hccl.topology("dgx1-v100"),
+        "Simple",
+        EXACT,
+    ),
+    "ring_r32_ch1_i1": (
+        "ring_allreduce",
+        dict(ranks=32, channels=1, instances=1),
+        "allreduce_ring_r32_ch1_i1_ll.xml",
+        cluster(4, "dgx1-v100"),
+        "LL",
+        EXACT,
+    ),
+    "hierarchical_n2g4": (
+        "hierarchical_allreduce",
+        dict(gpus=4, nodes=2),
+        "allreduce_hierarchical_n2g4_i1_simple.xml",
+        cluster(2, BOX4),
+        "Simple",
+        EXACT,
+    ),
+    "hierarchical_n2g8": (
+        "hierarchical_allreduce",
+        dict(gpus=8, nodes=2),
+        "allreduce_hierarchical_n2g8_i1_simple.xml",
+        cluster(2, "dgx1-v100"),
+        "Simple",
+        EXACT,
+    ),
+    "two_step_n2g8": (
+        "alltoall_two_step",
+        dict(nodes=2, gpus=8),
+        "alltoall_two_step_n2g8_simple.xml",
+        cluster(2, "dgx1-v100"),
+        "Simple",
+        TWO_STEP,
+    ),
 }
 
 
 @pytest.mark.parametrize("module", sorted(ORIGINALS))
 def test_port_is_no_longer_than_its_original(module):
-    path, original, _ = ORIGINALS[module]
+    path, original, wc = ORIGINALS[module]
     ours = code_lines((EXAMPLES / f"{module}.py").read_text())
-    assert ours <= original, f"{module}.py has {ours} lines of code, {path} has {original}"
+    assert ours <= original, f"{module}.py: {ours} lines of code; {path}: {original} ({wc} in all)"
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_port_verifies(case):
-    module, params, _, _, _ = CASES[case]
+    module, params, _, _, _, _ = CASES[case]
     load(module)(**params).verify()
 
 
@@ -142,7 +179,7 @@ def shape(xml):
 @needs_corpus
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_port_has_the_shape_of_the_original(case):
-    module, params, xml, _, proto = CASES[case]
+    module, params, xml, _, proto, _ = CASES[case]
     ours = load(module)(**params).to_msccl_xml(proto=proto)
     assert shape(ours) == shape((MSCCL / xml).read_text())
 
@@ -150,14 +187,14 @@ def test_port_has_the_shape_of_the_original(case):
 @needs_corpus
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_port_costs_what_the_original_costs(case):
-    module, params, xml, topology, proto = CASES[case]
+    module, params, xml, topology, proto, rtol = CASES[case]
     topo = topology()
     theirs = hccl.Plan.from_msccl_xml(str(MSCCL / xml)).explain(topo, sizes=SIZES)
     ours = load(module)(**params).cost(topo, sizes=SIZES, proto=proto)
     assert [r.bytes for r in ours] == [r.bytes for r in theirs]
     assert len(ours) == 21  # 1 KiB to 1 GiB
     worst = max(abs(o.time_us / t.time_us - 1) for o, t in zip(ours, theirs))
-    assert worst <= RTOL, "\n".join(
+    assert worst <= rtol, f"worst {worst:.3%}\n" + "\n".join(
         f"{o.bytes:>11} B: port {o.time_us:.2f} us, msccl-tools {t.time_us:.2f} us"
         for o, t in zip(ours, theirs)
     )

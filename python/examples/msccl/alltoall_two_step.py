@@ -8,6 +8,7 @@ gathers in its scratch every chunk that its node sends to GPU g of the remote no
 sends them there in one transfer of `gpus` chunks, on a channel per node pair and GPU parity.
 Chunks for the rank's own node go directly.
 """
+
 from hccl import Algorithm, Buffer
 
 

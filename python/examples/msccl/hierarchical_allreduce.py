@@ -13,6 +13,7 @@ they are written out here as it chose them for 2 nodes: a reduce-scatter path of
 runs on channel k, an all-gather path that crosses nodes on channel ranks + g, and the
 all-gather inside node h on the channel of the reduce-scatter path that it retraces.
 """
+
 from hccl import Algorithm, Buffer
 
 
@@ -34,11 +35,14 @@ def hierarchical_allreduce(gpus=4, nodes=2):
     def across(node, g):  # the ring through local rank g of every node, from `node`
         return [(node + s) % nodes * gpus + g for s in range(nodes)]
 
+    # Reduce-scatter inside every node: chunk k ends on local rank g = k // nodes.
     for node in range(nodes):
         for k in range(n):
             ring(k, inside(node, k // nodes + 1), k, reduce=True)
+    # Reduce-scatter across the nodes, through local rank g: chunk k ends on node h = k % nodes.
     for k in range(n):
         ring(k, across(k % nodes + 1, k // nodes), k, reduce=True)
+    # All-gather across the nodes from node h, then inside every node from local rank g.
     for k in range(n):
         ring(k, across(k % nodes, k // nodes), n + k // nodes, reduce=False)
     for node in range(nodes):

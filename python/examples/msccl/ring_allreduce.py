@@ -7,18 +7,21 @@ that rank k-1 ends with the sum; the sum then goes around once more to the other
 chunks are dealt round-robin to `channels` channels. `instances` replicates the ring the way
 msccl-tools does: instance i owns chunks k*instances + i and channels i*channels onwards.
 """
+
 from hccl import Algorithm, Buffer
 
 
 def ring_allreduce(ranks=8, channels=1, instances=1):
-    a = Algorithm("allreduce", ranks=ranks, chunks=ranks * instances, in_place=True,
-                  name=f"allreduce_ring_{channels}channelsperring")
+    name = f"allreduce_ring_{channels}channelsperring"
+    a = Algorithm("allreduce", ranks=ranks, chunks=ranks * instances, in_place=True, name=name)
     for i in range(instances):
-        def chunk(rank, k):
+
+        def chunk(rank, k, i=i):
             return a.chunk(rank % ranks, Buffer.input, k * instances + i)
 
-        def ch(k):
+        def ch(k, i=i):
             return i * channels + k % channels
+
         # First hop, one side at a time: every rank must send its own chunk before it receives,
         # and `reduce`, which records both sides at once, cannot be ordered so for all ranks.
         for k in range(ranks):
