@@ -525,10 +525,8 @@ class Plan:
         and bandwidth, NCCL's choice and the lower bound. ``topo`` defaults to the plan's
         own (when it is a shipped machine)."""
         t = self._topo(topo)
-        s = globals()["sizes"](sizes)
-        rows = _rows(self._native.explain(t._native, s))
-        label = self._path or "<plan>"
-        return Table(rows, text=self._native.table(t._native, s, label))
+        rows, text = self._native.explain(t._native, globals()["sizes"](sizes), self._path or "<plan>")
+        return Table(_rows(rows), text=text)
 
     def plot(self, topo: Union[None, Topology, PathLike] = None, sizes: Sizes = None) -> str:
         """The explained rows as an SVG chart of bus bandwidth against size."""

@@ -404,6 +404,26 @@ impl PyPlan {
     fn wrap(p: PlanFile) -> PyPlan {
         PyPlan { inner: Arc::new(p) }
     }
+
+    /// The plan explained on `topo` at `sizes` (GIL released).
+    fn rows(
+        &self,
+        py: Python<'_>,
+        topo: &Arc<RsTopology>,
+        sizes: Vec<u64>,
+    ) -> PyResult<Vec<search::Row>> {
+        check_sizes(&sizes)?;
+        let (plan, t) = (self.inner.clone(), topo.clone());
+        py.detach(|| {
+            let options = Options {
+                sizes,
+                model: CostModel::for_topology(&t),
+                ..Options::default()
+            };
+            search::evaluate_plan(&t, &plan, &options)
+        })
+        .map_err(search_err)
+    }
 }
 
 fn verify_errors_json(errors: &[IrVerifyError]) -> Value {
@@ -566,19 +586,18 @@ impl PyPlan {
         })
     }
 
-    /// `hcclc explain`'s rows (JSON) on `topo` at `sizes`.
-    fn explain(&self, py: Python<'_>, topo: &PyTopology, sizes: Vec<u64>) -> PyResult<String> {
-        check_sizes(&sizes)?;
-        let (plan, t) = (self.inner.clone(), topo.inner.clone());
-        py.detach(|| {
-            let options = Options {
-                sizes,
-                model: CostModel::for_topology(&t),
-                ..Options::default()
-            };
-            search::evaluate_plan(&t, &plan, &options).map(|rows| rows_json(&rows))
-        })
-        .map_err(search_err)
+    /// `hcclc explain` on `topo` at `sizes`: the rows (JSON) and the table (`title` names
+    /// the plan in it).
+    fn explain(
+        &self,
+        py: Python<'_>,
+        topo: &PyTopology,
+        sizes: Vec<u64>,
+        title: &str,
+    ) -> PyResult<(String, String)> {
+        let t = topo.inner.clone();
+        let rows = self.rows(py, &t, sizes)?;
+        Ok((rows_json(&rows), report::table(title, &t, &rows)))
     }
 
     /// The predicted timeline of one call: `(trace JSON, summary JSON, SVG picture)`.
@@ -619,38 +638,9 @@ impl PyPlan {
         sizes: Vec<u64>,
         name: &str,
     ) -> PyResult<String> {
-        check_sizes(&sizes)?;
-        let (plan, t) = (self.inner.clone(), topo.inner.clone());
-        py.detach(|| {
-            let options = Options {
-                sizes,
-                model: CostModel::for_topology(&t),
-                ..Options::default()
-            };
-            let rows = search::evaluate_plan(&t, &plan, &options).map_err(search_err)?;
-            report::busbw_svg(name, &t, &rows).map_err(|e| CompileError::new_err(e.to_string()))
-        })
-    }
-
-    /// `hcclc explain`'s text table of rows explained on `topo` at `sizes`.
-    fn table(
-        &self,
-        py: Python<'_>,
-        topo: &PyTopology,
-        sizes: Vec<u64>,
-        title: &str,
-    ) -> PyResult<String> {
-        check_sizes(&sizes)?;
-        let (plan, t) = (self.inner.clone(), topo.inner.clone());
-        py.detach(|| {
-            let options = Options {
-                sizes,
-                model: CostModel::for_topology(&t),
-                ..Options::default()
-            };
-            search::evaluate_plan(&t, &plan, &options).map(|rows| report::table(title, &t, &rows))
-        })
-        .map_err(search_err)
+        let t = topo.inner.clone();
+        let rows = self.rows(py, &t, sizes)?;
+        report::busbw_svg(name, &t, &rows).map_err(|e| CompileError::new_err(e.to_string()))
     }
 
     /// Entry `entry` as MSCCL XML, with the limits of MSCCL's runtime it exceeds.
