@@ -39,7 +39,8 @@ def main():
     ap.add_argument("--procs", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--colls", default="all_reduce,all_gather_into_tensor,reduce_scatter_tensor")
     ap.add_argument("--no-ddp", action="store_true")
-    ap.add_argument("--plan", help="plan file for hccl_aot (HCCL_PLAN); default: one compiled for this host")
+    ap.add_argument("--plan", help="plan file for hccl_aot and hccl-perf (HCCL_PLAN); default: the built-in plans, "
+                    "what init_process_group('hccl_aot') runs without HCCL_PLAN; 'host': compiled for this host")
     ap.add_argument("--hccl-perf", help="hccl-perf binary: all_reduce on the same plan, for the overhead of PyTorch")
     a = ap.parse_args()
     import tempfile
@@ -49,10 +50,14 @@ def main():
     tmp = tempfile.mkdtemp()
     for n in a.procs:
         plan = a.plan
-        if plan is None:
-            # What hccl-perf runs when given no plan: compiled for this host's ranks.
-            plan = os.path.join(tmp, f"host{n}.plan.ron")
-            hccl.compile(hccl.Topology.host(n), sizes="8..256M").save(plan)
+        if plan in (None, "host"):
+            path = os.path.join(tmp, f"plan{n}.plan.ron")
+            if plan is None:
+                hccl.Plan.builtin(n).save(path)
+            else:  # what hccl-perf runs when given no plan: compiled for this host's ranks
+                hccl.compile(hccl.Topology.host(n), sizes="8..256M").save(path)
+            plan = path
+        print(f"\nplan: {a.plan or 'built-in'} ({plan})")
         os.environ["HCCL_PLAN"] = plan
         runs = {"gloo": [], "hccl_aot": []}
         for p in range(a.pairs):

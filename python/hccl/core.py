@@ -445,6 +445,15 @@ class Plan:
         return cls(_hccl.Plan.from_ron(text, origin))
 
     @classmethod
+    def builtin(cls, world_size: int) -> "Plan":
+        """The executor's built-in plans for ``world_size`` ranks: what a
+        :class:`hccl.Communicator` runs when given no plan (hand-written rings, chains and
+        all-pairs schedules that know nothing of the machine)."""
+        if isinstance(world_size, bool) or not isinstance(world_size, int):
+            raise TypeError("world_size: expected an int")
+        return cls(_hccl.Plan.builtin(world_size))
+
+    @classmethod
     def from_msccl_xml(cls, source: Union[str, "os.PathLike[str]"]) -> "Plan":
         """An MSCCL algorithm (what msccl-tools writes), from a path or from XML text."""
         if isinstance(source, os.PathLike) or (

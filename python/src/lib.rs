@@ -486,6 +486,18 @@ impl PyPlan {
             .map_err(plan_err)
     }
 
+    /// The executor's built-in plans for `world` ranks (what a communicator runs when given
+    /// no plan): hand-written, topology-agnostic schedules.
+    #[staticmethod]
+    fn builtin(world: u32) -> PyResult<PyPlan> {
+        if world == 0 || world > 4096 {
+            return Err(PlanError::new_err(format!(
+                "built-in plans are for 1 to 4096 ranks, not {world}"
+            )));
+        }
+        Ok(PyPlan::wrap(hccl_executor::fallback::plan(world)))
+    }
+
     /// MSCCL XML text → a plan (its entries unverified until `verify`), with the importer's
     /// warnings.
     #[staticmethod]

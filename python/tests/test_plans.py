@@ -245,3 +245,13 @@ def test_xml_candidate_joins_the_compile(msccl_dir, dgx1, hcclc, tmp_path):
     r = run([hcclc, "compile", "dgx1-v100", "-c", "allreduce", "--sizes", "1K..1M", "--with", str(xml), "-o", str(out)])
     assert r.returncode == 0, r.stderr
     assert hccl.Plan.load(out).hash == ours.hash
+
+
+def test_builtin_plans():
+    plan = hccl.Plan.builtin(5)
+    assert plan.verify() and {e["collective"] for e in plan.entries} >= {"allreduce", "alltoall"}
+    assert all(e["nranks"] == 5 for e in plan.entries)
+    with pytest.raises(hccl.PlanError):
+        hccl.Plan.builtin(0)
+    with pytest.raises(TypeError):
+        hccl.Plan.builtin("5")
