@@ -11,14 +11,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 echo "== cargo test --workspace $* ($(date +%T))"
-cargo test --workspace "$@"
+# Build every test first; then, while the Rust tests run, set up the Python package (its build
+# waits on little but the compiler, the tests much on sleeps and sockets).
+cargo test --workspace --no-run "$@"
 
-echo "== Python: a fresh venv, pip install ./python, pytest ($(date +%T))"
 python=${PYTHON:-python3}
 venv=target/py-test-venv
-rm -rf "$venv"
-"$python" -m venv "$venv"
-"$venv/bin/pip" install -q --upgrade pip >/dev/null
 profile=${HCCL_PY_PROFILE:-dev}
 extras=test
 # PyTorch (for hccl.torch's tests) is large: installed when HCCL_TEST_TORCH=1 (CI sets it),
@@ -26,7 +24,27 @@ extras=test
 if [[ "${HCCL_TEST_TORCH:-0}" == 1 ]]; then
   extras=test,torch
 fi
-"$venv/bin/pip" install -q "./python[$extras]" --config-settings=build-args="--profile $profile"
+rm -rf "$venv"
+setup_log=target/py-test-setup.log
+(
+  "$python" -m venv "$venv" &&
+    "$venv/bin/pip" install -q "./python[$extras]" --config-settings=build-args="--profile $profile"
+) >"$setup_log" 2>&1 &
+setup=$!
+
+status=0
+cargo test --workspace "$@" || status=$?
+
+echo "== Python: a fresh venv, pip install ./python, pytest ($(date +%T))"
+if ! wait "$setup"; then
+  cat "$setup_log" >&2
+  echo "installing the Python package failed (above)" >&2
+  exit 1
+fi
+if ((status != 0)); then
+  echo "cargo test failed" >&2
+  exit "$status"
+fi
 # hcclc for the agreement tests (plan hashes): built by the cargo test above.
 export HCCLC=${HCCLC:-$PWD/target/debug/hcclc}
 "$venv/bin/python" -m pytest -q python/tests
