@@ -50,8 +50,9 @@ class Communicator:
     def world_size(self) -> int: ...
     @property
     def plan_hash(self) -> str: ...
-    def submit(
+    def call(
         self,
+        queued: bool,
         collective: str,
         op: str,
         dtype_: str,
@@ -61,19 +62,7 @@ class Communicator:
         in_len: int = 0,
         root: int = 0,
         counts: Optional[Tuple[List[int], List[int], List[int], List[int]]] = None,
-    ) -> Handle: ...
-    def run(
-        self,
-        collective: str,
-        op: str,
-        dtype_: str,
-        out_ptr: int,
-        out_len: int,
-        in_ptr: Optional[int] = None,
-        in_len: int = 0,
-        root: int = 0,
-        counts: Optional[Tuple[List[int], List[int], List[int], List[int]]] = None,
-    ) -> None: ...
+    ) -> Optional[Handle]: ...
     def straggler_report(self) -> str: ...
     def finalize(self) -> Optional[str]: ...
 

@@ -215,9 +215,9 @@ class Communicator:
         args = (collective, op, dst.dtype, dst.ptr, dst.len,
                 None if inp is None else inp.ptr, 0 if inp is None else inp.len, root, counts)
         if async_op:
-            return Work(self._native.submit(*args), (src.keep, dst.keep), dst.obj)
+            return Work(self._native.call(True, *args), (src.keep, dst.keep), dst.obj)
         # Blocking: runs on this thread (the GIL released), after any queued call.
-        self._native.run(*args)
+        self._native.call(False, *args)
         return dst.obj
 
     def all_reduce(self, x: Any, out: Any = None, op: str = "sum", async_op: bool = False) -> Any:

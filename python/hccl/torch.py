@@ -171,7 +171,7 @@ class HcclProcessGroup(dist.ProcessGroup):
             if inp.data_ptr() == out.data_ptr() and inp.numel() == out.numel():
                 inp = None
         try:
-            self._native.run(coll, op, dtype, out.data_ptr(), out.numel(),
+            self._native.call(False, coll, op, dtype, out.data_ptr(), out.numel(),
                              None if inp is None else inp.data_ptr(), 0 if inp is None else inp.numel(),
                              root, counts)
         except CommError as e:

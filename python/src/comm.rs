@@ -1,13 +1,14 @@
 //! `hccl._hccl.Communicator`: the executor's `Communicator` for Python.
 //!
-//! The communicator lives on a thread of its own and runs the calls submitted to it in order;
-//! every call returns a [`Handle`] whose `wait()` (GIL released) gives its result. Blocking
-//! calls are a submit and a wait. The caller's arrays cross as raw pointers and element
+//! A blocking call runs on the caller's thread with the GIL released; an asynchronous one is
+//! queued to a thread of the communicator's own, which runs the queue in order, and returns a
+//! [`Handle`] whose `wait()` (GIL released) gives its result; a blocking call waits for the
+//! queue first. The caller's arrays cross as raw pointers and element
 //! counts, so NumPy arrays and PyTorch CPU tensors are read and written where they are (no
 //! copy, and no dependency on either package here): the Python side (`hccl/comm.py`) checks
 //! that they are contiguous, writable and of the declared type, and keeps them alive until
 //! the call's handle has been waited for. That is the safety contract of this module's
-//! `submit`, which Python users never call directly.
+//! `call`, which Python users never call directly.
 
 use crate::{Error, PyPlan};
 use hccl_executor::{
@@ -134,7 +135,7 @@ unsafe fn run_typed<T: Element>(comm: &mut Communicator, job: &Job) -> Result<()
 }
 
 fn run_job(comm: &mut Communicator, job: &Job) -> Result<(), ExecError> {
-    // SAFETY: the Python side upholds the contract of `submit` (module docs).
+    // SAFETY: the Python side upholds the contract of `call` (module docs).
     unsafe {
         match job.dtype {
             DataType::F32 => run_typed::<f32>(comm, job),
@@ -488,37 +489,16 @@ impl PyComm {
         self.plan_hash.clone()
     }
 
-    /// Queues one call and returns its handle. Internal: `hccl.Communicator` checks the
-    /// arrays and keeps them alive (see the module docs for the contract).
-    #[pyo3(signature = (collective, op, dtype_, out_ptr, out_len, in_ptr = None, in_len = 0, root = 0, counts = None))]
+    /// One call. Internal: `hccl.Communicator` checks the arrays and keeps them alive (see
+    /// the module docs for the contract). `queued`: runs on the communicator's thread after
+    /// the calls queued before it, and returns its handle at once; else runs to the end (GIL
+    /// released) on this thread, after any queued call, and returns `None`.
+    #[pyo3(signature = (queued, collective, op, dtype_, out_ptr, out_len, in_ptr = None, in_len = 0, root = 0, counts = None))]
     #[allow(clippy::too_many_arguments)]
-    fn submit(
-        &self,
-        collective: &str,
-        op: &str,
-        dtype_: &str,
-        out_ptr: usize,
-        out_len: usize,
-        in_ptr: Option<usize>,
-        in_len: usize,
-        root: u32,
-        counts: Option<Counts>,
-    ) -> PyResult<Handle> {
-        let job = self.job(
-            collective, op, dtype_, out_ptr, out_len, in_ptr, in_len, root, counts,
-        )?;
-        let slot = job.slot.clone();
-        self.queue(job)?;
-        Ok(Handle { slot })
-    }
-
-    /// Runs one call to the end (GIL released): on this thread when nothing is queued, else
-    /// after the queued calls. Same contract as `submit`.
-    #[pyo3(signature = (collective, op, dtype_, out_ptr, out_len, in_ptr = None, in_len = 0, root = 0, counts = None))]
-    #[allow(clippy::too_many_arguments)]
-    fn run(
+    fn call(
         &self,
         py: Python<'_>,
+        queued: bool,
         collective: &str,
         op: &str,
         dtype_: &str,
@@ -528,16 +508,22 @@ impl PyComm {
         in_len: usize,
         root: u32,
         counts: Option<Counts>,
-    ) -> PyResult<()> {
+    ) -> PyResult<Option<Handle>> {
         let job = self.job(
             collective, op, dtype_, out_ptr, out_len, in_ptr, in_len, root, counts,
         )?;
+        if queued {
+            let slot = job.slot.clone();
+            self.queue(job)?;
+            return Ok(Some(Handle { slot }));
+        }
         if self.pending.load(Ordering::Acquire) > 0 {
             self.drain(py);
         }
         let comm = self.comm.clone();
         py.detach(move || run_locked(&comm, &job))
-            .map_err(CommError::new_err)
+            .map_err(CommError::new_err)?;
+        Ok(None)
     }
 
     /// The straggler report as JSON (collective: every rank calls it after the same calls).
