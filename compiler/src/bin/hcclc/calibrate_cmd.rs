@@ -7,7 +7,7 @@
 //! document records (or `--plan`, for documents moved to another machine).
 
 use crate::cli_error::{CliError, print_json};
-use crate::topo_cmd::load_topology;
+use crate::compile_cmd::load_topology;
 use clap::Args;
 use hccl_compiler::cost::calibrate::{self, Measurements};
 use hccl_ir::{Collective, CollectiveKind, PlanFile};

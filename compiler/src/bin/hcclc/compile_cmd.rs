@@ -193,17 +193,14 @@ fn parse_collectives(text: Option<&str>) -> Result<Vec<CollectiveKind>, CliError
     Ok(out)
 }
 
-/// A topology from a file path, or a shipped machine's name.
+/// A topology from a file path, or a shipped machine's name (`hccl_topologies::load_spec`).
 pub fn load_topology(spec: &str) -> Result<Topology, CliError> {
-    let path = Path::new(spec);
-    if path.exists() {
-        return hccl_topologies::load(path).map_err(CliError::input);
-    }
-    if let Some(t) = hccl_topologies::shipped_by_name(spec) {
-        return Ok(t);
-    }
-    hccl_topologies::shipped_or_err(spec)
-        .map_err(|err| CliError::Input(format!("{spec}: no such file, and {err}")))
+    hccl_topologies::load_spec(spec).map_err(|err| match err {
+        hccl_topologies::TopologyError::UnknownShipped { .. } => {
+            CliError::Input(format!("{spec}: no such file, and {err}"))
+        }
+        err => CliError::input(err),
+    })
 }
 
 fn search_error(err: SearchError) -> CliError {

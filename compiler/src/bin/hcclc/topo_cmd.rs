@@ -1,10 +1,11 @@
 //! `hcclc topo show|gen`: summarise a topology, or generate one of a parametric family.
 
 use crate::cli_error::{CliError, print_json};
+use crate::compile_cmd::load_topology;
 use clap::{Args, Subcommand};
-use hccl_topologies::{Summary, Topology, TopologySpec, generate, summarize};
+use hccl_topologies::{Summary, TopologySpec, generate, summarize};
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 #[derive(Subcommand, Debug)]
 pub enum TopoCommand {
@@ -193,16 +194,6 @@ fn detect(args: DetectArgs) -> Result<(), CliError> {
         eprintln!("hcclc: detected: {note}");
     }
     emit(detected.spec, args.out)
-}
-
-/// Loads a topology given as a file path or a shipped machine name (a path that exists wins).
-pub fn load_topology(arg: &str) -> Result<Topology, CliError> {
-    let path = Path::new(arg);
-    if path.exists() || hccl_topologies::shipped_text(arg).is_none() {
-        hccl_topologies::load(path).map_err(CliError::input)
-    } else {
-        hccl_topologies::shipped_or_err(arg).map_err(CliError::input)
-    }
 }
 
 fn show(args: ShowArgs) -> Result<(), CliError> {
