@@ -100,6 +100,10 @@ def sizes(spec: Sizes = None) -> List[int]:
     return sorted(set(out))
 
 
+# `sizes` under another name, for functions whose parameter of that name hides it.
+_sizes = sizes
+
+
 def _names(value: Union[None, str, Iterable[str]], what: str) -> Optional[List[str]]:
     if value is None:
         return None
@@ -534,13 +538,13 @@ class Plan:
         and bandwidth, NCCL's choice and the lower bound. ``topo`` defaults to the plan's
         own (when it is a shipped machine)."""
         t = self._topo(topo)
-        rows, text = self._native.explain(t._native, globals()["sizes"](sizes), self._path or "<plan>")
+        rows, text = self._native.explain(t._native, _sizes(sizes), self._path or "<plan>")
         return Table(_rows(rows), text=text)
 
     def plot(self, topo: Union[None, Topology, PathLike] = None, sizes: Sizes = None) -> str:
         """The explained rows as an SVG chart of bus bandwidth against size."""
         t = self._topo(topo)
-        return self._native.plot(t._native, globals()["sizes"](sizes), Path(self._path or "plan").name)
+        return self._native.plot(t._native, _sizes(sizes), Path(self._path or "plan").name)
 
     def trace(
         self,
@@ -553,7 +557,7 @@ class Plan:
         """The predicted timeline of one call of ``size`` bytes (``hcclc explain --trace``);
         written to ``path`` when given. ``collective`` picks one when the plan has several."""
         t = self._topo(topo)
-        (nbytes,) = globals()["sizes"](size)
+        (nbytes,) = _sizes(size)
         text, summary, svg = self._native.trace(
             t._native, nbytes, collective, links, self._path or "<plan>"
         )
@@ -642,7 +646,7 @@ def compile(
         native, rows, text, skipped = _hccl.compile(
             t._native,
             _names(collectives, "collectives"),
-            globals()["sizes"](sizes),
+            _sizes(sizes),
             _names(algo, "algo"),
             _names(proto, "proto"),
             synth,

@@ -38,7 +38,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _hccl
 from ._hccl import AlgorithmError, VerifyError
-from .core import Plan, Sizes, Table, Topology, _rows, _write_atomic, sizes, topology
+from .core import Plan, Sizes, Table, Topology, _rows, _sizes, _write_atomic, topology
 
 __all__ = ["Algorithm", "Buffer", "Ref"]
 
@@ -406,10 +406,6 @@ class Algorithm:
 
     def __repr__(self) -> str:
         return f"Algorithm({self.name!r}, {self.collective}, ranks={self.ranks}, chunks={self.chunks}, ops={len(self._ops)})"
-
-
-def _sizes(spec: Sizes) -> List[int]:
-    return sizes(spec)
 
 
 def _source(filename: str, lineno: int) -> str:

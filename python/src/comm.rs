@@ -295,63 +295,6 @@ impl PyComm {
             }
         });
     }
-
-    #[allow(clippy::too_many_arguments)]
-    fn job(
-        &self,
-        collective: &str,
-        op: &str,
-        dtype_: &str,
-        out_ptr: usize,
-        out_len: usize,
-        in_ptr: Option<usize>,
-        in_len: usize,
-        root: u32,
-        counts: Option<Counts>,
-    ) -> PyResult<Job> {
-        let kind = match collective {
-            "allreduce" => Kind::Run(Collective::AllReduce),
-            "allgather" => Kind::Run(Collective::AllGather),
-            "reducescatter" => Kind::Run(Collective::ReduceScatter),
-            "alltoall" => Kind::Run(Collective::AllToAll),
-            "broadcast" | "reduce" if root >= self.world => {
-                return Err(CommError::new_err(format!(
-                    "root {root} is not a rank (world size {})",
-                    self.world
-                )));
-            }
-            "broadcast" => Kind::Run(Collective::Broadcast { root }),
-            "reduce" => Kind::Run(Collective::Reduce { root }),
-            "alltoallv" => {
-                let (send_counts, send_displs, recv_counts, recv_displs) =
-                    counts.ok_or_else(|| {
-                        CommError::new_err(
-                            "alltoallv needs send and receive counts and displacements",
-                        )
-                    })?;
-                Kind::AllToAllV {
-                    send_counts,
-                    send_displs,
-                    recv_counts,
-                    recv_displs,
-                }
-            }
-            other => {
-                return Err(CommError::new_err(format!("unknown collective {other:?}")));
-            }
-        };
-        Ok(Job {
-            kind,
-            op: reduce_op(op)?,
-            dtype: dtype(dtype_)?,
-            input: in_ptr.map(|ptr| Raw { ptr, len: in_len }),
-            output: Raw {
-                ptr: out_ptr,
-                len: out_len,
-            },
-            slot: Arc::new(Slot::default()),
-        })
-    }
 }
 
 /// Rooted collectives get entries for every root up to this world size (a compiled plan
@@ -509,9 +452,48 @@ impl PyComm {
         root: u32,
         counts: Option<Counts>,
     ) -> PyResult<Option<Handle>> {
-        let job = self.job(
-            collective, op, dtype_, out_ptr, out_len, in_ptr, in_len, root, counts,
-        )?;
+        let kind = match collective {
+            "allreduce" => Kind::Run(Collective::AllReduce),
+            "allgather" => Kind::Run(Collective::AllGather),
+            "reducescatter" => Kind::Run(Collective::ReduceScatter),
+            "alltoall" => Kind::Run(Collective::AllToAll),
+            "broadcast" | "reduce" if root >= self.world => {
+                return Err(CommError::new_err(format!(
+                    "root {root} is not a rank (world size {})",
+                    self.world
+                )));
+            }
+            "broadcast" => Kind::Run(Collective::Broadcast { root }),
+            "reduce" => Kind::Run(Collective::Reduce { root }),
+            "alltoallv" => {
+                let (send_counts, send_displs, recv_counts, recv_displs) =
+                    counts.ok_or_else(|| {
+                        CommError::new_err(
+                            "alltoallv needs send and receive counts and displacements",
+                        )
+                    })?;
+                Kind::AllToAllV {
+                    send_counts,
+                    send_displs,
+                    recv_counts,
+                    recv_displs,
+                }
+            }
+            other => {
+                return Err(CommError::new_err(format!("unknown collective {other:?}")));
+            }
+        };
+        let job = Job {
+            kind,
+            op: reduce_op(op)?,
+            dtype: dtype(dtype_)?,
+            input: in_ptr.map(|ptr| Raw { ptr, len: in_len }),
+            output: Raw {
+                ptr: out_ptr,
+                len: out_len,
+            },
+            slot: Arc::new(Slot::default()),
+        };
         if queued {
             let slot = job.slot.clone();
             self.queue(job)?;
