@@ -27,7 +27,7 @@ def torchrun(n, env, timeout=300):
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_collectives(n):
     r = torchrun(n, {"MODE": "collectives"})
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 0, ranks_output(r)
     for k in range(n):
         assert f"rank {k}: ok" in r.stdout
 
@@ -40,6 +40,30 @@ def test_across_emulated_hosts():
 
     outs = launch(4, HERE / "comm_worker.py", hosts=2)
     assert all(rc == 0 for rc, _, _ in outs), outs
+
+
+def ranks_output(r):
+    """The lines the ranks printed themselves (torchrun prefixes them), then the agent's tail."""
+    own = [l for l in (r.stdout + r.stderr).splitlines() if l.startswith("[default") and l.partition(":")[2].strip()]
+    return "\n".join(own[-60:]) + "\n--- torchrun:\n" + r.stderr[-1500:]
+
+
+# Gloo, the reference, sometimes aborts at teardown on a loaded 2-core machine with
+# "terminate called without an active exception" (a joinable std::thread destroyed at exit),
+# after every rank has written its results. Only the reference run is retried for it.
+GLOO_TEARDOWN = "terminate called without an active exception"
+
+
+def train(tmp_path, n, backend, env):
+    for attempt in range(3):
+        out = tmp_path / f"{backend}{attempt}"
+        out.mkdir()
+        r = torchrun(n, {**env, "BACKEND": backend, "OUT": str(out)})
+        if r.returncode == 0:
+            return read(out)
+        if backend != "gloo" or GLOO_TEARDOWN not in r.stdout + r.stderr:
+            break
+    raise AssertionError(f"{backend} on {n} ranks failed (rc {r.returncode}):\n{ranks_output(r)}")
 
 
 def read(out):
@@ -58,13 +82,7 @@ LOSS_RTOL = 1e-4
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_ddp_matches_gloo(tmp_path, n):
-    results = {}
-    for backend in ("gloo", "hccl_aot"):
-        out = tmp_path / backend
-        out.mkdir()
-        r = torchrun(n, {"MODE": "ddp", "BACKEND": backend, "OUT": str(out), "STEPS": "20"})
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        results[backend] = read(out)
+    results = {b: train(tmp_path, n, b, {"MODE": "ddp", "STEPS": "20"}) for b in ("gloo", "hccl_aot")}
     ours = results["hccl_aot"]
     assert len(ours) == n
     steps = list(zip(*ours.values()))
@@ -80,11 +98,8 @@ def test_ddp_matches_gloo(tmp_path, n):
 def test_fsdp2_matches_gloo(tmp_path):
     losses = {}
     for backend in ("gloo", "hccl_aot"):
-        out = tmp_path / backend
-        out.mkdir()
-        r = torchrun(2, {"MODE": "fsdp", "BACKEND": backend, "OUT": str(out), "STEPS": "5"})
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        losses[backend] = [float(row[1]) for row in read(out)["rank0.txt"]]
+        rows = train(tmp_path, 2, backend, {"MODE": "fsdp", "STEPS": "5"})
+        losses[backend] = [float(row[1]) for row in rows["rank0.txt"]]
     assert len(losses["hccl_aot"]) == 5
     assert losses["hccl_aot"] == pytest.approx(losses["gloo"], rel=LOSS_RTOL)
 
