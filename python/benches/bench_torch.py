@@ -78,7 +78,7 @@ def main():
             perf = []
             for p in range(a.pairs):
                 r = subprocess.run([a.hccl_perf, "--backend", "process", "-g", str(n), "-b", "8", "-e", "256M",
-                                    "-f", "4", "--plan", plan, "--json"], capture_output=True, text=True)
+                                    "-f", "4", "--plan", plan, "--in-place", "-w", "20", "-T", "0.25", "--json"], capture_output=True, text=True)
                 if r.returncode:
                     sys.exit(f"hccl-perf failed: {r.stderr[-2000:]}")
                 doc = json.loads(r.stdout)

@@ -14,14 +14,24 @@ SIZES = [8 << (2 * k) for k in range(13)] + [256 << 20]   # 8 B .. 128 MiB by 4,
 
 
 def timed(fn, nbytes):
-    # Enough iterations for ~0.25 s (at least 3, at most 200), after 2 warm-up calls.
-    for _ in range(2):
+    """Seconds per call: warm up for ~50 ms (at least 5 calls: the executor's waits adapt
+    over the first calls), then time enough calls for ~0.25 s (at least 3, at most 20,000),
+    every rank running the same count."""
+    for _ in range(5):
         fn()
     dist.barrier()
     t0 = time.perf_counter()
     fn()
-    one = max(time.perf_counter() - t0, 1e-6)
-    iters = int(min(200, max(3, 0.25 / one)))
+    one = max(time.perf_counter() - t0, 1e-7)
+    for _ in range(int(min(20_000, 0.05 / one))):
+        fn()
+    dist.barrier()
+    k = 10 if one < 1e-3 else 1
+    t0 = time.perf_counter()
+    for _ in range(k):
+        fn()
+    one = max((time.perf_counter() - t0) / k, 1e-7)
+    iters = int(min(20_000, max(3, 0.25 / one)))
     t = torch.tensor([iters], dtype=torch.int64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)  # every rank runs the same count
     iters = int(t.item())

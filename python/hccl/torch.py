@@ -37,8 +37,12 @@ _plan: Any = None
 
 
 def set_plan(plan: Any) -> None:
-    """The plan (an :class:`hccl.Plan` or a plan file's path) process groups made from now on
-    run; ``HCCL_PLAN`` still overrides it."""
+    """The plan process groups made from now on run: an :class:`hccl.Plan`, a plan file's
+    path, or ``"host"``: compiled at start for this machine's cores and the group's size
+    (rank 0 compiles, in well under a second, and hands the plan to the other ranks through
+    the process group's store, so every rank runs the same plan even though the memory
+    bandwidth it measures differs from run to run; all ranks on this one host).
+    ``HCCL_PLAN`` still overrides it."""
     global _plan
     _plan = plan
 
@@ -91,35 +95,36 @@ def _unsupported(call: str, instead: str) -> Callable[..., Any]:
 
 
 class _Work(_C10dWork):
-    """A call in flight: ``wait()`` raises what the call raised (c10d's own future-backed work
-    would return ``True`` and drop it), ``get_future()`` is what DDP's hooks chain on."""
+    """A completed call: every call of this backend runs to the end before it returns, and
+    raises there if it fails, so its work only carries the result. The future DDP's hooks
+    chain on is made when asked for (a completed ``Future`` costs about a microsecond, which
+    a plain ``all_reduce`` should not pay). Made by :func:`_done`, without an ``__init__`` of
+    its own: the base class's constructor is the cheap part."""
 
-    def __init__(self, fut: Future, result: Any) -> None:
-        super().__init__()
-        self._fut = fut
-        self._result = result
+    _result: Any
 
     def wait(self, timeout: Any = None) -> bool:
-        self._fut.wait()
         return True
 
     def get_future(self) -> Future:
-        return self._fut
+        fut: Future = Future()
+        fut.set_result(self._result)
+        return fut
 
     def is_completed(self) -> bool:
-        return self._fut.done()
+        return True
 
     def is_success(self) -> bool:
-        if not self._fut.done():
-            return False
-        try:
-            self._fut.wait()
-            return True
-        except Exception:
-            return False
+        return True
 
     def result(self) -> Any:
         return self._result
+
+
+def _done(result: Any) -> _Work:
+    work = _Work()
+    work._result = result
+    return work
 
 
 class HcclProcessGroup(dist.ProcessGroup):
@@ -133,7 +138,14 @@ class HcclProcessGroup(dist.ProcessGroup):
         if rank == 0:
             store.set("hccl_aot_addr", f"{host}:{Communicator.free_port()}")
         addr = store.get("hccl_aot_addr").decode()
-        self._comm = Communicator.connect(rank, world_size, addr, plan=_plan)
+        plan = _plan
+        if isinstance(plan, str) and plan == "host":
+            from .core import Plan, Topology, compile
+
+            if rank == 0:
+                store.set("hccl_aot_plan", compile(Topology.host(world_size)).to_ron())
+            plan = Plan.from_ron(store.get("hccl_aot_plan").decode())
+        self._comm = Communicator.connect(rank, world_size, addr, plan=plan)
         self._native = self._comm._native
         self._world = world_size
 
@@ -141,7 +153,7 @@ class HcclProcessGroup(dist.ProcessGroup):
     def _tensor(self, t: Any, call: str) -> torch.Tensor:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{BACKEND}: {call} expects tensors, got {type(t).__name__}")
-        if t.device.type != "cpu":
+        if not t.is_cpu:
             raise RuntimeError(f"{BACKEND}: {call}: tensor on {t.device}; this backend runs on CPU")
         if not t.is_contiguous():
             raise RuntimeError(f"{BACKEND}: {call}: the tensor is not contiguous (call .contiguous())")
@@ -177,12 +189,6 @@ class HcclProcessGroup(dist.ProcessGroup):
         except CommError as e:
             raise RuntimeError(f"{BACKEND}: {call}: {e}") from None
 
-    @staticmethod
-    def _done(result: Any) -> "_Work":
-        fut: Future = Future()
-        fut.set_result(result)
-        return _Work(fut, result)
-
     # ----- collectives -----
     # Each runs to the end before it returns (the work it returns is complete): a blocking
     # call on this thread costs a few microseconds, and the order of calls is the order the
@@ -190,13 +196,13 @@ class HcclProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
         t = self._one(tensors, "all_reduce")
         self._run("all_reduce", "allreduce", t, op=_op(opts, "all_reduce"))
-        return self._done(tensors)
+        return _done(tensors)
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
         op = _op(opts, "all_reduce_coalesced")
         for t in tensors:
             self._run("all_reduce_coalesced", "allreduce", self._tensor(t, "all_reduce_coalesced"), op=op)
-        return self._done(tensors)
+        return _done(tensors)
 
     def allgather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts: Any = None) -> Any:
         t = self._one(input_tensors, "all_gather")
@@ -210,7 +216,7 @@ class HcclProcessGroup(dist.ProcessGroup):
         self._run("all_gather", "allgather", flat, t)
         for i, o in enumerate(outs):
             o.copy_(flat[i * t.numel():(i + 1) * t.numel()].view_as(o))
-        return self._done(output_tensors)
+        return _done(output_tensors)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         o, i = self._tensor(output, "all_gather_into_tensor"), self._tensor(input, "all_gather_into_tensor")
@@ -218,19 +224,19 @@ class HcclProcessGroup(dist.ProcessGroup):
             raise RuntimeError(f"{BACKEND}: all_gather_into_tensor: output has {o.numel()} elements, "
                                f"needs {self._world} x {i.numel()}")
         self._run("all_gather_into_tensor", "allgather", o, i)
-        return self._done([output])
+        return _done([output])
 
     _allgather_base = all_gather_single
 
     def allgather_into_tensor_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None) -> Any:
         for o, i in zip(outputs, inputs):
             self.all_gather_single(o, i)
-        return self._done(outputs)
+        return _done(outputs)
 
     def allgather_coalesced(self, output_lists: List[List[torch.Tensor]], inputs: List[torch.Tensor], opts: Any = None) -> Any:
         for outs, i in zip(output_lists, inputs):
             self.allgather([outs], [i], opts)
-        return self._done(output_lists)
+        return _done(output_lists)
 
     def reduce_scatter(self, output_tensors: List[torch.Tensor], input_lists: List[List[torch.Tensor]], opts: Any = None) -> Any:
         out = self._one(output_tensors, "reduce_scatter")
@@ -239,7 +245,7 @@ class HcclProcessGroup(dist.ProcessGroup):
             raise RuntimeError(f"{BACKEND}: reduce_scatter needs {self._world} inputs shaped like the output")
         flat = torch.cat([i.reshape(-1) for i in ins])
         self._run("reduce_scatter", "reducescatter", out, flat, op=_op(opts, "reduce_scatter"))
-        return self._done(output_tensors)
+        return _done(output_tensors)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         o, i = self._tensor(output, "reduce_scatter_tensor"), self._tensor(input, "reduce_scatter_tensor")
@@ -247,26 +253,26 @@ class HcclProcessGroup(dist.ProcessGroup):
             raise RuntimeError(f"{BACKEND}: reduce_scatter_tensor: input has {i.numel()} elements, "
                                f"needs {self._world} x {o.numel()}")
         self._run("reduce_scatter_tensor", "reducescatter", o, i, op=_op(opts, "reduce_scatter_tensor"))
-        return self._done([output])
+        return _done([output])
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_tensor_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None) -> Any:
         for o, i in zip(outputs, inputs):
             self.reduce_scatter_single(o, i, opts)
-        return self._done(outputs)
+        return _done(outputs)
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
     def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
         t = self._one(tensors, "broadcast")
         self._run("broadcast", "broadcast", t, root=int(getattr(opts, "rootRank", 0)))
-        return self._done(tensors)
+        return _done(tensors)
 
     def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
         t = self._one(tensors, "reduce")
         self._run("reduce", "reduce", t, op=_op(opts, "reduce"), root=int(getattr(opts, "rootRank", 0)))
-        return self._done(tensors)
+        return _done(tensors)
 
     def alltoall(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None) -> Any:
         if len(outputs) != self._world or len(inputs) != self._world:
@@ -282,7 +288,7 @@ class HcclProcessGroup(dist.ProcessGroup):
         for o in outputs:
             o.copy_(recv[off:off + o.numel()].view_as(o))
             off += o.numel()
-        return self._done(outputs)
+        return _done(outputs)
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Optional[List[int]] = None,
                           input_split_sizes: Optional[List[int]] = None, opts: Any = None) -> Any:
@@ -297,14 +303,14 @@ class HcclProcessGroup(dist.ProcessGroup):
             osz = list(output_split_sizes) if output_split_sizes else [o.shape[0] // w] * w
             self._run("all_to_all_single", "alltoallv", o, i,
                       counts=_counts([s * row_in for s in isz], [s * row_out for s in osz]))
-        return self._done([output])
+        return _done([output])
 
     alltoall_base = all_to_all_single
 
     def barrier(self, opts: Any = None) -> Any:
         t = torch.zeros(1, dtype=torch.int32)
         self._run("barrier", "allreduce", t)
-        return self._done([t])
+        return _done([t])
 
     send = _unsupported("send", "use all_to_all_single with split sizes, or a Gloo group for point-to-point")
     recv = _unsupported("recv", "use all_to_all_single with split sizes, or a Gloo group for point-to-point")

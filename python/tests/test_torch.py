@@ -32,6 +32,16 @@ def test_collectives(n):
         assert f"rank {k}: ok" in r.stdout
 
 
+def test_collectives_on_a_plan_compiled_for_this_host():
+    # Rank 0 compiles and shares the plan: the memory bandwidth each rank would measure
+    # differs, and ranks with different plans refuse to start.
+    r = torchrun(3, {"MODE": "collectives", "PLAN": "host"})
+    assert r.returncode == 0, ranks_output(r)
+    plans = {line.split("(plan ")[1] for line in r.stdout.splitlines() if ": ok (plan " in line}
+    assert len(plans) == 1, r.stdout[-2000:]
+    assert plans != {hccl.Plan.builtin(3).hash + ")"}
+
+
 def test_across_emulated_hosts():
     # torchrun gives every rank the same environment; HCCL_HOST_ID=rank-parity via a wrapper
     # is not possible, so emulate 2 hosts with the communicator test's launcher instead.

@@ -1,7 +1,8 @@
 """One rank of the torch.distributed tests (test_torch.py starts them with torchrun).
 
 MODE=collectives: every collective, dtype and op through torch.distributed on "hccl_aot",
-checked element by element against references every rank computes for every other.
+checked element by element against references every rank computes for every other; with
+PLAN, on that plan (hccl.torch.set_plan).
 MODE=ddp: an MLP trained with DistributedDataParallel for STEPS steps on BACKEND; each rank
 writes, per step, the loss and a hash of its parameters to OUT/rank<r>.txt.
 MODE=bad: CASE names a bad input; prints the error.
@@ -38,6 +39,8 @@ def check(got, want, what):
 
 
 def collectives():
+    if os.environ.get("PLAN"):
+        hccl.torch.set_plan(os.environ["PLAN"])
     dist.init_process_group("hccl_aot")
     r, w = dist.get_rank(), dist.get_world_size()
     salt = 0
@@ -101,7 +104,7 @@ def collectives():
         wk.wait()
         check(t, torch.full((1000,), float(sum(q + k for q in range(w)))), f"async {k}")
     dist.barrier()
-    print(f"rank {r}: ok")
+    print(f"rank {r}: ok (plan {dist.group.WORLD.communicator.plan_hash})")
     dist.destroy_process_group()
 
 
