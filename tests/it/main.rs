@@ -11,6 +11,7 @@
 #[path = "../../executor/tests/common/mod.rs"]
 mod common;
 
+mod env_table;
 mod examples;
 mod perf_cli;
 mod synthesized_plans;
