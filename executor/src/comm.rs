@@ -187,7 +187,7 @@ pub(crate) fn check_part(
         plan.entries.len(),
         config.verify
     );
-    Ok(filter_entries(plan, config))
+    filter_entries(plan, config)
 }
 
 /// Checks the whole plan: world size, verification of every entry no seal covers (every
@@ -232,12 +232,31 @@ pub(crate) fn check_plan(
         hccl_ir::verify::VERIFIER,
         config.verify
     );
-    Ok(filter_entries(plan, config))
+    filter_entries(plan, config)
 }
 
 /// Applies `HCCL_ALGO` / `HCCL_PROTO`: per collective, keep only matching entries when the
-/// plan has any.
-fn filter_entries(plan: &PlanFile, config: &Config) -> Vec<usize> {
+/// plan has any. An `HCCL_ALGO` that no entry of the plan has (a misspelt family, or one the
+/// plan was not compiled with) is [`ExecError::Env`] naming the plan's algorithms.
+fn filter_entries(plan: &PlanFile, config: &Config) -> Result<Vec<usize>> {
+    if let Some(algo) = &config.algo
+        && !plan
+            .entries
+            .iter()
+            .any(|e| e.algorithm.eq_ignore_ascii_case(algo))
+    {
+        let mut names: Vec<&str> = plan.entries.iter().map(|e| e.algorithm.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        return Err(ExecError::Env {
+            name: "HCCL_ALGO",
+            value: algo.clone(),
+            expected: format!(
+                "an algorithm of the plan's entries ({}; any case)",
+                names.join(", ")
+            ),
+        });
+    }
     let mut keep: Vec<usize> = (0..plan.entries.len()).collect();
     let mut apply = |pred: &dyn Fn(usize) -> bool, what: &str| {
         let mut colls: Vec<Collective> = keep
@@ -267,7 +286,7 @@ fn filter_entries(plan: &PlanFile, config: &Config) -> Vec<usize> {
             &format!("HCCL_PROTO={proto}"),
         );
     }
-    keep
+    Ok(keep)
 }
 
 /// One rank's private state.
@@ -1071,6 +1090,18 @@ impl Communicator {
         let (chosen, why) = source.clone().for_world(n);
         let started = std::time::Instant::now();
         let mut config = self.shared.config.clone();
+        // `HCCL_ALGO` was checked against the communicator's plan; the built-in plan a shrink
+        // falls back to need not have that family, and then the filter does not apply there.
+        if matches!(chosen, PlanSource::Builtin)
+            && let Some(algo) = &config.algo
+            && !crate::fallback::plan(n)
+                .entries
+                .iter()
+                .any(|e| e.algorithm.eq_ignore_ascii_case(algo))
+        {
+            tracing::warn!("shrink: the built-in plan has no {algo} entries; HCCL_ALGO ignored");
+            config.algo = None;
+        }
         // The survivors are renumbered: their group traces into a directory of its own.
         if let Some(t) = &mut config.trace {
             let without: Vec<String> = failed.iter().map(u32::to_string).collect();

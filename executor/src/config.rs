@@ -91,41 +91,70 @@ impl Default for Config {
 
 impl Config {
     /// Defaults overridden by `HCCL_TIMEOUT` (seconds, fractional allowed), `HCCL_ALGO`,
-    /// `HCCL_PROTO` and `HCCL_SLOT_BYTES`; also installs the `HCCL_DEBUG` log subscriber.
+    /// `HCCL_PROTO`, `HCCL_SLOT_BYTES`, `HCCL_VERIFY`, `HCCL_CHECK_CALLS`, `HCCL_CHECKSUM`,
+    /// `HCCL_TRACE`, `HCCL_TRACE_CALLS` and the network's; also installs the `HCCL_DEBUG`
+    /// log subscriber. A value a variable does not accept is [`ExecError::Env`] naming the
+    /// variable, the value and the values accepted (an `HCCL_ALGO` no entry of the plan has
+    /// is refused when the plan is checked); an `HCCL_*` variable that is not one the
+    /// workspace reads is a warning on stderr naming the closest known name
+    /// ([`crate::env_vars`]), whatever `HCCL_DEBUG` says.
     pub fn from_env() -> Result<Config> {
+        crate::env_vars::warn_unknown_vars();
+        let mut cfg = Config::from_vars(env)?;
         init_tracing();
+        cfg.net = crate::net::NetConfig::from_env()?;
+        Ok(cfg)
+    }
+
+    /// [`Config::from_env`]'s settings but the network's, from the values `var` gives (set
+    /// and not blank), without the warnings and the log subscriber.
+    pub(crate) fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Config> {
+        let env = var;
+        if let Some(v) = env("HCCL_DEBUG") {
+            debug_level(&v)?;
+        }
+        let bad = |name: &'static str, value: &str, expected: &str| ExecError::Env {
+            name,
+            value: value.to_string(),
+            expected: expected.to_string(),
+        };
         let mut cfg = Config::default();
         if let Some(v) = env("HCCL_TIMEOUT") {
             let secs: f64 = v
+                .trim()
                 .parse()
                 .ok()
                 .filter(|s: &f64| s.is_finite() && *s > 0.0)
-                .ok_or_else(|| {
-                    ExecError::Invalid(format!("HCCL_TIMEOUT={v}: expected positive seconds"))
-                })?;
+                .ok_or_else(|| bad("HCCL_TIMEOUT", &v, "positive seconds"))?;
             cfg.timeout = Duration::from_secs_f64(secs.min(1e9));
         }
         if let Some(v) = env("HCCL_SLOT_BYTES") {
-            cfg.slot_bytes = v.parse().ok().filter(|b| *b >= 64).ok_or_else(|| {
-                ExecError::Invalid(format!("HCCL_SLOT_BYTES={v}: expected bytes >= 64"))
-            })?;
+            cfg.slot_bytes = v
+                .trim()
+                .parse()
+                .ok()
+                .filter(|b| *b >= 64)
+                .ok_or_else(|| bad("HCCL_SLOT_BYTES", &v, "bytes >= 64"))?;
         }
         if let Some(v) = env("HCCL_ALGO") {
-            cfg.algo = Some(v);
+            cfg.algo = Some(v.trim().to_string());
         }
         if let Some(v) = env("HCCL_PROTO") {
-            cfg.proto = Some(Protocol::from_name(&v).ok_or_else(|| {
-                ExecError::Invalid(format!("HCCL_PROTO={v}: expected LL, LL128 or Simple"))
-            })?);
+            cfg.proto = Some(
+                Protocol::from_name(v.trim())
+                    .ok_or_else(|| bad("HCCL_PROTO", &v, "LL, LL128 or Simple"))?,
+            );
         }
         if let Some(v) = env("HCCL_VERIFY") {
             cfg.verify = match v.trim().to_ascii_lowercase().as_str() {
                 "auto" => VerifyMode::Unsealed,
                 "full" => VerifyMode::Full,
                 _ => {
-                    return Err(ExecError::Invalid(format!(
-                        "HCCL_VERIFY={v}: expected auto (verify the entries no seal covers) or full"
-                    )));
+                    return Err(bad(
+                        "HCCL_VERIFY",
+                        &v,
+                        "auto (verify the entries no seal covers) or full",
+                    ));
                 }
             };
         }
@@ -135,10 +164,12 @@ impl Config {
                 "waits" => CallCheck::Waits,
                 "1" => CallCheck::EveryCall,
                 _ => {
-                    return Err(ExecError::Invalid(format!(
-                        "HCCL_CHECK_CALLS={v}: expected 1 (compare the ranks' calls at the end \
-                         of every call), waits (while waiting for a peer, the default) or 0"
-                    )));
+                    return Err(bad(
+                        "HCCL_CHECK_CALLS",
+                        &v,
+                        "1 (compare the ranks' calls at the end of every call), waits (while \
+                         waiting for a peer, the default) or 0",
+                    ));
                 }
             };
         }
@@ -147,20 +178,21 @@ impl Config {
                 "0" => false,
                 "1" => true,
                 _ => {
-                    return Err(ExecError::Invalid(format!(
-                        "HCCL_CHECKSUM={v}: expected 1 (a CRC32C on every message, checked by \
-                         its receiver) or 0 (the default)"
-                    )));
+                    return Err(bad(
+                        "HCCL_CHECKSUM",
+                        &v,
+                        "1 (a CRC32C on every message, checked by its receiver) or 0 (the \
+                         default)",
+                    ));
                 }
             };
         }
         if let Some(dir) = env("HCCL_TRACE") {
             cfg.trace = Some(crate::trace::TraceConfig {
                 dir: PathBuf::from(dir),
-                calls: crate::trace::calls_from_env()?,
+                calls: crate::trace::calls_from(env("HCCL_TRACE_CALLS"))?,
             });
         }
-        cfg.net = crate::net::NetConfig::from_env()?;
         Ok(cfg)
     }
 
@@ -207,20 +239,35 @@ impl Config {
     }
 }
 
+/// The levels `HCCL_DEBUG` accepts (any case).
+pub const DEBUG_LEVELS: [&str; 6] = ["error", "warn", "info", "debug", "trace", "off"];
+
+/// `HCCL_DEBUG`'s value as a `tracing` level, or [`ExecError::Env`].
+fn debug_level(value: &str) -> Result<String> {
+    let level = value.trim().to_ascii_lowercase();
+    if DEBUG_LEVELS.contains(&level.as_str()) {
+        Ok(level)
+    } else {
+        Err(ExecError::Env {
+            name: "HCCL_DEBUG",
+            value: value.to_string(),
+            expected: format!("one of {} (any case)", DEBUG_LEVELS.join(", ")),
+        })
+    }
+}
+
 pub(crate) fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
 /// Installs a `tracing` subscriber at the level `HCCL_DEBUG` names (`WARN`, `INFO`,
-/// `TRACE`, …), once; does nothing when unset or when the program installed its own.
+/// `TRACE`, …), once; does nothing when unset, not a level ([`Config::from_env`] refuses
+/// it) or when the program installed its own.
 pub fn init_tracing() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        if let Some(level) = env("HCCL_DEBUG") {
-            let filter = tracing_subscriber::EnvFilter::new(format!(
-                "hccl_executor={}",
-                level.to_ascii_lowercase()
-            ));
+        if let Some(level) = env("HCCL_DEBUG").and_then(|v| debug_level(&v).ok()) {
+            let filter = tracing_subscriber::EnvFilter::new(format!("hccl_executor={level}"));
             let _ = tracing_subscriber::fmt()
                 .with_env_filter(filter)
                 .with_writer(std::io::stderr)
@@ -393,4 +440,119 @@ pub fn load_path(path: &Path) -> Result<PlanFile> {
         }
     }
     merged.ok_or_else(|| dir_err("no *.ron plan files in directory".to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`Config::from_vars`] over these variables only.
+    fn config_of(vars: &[(&str, &str)]) -> Result<Config> {
+        Config::from_vars(|name| {
+            vars.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    /// The variable, value and accepted values of an [`ExecError::Env`], else a panic.
+    fn env_error(vars: &[(&str, &str)]) -> (&'static str, String, String) {
+        match config_of(vars) {
+            Err(ExecError::Env {
+                name,
+                value,
+                expected,
+            }) => (name, value, expected),
+            other => panic!("{vars:?}: expected an Env error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn misspelt_values_of_enumerated_variables_are_errors() {
+        let (name, value, expected) = env_error(&[("HCCL_PROTO", "Simpel")]);
+        assert_eq!((name, value.as_str()), ("HCCL_PROTO", "Simpel"));
+        assert!(
+            expected.contains("LL128") && expected.contains("Simple"),
+            "{expected}"
+        );
+        let err = config_of(&[("HCCL_PROTO", "Simpel")])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(err, "HCCL_PROTO=Simpel: expected LL, LL128 or Simple");
+        for (var, bad) in [
+            ("HCCL_DEBUG", "INOF"),
+            ("HCCL_VERIFY", "ful"),
+            ("HCCL_CHECK_CALLS", "wait"),
+            ("HCCL_CHECKSUM", "yes"),
+            ("HCCL_TIMEOUT", "5s"),
+            ("HCCL_SLOT_BYTES", "32"),
+        ] {
+            let (name, value, expected) = env_error(&[(var, bad)]);
+            assert_eq!((name, value.as_str()), (var, bad));
+            assert!(!expected.is_empty());
+        }
+        let (_, _, expected) = env_error(&[("HCCL_DEBUG", "INOF")]);
+        assert!(
+            expected.contains("info") && expected.contains("trace"),
+            "{expected}"
+        );
+        let (name, ..) = env_error(&[("HCCL_TRACE", "/tmp/t"), ("HCCL_TRACE_CALLS", "0")]);
+        assert_eq!(name, "HCCL_TRACE_CALLS");
+    }
+
+    #[test]
+    fn accepted_values_are_read() {
+        let cfg = config_of(&[
+            ("HCCL_PROTO", "ll"),
+            ("HCCL_ALGO", " Ring "),
+            ("HCCL_DEBUG", "Warn"),
+            ("HCCL_VERIFY", "FULL"),
+            ("HCCL_CHECK_CALLS", "1"),
+            ("HCCL_CHECKSUM", "1"),
+            ("HCCL_TIMEOUT", "2.5"),
+        ])
+        .unwrap();
+        assert_eq!(cfg.proto, Some(Protocol::LL));
+        assert_eq!(cfg.algo.as_deref(), Some("Ring"));
+        assert_eq!(cfg.verify, VerifyMode::Full);
+        assert_eq!(cfg.check_calls, CallCheck::EveryCall);
+        assert!(cfg.checksum);
+        assert_eq!(cfg.timeout, Duration::from_millis(2500));
+        let none = config_of(&[]).unwrap();
+        assert_eq!(none.timeout, DEFAULT_TIMEOUT);
+        assert!(none.algo.is_none() && none.proto.is_none() && none.trace.is_none());
+    }
+
+    #[test]
+    fn an_algorithm_no_entry_of_the_plan_has_is_an_error_at_start() {
+        let config = Config {
+            algo: Some("rnig".into()),
+            ..Config::default()
+        };
+        let err =
+            match crate::threads::ThreadGroup::with_config(crate::fallback::plan(2), 2, config) {
+                Ok(_) => panic!("a misspelt HCCL_ALGO started communicators"),
+                Err(e) => e,
+            };
+        let ExecError::Env {
+            name,
+            value,
+            expected,
+        } = &err
+        else {
+            panic!("expected an Env error, got {err:?}");
+        };
+        assert_eq!((*name, value.as_str()), ("HCCL_ALGO", "rnig"));
+        assert!(expected.contains("ring"), "{err}");
+        assert!(
+            err.to_string().starts_with("HCCL_ALGO=rnig: expected"),
+            "{err}"
+        );
+        // A family of the plan in any case still starts, filtered.
+        let config = Config {
+            algo: Some("RING".into()),
+            ..Config::default()
+        };
+        crate::threads::ThreadGroup::with_config(crate::fallback::plan(2), 2, config).unwrap();
+    }
 }

@@ -59,6 +59,17 @@ pub enum ExecError {
         collective: Collective,
         message: String,
     },
+    /// An `HCCL_*` variable of the environment has a value the executor does not accept
+    /// (every variable: `docs/env.md`).
+    #[error("{name}={value}: expected {expected}")]
+    Env {
+        /// The variable.
+        name: &'static str,
+        /// Its value, as set.
+        value: String,
+        /// The values accepted.
+        expected: String,
+    },
     /// Invalid arguments (rank out of range, bad root, bad configuration).
     #[error("{0}")]
     Invalid(String),

@@ -61,6 +61,7 @@ mod copy;
 pub mod cuda;
 pub mod dtype;
 pub mod engine;
+pub mod env_vars;
 pub mod error;
 pub mod fallback;
 #[doc(hidden)]

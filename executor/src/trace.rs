@@ -59,17 +59,22 @@ pub struct TraceConfig {
 /// `HCCL_TRACE_CALLS`: how many calls a traced rank records ([`DEFAULT_TRACE_CALLS`] when
 /// unset).
 pub fn calls_from_env() -> crate::Result<u32> {
-    match crate::config::env("HCCL_TRACE_CALLS") {
+    calls_from(crate::config::env("HCCL_TRACE_CALLS"))
+}
+
+/// [`calls_from_env`] of the value `HCCL_TRACE_CALLS` has (`None`: unset).
+pub(crate) fn calls_from(value: Option<String>) -> crate::Result<u32> {
+    match value {
         None => Ok(DEFAULT_TRACE_CALLS),
         Some(v) => v
             .trim()
             .parse()
             .ok()
             .filter(|&n: &u32| n > 0)
-            .ok_or_else(|| {
-                crate::ExecError::Invalid(format!(
-                    "HCCL_TRACE_CALLS={v}: expected a positive number of calls"
-                ))
+            .ok_or_else(|| crate::ExecError::Env {
+                name: "HCCL_TRACE_CALLS",
+                value: v.clone(),
+                expected: "a positive number of calls".into(),
             }),
     }
 }

@@ -200,3 +200,19 @@ fn env_table_lists_exactly_the_variables_read() {
         "docs/env.md lists variables no source reads: {unread:?}"
     );
 }
+
+#[test]
+fn the_executors_known_names_are_the_table() {
+    let table: BTreeSet<String> = table_names().into_iter().collect();
+    let known: BTreeSet<String> = hccl::executor::env_vars::KNOWN_VARS
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let not_known: Vec<&String> = table.difference(&known).collect();
+    let not_in_table: Vec<&String> = known.difference(&table).collect();
+    assert!(
+        not_known.is_empty() && not_in_table.is_empty(),
+        "docs/env.md but not hccl_executor::env_vars::KNOWN_VARS: {not_known:?}; \
+         KNOWN_VARS but not docs/env.md: {not_in_table:?}"
+    );
+}

@@ -666,3 +666,55 @@ fn plot_draws_measured_against_predicted() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// At a communicator's start (here `hccl-perf`'s), an unknown `HCCL_*` name is a warning on
+/// stderr naming the closest known one, without `HCCL_DEBUG`; a misspelt value of an
+/// enumerated variable, or an `HCCL_ALGO` no entry of the plan has, is bad input naming the
+/// variable, the value and what is accepted.
+#[test]
+fn misspelt_variables_are_warned_and_misspelt_values_refused() {
+    let plan = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/pair_allreduce.plan.ron");
+    let plan = plan.to_str().unwrap();
+    let run = |vars: &[(&str, &str)]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hccl-perf"));
+        cmd.args(["-g", "2", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0"])
+            .args(["--plan", plan])
+            .env_remove("HCCL_PLAN")
+            .env_remove("HCCL_DEBUG")
+            .env("HCCL_TIMEOUT", "60");
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        cmd.output().expect("hccl-perf runs")
+    };
+    // Built, not written as literals: `env_table` counts a whole literal as a name read.
+    let out = run(&[
+        (concat!("HCCL_", "ALGOO"), "direct"),
+        (concat!("HCCL_", "TIMOUT"), "5"),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        err.contains(
+            "HCCL_ALGOO is set but is not a variable hccl reads (did you mean HCCL_ALGO?)"
+        ),
+        "{err}"
+    );
+    assert!(err.contains("did you mean HCCL_TIMEOUT?"), "{err}");
+    assert_eq!(
+        err.matches(concat!("HCCL_", "ALGOO")).count(),
+        1,
+        "warned once: {err}"
+    );
+    for (var, value, accepted) in [
+        ("HCCL_ALGO", "drect", "direct"),
+        ("HCCL_PROTO", "Simpel", "LL128"),
+        ("HCCL_DEBUG", "INOF", "info"),
+    ] {
+        let out = run(&[(var, value)]);
+        assert_eq!(out.status.code(), Some(2), "{var}: {}", text(&out));
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(err.contains(&format!("{var}={value}: expected")), "{err}");
+        assert!(err.contains(accepted), "{err}");
+    }
+}

@@ -107,12 +107,16 @@ impl NetConfig {
     pub fn from_env() -> Result<NetConfig> {
         let var = |n: &str| std::env::var(n).ok().filter(|v| !v.trim().is_empty());
         let mut cfg = NetConfig::default();
-        let count = |name: &str, v: String, max: usize| {
+        let count = |name: &'static str, v: String, max: usize| {
             v.trim()
                 .parse::<usize>()
                 .ok()
                 .filter(|n| (1..=max).contains(n))
-                .ok_or_else(|| ExecError::Invalid(format!("{name}={v}: expected 1 to {max}")))
+                .ok_or_else(|| ExecError::Env {
+                    name,
+                    value: v.clone(),
+                    expected: format!("1 to {max}"),
+                })
         };
         if let Some(v) = var("HCCL_NSOCKS") {
             cfg.nsocks = count("HCCL_NSOCKS", v, MAX_NSOCKS)?;
@@ -129,9 +133,11 @@ impl NetConfig {
                 "ib" | "rdma" => NetKind::Ib,
                 "socket" | "tcp" => NetKind::Socket,
                 _ => {
-                    return Err(ExecError::Invalid(format!(
-                        "HCCL_NET={v}: expected ib or socket"
-                    )));
+                    return Err(ExecError::Env {
+                        name: "HCCL_NET",
+                        value: v,
+                        expected: "ib (or rdma) or socket (or tcp)".into(),
+                    });
                 }
             };
         }

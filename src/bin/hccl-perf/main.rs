@@ -310,6 +310,7 @@ impl From<ExecError> for Failure {
             // Bad configuration (an `HCCL_*` variable, a rank or root out of range): the
             // user's input, exit 2.
             ExecError::Invalid(message) => Failure::Usage(message),
+            e @ ExecError::Env { .. } => Failure::Usage(e.to_string()),
             other => Failure::Runtime(other.to_string()),
         }
     }
