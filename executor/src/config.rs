@@ -187,6 +187,12 @@ impl Config {
                 }
             };
         }
+        // Read by the plan reader (`hccl_ir::plan::expansion_limit`), checked here so that a
+        // bad value fails every communicator's start, not only the loads that expand a plan.
+        if let Some(v) = env("HCCL_PLAN_MAX_STEPS") {
+            hccl_ir::plan::parse_max_steps(&v)
+                .map_err(|_| bad("HCCL_PLAN_MAX_STEPS", &v, "a positive number of steps"))?;
+        }
         if let Some(dir) = env("HCCL_TRACE") {
             cfg.trace = Some(crate::trace::TraceConfig {
                 dir: PathBuf::from(dir),
@@ -486,6 +492,7 @@ mod tests {
             ("HCCL_CHECKSUM", "yes"),
             ("HCCL_TIMEOUT", "5s"),
             ("HCCL_SLOT_BYTES", "32"),
+            ("HCCL_PLAN_MAX_STEPS", "0"),
         ] {
             let (name, value, expected) = env_error(&[(var, bad)]);
             assert_eq!((name, value.as_str()), (var, bad));

@@ -13,6 +13,7 @@ use std::sync::Mutex;
 /// around test runs whose processes start communicators). The rows of `docs/env.md`.
 pub const KNOWN_VARS: &[&str] = &[
     "HCCL_PLAN",
+    "HCCL_PLAN_MAX_STEPS",
     "HCCL_ALGO",
     "HCCL_PROTO",
     "HCCL_TIMEOUT",

@@ -70,6 +70,38 @@ pub enum PlanError {
         algorithm: String,
         hash: String,
     },
+    /// A symmetric entry whose expansion would take a full load of its plan past the plan's
+    /// limit on expanded steps ([`crate::plan::expansion_limit`]): refused before anything
+    /// of it is allocated (a small file can stand for billions of steps).
+    #[error(
+        "{path}: entry {entry} ({collective}): its {nranks} ranks × {template_steps} template steps expand to {expanded} steps, which with the {before} steps of the entries before it exceed the plan's limit of {limit} steps ({why}); set HCCL_PLAN_MAX_STEPS to raise the limit, or load the plan as templates (hcclc verify, HCCL_VERIFY=full)"
+    )]
+    TooLarge {
+        path: String,
+        entry: usize,
+        collective: crate::schedule::Collective,
+        nranks: u32,
+        template_steps: u64,
+        /// `nranks × template_steps`.
+        expanded: u64,
+        /// Steps the plan's earlier entries expanded to.
+        before: u64,
+        limit: u64,
+        /// Where the limit comes from.
+        why: String,
+    },
+    /// `HCCL_PLAN_MAX_STEPS` is not a positive number.
+    #[error("HCCL_PLAN_MAX_STEPS={value}: expected a positive number of steps")]
+    MaxSteps { value: String },
+    /// A symmetric entry that passed its checks could not be expanded.
+    #[error("{path}: entry {entry} ({collective}): {source}")]
+    Expand {
+        path: String,
+        entry: usize,
+        collective: crate::schedule::Collective,
+        #[source]
+        source: crate::symmetric::SymmetryError,
+    },
     #[error(
         "{path}: entry {entry} ({collective} {algorithm}): rank {rank}'s program was changed after its plan was verified: its digest {hash} is not the one the plan's `verified` seals record for rank {rank}; recompile the plan, or delete its `verified` list to have every entry verified when it is loaded"
     )]

@@ -465,6 +465,67 @@ impl<'de> Deserialize<'de> for PlanEntry {
     }
 }
 
+/// The least limit on a plan file's expanded steps ([`expansion_limit`]): every plan
+/// `hcclc` writes stays below it (the compiler builds no template schedule past 2^23 steps).
+pub const MIN_EXPANSION_LIMIT: u64 = 1 << 26;
+
+/// Expanded steps a plan file may stand for per byte of its text ([`expansion_limit`]).
+pub const EXPANSION_STEPS_PER_BYTE: u64 = 16;
+
+/// How many steps a full load of a plan file may expand its symmetric entries to, all entries
+/// together, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpansionLimit {
+    pub steps: u64,
+    /// Where the limit comes from, for the error that names it.
+    pub why: String,
+}
+
+/// The limit on the steps a full load ([`PlanFile::from_ron`], [`PlanFile::load`]) expands a
+/// plan file of `file_bytes` bytes to: `HCCL_PLAN_MAX_STEPS` when set, else
+/// [`EXPANSION_STEPS_PER_BYTE`] per byte of the file, at least [`MIN_EXPANSION_LIMIT`] and at
+/// most [`crate::symmetric::MAX_EXPANDED_STEPS`]. A bad `HCCL_PLAN_MAX_STEPS` is
+/// [`PlanError::MaxSteps`].
+pub fn expansion_limit(file_bytes: usize) -> Result<ExpansionLimit, PlanError> {
+    if let Some(steps) = max_steps_from_env()? {
+        return Ok(ExpansionLimit {
+            steps,
+            why: format!("HCCL_PLAN_MAX_STEPS={steps}"),
+        });
+    }
+    let steps = (file_bytes as u64)
+        .saturating_mul(EXPANSION_STEPS_PER_BYTE)
+        .clamp(MIN_EXPANSION_LIMIT, crate::symmetric::MAX_EXPANDED_STEPS);
+    Ok(ExpansionLimit {
+        steps,
+        why: format!(
+            "{EXPANSION_STEPS_PER_BYTE} steps per byte of the file's {file_bytes} bytes, at \
+             least {MIN_EXPANSION_LIMIT} and at most {}",
+            crate::symmetric::MAX_EXPANDED_STEPS
+        ),
+    })
+}
+
+/// `HCCL_PLAN_MAX_STEPS`: `None` when unset or blank, else the positive number it holds.
+pub fn max_steps_from_env() -> Result<Option<u64>, PlanError> {
+    match std::env::var("HCCL_PLAN_MAX_STEPS") {
+        Ok(v) if !v.trim().is_empty() => parse_max_steps(&v).map(Some),
+        _ => Ok(None),
+    }
+}
+
+/// A value of `HCCL_PLAN_MAX_STEPS`: a positive number of steps.
+pub fn parse_max_steps(value: &str) -> Result<u64, PlanError> {
+    value
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| PlanError::MaxSteps {
+            value: value.to_string(),
+        })
+}
+
 thread_local! {
     /// Whether [`PlanEntry`]'s reader on this thread keeps symmetric entries as templates
     /// ([`PlanFile::load_compact`]).
@@ -604,22 +665,92 @@ impl PlanFile {
         ron::ser::to_string_pretty(self, config).expect("plan values always serialise")
     }
 
-    /// Parses plan text; `origin` names the source (a path) in errors.
+    /// Parses plan text; `origin` names the source (a path) in errors. Symmetric entries are
+    /// read as templates and then expanded, each only when the plan's expansions stay within
+    /// [`expansion_limit`] of `text`'s size (else [`PlanError::TooLarge`]).
     pub fn from_ron(text: &str, origin: &str) -> Result<PlanFile, PlanError> {
+        let limit = (!COMPACT.get())
+            .then(|| expansion_limit(text.len()))
+            .transpose()?;
+        PlanFile::parse(text, origin, limit)
+    }
+
+    /// [`PlanFile::from_ron`] with this limit on the steps its symmetric entries expand to,
+    /// all together (whatever `HCCL_PLAN_MAX_STEPS` and the text's size say).
+    pub fn from_ron_within(
+        text: &str,
+        origin: &str,
+        max_steps: u64,
+    ) -> Result<PlanFile, PlanError> {
+        let limit = ExpansionLimit {
+            steps: max_steps,
+            why: "the limit the program set".into(),
+        };
+        PlanFile::parse(text, origin, Some(limit))
+    }
+
+    /// Parses plan text, its symmetric entries as templates, then expanded within `limit`
+    /// when there is one (else left as templates: [`PlanFile::load_compact`]).
+    fn parse(
+        text: &str,
+        origin: &str,
+        limit: Option<ExpansionLimit>,
+    ) -> Result<PlanFile, PlanError> {
         check_version(text, origin)?;
         let options = ron::Options::default().with_recursion_limit(64);
-        let plan = options
-            .from_str::<PlanFile>(text)
-            .map_err(|err| PlanError::Parse(Located::from_ron(origin, &err)))?;
-        let mut plan = plan;
+        let before = COMPACT.replace(true);
+        let parsed = options.from_str::<PlanFile>(text);
+        COMPACT.set(before);
+        let mut plan = parsed.map_err(|err| PlanError::Parse(Located::from_ron(origin, &err)))?;
         if plan.format_version < RUNS_VERSION && plan.has_own_seals() {
             let compact: Vec<SymmetricSchedule> =
                 plan.entries.iter().filter_map(PlanEntry::compact).collect();
             crate::seal::upgrade_seals(&mut plan.verified, &compact);
         }
-        let plan = upgrade(plan, origin)?;
+        let mut plan = upgrade(plan, origin)?;
         plan.check_seals(origin)?;
+        if let Some(limit) = limit {
+            plan.expand_templates(limit, origin)?;
+        }
         Ok(plan)
+    }
+
+    /// Expands every template entry (see [`PlanEntry::template`]), refusing, before it is
+    /// allocated, the first whose expansion takes the plan's expanded steps past
+    /// `limit` ([`PlanError::TooLarge`] naming the entry and the numbers).
+    fn expand_templates(&mut self, limit: ExpansionLimit, origin: &str) -> Result<(), PlanError> {
+        let mut total = 0u64;
+        for (i, entry) in self.entries.iter_mut().enumerate() {
+            let Some(t) = entry.template.take() else {
+                continue;
+            };
+            let template_steps = t.template_step_count() as u64;
+            let expanded = u64::from(t.nranks).saturating_mul(template_steps);
+            if total.saturating_add(expanded) > limit.steps {
+                return Err(PlanError::TooLarge {
+                    path: origin.to_string(),
+                    entry: i,
+                    collective: t.collective,
+                    nranks: t.nranks,
+                    template_steps,
+                    expanded,
+                    before: total,
+                    limit: limit.steps,
+                    why: limit.why,
+                });
+            }
+            total += expanded;
+            entry.schedule = t
+                .expand_within(u64::MAX)
+                .map_err(|source| PlanError::Expand {
+                    path: origin.to_string(),
+                    entry: i,
+                    collective: t.collective,
+                    source,
+                })?;
+            entry.symmetry = Some(t.symmetry.clone());
+        }
+        Ok(())
     }
 
     /// Reads and parses a plan file keeping every symmetric entry as its template

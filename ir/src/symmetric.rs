@@ -1055,9 +1055,14 @@ impl SymmetricSchedule {
     /// The schedule with every rank's program instantiated. Refuses expansions past
     /// [`MAX_EXPANDED_STEPS`] steps.
     pub fn expand(&self) -> Result<Schedule, SymmetryError> {
+        self.expand_within(MAX_EXPANDED_STEPS)
+    }
+
+    /// [`SymmetricSchedule::expand`] refusing expansions past `max_steps` steps instead.
+    pub fn expand_within(&self, max_steps: u64) -> Result<Schedule, SymmetryError> {
         let table = self.table()?;
         let steps = self.template_step_count();
-        if u64::from(self.nranks).saturating_mul(steps as u64) > MAX_EXPANDED_STEPS {
+        if u64::from(self.nranks).saturating_mul(steps as u64) > max_steps {
             return Err(SymmetryError::TooLarge {
                 nranks: self.nranks,
                 steps,

@@ -90,8 +90,11 @@ fn bad_plans_fail_with_located_errors() {
             PlanError::Version { .. }
             | PlanError::NotText { .. }
             | PlanError::Edited { .. }
-            | PlanError::EditedRank { .. } => {}
-            PlanError::Io { .. } => panic!("{file}: {msg}"),
+            | PlanError::EditedRank { .. }
+            | PlanError::TooLarge { .. } => {}
+            PlanError::Io { .. } | PlanError::MaxSteps { .. } | PlanError::Expand { .. } => {
+                panic!("{file}: {msg}")
+            }
         }
         let shown = match &err {
             PlanError::NotText { offset, .. } => format!("not text at byte {offset}"),

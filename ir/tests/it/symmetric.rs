@@ -564,14 +564,6 @@ fn plan_text(entry_body: &str) -> String {
     )
 }
 
-/// The full load of `text` must fail with a located parse error mentioning `fragment`.
-fn rejects_full(name: &str, text: &str, fragment: &str) {
-    match PlanFile::from_ron(text, name) {
-        Err(PlanError::Parse(loc)) => assert!(loc.message.contains(fragment), "{name}: {loc}"),
-        other => panic!("{name}: expected a parse error, got {other:?}"),
-    }
-}
-
 /// Loads `text` both ways; both must fail with a located parse error mentioning `fragment`.
 fn rejects(name: &str, text: &str, fragment: &str) {
     for result in [
@@ -683,7 +675,19 @@ fn malformed_symmetric_entries_fail_with_located_errors() {
         (0..n).map(|r| r.to_string()).collect::<Vec<_>>().join(","),
         vec!["(op:Nop,count:0)"; n as usize + 1].join(",")
     );
-    rejects_full("too large", &plan_text(&big), "exceeds the limit");
+    match PlanFile::from_ron(&plan_text(&big), "big") {
+        Err(PlanError::TooLarge {
+            entry: 0,
+            nranks,
+            template_steps,
+            expanded,
+            ..
+        }) => {
+            assert_eq!((nranks, template_steps), (n, u64::from(n) + 1));
+            assert_eq!(expanded, u64::from(n) * (u64::from(n) + 1));
+        }
+        other => panic!("too large: expected PlanError::TooLarge, got {other:?}"),
+    }
     let part = PlanFile::from_ron_for_rank(&plan_text(&big), "big", n - 1).expect("one rank");
     assert_eq!(
         part.entries[0].schedule.ranks[n as usize - 1].streams[0]
@@ -767,4 +771,111 @@ fn digit_mutations_reach_validation() {
     }
     assert!(parsed > 20, "only {parsed} mutants parsed");
     assert!(refused > 20, "only {refused} mutants refused by validation");
+}
+
+/// A plan of `entries` symmetric entries written in a few hundred bytes: `nranks` ranks
+/// (one rank run) whose template is one step repeated `steps` times.
+fn hostile_plan(nranks: u32, steps: u32, entries: usize) -> String {
+    let entry = format!(
+        "(min_bytes: 0, max_bytes: None, algorithm: \"a\", protocol: Simple, symmetric: \
+         (collective: AllGather, nranks: {nranks}, chunks: {nranks}, input_chunks: 1, \
+         output_chunks: {nranks}, in_place: false, symmetry: (dims: [{nranks}], actions: \
+         [Cyclic], rank_runs: [(first: 0, times: {nranks})], chunks: None), template: \
+         (streams: [(channel: 0, steps: [(op: Nop, count: 0, repeat: (times: {steps}))])])))"
+    );
+    format!(
+        "(format_version: 5, meta: (topology: \"t\", compiler: \"c\"), entries: [{}])",
+        vec![entry; entries].join(",\n")
+    )
+}
+
+/// A small file whose symmetric entry stands for 2^27 steps (7 GB expanded, under the
+/// former fixed limit of 2^28) is refused before it is expanded, with the entry, its
+/// collective and the numbers; the one-rank and template loads of it still work.
+#[test]
+fn a_small_plan_that_expands_hugely_is_refused_with_the_numbers() {
+    let text = hostile_plan(4096, 32768, 1);
+    assert!(text.len() < 1000, "{} bytes", text.len());
+    let err = PlanFile::from_ron(&text, "hostile.plan.ron").unwrap_err();
+    let PlanError::TooLarge {
+        entry,
+        collective,
+        nranks,
+        template_steps,
+        expanded,
+        before,
+        limit,
+        ..
+    } = &err
+    else {
+        panic!("expected PlanError::TooLarge, got {err:?}");
+    };
+    assert_eq!(
+        (*entry, collective.kind()),
+        (0, hccl_ir::CollectiveKind::AllGather)
+    );
+    assert_eq!((*nranks, *template_steps, *before), (4096, 32768, 0));
+    assert_eq!(*expanded, 1 << 27);
+    assert_eq!(*limit, hccl_ir::plan::MIN_EXPANSION_LIMIT);
+    let message = err.to_string();
+    for fragment in [
+        "hostile.plan.ron: entry 0 (allgather)",
+        "4096 ranks × 32768 template steps expand to 134217728 steps",
+        "limit of 67108864 steps",
+        "HCCL_PLAN_MAX_STEPS",
+    ] {
+        assert!(message.contains(fragment), "`{fragment}` not in: {message}");
+    }
+    let part = PlanFile::from_ron_for_rank(&text, "hostile", 4095).expect("one rank");
+    assert_eq!(
+        part.entries[0].schedule.ranks[4095].streams[0].steps.len(),
+        32768
+    );
+}
+
+/// The limit holds for the plan's entries together: the entry that crosses it is named,
+/// with what the entries before it expanded to; within the limit every entry expands.
+#[test]
+fn the_expansion_limit_counts_every_entry_of_the_plan() {
+    let text = hostile_plan(8, 10, 3);
+    match PlanFile::from_ron_within(&text, "three", 200) {
+        Err(PlanError::TooLarge {
+            entry: 2,
+            expanded: 80,
+            before: 160,
+            limit: 200,
+            ..
+        }) => {}
+        other => panic!("expected entry 2 refused, got {other:?}"),
+    }
+    let plan = PlanFile::from_ron_within(&text, "three", 240).expect("within the limit");
+    assert_eq!(plan.entries.len(), 3);
+    for e in &plan.entries {
+        assert!(e.template.is_none() && e.symmetry.is_some());
+        assert_eq!(e.schedule.ranks.len(), 8);
+        assert!(
+            e.schedule
+                .ranks
+                .iter()
+                .all(|r| r.streams[0].steps.len() == 10)
+        );
+    }
+    // The same as the default full load of so small a plan.
+    assert_eq!(PlanFile::from_ron(&text, "three").unwrap(), plan);
+}
+
+/// The plans the repository ships load in full as before.
+#[test]
+fn shipped_plans_load_in_full() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data");
+    let mut loaded = 0;
+    for entry in std::fs::read_dir(&dir).expect("tests/data") {
+        let path = entry.unwrap().path();
+        if path.to_string_lossy().ends_with(".plan.ron") {
+            let plan = PlanFile::load(&path).unwrap_or_else(|e| panic!("{e}"));
+            assert!(!plan.entries.is_empty(), "{}", path.display());
+            loaded += 1;
+        }
+    }
+    assert!(loaded >= 3, "{loaded} plans in {}", dir.display());
 }
