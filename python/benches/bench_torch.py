@@ -20,7 +20,10 @@ def launch(backend, n, env):
     e = dict(os.environ, BACKEND=backend, OMP_NUM_THREADS="1", **env)
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}",
            f"--master-port={hccl.Communicator.free_port()}", str(JOB)]
-    r = subprocess.run(cmd, env=e, capture_output=True, text=True)
+    try:
+        r = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=1800)
+    except subprocess.TimeoutExpired as t:
+        sys.exit(f"{backend} x{n} did not finish in {t.timeout:.0f} s:\n{t.stdout}\n{t.stderr}")
     if r.returncode:
         sys.exit(f"{backend} x{n} failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
     return [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]

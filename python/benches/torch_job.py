@@ -13,17 +13,24 @@ import hccl.torch  # noqa: F401
 SIZES = [8 << (2 * k) for k in range(13)] + [256 << 20]   # 8 B .. 128 MiB by 4, and 256 MiB
 
 
+def agreed(count):
+    """The largest of the ranks' counts: every rank must make the same number of calls."""
+    t = torch.tensor([int(count)], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
 def timed(fn, nbytes):
     """Seconds per call: warm up for ~50 ms (at least 5 calls: the executor's waits adapt
     over the first calls), then time enough calls for ~0.25 s (at least 3, at most 20,000),
-    every rank running the same count."""
+    every rank running the same counts."""
     for _ in range(5):
         fn()
     dist.barrier()
     t0 = time.perf_counter()
     fn()
     one = max(time.perf_counter() - t0, 1e-7)
-    for _ in range(int(min(20_000, 0.05 / one))):
+    for _ in range(agreed(min(20_000, 0.05 / one))):
         fn()
     dist.barrier()
     k = 10 if one < 1e-3 else 1
@@ -31,10 +38,7 @@ def timed(fn, nbytes):
     for _ in range(k):
         fn()
     one = max((time.perf_counter() - t0) / k, 1e-7)
-    iters = int(min(20_000, max(3, 0.25 / one)))
-    t = torch.tensor([iters], dtype=torch.int64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # every rank runs the same count
-    iters = int(t.item())
+    iters = agreed(min(20_000, max(3, 0.25 / one)))
     dist.barrier()
     t0 = time.perf_counter()
     for _ in range(iters):
