@@ -34,7 +34,7 @@ def timed(fn, nbytes):
     for _ in range(agreed(min(20_000, 0.05 / one))):
         fn()
     dist.barrier()
-    k = 10 if one < 1e-3 else 1
+    k = agreed(10 if one < 1e-3 else 1)
     t0 = time.perf_counter()
     for _ in range(k):
         fn()
