@@ -106,10 +106,9 @@ impl Config {
         Ok(cfg)
     }
 
-    /// [`Config::from_env`]'s settings but the network's, from the values `var` gives (set
+    /// [`Config::from_env`]'s settings but the network's, from the values `env` gives (set
     /// and not blank), without the warnings and the log subscriber.
-    pub(crate) fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Config> {
-        let env = var;
+    pub(crate) fn from_vars(env: impl Fn(&str) -> Option<String>) -> Result<Config> {
         if let Some(v) = env("HCCL_DEBUG") {
             debug_level(&v)?;
         }

@@ -66,6 +66,11 @@ pub fn unknown_var_warning(name: &str) -> String {
     )
 }
 
+/// Whether `name` is an `HCCL_*` variable that is not a known name.
+fn is_unknown(name: &str) -> bool {
+    name.starts_with("HCCL_") && !KNOWN_VARS.contains(&name)
+}
+
 /// The warnings for the names among `names` that start with `HCCL_` and are not known, in
 /// order, each once.
 pub fn unknown_var_warnings<I, S>(names: I) -> Vec<String>
@@ -78,7 +83,7 @@ where
         .into_iter()
         .filter(|n| {
             let n = n.as_ref();
-            n.starts_with("HCCL_") && !KNOWN_VARS.contains(&n) && seen.insert(n.to_string())
+            is_unknown(n) && seen.insert(n.to_string())
         })
         .map(|n| unknown_var_warning(n.as_ref()))
         .collect()
@@ -90,7 +95,7 @@ pub(crate) fn warn_unknown_vars() {
     static SAID: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
     for (name, _) in std::env::vars_os() {
         let Some(name) = name.to_str() else { continue };
-        if !name.starts_with("HCCL_") || KNOWN_VARS.contains(&name) {
+        if !is_unknown(name) {
             continue;
         }
         let mut said = SAID.lock().unwrap_or_else(|e| e.into_inner());

@@ -22,6 +22,13 @@ fn name_char(c: u8) -> bool {
     c.is_ascii_uppercase() || c.is_ascii_digit() || c == b'_'
 }
 
+/// Where the name starting with `HCCL_` at `i` of `b` ends.
+fn name_end(b: &[u8], i: usize) -> usize {
+    (i + 5..b.len())
+        .find(|&j| !name_char(b[j]))
+        .unwrap_or(b.len())
+}
+
 /// The `HCCL_*` names that occur in `text` as whole string literals (quoted by `"` or `'`).
 fn literal_names(text: &str) -> BTreeSet<String> {
     let b = text.as_bytes();
@@ -33,9 +40,7 @@ fn literal_names(text: &str) -> BTreeSet<String> {
         if open != b'"' && open != b'\'' {
             continue;
         }
-        let end = (i + 5..b.len())
-            .find(|&j| !name_char(b[j]))
-            .unwrap_or(b.len());
+        let end = name_end(b, i);
         if end > i + 5 && b.get(end) == Some(&open) {
             out.insert(text[i..end].to_string());
         }
@@ -53,9 +58,7 @@ fn shell_names(text: &str) -> BTreeSet<String> {
             Some(b'{') => i >= 2 && b[i - 2] == b'$',
             _ => false,
         };
-        let end = (i + 5..b.len())
-            .find(|&j| !name_char(b[j]))
-            .unwrap_or(b.len());
+        let end = name_end(b, i);
         if expanded && end > i + 5 {
             out.insert(text[i..end].to_string());
         }
