@@ -4,11 +4,18 @@
 //!
 //! ```text
 //! header  : magic | abort word | per rank: { pid, gone, waiting on, calls } (one line each)
-//! control : per connection: { sent (line) | consumed (line) | slot descriptors (line) }
-//!           (a descriptor: state, pointer, bytes, checksum)
+//! control : per connection: { sent, per slot: sender's call (line) | consumed (line) |
+//!           slot descriptors (line) } (a descriptor: state, pointer, bytes, checksum)
 //! data    : per connection: CONNECTION_SLOTS slots of `slot_bytes`
-//! ll      : per connection: LL_SLOTS slots of { flag (8 bytes) | LL_BYTES of data | checksum }
+//! ll      : per connection: LL_SLOTS slots of
+//!           { flag (8 bytes) | sender's call (8) | LL_BYTES of data | checksum }
 //! ```
+//!
+//! Every message carries its sender's call fingerprint (`crate::calls`) where its receiver
+//! looks anyway: a regular message's in the line of `sent` (the word of its slot), an LL
+//! message's right after its flag. The receiver compares it with its own call before it reads
+//! the data, so ranks whose calls differ fail on the first message instead of returning wrong
+//! results.
 //!
 //! A connection is a single-producer single-consumer ring of [`CONNECTION_SLOTS`] message
 //! slots. `sent` counts messages the sender published (written only by the sender) and
@@ -29,7 +36,7 @@
 //! hold exactly: a send never waits for its receiver.
 //!
 //! Entries of protocol LL (small messages) use the *LL slots* instead, NCCL's LL idea on
-//! CPUs: the message's flag and its first 56 bytes share one cache line. The sender writes
+//! CPUs: the message's flag, its sender's call and its first 48 bytes share one cache line. The sender writes
 //! the data after the flag word and then stores the flag (`seq + 1`, Release); the
 //! receiver polls that flag (Acquire) and finds the data in the line the poll brought in.
 //! A small message so costs its receiver one cache-line transfer instead of three (`sent`,
@@ -61,8 +68,11 @@ pub(crate) const MATERIALIZING: u64 = 3;
 pub const LL_SLOTS: usize = 8;
 /// Data capacity of one LL slot: calls of LL entries run in segments that fit it.
 pub const LL_BYTES: usize = 8192;
-/// Bytes between LL slots: the flag word, the data, rounded up to whole lines.
-const LL_STRIDE: usize = (8 + LL_BYTES).div_ceil(LINE) * LINE;
+/// Offset of an LL slot's data: after its flag and its sender's call.
+const LL_HEAD: usize = 16;
+/// Bytes between LL slots: the flag and call words, the data, the checksum, rounded up to
+/// whole lines.
+const LL_STRIDE: usize = (LL_HEAD + LL_BYTES + 8).div_ceil(LINE) * LINE;
 
 /// Bytes of one slot descriptor: state, pointer, bytes, checksum.
 const DESC: usize = 32;
@@ -71,8 +81,8 @@ const _: () = assert!(
     "descriptors share one line"
 );
 const _: () = assert!(
-    8 + LL_BYTES + 8 <= LL_STRIDE,
-    "an LL slot holds its checksum"
+    8 + CONNECTION_SLOTS * 8 <= LINE,
+    "the senders' calls share the line of `sent`"
 );
 
 /// A checksum word's value for message `seq` whose bytes have CRC32C `crc`: the message's
@@ -100,7 +110,7 @@ pub(crate) fn corrupt_mark(seq: u64) -> u64 {
 pub(crate) const CORRUPT: u64 = 1 << 62;
 
 /// Magic value at offset 0 (checked by ranks that map a region made by another).
-pub(crate) const MAGIC: u64 = 0x4843_434c_4152_4e31; // "HCCLARN1"
+pub(crate) const MAGIC: u64 = 0x4843_434c_4152_4e32; // "HCCLARN2"
 
 /// Offsets of everything in the region.
 #[derive(Debug, Clone, Copy)]
@@ -277,6 +287,20 @@ impl Arena {
         self.word(self.layout.control + c as usize * CTRL)
     }
 
+    /// The call fingerprint (`crate::calls::CallPrint::pack`) of the sender of regular
+    /// message `seq` of connection `c` within this host, 0 when its sender compares no calls:
+    /// written before the message is published, in the line of `sent`, which its receiver
+    /// reads anyway.
+    #[inline]
+    pub(crate) fn sent_call(&self, c: u32, seq: u64) -> &AtomicU64 {
+        self.word(
+            self.layout.control
+                + c as usize * CTRL
+                + 8
+                + (seq % CONNECTION_SLOTS as u64) as usize * 8,
+        )
+    }
+
     /// Messages consumed on connection `c`.
     #[inline]
     pub(crate) fn consumed(&self, c: u32) -> &AtomicU64 {
@@ -320,7 +344,14 @@ impl Arena {
     /// The checksum word of LL slot `seq % LL_SLOTS` of connection `c`, right after its data.
     #[inline]
     pub(crate) fn ll_crc(&self, c: u32, seq: u64) -> &AtomicU64 {
-        self.word(self.ll_offset(c, seq) + 8 + LL_BYTES)
+        self.word(self.ll_offset(c, seq) + LL_HEAD + LL_BYTES)
+    }
+
+    /// The sender's call fingerprint of LL message `seq` of connection `c` (as
+    /// [`Arena::sent_call`]), in the line of its flag.
+    #[inline]
+    pub(crate) fn ll_call(&self, c: u32, seq: u64) -> &AtomicU64 {
+        self.word(self.ll_offset(c, seq) + 8)
     }
 
     /// Start of slot `seq % CONNECTION_SLOTS` of connection `c`.
@@ -341,12 +372,12 @@ impl Arena {
         self.word(self.ll_offset(c, seq))
     }
 
-    /// Start of the data of LL slot `seq % LL_SLOTS` of connection `c` (8-byte aligned,
-    /// [`LL_BYTES`] long, right after the flag in the same line).
+    /// Start of the data of LL slot `seq % LL_SLOTS` of connection `c` (16-byte aligned,
+    /// [`LL_BYTES`] long, right after the flag and call words in the same line).
     #[inline]
     pub(crate) fn ll_data(&self, c: u32, seq: u64) -> *mut u8 {
         // SAFETY: in bounds of the region by the layout.
-        unsafe { self.base.add(self.ll_offset(c, seq) + 8) }
+        unsafe { self.base.add(self.ll_offset(c, seq) + LL_HEAD) }
     }
 
     #[inline]

@@ -3,16 +3,28 @@
 //! instead of a hang or a wrong result.
 //!
 //! Every call a rank starts is numbered (its `seq`, from 1) and its fingerprint, packed in
-//! one word ([`CallPrint::pack`]), is published on the rank's line of the shared region
+//! one word ([`CallPrint::pack`]), travels with every message the rank sends: within a host
+//! in the word of the message's slot beside `sent`, or after an LL message's flag (where
+//! its receiver looks anyway, [`crate::arena`]); across hosts in every TCP or RDMA part's
+//! trailer with the call's number. The receiving step compares it with its own call before
+//! it reads the message, and on a difference fails with [`ExecError::CallMismatch`] and
+//! raises the communicator's abort; every other rank then fails with the mismatch between
+//! its own call and the reporter's or the culprit's (`crate::engine::abort_error`). So
+//! ranks that exchange data never return wrong results as a success, whatever differs.
+//!
+//! The fingerprint is also published on the rank's line of the shared region
 //! ([`crate::arena::Arena::call_slot`]) for its last [`HISTORY`] calls. A rank that waits
 //! for a peer compares its call with that peer's call of the same number at each liveness
-//! check (every 5 ms of waiting), so a mismatch that leaves ranks waiting for each other
-//! fails within milliseconds rather than at the timeout (`HCCL_CHECK_CALLS=waits`, the
-//! default). With `HCCL_CHECK_CALLS=1` a rank also compares with every peer that shows the
-//! same call when its call ends, so a mismatch whose ranks exchange data and finish fails
-//! before a result is returned. The check covers the ranks that share the region: all
-//! ranks of the threads and process backends, the ranks of one host in a multi-host job.
-//! `HCCL_CHECK_CALLS=0` turns it off.
+//! check (every 5 ms of waiting), so a mismatch that leaves ranks waiting without a message
+//! (a rank that sends nothing, an empty call) fails within milliseconds rather than at the
+//! timeout (`HCCL_CHECK_CALLS=waits`, the default, which includes the per-message check).
+//! With `HCCL_CHECK_CALLS=1` a rank also compares with every peer that shows the same call
+//! when its call ends, so even a rank that received nothing (a Broadcast's root) fails
+//! before it returns. `HCCL_CHECK_CALLS=0` turns both off (messages then carry 0, which no
+//! receiver compares).
+//!
+//! The CUDA backend runs every rank of a group in one process from one call (`CudaGroup`),
+//! so its ranks cannot disagree on the call and it carries no fingerprint.
 //!
 //! The placement compared is the placement of the schedule a rank runs, not of its
 //! buffers: ranks may pass their buffers in place or not as they like while they run the

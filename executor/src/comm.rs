@@ -844,7 +844,10 @@ fn run_segments(
         }
         let word = shared.arena.abort().load(Ordering::Acquire);
         if word != 0 {
-            return Err(with_host(shared, crate::engine::abort_error(rank, word)));
+            return Err(with_host(
+                shared,
+                crate::engine::abort_error(&shared.arena, rank, word, ctx.call),
+            ));
         }
     }
     // Peers may still read this rank's buffers through pointer messages: settle them

@@ -61,10 +61,12 @@ pub struct Config {
 pub enum CallCheck {
     /// No fingerprints (`HCCL_CHECK_CALLS=0`).
     Off,
-    /// A rank that waits for a peer compares the calls at each liveness check, every 5 ms of
-    /// waiting (the default: a mismatch that leaves ranks waiting for each other fails in
-    /// milliseconds instead of at the timeout; one whose ranks exchange data and finish, such
-    /// as another count of the same collective, is not caught). Costs one store per call.
+    /// Every message carries its sender's call and its receiver compares it before reading
+    /// (a mismatch fails at the first message, on every rank), and a rank that waits for a
+    /// peer compares the calls at each liveness check, every 5 ms of waiting (a mismatch
+    /// that leaves ranks waiting without a message fails in milliseconds instead of at the
+    /// timeout). The default. Costs one store per message and per call, and one load and
+    /// compare per received message, in cache lines the message touches anyway.
     #[default]
     Waits,
     /// Also at the end of every call, against every rank that shares the region and shows

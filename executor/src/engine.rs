@@ -364,6 +364,9 @@ impl EngineState {
     #[inline]
     fn publish(&mut self, arena: &Arena, c: u32) {
         let c_ = c as usize;
+        arena
+            .sent_call(c, self.send_seq[c_])
+            .store(self.call_word(), Ordering::Relaxed);
         self.send_seq[c_] += 1;
         arena.sent(c).store(self.send_seq[c_], Ordering::Release);
         self.progressed = true;
@@ -458,12 +461,17 @@ impl EngineState {
                                         seq,
                                         detail,
                                     },
-                                    Refused::Call(num, print) => crate::calls::mismatch_with(
-                                        ctx.rank,
-                                        peer,
-                                        ctx.call.unwrap_or_default(),
-                                        (num, print),
-                                    ),
+                                    Refused::Call(num, print) => {
+                                        // Every other rank fails too, naming the calls that
+                                        // differ (see `abort_error`).
+                                        raise_abort(ctx.arena, ctx.rank, peer);
+                                        crate::calls::mismatch_with(
+                                            ctx.rank,
+                                            peer,
+                                            ctx.call.unwrap_or_default(),
+                                            (num, print),
+                                        )
+                                    }
                                 });
                             }
                             let better = blocked.is_none_or(|(_, _, p, _)| p == ctx.rank);
@@ -756,6 +764,9 @@ impl EngineState {
             let c_ = c as usize;
             let seq = self.send_seq[c_];
             self.send_seq[c_] = seq + 1;
+            arena
+                .ll_call(c, seq)
+                .store(self.call_word(), Ordering::Relaxed);
             arena.ll_flag(c, seq).store(seq + 1, Ordering::Release);
             self.progressed = true;
             return;
@@ -782,18 +793,23 @@ impl EngineState {
         word.store(crate::arena::seal(seq, crc), Ordering::Relaxed);
     }
 
-    /// Whether messages of `c` are checked before they are read: with checksums, and from
-    /// another host when calls are compared (on this host ranks compare calls through their
-    /// header lines instead, see [`crate::calls`]).
+    /// The fingerprint this rank's messages carry: its call's, or 0 when it compares none.
     #[inline]
-    fn checks(&self, c: u32) -> bool {
-        self.checksum || (self.call.is_some() && self.remote[c as usize] == NET_IN)
+    fn call_word(&self) -> u64 {
+        self.call.map_or(0, |(_, print)| print)
     }
 
-    /// Whether the next message of `c` (`bytes` long in its slot) may be read: on this host
-    /// its CRC32C matches the sender's; from another host no part of it failed the network's
-    /// check and it belongs to this rank's call. When not, records why for the step to
-    /// report.
+    /// Whether messages of `c` are checked before they are read: with checksums, and when
+    /// calls are compared (every message carries its sender's call).
+    #[inline]
+    fn checks(&self, _c: u32) -> bool {
+        self.checksum || self.call.is_some()
+    }
+
+    /// Whether the next message of `c` (`bytes` long in its slot) may be read: it belongs to
+    /// this rank's call (when calls are compared); on this host its CRC32C matches the
+    /// sender's, from another host no part of it failed the network's check (with
+    /// checksums). When not, records why for the step to report.
     #[inline(never)]
     fn check(&mut self, arena: &Arena, c: u32, ll: bool, bytes: usize) -> bool {
         let seq = self.recv_seq[c as usize];
@@ -816,6 +832,22 @@ impl EngineState {
                     return false;
                 }
             }
+            return true;
+        }
+        if let Some((num, mine)) = self.call {
+            let word = if ll {
+                arena.ll_call(c, seq)
+            } else {
+                arena.sent_call(c, seq)
+            };
+            let theirs = word.load(Ordering::Relaxed);
+            // A sender that compares no calls stamps 0.
+            if theirs != 0 && theirs != mine {
+                self.refused = Some(Refused::Call(num, theirs));
+                return false;
+            }
+        }
+        if !self.checksum {
             return true;
         }
         let (data, word) = if ll {
@@ -1034,10 +1066,27 @@ pub(crate) fn abort_word(reporter: u32, culprit: u32) -> u64 {
     1 + ((u64::from(reporter) << 32) | u64::from(culprit))
 }
 
-/// Turns a non-zero abort word into the error this rank reports.
-pub(crate) fn abort_error(rank: u32, word: u64) -> ExecError {
+/// Turns a non-zero abort word into the error this rank reports. When calls are compared
+/// (`call`: this rank's number and fingerprint) and this rank's call differs from the
+/// culprit's or the reporter's, the error names both calls: an abort raised for a call
+/// mismatch reads as one on every rank.
+pub(crate) fn abort_error(
+    arena: &Arena,
+    rank: u32,
+    word: u64,
+    call: Option<(u64, u64)>,
+) -> ExecError {
     let v = word - 1;
     let (reporter, culprit) = ((v >> 32) as u32, v as u32);
+    if let Some((seq, print)) = call {
+        for peer in [culprit, reporter] {
+            if peer != rank
+                && let Some(e) = crate::calls::compare(arena, rank, peer, seq, print)
+            {
+                return e;
+            }
+        }
+    }
     ExecError::PeerFailed {
         rank,
         failed: culprit,
@@ -1189,7 +1238,7 @@ impl Waiter {
     fn pause(&mut self, ctx: &Ctx<'_>, blocked: (u32, u32, u32, &'static str)) -> Result<()> {
         let word = ctx.arena.abort().load(Ordering::Acquire);
         if word != 0 {
-            return Err(abort_error(ctx.rank, word));
+            return Err(abort_error(ctx.arena, ctx.rank, word, ctx.call));
         }
         (ctx.on_wait)();
         self.polls = self.polls.saturating_add(1);

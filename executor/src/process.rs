@@ -37,7 +37,26 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 const HELLO_MAGIC: &[u8; 8] = b"HCCLBOOT";
-const PROTOCOL: u32 = 4;
+/// Version of the bootstrap messages and of the shared region's layout (5: every message
+/// carries its sender's call in the region, `arena`).
+const PROTOCOL: u32 = 5;
+
+/// A rank that speaks another bootstrap protocol: another build of hccl.
+#[derive(Debug)]
+struct OtherVersion(u32);
+
+impl std::fmt::Display for OtherVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "it speaks bootstrap protocol {}, this rank {PROTOCOL}: every rank of a job must run \
+             the same hccl build",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for OtherVersion {}
 const STEP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where and how to rendezvous.
@@ -853,12 +872,18 @@ struct Job {
 fn read_hello(s: &mut TcpStream, token: &str) -> std::io::Result<Option<Hello>> {
     let mut magic = [0u8; 8];
     s.read_exact(&mut magic)?;
-    if &magic != HELLO_MAGIC || read_u32(s)? != PROTOCOL {
+    if &magic != HELLO_MAGIC {
         return Ok(None);
     }
+    // Every protocol so far sends the job token right after its version: only a rank of
+    // this job can make a version difference fatal.
+    let version = read_u32(s)?;
     let theirs = read_str(s)?;
     if !same_secret(&theirs, token) {
         return Ok(None);
+    }
+    if version != PROTOCOL {
+        return Err(std::io::Error::other(OtherVersion(version)));
     }
     Ok(Some(Hello {
         rank: read_u32(s)?,
@@ -922,6 +947,13 @@ fn lead(
                         tracing::warn!(%from, rank = h.rank, "refused a connection: rank out of range or taken");
                     }
                     Ok(None) => tracing::warn!(%from, "refused a connection without the job token"),
+                    Err(e) if e.get_ref().is_some_and(|x| x.is::<OtherVersion>()) => {
+                        let problem = format!("a rank connecting from {from}: {e}");
+                        let socks: Vec<TcpStream> =
+                            peers.into_iter().flatten().map(|(s, _)| s).collect();
+                        refuse(listener, socks, &problem, &boot.token, deadline);
+                        return Err(boot_err(problem));
+                    }
                     Err(e) => tracing::warn!(%from, "refused a connection: {e}"),
                 }
             }
@@ -1181,9 +1213,20 @@ fn map_region(rank: u32, name: &str, layout: Layout) -> Result<Arena> {
     // SAFETY: `map` is page-aligned, at least `layout.total` bytes, zero-filled by the kernel
     // on creation, and moves into the owner box (the mapping itself does not move).
     let arena = unsafe { Arena::from_raw(base, layout, Box::new(map)) };
-    let _ = arena
-        .magic()
-        .compare_exchange(0, MAGIC, Ordering::AcqRel, Ordering::Acquire);
+    if let Err(other) =
+        arena
+            .magic()
+            .compare_exchange(0, MAGIC, Ordering::AcqRel, Ordering::Acquire)
+        && other != MAGIC
+    {
+        return Err(ExecError::Bootstrap {
+            rank,
+            message: format!(
+                "{name} was laid out by another hccl build (magic {other:#018x}, this build \
+                 {MAGIC:#018x}): every rank of a job must run the same hccl build"
+            ),
+        });
+    }
     Ok(arena)
 }
 

@@ -189,6 +189,49 @@ fn connection_without_token_is_refused() {
     });
 }
 
+/// A rank of the job (it knows the token) built from another version of hccl: rank 0
+/// refuses the job at once, saying so, instead of waiting for the timeout.
+#[test]
+fn a_rank_of_another_version_is_refused_with_the_reason() {
+    let port = common::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let boot = Bootstrap {
+        addr: addr.clone(),
+        token: "right".into(),
+        host: None,
+    };
+    let cfg = Config::default().with_timeout(Duration::from_secs(30));
+    let started = std::time::Instant::now();
+    std::thread::scope(|s| {
+        let lead = s.spawn(move || ProcessGroup::init_with(fallback::plan(2), 0, 2, &boot, cfg));
+        let mut old = loop {
+            match TcpStream::connect(&addr) {
+                Ok(sock) => break sock,
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        };
+        let mut hello = b"HCCLBOOT".to_vec();
+        hello.extend_from_slice(&4u32.to_le_bytes());
+        hello.extend_from_slice(&5u32.to_le_bytes());
+        hello.extend_from_slice(b"right");
+        hello.extend_from_slice(&[0u8; 16]);
+        old.write_all(&hello).unwrap();
+        let err = match lead.join().unwrap() {
+            Ok(_) => panic!("rank 0 must refuse the job"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            err.contains("bootstrap protocol 4") && err.contains("same hccl build"),
+            "{err}"
+        );
+    });
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 /// The process backend compares calls through its shared region too: an AllReduce beside
 /// a Broadcast fails on both ranks, one naming both calls, well before the 30 s timeout.
 #[test]
@@ -227,6 +270,43 @@ fn mismatched_calls_fail_on_the_process_backend() {
             && e.contains("broadcast(root=0) of 100 float")),
         "{errors:?}"
     );
+}
+
+/// The case a user meets: two ranks of one host call AllReduce on 1 MiB, one of `float` and
+/// one of `int32` (same bytes, same schedule). With the default call checks both fail at
+/// the first message, each naming both calls, instead of returning wrong sums.
+#[test]
+fn a_float_beside_an_int32_all_reduce_fails_on_both_ranks() {
+    let comms = in_process_group(vec![fallback::plan(2), fallback::plan(2)], "t");
+    let errors: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|c| {
+                s.spawn(move || {
+                    let mut c = c.expect("joins");
+                    let n = (1 << 20) / 4;
+                    let res = if c.rank() == 0 {
+                        c.all_reduce_in_place(&mut vec![1.0f32; n], ReduceOp::Sum)
+                    } else {
+                        c.all_reduce_in_place(&mut vec![1i32; n], ReduceOp::Sum)
+                    };
+                    res.expect_err("the element types differ").to_string()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank"))
+            .collect()
+    });
+    for e in &errors {
+        assert!(
+            e.contains("call #1")
+                && e.contains("allreduce of 262144 float")
+                && e.contains("allreduce of 262144 int32"),
+            "{errors:?}"
+        );
+    }
 }
 
 /// Rank body of [`a_stopped_rank_is_named_by_the_straggler_report`]: small AllReduces

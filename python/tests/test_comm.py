@@ -106,12 +106,8 @@ sys.exit(0)
 def test_bad_input_is_a_clear_error(tmp_path, case, expect):
     script = tmp_path / "bad.py"
     script.write_text(BAD)
+    # The default call checks catch the mismatch (every message carries its sender's call).
     env = {"CASE": case, "HCCL_TIMEOUT": "10"}
-    if case == "mismatch":
-        # Ranks of one host compare every call's fingerprint with HCCL_CHECK_CALLS=1; the
-        # default (`waits`) catches only mismatches that leave a rank waiting (issue 36 makes
-        # every message carry it, as network parts already do).
-        env["HCCL_CHECK_CALLS"] = "1"
     outs = launch(2, script, env=env, timeout=120)
     for r, (rc, out, err) in enumerate(outs):
         assert rc == 0, f"rank {r}: {err[-2000:]}"

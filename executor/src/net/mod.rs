@@ -1575,7 +1575,7 @@ impl Net {
         }
         #[cfg(feature = "rdma")]
         if let Some(ib) = &self.ib {
-            if let Err(e) = ib.send(&self.inner, p, c, seq, segs) {
+            if let Err(e) = ib.send(&self.inner, p, c, seq, segs, call) {
                 self.inner.fail(
                     p,
                     format!(

@@ -477,19 +477,33 @@ fn pack(segs: &[Seg], room: usize) -> Vec<Vec<Seg>> {
     out
 }
 
-/// Bytes of the message carrying `part`.
-fn part_len(part: &[Seg]) -> usize {
-    HEADER + part.iter().map(|s| ENTRY + s.len).sum::<usize>()
+/// Bytes of the message carrying `part`, with its sender's call when `call`.
+fn part_len(part: &[Seg], call: bool) -> usize {
+    HEADER + part.iter().map(|s| ENTRY + s.len).sum::<usize>() + if call { CALL_TRAILER } else { 0 }
 }
 
+/// Bytes of the trailer carrying the sender's call (as on TCP, `proto::FLAG_CALL`).
+const CALL_TRAILER: usize = 16;
+
 /// Writes the message for `part` of message `seq` (of `parts` parts) of connection `conn`
-/// into `dst`; returns its length.
+/// into `dst`, followed by the sender's `call` (number, fingerprint) when calls are
+/// compared; returns its length.
 ///
 /// # Safety
 /// Every segment's `ptr` must be valid for reads of `len` bytes; `dst` must hold
 /// [`part_len`] bytes.
-unsafe fn encode_part(dst: &mut [u8], conn: u32, seq: u64, parts: u32, part: &[Seg]) -> usize {
+unsafe fn encode_part(
+    dst: &mut [u8],
+    conn: u32,
+    seq: u64,
+    parts: u32,
+    part: &[Seg],
+    call: Option<(u64, u64)>,
+) -> usize {
     let mut h = Header::new(Tag::Data);
+    if call.is_some() {
+        h.flags = proto::FLAG_CALL;
+    }
     h.conn = conn;
     h.seq = seq;
     h.a = parts;
@@ -509,6 +523,11 @@ unsafe fn encode_part(dst: &mut [u8], conn: u32, seq: u64, parts: u32, part: &[S
         dst[at..at + s.len].copy_from_slice(src);
         at += s.len;
     }
+    if let Some((num, print)) = call {
+        dst[at..at + 8].copy_from_slice(&num.to_le_bytes());
+        dst[at + 8..at + CALL_TRAILER].copy_from_slice(&print.to_le_bytes());
+        at += CALL_TRAILER;
+    }
     at
 }
 
@@ -521,6 +540,8 @@ enum Msg<'a> {
         parts: u32,
         table: Vec<(u32, u32)>,
         payload: &'a [u8],
+        /// The sender's call (number, fingerprint), when it compares calls.
+        call: Option<(u64, u64)>,
     },
     Credit {
         conn: u32,
@@ -544,10 +565,19 @@ fn decode_msg(bytes: &[u8], slot_bytes: usize) -> Result<Msg<'_>, String> {
             if h.b > proto::MAX_SEGS {
                 return Err(format!("{} segments", h.b));
             }
-            let want = HEADER as u64 + u64::from(h.b) * ENTRY as u64 + u64::from(h.c);
+            if h.flags & !proto::FLAG_CALL != 0 {
+                return Err(format!(
+                    "flags {:#x}: RDMA messages carry no checksum trailer",
+                    h.flags
+                ));
+            }
+            let trailer = proto::trailer_len(h.flags);
+            let want =
+                HEADER as u64 + u64::from(h.b) * ENTRY as u64 + u64::from(h.c) + trailer as u64;
             if bytes.len() as u64 != want {
                 return Err(format!(
-                    "{} bytes, but its header announces {want} ({} segments, {} payload bytes)",
+                    "{} bytes, but its header announces {want} ({} segments, {} payload bytes, \
+                     {trailer} trailer bytes)",
                     bytes.len(),
                     h.b,
                     h.c
@@ -559,12 +589,15 @@ fn decode_msg(bytes: &[u8], slot_bytes: usize) -> Result<Msg<'_>, String> {
                 .map(|e| (u32_at(e, 0), u32_at(e, 4)))
                 .collect();
             proto::check_segments(&table, slot_bytes, h.c)?;
+            let split = bytes.len() - trailer;
+            let (_, call) = proto::read_trailer(h.flags, &bytes[split..]);
             Ok(Msg::Data {
                 conn: h.conn,
                 seq: h.seq,
                 parts: h.a,
                 table,
-                payload: &bytes[end..],
+                payload: &bytes[end..split],
+                call,
             })
         }
         t => Err(format!("a {t:?} frame, which travels on TCP")),
@@ -596,6 +629,7 @@ fn place(
             parts,
             table,
             payload,
+            call,
         } => {
             let Some(conn) = wires.incoming(p, conn) else {
                 return Err(format!(
@@ -624,6 +658,17 @@ fn place(
                     );
                 }
                 at += len;
+            }
+            // The receiving step compares the sender's call with its own (see
+            // `Arena::peer_call`); without one, a word left by an earlier message must not
+            // pass for this one's.
+            let (num, word) = arena.peer_call(conn, seq);
+            match call {
+                Some((number, print)) => {
+                    num.store(number, Ordering::Relaxed);
+                    word.store(print, Ordering::Relaxed);
+                }
+                None => num.store(0, Ordering::Relaxed),
             }
             if let Some(published) = inb.end(seq) {
                 arena.sent(conn).store(published, Ordering::Release);
@@ -1195,11 +1240,13 @@ impl Links {
         c: u32,
         seq: u64,
         segs: &[Seg],
+        call: Option<(u64, u64)>,
     ) -> std::io::Result<()> {
         let Some(link) = self.link(p) else {
-            return tcp_send(inner, p, c, seq, segs);
+            return tcp_send(inner, p, c, seq, segs, call);
         };
-        let parts = pack(segs, link.peer_cap - HEADER);
+        let trailer = if call.is_some() { CALL_TRAILER } else { 0 };
+        let parts = pack(segs, link.peer_cap - HEADER - trailer);
         let n = parts.len() as u32;
         tracing::trace!(
             rank = inner.me,
@@ -1212,8 +1259,8 @@ impl Links {
         for part in &parts {
             // SAFETY: the engine keeps the memory `segs` points to alive and unchanged until
             // this call returns; the staging buffer holds `part_len` bytes (checked in `post`).
-            link.post(inner, p, part_len(part), |dst| unsafe {
-                encode_part(dst, inner.wires.of(c), seq, n, part)
+            link.post(inner, p, part_len(part, call.is_some()), |dst| unsafe {
+                encode_part(dst, inner.wires.of(c), seq, n, part, call)
             })?;
         }
         Ok(())
@@ -1266,7 +1313,19 @@ impl Drop for Links {
 }
 
 /// Sends a message to a peer without a queue pair, as `Net::send` does (one thread).
-fn tcp_send(inner: &Inner, p: usize, c: u32, seq: u64, segs: &[Seg]) -> std::io::Result<()> {
+fn tcp_send(
+    inner: &Inner,
+    p: usize,
+    c: u32,
+    seq: u64,
+    segs: &[Seg],
+    call: Option<(u64, u64)>,
+) -> std::io::Result<()> {
+    let mut call_bytes = [0u8; 16];
+    if let Some((num, print)) = call {
+        call_bytes[..8].copy_from_slice(&num.to_le_bytes());
+        call_bytes[8..].copy_from_slice(&print.to_le_bytes());
+    }
     let parts = proto::split(segs, inner.nsocks);
     let n = parts.len() as u32;
     for (j, part) in parts.iter().enumerate() {
@@ -1279,8 +1338,11 @@ fn tcp_send(inner: &Inner, p: usize, c: u32, seq: u64, segs: &[Seg]) -> std::io:
         if inner.checksum {
             h.flags = proto::FLAG_CRC;
         }
+        if call.is_some() {
+            h.flags |= proto::FLAG_CALL;
+        }
         let sock = (c as usize + j) % inner.nsocks;
-        super::write_part_on(inner, p, sock, &h.encode(), part, &[0; 16])?;
+        super::write_part_on(inner, p, sock, &h.encode(), part, &call_bytes)?;
     }
     Ok(())
 }
@@ -1574,13 +1636,19 @@ mod tests {
             .collect()
     }
 
+    /// The call every test message of `seq` carries.
+    fn call_of(seq: u64) -> Option<(u64, u64)> {
+        Some((seq + 1, 0x00c0_ffee_0000 + seq))
+    }
+
     fn encode_all(parts: &[Vec<Seg>], conn: u32, seq: u64) -> Vec<Vec<u8>> {
         parts
             .iter()
             .map(|part| {
-                let mut buf = vec![0u8; part_len(part)];
+                let call = call_of(seq);
+                let mut buf = vec![0u8; part_len(part, call.is_some())];
                 // SAFETY: the segments point into a live test buffer.
-                let n = unsafe { encode_part(&mut buf, conn, seq, parts.len() as u32, part) };
+                let n = unsafe { encode_part(&mut buf, conn, seq, parts.len() as u32, part, call) };
                 assert_eq!(n, buf.len());
                 buf
             })
@@ -1600,7 +1668,7 @@ mod tests {
         for room in [9usize, 16, 64, 300, 1 << 20] {
             let parts = pack(&s, room);
             assert!(
-                parts.iter().all(|p| part_len(p) - HEADER <= room),
+                parts.iter().all(|p| part_len(p, false) - HEADER <= room),
                 "room {room}"
             );
             let flat: Vec<(usize, usize)> = parts
@@ -1638,6 +1706,12 @@ mod tests {
                 let sent = arena.sent(0).load(Ordering::Acquire);
                 assert_eq!(sent, if j + 1 == msgs.len() { seq + 1 } else { seq });
             }
+            // The sender's call reaches the receiving step.
+            let (num, print) = arena.peer_call(0, seq);
+            assert_eq!(
+                Some((num.load(Ordering::Relaxed), print.load(Ordering::Relaxed))),
+                call_of(seq)
+            );
             let slot = arena.slot(0, seq);
             for &(from, len, off) in &pieces {
                 // SAFETY: inside the slot.
@@ -1700,6 +1774,19 @@ mod tests {
         assert!(decode_msg(&c, 4096).is_err());
         // Garbage header.
         assert!(decode_msg(&[0xAB; 64], 4096).is_err());
+        // The sender's call rides in the trailer; a checksum trailer never travels here.
+        assert!(matches!(decode_msg(&m, 4096), Ok(Msg::Data { call, .. }) if call == call_of(0)));
+        let mut crc = m.clone();
+        crc[1] |= proto::FLAG_CRC;
+        assert!(decode_msg(&crc, 4096).unwrap_err().contains("checksum"));
+        let mut bare = vec![0u8; part_len(&s, false)];
+        // SAFETY: the segments point into `src`, which is live.
+        let n = unsafe { encode_part(&mut bare, 0, 0, 1, &s, None) };
+        assert_eq!(n, bare.len());
+        assert!(matches!(
+            decode_msg(&bare, 4096),
+            Ok(Msg::Data { call: None, .. })
+        ));
     }
 
     #[test]
@@ -1837,7 +1924,7 @@ mod tests {
                 let s = segs(&src, &[(0, 100, 64)]);
                 let part = &pack(&s, cap - HEADER)[0];
                 // SAFETY: `src` is live; `tx` holds `cap` bytes.
-                let n = unsafe { encode_part(&mut tx, 0, 0, 1, part) };
+                let n = unsafe { encode_part(&mut tx, 0, 0, 1, part, None) };
                 // SAFETY: the buffers stay untouched until both completions arrived.
                 unsafe { qp.post_receive(&mut rx, .., wr_id(0, 0)) }.unwrap();
                 unsafe { qp.post_send(&mut tx, ..n, 0) }.unwrap();
