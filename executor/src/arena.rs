@@ -112,6 +112,75 @@ pub(crate) const CORRUPT: u64 = 1 << 62;
 /// Magic value at offset 0 (checked by ranks that map a region made by another).
 pub(crate) const MAGIC: u64 = 0x4843_434c_4152_4e32; // "HCCLARN2"
 
+/// Microseconds of the host's monotonic clock, truncated to 32 bits: the same clock in every
+/// process of the host, so ranks can compare each other's [`wait_word`] stamps (ages are
+/// taken with wrapping subtraction; a stamp older than 35 minutes reads as young again).
+#[inline]
+pub(crate) fn now_us() -> u32 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec we pass; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .wrapping_mul(1_000_000)
+        .wrapping_add(ts.tv_nsec as u64 / 1000) as u32
+}
+
+/// A [`Arena::last_wait`] value: a wait that ended at `end` ([`now_us`]) after `len_us`
+/// microseconds (kept in 4 µs units, at most 262 ms), charged to `culprit` (ranks from 65,535
+/// on are not recorded).
+#[inline]
+pub(crate) fn wait_record(end: u32, len_us: u32, culprit: u32) -> u64 {
+    let len = u64::from((len_us / 4).min(u32::from(u16::MAX)));
+    let who = if culprit < u32::from(u16::MAX) {
+        u64::from(culprit) + 1
+    } else {
+        0
+    };
+    (u64::from(end) << 32) | (len << 16) | who
+}
+
+/// A [`wait_record`] undone: `(end, len_us, culprit)`, `None` when it holds no wait.
+#[inline]
+pub(crate) fn read_wait_record(word: u64) -> Option<(u32, u32, u32)> {
+    let who = (word & 0xffff) as u32;
+    (who != 0).then(|| {
+        (
+            (word >> 32) as u32,
+            ((word >> 16) & 0xffff) as u32 * 4,
+            who - 1,
+        )
+    })
+}
+
+/// A [`Arena::waiting_on`] value: waiting for `peer` (bits 0–15, plus one; a peer from
+/// 65,535 on is not published) since `start` ([`now_us`], its low 24 bits: bits 16–39), of
+/// which it did not run for `off_us` (in 64 µs units, bits 40–63): refreshed at every poll.
+#[inline]
+pub(crate) fn wait_word(peer: u32, start: u32, off_us: u64) -> u64 {
+    if peer >= u32::from(u16::MAX) {
+        return 0;
+    }
+    (u64::from(peer) + 1)
+        | (u64::from(start & 0xff_ffff) << 16)
+        | ((off_us / 64).min(0xff_ffff) << 40)
+}
+
+/// A [`wait_word`] undone, relative to `now` ([`now_us`]): the peer, how many microseconds
+/// before `now` the wait began (a 24-bit stamp: waits over 8 s read short), and how long of
+/// it the rank did not run; `None` for "not waiting".
+#[inline]
+pub(crate) fn read_wait_word(word: u64, now: u32) -> Option<(u32, u32, u64)> {
+    let low = (word & 0xffff) as u32;
+    let start = ((word >> 16) & 0xff_ffff) as u32;
+    let age = now.wrapping_sub(start) & 0xff_ffff;
+    // A stamp a little after `now` (said after this rank read its clock) is fresh.
+    let age = if age > 0x80_0000 { 0 } else { age };
+    (low != 0).then(|| (low - 1, age, (word >> 40) * 64))
+}
+
 /// Offsets of everything in the region.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Layout {
@@ -263,11 +332,20 @@ impl Arena {
         (self.layout.control - 2 * LINE) / LINE
     }
 
-    /// The peer `rank` is waiting for in a call, plus one (0: not waiting); set while it
-    /// backs off, so that a rank that times out can follow the chain of waits to the rank
-    /// holding everyone up.
+    /// The peer `rank` is waiting for in a call, plus one, in the low 32 bits (0: not
+    /// waiting), and when that wait began in the high 32 ([`wait_word`]); set while it backs
+    /// off, so that a rank that times out can follow the chain of waits to the rank holding
+    /// everyone up, and a rank whose wait for `rank` ends can tell whether `rank` was itself
+    /// waiting meanwhile ([`crate::waits`]).
     pub(crate) fn waiting_on(&self, rank: usize) -> &AtomicU64 {
         self.word(2 * LINE + rank * LINE + 16)
+    }
+
+    /// `rank`'s last finished timed wait ([`wait_record`]): when it ended, how long it
+    /// lasted and the rank it was charged to; word 7 of the rank's line. `None` where the
+    /// header has no line for `rank`.
+    pub(crate) fn last_wait(&self, rank: usize) -> Option<&AtomicU64> {
+        (rank < self.ranks()).then(|| self.word(2 * LINE + rank * LINE + 56))
     }
 
     /// The slot of `rank`'s call `seq` (its number and its fingerprint, see

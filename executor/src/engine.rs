@@ -487,8 +487,10 @@ impl EngineState {
                 break;
             }
             if self.progressed {
+                // The wait's record first, then the wait cleared: a peer whose own wait
+                // for this rank ends meanwhile sees one or the other.
+                waiter.reset(&mut self.spin, ctx.spin_polls, &mut self.waits, Some(ctx));
                 waiter.unpublish(ctx);
-                waiter.reset(&mut self.spin, ctx.spin_polls, &mut self.waits);
             } else {
                 if let Err(e) = waiter.pause(ctx, blocked.unwrap_or((0, 0, ctx.rank, "nothing"))) {
                     waiter.unpublish(ctx);
@@ -497,8 +499,8 @@ impl EngineState {
                 }
             }
         }
+        waiter.reset(&mut self.spin, ctx.spin_polls, &mut self.waits, Some(ctx));
         waiter.unpublish(ctx);
-        waiter.reset(&mut self.spin, ctx.spin_polls, &mut self.waits);
         Ok(())
     }
 
@@ -1034,31 +1036,90 @@ fn dep_what(_stream: u32) -> &'static str {
     "a step of another stream of its own"
 }
 
-/// Where `peer`, which this rank timed out waiting for, was itself waiting in a call: the
-/// end of the chain of published waits ([`Arena::waiting_on`]) from it, a rank that was not
-/// waiting and so holds the others up. `None` when `peer` is this rank or was not waiting,
-/// when the chain comes back to a rank already on it (a cycle names no single culprit), or
-/// when a published value is not a rank of the region (the words are shared with other
-/// processes: never trusted as an index).
-fn blocked_by(ctx: &Ctx<'_>, peer: u32) -> Option<u32> {
-    let ranks = ctx.arena.ranks();
-    if peer == ctx.rank || peer as usize >= ranks {
+/// The rank at the end of the chain of published waits from `peer` (which `me` waits
+/// for): the first rank on it that is not waiting. `None` when `peer` is `me` or not a rank
+/// of the region, when the chain comes back to a rank already on it (a cycle names no single
+/// culprit), or when a published value is not a rank of the region (the words are shared
+/// with other processes: never trusted as an index).
+fn chain_end(arena: &Arena, me: u32, peer: u32) -> Option<u32> {
+    let ranks = arena.ranks();
+    if peer == me || peer as usize >= ranks {
         return None;
     }
-    let mut chain = vec![ctx.rank, peer];
+    let mut chain = vec![me, peer];
     let mut at = peer;
     loop {
-        let word = ctx.arena.waiting_on(at as usize).load(Ordering::Acquire);
-        if word == 0 {
-            return (at != peer).then_some(at);
-        }
-        let next = (word - 1) as u32;
+        let word = arena.waiting_on(at as usize).load(Ordering::Acquire);
+        let Some((next, _, _)) = crate::arena::read_wait_word(word, 0) else {
+            return Some(at);
+        };
         if next as usize >= ranks || chain.contains(&next) {
             return None;
         }
         chain.push(next);
         at = next;
     }
+}
+
+/// Who a timed wait of rank `me` for `peer`, from `start` to `end` ([`crate::arena::now_us`]),
+/// is charged to: not `peer` when `peer` was itself waiting for most of that time, but the
+/// cause of that wait, along the chain of waits. A peer's wait is read from its published
+/// wait if it still shows one (it ends the wait that held it up in the sweep that sends what
+/// `me` waited for, and clears it after), else from its last finished wait, whose cause that
+/// peer already worked out the same way. The chain stops at a rank that was not waiting for
+/// most of the time (it is the cause), at `me` (ranks that wait for each other: the peer is
+/// charged) and after [`MAX_HOPS`] hops. A stopped or descheduled rank publishes nothing new,
+/// so it is never passed over for the rank it last waited for.
+fn charge_to(arena: &Arena, me: u32, peer: u32, start: u32, end: u32) -> u32 {
+    let ranks = arena.ranks();
+    if peer == me || peer as usize >= ranks {
+        return peer;
+    }
+    let len = i64::from(end.wrapping_sub(start));
+    if len <= 0 || len > i64::from(u32::MAX / 2) {
+        return peer;
+    }
+    // Stamps relative to `end` (negative: before it), and the part of [s, e] within the wait.
+    let rel = |x: u32| i64::from(x.wrapping_sub(end) as i32);
+    let most = |s: i64, e: i64| 2 * (e.min(0) - s.max(-len)) >= len;
+    let mut at = peer;
+    for _ in 0..MAX_HOPS {
+        let word = arena.waiting_on(at as usize).load(Ordering::Acquire);
+        // Waiting for most of this wait, less the time it did not run.
+        if let Some((next, age, off)) = crate::arena::read_wait_word(word, end)
+            && most(-i64::from(age) + off.min(u64::from(u32::MAX)) as i64, 0)
+        {
+            if next == me || next as usize >= ranks {
+                return at;
+            }
+            at = next;
+            continue;
+        }
+        let record = arena
+            .last_wait(at as usize)
+            .map(|w| w.load(Ordering::Acquire))
+            .and_then(crate::arena::read_wait_record);
+        return match record {
+            Some((e, l, cause))
+                if most(rel(e) - i64::from(l), rel(e))
+                    && cause != me
+                    && (cause as usize) < ranks =>
+            {
+                cause
+            }
+            _ => at,
+        };
+    }
+    at
+}
+
+/// Longest chain of waits [`charge_to`] follows.
+const MAX_HOPS: usize = 8;
+
+/// The rank that holds this one up when it waits for `peer` too long: the end of the chain
+/// of published waits from `peer` ([`chain_end`]), when that is not `peer` itself.
+fn blocked_by(ctx: &Ctx<'_>, peer: u32) -> Option<u32> {
+    chain_end(ctx.arena, ctx.rank, peer).filter(|&r| r != peer)
 }
 
 /// Encodes an abort record.
@@ -1158,9 +1219,12 @@ struct Waiter {
     suspect: Option<u32>,
     /// This rank's wait is published in [`Arena::waiting_on`].
     published: bool,
-    /// A timed wait is charged to the peer it names ([`crate::waits`]), less the time this
-    /// rank did not run: gaps of [`OFF_CPU`] or more between its clock reads (`last`).
+    /// A timed wait is charged to the cause of the wait for the peer it names
+    /// ([`charge_to`]), less the time this rank did not run: gaps of [`OFF_CPU`] or more
+    /// between its clock reads (`last`). `start_us`: when it began, on the host's clock
+    /// ([`crate::arena::now_us`]).
     peer: u32,
+    start_us: u32,
     last: Option<Instant>,
     off_cpu: Duration,
 }
@@ -1177,6 +1241,7 @@ impl Waiter {
             suspect: None,
             published: false,
             peer: 0,
+            start_us: 0,
             last: None,
             off_cpu: Duration::ZERO,
         }
@@ -1194,11 +1259,40 @@ impl Waiter {
 
     /// Progress was made: adapt the budget to how this wait ended, charge it to the peer it
     /// named when it got as far as reading the clock, and start afresh.
-    fn reset(&mut self, spin: &mut u32, max: u32, waits: &mut crate::waits::Waits) {
+    fn reset(
+        &mut self,
+        spin: &mut u32,
+        max: u32,
+        waits: &mut crate::waits::Waits,
+        ctx: Option<&Ctx<'_>>,
+    ) {
         if let Some(since) = self.since {
             let end = Instant::now();
             self.note_gap(end);
-            waits.record(self.peer, (end - since).saturating_sub(self.off_cpu));
+            let culprit = match ctx {
+                Some(ctx) => {
+                    let end_us = crate::arena::now_us();
+                    let culprit = charge_to(ctx.arena, ctx.rank, self.peer, self.start_us, end_us);
+                    if let Some(w) = ctx.arena.last_wait(ctx.rank as usize) {
+                        let len = end_us.wrapping_sub(self.start_us);
+                        // A wait this rank mostly did not run for is its own doing, to whoever
+                        // waited for it meanwhile.
+                        let off = u32::try_from(self.off_cpu.as_micros()).unwrap_or(u32::MAX);
+                        let cause = if off.saturating_mul(2) >= len {
+                            ctx.rank
+                        } else {
+                            culprit
+                        };
+                        w.store(
+                            crate::arena::wait_record(end_us, len, cause),
+                            Ordering::Release,
+                        );
+                    }
+                    culprit
+                }
+                None => self.peer,
+            };
+            waits.record(culprit, (end - since).saturating_sub(self.off_cpu));
             self.last = None;
             self.off_cpu = Duration::ZERO;
         }
@@ -1247,9 +1341,13 @@ impl Waiter {
             return Ok(());
         }
         let now = Instant::now();
+        let first = self.since.is_none();
         let since = *self.since.get_or_insert(now);
         self.note_gap(now);
         self.peer = blocked.2;
+        if first {
+            self.start_us = crate::arena::now_us();
+        }
         let waited = now - since;
         if self.budget == SPIN_ONLY && waited < SPIN_FOR {
             std::hint::spin_loop();
@@ -1302,9 +1400,14 @@ impl Waiter {
             });
         }
         if peer != ctx.rank {
-            ctx.arena
-                .waiting_on(ctx.rank as usize)
-                .store(u64::from(peer) + 1, Ordering::Release);
+            ctx.arena.waiting_on(ctx.rank as usize).store(
+                crate::arena::wait_word(
+                    peer,
+                    self.start_us,
+                    self.off_cpu.as_micros().try_into().unwrap_or(u64::MAX),
+                ),
+                Ordering::Release,
+            );
             self.published = true;
         }
         if waited < YIELD_FOR {
@@ -1326,6 +1429,43 @@ impl Waiter {
 mod tests {
     use super::*;
 
+    /// Waits are charged along chains of waits: to a peer's own cause when it was waiting
+    /// (and running) for most of the wait, to the peer itself otherwise.
+    #[test]
+    fn waits_are_charged_to_the_end_of_the_chain() {
+        use crate::arena::{Layout, wait_record, wait_word};
+        let arena = Arena::heap(Layout::new(4, 1, 64)).unwrap();
+        let (start, end) = (1_000_000u32, 1_010_000u32); // rank 0 waited 10 ms for rank 1
+        let record = |r: usize, w: u64| arena.last_wait(r).unwrap().store(w, Ordering::Relaxed);
+        let waiting = |r: usize, w: u64| arena.waiting_on(r).store(w, Ordering::Relaxed);
+        // Rank 1 was not waiting: it is the cause.
+        assert_eq!(charge_to(&arena, 0, 1, start, end), 1);
+        // Its last wait, charged to rank 3, covered most of rank 0's: rank 3.
+        record(1, wait_record(end - 100, 9_000, 3));
+        assert_eq!(charge_to(&arena, 0, 1, start, end), 3);
+        // ... but only a quarter of it: rank 1.
+        record(1, wait_record(end - 100, 2_500, 3));
+        assert_eq!(charge_to(&arena, 0, 1, start, end), 1);
+        // It still shows a wait for rank 2 since before rank 0's began, and rank 2 none:
+        // rank 2.
+        waiting(1, wait_word(2, start - 500, 0));
+        assert_eq!(charge_to(&arena, 0, 1, start, end), 2);
+        // ... during which it did not run for 8 ms: rank 1 itself.
+        waiting(1, wait_word(2, start - 500, 8_000));
+        assert_eq!(charge_to(&arena, 0, 1, start, end), 1);
+        // Rank 1 waited for rank 0 itself: ranks that wait for each other charge the peer.
+        waiting(1, wait_word(0, start - 500, 0));
+        assert_eq!(charge_to(&arena, 0, 1, start, end), 1);
+        // A chain 1 → 2 → 3 ends at 3; a published peer out of range stops it.
+        waiting(1, wait_word(2, start, 0));
+        waiting(2, wait_word(3, start, 0));
+        assert_eq!(charge_to(&arena, 0, 1, start, end), 3);
+        waiting(3, wait_word(9, start, 0));
+        assert_eq!(charge_to(&arena, 0, 1, start, end), 3);
+        // A wait on another stream of this rank stays with it.
+        assert_eq!(charge_to(&arena, 0, 0, start, end), 0);
+    }
+
     /// Ends a wait of `polls` polls whose yield (if any) was classified as given, and
     /// returns the budget the next wait starts with.
     fn end_wait(budget: u32, max: u32, polls: u32, switched: bool, hogged: bool) -> u32 {
@@ -1334,7 +1474,7 @@ mod tests {
         w.switched = switched;
         w.hogged = hogged;
         let mut spin = 0;
-        w.reset(&mut spin, max, &mut crate::waits::Waits::default());
+        w.reset(&mut spin, max, &mut crate::waits::Waits::default(), None);
         assert_eq!(spin, w.budget);
         assert_eq!((w.polls, w.switched, w.hogged), (0, false, false));
         spin

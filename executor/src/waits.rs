@@ -10,22 +10,26 @@
 //! the clock. Time in calls is taken from the first and every 64th call ([`TIME_EVERY`]
 //! replays), the only calls that read the clock whether they wait or not.
 //!
-//! A wait is charged to the peer named by the wait: the sender of an awaited message, or
-//! the receiver whose slot is still full (it has not consumed this rank's earlier messages).
-//! Either way that peer is behind this rank, so the two are not told apart. A wait for
+//! A wait names a peer: the sender of an awaited message, or the receiver whose slot is
+//! still full (it has not consumed this rank's earlier messages). Either way that peer is
+//! behind this rank. The wait is charged to the *cause* of that peer's lateness, along the
+//! chain of waits (`engine::charge_to`): when the peer was itself waiting for most of this
+//! wait (less the time it did not run), the wait is charged where the peer's own wait was,
+//! and so on; the first rank on the chain that was not waiting, or did not run, is the
+//! cause. Ranks publish their current wait (whom, since when, how long they did not run)
+//! and their last finished one (when, how long, charged to whom) in their header line
+//! ([`crate::arena`]). So in a ring a slow rank's delay, which reaches every rank
+//! downstream of it, is charged to the slow rank alone, and a healthy job's waits spread
+//! over the ranks. A wait for
 //! another stream of the rank itself (a dependency; the engine names a peer whenever any
 //! stream waits for one) is charged to the rank itself: it shows in [`WaitStats`] but never
 //! in the group's view ([`StragglerReport`]). Time the waiting rank itself did not run (a
 //! gap of 5 ms or more between two polls of the wait: descheduled, or stopped) is not
 //! charged, so a stopped rank does not blame the peers it happened to be waiting for.
 //!
-//! Waits are charged directly, not along chains of waits: in a pipeline (a ring) a slow
-//! rank's delay also shows, about as large, on each rank downstream of it, which waited for
-//! a neighbour that waited for it (an all-pairs schedule, as small AllReduces use, charges
-//! the slow rank alone). The engine publishes which rank each waiting rank waits
-//! for ([`crate::arena`]), but a stopped or descheduled rank's word is stale, and following
-//! stale words blamed innocent ranks in the tests; the direct peer is never wrong about who
-//! was late to this rank.
+//! A stopped or descheduled rank publishes nothing new, so it is never passed over for the
+//! rank it last waited for: its published wait counts the time it did not run, and its
+//! finished wait, if it mostly did not run, names itself.
 //!
 //! Per rank held up by: total, count, largest and a histogram of the waits in log-scale
 //! buckets (HDR-style: four linear sub-buckets per power of two from 1 µs, so a percentile is
@@ -345,19 +349,27 @@ pub struct Culprit {
 }
 
 /// A rank dominates when it holds at least this share of all waiting (and 1.5 / ranks:
-/// of two ranks, each waits for the other).
-pub const DOMINANT_SHARE: f64 = 0.5;
+/// of two ranks, each waits for the other) ...
+pub const DOMINANT_SHARE: f64 = 0.3;
+/// ... at least this many times the share of the rank waited for next (in a healthy job the
+/// causes of waiting spread over the ranks: no rank stands out) ...
 /// ... and waiting is at least this fraction of the time in calls.
 pub const DOMINANT_WAITING: f64 = 0.05;
+/// (See [`DOMINANT_SHARE`].)
+pub const DOMINANT_LEAD: f64 = 1.5;
 
 impl StragglerReport {
     /// The rank that held the others up most, when it dominates: at least
-    /// [`DOMINANT_SHARE`] (and `1.5 / ranks`) of all waiting, and waiting at least
-    /// [`DOMINANT_WAITING`] of the time in calls.
+    /// [`DOMINANT_SHARE`] (and `1.5 / ranks`) of all waiting, [`DOMINANT_LEAD`] times the
+    /// share of the next rank, and waiting at least [`DOMINANT_WAITING`] of the time in
+    /// calls.
     pub fn dominant(&self) -> Option<&Culprit> {
         let top = self.culprits.first()?;
+        let next = self.culprits.get(1).map_or(0.0, |c| c.share);
         let need = DOMINANT_SHARE.max(1.5 / f64::from(self.ranks.max(1)));
-        (top.share >= need && self.total_wait_s >= DOMINANT_WAITING * self.time_in_calls_s)
+        (top.share >= need
+            && top.share >= DOMINANT_LEAD * next
+            && self.total_wait_s >= DOMINANT_WAITING * self.time_in_calls_s)
             .then_some(top)
     }
 }
