@@ -156,26 +156,26 @@ pub(crate) fn read_wait_record(word: u64) -> Option<(u32, u32, u32)> {
 }
 
 /// A [`Arena::waiting_on`] value: waiting for `peer` (bits 0–15, plus one; a peer from
-/// 65,535 on is not published) since `start` ([`now_us`], its low 24 bits: bits 16–39), of
-/// which it did not run for `off_us` (in 64 µs units, bits 40–63): refreshed at every poll.
+/// 65,535 on is not published), said at `poll` ([`now_us`], its low 24 bits: bits 16–39),
+/// after waiting `on_us` while running (in 64 µs units, bits 40–63): refreshed at every poll.
 #[inline]
-pub(crate) fn wait_word(peer: u32, start: u32, off_us: u64) -> u64 {
+pub(crate) fn wait_word(peer: u32, poll: u32, on_us: u64) -> u64 {
     if peer >= u32::from(u16::MAX) {
         return 0;
     }
     (u64::from(peer) + 1)
-        | (u64::from(start & 0xff_ffff) << 16)
-        | ((off_us / 64).min(0xff_ffff) << 40)
+        | (u64::from(poll & 0xff_ffff) << 16)
+        | ((on_us / 64).min(0xff_ffff) << 40)
 }
 
 /// A [`wait_word`] undone, relative to `now` ([`now_us`]): the peer, how many microseconds
-/// before `now` the wait began (a 24-bit stamp: waits over 8 s read short), and how long of
-/// it the rank did not run; `None` for "not waiting".
+/// before `now` it last said so (a 24-bit stamp: 16.7 s wrap around), and how long it had
+/// waited while running; `None` for "not waiting".
 #[inline]
 pub(crate) fn read_wait_word(word: u64, now: u32) -> Option<(u32, u32, u64)> {
     let low = (word & 0xffff) as u32;
-    let start = ((word >> 16) & 0xff_ffff) as u32;
-    let age = now.wrapping_sub(start) & 0xff_ffff;
+    let poll = ((word >> 16) & 0xff_ffff) as u32;
+    let age = now.wrapping_sub(poll) & 0xff_ffff;
     // A stamp a little after `now` (said after this rank read its clock) is fresh.
     let age = if age > 0x80_0000 { 0 } else { age };
     (low != 0).then(|| (low - 1, age, (word >> 40) * 64))
@@ -332,11 +332,11 @@ impl Arena {
         (self.layout.control - 2 * LINE) / LINE
     }
 
-    /// The peer `rank` is waiting for in a call, plus one, in the low 32 bits (0: not
-    /// waiting), and when that wait began in the high 32 ([`wait_word`]); set while it backs
-    /// off, so that a rank that times out can follow the chain of waits to the rank holding
-    /// everyone up, and a rank whose wait for `rank` ends can tell whether `rank` was itself
-    /// waiting meanwhile ([`crate::waits`]).
+    /// The peer `rank` is waiting for in a call, when it last polled and how long it has
+    /// waited while running ([`wait_word`]; 0: not waiting); refreshed at every poll while it
+    /// backs off, so that a rank that times out can follow the chain of waits to the rank
+    /// holding everyone up, and a rank whose wait for `rank` ends can tell whether `rank` was
+    /// itself waiting meanwhile, and running ([`crate::waits`]).
     pub(crate) fn waiting_on(&self, rank: usize) -> &AtomicU64 {
         self.word(2 * LINE + rank * LINE + 16)
     }

@@ -1085,9 +1085,11 @@ fn charge_to(arena: &Arena, me: u32, peer: u32, start: u32, end: u32) -> u32 {
     let mut at = peer;
     for _ in 0..MAX_HOPS {
         let word = arena.waiting_on(at as usize).load(Ordering::Acquire);
-        // Waiting for most of this wait, less the time it did not run.
-        if let Some((next, age, off)) = crate::arena::read_wait_word(word, end)
-            && most(-i64::from(age) + off.min(u64::from(u32::MAX)) as i64, 0)
+        // Still polling (a rank stopped or descheduled outside its wait stops refreshing
+        // its word), and waiting while running for most of this wait.
+        if let Some((next, age, on)) = crate::arena::read_wait_word(word, end)
+            && age <= STALE_US
+            && 2 * on.min(len as u64) >= len as u64
         {
             if next == me || next as usize >= ranks {
                 return at;
@@ -1112,6 +1114,10 @@ fn charge_to(arena: &Arena, me: u32, peer: u32, start: u32, end: u32) -> u32 {
     }
     at
 }
+
+/// A published wait last refreshed longer ago than this is not a wait any more: its rank
+/// stopped running while it waited.
+const STALE_US: u32 = 2_000;
 
 /// Longest chain of waits [`charge_to`] follows.
 const MAX_HOPS: usize = 8;
@@ -1403,8 +1409,12 @@ impl Waiter {
             ctx.arena.waiting_on(ctx.rank as usize).store(
                 crate::arena::wait_word(
                     peer,
-                    self.start_us,
-                    self.off_cpu.as_micros().try_into().unwrap_or(u64::MAX),
+                    crate::arena::now_us(),
+                    waited
+                        .saturating_sub(self.off_cpu)
+                        .as_micros()
+                        .try_into()
+                        .unwrap_or(u64::MAX),
                 ),
                 Ordering::Release,
             );
@@ -1446,21 +1456,24 @@ mod tests {
         // ... but only a quarter of it: rank 1.
         record(1, wait_record(end - 100, 2_500, 3));
         assert_eq!(charge_to(&arena, 0, 1, start, end), 1);
-        // It still shows a wait for rank 2 since before rank 0's began, and rank 2 none:
-        // rank 2.
-        waiting(1, wait_word(2, start - 500, 0));
+        // It still shows a wait for rank 2, polled just now, 9 of the 10 ms while running,
+        // and rank 2 shows none: rank 2.
+        waiting(1, wait_word(2, end - 100, 9_000));
         assert_eq!(charge_to(&arena, 0, 1, start, end), 2);
-        // ... during which it did not run for 8 ms: rank 1 itself.
-        waiting(1, wait_word(2, start - 500, 8_000));
+        // ... but it ran for only 2 ms of its wait: rank 1 itself.
+        waiting(1, wait_word(2, end - 100, 2_000));
+        assert_eq!(charge_to(&arena, 0, 1, start, end), 1);
+        // ... or it stopped polling 5 ms ago (stopped outside its wait): rank 1 itself.
+        waiting(1, wait_word(2, end - 5_000, 9_000));
         assert_eq!(charge_to(&arena, 0, 1, start, end), 1);
         // Rank 1 waited for rank 0 itself: ranks that wait for each other charge the peer.
-        waiting(1, wait_word(0, start - 500, 0));
+        waiting(1, wait_word(0, end - 100, 9_000));
         assert_eq!(charge_to(&arena, 0, 1, start, end), 1);
         // A chain 1 → 2 → 3 ends at 3; a published peer out of range stops it.
-        waiting(1, wait_word(2, start, 0));
-        waiting(2, wait_word(3, start, 0));
+        waiting(1, wait_word(2, end - 100, 9_000));
+        waiting(2, wait_word(3, end - 100, 9_000));
         assert_eq!(charge_to(&arena, 0, 1, start, end), 3);
-        waiting(3, wait_word(9, start, 0));
+        waiting(3, wait_word(9, end - 100, 9_000));
         assert_eq!(charge_to(&arena, 0, 1, start, end), 3);
         // A wait on another stream of this rank stays with it.
         assert_eq!(charge_to(&arena, 0, 0, start, end), 0);

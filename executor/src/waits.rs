@@ -13,10 +13,10 @@
 //! A wait names a peer: the sender of an awaited message, or the receiver whose slot is
 //! still full (it has not consumed this rank's earlier messages). Either way that peer is
 //! behind this rank. The wait is charged to the *cause* of that peer's lateness, along the
-//! chain of waits (`engine::charge_to`): when the peer was itself waiting for most of this
-//! wait (less the time it did not run), the wait is charged where the peer's own wait was,
-//! and so on; the first rank on the chain that was not waiting, or did not run, is the
-//! cause. Ranks publish their current wait (whom, since when, how long they did not run)
+//! chain of waits (`engine::charge_to`): when the peer was itself waiting, and running, for
+//! most of this wait, the wait is charged where the peer's own wait was, and so on; the
+//! first rank on the chain that was not waiting, or not running, is the cause. Ranks publish
+//! their current wait (whom, when they last polled, how long they have waited while running)
 //! and their last finished one (when, how long, charged to whom) in their header line
 //! ([`crate::arena`]). So in a ring a slow rank's delay, which reaches every rank
 //! downstream of it, is charged to the slow rank alone, and a healthy job's waits spread
@@ -27,9 +27,11 @@
 //! gap of 5 ms or more between two polls of the wait: descheduled, or stopped) is not
 //! charged, so a stopped rank does not blame the peers it happened to be waiting for.
 //!
-//! A stopped or descheduled rank publishes nothing new, so it is never passed over for the
-//! rank it last waited for: its published wait counts the time it did not run, and its
-//! finished wait, if it mostly did not run, names itself.
+//! A stopped or descheduled rank is never passed over for the rank it last waited for: its
+//! published wait stops being refreshed (older than 2 ms, it is no wait), or, once it runs
+//! again inside the wait, counts only the time it ran; its finished wait, if it mostly did
+//! not run, names itself. A rank of another host is charged directly (its waits are in its
+//! own host's region).
 //!
 //! Per rank held up by: total, count, largest and a histogram of the waits in log-scale
 //! buckets (HDR-style: four linear sub-buckets per power of two from 1 µs, so a percentile is

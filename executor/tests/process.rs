@@ -19,6 +19,16 @@ use std::time::Duration;
 const ROLE: &str = "HCCL_TEST_ROLE";
 
 fn spawn_ranks(role: &str, n: u32, extra: &[(&str, &str)]) -> Vec<Child> {
+    spawn_ranks_on(role, n, extra, None)
+}
+
+/// As [`spawn_ranks`], rank `r` claiming host `hosts[r]` (`HCCL_HOST_ID`) when given.
+fn spawn_ranks_on(
+    role: &str,
+    n: u32,
+    extra: &[(&str, &str)],
+    hosts: Option<&[&str]>,
+) -> Vec<Child> {
     let exe = std::env::current_exe().expect("test executable");
     let port = common::free_port().to_string();
     (0..n)
@@ -35,6 +45,9 @@ fn spawn_ranks(role: &str, n: u32, extra: &[(&str, &str)]) -> Vec<Child> {
             .env_remove("HCCL_PLAN");
             for (k, v) in extra {
                 cmd.env(k, v);
+            }
+            if let Some(h) = hosts {
+                cmd.env("HCCL_HOST_ID", h[r as usize]);
             }
             cmd.spawn().expect("spawn a rank")
         })
@@ -399,6 +412,7 @@ type Reports = Vec<(u32, f64, u32, i64, String)>;
 /// `victim` (if any) is stopped `stop` and let run `go`, over and over. Returns every rank's
 /// report.
 fn straggler_run(
+    hosts: Option<&[&str]>,
     bytes: usize,
     victim: Option<usize>,
     stop: Duration,
@@ -416,7 +430,7 @@ fn straggler_run(
     ));
     let stop_str = stop_file.to_string_lossy().into_owned();
     let bytes_str = bytes.to_string();
-    let ranks = spawn_ranks(
+    let ranks = spawn_ranks_on(
         "straggler",
         4,
         &[
@@ -424,6 +438,7 @@ fn straggler_run(
             ("HCCL_TEST_STOP_FILE", &stop_str),
             ("HCCL_TEST_BYTES", &bytes_str),
         ],
+        hosts,
     );
     let mut ranks = Reaped(ranks.into_iter().map(Some).collect());
     // Rank 0 (never the victim's stdout reader's problem: it is not stopped) says when the
@@ -515,6 +530,7 @@ fn straggler_run(
 fn a_stopped_rank_is_named_by_the_straggler_report() {
     const VICTIM: u32 = 2;
     let reports = straggler_run(
+        None,
         8,
         Some(VICTIM as usize),
         Duration::from_millis(20),
@@ -541,6 +557,7 @@ fn a_stopped_rank_is_named_by_the_straggler_report() {
 fn the_straggler_report_blames_the_cause_on_the_ring() {
     const VICTIM: u32 = 1;
     let reports = straggler_run(
+        None,
         256 << 10,
         Some(VICTIM as usize),
         Duration::from_millis(10),
@@ -560,6 +577,7 @@ fn the_straggler_report_blames_the_cause_on_the_ring() {
     let mut named = Vec::new();
     for _ in 0..3 {
         let healthy = straggler_run(
+            None,
             256 << 10,
             None,
             Duration::ZERO,
@@ -575,4 +593,27 @@ fn the_straggler_report_blames_the_cause_on_the_ring() {
         }
     }
     panic!("three healthy jobs named a straggler: {named:#?}");
+}
+
+/// Two emulated hosts of two ranks each (TCP between them): a rank stopped a third of the
+/// time is named first on the ring too (a wait for a rank of another host is charged to it:
+/// its own waits are not visible from here).
+#[test]
+fn the_straggler_report_names_a_slow_rank_across_hosts() {
+    const VICTIM: u32 = 3;
+    let reports = straggler_run(
+        Some(&["a", "a", "b", "b"]),
+        256 << 10,
+        Some(VICTIM as usize),
+        Duration::from_millis(10),
+        Duration::from_millis(20),
+        Duration::from_millis(1500),
+    );
+    for (r, (top, _, _, dominant, report)) in reports.iter().enumerate() {
+        assert_eq!(*top, VICTIM, "rank {r}: {report}");
+        assert!(
+            *dominant == -1 || *dominant == i64::from(VICTIM),
+            "rank {r}: {report}"
+        );
+    }
 }
