@@ -30,6 +30,57 @@ pub struct PredictedTrace {
     pub summary: serde_json::Value,
 }
 
+/// How to give a machine a calibration of its own (the end of every prediction's
+/// calibration line that is not the machine's own).
+pub const HOW_TO_CALIBRATE: &str = "to calibrate: `hccl-perf --calibrate OUT.ron` on the \
+     machine (CPU hosts), or `hcclc calibrate TOPO --from RUN.json` from `hccl-perf --json \
+     --plan` runs, then compile for OUT.ron (hccl-perf: --topo OUT.ron)";
+
+/// Which calibration a topology's predictions use: `own` (the topology carries one that was
+/// measured: `from` says where the topology was read, the calibration's source where and when
+/// it was measured), `built-in` (the default fitted on the development machine, not this
+/// one: its source says where and when) or `none` (the model's nominal figures). As JSON:
+/// `{kind, source, from, how_to_calibrate}` (the last null for `own`).
+pub fn calibration_json(topo: &Topology, from: &str) -> serde_json::Value {
+    let (kind, source) = calibration_kind(topo);
+    serde_json::json!({
+        "kind": kind,
+        "source": source,
+        "from": from,
+        "how_to_calibrate": (kind != "own").then_some(HOW_TO_CALIBRATE),
+    })
+}
+
+/// [`calibration_json`] as one line for people.
+pub fn calibration_line(topo: &Topology, from: &str) -> String {
+    match calibration_kind(topo) {
+        ("own", source) => format!(
+            "calibration: this machine's own, from {from} ({})",
+            source.unwrap_or("its source not recorded")
+        ),
+        ("built-in", source) => format!(
+            "calibration: the built-in default, not measured on this machine ({}); \
+             {HOW_TO_CALIBRATE}",
+            source
+                .and_then(|s| s.strip_prefix(crate::cost::calibrate::BUILTIN_SOURCE))
+                .map_or("", str::trim_start)
+        ),
+        _ => format!(
+            "calibration: none, the model's nominal link figures ({from}); {HOW_TO_CALIBRATE}"
+        ),
+    }
+}
+
+fn calibration_kind(topo: &Topology) -> (&'static str, Option<&str>) {
+    match &topo.spec.calibration {
+        None => ("none", None),
+        Some(c) if c.source.starts_with(crate::cost::calibrate::BUILTIN_SOURCE) => {
+            ("built-in", Some(c.source.as_str()))
+        }
+        Some(c) => ("own", (!c.source.is_empty()).then_some(c.source.as_str())),
+    }
+}
+
 /// One row as JSON: the fields of `hcclc compile --json` and `hcclc explain --json`.
 pub fn row_json(r: &Row) -> serde_json::Value {
     serde_json::json!({

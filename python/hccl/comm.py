@@ -285,7 +285,11 @@ class Communicator:
         return json.loads(self._native.straggler_report())
 
     def finalize(self) -> Optional[Dict[str, Any]]:
-        """Ends the communicator after its queued calls; returns its straggler report."""
+        """Ends the communicator after its queued calls; returns its straggler report.
+
+        Collective: every rank calls it. Raises ``CommError`` when the communicator failed
+        in an earlier call or the report cannot be made (a failed rank); returns ``None``
+        only when it was already finalized."""
         report = self._native.finalize()
         return None if report is None else json.loads(report)
 

@@ -521,19 +521,47 @@ impl PyComm {
         .map_err(CommError::new_err)
     }
 
-    /// Ends the communicator after the calls queued; its straggler report (JSON), if any.
+    /// Ends the communicator after the calls queued and returns its straggler report (JSON);
+    /// `None` only when it was already finalized. Collective, like
+    /// [`Communicator::finalize`], but a failure is an error, not a missing report: a
+    /// communicator that failed in an earlier call (poisoned), a report that could not be
+    /// made, a worker thread that died.
     fn finalize(&self, py: Python<'_>) -> PyResult<Option<String>> {
         if let Some(tx) = self.tx.lock().ok().and_then(|mut g| g.take()) {
             drop(tx);
         }
-        if let Some(w) = self.worker.lock().ok().and_then(|mut g| g.take()) {
-            let _ = py.detach(move || w.join());
-        }
+        let worker_died = match self.worker.lock().ok().and_then(|mut g| g.take()) {
+            Some(w) => py.detach(move || w.join()).is_err(),
+            None => false,
+        };
         let comm = self.comm.clone();
-        let taken = py.detach(move || comm.lock().ok().and_then(|mut g| g.take()));
-        Ok(taken
-            .and_then(|c| c.finalize())
-            .map(|r| serde_json::to_string(&r).unwrap_or_default()))
+        let outcome: Result<Option<String>, String> = py.detach(move || {
+            let taken = comm
+                .lock()
+                .map_err(|_| {
+                    "cannot finalize: the communicator failed in an earlier call (lock poisoned)"
+                        .to_string()
+                })?
+                .take();
+            let Some(mut c) = taken else {
+                return Ok(None);
+            };
+            if worker_died {
+                return Err(
+                    "cannot finalize: the communicator's thread for async_op calls died".into(),
+                );
+            }
+            // The report runs two AllReduces through the communicator: on a poisoned one it
+            // fails with the reason of the first failure.
+            let report = c
+                .straggler_report()
+                .map_err(|e| format!("cannot finalize (no straggler report): {e}"))?;
+            drop(c);
+            serde_json::to_string(&report)
+                .map(Some)
+                .map_err(|e| e.to_string())
+        });
+        outcome.map_err(CommError::new_err)
     }
 }
 

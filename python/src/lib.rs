@@ -303,7 +303,8 @@ impl PyTopology {
                 hccl_topologies::detect::detect(&sysfs, &sources, name.as_deref(), mem_bw)
             })
             .map_err(topo_err)?;
-        Ok((PyTopology::build(detected.spec)?, detected.notes))
+        let notes = detected.notes();
+        Ok((PyTopology::build(detected.spec)?, notes))
     }
 
     #[getter]

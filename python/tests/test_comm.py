@@ -73,6 +73,14 @@ try:
         comm.all_reduce(np.zeros(4, np.complex64))
     elif case == "mismatch":
         comm.all_reduce(np.zeros(100 + r, np.float32))
+    elif case == "finalize":
+        # A failed communicator cannot make its report: finalize says so (it used to
+        # return None as if all were well).
+        try:
+            comm.all_reduce(np.zeros(100 + r, np.float32))
+        except hccl.CommError:
+            pass
+        comm.finalize()
     elif case == "readonly":
         a = np.zeros(4, np.float32); a.flags.writeable = False; comm.all_reduce(a)
     elif case == "op":
@@ -101,6 +109,7 @@ sys.exit(0)
         ("op", "unsupported reduction"),
         ("type", "expected a NumPy array"),
         ("mismatch", "CommError"),
+        ("finalize", "CommError: cannot finalize (no straggler report)"),
     ],
 )
 def test_bad_input_is_a_clear_error(tmp_path, case, expect):

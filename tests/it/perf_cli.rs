@@ -718,3 +718,72 @@ fn misspelt_variables_are_warned_and_misspelt_values_refused() {
         assert!(err.contains(accepted), "{err}");
     }
 }
+
+/// Settings no backend would honour are refused, saying what to do, instead of being
+/// ignored: `--hosts` on the threads backend, `--calibrate` and `--hosts` under a launcher.
+#[test]
+fn settings_that_would_be_ignored_are_refused() {
+    let out = perf(&["-g", "2", "--hosts", "2"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("hccl-perf: --hosts 2 needs --backend process"),
+        "{}",
+        text(&out)
+    );
+    let launched = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_hccl-perf"))
+            .args(args)
+            .env_remove("HCCL_PLAN")
+            .env_remove("HCCL_PERF_PLAN_LABEL")
+            .env("RANK", "0")
+            .env("WORLD_SIZE", "2")
+            .output()
+            .expect("hccl-perf runs")
+    };
+    let out = launched(&["--backend", "process", "--calibrate", "x.ron"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("--calibrate under a launcher (RANK=0 is set)")
+            && text(&out).contains("--topo OUT.ron"),
+        "{}",
+        text(&out)
+    );
+    let out = launched(&["--backend", "process", "--hosts", "2"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("--hosts 2 under a launcher (RANK=0 is set)")
+            && text(&out).contains("HCCL_HOST_ID"),
+        "{}",
+        text(&out)
+    );
+}
+
+/// The predictions of a plan compiled for this machine say that they use the built-in
+/// calibration of the development machine, and how to calibrate this one.
+#[test]
+fn predictions_name_their_calibration() {
+    let args = ["-g", "2", "-b", "8", "-e", "8", "-n", "1", "-w", "0"];
+    let out = perf(&[&args[..], &["--json"][..]].concat());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let cal = &json(&out)["calibration"];
+    assert_eq!(cal["kind"], "built-in", "{cal}");
+    assert!(
+        cal["source"]
+            .as_str()
+            .is_some_and(|s| s.contains("development VM")),
+        "{cal}"
+    );
+    assert!(
+        cal["how_to_calibrate"]
+            .as_str()
+            .is_some_and(|s| s.contains("hccl-perf --calibrate OUT.ron")),
+        "{cal}"
+    );
+    let out = perf(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        text(&out).contains("# calibration: the built-in default, not measured on this machine"),
+        "{}",
+        text(&out)
+    );
+}

@@ -5,8 +5,8 @@
 //!
 //! Every source is text, read by a parser that takes the text, so recorded outputs (a sysfs
 //! tree copied to a directory, saved `nvidia-smi` outputs) describe other machines exactly as
-//! a live run would. What the sources do not say is assumed and listed in
-//! [`Detected::notes`].
+//! a live run would. Every fact says where it was found or why it was assumed
+//! ([`Detected::facts`]); a sysfs root that cannot be read is an error, not one CPU.
 //!
 //! GPUs: a pair shown as `NV#` is joined by `#` NVLinks. When every pair shows the same `NV#`
 //! and a GPU could not have that many links to every peer (more than its active links, or
@@ -26,8 +26,80 @@ use std::path::Path;
 #[derive(Debug, Clone)]
 pub struct Detected {
     pub spec: TopologySpec,
-    /// One line per fact taken from a source or assumed.
-    pub notes: Vec<String>,
+    /// Every fact the description rests on, each with where it was found or why it was
+    /// assumed.
+    pub facts: Vec<Fact>,
+}
+
+impl Detected {
+    /// One line per fact (`fact [found: where]`, `[given: how]` or `[assumed: why]`).
+    pub fn notes(&self) -> Vec<String> {
+        self.facts.iter().map(ToString::to_string).collect()
+    }
+}
+
+/// Where a fact of a detection comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// Read from a source: a sysfs file, a tool's output, a probe; says which.
+    Found(String),
+    /// Given by the caller (a command-line option); says which.
+    Given(String),
+    /// No source says it: a default or an inference; says why.
+    Assumed(String),
+}
+
+impl Origin {
+    /// `found`, `given` or `assumed`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Origin::Found(_) => "found",
+            Origin::Given(_) => "given",
+            Origin::Assumed(_) => "assumed",
+        }
+    }
+
+    /// Where it was found, how it was given, or why it was assumed.
+    pub fn detail(&self) -> &str {
+        match self {
+            Origin::Found(s) | Origin::Given(s) | Origin::Assumed(s) => s,
+        }
+    }
+}
+
+/// One fact of a detected machine and its origin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fact {
+    pub fact: String,
+    pub origin: Origin,
+}
+
+impl Fact {
+    fn found(fact: impl Into<String>, at: impl Into<String>) -> Fact {
+        Fact {
+            fact: fact.into(),
+            origin: Origin::Found(at.into()),
+        }
+    }
+
+    fn assumed(fact: impl Into<String>, why: impl Into<String>) -> Fact {
+        Fact {
+            fact: fact.into(),
+            origin: Origin::Assumed(why.into()),
+        }
+    }
+}
+
+impl std::fmt::Display for Fact {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} [{}: {}]",
+            self.fact,
+            self.origin.kind(),
+            self.origin.detail()
+        )
+    }
 }
 
 /// The text sources of a detection.
@@ -39,6 +111,119 @@ pub struct Sources {
     pub nvlink_status: Option<String>,
     /// `nvidia-smi -L`.
     pub gpu_list: Option<String>,
+    /// Where the texts come from (`nvidia-smi on this machine`, recorded files), for the
+    /// facts' origins; `None`: not said.
+    pub origin: Option<String>,
+}
+
+impl Sources {
+    /// `tool`, and where its output came from when known.
+    fn at(&self, tool: &str) -> String {
+        match &self.origin {
+            Some(o) => format!("{tool}, {o}"),
+            None => tool.to_string(),
+        }
+    }
+}
+
+/// The CPUs of a sysfs tree.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cpus {
+    /// CPUs per NUMA node (one node, all CPUs, when sysfs lists no node).
+    pub per_node: Vec<u32>,
+    /// CPU sockets, when sysfs lists them.
+    pub sockets: Option<u32>,
+    /// Where each of these came from.
+    pub facts: Vec<Fact>,
+}
+
+impl Cpus {
+    /// `cpus` CPUs per NUMA node and `sockets`, as given by the caller (`how`).
+    pub fn given(per_node: &[u32], sockets: Option<u32>, how: &str) -> Cpus {
+        Cpus {
+            per_node: per_node.to_vec(),
+            sockets,
+            facts: vec![Fact {
+                fact: format!(
+                    "{} CPUs in {}{} NUMA node(s)",
+                    per_node.iter().sum::<u32>(),
+                    sockets.map_or(String::new(), |s| format!("{s} socket(s), ")),
+                    per_node.len()
+                ),
+                origin: Origin::Given(how.to_string()),
+            }],
+        }
+    }
+}
+
+/// Reads the CPUs, NUMA nodes and sockets of the sysfs tree at `sysfs`. A root that is not
+/// a readable directory, or a tree that lists no CPU at all, is an error: nothing is
+/// invented for a machine that could not be read.
+pub fn cpus(sysfs: &Path) -> Result<Cpus, TopologyError> {
+    let sys_err = |message: String| bad("sysfs", message);
+    std::fs::read_dir(sysfs).map_err(|e| {
+        sys_err(format!(
+            "{}: cannot read the sysfs tree: {e} (give --sysfs the directory that holds \
+             devices/ and class/: /sys on Linux, or a copy of it)",
+            sysfs.display()
+        ))
+    })?;
+    let node_dir = sysfs.join("devices/system/node");
+    let online = sysfs.join("devices/system/cpu/online");
+    let per_node = numa_cpus(sysfs);
+    let mut facts = Vec::new();
+    let per_node = match per_node {
+        Some(counts) => {
+            facts.push(Fact::found(
+                format!(
+                    "{} CPUs in {} NUMA node(s)",
+                    counts.iter().sum::<u32>(),
+                    counts.len()
+                ),
+                format!("{}/node*/cpulist", node_dir.display()),
+            ));
+            counts
+        }
+        None => {
+            let count = std::fs::read_to_string(&online)
+                .ok()
+                .and_then(|l| cpu_count(l.trim()))
+                .filter(|&c| c > 0)
+                .ok_or_else(|| {
+                    sys_err(format!(
+                        "{}: no CPU listed (neither {}/node*/cpulist nor {} is readable): not \
+                         a sysfs tree? give --sysfs the directory that holds devices/ and \
+                         class/ (/sys on Linux)",
+                        sysfs.display(),
+                        node_dir.display(),
+                        online.display()
+                    ))
+                })?;
+            facts.push(Fact::found(
+                format!("{count} CPUs"),
+                online.display().to_string(),
+            ));
+            facts.push(Fact::assumed(
+                "1 NUMA node",
+                format!("{} lists no node", node_dir.display()),
+            ));
+            vec![count]
+        }
+    };
+    let sockets = sockets(sysfs);
+    let package = sysfs.join("devices/system/cpu/cpu*/topology/physical_package_id");
+    facts.push(match sockets {
+        Some(s) => Fact::found(format!("{s} socket(s)"), package.display().to_string()),
+        None => Fact::assumed(
+            "sockets unknown (not used: the NUMA nodes place the devices)",
+            format!("no {}", package.display()),
+        ),
+    });
+    Ok(Cpus {
+        per_node,
+        sockets,
+        facts,
+    })
 }
 
 /// A network interface found in sysfs.
@@ -49,8 +234,9 @@ pub struct NetDev {
     pub gbps: f64,
 }
 
-/// CPUs per NUMA node (one node when sysfs lists none).
-pub fn numa_cpus(sysfs: &Path) -> Vec<u32> {
+/// CPUs per NUMA node, `None` when sysfs lists no node with CPUs ([`cpus`] then reads the
+/// online CPUs).
+pub fn numa_cpus(sysfs: &Path) -> Option<Vec<u32>> {
     let dir = sysfs.join("devices/system/node");
     let mut nodes: Vec<(u32, u32)> = std::fs::read_dir(&dir)
         .into_iter()
@@ -69,13 +255,7 @@ pub fn numa_cpus(sysfs: &Path) -> Vec<u32> {
         .map(|(_, c)| c)
         .filter(|&c| c > 0)
         .collect();
-    if counts.is_empty() {
-        let online = std::fs::read_to_string(sysfs.join("devices/system/cpu/online"))
-            .ok()
-            .and_then(|l| cpu_count(l.trim()));
-        return vec![online.unwrap_or(1)];
-    }
-    counts
+    (!counts.is_empty()).then_some(counts)
 }
 
 /// CPU sockets (distinct `physical_package_id`s of the CPUs), when sysfs lists them.
@@ -119,6 +299,7 @@ fn cpu_count(list: &str) -> Option<u32> {
 }
 
 /// Physical network interfaces (those with a `device` link) that are up and report a speed.
+/// Each is found in `class/net/NAME/speed` of the tree.
 pub fn net_devices(sysfs: &Path) -> Vec<NetDev> {
     let dir = sysfs.join("class/net");
     let mut out: Vec<NetDev> = std::fs::read_dir(&dir)
@@ -324,31 +505,41 @@ fn pcie_gbps(name: &str) -> f64 {
     }
 }
 
-/// The topology of a machine with `sockets` CPU sockets (when known) and `numa` CPUs per
-/// NUMA node, network interfaces `nets`,
-/// `mem_bw` GB/s of memory bandwidth per CPU rank, and the GPUs `sources` describe (CPU ranks,
-/// one per core, when there are none).
+/// Memory bandwidth per CPU rank (GB/s) and where it comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemBw {
+    pub gbps: f64,
+    pub origin: Origin,
+}
+
+/// The topology of a machine with the CPUs `cpus` (facts included), network interfaces
+/// `nets` (read from the sysfs tree `net_from`), `mem_bw` of memory bandwidth per CPU rank,
+/// and the GPUs `sources` describe (CPU ranks, one per core, when there are none).
 pub fn describe(
     host: &str,
-    (sockets, numa): (Option<u32>, &[u32]),
-    nets: &[NetDev],
-    mem_bw: f64,
+    cpus: &Cpus,
+    (nets, net_from): (&[NetDev], &Path),
+    mem_bw: &MemBw,
     sources: &Sources,
 ) -> Result<Detected, TopologyError> {
-    let mut notes = vec![format!(
-        "{} CPUs in {}{} NUMA node(s) (sysfs)",
-        numa.iter().sum::<u32>(),
-        sockets.map_or(String::new(), |s| format!("{s} socket(s), ")),
-        numa.len()
-    )];
+    let numa = cpus.per_node.as_slice();
+    let mut facts = cpus.facts.clone();
     let mut spec = match &sources.topo_matrix {
-        Some(text) => gpu_host(host, numa, parse_topo_matrix(text)?, sources, &mut notes)?,
+        Some(text) => gpu_host(host, numa, parse_topo_matrix(text)?, sources, &mut facts)?,
         None => {
             let cores = numa.iter().sum::<u32>().max(1);
-            notes.push(format!(
-                "no GPU (no nvidia-smi): {cores} CPU ranks sharing memory, {mem_bw:.1} GB/s each (copy probe)"
+            facts.push(Fact::found(
+                format!("no GPU: {cores} CPU ranks sharing memory, one per CPU"),
+                sources
+                    .origin
+                    .clone()
+                    .unwrap_or_else(|| "no nvidia-smi topo -m given".into()),
             ));
-            let mut spec = crate::generate::host(cores, mem_bw);
+            facts.push(Fact {
+                fact: format!("memory bandwidth {:.1} GB/s per rank", mem_bw.gbps),
+                origin: mem_bw.origin.clone(),
+            });
+            let mut spec = crate::generate::host(cores, mem_bw.gbps);
             spec.name = host.to_string();
             spec
         }
@@ -359,13 +550,17 @@ pub fn describe(
         .first()
         .map(|s| s.id.clone())
         .unwrap_or_else(|| "mem".to_string());
+    let class_net = net_from.join("class/net");
     for (i, nic) in nets.iter().enumerate() {
         let id = format!("nic{i}");
-        notes.push(format!(
-            "{id}: {} at {} Gbit/s ({:.2} GB/s)",
-            nic.name,
-            nic.gbps * 8.0,
-            nic.gbps
+        facts.push(Fact::found(
+            format!(
+                "{id}: {} at {} Gbit/s ({:.2} GB/s)",
+                nic.name,
+                nic.gbps * 8.0,
+                nic.gbps
+            ),
+            format!("{}/{}/speed", class_net.display(), nic.name),
         ));
         spec.hosts[0].nics.push(NicSpec {
             id: id.clone(),
@@ -383,10 +578,32 @@ pub fn describe(
         ));
     }
     if nets.is_empty() {
-        notes.push("no physical network interface up".into());
+        facts.push(if class_net.is_dir() {
+            Fact::found(
+                "no physical network interface up with a speed",
+                class_net.display().to_string(),
+            )
+        } else {
+            Fact::assumed(
+                "no network interface",
+                format!("no {}", class_net.display()),
+            )
+        });
+    } else {
+        facts.push(Fact::assumed(
+            format!("the NICs on {attach}'s PCIe, {NIC_LATENCY_US} µs NIC latency, Ethernet"),
+            "sysfs gives no NIC placement or latency",
+        ));
     }
-    spec.description = format!("detected: {}", notes.join("; "));
-    Ok(Detected { spec, notes })
+    spec.description = format!(
+        "detected: {}",
+        facts
+            .iter()
+            .map(|f| format!("{} ({})", f.fact, f.origin.kind()))
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+    Ok(Detected { spec, facts })
 }
 
 fn gpu_host(
@@ -394,7 +611,7 @@ fn gpu_host(
     numa: &[u32],
     m: GpuMatrix,
     sources: &Sources,
-    notes: &mut Vec<String>,
+    facts: &mut Vec<Fact>,
 ) -> Result<TopologySpec, TopologyError> {
     let n = m.links.len();
     let names = sources
@@ -419,14 +636,42 @@ fn gpu_host(
         .as_ref()
         .and_then(|s| s.iter().map(|g| g.1).find(|&v| v > 0.0))
         .unwrap_or(DEFAULT_NVLINK_GBPS);
-    notes.push(format!(
-        "{n} GPUs (nvidia-smi topo -m){}",
-        names.first().map(|m| format!(", {m}")).unwrap_or_default()
+    facts.push(Fact::found(
+        format!("{n} GPUs"),
+        sources.at("nvidia-smi topo -m"),
     ));
-    notes.push(match status {
-        Some(_) => format!("NVLink {per_link} GB/s per link (nvidia-smi nvlink -s)"),
-        None => format!("NVLink {per_link} GB/s per link (assumed; no nvidia-smi nvlink -s)"),
+    facts.push(match names.first() {
+        Some(m) => Fact::found(format!("GPU model {m}"), sources.at("nvidia-smi -L")),
+        None => Fact::assumed("GPU model unknown", "no nvidia-smi -L"),
     });
+    facts.push(match status {
+        Some(_) => Fact::found(
+            format!("NVLink {per_link} GB/s per link"),
+            sources.at("nvidia-smi nvlink -s"),
+        ),
+        None => Fact::assumed(
+            format!("NVLink {per_link} GB/s per link"),
+            "no nvidia-smi nvlink -s: NVLink2 to 4's per-link rate",
+        ),
+    });
+    let pcie = pcie_gbps(names.first().map_or("", String::as_str));
+    facts.push(Fact::assumed(
+        format!("PCIe {pcie} GB/s per GPU"),
+        match names.first() {
+            Some(m) => format!("the PCIe generation of a {m}"),
+            None => "Gen3, the GPU model being unknown".to_string(),
+        },
+    ));
+    if numa.len() > 1 {
+        facts.push(Fact::assumed(
+            format!("{SOCKET_GBPS} GB/s between NUMA nodes"),
+            "no source gives the socket interconnect (UPI/QPI, Infinity Fabric: 20-40)",
+        ));
+    }
+    facts.push(Fact::assumed(
+        format!("latency NVLink {NVLINK_LATENCY_US} µs, PCIe {PCIE_LATENCY_US} µs"),
+        "typical figures; no source gives them",
+    ));
     let gpu = |i: usize| format!("gpu{i}");
     let devices = (0..n)
         .map(|i| DeviceSpec {
@@ -488,8 +733,9 @@ fn gpu_host(
     let links_per_gpu = |i: usize| status.as_ref().map_or(MAX_NVLINKS, |s| s[i].0.max(1));
     let switched = uniform && (0..n).any(|i| bond * (n as u32 - 1) > links_per_gpu(i));
     if switched {
-        notes.push(format!(
-            "every GPU pair NV{bond}: an NVSwitch fabric, {bond} links per GPU"
+        facts.push(Fact::found(
+            format!("every GPU pair NV{bond}: an NVSwitch fabric, {bond} links per GPU"),
+            sources.at("nvidia-smi topo -m"),
         ));
         switches.push(SwitchSpec {
             id: "nvswitch".into(),
@@ -508,7 +754,10 @@ fn gpu_host(
             ));
         }
     } else {
-        notes.push(format!("{} GPU pairs joined by NVLink", pairs.len()));
+        facts.push(Fact::found(
+            format!("{} GPU pairs joined by NVLink", pairs.len()),
+            sources.at("nvidia-smi topo -m"),
+        ));
         for (i, j, k) in pairs {
             links.push(link(
                 &gpu(i),
@@ -553,15 +802,20 @@ pub fn nvidia_sources() -> Sources {
             topo_matrix: Some(m),
             nvlink_status: nvidia_smi(&["nvlink", "-s"]),
             gpu_list: nvidia_smi(&["-L"]),
+            origin: Some("run on this machine".into()),
         },
-        None => Sources::default(),
+        None => Sources {
+            origin: Some("nvidia-smi missing or failing on this machine".into()),
+            ..Sources::default()
+        },
     }
 }
 
 /// Detects the machine whose sysfs is at `sysfs` (`/sys` for this one) with GPU facts from
 /// `sources` ([`nvidia_sources`] here): `hcclc topo detect` and the Python
 /// `Topology.detect()`. `mem_bw` (GB/s per rank) overrides the measurement: CPU ranks get a
-/// copy probe of this machine without it, GPUs the default. `name` defaults to the host name.
+/// copy probe of this machine without it. `name` defaults to the host name. A sysfs root
+/// that cannot be read, or that lists no CPU, is an error.
 pub fn detect(
     sysfs: &Path,
     sources: &Sources,
@@ -576,13 +830,25 @@ pub fn detect(
             message: format!("memory bandwidth {bw}: must be a positive number"),
         });
     }
-    let numa = numa_cpus(sysfs);
+    let cpus = cpus(sysfs)?;
     let nets = net_devices(sysfs);
-    let cores: u32 = numa.iter().sum::<u32>().max(1);
+    let cores: u32 = cpus.per_node.iter().sum::<u32>().max(1);
     let mem_bw = match mem_bw {
-        Some(bw) => bw,
-        None if sources.topo_matrix.is_none() => crate::probe::probe_host().per_rank_gbps(cores),
-        None => crate::generate::CPU_MEM_BW,
+        Some(bw) => MemBw {
+            gbps: bw,
+            origin: Origin::Given("--mem-bw".into()),
+        },
+        None if sources.topo_matrix.is_none() => MemBw {
+            gbps: crate::probe::probe_host().per_rank_gbps(cores),
+            origin: Origin::Found(format!(
+                "a memory-copy probe of this machine, shared by {cores} ranks"
+            )),
+        },
+        // GPU hosts have no CPU ranks: the figure is not used.
+        None => MemBw {
+            gbps: crate::generate::CPU_MEM_BW,
+            origin: Origin::Assumed("not used: the ranks are GPUs".into()),
+        },
     };
     let name = name.map(str::to_string).unwrap_or_else(|| {
         std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -591,7 +857,7 @@ pub fn detect(
             .filter(|h| !h.is_empty())
             .unwrap_or_else(|| "this-machine".to_string())
     });
-    describe(&name, (sockets(sysfs), &numa), &nets, mem_bw, sources)
+    describe(&name, &cpus, (&nets, sysfs), &mem_bw, sources)
 }
 
 #[cfg(test)]

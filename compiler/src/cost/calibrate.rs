@@ -344,6 +344,10 @@ pub fn fit(
     })
 }
 
+/// How the source of [`builtin_cpu_calibration`] begins: a calibration whose source begins
+/// so is the development machine's, not the machine's own.
+pub const BUILTIN_SOURCE: &str = "built-in:";
+
 /// The calibration a CPU host gets when it has none of its own (`hccl-perf` without `--topo`,
 /// `hcclc topo gen host` without `--calibration`): the fits `scripts/fidelity.sh` made on the
 /// development VM (AMD EPYC, 2 cores, process backend, 2026-12-01) for 2 ranks (a core each),
@@ -442,8 +446,8 @@ pub fn builtin_cpu_calibration(ranks: u32, cores: u32) -> Calibration {
         )
     };
     cal.source = format!(
-        "built-in: fitted on the development VM (2 cores, process backend, 2026-12-01), \
-         {setting}"
+        "{BUILTIN_SOURCE} fitted on the development VM (AMD EPYC, 2 cores, process backend, \
+         2026-12-01), {setting}"
     );
     cal.cores = Some(cores);
     cal

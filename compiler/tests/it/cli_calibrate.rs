@@ -151,6 +151,17 @@ fn bad_runs_are_refused_with_the_file_and_row_named() {
             r#"{"collective":"allsum","ranks":2,"plan_file":"x","rows":[]}"#,
             "unknown `allsum`",
         ),
+        // A rooted collective's run must say its root: a missing one is not read as 0.
+        (
+            "noroot.json",
+            r#"{"collective":"broadcast","ranks":2,"plan_file":"x","rows":[]}"#,
+            "no `root` field: a broadcast run must say its root",
+        ),
+        (
+            "badroot.json",
+            r#"{"collective":"reduce","root":5,"ranks":2,"plan_file":"x","rows":[]}"#,
+            "root: `5` is not a rank of the 2 ranks",
+        ),
     ];
     for (name, body, want) in cases {
         let p = write(&dir, name, body);

@@ -334,6 +334,55 @@ fn detect_this_machine_and_recorded_nvidia_smi_outputs() {
     assert_eq!(doc["name"], "here");
     assert!(doc["nranks"].as_u64().is_some_and(|n| n >= 1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("hcclc: detected:"));
+    // Every fact says where it was found or why it was assumed; the CPUs come from sysfs,
+    // and the memory bandwidth given on the command line is labelled so (not a probe).
+    let facts = doc["facts"].as_array().expect("facts");
+    for f in facts {
+        assert!(
+            ["found", "given", "assumed"].contains(&f["origin"].as_str().unwrap_or_default())
+                && !f["detail"].as_str().unwrap_or_default().is_empty(),
+            "{f}"
+        );
+    }
+    let cpus = facts
+        .iter()
+        .find(|f| f["fact"].as_str().is_some_and(|t| t.contains(" CPUs")))
+        .expect("a CPU fact");
+    assert_eq!(cpus["origin"], "found", "{cpus}");
+    assert!(
+        cpus["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("/sys/devices/system/")
+    );
+    if let Some(bw) = facts.iter().find(|f| {
+        f["fact"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("memory bandwidth"))
+    }) {
+        assert_eq!(
+            (bw["fact"].as_str().unwrap(), &bw["origin"], &bw["detail"]),
+            (
+                "memory bandwidth 5.0 GB/s per rank",
+                &"given".into(),
+                &"--mem-bw".into()
+            ),
+        );
+    }
+    // A sysfs root that cannot be read is an error, not "1 CPU".
+    let out = hcclc(&["topo", "detect", "--sysfs", "/nonexistent", "--mem-bw", "5"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("sysfs: /nonexistent: cannot read the sysfs tree")
+            && err.contains("give --sysfs the directory that holds devices/ and class/"),
+        "{err}"
+    );
+    assert!(
+        stdout(&out).is_empty(),
+        "nothing is described: {}",
+        stdout(&out)
+    );
     // A DGX H100 from its recorded nvidia-smi outputs.
     let data = topologies_dir().join("tests/data/detect");
     let file = |name: &str| data.join(name).display().to_string();

@@ -96,6 +96,16 @@ fn json_rows_follow_the_contract_and_explain_agrees() {
             assert!(row.get(key).is_some(), "row lacks {key}: {row}");
         }
     }
+    // A shipped machine carries no calibration: the predictions say so, and how to get one.
+    assert_eq!(doc["calibration"]["kind"], "none", "{}", doc["calibration"]);
+    assert_eq!(doc["calibration"]["from"], "the shipped machine dgx-h100");
+    assert!(
+        doc["calibration"]["how_to_calibrate"]
+            .as_str()
+            .is_some_and(|h| h.contains("hccl-perf --calibrate")),
+        "{}",
+        doc["calibration"]
+    );
     // NCCL's ring, simulated on one box.
     assert!(rows.iter().all(|r| r["baseline_source"] == "simulated"));
     assert_eq!(rows[0]["collective"], "allgather");
@@ -336,5 +346,93 @@ fn a_baseline_too_large_to_simulate_is_nccls_formula_and_says_so() {
     assert!(!stdout(&compile(&[])).contains("(model)"));
     let zero = hcclc(&["compile", "c.ron", "--sim-budget", "0"], &dir);
     assert_eq!(zero.status.code(), Some(2));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Predictions say which calibration they use: the built-in default (the development
+/// machine's, with where and when it was measured, and how to calibrate), or the topology's
+/// own (and from which file).
+#[test]
+fn predictions_say_which_calibration_they_use() {
+    let dir = scratch("calibration");
+    let builtin = {
+        let mut spec = hccl_topologies::generate::host(2, 5.0);
+        spec.calibration = Some(hccl_compiler::cost::calibrate::builtin_cpu_calibration(
+            2, 2,
+        ));
+        spec
+    };
+    let own = {
+        let mut spec = hccl_topologies::generate::host(2, 5.0);
+        spec.calibration = Some(hccl_topologies::Calibration::identity(
+            "hccl-perf --calibrate: allreduce on 2 ranks, host box7, 2026-12-04",
+        ));
+        spec
+    };
+    for (file, spec) in [("builtin.ron", builtin), ("own.ron", own)] {
+        std::fs::write(dir.join(file), hccl_topologies::to_ron(&spec)).unwrap();
+    }
+    let run = |file: &str, json: bool| {
+        let mut args = vec![
+            "compile",
+            file,
+            "-c",
+            "allreduce",
+            "--sizes",
+            "1K",
+            "-o",
+            "p.ron",
+        ];
+        if json {
+            args.push("--json");
+        }
+        let out = hcclc(&args, &dir);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout(&out)
+    };
+    let doc: serde_json::Value = serde_json::from_str(&run("builtin.ron", true)).unwrap();
+    let cal = &doc["calibration"];
+    assert_eq!(cal["kind"], "built-in", "{cal}");
+    assert!(
+        cal["source"]
+            .as_str()
+            .is_some_and(|s| s.contains("development VM") && s.contains("2026-12-01")),
+        "{cal}"
+    );
+    assert!(
+        cal["how_to_calibrate"]
+            .as_str()
+            .is_some_and(|h| h.contains("hccl-perf --calibrate")),
+        "{cal}"
+    );
+    let text = run("builtin.ron", false);
+    assert!(
+        text.contains(
+            "calibration: the built-in default, not measured on this machine (fitted on the \
+             development VM (AMD EPYC, 2 cores, process backend, 2026-12-01), a core per rank); \
+             to calibrate: `hccl-perf --calibrate OUT.ron`"
+        ),
+        "{text}"
+    );
+    let doc: serde_json::Value = serde_json::from_str(&run("own.ron", true)).unwrap();
+    let cal = &doc["calibration"];
+    assert_eq!(
+        (&cal["kind"], &cal["from"], &cal["how_to_calibrate"]),
+        (&"own".into(), &"own.ron".into(), &serde_json::Value::Null),
+        "{cal}"
+    );
+    let text = run("own.ron", false);
+    assert!(
+        text.contains(
+            "calibration: this machine's own, from own.ron (hccl-perf --calibrate: allreduce on \
+             2 ranks, host box7, 2026-12-04)"
+        ),
+        "{text}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

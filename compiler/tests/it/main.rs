@@ -27,6 +27,7 @@ mod front_end;
 mod hier_scale;
 mod msccl_export;
 mod multinode_quality;
+mod nccl_baseline;
 mod quality;
 mod screen_bound;
 mod sim_golden;

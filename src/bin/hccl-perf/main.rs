@@ -27,7 +27,10 @@
 //! Without `--plan` a plan is compiled for this machine: a `host` topology whose per-rank
 //! bandwidth comes from a memory-copy probe. With `--backend process`, `-g N` starts N rank
 //! processes; under a launcher (`mpirun`, torchrun, srun) the rank and world size come from
-//! the environment instead and every process is one rank.
+//! the environment instead and every process is one rank. A setting that would be ignored is
+//! refused (exit 2): `--hosts K` without `--backend process` or under a launcher, and
+//! `--calibrate` under a launcher (it starts ranks of its own). The predictions say which
+//! calibration they use (`# calibration:`, `calibration` in `--json`).
 //!
 //! Exit codes: 0 ok; 1 wrong results or a runtime failure; 2 bad usage or input.
 
@@ -803,6 +806,22 @@ struct Printer {
     /// Per row: size, measured busbw and predicted busbw (GB/s), and the algorithm that
     /// ran, for `--plot`.
     points: Vec<(u64, f64, Option<f64>, String)>,
+    /// Which calibration the predictions use (a line, and the JSON); `None` without a
+    /// topology (a `--plan` of the user's: the predictions are its entries' fitted costs).
+    calibration: Option<(String, serde_json::Value)>,
+}
+
+/// Which calibration the predictions for `topo` use, and where the topology came from.
+fn calibration_of(args: &Args, topo: Option<&Topology>) -> Option<(String, serde_json::Value)> {
+    let topo = topo?;
+    let from = match &args.topo {
+        Some(path) => path.display().to_string(),
+        None => "this machine as a `host` topology, bandwidth by a copy probe".to_string(),
+    };
+    Some((
+        hccl::compiler::report::calibration_line(topo, &from),
+        hccl::compiler::report::calibration_json(topo, &from),
+    ))
 }
 
 /// The cost model of the topology a plan was compiled for, simulating entries at the exact
@@ -857,6 +876,9 @@ impl Printer {
                 "out-of-place"
             }
         );
+        if let Some((line, _)) = &self.calibration {
+            println!("# {line}");
+        }
         println!(
             "# {:>12} {:>12} {:>8} {:>6} {:>5} {:>9} {:>11} {:>8} {:>8} {:>7} {:>11}  algorithm",
             "size",
@@ -1213,6 +1235,8 @@ fn finish(
             // root), so `hcclc calibrate` can simulate what ran; null for a plan compiled
             // here.
             "plan_file": printer.plan_file.as_ref().map(|p| p.display().to_string()),
+            // Which calibration the rows' predictions use (null: no topology known).
+            "calibration": printer.calibration.as_ref().map(|c| c.1.clone()),
             "rows": printer.rows,
             // Who the ranks waited for over the whole run (warm-up and synchronisation
             // included): `Communicator::straggler_report`.
@@ -1292,6 +1316,7 @@ fn run_threads(args: &Args, trace: Option<&Path>) -> Result<(), Failure> {
     let printer = Printer {
         json: args.json,
         predictor: topo.as_ref().map(Predictor::new),
+        calibration: calibration_of(args, topo.as_ref()),
         plan_file: user_plan_file(args),
         plan,
         sw_coll: coll,
@@ -1374,10 +1399,51 @@ fn bind(rank: u32) {
     }
 }
 
+/// The launchers' rank variables this process sees (empty: not under a launcher).
+const LAUNCHER_VARS: [&str; 4] = ["RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"];
+
 fn under_launcher() -> bool {
-    ["RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"]
+    launcher_var().is_some()
+}
+
+/// The first launcher variable set, as `NAME=value`.
+fn launcher_var() -> Option<String> {
+    LAUNCHER_VARS
         .iter()
-        .any(|v| std::env::var_os(v).is_some())
+        .find_map(|v| std::env::var_os(v).map(|value| format!("{v}={}", value.to_string_lossy())))
+}
+
+/// Settings that no backend or setting would honour: an error saying what to do instead,
+/// never a silently ignored flag.
+fn refuse_ignored(args: &Args) -> Result<(), Failure> {
+    if args.hosts > 1 && args.backend == Backend::Threads {
+        return Err(Failure::Usage(format!(
+            "--hosts {} needs --backend process: emulated hosts are rank processes with \
+             their own HCCL_HOST_ID, and the threads backend runs every rank in this one \
+             process (add --backend process)",
+            args.hosts
+        )));
+    }
+    if let Some(var) = launcher_var() {
+        if args.calibrate.is_some() {
+            return Err(Failure::Usage(format!(
+                "--calibrate under a launcher ({var} is set): calibration starts its own rank \
+                 processes for every family, so run it once without mpirun/torchrun/srun \
+                 (`hccl-perf --calibrate OUT.ron --backend process -g N`) and give OUT.ron \
+                 to the launched ranks with --topo OUT.ron"
+            )));
+        }
+        // hccl-perf's own rank processes carry the label it hands down; a launcher's do not.
+        if args.hosts > 1 && std::env::var_os(LABEL_ENV).is_none() {
+            return Err(Failure::Usage(format!(
+                "--hosts {} under a launcher ({var} is set): the launcher's ranks are on \
+                 their real hosts; to emulate hosts, set HCCL_HOST_ID per rank instead, or \
+                 run hccl-perf --backend process -g N --hosts K without the launcher",
+                args.hosts
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// One rank of a process job (started by us or by a launcher).
@@ -1431,6 +1497,7 @@ fn run_process_rank(args: &Args) -> Result<(), Failure> {
     let mut printer = Printer {
         json: args.json,
         predictor: topo.as_ref().map(Predictor::new),
+        calibration: calibration_of(args, topo.as_ref()),
         plan_file: user_plan_file(args),
         plan,
         sw_coll: coll,
@@ -1623,7 +1690,7 @@ fn main() -> ExitCode {
             std::process::id()
         ))
     });
-    let res = match args.backend {
+    let res = refuse_ignored(&args).and_then(|()| match args.backend {
         _ if args.trace.is_some() && args.calibrate.is_some() => Err(Failure::Usage(
             "--trace does not go with --calibrate (trace one family with --algo)".into(),
         )),
@@ -1643,7 +1710,7 @@ fn main() -> ExitCode {
         Backend::Threads => run_threads(&args, trace_dir.as_deref()),
         Backend::Process if under_launcher() => run_process_rank(&args),
         Backend::Process => launch_processes(&args, trace_dir.as_deref()),
-    };
+    });
     let res = match (&trace_dir, &args.trace) {
         (Some(dir), Some(out)) => {
             let merged = if dir.is_dir() {

@@ -2,7 +2,7 @@
 //! the vendors' documents: `tests/data/detect/`) give the shipped machines' NVLink matrices;
 //! sysfs trees give CPUs, NUMA nodes and NICs; this machine is detected and compiles.
 
-use hccl_topologies::detect::{self, NetDev, Sources};
+use hccl_topologies::detect::{self, Cpus, MemBw, NetDev, Origin, Sources};
 use hccl_topologies::{LinkKind, TopologySpec, bandwidth_matrix, build};
 use std::path::{Path, PathBuf};
 
@@ -37,13 +37,14 @@ fn recorded_nvidia_smi_outputs_give_the_shipped_nvlink_matrices() {
             topo_matrix: Some(data(&format!("{machine}.topo-m.txt"))),
             nvlink_status: Some(data(&format!("{machine}.nvlink-s.txt"))),
             gpu_list: Some(data(&format!("{machine}.L.txt"))),
+            origin: Some("recorded".into()),
         };
         let nics = [NetDev {
             name: "ib0".into(),
             gbps: 25.0,
         }];
-        let detected = detect::describe(machine, (Some(2), numa.as_slice()), &nics, 20.0, &sources)
-            .expect("detects");
+        let cpus = Cpus::given(&numa, Some(2), "the test");
+        let detected = describe(machine, &cpus, &nics, &sources);
         let topo = build(detected.spec.clone(), machine).expect("the detected machine builds");
         assert_eq!(topo.nranks(), 8, "{machine}");
         let shipped = hccl_topologies::shipped_or_err(machine).expect("shipped");
@@ -65,19 +66,38 @@ fn recorded_nvidia_smi_outputs_give_the_shipped_nvlink_matrices() {
             topo_matrix: sources.topo_matrix.clone(),
             ..Sources::default()
         };
-        let detected = detect::describe(machine, (None, numa.as_slice()), &nics, 20.0, &bare)
-            .expect("detects");
+        let cpus = Cpus::given(&numa, None, "the test");
+        let detected = describe(machine, &cpus, &nics, &bare);
         assert_eq!(
             nvlink_matrix(&detected.spec),
             got,
             "{machine} without nvlink -s"
         );
+        let link = detected
+            .facts
+            .iter()
+            .find(|f| f.fact.starts_with("NVLink 25 GB/s per link"))
+            .expect("the NVLink rate is a fact");
         assert!(
-            detected.notes.iter().any(|n| n.contains("assumed")),
-            "{:?}",
-            detected.notes
+            matches!(&link.origin, Origin::Assumed(why) if why.contains("no nvidia-smi nvlink -s")),
+            "{link}"
         );
     }
+}
+
+fn describe(machine: &str, cpus: &Cpus, nics: &[NetDev], sources: &Sources) -> detect::Detected {
+    let mem_bw = MemBw {
+        gbps: 20.0,
+        origin: Origin::Given("the test".into()),
+    };
+    detect::describe(
+        machine,
+        cpus,
+        (nics, Path::new("/nonexistent")),
+        &mem_bw,
+        sources,
+    )
+    .expect("detects")
 }
 
 /// A sysfs tree in a temporary directory.
@@ -114,7 +134,7 @@ fn sysfs_trees_give_numa_nodes_and_physical_interfaces_that_are_up() {
             ("eth2", "-1", "up", true),
         ],
     );
-    assert_eq!(detect::numa_cpus(&root), vec![40, 40]);
+    assert_eq!(detect::numa_cpus(&root), Some(vec![40, 40]));
     for (cpu, package) in [(0, 0), (1, 0), (2, 1), (3, 1)] {
         let dir = root.join(format!("devices/system/cpu/cpu{cpu}/topology"));
         std::fs::create_dir_all(&dir).unwrap();
@@ -130,37 +150,73 @@ fn sysfs_trees_give_numa_nodes_and_physical_interfaces_that_are_up() {
         }]
     );
     // A CPU host: one rank per CPU, the NIC on the memory.
-    let d = detect::describe(
+    let cpus = detect::cpus(&root).expect("the tree lists CPUs");
+    assert_eq!(
+        (cpus.per_node.as_slice(), cpus.sockets),
+        (&[40, 40][..], Some(2))
+    );
+    let d = describe(
         "box",
-        (None, &[4u32][..]),
+        &Cpus::given(&[4], None, "the test"),
         &detect::net_devices(&root),
-        10.0,
         &Sources::default(),
-    )
-    .expect("detects");
+    );
     let topo = build(d.spec, "box").expect("builds");
     assert_eq!(topo.nranks(), 4);
     let _ = std::fs::remove_dir_all(&root);
-    // No node directories: the online CPUs.
+    // No node directories: the online CPUs, and one NUMA node said to be assumed.
     let root = sysfs("none", &[], &[]);
     std::fs::create_dir_all(root.join("devices/system/cpu")).unwrap();
     std::fs::write(root.join("devices/system/cpu/online"), "0-7\n").unwrap();
-    assert_eq!(detect::numa_cpus(&root), vec![8]);
+    assert_eq!(detect::numa_cpus(&root), None);
+    let cpus = detect::cpus(&root).expect("the online CPUs");
+    assert_eq!(cpus.per_node, vec![8]);
+    let online = root.join("devices/system/cpu/online").display().to_string();
+    assert!(
+        cpus.facts
+            .iter()
+            .any(|f| f.fact == "8 CPUs" && f.origin == Origin::Found(online.clone())),
+        "{:?}",
+        cpus.facts
+    );
+    assert!(
+        cpus.facts
+            .iter()
+            .any(|f| f.fact == "1 NUMA node" && matches!(f.origin, Origin::Assumed(_))),
+        "{:?}",
+        cpus.facts
+    );
     let _ = std::fs::remove_dir_all(&root);
+}
+
+/// A root that is missing, or that lists no CPU, is an error naming it, never "1 CPU".
+#[test]
+fn an_unreadable_or_empty_sysfs_is_an_error() {
+    let missing = Path::new("/nonexistent/sysfs");
+    let err = detect::detect(missing, &Sources::default(), Some("x"), Some(5.0))
+        .expect_err("a missing root is an error")
+        .to_string();
+    assert!(
+        err.contains("/nonexistent/sysfs: cannot read the sysfs tree") && err.contains("--sysfs"),
+        "{err}"
+    );
+    let empty = sysfs("empty", &[], &[]);
+    std::fs::create_dir_all(&empty).unwrap();
+    let err = detect::detect(&empty, &Sources::default(), Some("x"), Some(5.0))
+        .expect_err("a tree without CPUs is an error")
+        .to_string();
+    assert!(err.contains("no CPU listed"), "{err}");
+    let _ = std::fs::remove_dir_all(&empty);
 }
 
 #[test]
 fn this_machine_is_detected() {
     let sys = Path::new("/sys");
-    let numa = detect::numa_cpus(sys);
-    assert!(numa.iter().sum::<u32>() >= 1);
-    let d = detect::describe(
-        "here",
-        (detect::sockets(sys), numa.as_slice()),
-        &detect::net_devices(sys),
-        5.0,
-        &Sources::default(),
-    )
-    .expect("detects");
+    let d = detect::detect(sys, &Sources::default(), Some("here"), Some(5.0)).expect("detects");
+    assert!(
+        d.facts.iter().all(|f| !f.origin.detail().is_empty()),
+        "{:?}",
+        d.facts
+    );
     build(d.spec, "here").expect("this machine's description builds");
 }

@@ -77,7 +77,27 @@ pub fn run(args: CalibrateArgs) -> Result<(), CliError> {
                 )));
             }
         };
-        let root = doc["root"].as_u64().map(|r| r as u32).unwrap_or(0);
+        // Broadcast and Reduce ran at the run's root, which the plan's entries are derived
+        // for: a run that does not say which is refused rather than read as root 0.
+        let root = match (kind, &doc["root"]) {
+            (CollectiveKind::Broadcast | CollectiveKind::Reduce, serde_json::Value::Null) => {
+                return Err(CliError::Input(format!(
+                    "{}: no `root` field: a {kind_name} run must say its root (hccl-perf --json \
+                     writes it; add \"root\": R, the -r the run used)",
+                    path.display()
+                )));
+            }
+            (CollectiveKind::Broadcast | CollectiveKind::Reduce, value) => {
+                let root = value.as_u64().filter(|&r| r < ranks).ok_or_else(|| {
+                    CliError::Input(format!(
+                        "{}: root: `{value}` is not a rank of the {ranks} ranks",
+                        path.display()
+                    ))
+                })?;
+                root as u32
+            }
+            _ => 0,
+        };
         let collective = collective_of(kind, root);
         if !plans.contains_key(&plan_path) {
             let mut plan = crate::compile_cmd::load_plan_or_xml(&plan_path)?;

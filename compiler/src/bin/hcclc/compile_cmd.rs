@@ -193,6 +193,15 @@ fn parse_collectives(text: Option<&str>) -> Result<Vec<CollectiveKind>, CliError
     Ok(out)
 }
 
+/// Where a topology given as `spec` was read (the calibration line of a prediction).
+pub fn topology_origin(spec: &str) -> String {
+    if Path::new(spec).exists() {
+        spec.to_string()
+    } else {
+        format!("the shipped machine {spec}")
+    }
+}
+
 /// A topology from a file path, or a shipped machine's name (`hccl_topologies::load_spec`).
 pub fn load_topology(spec: &str) -> Result<Topology, CliError> {
     hccl_topologies::load_spec(spec).map_err(|err| match err {
@@ -289,7 +298,12 @@ pub fn compile(args: CompileArgs) -> Result<(), CliError> {
         PathBuf::from(format!("{stem}.plan.ron"))
     });
     plan.save(&out).map_err(CliError::input)?;
-    report(&out, &topo, &rows, args.json);
+    report(
+        &out,
+        (&topo, &topology_origin(&args.topo)),
+        &rows,
+        args.json,
+    );
     if skipped.is_empty() {
         return Ok(());
     }
@@ -365,6 +379,10 @@ pub fn explain(args: ExplainArgs) -> Result<(), CliError> {
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("xml"));
     let plan = load_plan_or_xml(&args.plan)?;
+    let from = match &args.topo {
+        Some(t) => topology_origin(t),
+        None => format!("the shipped machine {}", plan.meta.topology),
+    };
     let topo = match &args.topo {
         Some(t) => load_topology(t)?,
         None => hccl_topologies::shipped_by_name(&plan.meta.topology).ok_or_else(|| {
@@ -395,7 +413,7 @@ pub fn explain(args: ExplainArgs) -> Result<(), CliError> {
             .map_err(|e| CliError::Input(format!("{}: cannot write: {e}", path.display())))?;
     }
     if !is_xml {
-        report(&args.plan, &topo, &rows, args.json);
+        report(&args.plan, (&topo, &from), &rows, args.json);
         return Ok(());
     }
     // An imported algorithm is shown beside what hcclc itself picks for the same topology,
@@ -423,11 +441,13 @@ pub fn explain(args: ExplainArgs) -> Result<(), CliError> {
         print_json(&serde_json::json!({
             "plan": args.plan.display().to_string(),
             "topology": topo.name,
+            "calibration": report::calibration_json(&topo, &from),
             "rows": rows,
             "compiler_rows": compiler_rows,
         }));
     } else {
         print!("{}", table(&args.plan.display().to_string(), &topo, &rows));
+        println!("{}", report::calibration_line(&topo, &from));
         println!();
         print!(
             "{}",
@@ -450,15 +470,18 @@ pub fn explain(args: ExplainArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-fn report(plan_path: &Path, topo: &Topology, rows: &[Row], json: bool) {
+/// The rows of a plan for `topo` (read from `from`), and which calibration predicted them.
+fn report(plan_path: &Path, (topo, from): (&Topology, &str), rows: &[Row], json: bool) {
     if json {
         let rows: Vec<serde_json::Value> = rows.iter().map(row_json).collect();
         print_json(&serde_json::json!({
             "plan": plan_path.display().to_string(),
             "topology": topo.name,
+            "calibration": report::calibration_json(topo, from),
             "rows": rows,
         }));
     } else {
         print!("{}", table(&plan_path.display().to_string(), topo, rows));
+        println!("{}", report::calibration_line(topo, from));
     }
 }

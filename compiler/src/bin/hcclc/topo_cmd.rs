@@ -16,7 +16,9 @@ pub enum TopoCommand {
     Gen(GenCommand),
     /// Describe this machine (RON): CPUs and NUMA nodes and network interfaces from sysfs,
     /// memory bandwidth from a copy probe, GPUs and their NVLink/PCIe matrix from
-    /// `nvidia-smi` where it exists. What was found and what was assumed goes to stderr.
+    /// `nvidia-smi` where it exists. Every fact, with where it was found or why it was
+    /// assumed, goes to stderr (and to `facts` with --json). A sysfs root that cannot be
+    /// read is an error.
     Detect(DetectArgs),
 }
 
@@ -173,10 +175,16 @@ fn detect(args: DetectArgs) -> Result<(), CliError> {
             .transpose()
     };
     let sources = if args.topo_matrix.is_some() {
+        let files: Vec<String> = [&args.topo_matrix, &args.nvlink_status, &args.gpu_list]
+            .into_iter()
+            .flatten()
+            .map(|p| p.display().to_string())
+            .collect();
         detect::Sources {
             topo_matrix: read(&args.topo_matrix)?,
             nvlink_status: read(&args.nvlink_status)?,
             gpu_list: read(&args.gpu_list)?,
+            origin: Some(format!("recorded in {}", files.join(", "))),
         }
     } else {
         detect::nvidia_sources()
@@ -190,10 +198,21 @@ fn detect(args: DetectArgs) -> Result<(), CliError> {
     }
     let detected = detect::detect(&args.sysfs, &sources, args.name.as_deref(), args.mem_bw)
         .map_err(CliError::input)?;
-    for note in &detected.notes {
-        eprintln!("hcclc: detected: {note}");
+    for fact in &detected.facts {
+        eprintln!("hcclc: detected: {fact}");
     }
-    emit(detected.spec, args.out)
+    let facts: Vec<serde_json::Value> = detected
+        .facts
+        .iter()
+        .map(|f| {
+            serde_json::json!({
+                "fact": f.fact,
+                "origin": f.origin.kind(),
+                "detail": f.origin.detail(),
+            })
+        })
+        .collect();
+    emit_with(detected.spec, args.out, Some(facts))
 }
 
 fn show(args: ShowArgs) -> Result<(), CliError> {
@@ -477,6 +496,15 @@ fn generate_cmd(cmd: GenCommand) -> Result<(), CliError> {
 }
 
 fn emit(spec: TopologySpec, out: GenOut) -> Result<(), CliError> {
+    emit_with(spec, out, None)
+}
+
+/// [`emit`], with `topo detect`'s facts (each found, given or assumed) in the JSON.
+fn emit_with(
+    spec: TopologySpec,
+    out: GenOut,
+    facts: Option<Vec<serde_json::Value>>,
+) -> Result<(), CliError> {
     // Every generated spec must build; a failure here is a bad parameter combination.
     let topo = hccl_topologies::build(spec, "<generated>").map_err(CliError::input)?;
     let text = hccl_topologies::to_ron(&topo.spec);
@@ -485,7 +513,7 @@ fn emit(spec: TopologySpec, out: GenOut) -> Result<(), CliError> {
             .map_err(|e| CliError::Input(format!("{}: cannot write: {e}", path.display())))?;
     }
     if out.json {
-        let value = serde_json::json!({
+        let mut value = serde_json::json!({
             "name": topo.name,
             "hash": topo.hash,
             "nranks": topo.nranks(),
@@ -493,6 +521,9 @@ fn emit(spec: TopologySpec, out: GenOut) -> Result<(), CliError> {
             "output": out.output.as_ref().map(|p| p.display().to_string()),
             "ron": text,
         });
+        if let Some(facts) = facts {
+            value["facts"] = serde_json::Value::from(facts);
+        }
         print_json(&value);
     } else if out.output.is_none() {
         print!("{text}");
