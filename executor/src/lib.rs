@@ -66,6 +66,8 @@ pub mod error;
 pub mod fallback;
 #[doc(hidden)]
 pub mod fault;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod net;
 pub mod process;
 pub mod program;

@@ -790,6 +790,7 @@ fn write_u32(buf: &mut Vec<u8>, v: u32) {
     buf.extend_from_slice(&v.to_le_bytes());
 }
 
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Hello {
     rank: u32,
     world: u32,
@@ -824,7 +825,7 @@ fn write_limits(buf: &mut Vec<u8>, limits: &[(u32, u32)]) {
     }
 }
 
-fn read_limits(s: &mut TcpStream) -> std::io::Result<Vec<(u32, u32)>> {
+fn read_limits(s: &mut (impl Read + ?Sized)) -> std::io::Result<Vec<(u32, u32)>> {
     let n = read_u32(s)?;
     if n > MAX_ENTRIES {
         return Err(std::io::Error::new(
@@ -869,7 +870,7 @@ struct Job {
     socks: Vec<TcpStream>,
 }
 
-fn read_hello(s: &mut TcpStream, token: &str) -> std::io::Result<Option<Hello>> {
+fn read_hello(s: &mut (impl Read + ?Sized), token: &str) -> std::io::Result<Option<Hello>> {
     let mut magic = [0u8; 8];
     s.read_exact(&mut magic)?;
     if &magic != HELLO_MAGIC {
@@ -1031,15 +1032,14 @@ fn lead(
         return Err(boot_err(problem));
     }
     let nonce = format!("{:016x}", rand_word());
-    let mut ok = vec![0u8];
-    write_str(&mut ok, &nonce);
-    ok.extend_from_slice(&(config.slot_bytes as u64).to_le_bytes());
-    for ((h, a), m) in hosts.iter().zip(&addrs).zip(&machines) {
-        write_str(&mut ok, h);
-        write_str(&mut ok, a);
-        write_str(&mut ok, m);
-    }
-    write_limits(&mut ok, &limits);
+    let ok = encode_job(
+        &nonce,
+        config.slot_bytes,
+        &hosts,
+        &addrs,
+        &machines,
+        &limits,
+    );
     for s in &mut socks {
         s.write_all(&ok)
             .map_err(io_err(rank, "sending the job description"))?;
@@ -1130,13 +1130,66 @@ fn follow(addr: SocketAddr, boot: &Bootstrap, me: &Hello, deadline: Instant) -> 
         .saturating_duration_since(Instant::now())
         .max(STEP_TIMEOUT);
     let _ = sock.set_read_timeout(Some(remaining));
+    let reply = read_job(&mut sock, rank, me.world, me.limits.len())?;
+    Ok(Job {
+        nonce: reply.nonce,
+        slot_bytes: reply.slot_bytes,
+        hosts: reply.hosts,
+        addrs: reply.addrs,
+        machines: reply.machines,
+        limits: reply.limits,
+        socks: vec![sock],
+    })
+}
+
+/// Rank 0's answer to every rank once all have joined: a zero status byte, then the job
+/// ([`read_job`]).
+fn encode_job(
+    nonce: &str,
+    slot_bytes: usize,
+    hosts: &[String],
+    addrs: &[String],
+    machines: &[String],
+    limits: &[(u32, u32)],
+) -> Vec<u8> {
+    let mut ok = vec![0u8];
+    write_str(&mut ok, nonce);
+    ok.extend_from_slice(&(slot_bytes as u64).to_le_bytes());
+    for ((h, a), m) in hosts.iter().zip(addrs).zip(machines) {
+        write_str(&mut ok, h);
+        write_str(&mut ok, a);
+        write_str(&mut ok, m);
+    }
+    write_limits(&mut ok, limits);
+    ok
+}
+
+/// What [`read_job`] read.
+struct JobReply {
+    nonce: String,
+    slot_bytes: usize,
+    hosts: Vec<String>,
+    addrs: Vec<String>,
+    machines: Vec<String>,
+    limits: Vec<(u32, u32)>,
+}
+
+/// Reads rank 0's answer ([`encode_job`]) to `rank` of `world`, which holds `entries` plan
+/// entries: the job, or rank 0's refusal (a non-zero status and why) as an error.
+fn read_job(
+    sock: &mut (impl Read + ?Sized),
+    rank: u32,
+    world: u32,
+    entries: usize,
+) -> Result<JobReply> {
+    let boot_err = |message: String| ExecError::Bootstrap { rank, message };
     let mut status = [0u8; 1];
     sock.read_exact(&mut status).map_err(|e| {
         boot_err(format!(
             "rank 0 refused or dropped the connection (wrong job token?): {e}"
         ))
     })?;
-    let text = read_str(&mut sock).map_err(io_err(rank, "reading rank 0's reply"))?;
+    let text = read_str(sock).map_err(io_err(rank, "reading rank 0's reply"))?;
     if status[0] != 0 {
         return Err(boot_err(text));
     }
@@ -1149,32 +1202,147 @@ fn follow(addr: SocketAddr, boot: &Bootstrap, me: &Hello, deadline: Instant) -> 
             "rank 0 sent an invalid slot size {slot_bytes}"
         )));
     }
-    let mut hosts = Vec::with_capacity(me.world as usize);
-    let mut addrs = Vec::with_capacity(me.world as usize);
-    let mut machines = Vec::with_capacity(me.world as usize);
-    for _ in 0..me.world {
-        let mut field = || read_str(&mut sock).map_err(io_err(rank, "reading the host table"));
+    let mut hosts = Vec::with_capacity(world as usize);
+    let mut addrs = Vec::with_capacity(world as usize);
+    let mut machines = Vec::with_capacity(world as usize);
+    for _ in 0..world {
+        let mut field = || read_str(sock).map_err(io_err(rank, "reading the host table"));
         hosts.push(field()?);
         addrs.push(field()?);
         machines.push(field()?);
     }
-    let limits = read_limits(&mut sock).map_err(io_err(rank, "reading the plan's limits"))?;
-    if limits.len() != me.limits.len() {
+    let limits = read_limits(sock).map_err(io_err(rank, "reading the plan's limits"))?;
+    if limits.len() != entries {
         return Err(boot_err(format!(
-            "rank 0 sent limits for {} plan entries, this rank holds {}",
+            "rank 0 sent limits for {} plan entries, this rank holds {entries}",
             limits.len(),
-            me.limits.len()
         )));
     }
-    Ok(Job {
+    Ok(JobReply {
         nonce: text,
         slot_bytes,
         hosts,
         addrs,
         machines,
         limits,
-        socks: vec![sock],
     })
+}
+
+/// The job token of [`fuzz_rendezvous`]'s messages.
+pub(crate) const FUZZ_TOKEN: &str = "fuzz-token";
+
+/// Parses `input` as a rendezvous message (the fuzzing entry point,
+/// `hccl_executor::fuzz::rendezvous`). The low two bits of the first byte choose the
+/// message: 0 and 3 a rank's hello to rank 0 (job token [`FUZZ_TOKEN`]), 1 rank 0's answer
+/// (for a world of 1 + the next three bits and as many plan entries as the top three bits
+/// say), 2 a data connection's hello (to rank 1 of that world, nonce `"fuzz-nonce"`); the
+/// rest is the message. Panics when a hello read does not survive writing it again.
+pub(crate) fn fuzz_rendezvous(input: &[u8]) {
+    let Some((&which, mut rest)) = input.split_first() else {
+        return;
+    };
+    let world = 1 + u32::from(which >> 2 & 7);
+    let entries = usize::from(which >> 5);
+    match which & 3 {
+        1 => {
+            if let Ok(job) = read_job(&mut rest, 1, world, entries) {
+                assert_eq!(job.hosts.len(), world as usize);
+                assert_eq!(job.limits.len(), entries);
+                let again = encode_job(
+                    &job.nonce,
+                    job.slot_bytes,
+                    &job.hosts,
+                    &job.addrs,
+                    &job.machines,
+                    &job.limits,
+                );
+                let back = read_job(&mut again.as_slice(), 1, world, entries)
+                    .expect("a job written again reads");
+                assert_eq!(back.hosts, job.hosts);
+                assert_eq!(back.limits, job.limits);
+            }
+        }
+        2 => {
+            if let Ok((from, sock, nsocks)) =
+                net::parse_data_hello(&mut rest, (1, world), FUZZ_TOKEN, "fuzz-nonce")
+            {
+                assert!(from < world);
+                let again = net::data_hello(
+                    FUZZ_TOKEN,
+                    "fuzz-nonce",
+                    [from, 1, sock as u32, nsocks as u32],
+                );
+                let back = net::parse_data_hello(
+                    &mut again.as_slice(),
+                    (1, world),
+                    FUZZ_TOKEN,
+                    "fuzz-nonce",
+                );
+                assert_eq!(back, Ok((from, sock, nsocks)));
+            }
+        }
+        _ => {
+            if let Ok(Some(hello)) = read_hello(&mut rest, FUZZ_TOKEN) {
+                let again = hello.encode(FUZZ_TOKEN);
+                let back = read_hello(&mut again.as_slice(), FUZZ_TOKEN)
+                    .expect("a hello written again reads");
+                assert_eq!(back.as_ref(), Some(&hello));
+            }
+        }
+    }
+}
+
+/// Well-formed messages of every kind [`fuzz_rendezvous`] reads, each behind its selector
+/// byte: seeds for the fuzzer.
+pub(crate) fn rendezvous_seeds() -> Vec<Vec<u8>> {
+    let hello = |group: &str, limits: Vec<(u32, u32)>| Hello {
+        rank: 1,
+        world: 4,
+        hash: "blake3:0123456789abcdef".into(),
+        error: String::new(),
+        host: "host-a".into(),
+        data_addr: "10.0.0.2:41000".into(),
+        machine: "machine-a".into(),
+        limits,
+        checksum: true,
+        group: group.into(),
+        was: 1,
+    };
+    let with = |selector: u8, body: Vec<u8>| {
+        let mut v = vec![selector];
+        v.extend(body);
+        v
+    };
+    let hosts: Vec<String> = (0..4).map(|h| format!("host-{h}")).collect();
+    let addrs: Vec<String> = (0..4).map(|h| format!("10.0.0.{h}:4100{h}")).collect();
+    let machines: Vec<String> = (0..4).map(|h| format!("machine-{}", h / 2)).collect();
+    // World 4 (three bits of 3), 2 entries (top bits 2), answer (1).
+    let job_selector = 1 | 3 << 2 | 2 << 5;
+    let mut refusal = vec![1u8];
+    write_str(&mut refusal, "rank 2 holds plan x but rank 0 holds plan y");
+    vec![
+        with(0, hello("", vec![(4, 0), (16, 8)]).encode(FUZZ_TOKEN)),
+        with(
+            0,
+            hello("job 7 shrink 1 without [2]", Vec::new()).encode(FUZZ_TOKEN),
+        ),
+        with(
+            job_selector,
+            encode_job(
+                "00000000deadbeef",
+                256 * 1024,
+                &hosts,
+                &addrs,
+                &machines,
+                &[(4, 0), (16, 8)],
+            ),
+        ),
+        with(job_selector, refusal),
+        with(
+            2 | 3 << 2,
+            net::data_hello(FUZZ_TOKEN, "fuzz-nonce", [0, 1, 0, 2]),
+        ),
+    ]
 }
 
 /// Maps the region file rank 0 created and sized.
@@ -1241,5 +1409,41 @@ pub(crate) fn pid_alive(pid: u64) -> bool {
             !matches!(state, Some('Z') | Some('X') | Some('x'))
         }
         Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fuzzing_seeds_read_as_what_they_are() {
+        let seeds = rendezvous_seeds();
+        assert_eq!(seeds.len(), 5);
+        for seed in &seeds[..2] {
+            let hello = read_hello(&mut &seed[1..], FUZZ_TOKEN).unwrap();
+            assert_eq!(hello.map(|h| (h.rank, h.world)), Some((1, 4)));
+            // Another job's token is not let in.
+            assert!(read_hello(&mut &seed[1..], "other").unwrap().is_none());
+        }
+        let job = read_job(&mut &seeds[2][1..], 1, 4, 2).unwrap();
+        assert_eq!(job.hosts.len(), 4);
+        assert_eq!(job.limits, vec![(4, 0), (16, 8)]);
+        assert!(matches!(
+            read_job(&mut &seeds[2][1..], 1, 4, 3),
+            Err(ExecError::Bootstrap { .. })
+        ));
+        let refused = read_job(&mut &seeds[3][1..], 1, 4, 2).err().unwrap();
+        assert!(refused.to_string().contains("holds plan"), "{refused}");
+        assert_eq!(
+            net::parse_data_hello(&mut &seeds[4][1..], (1, 4), FUZZ_TOKEN, "fuzz-nonce"),
+            Ok((0, 0, 2))
+        );
+        for seed in &seeds {
+            fuzz_rendezvous(seed);
+            for cut in 0..seed.len() {
+                fuzz_rendezvous(&seed[..cut]);
+            }
+        }
     }
 }

@@ -16,6 +16,8 @@
 //!   implements its collective.
 
 pub mod error;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod msccl;
 pub mod plan;
 pub mod plan_index;

@@ -765,6 +765,14 @@ impl PlanFile {
         plan
     }
 
+    /// [`PlanFile::load_compact`] of plan text (what the fuzz target reads).
+    pub(crate) fn from_ron_compact(text: &str, origin: &str) -> Result<PlanFile, PlanError> {
+        let before = COMPACT.replace(true);
+        let plan = PlanFile::from_ron(text, origin);
+        COMPACT.set(before);
+        plan
+    }
+
     /// Builds the programs of `ranks` in every template entry of a compact plan
     /// ([`PlanFile::load_compact`]), leaving the template in place (it still stands for the
     /// whole schedule: its seal and its verification). Ranks past an entry are skipped.

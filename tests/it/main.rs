@@ -13,6 +13,7 @@ mod common;
 
 mod env_table;
 mod examples;
+mod fuzz_corpus;
 mod perf_cli;
 mod synthesized_plans;
 mod verifier_ring;

@@ -9,6 +9,8 @@ pub mod analysis;
 pub mod detect;
 pub mod dot;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod generate;
 pub mod model;
 pub mod parse;
