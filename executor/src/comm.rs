@@ -967,6 +967,15 @@ impl Communicator {
         self.shared.world
     }
 
+    /// The host identity of `rank` in this group: ranks with the same one share a
+    /// shared-memory region, the others talk over the network. For processes, what the rank
+    /// claimed at the rendezvous (`HCCL_HOST_ID`, else host name and boot id), made
+    /// distinct where ranks that claim one host cannot share memory (different machines, or
+    /// different shared-memory directories: `+shm:DEV:INO`); for threads, this machine's.
+    pub fn host_of(&self, rank: u32) -> String {
+        self.shared.host_of(rank)
+    }
+
     /// Content hash of the plan all ranks agreed on.
     pub fn plan_hash(&self) -> &str {
         &self.shared.plan_hash

@@ -1,7 +1,7 @@
 //! Configuration: timeouts, slot size, entry filters, network settings, and where plans come
 //! from — with the environment overrides `HCCL_PLAN`, `HCCL_ALGO`, `HCCL_PROTO`,
 //! `HCCL_DEBUG`, `HCCL_TIMEOUT`, `HCCL_SLOT_BYTES`, `HCCL_VERIFY`, `HCCL_CHECK_CALLS`,
-//! `HCCL_CHECKSUM`, `HCCL_TRACE`, `HCCL_TRACE_CALLS` and the network's (see [`crate::net::NetConfig::from_env`]).
+//! `HCCL_CHECKSUM`, `HCCL_TRACE`, `HCCL_TRACE_CALLS`, `HCCL_SHM_DIR` and the network's (see [`crate::net::NetConfig::from_env`]).
 
 use crate::error::{ExecError, Result};
 use hccl_ir::{PlanFile, Protocol};
@@ -12,6 +12,9 @@ use std::time::Duration;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 /// Default bytes per connection slot (a message; larger calls run in segments).
 pub const DEFAULT_SLOT_BYTES: usize = 256 * 1024;
+
+/// Default `HCCL_SHM_DIR`.
+pub const DEFAULT_SHM_DIR: &str = "/dev/shm";
 
 /// Which plan entries a communicator verifies when it starts (`HCCL_VERIFY`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -50,6 +53,11 @@ pub struct Config {
     /// Record every rank's steps and write `DIR/rank-<r>.json` (`HCCL_TRACE=DIR`,
     /// `HCCL_TRACE_CALLS`; see [`crate::trace`]); `None`: no tracing (the default).
     pub trace: Option<crate::trace::TraceConfig>,
+    /// Where the process backend makes its hosts' shared regions (`HCCL_SHM_DIR`, default
+    /// `/dev/shm`). Ranks of one host identity whose directories are not the same directory
+    /// (containers with a `/dev/shm` of their own) share no region: they talk over the
+    /// network, as ranks of different hosts do.
+    pub shm_dir: PathBuf,
 }
 
 /// How ranks compare their calls (`HCCL_CHECK_CALLS`): every call a rank starts publishes
@@ -87,6 +95,7 @@ impl Default for Config {
             check_calls: CallCheck::default(),
             checksum: false,
             trace: None,
+            shm_dir: PathBuf::from(DEFAULT_SHM_DIR),
         }
     }
 }
@@ -94,7 +103,7 @@ impl Default for Config {
 impl Config {
     /// Defaults overridden by `HCCL_TIMEOUT` (seconds, fractional allowed), `HCCL_ALGO`,
     /// `HCCL_PROTO`, `HCCL_SLOT_BYTES`, `HCCL_VERIFY`, `HCCL_CHECK_CALLS`, `HCCL_CHECKSUM`,
-    /// `HCCL_TRACE`, `HCCL_TRACE_CALLS` and the network's; also installs the `HCCL_DEBUG`
+    /// `HCCL_TRACE`, `HCCL_TRACE_CALLS`, `HCCL_SHM_DIR` and the network's; also installs the `HCCL_DEBUG`
     /// log subscriber. A value a variable does not accept is [`ExecError::Env`] naming the
     /// variable, the value and the values accepted (an `HCCL_ALGO` no entry of the plan has
     /// is refused when the plan is checked); an `HCCL_*` variable that is not one the
@@ -194,6 +203,17 @@ impl Config {
             hccl_ir::plan::parse_max_steps(&v)
                 .map_err(|_| bad("HCCL_PLAN_MAX_STEPS", &v, "a positive number of steps"))?;
         }
+        if let Some(v) = env("HCCL_SHM_DIR") {
+            let dir = PathBuf::from(v.trim());
+            if !dir.is_dir() {
+                return Err(bad(
+                    "HCCL_SHM_DIR",
+                    &v,
+                    "an existing directory (on a memory file system, e.g. /dev/shm)",
+                ));
+            }
+            cfg.shm_dir = dir;
+        }
         if let Some(dir) = env("HCCL_TRACE") {
             cfg.trace = Some(crate::trace::TraceConfig {
                 dir: PathBuf::from(dir),
@@ -236,6 +256,12 @@ impl Config {
     /// Sets which entries are verified at start.
     pub fn with_verify(mut self, verify: VerifyMode) -> Config {
         self.verify = verify;
+        self
+    }
+
+    /// Sets where the process backend makes its shared regions (`HCCL_SHM_DIR`).
+    pub fn with_shm_dir(mut self, dir: impl Into<PathBuf>) -> Config {
+        self.shm_dir = dir.into();
         self
     }
 
@@ -494,6 +520,7 @@ mod tests {
             ("HCCL_TIMEOUT", "5s"),
             ("HCCL_SLOT_BYTES", "32"),
             ("HCCL_PLAN_MAX_STEPS", "0"),
+            ("HCCL_SHM_DIR", "/nonexistent/hccl-shm"),
         ] {
             let (name, value, expected) = env_error(&[(var, bad)]);
             assert_eq!((name, value.as_str()), (var, bad));
@@ -518,8 +545,10 @@ mod tests {
             ("HCCL_CHECK_CALLS", "1"),
             ("HCCL_CHECKSUM", "1"),
             ("HCCL_TIMEOUT", "2.5"),
+            ("HCCL_SHM_DIR", "/tmp"),
         ])
         .unwrap();
+        assert_eq!(cfg.shm_dir, Path::new("/tmp"));
         assert_eq!(cfg.proto, Some(Protocol::LL));
         assert_eq!(cfg.algo.as_deref(), Some("Ring"));
         assert_eq!(cfg.verify, VerifyMode::Full);
@@ -529,6 +558,7 @@ mod tests {
         let none = config_of(&[]).unwrap();
         assert_eq!(none.timeout, DEFAULT_TIMEOUT);
         assert!(none.algo.is_none() && none.proto.is_none() && none.trace.is_none());
+        assert_eq!(none.shm_dir, Path::new(DEFAULT_SHM_DIR));
     }
 
     #[test]

@@ -26,6 +26,7 @@ pub const KNOWN_VARS: &[&str] = &[
     "HCCL_DEBUG",
     "HCCL_JOB_TOKEN",
     "HCCL_HOST_ID",
+    "HCCL_SHM_DIR",
     "HCCL_SOCKET_IFNAME",
     "HCCL_NSOCKS",
     "HCCL_NTHREADS",

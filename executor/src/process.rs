@@ -243,6 +243,7 @@ impl ProcessGroup {
             host,
             data_addr,
             machine: net::machine_id(),
+            shm: shm_identity(&config.shm_dir),
             limits: held
                 .as_ref()
                 .map_or_else(|_| Vec::new(), |h| h.limits(rank)),
@@ -268,7 +269,22 @@ impl ProcessGroup {
             .map(|r| job.hosts[r] == job.hosts[rank as usize])
             .collect();
         let leader = on_host.iter().position(|&h| h) == Some(rank as usize);
-        let region = format!("/dev/shm/hccl-{}-{}-h{my_host}", addr.port(), job.nonce);
+        if job.hosts[rank as usize] != me.host {
+            tracing::info!(
+                rank,
+                host = %me.host,
+                shm_dir = %config.shm_dir.display(),
+                "ranks of this host identity do not all see this shared-memory directory \
+                 (containers with a /dev/shm of their own?): only those that do share a \
+                 region with this rank, the others are reached over the network"
+            );
+        }
+        let region = format!(
+            "{}/hccl-{}-{}-h{my_host}",
+            config.shm_dir.display(),
+            addr.port(),
+            job.nonce
+        );
         // This host's ranks' programs (a part held for this rank alone is read again for
         // them), and the connections with an end on this host: the region's rings.
         let local = local.and_then(|keep| {
@@ -704,6 +720,73 @@ impl Held {
     }
 }
 
+/// The identity of the directory `dir` as the kernel sees it, whatever path leads to it:
+/// its file system's device number and its inode. Two ranks on one machine can open each
+/// other's files there exactly when these match (a container's private `/dev/shm` is a
+/// tmpfs of its own, with its own device number; `--ipc=host` or a shared IPC namespace
+/// gives the same mount, hence the same numbers). Unreadable: the error, matching no
+/// readable directory's identity; making or mapping the region then reports the problem.
+fn shm_identity(dir: &std::path::Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::metadata(dir) {
+        Ok(m) => format!("{}:{}", m.dev(), m.ino()),
+        Err(e) => format!("unreadable {} ({e})", dir.display()),
+    }
+}
+
+/// Makes ranks that claim one host identity but cannot share memory different hosts:
+/// those on different machines (host name and boot id; only an explicit `HCCL_HOST_ID`
+/// can make them claim one host) or with different shared-memory directories
+/// ([`shm_identity`]). Each rank of such a host gets the identity `HOST+shm:DEV:INO` (or
+/// `HOST+machine:…`); host identities whose ranks all agree stay as they are. Returns one
+/// line per host identity split this way.
+fn split_hosts(hosts: &mut [String], machines: &[String], shms: &[String]) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut seen: Vec<String> = Vec::new();
+    for first in 0..hosts.len() {
+        let host = hosts[first].clone();
+        if seen.contains(&host) {
+            continue;
+        }
+        seen.push(host.clone());
+        let ranks: Vec<usize> = (first..hosts.len()).filter(|&r| hosts[r] == host).collect();
+        let key = |r: usize| (machines[r].as_str(), shms[r].as_str());
+        let mut groups: Vec<((&str, &str), Vec<usize>)> = Vec::new();
+        for &r in &ranks {
+            match groups.iter_mut().find(|(k, _)| *k == key(r)) {
+                Some((_, g)) => g.push(r),
+                None => groups.push((key(r), vec![r])),
+            }
+        }
+        if groups.len() < 2 {
+            continue;
+        }
+        let machines_differ = groups.iter().any(|((m, _), _)| *m != groups[0].0.0);
+        let why = if machines_differ {
+            "are on different machines (host name and boot id)"
+        } else {
+            "do not share a shared-memory directory (HCCL_SHM_DIR, default /dev/shm: \
+             containers with a /dev/shm of their own?)"
+        };
+        let listed: Vec<String> = groups.iter().map(|(_, g)| format!("{g:?}")).collect();
+        lines.push(format!(
+            "ranks {} claim host {host} but {why}",
+            listed.join(" and ")
+        ));
+        for ((machine, shm), group) in groups {
+            let suffix = if machines_differ {
+                format!("+machine:{machine}+shm:{shm}")
+            } else {
+                format!("+shm:{shm}")
+            };
+            for r in group {
+                hosts[r] = format!("{host}{suffix}");
+            }
+        }
+    }
+    lines
+}
+
 /// Ranks that share `rank`'s machine (they compete for its cores).
 fn local_ranks(machines: &[String], rank: u32) -> u32 {
     let mine = &machines[rank as usize];
@@ -802,6 +885,9 @@ struct Hello {
     data_addr: String,
     /// The machine ([`net::machine_id`]): emulated hosts may share one.
     machine: String,
+    /// The shared-memory directory this rank would make or map its host's region in
+    /// ([`shm_identity`]): ranks of one host identity share a region only if this matches.
+    shm: String,
     /// Per plan entry: this rank's largest message count and scratch extent
     /// ([`crate::program::rank_limits`]); rank 0 answers with the largest of every rank's.
     limits: Vec<(u32, u32)>,
@@ -848,6 +934,7 @@ impl Hello {
         write_str(&mut hello, &self.host);
         write_str(&mut hello, &self.data_addr);
         write_str(&mut hello, &self.machine);
+        write_str(&mut hello, &self.shm);
         write_limits(&mut hello, &self.limits);
         write_u32(&mut hello, u32::from(self.checksum));
         write_str(&mut hello, &self.group);
@@ -894,6 +981,7 @@ fn read_hello(s: &mut (impl Read + ?Sized), token: &str) -> std::io::Result<Opti
         host: read_str(s)?,
         data_addr: read_str(s)?,
         machine: read_str(s)?,
+        shm: read_str(s)?,
         limits: read_limits(s)?,
         checksum: read_u32(s)? != 0,
         group: read_str(s)?,
@@ -1016,12 +1104,17 @@ fn lead(
     let mut hosts = vec![me.host.clone()];
     let mut addrs = vec![me.data_addr.clone()];
     let mut machines = vec![me.machine.clone()];
+    let mut shms = vec![me.shm.clone()];
     let mut socks = Vec::with_capacity(world as usize);
     for (s, h) in peers.into_iter().flatten() {
         hosts.push(h.host);
         addrs.push(h.data_addr);
         machines.push(h.machine);
+        shms.push(h.shm);
         socks.push(s);
+    }
+    for split in split_hosts(&mut hosts, &machines, &shms) {
+        tracing::info!("{split}; they talk over the network");
     }
     if let Some(problem) = problem {
         for s in &mut socks {
@@ -1307,6 +1400,7 @@ pub(crate) fn rendezvous_seeds() -> Vec<Vec<u8>> {
         checksum: true,
         group: group.into(),
         was: 1,
+        shm: "64768:1234".into(),
     };
     let with = |selector: u8, body: Vec<u8>| {
         let mut v = vec![selector];
@@ -1445,5 +1539,59 @@ mod tests {
                 fuzz_rendezvous(&seed[..cut]);
             }
         }
+    }
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn hosts_whose_ranks_cannot_share_memory_are_split() {
+        // One host identity, one machine, two shm directories; another host that agrees.
+        let mut hosts = strings(&["a", "a", "b", "a", "b"]);
+        let machines = strings(&["m", "m", "m", "m", "m"]);
+        let shms = strings(&["1:1", "1:1", "1:1", "2:1", "1:1"]);
+        let lines = split_hosts(&mut hosts, &machines, &shms);
+        assert_eq!(
+            hosts,
+            strings(&["a+shm:1:1", "a+shm:1:1", "b", "a+shm:2:1", "b"])
+        );
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].starts_with("ranks [0, 1] and [3] claim host a but do not share"),
+            "{lines:?}"
+        );
+        // One host identity on two machines (an explicit HCCL_HOST_ID given twice).
+        let mut hosts = strings(&["a", "a"]);
+        let lines = split_hosts(
+            &mut hosts,
+            &strings(&["m1", "m2"]),
+            &strings(&["1:1", "1:1"]),
+        );
+        assert_eq!(
+            hosts,
+            strings(&["a+machine:m1+shm:1:1", "a+machine:m2+shm:1:1"])
+        );
+        assert!(lines[0].contains("different machines"), "{lines:?}");
+        // Nothing to split: nothing changes, nothing is said.
+        let mut hosts = strings(&["a", "b", "a"]);
+        assert!(
+            split_hosts(
+                &mut hosts,
+                &strings(&["m", "n", "m"]),
+                &strings(&["1:1", "1:1", "1:1"])
+            )
+            .is_empty()
+        );
+        assert_eq!(hosts, strings(&["a", "b", "a"]));
+    }
+
+    #[test]
+    fn a_directory_is_known_by_its_device_and_inode_not_its_path() {
+        let tmp = std::env::temp_dir();
+        let dot = tmp.join(".");
+        assert_eq!(shm_identity(&tmp), shm_identity(&dot));
+        assert_ne!(shm_identity(&tmp), shm_identity(std::path::Path::new("/")));
+        assert!(shm_identity(std::path::Path::new("/nonexistent/hccl")).starts_with("unreadable"));
     }
 }

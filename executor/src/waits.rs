@@ -266,12 +266,19 @@ pub(crate) fn report(
 
 /// The host name of a host identity: `name/boot-id` (the default identity, see
 /// [`crate::net::host_id`]) loses its boot id; anything else (`HCCL_HOST_ID`) stays.
+///
+/// A suffix the rendezvous added to tell apart ranks that claim one host but cannot share
+/// memory (`+shm:…`, `+machine:…`) stays after the name.
 pub(crate) fn host_name(id: &str) -> String {
-    match id.rsplit_once('/') {
+    let (base, suffix) = match id.find("+machine:").or_else(|| id.find("+shm:")) {
+        Some(i) => id.split_at(i),
+        None => (id, ""),
+    };
+    match base.rsplit_once('/') {
         Some((name, boot))
             if boot.len() == 36 && boot.chars().all(|c| c.is_ascii_hexdigit() || c == '-') =>
         {
-            name.to_string()
+            format!("{name}{suffix}")
         }
         _ => id.to_string(),
     }
@@ -554,6 +561,10 @@ mod tests {
             "node7"
         );
         assert_eq!(host_name("rack/b"), "rack/b");
+        assert_eq!(
+            host_name("node7/0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0+shm:23:1"),
+            "node7+shm:23:1"
+        );
         assert_eq!(host_name("b"), "b");
     }
 }

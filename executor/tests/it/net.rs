@@ -206,3 +206,70 @@ fn mismatched_calls_across_hosts_are_named() {
         }
     }
 }
+
+/// A directory of this test's own, removed on drop.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new(under: &std::path::Path, tag: &str) -> TempDir {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let dir = under.join(format!("hccl-{tag}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir(&dir).expect("a private directory");
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Ranks that claim one host but make their regions in different directories (containers
+/// with a `/dev/shm` of their own, simulated by `HCCL_SHM_DIR`) are told apart at the
+/// rendezvous and talk over the network; another path to the same directory (a symbolic
+/// link to it) still shares the region.
+#[test]
+fn ranks_of_one_host_without_a_common_shm_directory_use_the_network() {
+    let plan = fallback::plan(4);
+    let shm = std::path::Path::new(hccl_executor::config::DEFAULT_SHM_DIR);
+    let private = TempDir::new(shm, "private-shm");
+    let links = TempDir::new(&std::env::temp_dir(), "shm-link");
+    let link = links.0.join("shm");
+    std::os::unix::fs::symlink(shm, &link).expect("a link to the shm directory");
+    let host = "one-host-two-containers".to_string();
+    for (dirs, split) in [
+        ([shm, shm, private.0.as_path(), private.0.as_path()], true),
+        ([shm, shm, link.as_path(), link.as_path()], false),
+    ] {
+        let ranks = dirs
+            .iter()
+            .map(|d| (plan.clone(), Some(host.clone()), config().with_shm_dir(*d)))
+            .collect();
+        let comms: Vec<Communicator> = common::join_group(ranks, "net-test-token")
+            .into_iter()
+            .enumerate()
+            .map(|(r, c)| c.unwrap_or_else(|e| panic!("rank {r} failed to join: {e}")))
+            .collect();
+        for c in &comms {
+            let hosts: Vec<String> = (0..4).map(|r| c.host_of(r)).collect();
+            assert_eq!(hosts[0], hosts[1], "{hosts:?}");
+            assert_eq!(hosts[2], hosts[3], "{hosts:?}");
+            if split {
+                assert_ne!(hosts[0], hosts[2], "{hosts:?}");
+                assert!(hosts.iter().all(|h| h.starts_with(&format!("{host}+shm:"))));
+            } else {
+                assert!(hosts.iter().all(|h| *h == host), "{hosts:?}");
+            }
+        }
+        let errors = run(comms, &cases(4, &[1, 4099], 900));
+        assert!(errors.is_empty(), "split {split}: {errors:#?}");
+    }
+    // Nothing of the job is left in either directory.
+    assert_eq!(
+        std::fs::read_dir(&private.0).map(|d| d.count()).ok(),
+        Some(0)
+    );
+}
