@@ -9,7 +9,7 @@ for machine in dgx1-v100 h100-cluster-2node; do
   echo "### $machine"
   echo '```'
   ./target/release/hcclc compile "topologies/machines/$machine.ron" -c allreduce \
-    -o "$out/$machine.plan.ron" | tail -n +3
+    -o "$out/$machine.plan.ron" | tail -n +3 | grep -v '^calibration: '
   echo '```'
 done
 rm -rf "$out"

@@ -50,6 +50,11 @@ fn synth_reports_the_packing_and_writes_a_plan_that_verifies() {
         );
         let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(doc["collective"], coll);
+        assert_eq!(
+            (&doc["calibration"]["kind"], &doc["calibration"]["from"]),
+            (&"none".into(), &"the shipped machine dgx1-v100".into()),
+            "the predictions name their calibration"
+        );
         let rate = doc["rate_gbps"].as_f64().unwrap();
         let flow = doc["max_flow_gbps"].as_f64().unwrap();
         assert!(

@@ -102,6 +102,9 @@ fn a_predicted_timeline_has_a_slice_per_step() {
         String::from_utf8_lossy(&out.stderr)
     );
     let summary: Value = serde_json::from_slice(&out.stdout).expect("JSON summary");
+    // A generated ring carries no calibration, and the prediction says so.
+    assert_eq!(summary["calibration"]["kind"], "none", "{summary}");
+    assert_eq!(summary["calibration"]["from"], t);
     let (slices, other) = check_trace(&trace, 4);
     assert_eq!(summary["steps"].as_u64(), Some(slices.len() as u64));
     assert_eq!(other["source"], "predicted");

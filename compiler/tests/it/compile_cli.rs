@@ -44,6 +44,22 @@ fn dgx1_allreduce_table() {
     // Default output: <topology stem>.plan.ron in the current directory.
     assert!(dir.join("dgx1-v100.plan.ron").exists());
     insta::assert_snapshot!(stdout(&out));
+    // README.md's dgx1-v100 table is this output (it goes on to 4 GiB): every row is there.
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .expect("README.md");
+    let text = stdout(&out);
+    let rows: Vec<&str> = text
+        .lines()
+        .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+        .collect();
+    assert_eq!(rows.len(), 21, "1 KiB to 1 GiB");
+    for row in rows {
+        assert!(
+            readme.contains(&format!("\n{row}\n")),
+            "README.md's dgx1-v100 table lacks `{row}`: regenerate it (scripts/readme-tables.sh)"
+        );
+    }
     // Progress bars only go to terminals: stderr stays empty here.
     assert!(out.stderr.is_empty());
     let _ = std::fs::remove_dir_all(&dir);

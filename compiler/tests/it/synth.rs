@@ -256,50 +256,55 @@ fn lowering_shares_pieces_by_rate() {
 }
 
 /// At 1 GiB, with the packed trees competing, the chosen plan is never slower than without
-/// them, and within the ratio to the lower bound it reached when this test was written
-/// (issue 11 asks for 1.03 everywhere; see `CEILINGS` for where it stands); AllReduce, which
-/// the packed trees do not run, within its ceiling too.
+/// them, and its ratio to the lower bound is the figure README.md's table gives (rounded to
+/// two decimals, and never above issue 11's 1.03); AllReduce, which the packed trees do not
+/// run, too.
 #[test]
 #[ignore = "slow: `.ci/run` runs it; run it with `cargo test -- --ignored`"]
 fn packed_collectives_at_one_gib_approach_the_bound() {
-    // Largest predicted time / lower bound at 1 GiB, per machine (Broadcast, Reduce,
-    // AllGather, ReduceScatter, AllReduce): the issue's 1.03 everywhere (measured to hold in
-    // the dev profile with the machine's two cores loaded by two more busy threads, where
-    // the selection MILP stops at its time limit sooner); the
-    // hand-written families alone gave 1.94/1.87 for Broadcast
-    // and Reduce on dgx1-v100, 1.63/1.63 on the DGX-A100 and H100, 1.21/1.22 on ascend910-8,
-    // 1.17/1.18 on azure-ndv2-2node, 1.89/1.80 and 2.68/2.60 on the H100 clusters and
-    // 1.75/1.75 on the 8-ring.
+    // Predicted time / lower bound at 1 GiB, per machine (Broadcast, Reduce, AllGather,
+    // ReduceScatter, AllReduce): the figures of README.md's table ("auto" column, two
+    // decimals), which each ratio must round to or below (< figure + 0.005), and never
+    // above the issue's 1.03. Held in the dev profile on the 2-core machine loaded by other
+    // builds (2026-12-04), where the selection MILP stops at its time limit sooner. The
+    // hand-written families alone gave 1.94/1.87 for Broadcast and Reduce on dgx1-v100,
+    // 1.63/1.63 on the DGX-A100 and H100, 1.21/1.22 on ascend910-8, 1.17/1.18 on
+    // azure-ndv2-2node, 1.89/1.80 and 2.68/2.60 on the H100 clusters and 1.75/1.75 on the
+    // 8-ring.
     const CEILINGS: [(&str, [f64; 5]); 11] = [
         // Chains and rings over the NVLink packing plus a spare ring over PCIe and QPI
-        // (`synth::rings`, deterministic): 1.02/1.02/1.01/1.02 (1.11/1.03/1.06/1.06 before).
-        ("dgx1-v100", [1.03, 1.03, 1.03, 1.03, 1.03]),
+        // (`synth::rings`, deterministic) (1.11/1.03/1.06/1.06 before).
+        ("dgx1-v100", [1.02, 1.02, 1.01, 1.02, 1.01]),
         // Broadcast and Reduce: equal-rate trees at the LP's rate (`synth::disjoint::
         // equal_rate_trees`, deterministic) beside the LP's; 1.05/1.03 with the LP's alone.
-        ("dgx-a100", [1.03, 1.03, 1.03, 1.03, 1.03]),
-        ("dgx-h100", [1.03, 1.03, 1.03, 1.03, 1.03]),
-        ("ascend910-8", [1.03, 1.03, 1.03, 1.03, 1.03]),
-        ("azure-ndv2-2node", [1.03, 1.03, 1.03, 1.03, 1.03]),
+        ("dgx-a100", [1.02, 1.02, 1.00, 1.01, 1.00]),
+        ("dgx-h100", [1.02, 1.02, 1.00, 1.01, 1.00]),
+        ("ascend910-8", [1.00, 1.00, 1.02, 1.02, 1.02]),
+        // AllGather and ReduceScatter: 1.0052 and 1.0053 (the README said 1.00 until
+        // 2026-12-04).
+        ("azure-ndv2-2node", [1.00, 1.00, 1.01, 1.01, 1.01]),
         // Broadcast and Reduce: `rail_chains`, 1.024 and 1.013; AllGather and ReduceScatter:
-        // the split hierarchy (`families::split`), 1.02 and 1.02 (1.05 and 1.05 before).
-        ("h100-cluster-2node", [1.03, 1.03, 1.03, 1.03, 1.03]),
+        // the split hierarchy (`families::split`), 1.017 and 1.022 (1.05 and 1.05 before).
+        ("h100-cluster-2node", [1.02, 1.01, 1.02, 1.02, 1.02]),
         // Broadcast and Reduce: `rail_trees`, two NIC hops through a relay host (1.025/1.026;
         // 1.056/1.050 with `rail_chains`' three, 1.22/1.29 with the LP's trees); AllGather and
         // ReduceScatter: `hierarchical` with 64 pieces (1.024/1.021).
-        ("h100-cluster-4node", [1.03, 1.03, 1.03, 1.03, 1.03]),
-        ("ring-8", [1.03, 1.03, 1.03, 1.03, 1.03]),
+        ("h100-cluster-4node", [1.03, 1.03, 1.02, 1.02, 1.00]),
+        ("ring-8", [1.01, 1.01, 1.00, 1.00, 1.01]),
         // The link-disjoint trees of `synth::disjoint` (no MILP involved: deterministic):
         // Broadcast and Reduce 4 trees at the max-flow rate (1.25/1.24 with the LP's support
         // pruned to 16 trees), AllGather and ReduceScatter every rank's 4, carried over the
         // torus's automorphisms, at the cut bound (1.16/1.17 with hybrid_cube before).
-        ("torus-4x4", [1.03, 1.03, 1.03, 1.03, 1.03]),
+        ("torus-4x4", [1.02, 1.02, 1.02, 1.02, 1.00]),
         // Broadcast and Reduce: two equal-rate chains (1.17/1.07 with the LP's).
-        ("fat-tree-16", [1.03, 1.03, 1.03, 1.03, 1.03]),
+        ("fat-tree-16", [1.03, 1.03, 1.00, 1.01, 1.00]),
         // AllReduce: trees carrying blocks as large as their rates both ways
         // (`synth::allreduce`), 1.014 (the ring's 1.088 before: equal blocks leave the two
         // ranks without a chord short of ingress).
-        ("mixed-6", [1.03, 1.03, 1.03, 1.03, 1.03]),
+        ("mixed-6", [1.02, 1.02, 1.00, 1.01, 1.01]),
     ];
+    // The README's figure, rounded: below figure + 0.005, and at most 1.03.
+    let ceiling = |figure: f64| (figure + 0.005).min(1.03);
     let kinds = [
         CollectiveKind::Broadcast,
         CollectiveKind::Reduce,
@@ -356,8 +361,8 @@ fn packed_collectives_at_one_gib_approach_the_bound() {
             allreduce.algorithm
         );
         assert!(
-            allreduce.bound_ratio() <= ceilings[4],
-            "{name} AllReduce ({}) is {:.3}× its bound, above {}",
+            allreduce.bound_ratio() < ceiling(ceilings[4]),
+            "{name} AllReduce ({}) is {:.4}× its bound: README.md says {} (update both)",
             allreduce.algorithm,
             allreduce.bound_ratio(),
             ceilings[4]
@@ -381,8 +386,8 @@ fn packed_collectives_at_one_gib_approach_the_bound() {
             );
             let k = kinds.iter().position(|&k| k == row.collective).unwrap();
             assert!(
-                ratio <= ceilings[k],
-                "{name} {} ({}) is {ratio:.3}× its bound, above {}",
+                ratio < ceiling(ceilings[k]),
+                "{name} {} ({}) is {ratio:.4}× its bound: README.md says {} (update both)",
                 row.collective.name(),
                 row.algorithm,
                 ceilings[k]

@@ -328,7 +328,7 @@ fn write_trace(
     args: &ExplainArgs,
     path: &Path,
     plan: &PlanFile,
-    topo: &Topology,
+    (topo, from): (&Topology, &str),
 ) -> Result<(), CliError> {
     let bytes = parse_size(args.size.as_deref().unwrap_or_default())?;
     let collective =
@@ -352,6 +352,7 @@ fn write_trace(
         .map_err(|e| CliError::Input(format!("{}: cannot write: {e}", path.display())))?;
     let mut summary = trace.summary;
     summary["trace"] = serde_json::Value::from(path.display().to_string());
+    summary["calibration"] = report::calibration_json(topo, from);
     if args.json {
         print_json(&summary);
     } else {
@@ -369,6 +370,7 @@ fn write_trace(
                 String::new()
             }
         );
+        println!("{}", report::calibration_line(topo, from));
     }
     Ok(())
 }
@@ -394,7 +396,7 @@ pub fn explain(args: ExplainArgs) -> Result<(), CliError> {
         })?,
     };
     if let Some(path) = &args.trace {
-        return write_trace(&args, path, &plan, &topo);
+        return write_trace(&args, path, &plan, (&topo, &from));
     }
     let options = Options {
         sizes: parse_sizes(args.sizes.as_deref())?,

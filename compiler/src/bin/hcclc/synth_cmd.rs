@@ -303,6 +303,10 @@ pub fn run(args: SynthArgs) -> Result<(), CliError> {
                 "bound_us": bound_us,
                 "bound_ratio": time_us / bound_us,
             })).collect::<Vec<_>>(),
+            "calibration": hccl_compiler::report::calibration_json(
+                &topo,
+                &crate::compile_cmd::topology_origin(&args.topo),
+            ),
             "plan": args.output.as_ref().map(|p| p.display().to_string()),
         }));
         return Ok(());
@@ -401,6 +405,13 @@ pub fn run(args: SynthArgs) -> Result<(), CliError> {
             time_us / bound_us
         );
     }
+    println!(
+        "  {}",
+        hccl_compiler::report::calibration_line(
+            &topo,
+            &crate::compile_cmd::topology_origin(&args.topo)
+        )
+    );
     if let Some(out) = &args.output {
         println!("\n  wrote {}", out.display());
     }
