@@ -50,7 +50,7 @@ fn replay(target: &str, entry: impl Fn(&[u8]) -> bool) -> usize {
     files
         .iter()
         .filter(|(path, bytes)| {
-            let ok = std::panic::catch_unwind(|| entry(bytes));
+            let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| entry(bytes)));
             ok.unwrap_or_else(|_| panic!("{target}: {} panicked", path.display()))
         })
         .count()
