@@ -14,5 +14,6 @@ mod common;
 mod env_table;
 mod examples;
 mod perf_cli;
+mod soak;
 mod synthesized_plans;
 mod verifier_ring;
