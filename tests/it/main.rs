@@ -15,5 +15,6 @@ mod env_table;
 mod examples;
 mod fuzz_corpus;
 mod perf_cli;
+mod soak;
 mod synthesized_plans;
 mod verifier_ring;
