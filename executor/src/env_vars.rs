@@ -37,6 +37,7 @@ pub const KNOWN_VARS: &[&str] = &[
     "HCCL_PERF_TOPO",
     "HCCL_PERF_PLAN_LABEL",
     "HCCL_FAULT_CORRUPT",
+    "HCCL_TEST_BYTES",
     "HCCL_TEST_ROLE",
     "HCCL_TEST_STOP_FILE",
     "HCCL_TEST_VICTIM",
