@@ -217,6 +217,14 @@ class Topology:
         return self._native.nranks
 
     @property
+    def calibration(self) -> Dict[str, Any]:
+        """Which calibration predictions for this topology use (``hcclc compile --json``'s
+        ``calibration``): ``kind`` ``own`` (measured for it; ``source`` says where and when),
+        ``built-in`` (the development machine's default) or ``none`` (the model's nominal
+        figures); ``how_to_calibrate`` for the last two. Tables print it as their last line."""
+        return json.loads(self._native.calibration)
+
+    @property
     def nhosts(self) -> int:
         return self._native.nhosts
 

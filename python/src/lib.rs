@@ -155,6 +155,20 @@ fn check_sizes(sizes: &[u64]) -> PyResult<()> {
     Ok(())
 }
 
+/// `hcclc`'s table of `rows` on `t`, and the line saying which calibration predicted them.
+fn table_text(title: &str, t: &RsTopology, rows: &[search::Row]) -> String {
+    format!(
+        "{}{}\n",
+        report::table(title, t, rows),
+        report::calibration_line(t, &calibration_origin(t))
+    )
+}
+
+/// Where a topology's calibration comes from, as far as Python knows it: its name.
+fn calibration_origin(t: &RsTopology) -> String {
+    format!("the topology {}", t.name)
+}
+
 fn rows_json(rows: &[search::Row]) -> String {
     Value::Array(rows.iter().map(report::row_json).collect()).to_string()
 }
@@ -315,6 +329,13 @@ impl PyTopology {
     #[getter]
     fn description(&self) -> String {
         self.inner.description.clone()
+    }
+
+    /// Which calibration predictions for this topology use (`hcclc compile --json`'s
+    /// `calibration`), as JSON.
+    #[getter]
+    fn calibration(&self) -> String {
+        report::calibration_json(&self.inner, &calibration_origin(&self.inner)).to_string()
     }
 
     #[getter]
@@ -610,7 +631,7 @@ impl PyPlan {
     ) -> PyResult<(String, String)> {
         let t = topo.inner.clone();
         let rows = self.rows(py, &t, sizes)?;
-        Ok((rows_json(&rows), report::table(title, &t, &rows)))
+        Ok((rows_json(&rows), table_text(title, &t, &rows)))
     }
 
     /// The predicted timeline of one call: `(trace JSON, summary JSON, SVG picture)`.
@@ -820,7 +841,7 @@ fn compile(
     }
     let skipped = compiled.skipped.iter().map(ToString::to_string).collect();
     let rows = rows_json(&compiled.rows);
-    let table = report::table("(compiled in Python)", &topo.inner, &compiled.rows);
+    let table = table_text("(compiled in Python)", &topo.inner, &compiled.rows);
     Ok((PyPlan::wrap(compiled.plan), rows, table, skipped))
 }
 
@@ -1141,7 +1162,7 @@ impl Built {
                 )));
             }
             search::evaluate_schedule(&t, name, &s, &offered, &options)
-                .map(|r| (rows_json(&r), report::table(name, &t, &r)))
+                .map(|r| (rows_json(&r), table_text(name, &t, &r)))
         })
         .map_err(search_err)
     }

@@ -60,6 +60,23 @@ def test_detect_this_machine():
     t = hccl.Topology.detect(mem_bw=5.0)
     assert t.nranks >= 1
     assert t.notes, "detect says what it found and assumed"
+    # Every fact says where it was found, that it was given, or why it was assumed.
+    assert all(" [found: " in n or " [given: " in n or " [assumed: " in n for n in t.notes), t.notes
+    assert any(n.startswith("memory bandwidth 5.0 GB/s") and "[given: --mem-bw]" in n for n in t.notes) or any(
+        "GPUs [found" in n for n in t.notes
+    ), t.notes
+
+
+def test_predictions_say_which_calibration(dgx1):
+    # A shipped GPU machine has none; a CPU host without one of its own gets the built-in
+    # default of the development machine, and both say how to calibrate.
+    assert dgx1.calibration["kind"] == "none" and dgx1.calibration["how_to_calibrate"]
+    host = hccl.Topology.host(2, mem_bw=5.0)
+    cal = host.calibration
+    assert cal["kind"] == "built-in" and "development VM" in cal["source"], cal
+    assert "hccl-perf --calibrate" in cal["how_to_calibrate"]
+    table = str(hccl.compile(host, collectives="allreduce", sizes="1K").rows)
+    assert "calibration: the built-in default, not measured on this machine" in table, table
 
 
 @pytest.mark.parametrize(
