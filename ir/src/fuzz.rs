@@ -79,13 +79,13 @@ pub fn msccl(bytes: &[u8]) -> bool {
         if verify::verify_entry(entry).is_err() {
             continue;
         }
-        if let Ok(exported) = crate::msccl::export_xml(entry) {
-            if let Err(e) = crate::msccl::import_xml(&exported.xml, "fuzz-export.xml") {
-                panic!(
-                    "an exported algorithm does not import again: {e}\n{}",
-                    exported.xml
-                );
-            }
+        if let Ok(exported) = crate::msccl::export_xml(entry)
+            && let Err(e) = crate::msccl::import_xml(&exported.xml, "fuzz-export.xml")
+        {
+            panic!(
+                "an exported algorithm does not import again: {e}\n{}",
+                exported.xml
+            );
         }
     }
     true

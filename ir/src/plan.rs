@@ -698,8 +698,15 @@ impl PlanFile {
     ) -> Result<PlanFile, PlanError> {
         check_version(text, origin)?;
         let options = ron::Options::default().with_recursion_limit(64);
+        // Templates are refused by the same limit as they are read, before they are built.
+        let budget = match &limit {
+            Some(limit) => limit.clone(),
+            None => expansion_limit(text.len())?,
+        };
         let before = COMPACT.replace(true);
-        let parsed = options.from_str::<PlanFile>(text);
+        let parsed = crate::runs::with_budget(budget.steps, &budget.why, || {
+            options.from_str::<PlanFile>(text)
+        });
         COMPACT.set(before);
         let mut plan = parsed.map_err(|err| PlanError::Parse(Located::from_ron(origin, &err)))?;
         if plan.format_version < RUNS_VERSION && plan.has_own_seals() {
@@ -828,6 +835,14 @@ impl PlanFile {
         origin: &str,
         ranks: &[u32],
     ) -> Result<PlanPart, PlanError> {
+        let budget = expansion_limit(text.len())?;
+        crate::runs::with_budget(budget.steps, &budget.why, || {
+            PlanFile::part_of_text(text, origin, ranks)
+        })
+    }
+
+    /// [`PlanFile::from_ron_for_ranks`] within the budget it set.
+    fn part_of_text(text: &str, origin: &str, ranks: &[u32]) -> Result<PlanPart, PlanError> {
         let wanted = sorted_ranks(ranks);
         // The rank index first; the byte scan only when there is none.
         let blanked = crate::plan_index::shrink(text, &wanted)
@@ -862,10 +877,13 @@ impl PlanFile {
             && let Ok(len) = usize::try_from(meta.len())
         {
             let wanted = sorted_ranks(ranks);
+            let budget = expansion_limit(len)?;
             let src = crate::plan_index::FileSource { file, len };
-            if let Some(part) = crate::plan_index::shrink(&src, &wanted)
-                .and_then(|shrunk| part_of_blanked(&shrunk, &origin, &wanted))
-            {
+            if let Some(part) = crate::plan_index::shrink(&src, &wanted).and_then(|shrunk| {
+                crate::runs::with_budget(budget.steps, &budget.why, || {
+                    part_of_blanked(&shrunk, &origin, &wanted)
+                })
+            }) {
                 return part;
             }
         }

@@ -69,6 +69,39 @@ pub const MAX_EVERY: usize = 8;
 /// hostile file can make the reader allocate).
 pub const MAX_TEMPLATE_ITEMS: u64 = 1 << 24;
 
+thread_local! {
+    /// How many steps the templates read on this thread may still have, all together, and
+    /// where that limit comes from; `None`: only [`MAX_TEMPLATE_ITEMS`] per template
+    /// ([`with_budget`]).
+    static BUDGET: std::cell::RefCell<Option<(u64, String)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `read` with the templates it reads on this thread limited to `items` steps in all
+/// (`why`: where the limit comes from, for the error), so that a plan refused by its
+/// expansion limit is refused before its templates are allocated.
+pub(crate) fn with_budget<T>(items: u64, why: &str, read: impl FnOnce() -> T) -> T {
+    let before = BUDGET.replace(Some((items, why.to_string())));
+    let out = read();
+    BUDGET.set(before);
+    out
+}
+
+/// Takes `n` items of `what` from the budget ([`with_budget`]), or says why not.
+fn charge(n: u64, what: &str) -> Result<(), String> {
+    BUDGET.with_borrow_mut(|budget| match budget {
+        None => Ok(()),
+        Some((left, why)) if n > *left => Err(format!(
+            "{what} expand to {n}, past what the plan's expansion limit leaves ({left} steps \
+             of {why})"
+        )),
+        Some((left, _)) => {
+            *left -= n;
+            Ok(())
+        }
+    })
+}
+
 fn is_zero(v: &i64) -> bool {
     *v == 0
 }
@@ -664,6 +697,11 @@ impl WProgram {
                 "repeats expand to {steps_total} steps; at most {MAX_TEMPLATE_ITEMS} are allowed"
             ));
         }
+        // A template of T steps expands to at least T steps (one rank), so charging them
+        // refuses nothing the expansion limit allows; streams are charged too when more
+        // (empty streams cost memory as well).
+        let streams_total: u64 = reps.iter().map(|&(t, _)| u64::from(t)).sum();
+        charge(steps_total.max(streams_total), "the template's steps")?;
         let streams = place(&reps, "stream", |i, k| {
             let w = &self.streams[i];
             if let Some(r) = &w.repeat

@@ -1865,7 +1865,7 @@ impl Recv for Bytes<'_> {
         let reads = self.reads.get() + 1;
         self.reads.set(reads);
         let pos = self.pos.get();
-        if pos < self.data.len() && self.block > 1 && reads % self.block == 0 {
+        if pos < self.data.len() && self.block > 1 && reads.is_multiple_of(self.block) {
             return Ok(None);
         }
         let n = buf.len().min(self.chunk).min(self.data.len() - pos);

@@ -833,6 +833,32 @@ fn a_small_plan_that_expands_hugely_is_refused_with_the_numbers() {
     );
 }
 
+/// Found by review while writing the plan loader's fuzz target (`fuzz/`, `plan`): the limit was
+/// checked only once a template was built, so a template of one step repeated 2^24 − 1
+/// times made a loader limited to 1000 steps allocate about 1 GB first. The template is
+/// refused as it is read now, located in the file and naming the limit.
+#[test]
+fn a_template_past_the_expansion_limit_is_refused_before_it_is_built() {
+    let text = hostile_plan(1, (1 << 24) - 1, 1);
+    let err = PlanFile::from_ron_within(&text, "hostile.plan.ron", 1000).unwrap_err();
+    let PlanError::Parse(located) = &err else {
+        panic!("expected a located refusal while reading, got {err:?}");
+    };
+    assert_eq!(located.path, "hostile.plan.ron");
+    assert!(located.line >= 1 && located.col > 1, "{err}");
+    let message = err.to_string();
+    for fragment in ["template's steps expand to 16777215", "1000 steps of"] {
+        assert!(message.contains(fragment), "`{fragment}` not in: {message}");
+    }
+    // Within the limit the same template reads.
+    let small = hostile_plan(1, 1000, 1);
+    let plan = PlanFile::from_ron_within(&small, "small", 1000).expect("within the limit");
+    assert_eq!(
+        plan.entries[0].schedule.ranks[0].streams[0].steps.len(),
+        1000
+    );
+}
+
 /// The limit holds for the plan's entries together: the entry that crosses it is named,
 /// with what the entries before it expanded to; within the limit every entry expands.
 #[test]
