@@ -138,7 +138,7 @@ pub struct Cpus {
 }
 
 impl Cpus {
-    /// `cpus` CPUs per NUMA node and `sockets`, as given by the caller (`how`).
+    /// `per_node` CPUs per NUMA node and `sockets`, as given by the caller (`how`).
     pub fn given(per_node: &[u32], sockets: Option<u32>, how: &str) -> Cpus {
         Cpus {
             per_node: per_node.to_vec(),
