@@ -29,5 +29,5 @@ for target in $(cd fuzz && cargo +nightly fuzz list); do
     echo "fuzz target $target failed: the input is under fuzz/artifacts/$target/" >&2
     exit 1
   fi
-  echo "   $target: $(grep -E '^#[0-9]+ +DONE' "$log" | tail -n 1)"
+  echo "   $target: $(grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -n 1)"
 done

@@ -308,6 +308,9 @@ struct Inner {
     /// exchange costs no credit writes at all.
     credit_due: Vec<AtomicU64>,
     credit_sent: Vec<AtomicU64>,
+    /// Per connection this rank sends on: messages handed to the network so far (raised
+    /// before their bytes are written). A peer's credit can never exceed it.
+    sent_out: Vec<AtomicU64>,
     /// Incoming connections per peer.
     in_conns: Vec<Vec<u32>>,
     credits_due: AtomicBool,
@@ -955,6 +958,7 @@ impl Inner {
             send_failure: Mutex::new(None),
             credit_due: counters(),
             credit_sent: counters(),
+            sent_out: counters(),
             in_conns,
             credits_due: AtomicBool::new(false),
             dirs,
@@ -1358,6 +1362,15 @@ fn pump_from(
                                 h.conn
                             )));
                         };
+                        // A credit for messages never sent would let this rank's engine
+                        // count more free slots than exist (its `send_seq - consumed`).
+                        let sent = inner.sent_out[c as usize].load(Ordering::Acquire);
+                        if h.seq > sent {
+                            return Err(bad(format!(
+                                "credit for {} messages on channel {}, where this rank sent {sent}",
+                                h.seq, h.conn
+                            )));
+                        }
                         inner.arena.consumed(c).fetch_max(h.seq, Ordering::AcqRel);
                         progress = true;
                     }
@@ -1610,6 +1623,8 @@ impl Net {
         let Dir::Out(p) = self.inner.dirs[c as usize] else {
             return;
         };
+        // Before any byte is written: the peer's credit for it may come back at once.
+        self.inner.sent_out[c as usize].fetch_max(seq + 1, Ordering::Release);
         let p = p as usize;
         let peer = &self.inner.peers[p];
         if peer.state.load(Ordering::Acquire) != ALIVE {
@@ -1884,8 +1899,9 @@ impl Recv for Bytes<'_> {
 ///
 /// Returns how the stream ended: `Ok` after a goodbye, else the parser's complaint (an
 /// empty input is `Ok`). Panics when the parser breaks an invariant: a message published
-/// outside the credit window, a byte written outside the slots of the connections the peer
-/// sends on, or a pump that neither reads nor ends.
+/// outside the credit window, a credit for more messages than this rank sent (4), a byte
+/// written outside the slots of the connections the peer sends on, or a pump that neither
+/// reads nor ends.
 pub(crate) fn fuzz_frames(input: &[u8]) -> std::result::Result<(), String> {
     use crate::arena::Layout;
     const SLOT: usize = 4096;
@@ -1919,6 +1935,9 @@ pub(crate) fn fuzz_frames(input: &[u8]) -> std::result::Result<(), String> {
         (SLOT, nsocks, false),
         Duration::from_secs(10),
     );
+    // This rank has sent 4 messages on connection 2: credits up to 4 are well-formed.
+    const SENT: u64 = 4;
+    inner.sent_out[2].store(SENT, Ordering::Release);
     let src = Bytes {
         data: stream,
         pos: std::cell::Cell::new(0),
@@ -1941,6 +1960,11 @@ pub(crate) fn fuzz_frames(input: &[u8]) -> std::result::Result<(), String> {
             // The local receiver frees what was published.
             inner.arena.consumed(c).store(sent, Ordering::Release);
         }
+        let credited = inner.arena.consumed(2).load(Ordering::Acquire);
+        assert!(
+            credited <= SENT,
+            "a credit for {credited} messages on a connection that sent {SENT}"
+        );
         match res {
             Ok(Pumped::Closed) => break Ok(()),
             Err(why) => break Err(why),
@@ -2120,8 +2144,14 @@ mod tests {
     /// Feeds `bytes` (then closes, unless `keep_open`) to a receiving thread and returns
     /// the peer's state and reason once it stopped.
     fn feed(bytes: &[u8]) -> (Arc<Inner>, u8, String) {
+        feed_after(bytes, 0)
+    }
+
+    /// [`feed`] to a rank that has sent `sent` messages on connection 0.
+    fn feed_after(bytes: &[u8], sent: u64) -> (Arc<Inner>, u8, String) {
         let (mut attacker, ours) = pair();
         let inner = inner_with(ours);
+        inner.sent_out[0].store(sent, Ordering::Release);
         let t = {
             let inner = Arc::clone(&inner);
             std::thread::spawn(move || receive_loop(&inner, 0, 0))
@@ -2214,7 +2244,7 @@ mod tests {
         bytes.extend_from_slice(&credit.encode());
         bytes.extend_from_slice(&Header::new(Tag::Heartbeat).encode());
         bytes.extend_from_slice(&Header::new(Tag::Goodbye).encode());
-        let (inner, state, reason) = feed(&bytes);
+        let (inner, state, reason) = feed_after(&bytes, 3);
         assert_eq!(state, GONE, "{reason}");
         assert_eq!(inner.arena.abort().load(Ordering::Acquire), 0);
         assert_eq!(inner.arena.sent(1).load(Ordering::Acquire), 2);
@@ -2222,6 +2252,29 @@ mod tests {
         let slot = slot_bytes(&inner, 1, 0);
         assert_eq!(&slot[0..4], &[1, 2, 3, 4]);
         assert_eq!(&slot[64..68], &[5, 6, 7, 8]);
+    }
+
+    /// Found by review while writing the `frames` fuzz target (which now checks it): a credit
+    /// frame for more messages than this rank sent was taken, so a peer could make the
+    /// engine count free slots that do not exist (`send_seq - consumed` underflows: a panic
+    /// with overflow checks, a sender stalled to the timeout without them). It is a
+    /// malformed frame now.
+    #[test]
+    fn a_credit_for_messages_never_sent_is_a_malformed_frame() {
+        for (sent, credit) in [(0, 1), (3, 4), (3, u64::MAX)] {
+            let mut h = Header::new(Tag::Credit);
+            h.conn = 3;
+            h.seq = credit;
+            let (inner, state, reason) = feed_after(&h.encode(), sent);
+            assert_eq!(state, DEAD, "{sent} sent, credit {credit}: {reason}");
+            assert!(
+                reason.contains(&format!(
+                    "credit for {credit} messages on channel 3, where this rank sent {sent}"
+                )),
+                "{reason}"
+            );
+            assert_eq!(inner.arena.consumed(0).load(Ordering::Acquire), 0);
+        }
     }
 
     #[test]
