@@ -1223,16 +1223,9 @@ fn follow(addr: SocketAddr, boot: &Bootstrap, me: &Hello, deadline: Instant) -> 
         .saturating_duration_since(Instant::now())
         .max(STEP_TIMEOUT);
     let _ = sock.set_read_timeout(Some(remaining));
-    let reply = read_job(&mut sock, rank, me.world, me.limits.len())?;
-    Ok(Job {
-        nonce: reply.nonce,
-        slot_bytes: reply.slot_bytes,
-        hosts: reply.hosts,
-        addrs: reply.addrs,
-        machines: reply.machines,
-        limits: reply.limits,
-        socks: vec![sock],
-    })
+    let mut job = read_job(&mut sock, rank, me.world, me.limits.len())?;
+    job.socks = vec![sock];
+    Ok(job)
 }
 
 /// Rank 0's answer to every rank once all have joined: a zero status byte, then the job
@@ -1257,24 +1250,10 @@ fn encode_job(
     ok
 }
 
-/// What [`read_job`] read.
-struct JobReply {
-    nonce: String,
-    slot_bytes: usize,
-    hosts: Vec<String>,
-    addrs: Vec<String>,
-    machines: Vec<String>,
-    limits: Vec<(u32, u32)>,
-}
-
 /// Reads rank 0's answer ([`encode_job`]) to `rank` of `world`, which holds `entries` plan
-/// entries: the job, or rank 0's refusal (a non-zero status and why) as an error.
-fn read_job(
-    sock: &mut (impl Read + ?Sized),
-    rank: u32,
-    world: u32,
-    entries: usize,
-) -> Result<JobReply> {
+/// entries: the job (its sockets left to the caller), or rank 0's refusal (a non-zero status
+/// and why) as an error.
+fn read_job(sock: &mut (impl Read + ?Sized), rank: u32, world: u32, entries: usize) -> Result<Job> {
     let boot_err = |message: String| ExecError::Bootstrap { rank, message };
     let mut status = [0u8; 1];
     sock.read_exact(&mut status).map_err(|e| {
@@ -1311,13 +1290,15 @@ fn read_job(
             limits.len(),
         )));
     }
-    Ok(JobReply {
+    Ok(Job {
         nonce: text,
         slot_bytes,
         hosts,
         addrs,
         machines,
         limits,
+        // The caller adds the socket it read the answer from.
+        socks: Vec::new(),
     })
 }
 

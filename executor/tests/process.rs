@@ -145,6 +145,24 @@ fn mismatched_plans_fail_on_every_rank() {
     }
 }
 
+/// Connects to rank 0 at `addr` (retrying until it listens) and sends the start of a hello
+/// of bootstrap protocol `version` with job token `token`.
+fn send_hello(addr: &str, version: u32, token: &str) -> TcpStream {
+    let mut sock = loop {
+        match TcpStream::connect(addr) {
+            Ok(sock) => break sock,
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    };
+    let mut hello = b"HCCLBOOT".to_vec();
+    hello.extend_from_slice(&version.to_le_bytes());
+    hello.extend_from_slice(&(token.len() as u32).to_le_bytes());
+    hello.extend_from_slice(token.as_bytes());
+    hello.extend_from_slice(&[0u8; 16]);
+    sock.write_all(&hello).unwrap();
+    sock
+}
+
 #[test]
 fn connection_without_token_is_refused() {
     let port = common::free_port();
@@ -159,18 +177,7 @@ fn connection_without_token_is_refused() {
         let (b0, c0) = (boot.clone(), cfg.clone());
         let lead = s.spawn(move || ProcessGroup::init_with(fallback::plan(2), 0, 2, &b0, c0));
         // An intruder with the wrong token: rank 0 must close its connection.
-        let mut intruder = loop {
-            match TcpStream::connect(&addr) {
-                Ok(sock) => break sock,
-                Err(_) => std::thread::sleep(Duration::from_millis(10)),
-            }
-        };
-        let mut hello = b"HCCLBOOT".to_vec();
-        hello.extend_from_slice(&1u32.to_le_bytes());
-        hello.extend_from_slice(&5u32.to_le_bytes());
-        hello.extend_from_slice(b"wrong");
-        hello.extend_from_slice(&[0u8; 16]);
-        intruder.write_all(&hello).unwrap();
+        let mut intruder = send_hello(&addr, 1, "wrong");
         intruder
             .set_read_timeout(Some(Duration::from_secs(30)))
             .unwrap();
@@ -217,18 +224,7 @@ fn a_rank_of_another_version_is_refused_with_the_reason() {
     let started = std::time::Instant::now();
     std::thread::scope(|s| {
         let lead = s.spawn(move || ProcessGroup::init_with(fallback::plan(2), 0, 2, &boot, cfg));
-        let mut old = loop {
-            match TcpStream::connect(&addr) {
-                Ok(sock) => break sock,
-                Err(_) => std::thread::sleep(Duration::from_millis(10)),
-            }
-        };
-        let mut hello = b"HCCLBOOT".to_vec();
-        hello.extend_from_slice(&4u32.to_le_bytes());
-        hello.extend_from_slice(&5u32.to_le_bytes());
-        hello.extend_from_slice(b"right");
-        hello.extend_from_slice(&[0u8; 16]);
-        old.write_all(&hello).unwrap();
+        let _old = send_hello(&addr, 4, "right");
         let err = match lead.join().unwrap() {
             Ok(_) => panic!("rank 0 must refuse the job"),
             Err(e) => e.to_string(),

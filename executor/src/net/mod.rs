@@ -1667,12 +1667,10 @@ impl Net {
         } else {
             0
         };
-        let mut call_bytes = [0u8; 16];
-        if let Some((num, print)) = call {
+        if call.is_some() {
             flags |= proto::FLAG_CALL;
-            call_bytes[..8].copy_from_slice(&num.to_le_bytes());
-            call_bytes[8..].copy_from_slice(&print.to_le_bytes());
         }
+        let call_bytes = proto::call_trailer(call);
         for (j, part) in parts.into_iter().enumerate() {
             let mut h = Header::new(Tag::Data);
             h.flags = flags;

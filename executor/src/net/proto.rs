@@ -70,6 +70,17 @@ pub(crate) fn read_trailer(flags: u8, bytes: &[u8]) -> (Option<u32>, Option<(u64
     (crc, call)
 }
 
+/// The bytes of the sender's call in a data part's trailer ([`FLAG_CALL`]): number, then
+/// fingerprint, little-endian; zeros without a call.
+pub(crate) fn call_trailer(call: Option<(u64, u64)>) -> [u8; 16] {
+    let mut bytes = [0u8; 16];
+    if let Some((num, print)) = call {
+        bytes[..8].copy_from_slice(&num.to_le_bytes());
+        bytes[8..].copy_from_slice(&print.to_le_bytes());
+    }
+    bytes
+}
+
 /// A decoded frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Header {

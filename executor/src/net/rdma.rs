@@ -523,9 +523,8 @@ unsafe fn encode_part(
         dst[at..at + s.len].copy_from_slice(src);
         at += s.len;
     }
-    if let Some((num, print)) = call {
-        dst[at..at + 8].copy_from_slice(&num.to_le_bytes());
-        dst[at + 8..at + CALL_TRAILER].copy_from_slice(&print.to_le_bytes());
+    if call.is_some() {
+        dst[at..at + CALL_TRAILER].copy_from_slice(&proto::call_trailer(call));
         at += CALL_TRAILER;
     }
     at
@@ -1321,11 +1320,7 @@ fn tcp_send(
     segs: &[Seg],
     call: Option<(u64, u64)>,
 ) -> std::io::Result<()> {
-    let mut call_bytes = [0u8; 16];
-    if let Some((num, print)) = call {
-        call_bytes[..8].copy_from_slice(&num.to_le_bytes());
-        call_bytes[8..].copy_from_slice(&print.to_le_bytes());
-    }
+    let call_bytes = proto::call_trailer(call);
     let parts = proto::split(segs, inner.nsocks);
     let n = parts.len() as u32;
     for (j, part) in parts.iter().enumerate() {
