@@ -602,9 +602,7 @@ impl EngineState {
                     if !self.can_recv(arena, ins.rconn, ll_in) {
                         return Some((ins.recv_peer, RECV));
                     }
-                    if self.checks(ins.rconn)
-                        && !self.check(arena, ins.rconn, ll_in, n as usize * stride)
-                    {
+                    if self.checks() && !self.check(arena, ins.rconn, ll_in, n as usize * stride) {
                         return Some((ins.recv_peer, CORRUPT));
                     }
                     self.recv_into(arena, sc, ins, geo, bufs, k);
@@ -615,7 +613,7 @@ impl EngineState {
                         if !self.can_recv(arena, ins.rconn, ll_in) {
                             return Some((ins.recv_peer, RECV));
                         }
-                        if self.checks(ins.rconn)
+                        if self.checks()
                             && !self.check(arena, ins.rconn, ll_in, n as usize * stride)
                         {
                             return Some((ins.recv_peer, CORRUPT));
@@ -635,7 +633,7 @@ impl EngineState {
                         if !self.can_recv(arena, ins.rconn, ll_in) {
                             return Some((ins.recv_peer, RECV));
                         }
-                        if self.checks(ins.rconn)
+                        if self.checks()
                             && !self.check(arena, ins.rconn, ll_in, n as usize * stride)
                         {
                             return Some((ins.recv_peer, CORRUPT));
@@ -801,10 +799,10 @@ impl EngineState {
         self.call.map_or(0, |(_, print)| print)
     }
 
-    /// Whether messages of `c` are checked before they are read: with checksums, and when
+    /// Whether received messages are checked before they are read: with checksums, and when
     /// calls are compared (every message carries its sender's call).
     #[inline]
-    fn checks(&self, _c: u32) -> bool {
+    fn checks(&self) -> bool {
         self.checksum || self.call.is_some()
     }
 
