@@ -410,7 +410,12 @@ unsafe impl Send for Call {}
 /// The entry for a call: one whose size range covers `bytes` (preferring the requested
 /// placement); failing that, the entry of the collective whose range lies nearest (a
 /// schedule is correct at any size; ranges only say where it is fastest).
-fn lookup(entries: &[Entry], coll: Collective, bytes: u64, in_place: bool) -> Option<usize> {
+pub(crate) fn lookup(
+    entries: &[Entry],
+    coll: Collective,
+    bytes: u64,
+    in_place: bool,
+) -> Option<usize> {
     lookup_where(entries, coll, bytes, in_place, |_| true)
 }
 
@@ -929,9 +934,9 @@ impl Drop for Worker {
 /// concurrently. After a failed call the communicator is poisoned: later calls return
 /// [`ExecError::Poisoned`].
 pub struct Communicator {
-    rank: u32,
-    shared: Arc<Shared>,
-    state: Option<Box<RankState>>,
+    pub(crate) rank: u32,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) state: Option<Box<RankState>>,
     poisoned: Option<String>,
     worker: Option<Worker>,
 }
@@ -999,36 +1004,6 @@ impl Communicator {
         Some(EntryInfo {
             index: e.index,
             algorithm: e.algorithm.clone(),
-            protocol: e.protocol,
-            chunks: e.chunks,
-            in_place: e.in_place,
-        })
-    }
-
-    /// The entry an AllToAllv would replay, as this rank sees the plan (see
-    /// [`crate::alltoallv`]), `bytes` being `n` times its largest block (in bytes): the
-    /// nearest entry it can replay block by block, else the AllToAll entry for `bytes`, whose
-    /// algorithm is then marked `(padded)`.
-    pub fn all_to_all_v_entry(&self, bytes: u64) -> Option<EntryInfo> {
-        let st = self.state.as_ref()?;
-        let n = self.shared.world;
-        let direct = |i: usize| crate::alltoallv::blockwise(&st.entries[i], self.rank, n);
-        let (i, padded) =
-            match lookup_where(&st.entries, Collective::AllToAll, bytes, false, direct) {
-                Some(i) => (i, false),
-                None => (
-                    lookup(&st.entries, Collective::AllToAll, bytes, false)?,
-                    true,
-                ),
-            };
-        let e = &st.entries[i];
-        Some(EntryInfo {
-            index: e.index,
-            algorithm: if padded {
-                format!("{} (padded)", e.algorithm)
-            } else {
-                e.algorithm.clone()
-            },
             protocol: e.protocol,
             chunks: e.chunks,
             in_place: e.in_place,
@@ -1231,7 +1206,7 @@ impl Communicator {
         }
     }
 
-    fn take_state(&mut self) -> Result<Box<RankState>> {
+    pub(crate) fn take_state(&mut self) -> Result<Box<RankState>> {
         if let Some(reason) = &self.poisoned {
             return Err(ExecError::Poisoned {
                 rank: self.rank,
@@ -1244,7 +1219,7 @@ impl Communicator {
         })
     }
 
-    fn finish(&mut self, state: Box<RankState>, res: Result<()>) -> Result<()> {
+    pub(crate) fn finish(&mut self, state: Box<RankState>, res: Result<()>) -> Result<()> {
         self.state = Some(state);
         if let Err(e) = &res
             && !matches!(
@@ -1497,130 +1472,6 @@ impl Communicator {
         /// AllToAll: block `b` of this rank's input goes to block `r` of rank `b`'s output.
         all_to_all, all_to_all_in_place, Collective::AllToAll, plain
     );
-
-    /// AllToAllv (`MPI_Alltoallv`): `send_counts[p]` elements from `send_displs[p]` of this
-    /// rank's input go to rank `p`, which receives them at its `recv_displs[r]`
-    /// (`recv_counts[r]` elements, `r` this rank). Every slice has one entry per rank; counts
-    /// may be zero; send blocks may overlap, receive blocks with elements may not.
-    ///
-    /// Every call first exchanges the counts (a small AllToAll), so counts that disagree
-    /// between a sender and its receiver are an error, [`ExecError::BadBuffers`] naming both
-    /// ranks and their counts, returned by both ranks once the call completes (the blocks of
-    /// that pair move the smaller count; ranks whose pairs agree get their results). See
-    /// [`crate::alltoallv`] for how the plan's AllToAll entries carry blocks of their own
-    /// sizes.
-    #[allow(clippy::too_many_arguments)]
-    pub fn all_to_all_v<T: Element>(
-        &mut self,
-        input: &[T],
-        send_counts: &[usize],
-        send_displs: &[usize],
-        output: &mut [T],
-        recv_counts: &[usize],
-        recv_displs: &[usize],
-    ) -> Result<()> {
-        use crate::alltoallv as v;
-        let mut state = self.take_state()?;
-        let (rank, n) = (self.rank, self.shared.world);
-        let shared = Arc::clone(&self.shared);
-        let res = (|| {
-            let send = v::Side {
-                counts: send_counts,
-                displs: send_displs,
-                len: input.len(),
-            };
-            let recv = v::Side {
-                counts: recv_counts,
-                displs: recv_displs,
-                len: output.len(),
-            };
-            v::check_side(rank, n, send, "send", false)?;
-            v::check_side(rank, n, recv, "receive", true)?;
-            let x = v::exchange(
-                &shared,
-                rank,
-                &mut state,
-                T::DTYPE,
-                send_counts,
-                Some(recv_counts),
-            )?;
-            let (sends, recvs, errs) = v::agree(rank, &x, send_counts, Some(recv_counts));
-            let data = v::Data {
-                kernels: Kernels::new(T::DTYPE, ReduceOp::Sum),
-                dtype: T::DTYPE,
-                input: input.as_ptr().cast(),
-                send_displs,
-                output: output.as_mut_ptr().cast(),
-                recv_displs,
-            };
-            // SAFETY: the blocks were checked against the slices, which this call borrows.
-            unsafe { v::move_blocks(&shared, rank, &mut state, &x, &data, &sends, &recvs)? };
-            v::disagreement(rank, errs)
-        })();
-        self.finish(state, res)
-    }
-
-    /// AllToAllv whose receive counts come from the senders: `send_counts[p]` elements from
-    /// `send_displs[p]` of this rank's input go to rank `p`. Returns the received blocks
-    /// packed in rank order (rank `p`'s at the sum of the counts of the ranks before it) and
-    /// the count received from each rank. Peers may pass either form
-    /// ([`Communicator::all_to_all_v`] checks its receive counts against what comes).
-    pub fn all_to_all_v_exchanged<T: Element>(
-        &mut self,
-        input: &[T],
-        send_counts: &[usize],
-        send_displs: &[usize],
-    ) -> Result<(Vec<T>, Vec<usize>)> {
-        use crate::alltoallv as v;
-        let mut state = self.take_state()?;
-        let (rank, n) = (self.rank, self.shared.world);
-        let shared = Arc::clone(&self.shared);
-        let mut output = Vec::new();
-        let res = (|| {
-            let send = v::Side {
-                counts: send_counts,
-                displs: send_displs,
-                len: input.len(),
-            };
-            v::check_side(rank, n, send, "send", false)?;
-            let x = v::exchange(&shared, rank, &mut state, T::DTYPE, send_counts, None)?;
-            let counts: Vec<usize> = x
-                .from
-                .iter()
-                .map(|&c| usize::try_from(c).unwrap_or(usize::MAX))
-                .collect();
-            let mut displs = Vec::with_capacity(counts.len());
-            let mut total = 0usize;
-            for &c in &counts {
-                displs.push(total);
-                total = total.checked_add(c).ok_or_else(|| {
-                    ExecError::Invalid(format!(
-                        "rank {rank}: alltoallv: the blocks sent to it exceed the address space"
-                    ))
-                })?;
-            }
-            output = vec![T::default(); total];
-            let (sends, recvs, errs) = v::agree(rank, &x, send_counts, None);
-            let data = v::Data {
-                kernels: Kernels::new(T::DTYPE, ReduceOp::Sum),
-                dtype: T::DTYPE,
-                input: input.as_ptr().cast(),
-                send_displs,
-                output: output.as_mut_ptr().cast(),
-                recv_displs: &displs,
-            };
-            // SAFETY: the send blocks were checked against `input`, which this call borrows;
-            // the receive blocks tile `output`.
-            unsafe { v::move_blocks(&shared, rank, &mut state, &x, &data, &sends, &recvs)? };
-            v::disagreement(rank, errs)?;
-            Ok(counts)
-        })();
-        let res = match res {
-            Ok(counts) => self.finish(state, Ok(())).map(|()| counts),
-            Err(e) => self.finish(state, Err(e)).map(|()| Vec::new()),
-        };
-        res.map(|counts| (output, counts))
-    }
 
     /// Broadcast: every output becomes the root's input (which only the root reads).
     pub fn broadcast<T: Element>(

@@ -3,6 +3,7 @@
 //! `HCCL_DEBUG`, `HCCL_TIMEOUT`, `HCCL_SLOT_BYTES`, `HCCL_VERIFY`, `HCCL_CHECK_CALLS`,
 //! `HCCL_CHECKSUM`, `HCCL_TRACE`, `HCCL_TRACE_CALLS`, `HCCL_SHM_DIR` and the network's (see [`crate::net::NetConfig::from_env`]).
 
+use crate::env_vars::env;
 use crate::error::{ExecError, Result};
 use hccl_ir::{PlanFile, Protocol};
 use std::path::{Path, PathBuf};
@@ -287,10 +288,6 @@ fn debug_level(value: &str) -> Result<String> {
             expected: format!("one of {} (any case)", DEBUG_LEVELS.join(", ")),
         })
     }
-}
-
-pub(crate) fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
 /// Installs a `tracing` subscriber at the level `HCCL_DEBUG` names (`WARN`, `INFO`,
