@@ -7,6 +7,7 @@ use crate::dtype::{Element, Kernels, ReduceOp};
 use crate::engine::{AlignedBuf, Bufs, Ctx, EngineState, Geometry, VarBlocks, raise_abort};
 use crate::error::{ExecError, Result};
 use crate::program::{self, ConnTable, Entry};
+use crate::transport::Transport;
 use hccl_ir::{Collective, CollectiveKind, PlanFile, Protocol};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -16,11 +17,12 @@ use std::sync::mpsc;
 pub(crate) struct Shared {
     pub arena: Arc<Arena>,
     /// Connections to ranks on other hosts (process backend), if any.
-    pub net: Option<Arc<crate::net::Net>>,
+    pub net: Option<Arc<dyn Transport>>,
     pub world: u32,
     pub config: Config,
     pub plan_hash: String,
-    /// Whether ranks are processes whose liveness can be checked through their pid.
+    /// Whether ranks are processes (which cannot read each other's buffers: no single-copy
+    /// sends).
     pub check_pids: bool,
     /// See [`Ctx::spin_polls`].
     pub spin_polls: u32,
@@ -28,28 +30,44 @@ pub(crate) struct Shared {
     pub origin: PlanSource,
     /// Where the plan this group runs came from.
     pub plan_origin: PlanOrigin,
-    /// How the survivors of this group meet to shrink it.
-    pub regroup: Regroup,
+    /// What the backend the group runs on provides: where ranks are, whether a rank's
+    /// process lives, how the survivors meet to shrink the group.
+    pub backend: Box<dyn Backend>,
 }
 
 impl Shared {
-    /// The host identity of `rank`: the rendezvous's table for processes, this machine's
-    /// for threads.
+    /// The host identity of `rank` ([`Backend::host_of`]).
     pub(crate) fn host_of(&self, rank: u32) -> String {
-        match &self.regroup {
-            Regroup::Process(rejoin) => rejoin.host_of(rank),
-            Regroup::Threads(_) => crate::net::host_id(),
-        }
+        self.backend.host_of(rank)
     }
 }
 
-/// How the survivors of a group meet to build the group without its failed ranks
-/// ([`Communicator::shrink`]).
-pub(crate) enum Regroup {
-    /// Threads of one process: a meeting point every communicator of the group shares.
-    Threads(Arc<crate::threads::Meeting>),
-    /// Processes: a new rendezvous at the lowest survivor's address.
-    Process(crate::process::Rejoin),
+/// What differs between the backends a group of ranks runs on, besides its region (which
+/// every backend provides as an [`Arena`]) and the transport between hosts
+/// ([`Transport`]). None of it is on the path of a step or a call: the communicator asks
+/// when it names a failed rank's host, when a wait checks a peer's liveness, and to shrink.
+pub(crate) trait Backend: Send + Sync {
+    /// The host identity of `rank`: the rendezvous's table for processes, this machine's
+    /// for threads.
+    fn host_of(&self, rank: u32) -> String;
+
+    /// Whether rank `p`'s process is gone (ranks that are processes publish their pid in the
+    /// region); never for ranks that are threads of this process.
+    fn process_gone(&self, arena: &Arena, p: u32) -> bool;
+
+    /// Rank `me` of this group joins the group of `alive` (the survivors of `failed`, in
+    /// increasing order), whose plan comes from `chosen` (`from`: the source it was chosen
+    /// from), with `config` ([`Communicator::shrink`]): the survivors meet as the backend
+    /// lets them, and each gets its communicator of the new group.
+    fn shrink(
+        &self,
+        me: u32,
+        failed: &[u32],
+        alive: &[u32],
+        chosen: PlanSource,
+        from: PlanSource,
+        config: Config,
+    ) -> Result<Communicator>;
 }
 
 /// The ranks of a `world`-rank group that survive `failed`, in increasing order (their new
@@ -351,7 +369,7 @@ impl RankState {
 
 impl RankState {
     /// Routes this rank's network connections through `net`.
-    pub(crate) fn attach_net(&mut self, net: Arc<crate::net::Net>) {
+    pub(crate) fn attach_net(&mut self, net: Arc<dyn Transport>) {
         self.engine.attach_net(net);
     }
 }
@@ -886,11 +904,8 @@ fn peer_failure(shared: &Shared, p: u32) -> Option<String> {
     if shared.arena.gone(p as usize).load(Ordering::Acquire) != 0 {
         return Some("it left the communicator".into());
     }
-    if shared.check_pids {
-        let pid = shared.arena.pid(p as usize).load(Ordering::Acquire);
-        if pid != 0 && !crate::process::pid_alive(pid) {
-            return Some("it died".into());
-        }
+    if shared.backend.process_gone(&shared.arena, p) {
+        return Some("it died".into());
     }
     None
 }
@@ -1099,14 +1114,10 @@ impl Communicator {
             };
             t.dir = t.dir.join(format!("shrink-without-{without}"));
         }
-        let comm = match &self.shared.regroup {
-            Regroup::Threads(meeting) => {
-                meeting.shrink(me, &failed, &alive, chosen, source, config)?
-            }
-            Regroup::Process(rejoin) => {
-                rejoin.shrink(me, &failed, &alive, chosen, source, config)?
-            }
-        };
+        let comm = self
+            .shared
+            .backend
+            .shrink(me, &failed, &alive, chosen, source, config)?;
         tracing::info!(
             rank = comm.rank(),
             was = me,

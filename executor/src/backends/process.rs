@@ -23,11 +23,12 @@
 //! `SLURM_PROCID`/`SLURM_NTASKS`.
 
 use crate::arena::{Arena, Layout, MAGIC};
-use crate::comm::{Communicator, RankState, Regroup, Shared, check_part, check_plan, next_origin};
+use crate::backends::net::{self, read_str, read_u32, same_secret, write_str};
+use crate::comm::{Backend, Communicator, RankState, Shared, check_part, check_plan, next_origin};
 use crate::config::{Config, PlanOrigin, PlanSource, split_world};
 use crate::error::{ExecError, Result};
-use crate::net::{self, read_str, read_u32, same_secret, write_str};
 use crate::program::ConnTable;
+use crate::transport::Transport;
 use hccl_ir::{PlanFile, PlanPart};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -367,7 +368,7 @@ impl ProcessGroup {
             );
             let made = made?;
             phase?;
-            made.map(Arc::new)
+            made.map(|n| Arc::new(n) as Arc<dyn Transport>)
         } else {
             None
         };
@@ -413,7 +414,7 @@ impl ProcessGroup {
             spin_polls: crate::comm::spin_polls_for(local_ranks(&job.machines, rank)),
             origin: join.origin,
             plan_origin: join.plan_origin,
-            regroup: Regroup::Process(rejoin),
+            backend: Box::new(rejoin),
         });
         Ok(Communicator::new(rank, shared, state))
     }
@@ -475,14 +476,6 @@ pub(crate) struct Rejoin {
 }
 
 impl Rejoin {
-    /// The host identity rank `rank` gave at the rendezvous.
-    pub(crate) fn host_of(&self, rank: u32) -> String {
-        self.hosts
-            .get(rank as usize)
-            .cloned()
-            .unwrap_or_else(|| "?".into())
-    }
-
     /// Where rank `leader` of this group leads a shrink's rendezvous.
     fn leader_addr(&self, me: u32, leader: u32, port: u16) -> Result<SocketAddr> {
         let boot_err = |message: String| ExecError::Bootstrap { rank: me, message };
@@ -507,10 +500,26 @@ impl Rejoin {
         };
         Ok(SocketAddr::new(ip, port))
     }
+}
+
+impl Backend for Rejoin {
+    /// The host identity rank `rank` gave at the rendezvous.
+    fn host_of(&self, rank: u32) -> String {
+        self.hosts
+            .get(rank as usize)
+            .cloned()
+            .unwrap_or_else(|| "?".into())
+    }
+
+    /// Whether the pid rank `p` published in the region names no live process.
+    fn process_gone(&self, arena: &Arena, p: u32) -> bool {
+        let pid = arena.pid(p as usize).load(Ordering::Acquire);
+        pid != 0 && !pid_alive(pid)
+    }
 
     /// Rank `me` of this group joins the group of `alive` (the survivors of `failed`), whose
     /// plan comes from `chosen` (`from`: the source it was chosen from).
-    pub(crate) fn shrink(
+    fn shrink(
         &self,
         me: u32,
         failed: &[u32],

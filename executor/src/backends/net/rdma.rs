@@ -73,9 +73,11 @@
 //! (`tests` below), and so is the negotiation's fallback to TCP (two "hosts" on loopback);
 //! the test that needs a device (a queue pair connected to itself) says it skipped.
 
-use super::proto::{self, HEADER, Header, Inbound, Seg, Tag};
-use super::{ALIVE, DEAD, Dir, Inner, NetConfig, NetKind, Wires};
+use super::proto::{self, HEADER, Header, Inbound, Tag};
+use super::{ALIVE, DEAD, Inner, Wires};
 use crate::arena::Arena;
+use crate::config::{NetConfig, NetKind};
+use crate::transport::{Dir, Seg};
 use hccl_ir::CONNECTION_SLOTS;
 use ibverbs::{CompletionQueue, Context, Gid, GidEntry, MemoryRegion, ProtectionDomain, QueuePair};
 use ibverbs::{PreparedQueuePair, QueuePairEndpoint, ibv_wc};
@@ -1796,7 +1798,7 @@ mod tests {
     /// choices; the results of `ProcessGroup::init_with`.
     fn two_hosts(tag: &str, kinds: [NetKind; 2]) -> Vec<crate::Result<crate::Communicator>> {
         crate::config::init_tracing();
-        let port = crate::process::local_rendezvous_port().expect("a free port");
+        let port = crate::backends::process::local_rendezvous_port().expect("a free port");
         std::thread::scope(|s| {
             let handles: Vec<_> = kinds
                 .iter()

@@ -44,7 +44,7 @@
 //! side (what `r` sends `b` in its input, what it receives from `b` in its output). The
 //! layout is checked first so that both ends of every message agree on its size.
 
-use crate::cuda::CudaError;
+use crate::backends::cuda::CudaError;
 use crate::dtype::ReduceOp;
 use crate::program::{Entry, Kind};
 use hccl_ir::{Buf, Collective, CollectiveKind, Loc};

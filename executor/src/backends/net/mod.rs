@@ -48,8 +48,8 @@ use crate::arena::Arena;
 use crate::engine::raise_abort;
 use crate::error::{ExecError, Result};
 use crate::program::ConnTable;
-use iface::IfSpec;
-use proto::{Header, Inbound, Seg, Tag};
+use crate::transport::{Dir, Seg, Transport};
+use proto::{Header, Inbound, Tag};
 use std::io::{IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
@@ -61,90 +61,8 @@ const DATA_PROTOCOL: u32 = 2;
 const HEARTBEAT_EVERY: Duration = Duration::from_millis(100);
 const SOCKET_BUFFER: usize = 4 << 20;
 const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
-const MAX_NSOCKS: usize = 64;
 
-/// Which network transport carries data between hosts (`HCCL_NET`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NetKind {
-    /// RDMA when compiled in and a device is present, else TCP.
-    Auto,
-    /// TCP sockets.
-    Socket,
-    /// RDMA (InfiniBand / RoCE) through `ibverbs`; an error when unavailable.
-    Ib,
-}
-
-/// Network settings, from the environment.
-#[derive(Debug, Clone)]
-pub struct NetConfig {
-    /// Sockets per pair of ranks on different hosts (`HCCL_NSOCKS`, 1..=64).
-    pub nsocks: usize,
-    /// Threads that write one message's parts concurrently (`HCCL_NTHREADS`, 1..=nsocks).
-    pub nthreads: usize,
-    /// Interfaces allowed for data sockets (`HCCL_SOCKET_IFNAME`).
-    pub ifname: Option<IfSpec>,
-    /// Transport choice (`HCCL_NET=ib|socket`).
-    pub kind: NetKind,
-    /// RDMA device (`HCCL_IB_HCA`, a device name prefix, optionally `:port`).
-    pub ib_hca: Option<String>,
-}
-
-impl Default for NetConfig {
-    fn default() -> NetConfig {
-        NetConfig {
-            nsocks: 1,
-            nthreads: 1,
-            ifname: None,
-            kind: NetKind::Auto,
-            ib_hca: None,
-        }
-    }
-}
-
-impl NetConfig {
-    /// Defaults overridden by `HCCL_NSOCKS`, `HCCL_NTHREADS`, `HCCL_SOCKET_IFNAME`,
-    /// `HCCL_NET` and `HCCL_IB_HCA`.
-    pub fn from_env() -> Result<NetConfig> {
-        let var = |n: &str| std::env::var(n).ok().filter(|v| !v.trim().is_empty());
-        let mut cfg = NetConfig::default();
-        let count = |name: &'static str, v: String, max: usize| {
-            v.trim()
-                .parse::<usize>()
-                .ok()
-                .filter(|n| (1..=max).contains(n))
-                .ok_or_else(|| ExecError::Env {
-                    name,
-                    value: v.clone(),
-                    expected: format!("1 to {max}"),
-                })
-        };
-        if let Some(v) = var("HCCL_NSOCKS") {
-            cfg.nsocks = count("HCCL_NSOCKS", v, MAX_NSOCKS)?;
-        }
-        if let Some(v) = var("HCCL_NTHREADS") {
-            cfg.nthreads = count("HCCL_NTHREADS", v, MAX_NSOCKS)?;
-        }
-        cfg.nthreads = cfg.nthreads.min(cfg.nsocks);
-        if let Some(v) = var("HCCL_SOCKET_IFNAME") {
-            cfg.ifname = Some(IfSpec::parse(&v).map_err(ExecError::Invalid)?);
-        }
-        if let Some(v) = var("HCCL_NET") {
-            cfg.kind = match v.trim().to_ascii_lowercase().as_str() {
-                "ib" | "rdma" => NetKind::Ib,
-                "socket" | "tcp" => NetKind::Socket,
-                _ => {
-                    return Err(ExecError::Env {
-                        name: "HCCL_NET",
-                        value: v,
-                        expected: "ib (or rdma) or socket (or tcp)".into(),
-                    });
-                }
-            };
-        }
-        cfg.ib_hca = var("HCCL_IB_HCA");
-        Ok(cfg)
-    }
-}
+pub use crate::config::{NetConfig, NetKind};
 
 /// This host's identity: `HCCL_HOST_ID`, else [`machine_id`].
 pub fn host_id() -> String {
@@ -187,17 +105,6 @@ pub(crate) fn listen(
 /// failed: half the timeout, within 1–10 s, so that failures are named within the timeout.
 fn silence_for(timeout: Duration) -> Duration {
     (timeout / 2).clamp(Duration::from_secs(1), Duration::from_secs(10))
-}
-
-/// How a connection of the plan relates to this rank's network.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Dir {
-    /// Both ends on this host, or not this rank's connection.
-    Local,
-    /// This rank sends to the peer with this index.
-    Out(u16),
-    /// This rank receives from the peer with this index.
-    In(u16),
 }
 
 /// How connections are named on the wire. Each host numbers only the connections of its
@@ -1610,16 +1517,16 @@ fn keeper_loop(inner: &Inner) {
     }
 }
 
-impl Net {
+impl Transport for Net {
     /// How each connection of the plan relates to the network.
-    pub(crate) fn dirs(&self) -> &[Dir] {
+    fn dirs(&self) -> &[Dir] {
         &self.inner.dirs
     }
 
     /// Sends message `seq` of connection `c` (whose direction is `Out`), made of `segs`.
     /// Returns when the bytes are with the kernel; a failure marks the peer failed and
     /// raises the abort word (the engine reports it at its next wait).
-    pub(crate) fn send(&self, c: u32, seq: u64, segs: &[Seg], call: Option<(u64, u64)>) {
+    fn send(&self, c: u32, seq: u64, segs: &[Seg], call: Option<(u64, u64)>) {
         let Dir::Out(p) = self.inner.dirs[c as usize] else {
             return;
         };
@@ -1726,7 +1633,7 @@ impl Net {
     /// the credit reaches the sender with the next data written to it, or when this rank
     /// waits ([`Net::flush_credits`]). Failures are left to the receiving side, which tells
     /// a peer that left (goodbye, then end of stream) from one that died.
-    pub(crate) fn credit(&self, c: u32, consumed: u64) {
+    fn credit(&self, c: u32, consumed: u64) {
         let Dir::In(p) = self.inner.dirs[c as usize] else {
             return;
         };
@@ -1747,7 +1654,7 @@ impl Net {
     /// waiting for one to send what this rank waits for), and every few waits read from
     /// every peer, not only the one waited for: a peer blocked writing to this rank may be
     /// what the awaited peer waits for, and the receiving threads sleep during calls.
-    pub(crate) fn on_wait(&self) {
+    fn on_wait(&self) {
         self.inner.flush_credits(true);
         if self.waits.fetch_add(1, Ordering::Relaxed).is_multiple_of(4) {
             self.inner.pump_all();
@@ -1757,7 +1664,7 @@ impl Net {
     /// Reads whatever the peer of connection `c` has sent (data, credits) without blocking,
     /// unless its receiving thread is at it already: a waiting engine picks up messages as
     /// soon as they arrive instead of waiting for that thread to be scheduled.
-    pub(crate) fn poll(&self, c: u32) {
+    fn poll(&self, c: u32) {
         let p = match self.inner.dirs[c as usize] {
             Dir::In(p) | Dir::Out(p) => p as usize,
             Dir::Local => return,
@@ -1773,12 +1680,12 @@ impl Net {
     /// A call failed: tell the other hosts now (the process may exit right away, before
     /// the keeper's next look), so that they name the rank that failed first rather than
     /// this one.
-    pub(crate) fn forward_abort(&self) {
+    fn forward_abort(&self) {
         self.inner.forward_abort();
     }
 
     /// The first failed send since the last call of this, if any.
-    pub(crate) fn take_send_failure(&self) -> Option<(u32, String)> {
+    fn take_send_failure(&self) -> Option<(u32, String)> {
         self.inner
             .send_failure
             .lock()
@@ -1787,19 +1694,19 @@ impl Net {
     }
 
     /// A collective call starts: its engine reads the sockets from now on.
-    pub(crate) fn begin_call(&self) {
+    fn begin_call(&self) {
         self.inner.active.store(true, Ordering::Release);
     }
 
     /// The call ended: the receiving threads may read again (they look every
     /// `HEARTBEAT_EVERY`; nothing between calls is urgent, and waking them after every call
     /// would cost two context switches per call).
-    pub(crate) fn end_call(&self) {
+    fn end_call(&self) {
         self.inner.active.store(false, Ordering::Release);
     }
 
     /// `None` while `rank` (on another host) is alive, else why it is not.
-    pub(crate) fn peer_failure(&self, rank: u32) -> Option<String> {
+    fn peer_failure(&self, rank: u32) -> Option<String> {
         let peer = self.inner.peers.iter().find(|p| p.rank == rank)?;
         if peer.state.load(Ordering::Acquire) == ALIVE {
             return None;
@@ -1813,7 +1720,7 @@ impl Net {
     }
 
     /// The host identity of `rank`.
-    pub(crate) fn host_of(&self, rank: u32) -> &str {
+    fn host_of(&self, rank: u32) -> &str {
         self.inner
             .hosts
             .get(rank as usize)
