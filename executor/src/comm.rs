@@ -491,10 +491,127 @@ pub(crate) fn chunk_cap(config: &Config, entry: &Entry, es: usize) -> Result<(us
 }
 
 /// Runs one call on `rank`. Errors leave the caller's output undefined but reported.
+///
+/// Phases: the buffers checked ([`call_elements`]); the call's fingerprint published; its
+/// entry found; the schedule's buffers placed ([`place`]); the segments replayed
+/// ([`replay`]); the call finished ([`finish_call`]).
 pub(crate) fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Result<()> {
-    let n = shared.world as usize;
     let coll = call.collective;
     let es = call.kernels.esize;
+    let (total, blocked) = call_elements(shared, rank, call)?;
+    let n = shared.world as usize;
+    // The call's number and fingerprint, published before anything can make this rank wait
+    // (an empty call included: its peers may wait for a non-empty one). Its placement is
+    // that of the schedule the rank runs: ranks may place their buffers differently as long
+    // as they run the same schedule (the executor adapts each rank's buffers to it).
+    st.calls += 1;
+    let seq = st.calls;
+    let check = shared.config.check_calls;
+    let publish = |in_place: bool| {
+        (check != crate::config::CallCheck::Off).then(|| {
+            let print = match call.print {
+                Some(p) => crate::calls::CallPrint { in_place, ..p },
+                None => crate::calls::CallPrint {
+                    collective: coll,
+                    vary: false,
+                    dtype: call.dtype,
+                    op: call.op,
+                    count: total as u64,
+                    in_place,
+                },
+            }
+            .pack();
+            crate::calls::publish(&shared.arena, rank, seq, print);
+            (seq, print)
+        })
+    };
+    // What is compared when the call ends (`HCCL_CHECK_CALLS=1`).
+    let at_end = |print: Option<(u64, u64)>| {
+        if check == crate::config::CallCheck::EveryCall {
+            check_calls(shared, rank, print)
+        } else {
+            Ok(())
+        }
+    };
+    if total == 0 {
+        return at_end(publish(false));
+    }
+    let count = if blocked { total / n } else { total };
+    let bytes = (total * es) as u64;
+    let Some(ei) = lookup(&st.entries, coll, bytes, call.in_place) else {
+        return Err(no_entry(&shared.config, coll, bytes));
+    };
+    let print = publish(st.entries[ei].in_place);
+    if let Some(t) = st.engine.trace.as_deref_mut() {
+        t.note_call(seq, bytes);
+    }
+    let RankState {
+        calls: _,
+        entries,
+        engine,
+        scratch,
+        stage,
+        ..
+    } = st;
+    let entry = &entries[ei];
+    let cpb = u64::from(if blocked {
+        entry.chunks / shared.world
+    } else {
+        entry.chunks
+    })
+    .max(1);
+    let (cap, ll) = chunk_cap(&shared.config, entry, es)?;
+    let stride = count as u64;
+    let segmax = cap as u64 * cpb;
+    let segs = stride.div_ceil(segmax).max(1);
+    let seglen = stride.div_ceil(segs);
+
+    // SAFETY: the buffers hold the lengths `call_elements` checked; `count` and `total` are
+    // what it computed.
+    let (in_ptr, out_ptr, post_copy) = unsafe { place(call, entry, stage, rank, count, total) };
+    let bufs = Bufs {
+        input: in_ptr,
+        output: out_ptr,
+        scratch: scratch.ptr(),
+    };
+    tracing::trace!(
+        rank,
+        %coll,
+        bytes,
+        entry = entry.index,
+        algorithm = %entry.algorithm,
+        segments = segs,
+        "collective start"
+    );
+    replay(
+        shared,
+        rank,
+        engine,
+        entry,
+        &bufs,
+        &call.kernels,
+        print,
+        Segments {
+            segs,
+            seglen,
+            stride,
+            cpb,
+            ll,
+            var: None,
+        },
+    )?;
+    // SAFETY: as for `place`; `post_copy` is what it returned.
+    unsafe { finish_call(shared, rank, call, post_copy, count, total) };
+    Ok(())
+}
+
+/// The elements of `call`'s whole collective buffer (N), once its root and the lengths of
+/// its buffers are checked against each other, and whether the collective is blocked
+/// (AllGather, ReduceScatter, AllToAll: N divides into one block per rank).
+#[inline]
+fn call_elements(shared: &Shared, rank: u32, call: &Call) -> Result<(usize, bool)> {
+    let n = shared.world as usize;
+    let coll = call.collective;
     let bad = |message: String| ExecError::BadBuffers {
         rank,
         collective: coll,
@@ -552,91 +669,54 @@ pub(crate) fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Cal
             "buffer of {total} elements does not divide into {n} ranks"
         )));
     }
-    // The call's number and fingerprint, published before anything can make this rank wait
-    // (an empty call included: its peers may wait for a non-empty one). Its placement is
-    // that of the schedule the rank runs: ranks may place their buffers differently as long
-    // as they run the same schedule (the executor adapts each rank's buffers to it).
-    st.calls += 1;
-    let seq = st.calls;
-    let check = shared.config.check_calls;
-    let publish = |in_place: bool| {
-        (check != crate::config::CallCheck::Off).then(|| {
-            let print = match call.print {
-                Some(p) => crate::calls::CallPrint { in_place, ..p },
-                None => crate::calls::CallPrint {
-                    collective: coll,
-                    vary: false,
-                    dtype: call.dtype,
-                    op: call.op,
-                    count: total as u64,
-                    in_place,
-                },
-            }
-            .pack();
-            crate::calls::publish(&shared.arena, rank, seq, print);
-            (seq, print)
-        })
-    };
-    // What is compared when the call ends (`HCCL_CHECK_CALLS=1`).
-    let at_end = |print: Option<(u64, u64)>| {
-        if check == crate::config::CallCheck::EveryCall {
-            check_calls(shared, rank, print)
-        } else {
-            Ok(())
-        }
-    };
-    if total == 0 {
-        return at_end(publish(false));
-    }
-    let count = if blocked { total / n } else { total };
-    let bytes = (total * es) as u64;
-    let Some(ei) = lookup(&st.entries, coll, bytes, call.in_place) else {
-        let cfg = &shared.config;
-        let mut filter = String::new();
-        if let Some(algo) = &cfg.algo {
-            filter += &format!(" (HCCL_ALGO={algo})");
-        }
-        if let Some(proto) = cfg.proto {
-            filter += &format!(" (HCCL_PROTO={proto})");
-        }
-        return Err(ExecError::NoEntry {
-            collective: coll,
-            bytes,
-            filter,
-        });
-    };
-    let print = publish(st.entries[ei].in_place);
-    if let Some(t) = st.engine.trace.as_deref_mut() {
-        t.note_call(seq, bytes);
-    }
-    let RankState {
-        calls: _,
-        entries,
-        engine,
-        scratch,
-        stage,
-        ..
-    } = st;
-    let entry = &entries[ei];
-    let cpb = u64::from(if blocked {
-        entry.chunks / shared.world
-    } else {
-        entry.chunks
-    })
-    .max(1);
-    let (cap, ll) = chunk_cap(&shared.config, entry, es)?;
-    let stride = count as u64;
-    let segmax = cap as u64 * cpb;
-    let segs = stride.div_ceil(segmax).max(1);
-    let seglen = stride.div_ceil(segs);
+    Ok((total, blocked))
+}
 
-    // Placement adaptation: point the schedule's Input/Output at the right memory.
+/// The error for a call no entry of the plan serves, naming the entry filters in force.
+#[cold]
+fn no_entry(cfg: &Config, collective: Collective, bytes: u64) -> ExecError {
+    let mut filter = String::new();
+    if let Some(algo) = &cfg.algo {
+        filter += &format!(" (HCCL_ALGO={algo})");
+    }
+    if let Some(proto) = cfg.proto {
+        filter += &format!(" (HCCL_PROTO={proto})");
+    }
+    ExecError::NoEntry {
+        collective,
+        bytes,
+        filter,
+    }
+}
+
+/// Placement adaptation: where the schedule's Input and Output point for `call` replayed
+/// by `entry` (an in-place call on an out-of-place schedule and vice versa), after copying
+/// into `stage` or the output what that placement needs first; and the copy that ends the
+/// call, if any (source, destination, bytes). `count` and `total` are the elements of a
+/// block and of the whole buffer.
+///
+/// # Safety
+///
+/// `call`'s buffers hold the elements [`call_elements`] checked, `count` and `total` being
+/// what it computed.
+#[inline]
+#[allow(clippy::type_complexity)]
+unsafe fn place(
+    call: &Call,
+    entry: &Entry,
+    stage: &mut AlignedBuf,
+    rank: u32,
+    count: usize,
+    total: usize,
+) -> (*mut u8, *mut u8, Option<(*const u8, *mut u8, usize)>) {
+    let kind = call.collective.kind();
+    let es = call.kernels.esize;
     let r_off = rank as usize * count * es;
     let input = call.input.cast_mut();
     let output = call.output;
     let mut post_copy: Option<(*const u8, *mut u8, usize)> = None;
-    // SAFETY: all pointer arithmetic stays inside the caller's buffers (lengths checked
-    // above) or the stage buffer reserved right before it is used.
+    // SAFETY: all pointer arithmetic stays inside the caller's buffers (lengths checked by
+    // `call_elements`) or the stage buffer reserved right before it is used.
     let (in_ptr, out_ptr) = unsafe {
         match (call.in_place, entry.in_place) {
             (false, false) => {
@@ -688,38 +768,29 @@ pub(crate) fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Cal
             },
         }
     };
-    let bufs = Bufs {
-        input: in_ptr,
-        output: out_ptr,
-        scratch: scratch.ptr(),
-    };
-    tracing::trace!(
-        rank,
-        %coll,
-        bytes,
-        entry = entry.index,
-        algorithm = %entry.algorithm,
-        segments = segs,
-        "collective start"
-    );
-    replay(
-        shared,
-        rank,
-        engine,
-        entry,
-        &bufs,
-        &call.kernels,
-        print,
-        Segments {
-            segs,
-            seglen,
-            stride,
-            cpb,
-            ll,
-            var: None,
-        },
-    )?;
-    // SAFETY: as above.
+    (in_ptr, out_ptr, post_copy)
+}
+
+/// The end of a call: the copy [`place`] left (`post_copy`), then the finishing pass of
+/// `avg` (a division by the world size) over what this rank's output holds of the result.
+///
+/// # Safety
+///
+/// As for [`place`], `post_copy` being what it returned.
+#[inline]
+unsafe fn finish_call(
+    shared: &Shared,
+    rank: u32,
+    call: &Call,
+    post_copy: Option<(*const u8, *mut u8, usize)>,
+    count: usize,
+    total: usize,
+) {
+    let coll = call.collective;
+    let kind = coll.kind();
+    let output = call.output;
+    let r_off = rank as usize * count * call.kernels.esize;
+    // SAFETY: see the function's contract.
     unsafe {
         if let Some((src, dst, len)) = post_copy {
             crate::copy::copy(dst, src, len);
@@ -738,7 +809,6 @@ pub(crate) fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Cal
             }
         }
     }
-    Ok(())
 }
 
 /// How a call is cut into segments (see [`crate::engine`]).
