@@ -348,9 +348,7 @@ fn parts(op: Op) -> (Kind, Option<Loc>, Option<Loc>) {
         Op::Recv { dst, .. } => (Kind::Recv, None, Some(dst)),
         Op::RecvReduceCopy { src, dst, .. } => (Kind::RecvReduceCopy, Some(src), Some(dst)),
         Op::RecvReduceSend { src, .. } => (Kind::RecvReduceSend, Some(src), None),
-        Op::RecvReduceCopySend { src, dst, .. } => {
-            (Kind::RecvReduceCopySend, Some(src), Some(dst))
-        }
+        Op::RecvReduceCopySend { src, dst, .. } => (Kind::RecvReduceCopySend, Some(src), Some(dst)),
         Op::RecvCopySend { dst, .. } => (Kind::RecvCopySend, None, Some(dst)),
         Op::Copy { src, dst } => (Kind::Copy, Some(src), Some(dst)),
         Op::Reduce { src, dst } => (Kind::Reduce, Some(src), Some(dst)),

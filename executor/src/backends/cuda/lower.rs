@@ -44,9 +44,9 @@
 //! side (what `r` sends `b` in its input, what it receives from `b` in its output). The
 //! layout is checked first so that both ends of every message agree on its size.
 
-use crate::backends::cuda::CudaError;
+use super::CudaError;
 use crate::dtype::ReduceOp;
-use crate::program::{Entry, Kind};
+use crate::program::{Entry, Instr, Kind};
 use hccl_ir::{Buf, Collective, CollectiveKind, Loc};
 use std::collections::{BTreeMap, VecDeque};
 
@@ -481,6 +481,12 @@ pub(crate) fn lower_v(
     Ok(low)
 }
 
+/// Lowers `entries` for a call of `shape` (`var`: the blocks of an AllToAllv), with devices
+/// placed as `place` says.
+///
+/// Phases: the steps as nodes on queues ([`Graph::new`]); where each rank's buffers live
+/// ([`place_buffers`]); messages paired ([`pair_messages`]); the order of issue and what
+/// each node waits for ([`order_nodes`]); the commands ([`emit`], [`emit_tail`]).
 fn lower_with(
     entries: &[Entry],
     shape: &CallShape,
@@ -516,51 +522,118 @@ fn lower_with(
         maxc: (blk as u64).div_ceil(cpb) as usize,
         var,
     };
+
+    let g = Graph::new(entries);
+    let placed = place_buffers(entries, shape, blk);
+    let (incoming, outgoing) = pair_messages(&g)?;
+    let links = (incoming.as_slice(), outgoing.as_slice());
+    let ord = order_nodes(&g, &geo, &placed.bases, links, place)?;
+    let Emitted {
+        mut em,
+        staging,
+        scratch_bytes,
+    } = emit(&g, &geo, &placed, links, &ord)?;
+    emit_tail(&mut em, &g, shape, &placed, blk);
+    Ok(Lowered {
+        queues: g.queues,
+        events: em.events,
+        cmds: em.cmds,
+        staging,
+        send_bytes: placed.send_bytes,
+        recv_bytes: shape.total * es,
+        scratch_bytes,
+        temp_bytes: placed.temp_bytes,
+        staged_for_order: ord.staged_for_order,
+    })
+}
+
+/// The steps of a lowering as nodes: one per step of every rank, on one queue per stream
+/// of each rank (a rank without streams still gets one, its first).
+struct Graph<'a> {
+    entries: &'a [Entry],
+    queues: Vec<Queue>,
+    /// Per rank: its first queue.
+    first_queue: Vec<u32>,
+    nodes: Vec<Node>,
+    /// The node of (rank, stream, step).
+    node_of: Vec<Vec<Vec<NodeId>>>,
+}
+
+impl<'a> Graph<'a> {
+    fn new(entries: &'a [Entry]) -> Graph<'a> {
+        let n = entries.len();
+        let mut queues = Vec::new();
+        let mut first_queue = Vec::with_capacity(n);
+        let mut nodes: Vec<Node> = Vec::new();
+        // node index of (rank, stream, step)
+        let mut node_of: Vec<Vec<Vec<NodeId>>> = Vec::with_capacity(n);
+        for (r, e) in entries.iter().enumerate() {
+            first_queue.push(queues.len() as u32);
+            let mut per_stream = Vec::new();
+            for (s, steps) in e.program.streams.iter().enumerate() {
+                let q = queues.len() as u32;
+                queues.push(Queue {
+                    rank: r as u32,
+                    stream: s as u32,
+                });
+                let mut ids = Vec::with_capacity(steps.len());
+                for t in 0..steps.len() {
+                    ids.push(nodes.len());
+                    nodes.push(Node {
+                        rank: r as u32,
+                        queue: q,
+                        stream: s as u32,
+                        step: t as u32,
+                    });
+                }
+                per_stream.push(ids);
+            }
+            if e.program.streams.is_empty() {
+                queues.push(Queue {
+                    rank: r as u32,
+                    stream: 0,
+                });
+            }
+            node_of.push(per_stream);
+        }
+        Graph {
+            entries,
+            queues,
+            first_queue,
+            nodes,
+            node_of,
+        }
+    }
+
+    /// The step node `id` stands for.
+    fn instr(&self, id: NodeId) -> &'a Instr {
+        let nd = &self.nodes[id];
+        &self.entries[nd.rank as usize].program.streams[nd.stream as usize][nd.step as usize]
+    }
+}
+
+/// Where each rank's Input and Output live for a call of `shape` on a schedule whose
+/// placement is `scheduled_in_place` (an in-place call on an out-of-place schedule and vice
+/// versa), with the copies before (prologue) and after (epilogue) the schedule that this
+/// takes, and the temporary and send buffers it needs.
+struct Placed {
+    bases: Vec<Bases>,
+    /// Per rank: (destination, source) copies before the schedule.
+    prologue: Vec<Vec<(Span, Span)>>,
+    /// Per rank: (destination, source) copies after it.
+    epilogue: Vec<Vec<(Span, Span)>>,
+    temp_bytes: usize,
+    send_bytes: usize,
+}
+
+/// [`Placed`] for `entries` (`n` ranks, blocks of `blk` elements of `es` bytes).
+fn place_buffers(entries: &[Entry], shape: &CallShape, blk: usize) -> Placed {
+    let n = entries.len() as u32;
+    let es = shape.esize;
     let kind = shape.collective.kind();
     let (in_elems, _) = shape.extents(n);
     let total_bytes = shape.total * es;
-
-    // ---- queues and nodes ----
-    let mut queues = Vec::new();
-    let mut first_queue = Vec::with_capacity(n as usize);
-    let mut nodes: Vec<Node> = Vec::new();
-    // node index of (rank, stream, step)
-    let mut node_of: Vec<Vec<Vec<NodeId>>> = Vec::with_capacity(n as usize);
-    for (r, e) in entries.iter().enumerate() {
-        first_queue.push(queues.len() as u32);
-        let mut per_stream = Vec::new();
-        for (s, steps) in e.program.streams.iter().enumerate() {
-            let q = queues.len() as u32;
-            queues.push(Queue {
-                rank: r as u32,
-                stream: s as u32,
-            });
-            let mut ids = Vec::with_capacity(steps.len());
-            for t in 0..steps.len() {
-                ids.push(nodes.len());
-                nodes.push(Node {
-                    rank: r as u32,
-                    queue: q,
-                    stream: s as u32,
-                    step: t as u32,
-                });
-            }
-            per_stream.push(ids);
-        }
-        if e.program.streams.is_empty() {
-            queues.push(Queue {
-                rank: r as u32,
-                stream: 0,
-            });
-        }
-        node_of.push(per_stream);
-    }
-    let instr = |id: NodeId| {
-        let nd = &nodes[id];
-        &entries[nd.rank as usize].program.streams[nd.stream as usize][nd.step as usize]
-    };
-
-    // ---- placement: where Input/Output live, prologue/epilogue copies ----
+    let scheduled_in_place = entries.first().is_some_and(|e| e.in_place);
     let writes_input = entries.iter().any(|e| e.program.writes_input);
     let mut temp_bytes = 0usize;
     let mut send_bytes = 0usize;
@@ -573,7 +646,7 @@ fn lower_with(
         let send = Mem::Send(r);
         let temp = Mem::Temp(r);
         let sp = |mem, off, len| Span { mem, off, len };
-        let b = match (shape.in_place, first.in_place) {
+        let b = match (shape.in_place, scheduled_in_place) {
             (false, false) => {
                 send_bytes = in_elems * es;
                 if writes_input {
@@ -667,7 +740,21 @@ fn lower_with(
         bases.push(b);
     }
 
-    // ---- message pairing ----
+    Placed {
+        bases,
+        prologue,
+        epilogue,
+        temp_bytes,
+        send_bytes,
+    }
+}
+
+/// Pairs every receiving node with the sending node whose message it receives (the k-th
+/// receive of a connection meets its k-th send): per node, the sender of its incoming
+/// message and the receiver of its outgoing one.
+#[allow(clippy::type_complexity)]
+fn pair_messages(g: &Graph) -> Result<(Vec<Option<NodeId>>, Vec<Option<NodeId>>), CudaError> {
+    let (nodes, instr) = (&g.nodes, |id| g.instr(id));
     // Connection index (one per (from, to, channel)) -> FIFO of sender nodes, then matched by
     // receivers in stream order.
     let mut sends: BTreeMap<u32, VecDeque<NodeId>> = BTreeMap::new();
@@ -728,7 +815,34 @@ fn lower_with(
         ));
     }
 
-    // ---- base edges: stream order, deps, messages ----
+    Ok((incoming, outgoing))
+}
+
+/// The order nodes are issued in and what each waits for, and which messages the sender
+/// stages (copies to a staging area of the receiver's).
+struct Ordered {
+    order: Vec<NodeId>,
+    /// Per node: the nodes it waits for (stream order, dependencies, messages, and
+    /// write-after-read for direct messages).
+    all_preds: Vec<Vec<NodeId>>,
+    staged: Vec<bool>,
+    /// Messages staged only because reading them directly would order steps in a cycle.
+    staged_for_order: usize,
+}
+
+/// [`Ordered`] for the nodes of `g`: base edges (stream order, dependencies, messages);
+/// messages across devices without peer access staged; write-after-read edges for messages
+/// read directly from the sender's memory (or, when those close a cycle, those messages
+/// staged too).
+fn order_nodes(
+    g: &Graph,
+    geo: &Geo,
+    bases: &[Bases],
+    (incoming, outgoing): (&[Option<NodeId>], &[Option<NodeId>]),
+    place: &dyn Placement,
+) -> Result<Ordered, CudaError> {
+    let n = g.entries.len() as u32;
+    let (entries, nodes, node_of, instr) = (g.entries, &g.nodes, &g.node_of, |id| g.instr(id));
     let mut preds: Vec<Vec<NodeId>> = vec![Vec::new(); nodes.len()];
     for (id, nd) in nodes.iter().enumerate() {
         if nd.step > 0 {
@@ -756,7 +870,7 @@ fn lower_with(
             | Kind::RecvCopySend
             | Kind::Copy
             | Kind::Reduce => (0..ins.count)
-                .map(|i| span_of(&geo, b, nd.rank, ins.dst, i))
+                .map(|i| span_of(geo, b, nd.rank, ins.dst, i))
                 .collect(),
             _ => Vec::new(),
         }
@@ -773,7 +887,7 @@ fn lower_with(
         };
         Some(
             (0..ins.count)
-                .map(|i| span_of(&geo, b, nd.rank, loc, i))
+                .map(|i| span_of(geo, b, nd.rank, loc, i))
                 .collect(),
         )
     };
@@ -845,7 +959,46 @@ fn lower_with(
         }
     }
 
-    // ---- emission ----
+    Ok(Ordered {
+        order,
+        all_preds,
+        staged,
+        staged_for_order,
+    })
+}
+
+/// What emission produces besides the commands: the staging areas (owner rank, bytes) and
+/// each rank's scratch bytes.
+struct Emitted {
+    em: Emitter,
+    staging: Vec<(u32, usize)>,
+    scratch_bytes: Vec<usize>,
+}
+
+/// Emits the commands: the prologue copies on each rank's first queue (its other queues
+/// waiting for them), then every node in `ord.order`, after waits for its predecessors on
+/// other queues, with the copies and reductions of its step and the staging of its
+/// outgoing message.
+fn emit(
+    g: &Graph,
+    geo: &Geo,
+    placed: &Placed,
+    (incoming, outgoing): (&[Option<NodeId>], &[Option<NodeId>]),
+    ord: &Ordered,
+) -> Result<Emitted, CudaError> {
+    let n = g.entries.len() as u32;
+    let es = geo.esize;
+    let (entries, nodes, queues, first_queue, instr) =
+        (g.entries, &g.nodes, &g.queues, &g.first_queue, |id| {
+            g.instr(id)
+        });
+    let (bases, prologue) = (&placed.bases, &placed.prologue);
+    let Ordered {
+        order,
+        all_preds,
+        staged,
+        ..
+    } = ord;
     let mut em = Emitter {
         cmds: Vec::new(),
         events: 0,
@@ -884,7 +1037,7 @@ fn lower_with(
     for (r, e) in entries.iter().enumerate() {
         scratch_bytes[r] = e.program.scratch_chunks as usize * geo.maxc * es;
     }
-    for &id in &order {
+    for &id in order {
         let nd = &nodes[id];
         let q = nd.queue;
         for &p in &all_preds[id] {
@@ -897,73 +1050,9 @@ fn lower_with(
         }
         let ins = instr(id);
         let b = &bases[nd.rank as usize];
-        let span = |loc: Loc, i: u32| span_of(&geo, b, nd.rank, loc, i);
+        let span = |loc: Loc, i: u32| span_of(geo, b, nd.rank, loc, i);
         let message = incoming[id].map(|s| msg[s].clone().unwrap_or_default());
-        let mut produced: Option<Vec<Span>> = None;
-        match ins.kind {
-            Kind::Nop | Kind::Send => {}
-            Kind::Copy => {
-                for i in 0..ins.count {
-                    let (s, d) = (span(ins.src, i), span(ins.dst, i));
-                    let len = s.len.min(d.len);
-                    em.copy(q, d.with_len(len), s.with_len(len));
-                }
-            }
-            Kind::Reduce => {
-                for i in 0..ins.count {
-                    let (s, d) = (span(ins.src, i), span(ins.dst, i));
-                    let len = s.len.min(d.len);
-                    em.reduce(q, d.with_len(len), d.with_len(len), s.with_len(len));
-                }
-            }
-            Kind::Recv | Kind::RecvCopySend => {
-                let m = message.unwrap_or_default();
-                let mut out = Vec::new();
-                for i in 0..ins.count {
-                    let d = span(ins.dst, i);
-                    let len = m.get(i as usize).map_or(0, |x| x.len).min(d.len);
-                    if let Some(x) = m.get(i as usize) {
-                        em.copy(q, d.with_len(len), x.with_len(len));
-                    }
-                    out.push(d.with_len(len));
-                }
-                produced = Some(out);
-            }
-            Kind::RecvReduceCopy | Kind::RecvReduceCopySend => {
-                let m = message.unwrap_or_default();
-                let mut out = Vec::new();
-                for i in 0..ins.count {
-                    let (s, d) = (span(ins.src, i), span(ins.dst, i));
-                    let len = m.get(i as usize).map_or(0, |x| x.len).min(d.len).min(s.len);
-                    if let Some(x) = m.get(i as usize) {
-                        em.reduce(q, d.with_len(len), x.with_len(len), s.with_len(len));
-                    }
-                    out.push(d.with_len(len));
-                }
-                produced = Some(out);
-            }
-            Kind::RecvReduceSend => {
-                let m = message.unwrap_or_default();
-                let chunk = geo.maxc * es;
-                let area = Mem::Staging(staging.len() as u32);
-                staging.push((nd.rank, (ins.count as usize * chunk).max(1)));
-                let mut out = Vec::new();
-                for i in 0..ins.count {
-                    let s = span(ins.src, i);
-                    let len = m.get(i as usize).map_or(0, |x| x.len).min(s.len);
-                    let d = Span {
-                        mem: area,
-                        off: i as usize * chunk,
-                        len,
-                    };
-                    if let Some(x) = m.get(i as usize) {
-                        em.reduce(q, d, x.with_len(len), s.with_len(len));
-                    }
-                    out.push(d);
-                }
-                produced = Some(out);
-            }
-        }
+        let produced = emit_step(&mut em, q, ins, &span, message, &mut staging, geo, nd.rank);
         // The message this node sends, if any.
         if let Some(v) = outgoing[id] {
             let mut spans = match ins.kind {
@@ -997,7 +1086,107 @@ fn lower_with(
         }
     }
 
-    // ---- finish: epilogue copies and the avg division, after every queue is done ----
+    Ok(Emitted {
+        em,
+        staging,
+        scratch_bytes,
+    })
+}
+
+/// Emits the copies and reductions of step `ins` on queue `q` (`span`: its operands'
+/// spans, `message`: the spans of its incoming message); what it produces for a message it
+/// sends on (its destination, or a staging area of rank `rank`'s for a reduction that is
+/// only sent).
+#[allow(clippy::too_many_arguments)]
+fn emit_step(
+    em: &mut Emitter,
+    q: u32,
+    ins: &Instr,
+    span: &impl Fn(Loc, u32) -> Span,
+    message: Option<Vec<Span>>,
+    staging: &mut Vec<(u32, usize)>,
+    geo: &Geo,
+    rank: u32,
+) -> Option<Vec<Span>> {
+    let es = geo.esize;
+    match ins.kind {
+        Kind::Nop | Kind::Send => None,
+        Kind::Copy => {
+            for i in 0..ins.count {
+                let (s, d) = (span(ins.src, i), span(ins.dst, i));
+                let len = s.len.min(d.len);
+                em.copy(q, d.with_len(len), s.with_len(len));
+            }
+            None
+        }
+        Kind::Reduce => {
+            for i in 0..ins.count {
+                let (s, d) = (span(ins.src, i), span(ins.dst, i));
+                let len = s.len.min(d.len);
+                em.reduce(q, d.with_len(len), d.with_len(len), s.with_len(len));
+            }
+            None
+        }
+        Kind::Recv | Kind::RecvCopySend => {
+            let m = message.unwrap_or_default();
+            let mut out = Vec::new();
+            for i in 0..ins.count {
+                let d = span(ins.dst, i);
+                let len = m.get(i as usize).map_or(0, |x| x.len).min(d.len);
+                if let Some(x) = m.get(i as usize) {
+                    em.copy(q, d.with_len(len), x.with_len(len));
+                }
+                out.push(d.with_len(len));
+            }
+            Some(out)
+        }
+        Kind::RecvReduceCopy | Kind::RecvReduceCopySend => {
+            let m = message.unwrap_or_default();
+            let mut out = Vec::new();
+            for i in 0..ins.count {
+                let (s, d) = (span(ins.src, i), span(ins.dst, i));
+                let len = m.get(i as usize).map_or(0, |x| x.len).min(d.len).min(s.len);
+                if let Some(x) = m.get(i as usize) {
+                    em.reduce(q, d.with_len(len), x.with_len(len), s.with_len(len));
+                }
+                out.push(d.with_len(len));
+            }
+            Some(out)
+        }
+        Kind::RecvReduceSend => {
+            let m = message.unwrap_or_default();
+            let chunk = geo.maxc * es;
+            let area = Mem::Staging(staging.len() as u32);
+            staging.push((rank, (ins.count as usize * chunk).max(1)));
+            let mut out = Vec::new();
+            for i in 0..ins.count {
+                let s = span(ins.src, i);
+                let len = m.get(i as usize).map_or(0, |x| x.len).min(s.len);
+                let d = Span {
+                    mem: area,
+                    off: i as usize * chunk,
+                    len,
+                };
+                if let Some(x) = m.get(i as usize) {
+                    em.reduce(q, d, x.with_len(len), s.with_len(len));
+                }
+                out.push(d);
+            }
+            Some(out)
+        }
+    }
+}
+
+/// Emits the end of the call: the epilogue copies and the `avg` division, on each rank's
+/// first queue once every queue is done (other ranks may still read this rank's output
+/// directly).
+fn emit_tail(em: &mut Emitter, g: &Graph, shape: &CallShape, placed: &Placed, blk: usize) {
+    let n = g.entries.len() as u32;
+    let es = shape.esize;
+    let kind = shape.collective.kind();
+    let total_bytes = shape.total * es;
+    let (queues, first_queue) = (&g.queues, &g.first_queue);
+    let (bases, epilogue) = (&placed.bases, &placed.epilogue);
     let divide = shape.op == ReduceOp::Avg && kind.reduces();
     let has_tail = divide || epilogue.iter().any(|e| !e.is_empty());
     if has_tail {
@@ -1041,17 +1230,6 @@ fn lower_with(
             }
         }
     }
-    Ok(Lowered {
-        queues,
-        events: em.events,
-        cmds: em.cmds,
-        staging,
-        send_bytes,
-        recv_bytes: total_bytes,
-        scratch_bytes,
-        temp_bytes,
-        staged_for_order,
-    })
 }
 
 fn bad_step(nd: &Node, message: String) -> CudaError {
