@@ -307,9 +307,91 @@ fn tune(s: &TcpStream) {
 
 /// Opens the data connections to every rank on another host that shares a connection
 /// with this one. `Ok(None)` when there is none (a one-host job pays nothing).
+///
+/// Phases: the peers ([`remote_peers`]); the authenticated sockets, dialled to higher ranks
+/// and accepted from lower ones ([`open_sockets`]); how each connection of the plan
+/// relates to them ([`routes`]); RDMA, when chosen, set up over them; the receiving,
+/// sending and keeper threads started ([`start_threads`]).
 pub(crate) fn connect(mut setup: Setup<'_>) -> Result<Option<Net>> {
     let me = setup.me;
     let boot_err = |message: String| ExecError::Bootstrap { rank: me, message };
+    let (ranks, peer_of) = remote_peers(&setup);
+    if ranks.is_empty() {
+        return Ok(None);
+    }
+    #[cfg(not(feature = "rdma"))]
+    if setup.cfg.kind == NetKind::Ib {
+        return Err(boot_err(
+            "HCCL_NET=ib: this build has no RDMA support (build with --features rdma)".into(),
+        ));
+    }
+    #[cfg(not(feature = "rdma"))]
+    if setup.cfg.kind == NetKind::Auto {
+        tracing::info!(rank = me, "built without RDMA; using TCP");
+    }
+    let listener = setup.listener.take().ok_or_else(|| {
+        boot_err("ranks on other hosts need a data listener but none could be opened".into())
+    })?;
+    let nsocks = setup.cfg.nsocks;
+    let peers = open_sockets(&setup, &listener, &ranks, &peer_of)?;
+    let (dirs, channels) = routes(&setup, &peer_of);
+    let inner = Arc::new(Inner::new(
+        (me, setup.world),
+        setup.hosts.to_vec(),
+        setup.arena,
+        peers,
+        dirs,
+        channels,
+        (setup.slot_bytes, nsocks, setup.checksum),
+        silence_for(setup.timeout),
+    ));
+    // RDMA, when chosen, is set up over the authenticated TCP sockets (queue-pair
+    // information travels on socket 0 of each peer) before their receiving threads start.
+    #[cfg(feature = "rdma")]
+    let ib = rdma::Links::establish(&inner, setup.cfg).map_err(boot_err)?;
+    // From here on every socket is non-blocking (see `write_all_nb` and `pump`).
+    for peer in &inner.peers {
+        for sock in &peer.socks {
+            sock.read
+                .set_nonblocking(true)
+                .map_err(|e| boot_err(format!("configuring a socket: {e}")))?;
+        }
+    }
+    let Threads {
+        threads,
+        helpers,
+        done_rx,
+        keeper,
+    } = start_threads(&inner, setup.cfg.nthreads)
+        .map_err(|e| boot_err(format!("starting a network thread: {e}")))?;
+    #[cfg(feature = "rdma")]
+    let transport = if ib.is_some() { "RDMA" } else { "TCP" };
+    #[cfg(not(feature = "rdma"))]
+    let transport = "TCP";
+    tracing::info!(
+        rank = me,
+        peers = inner.peers.len(),
+        nsocks,
+        nthreads = setup.cfg.nthreads,
+        transport,
+        "network connections ready"
+    );
+    Ok(Some(Net {
+        inner,
+        helpers,
+        helper_done: Mutex::new(done_rx),
+        threads,
+        keeper: Some(keeper),
+        #[cfg(feature = "rdma")]
+        ib,
+        waits: std::sync::atomic::AtomicU32::new(0),
+    }))
+}
+
+/// The ranks on other hosts that share a connection of the plan with this rank, in
+/// increasing order, and per rank of the job its index among them.
+fn remote_peers(setup: &Setup<'_>) -> (Vec<u32>, Vec<Option<u16>>) {
+    let me = setup.me;
     let mine = &setup.hosts[me as usize];
     let mut peer_of: Vec<Option<u16>> = vec![None; setup.world as usize];
     let mut ranks: Vec<u32> = Vec::new();
@@ -326,26 +408,24 @@ pub(crate) fn connect(mut setup: Setup<'_>) -> Result<Option<Net>> {
             ranks.push(other);
         }
     }
-    if ranks.is_empty() {
-        return Ok(None);
-    }
     ranks.sort_unstable();
     for (i, r) in ranks.iter().enumerate() {
         peer_of[*r as usize] = Some(i as u16);
     }
-    #[cfg(not(feature = "rdma"))]
-    if setup.cfg.kind == NetKind::Ib {
-        return Err(boot_err(
-            "HCCL_NET=ib: this build has no RDMA support (build with --features rdma)".into(),
-        ));
-    }
-    #[cfg(not(feature = "rdma"))]
-    if setup.cfg.kind == NetKind::Auto {
-        tracing::info!(rank = me, "built without RDMA; using TCP");
-    }
-    let listener = setup.listener.take().ok_or_else(|| {
-        boot_err("ranks on other hosts need a data listener but none could be opened".into())
-    })?;
+    (ranks, peer_of)
+}
+
+/// The `HCCL_NSOCKS` sockets to each of `ranks` (their indices: `peer_of`): this rank dials
+/// the higher ranks while a thread accepts the lower ones on `listener`; each socket tuned,
+/// blocking, with its write half duplicated.
+fn open_sockets(
+    setup: &Setup<'_>,
+    listener: &TcpListener,
+    ranks: &[u32],
+    peer_of: &[Option<u16>],
+) -> Result<Vec<Peer>> {
+    let me = setup.me;
+    let boot_err = |message: String| ExecError::Bootstrap { rank: me, message };
     let nsocks = setup.cfg.nsocks;
     // Sockets per peer, by socket index.
     let mut socks: Vec<Vec<Option<TcpStream>>> = ranks
@@ -355,12 +435,12 @@ pub(crate) fn connect(mut setup: Setup<'_>) -> Result<Option<Net>> {
     let lower: Vec<u32> = ranks.iter().copied().filter(|&r| r < me).collect();
     let higher: Vec<u32> = ranks.iter().copied().filter(|&r| r > me).collect();
     let accepted = std::thread::scope(|scope| {
-        let acceptor = scope.spawn(|| accept_all(&setup, &listener, &lower, nsocks));
+        let acceptor = scope.spawn(|| accept_all(setup, listener, &lower, nsocks));
         let mut out: Result<()> = Ok(());
         'peers: for &p in &higher {
             let row = &mut socks[peer_of[p as usize].unwrap_or(0) as usize];
             for (s, slot) in row.iter_mut().enumerate() {
-                match dial(&setup, p, s) {
+                match dial(setup, p, s) {
                     Ok(stream) => *slot = Some(stream),
                     Err(e) => {
                         out = Err(e);
@@ -408,6 +488,13 @@ pub(crate) fn connect(mut setup: Setup<'_>) -> Result<Option<Net>> {
             last_recv: AtomicU64::new(0),
         });
     }
+    Ok(peers)
+}
+
+/// How each connection of the plan relates to the network (its direction and peer index),
+/// and its channel.
+fn routes(setup: &Setup<'_>, peer_of: &[Option<u16>]) -> (Vec<Dir>, Vec<u32>) {
+    let me = setup.me;
     let mut dirs = vec![Dir::Local; setup.conns.len()];
     let mut channels = vec![0u32; setup.conns.len()];
     for ((from, to, channel), c) in setup.conns.iter() {
@@ -422,48 +509,42 @@ pub(crate) fn connect(mut setup: Setup<'_>) -> Result<Option<Net>> {
             dirs[c as usize] = Dir::In(p);
         }
     }
-    let inner = Arc::new(Inner::new(
-        (me, setup.world),
-        setup.hosts.to_vec(),
-        setup.arena,
-        peers,
-        dirs,
-        channels,
-        (setup.slot_bytes, nsocks, setup.checksum),
-        silence_for(setup.timeout),
-    ));
-    // RDMA, when chosen, is set up over the authenticated TCP sockets (queue-pair
-    // information travels on socket 0 of each peer) before their receiving threads start.
-    #[cfg(feature = "rdma")]
-    let ib = rdma::Links::establish(&inner, setup.cfg).map_err(boot_err)?;
-    // From here on every socket is non-blocking (see `write_all_nb` and `pump`).
-    for peer in &inner.peers {
-        for sock in &peer.socks {
-            sock.read
-                .set_nonblocking(true)
-                .map_err(|e| boot_err(format!("configuring a socket: {e}")))?;
-        }
-    }
-    let spawn_err = |e: std::io::Error| boot_err(format!("starting a network thread: {e}"));
+    (dirs, channels)
+}
+
+/// The threads of a rank's network besides its engine.
+struct Threads {
+    /// Receiving threads (one per socket) and the sending helpers.
+    threads: Vec<std::thread::JoinHandle<()>>,
+    /// Per sending helper: where the engine hands it a part.
+    helpers: Vec<mpsc::Sender<PartJob>>,
+    /// Where the helpers report each part written.
+    done_rx: mpsc::Receiver<std::io::Result<()>>,
+    keeper: std::thread::JoinHandle<()>,
+}
+
+/// Starts the receiving thread of every socket, `nthreads - 1` sending helpers and the
+/// keeper.
+fn start_threads(inner: &Arc<Inner>, nthreads: usize) -> std::io::Result<Threads> {
+    let nsocks = inner.nsocks;
     let mut threads = Vec::new();
     for p in 0..inner.peers.len() {
         for s in 0..nsocks {
-            let inner = Arc::clone(&inner);
+            let inner = Arc::clone(inner);
             let h = std::thread::Builder::new()
                 .name(format!("hccl-rx{}-{}", inner.peers[p].rank, s))
                 .spawn(move || {
                     crate::affinity::unbind_current_thread();
                     receive_loop(&inner, p, s)
-                })
-                .map_err(spawn_err)?;
+                })?;
             threads.push(h);
         }
     }
     let (done_tx, done_rx) = mpsc::channel();
     let mut helpers = Vec::new();
-    for t in 1..setup.cfg.nthreads {
+    for t in 1..nthreads {
         let (tx, rx) = mpsc::channel::<PartJob>();
-        let inner2 = Arc::clone(&inner);
+        let inner2 = Arc::clone(inner);
         let done = done_tx.clone();
         let h = std::thread::Builder::new()
             .name(format!("hccl-tx{t}"))
@@ -472,41 +553,23 @@ pub(crate) fn connect(mut setup: Setup<'_>) -> Result<Option<Net>> {
                 while let Ok((p, s, segs, hdr, call)) = rx.recv() {
                     let _ = done.send(write_part_on(&inner2, p, s, &hdr, &segs, &call));
                 }
-            })
-            .map_err(spawn_err)?;
+            })?;
         helpers.push(tx);
         threads.push(h);
     }
-    let keeper_inner = Arc::clone(&inner);
+    let keeper_inner = Arc::clone(inner);
     let keeper = std::thread::Builder::new()
         .name("hccl-net".into())
         .spawn(move || {
             crate::affinity::unbind_current_thread();
             keeper_loop(&keeper_inner)
-        })
-        .map_err(spawn_err)?;
-    #[cfg(feature = "rdma")]
-    let transport = if ib.is_some() { "RDMA" } else { "TCP" };
-    #[cfg(not(feature = "rdma"))]
-    let transport = "TCP";
-    tracing::info!(
-        rank = me,
-        peers = inner.peers.len(),
-        nsocks,
-        nthreads = setup.cfg.nthreads,
-        transport,
-        "network connections ready"
-    );
-    Ok(Some(Net {
-        inner,
-        helpers,
-        helper_done: Mutex::new(done_rx),
+        })?;
+    Ok(Threads {
         threads,
-        keeper: Some(keeper),
-        #[cfg(feature = "rdma")]
-        ib,
-        waits: std::sync::atomic::AtomicU32::new(0),
-    }))
+        helpers,
+        done_rx,
+        keeper,
+    })
 }
 
 fn dial(setup: &Setup<'_>, peer: u32, sock: usize) -> Result<TcpStream> {
@@ -1203,7 +1266,7 @@ fn pump_from(
 ) -> std::result::Result<Pumped, String> {
     let peer = &inner.peers[p];
     let who = || format!("rank {} on host {} ({})", peer.rank, peer.host, peer.addr);
-    let bad = |what: String| format!("{} sent a malformed frame: {what}", who());
+    let bad = |what: String| malformed(peer, what);
     let mid = |e: &dyn std::fmt::Display| {
         format!(
             "{} closed its connection in the middle of a message: {e}",
@@ -1246,55 +1309,7 @@ fn pump_from(
                 rx.got = 0;
                 peer.last_recv.store(inner.now_ms(), Ordering::Release);
                 let h = Header::decode(&rx.hdr).map_err(bad)?;
-                match h.tag {
-                    Tag::Data => {
-                        let Some(c) = inner.wires.incoming(p, h.conn) else {
-                            return Err(bad(format!(
-                                "data on channel {}, where it has no connection to this rank",
-                                h.conn
-                            )));
-                        };
-                        // From here on the header names the local connection.
-                        let mut h = h;
-                        h.conn = c;
-                        if h.b > proto::MAX_SEGS {
-                            return Err(bad(format!("{} segments", h.b)));
-                        }
-                        rx.stage = Stage::Table(h, Vec::with_capacity(h.b as usize * 8));
-                    }
-                    Tag::Credit => {
-                        let Some(c) = inner.wires.outgoing(p, h.conn) else {
-                            return Err(bad(format!(
-                                "credit on channel {}, where this rank has no connection to it",
-                                h.conn
-                            )));
-                        };
-                        // A credit for messages never sent would let this rank's engine
-                        // count more free slots than exist (its `send_seq - consumed`).
-                        let sent = inner.sent_out[c as usize].load(Ordering::Acquire);
-                        if h.seq > sent {
-                            return Err(bad(format!(
-                                "credit for {} messages on channel {}, where this rank sent {sent}",
-                                h.seq, h.conn
-                            )));
-                        }
-                        inner.arena.consumed(c).fetch_max(h.seq, Ordering::AcqRel);
-                        progress = true;
-                    }
-                    Tag::Heartbeat => {}
-                    Tag::Abort => {
-                        if h.a >= inner.world || h.b >= inner.world {
-                            return Err(bad(format!("abort naming ranks {} and {}", h.a, h.b)));
-                        }
-                        raise_abort(&inner.arena, h.a, h.b);
-                        progress = true;
-                    }
-                    Tag::Goodbye => {
-                        rx.said_goodbye = true;
-                        inner.gone(p);
-                        sock.shutdown_write();
-                    }
-                }
+                progress |= on_frame(inner, p, h, rx, sock)?;
             }
             Stage::Table(h, table) => {
                 let want = h.b as usize * 8;
@@ -1315,25 +1330,7 @@ fn pump_from(
                         continue;
                     }
                 }
-                let h = *h;
-                let segs: Vec<(u32, u32)> = table
-                    .chunks_exact(8)
-                    .map(|b| {
-                        (
-                            u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-                            u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
-                        )
-                    })
-                    .collect();
-                proto::check_segments(&segs, inner.slot_bytes, h.c).map_err(bad)?;
-                let c = h.conn as usize;
-                let inb = inner.inbound[c]
-                    .as_ref()
-                    .ok_or_else(|| bad("no inbound state".into()))?;
-                let consumed = inner.arena.consumed(c as u32).load(Ordering::Acquire);
-                inb.begin(h.seq, h.a, inner.nsocks as u32, consumed)
-                    .map_err(bad)?;
-                rx.stage = Stage::Payload(h, segs, 0, 0, 0);
+                rx.stage = begin_payload(inner, p, *h, table)?;
             }
             Stage::Payload(h, segs, i, done, crc) => {
                 if *i < segs.len() {
@@ -1401,34 +1398,148 @@ fn pump_from(
                     continue;
                 }
                 let (c, seq) = (h.conn, h.seq);
-                let (sent_crc, call) = proto::read_trailer(h.flags, &bytes[..want]);
-                if let Some(sent) = sent_crc
-                    && sent != *crc
-                {
-                    // The step that receives the message reports it (naming the step).
-                    tracing::warn!(
-                        rank = inner.me,
-                        peer = peer.rank,
-                        conn = c,
-                        seq,
-                        "a data part failed its CRC32C: {crc:08x} received, {sent:08x} sent"
-                    );
-                    inner
-                        .arena
-                        .crc(c, seq)
-                        .store(crate::arena::corrupt_mark(seq), Ordering::Relaxed);
-                }
-                if let Some((number, print)) = call {
-                    // The receiving step compares it with its own call (see `Arena::peer_call`).
-                    let (num, word) = inner.arena.peer_call(c, seq);
-                    num.store(number, Ordering::Relaxed);
-                    word.store(print, Ordering::Relaxed);
-                }
+                end_trailer(inner, p, h, *crc, &bytes[..want]);
                 part_done(inner, peer.rank, c, seq);
                 rx.stage = Stage::Header;
                 progress = true;
             }
         }
+    }
+}
+
+/// Why the frames of `peer` are refused: `what` was malformed.
+#[cold]
+fn malformed(peer: &Peer, what: String) -> String {
+    format!(
+        "rank {} on host {} ({}) sent a malformed frame: {what}",
+        peer.rank, peer.host, peer.addr
+    )
+}
+
+/// Handles frame header `h` from peer `p`, which [`pump_from`] read whole: a data part's
+/// segment table comes next, a credit frees slots, an abort raises the abort word, a
+/// goodbye marks the peer gone. Whether this made progress.
+#[inline]
+fn on_frame(
+    inner: &Inner,
+    p: usize,
+    h: Header,
+    rx: &mut RxState,
+    sock: &impl Recv,
+) -> std::result::Result<bool, String> {
+    let bad = |what: String| malformed(&inner.peers[p], what);
+    let mut progress = false;
+    match h.tag {
+        Tag::Data => {
+            let Some(c) = inner.wires.incoming(p, h.conn) else {
+                return Err(bad(format!(
+                    "data on channel {}, where it has no connection to this rank",
+                    h.conn
+                )));
+            };
+            // From here on the header names the local connection.
+            let mut h = h;
+            h.conn = c;
+            if h.b > proto::MAX_SEGS {
+                return Err(bad(format!("{} segments", h.b)));
+            }
+            rx.stage = Stage::Table(h, Vec::with_capacity(h.b as usize * 8));
+        }
+        Tag::Credit => {
+            let Some(c) = inner.wires.outgoing(p, h.conn) else {
+                return Err(bad(format!(
+                    "credit on channel {}, where this rank has no connection to it",
+                    h.conn
+                )));
+            };
+            // A credit for messages never sent would let this rank's engine
+            // count more free slots than exist (its `send_seq - consumed`).
+            let sent = inner.sent_out[c as usize].load(Ordering::Acquire);
+            if h.seq > sent {
+                return Err(bad(format!(
+                    "credit for {} messages on channel {}, where this rank sent {sent}",
+                    h.seq, h.conn
+                )));
+            }
+            inner.arena.consumed(c).fetch_max(h.seq, Ordering::AcqRel);
+            progress = true;
+        }
+        Tag::Heartbeat => {}
+        Tag::Abort => {
+            if h.a >= inner.world || h.b >= inner.world {
+                return Err(bad(format!("abort naming ranks {} and {}", h.a, h.b)));
+            }
+            raise_abort(&inner.arena, h.a, h.b);
+            progress = true;
+        }
+        Tag::Goodbye => {
+            rx.said_goodbye = true;
+            inner.gone(p);
+            sock.shutdown_write();
+        }
+    }
+    Ok(progress)
+}
+
+/// The segment table of data part `h` from peer `p` is in (`table`): checks it against the
+/// slot and the credit window, and starts reading the payload.
+#[inline]
+fn begin_payload(
+    inner: &Inner,
+    p: usize,
+    h: Header,
+    table: &[u8],
+) -> std::result::Result<Stage, String> {
+    let bad = |what: String| malformed(&inner.peers[p], what);
+    let segs: Vec<(u32, u32)> = table
+        .chunks_exact(8)
+        .map(|b| {
+            (
+                u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+                u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+            )
+        })
+        .collect();
+    proto::check_segments(&segs, inner.slot_bytes, h.c).map_err(bad)?;
+    let c = h.conn as usize;
+    let inb = inner.inbound[c]
+        .as_ref()
+        .ok_or_else(|| bad("no inbound state".into()))?;
+    let consumed = inner.arena.consumed(c as u32).load(Ordering::Acquire);
+    inb.begin(h.seq, h.a, inner.nsocks as u32, consumed)
+        .map_err(bad)?;
+    Ok(Stage::Payload(h, segs, 0, 0, 0))
+}
+
+/// The trailer of data part `h` from peer `p` is in (`bytes`): a checksum that differs
+/// from the payload's (`crc`) marks the slot corrupt, the sender's call lands where the
+/// receiving step compares it.
+#[inline]
+fn end_trailer(inner: &Inner, p: usize, h: &Header, crc: u32, bytes: &[u8]) {
+    let peer = &inner.peers[p];
+    let (c, seq) = (h.conn, h.seq);
+    let (sent_crc, call) = proto::read_trailer(h.flags, bytes);
+    if let Some(sent) = sent_crc
+        && sent != crc
+    {
+        // The step that receives the message reports it (naming the step).
+        tracing::warn!(
+            rank = inner.me,
+            peer = peer.rank,
+            conn = c,
+            seq,
+            "a data part failed its CRC32C: {crc:08x} received, {sent:08x} sent"
+        );
+        inner
+            .arena
+            .crc(c, seq)
+            .store(crate::arena::corrupt_mark(seq), Ordering::Relaxed);
+    }
+    if let Some((number, print)) = call {
+        // The receiving step compares it with its own call (see `Arena::peer_call`).
+        let (num, word) = inner.arena.peer_call(c, seq);
+        num.store(number, Ordering::Relaxed);
+        word.store(print, Ordering::Relaxed);
     }
 }
 

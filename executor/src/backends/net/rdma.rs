@@ -1037,39 +1037,9 @@ impl Links {
             NetKind::Socket => Err("HCCL_NET=socket".to_string()),
             NetKind::Auto | NetKind::Ib => Local::open(inner, cfg, cap),
         };
-        let who = |p: usize| {
-            let peer = &inner.peers[p];
-            format!("rank {} on host {}", peer.rank, peer.host)
-        };
+        let who = |p: usize| who(inner, p);
         // Round 1: offers.
-        for (p, peer) in inner.peers.iter().enumerate() {
-            let mut offer = Offer {
-                from: me,
-                to: peer.rank,
-                wants: false,
-                qpn: 0,
-                lid: 0,
-                gid: None,
-                slot_bytes: inner.slot_bytes as u64,
-                cap: cap as u32,
-                reason: String::new(),
-            };
-            match &local {
-                Ok(l) => {
-                    if let Some(Some(prep)) = l.prepared.get(p) {
-                        let ep = prep.pqp.endpoint();
-                        offer.wants = true;
-                        offer.qpn = ep.num;
-                        offer.lid = ep.lid;
-                        offer.gid = ep.gid.as_ref().map(gid_bytes);
-                    }
-                }
-                Err(why) => offer.reason = why.clone(),
-            }
-            lock(&peer.socks[0].write)
-                .write_all(&offer.encode())
-                .map_err(|e| format!("sending the transport offer to {}: {e}", who(p)))?;
-        }
+        send_offers(inner, &local, cap)?;
         if cfg.kind == NetKind::Ib
             && let Err(why) = &local
         {
@@ -1080,84 +1050,10 @@ impl Links {
         for peer in &inner.peers {
             let _ = peer.socks[0].read.set_read_timeout(Some(wait));
         }
-        let mut offers = Vec::with_capacity(inner.peers.len());
-        for (p, peer) in inner.peers.iter().enumerate() {
-            let mut r = &peer.socks[0].read;
-            let offer = Offer::read(&mut r)
-                .map_err(|e| format!("reading the transport offer of {}: {e}", who(p)))?;
-            if offer.from != peer.rank || offer.to != me {
-                return Err(format!(
-                    "{} sent a transport offer from rank {} to rank {}",
-                    who(p),
-                    offer.from,
-                    offer.to
-                ));
-            }
-            if offer.slot_bytes != inner.slot_bytes as u64 {
-                return Err(format!(
-                    "{} uses {}-byte slots, this rank {}",
-                    who(p),
-                    offer.slot_bytes,
-                    inner.slot_bytes
-                ));
-            }
-            offers.push(offer);
-        }
+        let offers = read_offers(inner)?;
         // Pairs where both offered RDMA connect their queue pairs; round 2 says who is ready.
-        let mut links: Vec<Option<Link>> = (0..inner.peers.len()).map(|_| None).collect();
-        let mut why_tcp: Vec<Option<String>> = vec![None; inner.peers.len()];
-        for (p, theirs) in offers.iter().enumerate() {
-            let prep = match &mut local {
-                Ok(l) => l.prepared.get_mut(p).and_then(Option::take),
-                Err(_) => None,
-            };
-            why_tcp[p] = match (&local, prep) {
-                (Err(why), _) => Some(why.clone()),
-                (Ok(_), None) => Some("no queue pair".into()),
-                (Ok(_), Some(_)) if !theirs.wants => {
-                    Some(format!("{} has no RDMA: {}", who(p), theirs.reason))
-                }
-                (Ok(l), Some(prep)) => {
-                    // SAFETY: the link is dropped before `l.pd` (it moves into `Verbs.links`,
-                    // or is dropped here on failure).
-                    let pd = unsafe { l.pd.get() };
-                    match Link::connect(pd, prep, p, theirs, cap) {
-                        Ok(link) => {
-                            links[p] = Some(link);
-                            None
-                        }
-                        Err(e) => Some(format!("{}: {e}", l.device)),
-                    }
-                }
-            };
-        }
-        let both_wanted: Vec<bool> = offers.iter().map(|o| o.wants && local.is_ok()).collect();
-        for (p, peer) in inner.peers.iter().enumerate() {
-            if both_wanted[p] {
-                lock(&peer.socks[0].write)
-                    .write_all(&encode_ready(links[p].is_some()))
-                    .map_err(|e| format!("sending the queue-pair status to {}: {e}", who(p)))?;
-            }
-        }
-        for (p, peer) in inner.peers.iter().enumerate() {
-            if !both_wanted[p] {
-                continue;
-            }
-            let mut b = [0u8; READY_LEN];
-            let mut r = &peer.socks[0].read;
-            r.read_exact(&mut b).map_err(|e| {
-                format!(
-                    "reading the queue-pair status of {}: {}",
-                    who(p),
-                    io_text(e)
-                )
-            })?;
-            let ok = decode_ready(&b).map_err(|e| format!("{} sent {e}", who(p)))?;
-            if !ok && why_tcp[p].is_none() {
-                links[p] = None;
-                why_tcp[p] = Some(format!("{} could not connect its queue pair", who(p)));
-            }
-        }
+        let (mut links, mut why_tcp) = connect_pairs(inner, &mut local, &offers, cap);
+        exchange_ready(inner, &offers, local.is_ok(), &mut links, &mut why_tcp)?;
         drop(restore);
         let tcp: Vec<usize> = (0..links.len()).filter(|&p| links[p].is_none()).collect();
         if cfg.kind == NetKind::Ib
@@ -1291,6 +1187,160 @@ impl Links {
             );
         }
     }
+}
+
+/// Names peer `p` in errors.
+fn who(inner: &Inner, p: usize) -> String {
+    let peer = &inner.peers[p];
+    format!("rank {} on host {}", peer.rank, peer.host)
+}
+
+/// Round 1 of [`Links::establish`], sending: this rank's offer to every peer (its queue
+/// pair's endpoint, or why it has no RDMA).
+fn send_offers(inner: &Inner, local: &Result<Local, String>, cap: usize) -> Result<(), String> {
+    let me = inner.me;
+    let who = |p: usize| who(inner, p);
+    for (p, peer) in inner.peers.iter().enumerate() {
+        let mut offer = Offer {
+            from: me,
+            to: peer.rank,
+            wants: false,
+            qpn: 0,
+            lid: 0,
+            gid: None,
+            slot_bytes: inner.slot_bytes as u64,
+            cap: cap as u32,
+            reason: String::new(),
+        };
+        match local {
+            Ok(l) => {
+                if let Some(Some(prep)) = l.prepared.get(p) {
+                    let ep = prep.pqp.endpoint();
+                    offer.wants = true;
+                    offer.qpn = ep.num;
+                    offer.lid = ep.lid;
+                    offer.gid = ep.gid.as_ref().map(gid_bytes);
+                }
+            }
+            Err(why) => offer.reason = why.clone(),
+        }
+        lock(&peer.socks[0].write)
+            .write_all(&offer.encode())
+            .map_err(|e| format!("sending the transport offer to {}: {e}", who(p)))?;
+    }
+    Ok(())
+}
+
+/// Round 1 of [`Links::establish`], receiving: every peer's offer, checked against this
+/// rank's view of the pair.
+fn read_offers(inner: &Inner) -> Result<Vec<Offer>, String> {
+    let me = inner.me;
+    let who = |p: usize| who(inner, p);
+    let mut offers = Vec::with_capacity(inner.peers.len());
+    for (p, peer) in inner.peers.iter().enumerate() {
+        let mut r = &peer.socks[0].read;
+        let offer = Offer::read(&mut r)
+            .map_err(|e| format!("reading the transport offer of {}: {e}", who(p)))?;
+        if offer.from != peer.rank || offer.to != me {
+            return Err(format!(
+                "{} sent a transport offer from rank {} to rank {}",
+                who(p),
+                offer.from,
+                offer.to
+            ));
+        }
+        if offer.slot_bytes != inner.slot_bytes as u64 {
+            return Err(format!(
+                "{} uses {}-byte slots, this rank {}",
+                who(p),
+                offer.slot_bytes,
+                inner.slot_bytes
+            ));
+        }
+        offers.push(offer);
+    }
+    Ok(offers)
+}
+
+/// The queue pairs of the pairs where both ends offered RDMA, connected; per peer its link,
+/// or why it stays on TCP.
+#[allow(clippy::type_complexity)]
+fn connect_pairs(
+    inner: &Inner,
+    local: &mut Result<Local, String>,
+    offers: &[Offer],
+    cap: usize,
+) -> (Vec<Option<Link>>, Vec<Option<String>>) {
+    let who = |p: usize| who(inner, p);
+    let mut links: Vec<Option<Link>> = (0..inner.peers.len()).map(|_| None).collect();
+    let mut why_tcp: Vec<Option<String>> = vec![None; inner.peers.len()];
+    for (p, theirs) in offers.iter().enumerate() {
+        let prep = match local {
+            Ok(l) => l.prepared.get_mut(p).and_then(Option::take),
+            Err(_) => None,
+        };
+        why_tcp[p] = match (&*local, prep) {
+            (Err(why), _) => Some(why.clone()),
+            (Ok(_), None) => Some("no queue pair".into()),
+            (Ok(_), Some(_)) if !theirs.wants => {
+                Some(format!("{} has no RDMA: {}", who(p), theirs.reason))
+            }
+            (Ok(l), Some(prep)) => {
+                // SAFETY: the link is dropped before `l.pd` (it moves into `Verbs.links`,
+                // or is dropped here on failure).
+                let pd = unsafe { l.pd.get() };
+                match Link::connect(pd, prep, p, theirs, cap) {
+                    Ok(link) => {
+                        links[p] = Some(link);
+                        None
+                    }
+                    Err(e) => Some(format!("{}: {e}", l.device)),
+                }
+            }
+        };
+    }
+    (links, why_tcp)
+}
+
+/// Round 2 of [`Links::establish`]: with every peer where both offered RDMA (`local_ok`:
+/// this rank did), whether each end connected its queue pair; a pair either end could not
+/// connect stays on TCP.
+fn exchange_ready(
+    inner: &Inner,
+    offers: &[Offer],
+    local_ok: bool,
+    links: &mut [Option<Link>],
+    why_tcp: &mut [Option<String>],
+) -> Result<(), String> {
+    let who = |p: usize| who(inner, p);
+    let both_wanted: Vec<bool> = offers.iter().map(|o| o.wants && local_ok).collect();
+    for (p, peer) in inner.peers.iter().enumerate() {
+        if both_wanted[p] {
+            lock(&peer.socks[0].write)
+                .write_all(&encode_ready(links[p].is_some()))
+                .map_err(|e| format!("sending the queue-pair status to {}: {e}", who(p)))?;
+        }
+    }
+    for (p, peer) in inner.peers.iter().enumerate() {
+        if !both_wanted[p] {
+            continue;
+        }
+        let mut b = [0u8; READY_LEN];
+        let mut r = &peer.socks[0].read;
+        r.read_exact(&mut b).map_err(|e| {
+            format!(
+                "reading the queue-pair status of {}: {}",
+                who(p),
+                io_text(e)
+            )
+        })?;
+        let ok = decode_ready(&b).map_err(|e| format!("{} sent {e}", who(p)))?;
+        if !ok && why_tcp[p].is_none() {
+            links[p] = None;
+            why_tcp[p] = Some(format!("{} could not connect its queue pair", who(p)));
+        }
+    }
+    Ok(())
 }
 
 impl Drop for Links {
