@@ -8,7 +8,7 @@
 /// the parser never stalls. Malformed input ends the stream with an error (returned), never
 /// a panic; `Ok` when the stream ended with a goodbye.
 pub fn frames(input: &[u8]) -> Result<(), String> {
-    crate::backends::net::fuzz_frames(input)
+    crate::backends::net::fuzz::fuzz_frames(input)
 }
 
 /// Parses `input` as a rendezvous message (the first byte says which: a rank's hello, rank
@@ -20,7 +20,7 @@ pub fn rendezvous(input: &[u8]) {
 
 /// Well-formed inputs of [`frames`], made by the encoder: seeds for the fuzzer.
 pub fn frame_seeds() -> Vec<Vec<u8>> {
-    crate::backends::net::frame_seeds()
+    crate::backends::net::fuzz::frame_seeds()
 }
 
 /// Well-formed inputs of [`rendezvous`], made by the encoders: seeds for the fuzzer.

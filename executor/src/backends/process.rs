@@ -23,7 +23,10 @@
 //! `SLURM_PROCID`/`SLURM_NTASKS`.
 
 use crate::arena::{Arena, Layout, MAGIC};
-use crate::backends::net::{self, read_str, read_u32, same_secret, write_str};
+use crate::backends::net::{
+    self,
+    setup::{read_str, read_u32, same_secret, write_str},
+};
 use crate::comm::{Backend, Communicator, RankState, Shared, check_part, check_plan, next_origin};
 use crate::config::{Config, PlanOrigin, PlanSource, split_world};
 use crate::error::{ExecError, Result};
@@ -320,7 +323,7 @@ fn introduce(
     let host = boot.host.clone().unwrap_or_else(net::host_id);
     // A data listener on the chosen interface; only ranks with peers on other hosts
     // need it, so failing to open one is reported only then.
-    let (listener, listen_err) = match net::listen(&config.net, addr) {
+    let (listener, listen_err) = match net::setup::listen(&config.net, addr) {
         Ok(l) => (Some(l), None),
         Err(e) => (None, Some(e)),
     };
@@ -453,7 +456,7 @@ fn share_region(
     Ok((arena, held, keep, conns, region))
 }
 
-/// The connections to the ranks on other hosts ([`net::connect`]), through a barrier so
+/// The connections to the ranks on other hosts ([`net::setup::connect`]), through a barrier so
 /// that every rank fails together.
 #[allow(clippy::too_many_arguments)]
 fn connect_hosts(
@@ -472,7 +475,7 @@ fn connect_hosts(
 ) -> Result<Option<Arc<dyn Transport>>> {
     let boot_err = |message: String| ExecError::Bootstrap { rank, message };
     let listener_missing = listener.is_none();
-    let made = net::connect(net::Setup {
+    let made = net::setup::connect(net::setup::Setup {
         me: rank,
         world,
         hosts: &job.hosts,
@@ -1456,15 +1459,15 @@ pub(crate) fn fuzz_rendezvous(input: &[u8]) {
         }
         2 => {
             if let Ok((from, sock, nsocks)) =
-                net::parse_data_hello(&mut rest, (1, world), FUZZ_TOKEN, "fuzz-nonce")
+                net::setup::parse_data_hello(&mut rest, (1, world), FUZZ_TOKEN, "fuzz-nonce")
             {
                 assert!(from < world);
-                let again = net::data_hello(
+                let again = net::setup::data_hello(
                     FUZZ_TOKEN,
                     "fuzz-nonce",
                     [from, 1, sock as u32, nsocks as u32],
                 );
-                let back = net::parse_data_hello(
+                let back = net::setup::parse_data_hello(
                     &mut again.as_slice(),
                     (1, world),
                     FUZZ_TOKEN,
@@ -1533,7 +1536,7 @@ pub(crate) fn rendezvous_seeds() -> Vec<Vec<u8>> {
         with(job_selector, refusal),
         with(
             2 | 3 << 2,
-            net::data_hello(FUZZ_TOKEN, "fuzz-nonce", [0, 1, 0, 2]),
+            net::setup::data_hello(FUZZ_TOKEN, "fuzz-nonce", [0, 1, 0, 2]),
         ),
     ]
 }
@@ -1629,7 +1632,7 @@ mod tests {
         let refused = read_job(&mut &seeds[3][1..], 1, 4, 2).err().unwrap();
         assert!(refused.to_string().contains("holds plan"), "{refused}");
         assert_eq!(
-            net::parse_data_hello(&mut &seeds[4][1..], (1, 4), FUZZ_TOKEN, "fuzz-nonce"),
+            net::setup::parse_data_hello(&mut &seeds[4][1..], (1, 4), FUZZ_TOKEN, "fuzz-nonce"),
             Ok((0, 0, 2))
         );
         for seed in &seeds {
