@@ -15,7 +15,7 @@ pub fn frames(input: &[u8]) -> Result<(), String> {
 /// 0's answer or a data connection's hello); what reads must read the same once written
 /// again.
 pub fn rendezvous(input: &[u8]) {
-    crate::backends::process::fuzz_rendezvous(input);
+    crate::backends::process::rendezvous::fuzz_rendezvous(input);
 }
 
 /// Well-formed inputs of [`frames`], made by the encoder: seeds for the fuzzer.
@@ -25,5 +25,5 @@ pub fn frame_seeds() -> Vec<Vec<u8>> {
 
 /// Well-formed inputs of [`rendezvous`], made by the encoders: seeds for the fuzzer.
 pub fn rendezvous_seeds() -> Vec<Vec<u8>> {
-    crate::backends::process::rendezvous_seeds()
+    crate::backends::process::rendezvous::rendezvous_seeds()
 }

@@ -38,6 +38,7 @@
 //! Each socket has one receiving thread; one keeper thread per rank sends heartbeats,
 //! notices silent peers (a host whose link went down), hands over credits between calls and
 //! forwards this host's abort word to the other hosts.
+
 #[doc(hidden)]
 pub(crate) mod fuzz;
 pub mod iface;
