@@ -65,6 +65,7 @@ pub mod error;
 pub mod fallback;
 #[doc(hidden)]
 pub mod fault;
+mod plan_checks;
 pub mod program;
 pub mod trace;
 mod transport;

@@ -29,9 +29,10 @@ pub use rendezvous::Bootstrap;
 
 use crate::arena::{Arena, Layout};
 use crate::backends::net;
-use crate::comm::{Backend, Communicator, RankState, Shared, check_part, check_plan, next_origin};
+use crate::comm::{Backend, Communicator, RankState, Shared, next_origin};
 use crate::config::{Config, PlanOrigin, PlanSource, split_world};
 use crate::error::{ExecError, Result};
+use crate::plan_checks::{check_part, check_plan};
 use crate::program::ConnTable;
 use crate::transport::Transport;
 use hccl_ir::{PlanFile, PlanPart};

@@ -6,9 +6,10 @@
 //! [`crate::arena`].
 
 use crate::arena::{Arena, Layout};
-use crate::comm::{Backend, Communicator, RankState, Shared, next_origin, prepare_plan};
+use crate::comm::{Backend, Communicator, RankState, Shared, next_origin};
 use crate::config::{Config, PlanOrigin, PlanSource, split_world};
 use crate::error::{ExecError, Result};
+use crate::plan_checks::prepare_plan;
 use hccl_ir::PlanFile;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;

@@ -309,7 +309,7 @@ impl CudaGroup {
             )));
         }
         let info = probe()?;
-        let (keep, conns) = crate::comm::prepare_plan(plan, nranks, config)?;
+        let (keep, conns) = crate::plan_checks::prepare_plan(plan, nranks, config)?;
         let mut devs: Vec<Dev> = Vec::new();
         let mut ordinal_dev: HashMap<usize, usize> = HashMap::new();
         let mut rank_dev = Vec::with_capacity(nranks as usize);
@@ -507,7 +507,7 @@ impl CudaGroup {
         }
         if self.v_fallback.is_none() {
             let plan = crate::fallback::alltoall_plan(n, 2, 1);
-            let (keep, conns) = crate::comm::prepare_plan(&plan, n, &Config::default())?;
+            let (keep, conns) = crate::plan_checks::prepare_plan(&plan, n, &Config::default())?;
             let i = *keep.first().ok_or_else(|| {
                 CudaError::Internal("the built-in AllToAll plan has no entry".into())
             })?;
