@@ -3,9 +3,11 @@
 //! it for TCP and RDMA).
 //!
 //! The engine calls a transport only for connections whose other end is on another host
-//! (their [`Dir`] is not [`Dir::Local`]), at call boundaries and when a rank waits; a step on
-//! a connection within the host never reaches it. Each of those calls writes or reads a
-//! socket, or takes a lock, so the one indirect call through `dyn Transport` is lost in it.
+//! (their [`Dir`] is not [`Dir::Local`]) and when a rank waits, the communicator at the
+//! boundaries of a call; a step on a connection within the host never reaches it, and a
+//! group on one host has no transport at all. What those calls do (write or read a socket,
+//! take a lock, update a word other threads poll) costs more than the one indirect call
+//! through `dyn Transport`.
 
 /// How a connection of the plan relates to this rank's network.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
