@@ -4,11 +4,12 @@
 //! maps onto them, and the threads that serve them; and the wire helpers (strings, words,
 //! secrets) the rendezvous shares with the hellos.
 
+use super::handle::Net;
 use super::pump::receive_loop;
 #[cfg(feature = "rdma")]
 use super::rdma;
 use super::stream::RxState;
-use super::{ALIVE, Inner, Net, PartJob, Peer, Sock, keeper_loop, silence_for, write_part_on};
+use super::{ALIVE, Inner, PartJob, Peer, Sock, keeper_loop, silence_for, write_part_on};
 use crate::arena::Arena;
 use crate::config::NetConfig;
 #[cfg(not(feature = "rdma"))]

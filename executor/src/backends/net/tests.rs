@@ -6,7 +6,7 @@ use super::*;
 use crate::arena::Layout;
 use crate::program::ConnTable;
 use std::io::Read;
-use std::net::TcpListener;
+use std::net::{Shutdown, TcpListener};
 
 const SLOT: usize = 4096;
 
