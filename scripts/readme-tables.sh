@@ -3,7 +3,7 @@
 # straight from `hcclc compile`, so the README never quotes numbers the tool does not print.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release -q -p hccl-compiler --bin hcclc
+cargo build --release -q -p hcclc
 out="$(mktemp -d)"
 for machine in dgx1-v100 h100-cluster-2node; do
   echo "### $machine"
