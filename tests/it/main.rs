@@ -17,4 +17,5 @@ mod fuzz_corpus;
 mod plan_builders;
 mod soak;
 mod synthesized_plans;
+mod tidy;
 mod verifier_ring;
