@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 /// its `finalize` returned.
 type RankOutcome = (Result<Vec<Row>, Failure>, Option<StragglerReport>);
 
+/// `--backend threads`: every rank a thread of this process, rank 0 printing.
 pub(crate) fn run_threads(args: &Args, trace: Option<&Path>) -> Result<(), Failure> {
     let (coll, dtype, op) = parse_choice(args)?;
     let n = args.ranks;
@@ -145,6 +146,7 @@ fn bind(rank: u32) {
 /// The launchers' rank variables this process sees (empty: not under a launcher).
 const LAUNCHER_VARS: [&str; 4] = ["RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"];
 
+/// Whether a launcher started this process (one of [`LAUNCHER_VARS`] is set).
 pub(crate) fn under_launcher() -> bool {
     launcher_var().is_some()
 }
