@@ -8,8 +8,13 @@ use crate::cli_error::{CliError, print_json};
 use crate::compile_cmd::load_topology;
 use clap::Args;
 use hccl_compiler::cost::{CostModel, Network, Simulator, bounds};
+use hccl_compiler::families::Candidate;
+use hccl_compiler::synth::milp::{self, LinkMatrix, ParetoOptions};
 use hccl_compiler::synth::{self, Direction, MAX_TREES};
-use hccl_ir::{Collective, CollectiveKind, PlanEntry, PlanFile, PlanMeta, Protocol};
+use hccl_ir::{
+    Collective, CollectiveKind, PlanEntry, PlanFile, PlanMeta, Protocol, Schedule, Synthesis,
+};
+use hccl_topologies::Topology;
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -68,11 +73,64 @@ pub struct SynthArgs {
     pub json: bool,
 }
 
+/// A tree packing `hcclc synth` found, lowered, verified and predicted: what it reports.
+struct Synthesized {
+    kind: CollectiveKind,
+    rooted: bool,
+    direction: Direction,
+    pool: synth::Pool,
+    packing: synth::Packing,
+    solver_ms: f64,
+    /// Rooted collectives: the least max-flow between the root and another rank (GB/s).
+    max_flow: Option<f64>,
+    /// AllReduce: what equal blocks reach (GB/s).
+    equal_blocks: Option<f64>,
+    algorithm: &'static str,
+    candidate: Candidate,
+    /// Per size of [`SIZES`]: the best protocol, the predicted time and the lower bound (µs).
+    predicted: Vec<(u64, Protocol, f64, f64)>,
+    /// Chunks per piece round of a root (`synth::resolution`).
+    units: u32,
+    /// Chunks per piece of every tree, the roots' trees in turn.
+    widths: Vec<u32>,
+}
+
 pub fn run(args: SynthArgs) -> Result<(), CliError> {
     if args.pareto {
         return run_pareto(&args);
     }
     let topo = load_topology(&args.topo)?;
+    let (kind, collective, channels) = packing_request(&args, &topo)?;
+    let s = synthesize(&args, &topo, kind, collective, channels)?;
+    if let Some(out) = &args.output {
+        let protocol = s
+            .predicted
+            .last()
+            .map_or(Protocol::Simple, |&(_, p, _, _)| p);
+        let plan = one_entry_plan(
+            &topo,
+            "synth",
+            s.algorithm.into(),
+            protocol,
+            s.candidate.synthesis.clone(),
+            s.candidate.schedule.clone(),
+        );
+        plan.save(out).map_err(CliError::input)?;
+    }
+    if args.json {
+        print_packing_json(&args, &topo, &s);
+    } else {
+        print_packing_text(&args, &topo, &s);
+    }
+    Ok(())
+}
+
+/// The collective `hcclc synth` packs trees for, and the channels per root: the arguments
+/// checked against `topo` and the limits.
+fn packing_request(
+    args: &SynthArgs,
+    topo: &Topology,
+) -> Result<(CollectiveKind, Collective, u32), CliError> {
     let n = topo.nranks();
     let kind = CollectiveKind::from_name(&args.collective).ok_or_else(|| {
         CliError::Input(format!(
@@ -94,7 +152,6 @@ pub fn run(args: SynthArgs) -> Result<(), CliError> {
             )));
         }
     };
-    let rooted = collective.root().is_some();
     if args.root >= n {
         return Err(CliError::Input(format!(
             "--root {}: {} has ranks 0..{}",
@@ -129,7 +186,21 @@ pub fn run(args: SynthArgs) -> Result<(), CliError> {
             args.max_trees
         )));
     }
-    let net = Network::new(&topo);
+    Ok((kind, collective, channels))
+}
+
+/// Packs the trees (the link-disjoint ones where the search would take them, else the LP's
+/// pruned support), lowers them, verifies the schedule and predicts it at [`SIZES`].
+fn synthesize(
+    args: &SynthArgs,
+    topo: &Topology,
+    kind: CollectiveKind,
+    collective: Collective,
+    channels: u32,
+) -> Result<Synthesized, CliError> {
+    let n = topo.nranks();
+    let rooted = collective.root().is_some();
+    let net = Network::new(topo);
     let started = Instant::now();
     // AllReduce: trees carrying data both ways, packed from rank 0 (`synth::allreduce`).
     let (roots, direction) = match collective {
@@ -142,7 +213,7 @@ pub fn run(args: SynthArgs) -> Result<(), CliError> {
     // The link-disjoint trees where the search would take them and they fit --max-trees:
     // alone where they reach the bound (no pruning of the LP's support), else against it.
     let disjoint = (direction != Direction::Both)
-        .then(|| synth::disjoint_packing(&topo, &roots, direction, &pool))
+        .then(|| synth::disjoint_packing(topo, &roots, direction, &pool))
         .flatten()
         .filter(|d| d.trees_of(roots[0]).count() <= args.max_trees as usize);
     let packing = match disjoint {
@@ -201,8 +272,8 @@ pub fn run(args: SynthArgs) -> Result<(), CliError> {
             errors[0]
         )));
     }
-    let model = CostModel::for_topology(&topo);
-    let sim = Simulator::new(Network::new(&topo), model);
+    let model = CostModel::for_topology(topo);
+    let sim = Simulator::new(Network::new(topo), model);
     let prepared = sim
         .prepare(&candidate.schedule)
         .map_err(|e| CliError::Failed(e.to_string()))?;
@@ -226,91 +297,158 @@ pub fn run(args: SynthArgs) -> Result<(), CliError> {
         let rates: Vec<f64> = packing.trees_of(root).map(|t| t.rate).collect();
         widths.extend(synth::piece_widths(&rates, units));
     }
-    let trees: Vec<&synth::PackedTree> = packing
+    Ok(Synthesized {
+        kind,
+        rooted,
+        direction,
+        pool,
+        packing,
+        solver_ms,
+        max_flow,
+        equal_blocks,
+        algorithm,
+        candidate,
+        predicted,
+        units,
+        widths,
+    })
+}
+
+/// A plan of one entry (every size): `schedule`, as `hcclc synth` writes it (`how`: the
+/// subcommand, in the plan's `compiler` field).
+fn one_entry_plan(
+    topo: &Topology,
+    how: &str,
+    algorithm: String,
+    protocol: Protocol,
+    synthesis: Option<Synthesis>,
+    schedule: Schedule,
+) -> PlanFile {
+    let mut plan = PlanFile::new(PlanMeta {
+        topology: topo.name.clone(),
+        topology_hash: topo.hash.clone(),
+        compiler: format!("hcclc {} {how}", env!("CARGO_PKG_VERSION")),
+    });
+    plan.entries.push(PlanEntry {
+        min_bytes: 0,
+        max_bytes: None,
+        algorithm,
+        protocol,
+        cost: None,
+        symmetry: None,
+        synthesis,
+        schedule,
+        template: None,
+    });
+    plan
+}
+
+/// The packing's trees, the roots' in turn.
+fn trees(packing: &synth::Packing) -> Vec<&synth::PackedTree> {
+    packing
         .roots
         .iter()
         .flat_map(|&r| packing.trees_of(r))
-        .collect();
-    if let Some(out) = &args.output {
-        let mut plan = PlanFile::new(PlanMeta {
-            topology: topo.name.clone(),
-            topology_hash: topo.hash.clone(),
-            compiler: format!("hcclc {} synth", env!("CARGO_PKG_VERSION")),
-        });
-        let protocol = predicted.last().map_or(Protocol::Simple, |&(_, p, _, _)| p);
-        plan.entries.push(PlanEntry {
-            min_bytes: 0,
-            max_bytes: None,
-            algorithm: algorithm.into(),
-            protocol,
-            cost: None,
-            symmetry: None,
-            synthesis: candidate.synthesis.clone(),
-            schedule: candidate.schedule.clone(),
-            template: None,
-        });
-        plan.save(out).map_err(CliError::input)?;
-    }
+        .collect()
+}
 
-    let depth = |parents: &[Option<u32>]| -> usize {
-        (0..parents.len())
-            .map(|v| {
-                let (mut d, mut w) = (0, v);
-                while let Some(p) = parents[w] {
-                    d += 1;
-                    w = p as usize;
-                    if d > parents.len() {
-                        break;
-                    }
+/// The depth of a tree given by its vertices' parents.
+fn tree_depth(parents: &[Option<u32>]) -> usize {
+    (0..parents.len())
+        .map(|v| {
+            let (mut d, mut w) = (0, v);
+            while let Some(p) = parents[w] {
+                d += 1;
+                w = p as usize;
+                if d > parents.len() {
+                    break;
                 }
-                d
-            })
-            .max()
-            .unwrap_or(0)
-    };
-    if args.json {
-        print_json(&json!({
-            "topology": topo.name,
-            "collective": kind.name(),
-            "root": rooted.then_some(args.root),
-            "method": packing.method,
-            "rate_gbps": packing.rate,
-            "lp_bound_gbps": packing.bound,
-            "optimal": pool.optimal(),
-            "column_generation_rounds": pool.rounds,
-            "max_flow_gbps": max_flow,
-            "equal_blocks_gbps": equal_blocks,
-            "pool_trees": packing.pool,
-            "pool_rate_gbps": packing.pool_rate,
-            "solver_ms": solver_ms,
-            "solver": hccl_compiler::lp::NAME,
-            "pieces": args.pieces,
-            "resolution": units,
-            "chunks": candidate.schedule.chunks,
-            "steps": candidate.schedule.step_count(),
-            "trees": trees.iter().zip(&widths).map(|(t, &width)| json!({
-                "root": t.root,
-                "rate_gbps": t.rate,
-                "share": t.rate / packing.rate,
-                "depth": depth(&t.parents),
-                "piece_chunks": width,
-                "parent": t.parents,
-            })).collect::<Vec<_>>(),
-            "predicted": predicted.iter().map(|&(bytes, protocol, time_us, bound_us)| json!({
-                "bytes": bytes,
-                "protocol": protocol.name(),
-                "time_us": time_us,
-                "bound_us": bound_us,
-                "bound_ratio": time_us / bound_us,
-            })).collect::<Vec<_>>(),
-            "calibration": hccl_compiler::report::calibration_json(
-                &topo,
-                &crate::compile_cmd::topology_origin(&args.topo),
-            ),
-            "plan": args.output.as_ref().map(|p| p.display().to_string()),
-        }));
-        return Ok(());
-    }
+            }
+            d
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// `hcclc synth --json`: one document.
+fn print_packing_json(args: &SynthArgs, topo: &Topology, s: &Synthesized) {
+    let Synthesized {
+        kind,
+        rooted,
+        pool,
+        packing,
+        solver_ms,
+        max_flow,
+        equal_blocks,
+        candidate,
+        predicted,
+        units,
+        widths,
+        ..
+    } = s;
+    let trees = trees(packing);
+    print_json(&json!({
+        "topology": topo.name,
+        "collective": kind.name(),
+        "root": rooted.then_some(args.root),
+        "method": packing.method,
+        "rate_gbps": packing.rate,
+        "lp_bound_gbps": packing.bound,
+        "optimal": pool.optimal(),
+        "column_generation_rounds": pool.rounds,
+        "max_flow_gbps": max_flow,
+        "equal_blocks_gbps": equal_blocks,
+        "pool_trees": packing.pool,
+        "pool_rate_gbps": packing.pool_rate,
+        "solver_ms": solver_ms,
+        "solver": hccl_compiler::lp::NAME,
+        "pieces": args.pieces,
+        "resolution": units,
+        "chunks": candidate.schedule.chunks,
+        "steps": candidate.schedule.step_count(),
+        "trees": trees.iter().zip(widths).map(|(t, &width)| json!({
+            "root": t.root,
+            "rate_gbps": t.rate,
+            "share": t.rate / packing.rate,
+            "depth": tree_depth(&t.parents),
+            "piece_chunks": width,
+            "parent": t.parents,
+        })).collect::<Vec<_>>(),
+        "predicted": predicted.iter().map(|&(bytes, protocol, time_us, bound_us)| json!({
+            "bytes": bytes,
+            "protocol": protocol.name(),
+            "time_us": time_us,
+            "bound_us": bound_us,
+            "bound_ratio": time_us / bound_us,
+        })).collect::<Vec<_>>(),
+        "calibration": hccl_compiler::report::calibration_json(
+            topo,
+            &crate::compile_cmd::topology_origin(&args.topo),
+        ),
+        "plan": args.output.as_ref().map(|p| p.display().to_string()),
+    }));
+}
+
+/// `hcclc synth`: the trees, the rate against its bounds, the predicted times.
+fn print_packing_text(args: &SynthArgs, topo: &Topology, s: &Synthesized) {
+    let Synthesized {
+        kind,
+        rooted,
+        direction,
+        pool,
+        packing,
+        solver_ms,
+        max_flow,
+        equal_blocks,
+        candidate,
+        predicted,
+        units,
+        widths,
+        ..
+    } = s;
+    let (rooted, direction, units) = (*rooted, *direction, *units);
+    let n = topo.nranks();
+    let trees = trees(packing);
     let whose = if rooted {
         format!(
             " {} rank {}",
@@ -370,7 +508,7 @@ pub fn run(args: SynthArgs) -> Result<(), CliError> {
         );
     }
     println!("\n  tree  root  rate(GB/s)  share  depth  width  edges (parent>child)");
-    for (i, (t, width)) in trees.iter().zip(&widths).enumerate() {
+    for (i, (t, width)) in trees.iter().zip(widths).enumerate() {
         let edges: Vec<String> = t
             .parents
             .iter()
@@ -382,7 +520,7 @@ pub fn run(args: SynthArgs) -> Result<(), CliError> {
             t.root,
             t.rate,
             100.0 * t.rate / packing.rate,
-            depth(&t.parents),
+            tree_depth(&t.parents),
             edges.join(" ")
         );
     }
@@ -397,7 +535,7 @@ pub fn run(args: SynthArgs) -> Result<(), CliError> {
         "\n  {:>6} {:>8} {:>12} {:>12} {:>7}",
         "size", "proto", "time_us", "bound_us", "/bound"
     );
-    for (bytes, protocol, time_us, bound_us) in &predicted {
+    for (bytes, protocol, time_us, bound_us) in predicted {
         println!(
             "  {:>6} {:>8} {time_us:>12.2} {bound_us:>12.2} {:>7.3}",
             hccl_ir::units::format_bytes(*bytes),
@@ -408,14 +546,13 @@ pub fn run(args: SynthArgs) -> Result<(), CliError> {
     println!(
         "  {}",
         hccl_compiler::report::calibration_line(
-            &topo,
+            topo,
             &crate::compile_cmd::topology_origin(&args.topo)
         )
     );
     if let Some(out) = &args.output {
         println!("\n  wrote {}", out.display());
     }
-    Ok(())
 }
 
 /// The time of `schedule` on `topo` at every size of [`SIZES`], each with its best protocol.
@@ -442,12 +579,62 @@ fn predict(
     Ok(out)
 }
 
+/// One point of the frontier as `hcclc synth --pareto` reports it: its predicted times at
+/// [`SIZES`] (best protocol each) and the plan written for it.
+struct ParetoRow {
+    predicted: Vec<(u64, Protocol, f64)>,
+    plan: Option<PathBuf>,
+}
+
+/// The frontier `hcclc synth --pareto` found, every point lowered, verified and predicted.
+struct ParetoReport {
+    kind: CollectiveKind,
+    rooted: bool,
+    links: LinkMatrix,
+    frontier: milp::Frontier,
+    rows: Vec<ParetoRow>,
+}
+
 /// `hcclc synth --pareto`: the frontier over (steps, rounds per chunk) in SCCL's model
 /// (`hccl_compiler::synth::milp`), every point lowered, verified, predicted and optionally
 /// written as a plan.
 fn run_pareto(args: &SynthArgs) -> Result<(), CliError> {
-    use hccl_compiler::synth::milp::{self, LinkMatrix, ParetoOptions};
     let topo = load_topology(&args.topo)?;
+    let (kind, collective) = pareto_request(args, &topo)?;
+    let links = LinkMatrix::from_topology(&topo).map_err(|e| CliError::Input(e.to_string()))?;
+    let opts = ParetoOptions {
+        max_steps: args.max_steps,
+        max_chunks: args.max_chunks,
+        time_limit: args.time_limit,
+    };
+    let frontier =
+        milp::pareto(&links, collective, opts).map_err(|e| CliError::Input(e.to_string()))?;
+    if let Some(dir) = &args.output {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| CliError::Input(format!("{}: {e}", dir.display())))?;
+    }
+    let rows = lower_frontier(args, &topo, kind, &frontier)?;
+    let report = ParetoReport {
+        kind,
+        rooted: collective.root().is_some(),
+        links,
+        frontier,
+        rows,
+    };
+    if args.json {
+        print_pareto_json(args, &topo, &report);
+    } else {
+        print_pareto_text(args, &topo, &report);
+    }
+    Ok(())
+}
+
+/// The collective of `hcclc synth --pareto`: the arguments checked against `topo` and the
+/// MILP's limits.
+fn pareto_request(
+    args: &SynthArgs,
+    topo: &Topology,
+) -> Result<(CollectiveKind, Collective), CliError> {
     let n = topo.nranks();
     let kind = CollectiveKind::from_name(&args.collective).ok_or_else(|| {
         CliError::Input(format!(
@@ -469,7 +656,6 @@ fn run_pareto(args: &SynthArgs) -> Result<(), CliError> {
             )));
         }
     };
-    let rooted = collective.root().is_some();
     if args.root >= n {
         return Err(CliError::Input(format!(
             "--root {}: {} has ranks 0..{}",
@@ -505,22 +691,17 @@ fn run_pareto(args: &SynthArgs) -> Result<(), CliError> {
             args.time_limit
         )));
     }
-    let links = LinkMatrix::from_topology(&topo).map_err(|e| CliError::Input(e.to_string()))?;
-    let opts = ParetoOptions {
-        max_steps: args.max_steps,
-        max_chunks: args.max_chunks,
-        time_limit: args.time_limit,
-    };
-    let frontier =
-        milp::pareto(&links, collective, opts).map_err(|e| CliError::Input(e.to_string()))?;
-    if let Some(dir) = &args.output {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| CliError::Input(format!("{}: {e}", dir.display())))?;
-    }
-    struct Row {
-        predicted: Vec<(u64, Protocol, f64)>,
-        plan: Option<PathBuf>,
-    }
+    Ok((kind, collective))
+}
+
+/// Every point of `frontier` lowered to a schedule, verified, predicted and, with `-o DIR`,
+/// written as a plan.
+fn lower_frontier(
+    args: &SynthArgs,
+    topo: &Topology,
+    kind: CollectiveKind,
+    frontier: &milp::Frontier,
+) -> Result<Vec<ParetoRow>, CliError> {
     let mut rows = Vec::new();
     for p in &frontier.points {
         let inst = p.instance();
@@ -534,7 +715,7 @@ fn run_pareto(args: &SynthArgs) -> Result<(), CliError> {
                 errors[0]
             )));
         }
-        let predicted = predict(&topo, &cand.schedule)?;
+        let predicted = predict(topo, &cand.schedule)?;
         let plan = match &args.output {
             None => None,
             Some(dir) => {
@@ -545,95 +726,110 @@ fn run_pareto(args: &SynthArgs) -> Result<(), CliError> {
                     inst.rounds,
                     inst.chunks
                 ));
-                let mut plan = PlanFile::new(PlanMeta {
-                    topology: topo.name.clone(),
-                    topology_hash: topo.hash.clone(),
-                    compiler: format!("hcclc {} synth --pareto", env!("CARGO_PKG_VERSION")),
-                });
                 let protocol = predicted.last().map_or(Protocol::Simple, |&(_, p, _)| p);
-                plan.entries.push(PlanEntry {
-                    min_bytes: 0,
-                    max_bytes: None,
-                    algorithm: name.clone(),
+                let plan = one_entry_plan(
+                    topo,
+                    "synth --pareto",
+                    name.clone(),
                     protocol,
-                    cost: None,
-                    symmetry: None,
-                    synthesis: Some(milp::record(p, &frontier)),
-                    schedule: cand.schedule.clone(),
-                    template: None,
-                });
+                    Some(milp::record(p, frontier)),
+                    cand.schedule.clone(),
+                );
                 plan.save(&path).map_err(CliError::input)?;
                 Some(path)
             }
         };
-        rows.push(Row { predicted, plan });
+        rows.push(ParetoRow { predicted, plan });
     }
-    let stop_of = |p: &milp::ParetoPoint| {
-        if p.proven {
-            "least (lower ratios infeasible)"
-        } else {
-            "feasible; a lower ratio hit the time limit"
-        }
-    };
-    if args.json {
-        print_json(&json!({
-            "topology": topo.name,
-            "collective": kind.name(),
-            "root": rooted.then_some(args.root),
-            "links": links.rows(),
-            "link_unit_gbps": links.unit_gbps,
-            "bound": {
-                "rounds": frontier.bound.num,
-                "chunks": frontier.bound.den,
-                "rounds_per_chunk": frontier.bound.value(),
-            },
-            "least_steps": frontier.least_steps,
-            "at_bound": frontier.at_bound,
-            "max_steps": args.max_steps,
-            "max_chunks": args.max_chunks,
-            "time_limit_s": args.time_limit,
-            "solver_s": frontier.seconds,
-            "points": frontier.points.iter().zip(&rows).map(|(p, row)| {
-                let i = p.instance();
-                json!({
-                    "steps": i.steps,
-                    "rounds": i.rounds,
-                    "chunks": i.chunks,
-                    "rounds_per_chunk": i.ratio().value(),
-                    "rounds_per_step": p.algorithm.rounds_per_step,
-                    "transfers": p.algorithm.transfers.len(),
-                    "proven": p.proven,
-                    "stop": stop_of(p),
-                    "solver_s": p.seconds,
-                    "verified": true,
-                    "predicted": row.predicted.iter().map(|&(bytes, protocol, time_us)| json!({
-                        "bytes": bytes,
-                        "protocol": protocol.name(),
-                        "time_us": time_us,
-                    })).collect::<Vec<_>>(),
-                    "plan": row.plan.as_ref().map(|p| p.display().to_string()),
-                })
-            }).collect::<Vec<_>>(),
-            "tried": frontier.tried.iter().map(|t| json!({
-                "steps": t.instance.steps,
-                "rounds": t.instance.rounds,
-                "chunks": t.instance.chunks,
-                "stop": t.stop.name(),
-                "solver_s": t.seconds,
-                "solves": t.solves.iter().map(|(model, stop, s)| json!({
-                    "model": model,
-                    "stop": stop.name(),
-                    "seconds": s,
+    Ok(rows)
+}
+
+/// Why the search stopped at a frontier point.
+fn stop_of(p: &milp::ParetoPoint) -> &'static str {
+    if p.proven {
+        "least (lower ratios infeasible)"
+    } else {
+        "feasible; a lower ratio hit the time limit"
+    }
+}
+
+/// `hcclc synth --pareto --json`: one document.
+fn print_pareto_json(args: &SynthArgs, topo: &Topology, report: &ParetoReport) {
+    let ParetoReport {
+        kind,
+        rooted,
+        links,
+        frontier,
+        rows,
+    } = report;
+    print_json(&json!({
+        "topology": topo.name,
+        "collective": kind.name(),
+        "root": rooted.then_some(args.root),
+        "links": links.rows(),
+        "link_unit_gbps": links.unit_gbps,
+        "bound": {
+            "rounds": frontier.bound.num,
+            "chunks": frontier.bound.den,
+            "rounds_per_chunk": frontier.bound.value(),
+        },
+        "least_steps": frontier.least_steps,
+        "at_bound": frontier.at_bound,
+        "max_steps": args.max_steps,
+        "max_chunks": args.max_chunks,
+        "time_limit_s": args.time_limit,
+        "solver_s": frontier.seconds,
+        "points": frontier.points.iter().zip(rows).map(|(p, row)| {
+            let i = p.instance();
+            json!({
+                "steps": i.steps,
+                "rounds": i.rounds,
+                "chunks": i.chunks,
+                "rounds_per_chunk": i.ratio().value(),
+                "rounds_per_step": p.algorithm.rounds_per_step,
+                "transfers": p.algorithm.transfers.len(),
+                "proven": p.proven,
+                "stop": stop_of(p),
+                "solver_s": p.seconds,
+                "verified": true,
+                "predicted": row.predicted.iter().map(|&(bytes, protocol, time_us)| json!({
+                    "bytes": bytes,
+                    "protocol": protocol.name(),
+                    "time_us": time_us,
                 })).collect::<Vec<_>>(),
+                "plan": row.plan.as_ref().map(|p| p.display().to_string()),
+            })
+        }).collect::<Vec<_>>(),
+        "tried": frontier.tried.iter().map(|t| json!({
+            "steps": t.instance.steps,
+            "rounds": t.instance.rounds,
+            "chunks": t.instance.chunks,
+            "stop": t.stop.name(),
+            "solver_s": t.seconds,
+            "solves": t.solves.iter().map(|(model, stop, s)| json!({
+                "model": model,
+                "stop": stop.name(),
+                "seconds": s,
             })).collect::<Vec<_>>(),
-        }));
-        return Ok(());
-    }
+        })).collect::<Vec<_>>(),
+    }));
+}
+
+/// `hcclc synth --pareto`: the frontier, then every instance tried.
+fn print_pareto_text(args: &SynthArgs, topo: &Topology, report: &ParetoReport) {
+    let ParetoReport {
+        kind,
+        rooted,
+        links,
+        frontier,
+        rows,
+    } = report;
+    let n = topo.nranks();
     println!(
         "{}{} on {} ({n} ranks): Pareto frontier in SCCL's model (MILP over the direct links, \
          {} GB/s per unit)",
         kind.name(),
-        if rooted {
+        if *rooted {
             format!(" (root {})", args.root)
         } else {
             String::new()
@@ -664,7 +860,7 @@ fn run_pareto(args: &SynthArgs) -> Result<(), CliError> {
         "t(1GiB)us",
         "solver_s"
     );
-    for (p, row) in frontier.points.iter().zip(&rows) {
+    for (p, row) in frontier.points.iter().zip(rows) {
         let i = p.instance();
         let split: Vec<String> = p
             .algorithm
@@ -718,10 +914,9 @@ fn run_pareto(args: &SynthArgs) -> Result<(), CliError> {
             t.stop.name()
         );
     }
-    for row in &rows {
+    for row in rows {
         if let Some(p) = &row.plan {
             println!("  wrote {}", p.display());
         }
     }
-    Ok(())
 }

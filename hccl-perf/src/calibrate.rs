@@ -6,7 +6,7 @@
 //! --plan FILE` with the caller's backend, ranks, sizes and time budget; the rows name the
 //! plan entry that ran, whose schedule the fit simulates.
 
-use super::{Args, Backend, Failure, parse_choice};
+use crate::args::{Args, Backend, Failure, nominal_sizes, parse_choice};
 use hccl::compiler::cost::CostModel;
 use hccl::compiler::cost::calibrate::{self, Measurements};
 use hccl::compiler::families::all_families;
@@ -33,7 +33,7 @@ pub(crate) fn run(args: &Args, out: &Path) -> Result<(), Failure> {
         ));
     }
     let topo = base_topology(args, n)?;
-    let sizes = super::nominal_sizes(args)?;
+    let sizes = nominal_sizes(args)?;
     let families: Vec<String> = all_families()
         .iter()
         .filter(|f| f.supports(coll.kind()))

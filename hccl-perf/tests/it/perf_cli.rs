@@ -253,7 +253,7 @@ fn alltoallv_is_correct_on_every_backend() {
 }
 
 fn msccl_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("ir/tests/data/msccl")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../ir/tests/data/msccl")
 }
 
 fn attr(xml: &str, name: &str) -> String {
@@ -673,7 +673,7 @@ fn plot_draws_measured_against_predicted() {
 /// variable, the value and what is accepted.
 #[test]
 fn misspelt_variables_are_warned_and_misspelt_values_refused() {
-    let plan = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/pair_allreduce.plan.ron");
+    let plan = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/pair_allreduce.plan.ron");
     let plan = plan.to_str().unwrap();
     let run = |vars: &[(&str, &str)]| {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_hccl-perf"));
