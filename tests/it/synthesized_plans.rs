@@ -9,7 +9,8 @@
 use crate::common;
 
 use common::{Case, check, config, count_for};
-use hccl_compiler::families::{Candidate, FamilyParams, families_for};
+use hccl_compiler::families::{Candidate, FamilyParams};
+use hccl_compiler::search::families_for;
 use hccl_compiler::synth::SynthLevel;
 use hccl_executor::{
     Bootstrap, Communicator, Config, DataType, ProcessGroup, ReduceOp, ThreadGroup,
@@ -48,9 +49,8 @@ fn candidates(
 ) -> Vec<Candidate> {
     let mut out = Vec::new();
     for in_place in [false, true] {
-        let got =
-            hccl_compiler::families::generate_with(family, topo, collective, params, in_place)
-                .unwrap_or_else(|| panic!("no family {family}"));
+        let got = hccl_compiler::search::generate_with(family, topo, collective, params, in_place)
+            .unwrap_or_else(|| panic!("no family {family}"));
         out.extend(got);
     }
     out

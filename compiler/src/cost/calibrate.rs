@@ -743,7 +743,7 @@ pub fn host_spec(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::families::all_families;
+    use crate::search::all_families;
     use hccl_ir::Collective;
 
     fn host(n: u32) -> Topology {

@@ -952,8 +952,8 @@ impl<'a> ClassRates<'a> {
 mod tests {
     use super::*;
     use crate::cost::{CostModel, Network};
-    use crate::families::families_for;
     use crate::search::collective_of;
+    use crate::search::families_for;
     use crate::synth::SynthLevel;
     use hccl_ir::CollectiveKind;
     use hccl_topologies::{Topology, generate};

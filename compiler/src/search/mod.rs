@@ -33,6 +33,12 @@
 //! Candidates are costed and winners verified on all available cores; results are collected
 //! in candidate order, so the plan does not depend on the thread count.
 
+mod nccl;
+mod registry;
+
+pub use nccl::{baseline, nccl_channels};
+pub use registry::{all_families, families_for, generate_with};
+
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
@@ -40,9 +46,7 @@ use crate::cost::{
     Bound, CostError, CostModel, Estimate, NcclChoice, NcclTopo, Network, Prepared,
     PreparedSymmetric, Simulator, bounds::bound, device_models,
 };
-use crate::families::{
-    Candidate, Family, FamilyParams, TEMPLATE_RANKS, all_families, families_for,
-};
+use crate::families::{Candidate, Family, FamilyParams, TEMPLATE_RANKS};
 use crate::synth::SynthLevel;
 use hccl_ir::{
     Collective, CollectiveKind, CostFit, PlanEntry, PlanFile, PlanMeta, Protocol, Synthesis,
