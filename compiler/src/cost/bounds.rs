@@ -215,6 +215,16 @@ pub(crate) struct CutCaps {
     host_in: f64,
 }
 
+impl Network {
+    /// The cuts the lower bounds weigh and their capacities ([`CutCaps`]), found once.
+    pub(super) fn cut_caps(&self) -> &CutCaps {
+        self.cut_caps
+            .get_or_init(|| Box::new(CutCaps::new(self)))
+            .downcast_ref()
+            .expect("the network's cut cache holds CutCaps")
+    }
+}
+
 impl CutCaps {
     /// The cuts of `network`: every rank alone (a sample of one rank per host on very large
     /// machines), every host, and unions of the first `j` hosts.
