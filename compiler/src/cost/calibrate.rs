@@ -24,7 +24,8 @@
 use super::CostError;
 use super::model::{CostModel, LinkClass};
 use super::network::Network;
-use super::sim::{Prepared, Simulator};
+use super::prepared::Prepared;
+use super::sim::Simulator;
 use hccl_ir::{Protocol, Schedule};
 use hccl_topologies::{Calibration, Topology};
 

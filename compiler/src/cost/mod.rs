@@ -21,15 +21,19 @@ pub mod arborescence;
 pub mod baseline;
 pub mod bounds;
 pub mod calibrate;
+mod contention;
 mod cpu;
 mod error;
+mod flow;
 pub mod mcf;
 pub(crate) mod memo;
 pub mod model;
 pub mod network;
 pub mod packing;
+pub mod prepared;
 pub mod reach;
 pub mod sim;
+mod steps;
 pub mod symmetric;
 
 pub use baseline::{Baseline, NcclAlgo, NcclChoice, NcclTopo};
@@ -40,7 +44,8 @@ pub use model::{
     LinkClass,
 };
 pub use network::{Network, Route};
-pub use sim::{Estimate, Prepared, ResourceUse, Simulator, StepSpan, Timeline};
+pub use prepared::{Estimate, Prepared, ResourceUse, StepSpan, Timeline, Unrouted};
+pub use sim::Simulator;
 pub use symmetric::PreparedSymmetric;
 
 use hccl_ir::{Collective, Protocol, Schedule};

@@ -64,11 +64,13 @@
 //!   expanded and simulated whole.
 
 use super::CostError;
+use super::contention::Contention;
 use super::network::Route;
-use super::sim::{
-    Estimate, EventKind, FlatStep, Messages, NONE, Prepared, Rates, Simulator, Steps,
-    number_messages, step_kind, successors, total_order_key,
+use super::prepared::{
+    Estimate, FlatStep, Messages, NONE, Prepared, number_messages, step_kind, successors,
 };
+use super::sim::Simulator;
+use super::steps::{EventKind, Rates, Steps, total_order_key};
 use hccl_ir::{Action, Protocol, StepRef, SymmetricSchedule, SymmetryTable};
 use std::cmp::Reverse;
 use std::collections::hash_map::Entry;
@@ -92,41 +94,12 @@ enum Form {
     Full(Box<Prepared>),
 }
 
-/// The contention constraints of a template's peers (see [`Simulator::contention`]).
-#[derive(Debug, Clone)]
-pub(super) struct Contention {
-    class_resources: Vec<Vec<(u32, u32)>>,
-    class_rows: Vec<Vec<(u32, u32)>>,
-    row_classes: Vec<Vec<(u32, u32)>>,
-    row_cap: Vec<f64>,
-    equivariant: bool,
-}
-
-/// What [`Simulator::contention`] caches: per symmetry and sorted peer list.
-/// Contention constraints per symmetry and peer list, and a turn for computing them (two
-/// candidates of one family asking at once compute them once: the second waits for the
-/// first and finds them cached).
-#[derive(Debug, Default)]
-pub(super) struct ContentionCache {
-    held: std::sync::Mutex<HashMap<ContentionKey, Arc<Contention>>>,
-    turn: std::sync::Mutex<()>,
-}
-
 /// Per template peer, the resources its translates' routes cross, with multiplicities.
 type ClassResources = Vec<Vec<(u32, u32)>>;
 
 /// A translation group's generators (grid positions) and each position's predecessor and
 /// generator (see [`generators`]).
 type Generators = (Vec<usize>, Vec<(usize, usize)>);
-
-/// A symmetry and a template's distinct peers.
-type ContentionKey = (hccl_ir::Symmetry, Vec<u32>);
-
-impl ContentionCache {
-    fn get(&self, key: &ContentionKey) -> Option<Arc<Contention>> {
-        self.held.lock().ok().and_then(|c| c.get(key).cloned())
-    }
-}
 
 #[derive(Debug, Clone)]
 struct Template {
@@ -837,7 +810,7 @@ fn run_template(
     protocol: Protocol,
 ) -> Result<Estimate, CostError> {
     let p = &t.prepared;
-    let mut st = Steps::new(sim, p, bytes, protocol, false);
+    let mut st = Steps::new(&sim.network, &sim.model, p, bytes, protocol, false);
     let mut rates = ClassRates::new(sim, t, bytes, protocol);
     st.execute(&mut rates)?;
     let chunk_bytes = bytes as f64 / f64::from(p.chunks);
