@@ -688,10 +688,41 @@ fn solve_model(
     dive: Option<&HashMap<(usize, usize, u32), bool>>,
     time_limit: f64,
 ) -> Result<Option<ModelSolution>, String> {
-    let n = links.n;
     let link_list = links.links();
-    let steps = inst.steps;
-    let c = inst.chunks;
+    let (mut classes, class_of) = model_classes(links.n, origins, inst.chunks, kind, sym);
+    let mut vars = ProblemVariables::new();
+    let r = send_variables(&mut vars, links, &mut classes, inst, split, dive);
+    let model = vars
+        .minimise(Expression::from(0.0))
+        .using(crate::lp::solver)
+        .with_time_limit(time_limit.max(0.001));
+    let (model, link_index) = with_flow_rows(model, links, &classes, &class_of, &r, inst);
+    let model = with_capacity_rows(model, links, &classes, &link_index, &r, inst.steps);
+    let sol = match model.solve() {
+        Ok(sol) => sol,
+        Err(ResolutionError::Infeasible) => return Ok(None),
+        Err(e) => return Err(e.to_string()),
+    };
+    Ok(Some(read_solution(
+        &sol,
+        &classes,
+        &class_of,
+        &link_list,
+        origins,
+        (&r, inst.chunks),
+    )))
+}
+
+/// The model's chunk classes and each one's `(origin index, chunk)`: per origin its whole
+/// buffer (the relaxation) or each chunk (exact); in the symmetric models per orbit
+/// representative, copied under the automorphisms to the rest of its orbit.
+fn model_classes(
+    n: usize,
+    origins: &[u32],
+    c: u32,
+    kind: &ModelKind,
+    sym: &[(usize, Perm)],
+) -> (Vec<Class>, Vec<(usize, u32)>) {
     // Classes: (origin, chunk index or aggregate, images).
     let mut classes: Vec<Class> = Vec::new();
     let mut class_of: Vec<(usize, u32)> = Vec::new(); // (origin index, k) of each class
@@ -746,7 +777,22 @@ fn solve_model(
             }
         }
     }
-    let mut vars = ProblemVariables::new();
+    (classes, class_of)
+}
+
+/// The model's variables: the rounds of every step (fixed by `split`) and every class's
+/// sends per link and step where the link's source can hold the chunk by then (relaxed,
+/// with the dive's choices fixed, in a dive's LP).
+fn send_variables(
+    vars: &mut ProblemVariables,
+    links: &LinkMatrix,
+    classes: &mut [Class],
+    inst: Instance,
+    split: Option<&[u32]>,
+    dive: Option<&HashMap<(usize, usize, u32), bool>>,
+) -> Vec<Variable> {
+    let link_list = links.links();
+    let steps = inst.steps;
     let max_r = inst.rounds.saturating_sub(steps) + 1;
     let r: Vec<Variable> = (0..steps as usize)
         .map(|s| {
@@ -782,10 +828,21 @@ fn solve_model(
             }
         }
     }
-    let mut model = vars
-        .minimise(Expression::from(0.0))
-        .using(crate::lp::solver)
-        .with_time_limit(time_limit.max(0.001));
+    r
+}
+
+/// The total rounds, and per class: every rank but the origin receives each of its chunks,
+/// a rank sends only what it received at an earlier step, and the chunks of one class come
+/// in step-sum order (symmetry breaking). Also returns the links by their ends.
+fn with_flow_rows<M: SolverModel>(
+    mut model: M,
+    links: &LinkMatrix,
+    classes: &[Class],
+    class_of: &[(usize, u32)],
+    r: &[Variable],
+    inst: Instance,
+) -> (M, HashMap<(usize, usize), usize>) {
+    let (n, link_list, steps) = (links.n, links.links(), inst.steps);
     let total_r: Expression = r.iter().copied().sum();
     model = model.with(constraint!(total_r == f64::from(inst.rounds)));
     // Index of links by endpoint.
@@ -834,12 +891,25 @@ fn solve_model(
             model = model.with(constraint!(a <= b));
         }
     }
-    // Capacities.
+    (model, link_index)
+}
+
+/// Per link and step: every class's sends over it, under each of the class's images, within
+/// the link's capacity times the step's rounds.
+fn with_capacity_rows<M: SolverModel>(
+    mut model: M,
+    links: &LinkMatrix,
+    classes: &[Class],
+    link_index: &HashMap<(usize, usize), usize>,
+    r: &[Variable],
+    steps: u32,
+) -> M {
+    let link_list = links.links();
     for &(u, v) in &link_list {
         for s in 1..=steps {
             let mut load = Expression::from(0.0);
             let mut any = false;
-            for cl in &classes {
+            for cl in classes {
                 for p in &cl.images {
                     // The image of the class's link (u', v') is (u, v): u' = p⁻¹(u).
                     let (Some(u0), Some(v0)) = (
@@ -863,11 +933,19 @@ fn solve_model(
             }
         }
     }
-    let sol = match model.solve() {
-        Ok(sol) => sol,
-        Err(ResolutionError::Infeasible) => return Ok(None),
-        Err(e) => return Err(e.to_string()),
-    };
+    model
+}
+
+/// The solved model: every send variable's value, the rounds, each class's aggregate sends
+/// and, for single chunks, their transfers under every image (sorted).
+fn read_solution(
+    sol: &impl Solution,
+    classes: &[Class],
+    class_of: &[(usize, u32)],
+    link_list: &[(usize, usize)],
+    origins: &[u32],
+    (r, c): (&[Variable], u32),
+) -> ModelSolution {
     let rounds: Vec<u32> = r.iter().map(|&x| sol.value(x).round() as u32).collect();
     let mut transfers = Vec::new();
     let mut aggregates = Vec::new();
@@ -900,12 +978,12 @@ fn solve_model(
         aggregates.push((cl.origin, cl.images.clone(), counts));
     }
     transfers.sort_unstable();
-    Ok(Some(ModelSolution {
+    ModelSolution {
         values,
         rounds,
         aggregates,
         transfers,
-    }))
+    }
 }
 
 /// The chunks of `origin` along sends that stay within `counts` (`(link, step) → chunks`,
@@ -1221,17 +1299,7 @@ pub fn solve_base(links: &LinkMatrix, origins: &[u32], inst: Instance, time_limi
     let symmetric =
         reps.len() < origins.len() && reps.iter().all(|&rho| origins.contains(&(rho as u32)));
     // The relaxation over every rounds split at once (its infeasibility is a proof); then
-    // split by split: the relaxation (a proof for the split), the aggregate over the
-    // representatives (symmetric) or every origin, and its decomposition into chunks, origin
-    // by origin; the exact model over every split last.
-    let agg_kind = if symmetric {
-        ModelKind::Symmetric
-    } else {
-        ModelKind::Relaxation
-    };
-    let record = |solved: &mut Solved, name: &'static str, stop: Stop, t0: Instant| {
-        solved.solves.push((name, stop, t0.elapsed().as_secs_f64()));
-    };
+    // split by split (`SplitSearch`); the exact model over every split last.
     let left = |started: Instant| time_limit - started.elapsed().as_secs_f64();
     let t0 = Instant::now();
     match solve_model(
@@ -1245,14 +1313,14 @@ pub fn solve_base(links: &LinkMatrix, origins: &[u32], inst: Instance, time_limi
         time_limit,
     ) {
         Ok(None) => {
-            record(&mut solved, "relaxation", Stop::Infeasible, t0);
+            record_solve(&mut solved, "relaxation", Stop::Infeasible, t0);
             solved.stop = Stop::Infeasible;
             solved.seconds = started.elapsed().as_secs_f64();
             return solved;
         }
-        Ok(Some(_)) => record(&mut solved, "relaxation", Stop::Feasible, t0),
+        Ok(Some(_)) => record_solve(&mut solved, "relaxation", Stop::Feasible, t0),
         Err(_) => {
-            record(&mut solved, "relaxation", Stop::TimeLimit, t0);
+            record_solve(&mut solved, "relaxation", Stop::TimeLimit, t0);
             solved.stop = Stop::TimeLimit;
             solved.seconds = started.elapsed().as_secs_f64();
             return solved;
@@ -1264,184 +1332,37 @@ pub fn solve_base(links: &LinkMatrix, origins: &[u32], inst: Instance, time_limi
     // Balanced splits first.
     splits.sort_by_key(|sp| (sp.iter().max().copied(), std::cmp::Reverse(sp.clone())));
     let nsplits = splits.len();
-    'splits: for (si, split) in splits.into_iter().enumerate() {
+    for (si, split) in splits.into_iter().enumerate() {
         let share = left(started) / (nsplits - si) as f64;
 
         if left(started) <= 0.0 {
             splits_left = true;
             break;
         }
-        let t0 = Instant::now();
-        match solve_model(
+        let search = SplitSearch {
             links,
             origins,
             inst,
-            &ModelKind::Relaxation,
-            &sym,
-            Some(&split),
-            None,
-            left(started),
-        ) {
-            Ok(None) => {
-                record(&mut solved, "relaxation", Stop::Infeasible, t0);
-                continue;
-            }
-            Ok(Some(_)) => record(&mut solved, "relaxation", Stop::Feasible, t0),
-            Err(_) => {
-                record(&mut solved, "relaxation", Stop::TimeLimit, t0);
+            sym: &sym,
+            symmetric,
+            started,
+            time_limit,
+        };
+        match search.solve(&split, share, &mut solved) {
+            SplitOutcome::Refuted => {}
+            SplitOutcome::Open => all_splits_refuted = false,
+            SplitOutcome::OutOfTime { refuted } => {
+                all_splits_refuted &= refuted;
                 splits_left = true;
                 break;
             }
-        }
-        all_splits_refuted = false;
-        let name = if symmetric { "symmetric" } else { "aggregate" };
-        // The dive first: an algorithm when it reaches an integral point.
-        let t0 = Instant::now();
-        // Largest fractional send first; when that dies, earliest step first.
-        // A dive ends by itself (one LP per fixed send), so it may take all the time left;
-        // the split's share bounds only the decomposition below.
-        let mut dived = dive(links, origins, inst, &sym, &split, false, left(started));
-        if matches!(&dived, Err(e) if e != "time limit") {
-            dived = dive(links, origins, inst, &sym, &split, true, left(started));
-        }
-        let dead_end = matches!(&dived, Err(e) if e != "time limit");
-        if let Ok(Some(m)) = dived {
-            let alg = Algorithm {
-                collective: Collective::AllGather,
-                nranks: links.n as u32,
-                instance: inst,
-                rounds_per_step: m.rounds,
-                origins: origins.to_vec(),
-                transfers: m.transfers,
-            };
-            if alg.check(links).is_ok() {
-                record(&mut solved, "dive", Stop::Feasible, t0);
+            SplitOutcome::Found(alg) => {
                 solved.algorithm = Some(alg);
                 solved.stop = Stop::Feasible;
                 solved.seconds = started.elapsed().as_secs_f64();
                 return solved;
             }
         }
-        record(
-            &mut solved,
-            "dive",
-            if dead_end {
-                Stop::DeadEnd
-            } else {
-                Stop::TimeLimit
-            },
-            t0,
-        );
-        let t0 = Instant::now();
-        let share = share.min(left(started));
-        let split_left = || share - t0.elapsed().as_secs_f64();
-        let agg = match solve_model(
-            links,
-            origins,
-            inst,
-            &agg_kind,
-            &sym,
-            Some(&split),
-            None,
-            split_left(),
-        ) {
-            Ok(Some(m)) => m,
-            Ok(None) => {
-                record(&mut solved, name, Stop::Infeasible, t0);
-                continue;
-            }
-            Err(_) => {
-                record(&mut solved, name, Stop::TimeLimit, t0);
-                splits_left = true;
-                break;
-            }
-        };
-        record(&mut solved, name, Stop::Feasible, t0);
-        let t0 = Instant::now();
-        let mut transfers = Vec::new();
-        // Loads of every class's aggregate on the physical links.
-        let link_list = links.links();
-        let loads: Vec<HashMap<(usize, usize, u32), u32>> = agg
-            .aggregates
-            .iter()
-            .map(|(_, images, counts)| {
-                let mut m = HashMap::new();
-                for (&(li, s), &k) in counts {
-                    let (u, v) = link_list[li];
-                    for p in images {
-                        *m.entry((p[u], p[v], s)).or_insert(0) += k;
-                    }
-                }
-                m
-            })
-            .collect();
-        let mut done: HashMap<(usize, usize, u32), u32> = HashMap::new();
-        for (ai, (origin, images, counts)) in agg.aggregates.iter().enumerate() {
-            // First within the aggregate's own sends; else anywhere the others leave room
-            // (the decomposed origins as they are, the rest as aggregated).
-            let mut found = match decompose(links, *origin, inst, counts, split_left()) {
-                Ok(found) => found,
-                Err(_) => {
-                    record(&mut solved, "decompose", Stop::TimeLimit, t0);
-                    splits_left = true;
-                    break 'splits;
-                }
-            };
-            if found.is_none() {
-                let mut fixed = done.clone();
-                for load in loads.iter().skip(ai + 1) {
-                    for (&key, &k) in load {
-                        *fixed.entry(key).or_insert(0) += k;
-                    }
-                }
-                found = match decompose_residual(
-                    links,
-                    *origin,
-                    images,
-                    inst,
-                    &split,
-                    &fixed,
-                    split_left(),
-                ) {
-                    Ok(f) => f,
-                    Err(_) => {
-                        record(&mut solved, "decompose", Stop::TimeLimit, t0);
-                        splits_left = true;
-                        break 'splits;
-                    }
-                };
-            }
-            let Some(chunks) = found else {
-                record(&mut solved, "decompose", Stop::Infeasible, t0);
-                continue 'splits;
-            };
-            for p in images {
-                let o = p[*origin];
-                let oi = origins.iter().position(|&x| x as usize == o).unwrap_or(0);
-                for &(k, u, v, step) in &chunks {
-                    *done.entry((p[u], p[v], step)).or_insert(0) += 1;
-                    transfers.push(Transfer {
-                        step,
-                        chunk: oi as u32 * inst.chunks + k,
-                        from: p[u] as u32,
-                        to: p[v] as u32,
-                    });
-                }
-            }
-        }
-        record(&mut solved, "decompose", Stop::Feasible, t0);
-        transfers.sort_unstable();
-        solved.algorithm = Some(Algorithm {
-            collective: Collective::AllGather,
-            nranks: links.n as u32,
-            instance: inst,
-            rounds_per_step: agg.rounds,
-            origins: origins.to_vec(),
-            transfers,
-        });
-        solved.stop = Stop::Feasible;
-        solved.seconds = started.elapsed().as_secs_f64();
-        return solved;
     }
     if all_splits_refuted && !splits_left {
         solved.stop = Stop::Infeasible;
@@ -1462,11 +1383,11 @@ pub fn solve_base(links: &LinkMatrix, origins: &[u32], inst: Instance, time_limi
             left(started),
         ) {
             Ok(None) => {
-                record(&mut solved, "exact", Stop::Infeasible, t0);
+                record_solve(&mut solved, "exact", Stop::Infeasible, t0);
                 solved.stop = Stop::Infeasible;
             }
             Ok(Some(m)) => {
-                record(&mut solved, "exact", Stop::Feasible, t0);
+                record_solve(&mut solved, "exact", Stop::Feasible, t0);
                 solved.algorithm = Some(Algorithm {
                     collective: Collective::AllGather,
                     nranks: links.n as u32,
@@ -1477,11 +1398,236 @@ pub fn solve_base(links: &LinkMatrix, origins: &[u32], inst: Instance, time_limi
                 });
                 solved.stop = Stop::Feasible;
             }
-            Err(_) => record(&mut solved, "exact", Stop::TimeLimit, t0),
+            Err(_) => record_solve(&mut solved, "exact", Stop::TimeLimit, t0),
         }
     }
     solved.seconds = started.elapsed().as_secs_f64();
     solved
+}
+
+/// Records one solve of `solved`'s search: its name, how it ended, its time since `t0`.
+fn record_solve(solved: &mut Solved, name: &'static str, stop: Stop, t0: Instant) {
+    solved.solves.push((name, stop, t0.elapsed().as_secs_f64()));
+}
+
+/// How one rounds split of [`solve_base`] ended.
+enum SplitOutcome {
+    /// Its relaxation is infeasible: a proof that no algorithm uses this split.
+    Refuted,
+    /// Its relaxation is feasible, but no algorithm was found for it.
+    Open,
+    /// Time ran out; `refuted`: before its relaxation was solved.
+    OutOfTime { refuted: bool },
+    /// An algorithm (checked when from a dive).
+    Found(Algorithm),
+}
+
+/// One instance of [`solve_base`] searched split by split: for a split, the relaxation (a
+/// proof for the split), a dive, the aggregate over the representatives (symmetric) or every
+/// origin, and its decomposition into chunks, origin by origin.
+struct SplitSearch<'a> {
+    links: &'a LinkMatrix,
+    origins: &'a [u32],
+    inst: Instance,
+    sym: &'a [(usize, Perm)],
+    symmetric: bool,
+    /// When the instance's search started, and its time limit (s).
+    started: Instant,
+    time_limit: f64,
+}
+
+impl SplitSearch<'_> {
+    fn left(&self) -> f64 {
+        self.time_limit - self.started.elapsed().as_secs_f64()
+    }
+
+    /// Searches `split`, the decomposition within `share` seconds; records every solve.
+    fn solve(&self, split: &[u32], share: f64, solved: &mut Solved) -> SplitOutcome {
+        let (links, origins, inst, sym) = (self.links, self.origins, self.inst, self.sym);
+        let t0 = Instant::now();
+        match solve_model(
+            links,
+            origins,
+            inst,
+            &ModelKind::Relaxation,
+            sym,
+            Some(split),
+            None,
+            self.left(),
+        ) {
+            Ok(None) => {
+                record_solve(solved, "relaxation", Stop::Infeasible, t0);
+                return SplitOutcome::Refuted;
+            }
+            Ok(Some(_)) => record_solve(solved, "relaxation", Stop::Feasible, t0),
+            Err(_) => {
+                record_solve(solved, "relaxation", Stop::TimeLimit, t0);
+                return SplitOutcome::OutOfTime { refuted: true };
+            }
+        }
+        if let Some(alg) = self.dive(split, solved) {
+            return SplitOutcome::Found(alg);
+        }
+        let name = if self.symmetric {
+            "symmetric"
+        } else {
+            "aggregate"
+        };
+        let agg_kind = if self.symmetric {
+            ModelKind::Symmetric
+        } else {
+            ModelKind::Relaxation
+        };
+        let t0 = Instant::now();
+        let share = share.min(self.left());
+        let split_left = || share - t0.elapsed().as_secs_f64();
+        let agg = match solve_model(
+            links,
+            origins,
+            inst,
+            &agg_kind,
+            sym,
+            Some(split),
+            None,
+            split_left(),
+        ) {
+            Ok(Some(m)) => m,
+            Ok(None) => {
+                record_solve(solved, name, Stop::Infeasible, t0);
+                return SplitOutcome::Open;
+            }
+            Err(_) => {
+                record_solve(solved, name, Stop::TimeLimit, t0);
+                return SplitOutcome::OutOfTime { refuted: false };
+            }
+        };
+        record_solve(solved, name, Stop::Feasible, t0);
+        let t0 = Instant::now();
+        match self.decompose_aggregate(split, &agg, &split_left) {
+            Err(()) => {
+                record_solve(solved, "decompose", Stop::TimeLimit, t0);
+                SplitOutcome::OutOfTime { refuted: false }
+            }
+            Ok(None) => {
+                record_solve(solved, "decompose", Stop::Infeasible, t0);
+                SplitOutcome::Open
+            }
+            Ok(Some(transfers)) => {
+                record_solve(solved, "decompose", Stop::Feasible, t0);
+                SplitOutcome::Found(Algorithm {
+                    collective: Collective::AllGather,
+                    nranks: links.n as u32,
+                    instance: inst,
+                    rounds_per_step: agg.rounds,
+                    origins: origins.to_vec(),
+                    transfers,
+                })
+            }
+        }
+    }
+
+    /// The dive of `split`: an algorithm when it reaches an integral point that checks.
+    /// Largest fractional send first; when that dies, earliest step first. A dive ends by
+    /// itself (one LP per fixed send), so it may take all the time left; the split's share
+    /// bounds only the decomposition after it.
+    fn dive(&self, split: &[u32], solved: &mut Solved) -> Option<Algorithm> {
+        let (links, origins, inst, sym) = (self.links, self.origins, self.inst, self.sym);
+        let t0 = Instant::now();
+        let mut dived = dive(links, origins, inst, sym, split, false, self.left());
+        if matches!(&dived, Err(e) if e != "time limit") {
+            dived = dive(links, origins, inst, sym, split, true, self.left());
+        }
+        let dead_end = matches!(&dived, Err(e) if e != "time limit");
+        if let Ok(Some(m)) = dived {
+            let alg = Algorithm {
+                collective: Collective::AllGather,
+                nranks: links.n as u32,
+                instance: inst,
+                rounds_per_step: m.rounds,
+                origins: origins.to_vec(),
+                transfers: m.transfers,
+            };
+            if alg.check(links).is_ok() {
+                record_solve(solved, "dive", Stop::Feasible, t0);
+                return Some(alg);
+            }
+        }
+        record_solve(
+            solved,
+            "dive",
+            if dead_end {
+                Stop::DeadEnd
+            } else {
+                Stop::TimeLimit
+            },
+            t0,
+        );
+        None
+    }
+
+    /// The aggregate solution `agg` of `split` decomposed into chunks, origin by origin:
+    /// first within the aggregate's own sends; else anywhere the others leave room (the
+    /// decomposed origins as they are, the rest as aggregated). The transfers (sorted);
+    /// `Ok(None)`: an origin does not decompose; `Err`: time limit.
+    fn decompose_aggregate(
+        &self,
+        split: &[u32],
+        agg: &ModelSolution,
+        split_left: &dyn Fn() -> f64,
+    ) -> Result<Option<Vec<Transfer>>, ()> {
+        let (links, origins, inst) = (self.links, self.origins, self.inst);
+        let mut transfers = Vec::new();
+        // Loads of every class's aggregate on the physical links.
+        let link_list = links.links();
+        let loads: Vec<HashMap<(usize, usize, u32), u32>> = agg
+            .aggregates
+            .iter()
+            .map(|(_, images, counts)| {
+                let mut m = HashMap::new();
+                for (&(li, s), &k) in counts {
+                    let (u, v) = link_list[li];
+                    for p in images {
+                        *m.entry((p[u], p[v], s)).or_insert(0) += k;
+                    }
+                }
+                m
+            })
+            .collect();
+        let mut done: HashMap<(usize, usize, u32), u32> = HashMap::new();
+        for (ai, (origin, images, counts)) in agg.aggregates.iter().enumerate() {
+            let mut found =
+                decompose(links, *origin, inst, counts, split_left()).map_err(|_| ())?;
+            if found.is_none() {
+                let mut fixed = done.clone();
+                for load in loads.iter().skip(ai + 1) {
+                    for (&key, &k) in load {
+                        *fixed.entry(key).or_insert(0) += k;
+                    }
+                }
+                found =
+                    decompose_residual(links, *origin, images, inst, split, &fixed, split_left())
+                        .map_err(|_| ())?;
+            }
+            let Some(chunks) = found else {
+                return Ok(None);
+            };
+            for p in images {
+                let o = p[*origin];
+                let oi = origins.iter().position(|&x| x as usize == o).unwrap_or(0);
+                for &(k, u, v, step) in &chunks {
+                    *done.entry((p[u], p[v], step)).or_insert(0) += 1;
+                    transfers.push(Transfer {
+                        step,
+                        chunk: oi as u32 * inst.chunks + k,
+                        from: p[u] as u32,
+                        to: p[v] as u32,
+                    });
+                }
+            }
+        }
+        transfers.sort_unstable();
+        Ok(Some(transfers))
+    }
 }
 
 /// Solves one instance of `collective` over `links` (combining collectives as their duals,
