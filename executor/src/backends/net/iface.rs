@@ -7,54 +7,7 @@
 
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 
-/// A parsed `HCCL_SOCKET_IFNAME`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IfSpec {
-    exclude: bool,
-    exact: bool,
-    names: Vec<String>,
-}
-
-impl IfSpec {
-    /// Parses the variable's value.
-    pub fn parse(text: &str) -> Result<IfSpec, String> {
-        let mut rest = text.trim();
-        let exclude = rest.starts_with('^');
-        if exclude {
-            rest = &rest[1..];
-        }
-        let exact = rest.starts_with('=');
-        if exact {
-            rest = &rest[1..];
-        }
-        let names: Vec<String> = rest
-            .split(',')
-            .map(str::trim)
-            .filter(|n| !n.is_empty())
-            .map(String::from)
-            .collect();
-        if names.is_empty() {
-            return Err(format!("HCCL_SOCKET_IFNAME={text}: names no interface"));
-        }
-        Ok(IfSpec {
-            exclude,
-            exact,
-            names,
-        })
-    }
-
-    /// Whether interface `name` may be used.
-    pub fn matches(&self, name: &str) -> bool {
-        let listed = self.names.iter().any(|n| {
-            if self.exact {
-                name == n
-            } else {
-                name.starts_with(n.as_str())
-            }
-        });
-        listed != self.exclude
-    }
-}
+pub use crate::config::IfSpec;
 
 /// One address of a local interface.
 #[derive(Debug, Clone, PartialEq, Eq)]

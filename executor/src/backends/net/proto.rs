@@ -13,6 +13,7 @@
 //! reserved slot to land in, the receiving thread never waits for the engine, and several
 //! connections can share one socket without head-of-line blocking.
 
+use crate::transport::Seg;
 use hccl_ir::CONNECTION_SLOTS;
 use std::sync::Mutex;
 
@@ -157,18 +158,6 @@ impl Header {
 
 /// Last word of every header: catches a stream that lost its framing.
 const FRAME_CHECK: u32 = 0x4846_524d; // "MRFH"
-
-/// A piece of a message: `len` bytes at `ptr` that land at `off` in the receiver's slot.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Seg {
-    pub off: usize,
-    pub ptr: *const u8,
-    pub len: usize,
-}
-
-// SAFETY: a `Seg` is only dereferenced while the engine that made it waits for the send to
-// finish, and the memory it points to is not written meanwhile.
-unsafe impl Send for Seg {}
 
 /// Splits the segments of a message into at most `max_parts` parts of nearly equal bytes
 /// (none under [`MIN_PART`] unless the message is), preserving order. Empty segments vanish;

@@ -1,232 +1,26 @@
 //! [`CudaGroup`]: all ranks of a group in this process, on one or several GPUs.
 
+use super::call::{Call, DeviceMap, VCall};
+use super::device::{Dev, DeviceBuf, enable_peer_access};
 use super::kernels::{self, THREADS};
-use super::lower::{self, BlockLayout, Cmd, Lowered, Mem, Placement, Span};
+use super::lower::{self, Cmd, Lowered, Mem, Placement, Span};
 use super::{CudaError, drv, probe};
 use crate::config::Config;
 use crate::dtype::{DataType, Element, ReduceOp};
 use crate::program::{self, ConnTable, Entry};
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaModule, CudaStream, LaunchConfig,
-    PushKernelArg, result, sys,
+    CudaContext, CudaEvent, CudaGraph, CudaStream, LaunchConfig, PushKernelArg, result, sys,
 };
-use hccl_ir::{Collective, CollectiveKind, PlanFile};
+use hccl_ir::{Collective, PlanFile};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
-
-/// Which device (CUDA ordinal) each rank runs on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceMap {
-    ordinals: Vec<usize>,
-}
-
-impl DeviceMap {
-    /// `nranks` ranks sharing device `ordinal`.
-    pub fn single(ordinal: usize, nranks: u32) -> DeviceMap {
-        DeviceMap {
-            ordinals: vec![ordinal; nranks as usize],
-        }
-    }
-
-    /// Rank `r` on device `r`.
-    pub fn one_per_device(nranks: u32) -> DeviceMap {
-        DeviceMap {
-            ordinals: (0..nranks as usize).collect(),
-        }
-    }
-
-    /// An explicit device per rank.
-    pub fn per_rank(ordinals: Vec<usize>) -> DeviceMap {
-        DeviceMap { ordinals }
-    }
-
-    /// The device of every rank.
-    pub fn ordinals(&self) -> &[usize] {
-        &self.ordinals
-    }
-}
-
-/// One collective call of a group: what the plan is looked up with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Call {
-    pub collective: Collective,
-    pub dtype: DataType,
-    /// Ignored by collectives that do not reduce.
-    pub op: ReduceOp,
-    /// `N`: elements of the whole collective buffer (nccl-tests size / element size):
-    /// AllGather's whole output, ReduceScatter's whole input, what one rank sends in AllToAll.
-    pub count: usize,
-    pub in_place: bool,
-}
-
-impl Call {
-    /// Bytes of the collective buffer (the plan's size key).
-    pub fn bytes(&self) -> u64 {
-        (self.count * self.dtype.size()) as u64
-    }
-
-    fn shape(&self) -> lower::CallShape {
-        lower::CallShape {
-            collective: self.collective,
-            op: if self.collective.kind().reduces() {
-                self.op
-            } else {
-                ReduceOp::Sum
-            },
-            esize: self.dtype.size(),
-            total: self.count,
-            in_place: self.in_place,
-        }
-    }
-
-    /// Element offsets and lengths of `rank`'s input and output inside its buffers:
-    /// `(input in recv buffer?, input offset, input len, output offset, output len)`.
-    fn layout(&self, rank: u32, nranks: u32) -> (bool, usize, usize, usize, usize) {
-        let shape = self.shape();
-        let (inl, outl) = shape.extents(nranks);
-        let blk = self.count / nranks.max(1) as usize;
-        let r_off = rank as usize * blk;
-        match (self.in_place, self.collective.kind()) {
-            (true, CollectiveKind::AllGather) => (true, r_off, inl, 0, outl),
-            (true, CollectiveKind::ReduceScatter) => (true, 0, inl, r_off, outl),
-            (true, _) => (true, 0, inl, 0, outl),
-            (false, _) => (false, 0, inl, 0, outl),
-        }
-    }
-}
-
-/// An AllToAllv of a group: the element type and every rank's blocks (see
-/// [`BlockLayout`]). Rank `r`'s input holds [`BlockLayout::send_len`]`(r)` elements and its
-/// output [`BlockLayout::recv_len`]`(r)`; zero counts are allowed.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct VCall {
-    pub dtype: DataType,
-    pub layout: BlockLayout,
-}
+use std::sync::{Arc, OnceLock};
 
 /// A call of either kind, as the cache and the launch path see it.
 #[derive(Clone, Copy)]
 enum Which<'a> {
     Plain(&'a Call),
     V(&'a VCall),
-}
-
-/// Device memory from `cuMemAlloc` (plain allocations, so peers can map them).
-struct DeviceBuf {
-    ptr: sys::CUdeviceptr,
-    bytes: usize,
-    ctx: Arc<CudaContext>,
-}
-
-impl DeviceBuf {
-    fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<DeviceBuf, CudaError> {
-        drv(|| "binding the context".into(), ctx.bind_to_thread())?;
-        let size = bytes.max(16);
-        // SAFETY: plain allocation of `size` bytes in the current context, owned by the
-        // returned value and freed in its Drop.
-        let ptr = drv(
-            || format!("allocating {size} bytes on device {}", ctx.ordinal()),
-            unsafe { result::malloc_sync(size) },
-        )?;
-        let buf = DeviceBuf {
-            ptr,
-            bytes,
-            ctx: ctx.clone(),
-        };
-        // SAFETY: `ptr` is valid for `size` bytes.
-        drv(|| "clearing a new buffer".into(), unsafe {
-            sys::cuMemsetD8_v2(ptr, 0, size).result()
-        })?;
-        Ok(buf)
-    }
-}
-
-impl Drop for DeviceBuf {
-    fn drop(&mut self) {
-        if self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: allocated by `malloc_sync` in this context and freed once; the group
-            // synchronizes its devices before dropping buffers that work may still use.
-            let _ = unsafe { result::free_sync(self.ptr) };
-        }
-    }
-}
-
-/// The compiled kernels of one context.
-struct KernelSet {
-    _module: Arc<CudaModule>,
-    funcs: HashMap<String, CudaFunction>,
-}
-
-/// PTX per target architecture, compiled once per process.
-fn ptx_for(arch: &str) -> Result<cudarc::nvrtc::Ptx, CudaError> {
-    static CACHE: OnceLock<Mutex<HashMap<String, cudarc::nvrtc::Ptx>>> = OnceLock::new();
-    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-    let mut map = cache
-        .lock()
-        .map_err(|_| CudaError::Internal("kernel cache lock poisoned".into()))?;
-    if let Some(p) = map.get(arch) {
-        return Ok(p.clone());
-    }
-    let opts = cudarc::nvrtc::CompileOptions {
-        options: vec![
-            format!("--gpu-architecture={arch}"),
-            "-default-device".into(),
-        ],
-        ..Default::default()
-    };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(kernels::source(), opts).map_err(|e| {
-        let message = match &e {
-            cudarc::nvrtc::CompileError::CompileError { log, .. } => {
-                log.to_string_lossy().into_owned()
-            }
-            other => format!("{other:?}"),
-        };
-        CudaError::Compile {
-            arch: arch.to_string(),
-            message,
-        }
-    })?;
-    map.insert(arch.to_string(), ptx.clone());
-    Ok(ptx)
-}
-
-/// One device of the group.
-struct Dev {
-    ctx: Arc<CudaContext>,
-    /// The stream calls are launched, forked and joined on, and graphs captured from.
-    main: Arc<CudaStream>,
-    sms: u32,
-    arch: String,
-    kernels: OnceLock<Result<Arc<KernelSet>, String>>,
-}
-
-impl Dev {
-    fn kernels(&self) -> Result<Arc<KernelSet>, CudaError> {
-        let got = self.kernels.get_or_init(|| {
-            let load = || -> Result<Arc<KernelSet>, CudaError> {
-                let ptx = ptx_for(&self.arch)?;
-                let module = drv(
-                    || "loading the kernel module".into(),
-                    self.ctx.load_module(ptx),
-                )?;
-                let mut funcs = HashMap::new();
-                for name in kernels::all_names() {
-                    let f = drv(
-                        || format!("looking up kernel {name}"),
-                        module.load_function(&name),
-                    )?;
-                    funcs.insert(name, f);
-                }
-                Ok(Arc::new(KernelSet {
-                    _module: module,
-                    funcs,
-                }))
-            };
-            load().map_err(|e| e.to_string())
-        });
-        got.clone().map_err(CudaError::Invalid)
-    }
 }
 
 /// A lowered call with everything its replay needs.
@@ -309,7 +103,7 @@ impl CudaGroup {
             )));
         }
         let info = probe()?;
-        let (keep, conns) = crate::comm::prepare_plan(plan, nranks, config)?;
+        let (keep, conns) = crate::plan_checks::prepare_plan(plan, nranks, config)?;
         let mut devs: Vec<Dev> = Vec::new();
         let mut ordinal_dev: HashMap<usize, usize> = HashMap::new();
         let mut rank_dev = Vec::with_capacity(nranks as usize);
@@ -507,7 +301,7 @@ impl CudaGroup {
         }
         if self.v_fallback.is_none() {
             let plan = crate::fallback::alltoall_plan(n, 2, 1);
-            let (keep, conns) = crate::comm::prepare_plan(&plan, n, &Config::default())?;
+            let (keep, conns) = crate::plan_checks::prepare_plan(&plan, n, &Config::default())?;
             let i = *keep.first().ok_or_else(|| {
                 CudaError::Internal("the built-in AllToAll plan has no entry".into())
             })?;
@@ -1145,86 +939,4 @@ fn event_queues(low: &Lowered) -> Vec<u32> {
         }
     }
     v
-}
-
-/// Enables peer access between every pair of devices that supports it; returns the matrix
-/// of direct access (by device index).
-fn enable_peer_access(devs: &[Dev]) -> Result<Vec<Vec<bool>>, CudaError> {
-    let n = devs.len();
-    let mut direct = vec![vec![false; n]; n];
-    for a in 0..n {
-        direct[a][a] = true;
-        for b in 0..n {
-            if a == b {
-                continue;
-            }
-            let mut can = 0i32;
-            // SAFETY: plain query on two valid device handles.
-            let ok = unsafe {
-                sys::cuDeviceCanAccessPeer(
-                    &mut can,
-                    devs[a].ctx.cu_device(),
-                    devs[b].ctx.cu_device(),
-                )
-            }
-            .result()
-            .is_ok();
-            if !ok || can == 0 {
-                continue;
-            }
-            drv(
-                || "binding the context".into(),
-                devs[a].ctx.bind_to_thread(),
-            )?;
-            // SAFETY: enables access from the current context (a) to b's context; both live
-            // as long as the group.
-            let r = unsafe { sys::cuCtxEnablePeerAccess(devs[b].ctx.cu_ctx(), 0) };
-            if r == sys::CUresult::CUDA_SUCCESS
-                || r == sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
-            {
-                direct[a][b] = true;
-            } else {
-                tracing::warn!(a, b, ?r, "cuda: peer access not enabled; staging copies");
-            }
-        }
-    }
-    Ok(direct)
-}
-
-/// Device-to-device copy bandwidth on device `ordinal`: copies `bytes` `iters` times
-/// between two buffers and returns `(seconds per copy, GB/s counting bytes copied)`;
-/// double the rate to count bytes read plus written.
-pub fn memcpy_bandwidth(ordinal: usize, bytes: usize, iters: u32) -> Result<(f64, f64), CudaError> {
-    probe()?;
-    let ctx = drv(
-        || format!("creating the context of device {ordinal}"),
-        CudaContext::new(ordinal),
-    )?;
-    let stream = drv(|| "creating a stream".into(), ctx.new_stream())?;
-    let a = DeviceBuf::new(&ctx, bytes)?;
-    let b = DeviceBuf::new(&ctx, bytes)?;
-    let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
-    let start = drv(|| "creating an event".into(), ctx.new_event(flags))?;
-    let end = drv(|| "creating an event".into(), ctx.new_event(flags))?;
-    let copy = |dst: &DeviceBuf, src: &DeviceBuf| {
-        // SAFETY: two distinct live allocations of `bytes` bytes each.
-        drv(|| "cuMemcpyDtoDAsync".into(), unsafe {
-            result::memcpy_dtod_async(dst.ptr, src.ptr, bytes, stream.cu_stream())
-        })
-    };
-    copy(&b, &a)?;
-    drv(|| "recording".into(), start.record(&stream))?;
-    for i in 0..iters.max(1) {
-        if i % 2 == 0 {
-            copy(&b, &a)?
-        } else {
-            copy(&a, &b)?
-        }
-    }
-    drv(|| "recording".into(), end.record(&stream))?;
-    drv(|| "synchronizing".into(), end.synchronize())?;
-    let ms = drv(|| "reading the timer".into(), start.elapsed_ms(&end))?;
-    let secs = f64::from(ms) * 1e-3 / f64::from(iters.max(1));
-    drv(|| "synchronizing".into(), stream.synchronize())?;
-    Ok((secs, bytes as f64 / secs / 1e9))
 }

@@ -6,9 +6,10 @@
 //! [`crate::arena`].
 
 use crate::arena::{Arena, Layout};
-use crate::comm::{Communicator, RankState, Regroup, Shared, next_origin, prepare_plan};
+use crate::comm::{Backend, Communicator, RankState, Shared, next_origin};
 use crate::config::{Config, PlanOrigin, PlanSource, split_world};
 use crate::error::{ExecError, Result};
+use crate::plan_checks::prepare_plan;
 use hccl_ir::PlanFile;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
@@ -135,7 +136,7 @@ fn build(
         spin_polls: crate::comm::spin_polls_for(n),
         origin,
         plan_origin,
-        regroup: Regroup::Threads(Arc::new(Meeting::new(n))),
+        backend: Box::new(Meeting::new(n)),
     });
     Ok(states
         .into_iter()
@@ -179,11 +180,23 @@ impl Meeting {
             cv: Condvar::new(),
         }
     }
+}
+
+impl Backend for Meeting {
+    /// This machine's ([`crate::backends::net::host_id`]): every rank is a thread of this process.
+    fn host_of(&self, _rank: u32) -> String {
+        crate::backends::net::host_id()
+    }
+
+    /// Never: every rank is a thread of this process.
+    fn process_gone(&self, _arena: &Arena, _p: u32) -> bool {
+        false
+    }
 
     /// Rank `me` (a survivor of `failed`, the survivors being `alive`) joins the meeting and
     /// waits, at most the timeout, for its communicator in the group of `alive`, whose plan
     /// comes from `chosen` (`from`: the source it was chosen from).
-    pub(crate) fn shrink(
+    fn shrink(
         &self,
         me: u32,
         failed: &[u32],

@@ -21,11 +21,15 @@
 //!   their captured graphs, and the helpers benchmarks need (fill, read back, event timing,
 //!   device-to-device copy bandwidth).
 
+mod call;
+mod device;
 mod group;
 pub mod kernels;
 pub mod lower;
 
-pub use group::{Call, CudaGroup, DeviceMap, VCall, memcpy_bandwidth};
+pub use call::{Call, DeviceMap, VCall};
+pub use device::memcpy_bandwidth;
+pub use group::CudaGroup;
 pub use lower::BlockLayout;
 
 use thiserror::Error;

@@ -44,323 +44,17 @@
 //! side (what `r` sends `b` in its input, what it receives from `b` in its output). The
 //! layout is checked first so that both ends of every message agree on its size.
 
-use crate::cuda::CudaError;
+mod cmds;
+mod emit;
+
+pub use cmds::{BlockLayout, CallShape, Cmd, Lowered, Mem, OneDevice, Placement, Queue, Span};
+
+use super::CudaError;
 use crate::dtype::ReduceOp;
-use crate::program::{Entry, Kind};
+use crate::program::{Entry, Instr, Kind};
+use emit::Emitter;
 use hccl_ir::{Buf, Collective, CollectiveKind, Loc};
 use std::collections::{BTreeMap, VecDeque};
-
-/// A device allocation of the group, by role.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Mem {
-    /// Rank's send buffer (the caller's input of an out-of-place call).
-    Send(u32),
-    /// Rank's receive buffer (the caller's output; input too when in place).
-    Recv(u32),
-    /// Rank's scratch buffer.
-    Scratch(u32),
-    /// Rank's temporary copy of its input (placement adaptation).
-    Temp(u32),
-    /// Message staging area `i` of [`Lowered::staging`].
-    Staging(u32),
-}
-
-/// A byte range of one allocation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Span {
-    pub mem: Mem,
-    /// Offset in bytes.
-    pub off: usize,
-    /// Length in bytes.
-    pub len: usize,
-}
-
-impl Span {
-    fn overlaps(&self, o: &Span) -> bool {
-        self.mem == o.mem
-            && self.len > 0
-            && o.len > 0
-            && self.off < o.off + o.len
-            && o.off < self.off + self.len
-    }
-
-    /// Whether the two spans share a byte of the same allocation.
-    pub fn overlaps_pub(&self, o: &Span) -> bool {
-        self.overlaps(o)
-    }
-
-    fn with_len(self, len: usize) -> Span {
-        Span { len, ..self }
-    }
-
-    fn at(self, off: usize) -> Span {
-        Span {
-            off: self.off + off,
-            ..self
-        }
-    }
-}
-
-/// One device command. Queues are indices into [`Lowered::queues`], events into
-/// `0..Lowered::events`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Cmd {
-    /// `queue` waits for the last issued record of `event`.
-    Wait { queue: u32, event: u32 },
-    /// `event` records the work issued to `queue` so far.
-    Record { queue: u32, event: u32 },
-    /// `dst ← src` (`dst.len == src.len`; the spans do not overlap).
-    Copy { queue: u32, dst: Span, src: Span },
-    /// `dst[i] ← a[i] ⊕ b[i]` elementwise (equal lengths; `dst` is either equal to one input
-    /// or overlaps neither).
-    Reduce {
-        queue: u32,
-        dst: Span,
-        a: Span,
-        b: Span,
-    },
-    /// `x[i] ← x[i] / nranks` (the finishing pass of [`ReduceOp::Avg`]).
-    Divide { queue: u32, span: Span },
-}
-
-impl Cmd {
-    /// The queue the command is issued to.
-    pub fn queue(&self) -> u32 {
-        match *self {
-            Cmd::Wait { queue, .. }
-            | Cmd::Record { queue, .. }
-            | Cmd::Copy { queue, .. }
-            | Cmd::Reduce { queue, .. }
-            | Cmd::Divide { queue, .. } => queue,
-        }
-    }
-}
-
-/// Where a rank's plan streams run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Queue {
-    pub rank: u32,
-    /// The IR stream (an extra queue for ranks without streams has index 0).
-    pub stream: u32,
-}
-
-/// The sizes of one call, as the lowering needs them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CallShape {
-    pub collective: Collective,
-    pub op: ReduceOp,
-    /// Element size in bytes.
-    pub esize: usize,
-    /// `N`: elements of the whole collective buffer (nccl-tests "size" / element size).
-    pub total: usize,
-    pub in_place: bool,
-}
-
-impl CallShape {
-    /// Whether the collective is cut into one block per rank.
-    pub fn blocked(&self) -> bool {
-        matches!(
-            self.collective.kind(),
-            CollectiveKind::AllGather | CollectiveKind::ReduceScatter | CollectiveKind::AllToAll
-        )
-    }
-
-    /// Elements of the caller's input and output buffers for `nranks` ranks.
-    pub fn extents(&self, nranks: u32) -> (usize, usize) {
-        let blk = self.total / nranks.max(1) as usize;
-        match self.collective.kind() {
-            CollectiveKind::AllGather => (blk, self.total),
-            CollectiveKind::ReduceScatter => (self.total, blk),
-            _ => (self.total, self.total),
-        }
-    }
-}
-
-/// A call lowered to device commands for every rank.
-#[derive(Debug, Clone)]
-pub struct Lowered {
-    pub queues: Vec<Queue>,
-    pub events: u32,
-    /// Commands in issue order.
-    pub cmds: Vec<Cmd>,
-    /// Message staging areas: the rank whose device holds each, and its size in bytes.
-    pub staging: Vec<(u32, usize)>,
-    /// Bytes needed per rank: send, receive, scratch, temp buffers.
-    pub send_bytes: usize,
-    pub recv_bytes: usize,
-    pub scratch_bytes: Vec<usize>,
-    pub temp_bytes: usize,
-    /// Messages that had to be staged because direct reads would have closed a cycle.
-    pub staged_for_order: usize,
-}
-
-impl Lowered {
-    /// Number of copy and reduce commands (what a replay launches).
-    pub fn work_commands(&self) -> usize {
-        self.cmds
-            .iter()
-            .filter(|c| {
-                matches!(
-                    c,
-                    Cmd::Copy { .. } | Cmd::Reduce { .. } | Cmd::Divide { .. }
-                )
-            })
-            .count()
-    }
-}
-
-/// What the lowering needs to know about where ranks live.
-pub trait Placement {
-    /// Whether rank `reader`'s device can access rank `owner`'s memory directly (always true
-    /// for ranks on the same device).
-    fn direct(&self, reader: u32, owner: u32) -> bool;
-}
-
-/// Every rank on one device.
-#[derive(Debug, Clone, Copy)]
-pub struct OneDevice;
-
-impl Placement for OneDevice {
-    fn direct(&self, _reader: u32, _owner: u32) -> bool {
-        true
-    }
-}
-
-/// The blocks of an AllToAllv for every rank of a group, in elements: `send_counts[r][p]`
-/// elements of rank `r`'s input from `send_displs[r][p]` go to rank `p`, and
-/// `recv_counts[r][p]` elements from rank `p` land at `recv_displs[r][p]` of `r`'s output
-/// (`MPI_Alltoallv`'s arguments, for all ranks at once).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct BlockLayout {
-    pub send_counts: Vec<Vec<usize>>,
-    pub send_displs: Vec<Vec<usize>>,
-    pub recv_counts: Vec<Vec<usize>>,
-    pub recv_displs: Vec<Vec<usize>>,
-}
-
-impl BlockLayout {
-    /// The layout where `counts[r][p]` elements go from rank `r` to rank `p`, every rank's
-    /// blocks packed in rank order on both sides.
-    pub fn packed(counts: Vec<Vec<usize>>) -> BlockLayout {
-        let n = counts.len();
-        let displs = |c: &[usize]| {
-            c.iter()
-                .scan(0usize, |at, &x| {
-                    let d = *at;
-                    *at = at.saturating_add(x);
-                    Some(d)
-                })
-                .collect::<Vec<_>>()
-        };
-        let recv_counts: Vec<Vec<usize>> = (0..n)
-            .map(|r| {
-                (0..n)
-                    .map(|p| counts[p].get(r).copied().unwrap_or(0))
-                    .collect()
-            })
-            .collect();
-        BlockLayout {
-            send_displs: counts.iter().map(|c| displs(c)).collect(),
-            recv_displs: recv_counts.iter().map(|c| displs(c)).collect(),
-            send_counts: counts,
-            recv_counts,
-        }
-    }
-
-    /// Number of ranks.
-    pub fn nranks(&self) -> usize {
-        self.send_counts.len()
-    }
-
-    /// The largest block of the call.
-    pub fn largest(&self) -> usize {
-        self.send_counts
-            .iter()
-            .flatten()
-            .copied()
-            .max()
-            .unwrap_or(0)
-    }
-
-    /// Elements rank `r`'s input must hold: the end of its last non-empty block.
-    pub fn send_len(&self, r: usize) -> usize {
-        extent(&self.send_counts[r], &self.send_displs[r])
-    }
-
-    /// Elements rank `r`'s output must hold.
-    pub fn recv_len(&self, r: usize) -> usize {
-        extent(&self.recv_counts[r], &self.recv_displs[r])
-    }
-
-    /// Checks the layout for `n` ranks: `n` counts and displacements per rank and side,
-    /// blocks that do not overflow, output blocks that do not overlap, and every pair's
-    /// two ends agreeing (what `r` sends `p` is what `p` receives from `r`).
-    pub fn check(&self, n: usize) -> Result<(), CudaError> {
-        let bad = |m: String| CudaError::Invalid(format!("alltoallv: {m}"));
-        for (name, v) in [
-            ("send counts", &self.send_counts),
-            ("send displacements", &self.send_displs),
-            ("receive counts", &self.recv_counts),
-            ("receive displacements", &self.recv_displs),
-        ] {
-            if v.len() != n {
-                return Err(bad(format!("{} ranks of {name} for {n} ranks", v.len())));
-            }
-            if let Some((r, row)) = v.iter().enumerate().find(|(_, row)| row.len() != n) {
-                return Err(bad(format!(
-                    "rank {r} has {} {name} for {n} ranks",
-                    row.len()
-                )));
-            }
-        }
-        for r in 0..n {
-            for (what, counts, displs) in [
-                ("send", &self.send_counts[r], &self.send_displs[r]),
-                ("receive", &self.recv_counts[r], &self.recv_displs[r]),
-            ] {
-                if let Some(p) = (0..n).find(|&p| counts[p].checked_add(displs[p]).is_none()) {
-                    return Err(bad(format!(
-                        "rank {r}'s {what} block for rank {p} overflows (displacement {}, count {})",
-                        displs[p], counts[p]
-                    )));
-                }
-            }
-            let mut blocks: Vec<(usize, usize, usize)> = (0..n)
-                .filter(|&p| self.recv_counts[r][p] > 0)
-                .map(|p| {
-                    let d = self.recv_displs[r][p];
-                    (d, d + self.recv_counts[r][p], p)
-                })
-                .collect();
-            blocks.sort_unstable();
-            if let Some(w) = blocks.windows(2).find(|w| w[1].0 < w[0].1) {
-                return Err(bad(format!(
-                    "rank {r}'s receive blocks from ranks {} and {} overlap",
-                    w[0].2, w[1].2
-                )));
-            }
-            for p in 0..n {
-                let (sent, taken) = (self.send_counts[r][p], self.recv_counts[p][r]);
-                if sent != taken {
-                    return Err(bad(format!(
-                        "rank {r} sends {sent} elements to rank {p}, which receives {taken}"
-                    )));
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-fn extent(counts: &[usize], displs: &[usize]) -> usize {
-    counts
-        .iter()
-        .zip(displs)
-        .filter(|(c, _)| **c > 0)
-        .map(|(c, d)| c + d)
-        .max()
-        .unwrap_or(0)
-}
 
 /// Element geometry of a call.
 #[derive(Debug, Clone, Copy)]
@@ -481,6 +175,12 @@ pub(crate) fn lower_v(
     Ok(low)
 }
 
+/// Lowers `entries` for a call of `shape` (`var`: the blocks of an AllToAllv), with devices
+/// placed as `place` says.
+///
+/// Phases: the steps as nodes on queues ([`Graph::new`]); where each rank's buffers live
+/// ([`place_buffers`]); messages paired ([`pair_messages`]); the order of issue and what
+/// each node waits for ([`order_nodes`]); the commands ([`emit`], [`emit_tail`]).
 fn lower_with(
     entries: &[Entry],
     shape: &CallShape,
@@ -516,51 +216,118 @@ fn lower_with(
         maxc: (blk as u64).div_ceil(cpb) as usize,
         var,
     };
+
+    let g = Graph::new(entries);
+    let placed = place_buffers(entries, shape, blk);
+    let (incoming, outgoing) = pair_messages(&g)?;
+    let links = (incoming.as_slice(), outgoing.as_slice());
+    let ord = order_nodes(&g, &geo, &placed.bases, links, place)?;
+    let Emitted {
+        mut em,
+        staging,
+        scratch_bytes,
+    } = emit(&g, &geo, &placed, links, &ord)?;
+    emit_tail(&mut em, &g, shape, &placed, blk);
+    Ok(Lowered {
+        queues: g.queues,
+        events: em.events,
+        cmds: em.cmds,
+        staging,
+        send_bytes: placed.send_bytes,
+        recv_bytes: shape.total * es,
+        scratch_bytes,
+        temp_bytes: placed.temp_bytes,
+        staged_for_order: ord.staged_for_order,
+    })
+}
+
+/// The steps of a lowering as nodes: one per step of every rank, on one queue per stream
+/// of each rank (a rank without streams still gets one, its first).
+struct Graph<'a> {
+    entries: &'a [Entry],
+    queues: Vec<Queue>,
+    /// Per rank: its first queue.
+    first_queue: Vec<u32>,
+    nodes: Vec<Node>,
+    /// The node of (rank, stream, step).
+    node_of: Vec<Vec<Vec<NodeId>>>,
+}
+
+impl<'a> Graph<'a> {
+    fn new(entries: &'a [Entry]) -> Graph<'a> {
+        let n = entries.len();
+        let mut queues = Vec::new();
+        let mut first_queue = Vec::with_capacity(n);
+        let mut nodes: Vec<Node> = Vec::new();
+        // node index of (rank, stream, step)
+        let mut node_of: Vec<Vec<Vec<NodeId>>> = Vec::with_capacity(n);
+        for (r, e) in entries.iter().enumerate() {
+            first_queue.push(queues.len() as u32);
+            let mut per_stream = Vec::new();
+            for (s, steps) in e.program.streams.iter().enumerate() {
+                let q = queues.len() as u32;
+                queues.push(Queue {
+                    rank: r as u32,
+                    stream: s as u32,
+                });
+                let mut ids = Vec::with_capacity(steps.len());
+                for t in 0..steps.len() {
+                    ids.push(nodes.len());
+                    nodes.push(Node {
+                        rank: r as u32,
+                        queue: q,
+                        stream: s as u32,
+                        step: t as u32,
+                    });
+                }
+                per_stream.push(ids);
+            }
+            if e.program.streams.is_empty() {
+                queues.push(Queue {
+                    rank: r as u32,
+                    stream: 0,
+                });
+            }
+            node_of.push(per_stream);
+        }
+        Graph {
+            entries,
+            queues,
+            first_queue,
+            nodes,
+            node_of,
+        }
+    }
+
+    /// The step node `id` stands for.
+    fn instr(&self, id: NodeId) -> &'a Instr {
+        let nd = &self.nodes[id];
+        &self.entries[nd.rank as usize].program.streams[nd.stream as usize][nd.step as usize]
+    }
+}
+
+/// Where each rank's Input and Output live for a call of `shape` on a schedule whose
+/// placement is `scheduled_in_place` (an in-place call on an out-of-place schedule and vice
+/// versa), with the copies before (prologue) and after (epilogue) the schedule that this
+/// takes, and the temporary and send buffers it needs.
+struct Placed {
+    bases: Vec<Bases>,
+    /// Per rank: (destination, source) copies before the schedule.
+    prologue: Vec<Vec<(Span, Span)>>,
+    /// Per rank: (destination, source) copies after it.
+    epilogue: Vec<Vec<(Span, Span)>>,
+    temp_bytes: usize,
+    send_bytes: usize,
+}
+
+/// [`Placed`] for `entries` (`n` ranks, blocks of `blk` elements of `es` bytes).
+fn place_buffers(entries: &[Entry], shape: &CallShape, blk: usize) -> Placed {
+    let n = entries.len() as u32;
+    let es = shape.esize;
     let kind = shape.collective.kind();
     let (in_elems, _) = shape.extents(n);
     let total_bytes = shape.total * es;
-
-    // ---- queues and nodes ----
-    let mut queues = Vec::new();
-    let mut first_queue = Vec::with_capacity(n as usize);
-    let mut nodes: Vec<Node> = Vec::new();
-    // node index of (rank, stream, step)
-    let mut node_of: Vec<Vec<Vec<NodeId>>> = Vec::with_capacity(n as usize);
-    for (r, e) in entries.iter().enumerate() {
-        first_queue.push(queues.len() as u32);
-        let mut per_stream = Vec::new();
-        for (s, steps) in e.program.streams.iter().enumerate() {
-            let q = queues.len() as u32;
-            queues.push(Queue {
-                rank: r as u32,
-                stream: s as u32,
-            });
-            let mut ids = Vec::with_capacity(steps.len());
-            for t in 0..steps.len() {
-                ids.push(nodes.len());
-                nodes.push(Node {
-                    rank: r as u32,
-                    queue: q,
-                    stream: s as u32,
-                    step: t as u32,
-                });
-            }
-            per_stream.push(ids);
-        }
-        if e.program.streams.is_empty() {
-            queues.push(Queue {
-                rank: r as u32,
-                stream: 0,
-            });
-        }
-        node_of.push(per_stream);
-    }
-    let instr = |id: NodeId| {
-        let nd = &nodes[id];
-        &entries[nd.rank as usize].program.streams[nd.stream as usize][nd.step as usize]
-    };
-
-    // ---- placement: where Input/Output live, prologue/epilogue copies ----
+    let scheduled_in_place = entries.first().is_some_and(|e| e.in_place);
     let writes_input = entries.iter().any(|e| e.program.writes_input);
     let mut temp_bytes = 0usize;
     let mut send_bytes = 0usize;
@@ -573,7 +340,7 @@ fn lower_with(
         let send = Mem::Send(r);
         let temp = Mem::Temp(r);
         let sp = |mem, off, len| Span { mem, off, len };
-        let b = match (shape.in_place, first.in_place) {
+        let b = match (shape.in_place, scheduled_in_place) {
             (false, false) => {
                 send_bytes = in_elems * es;
                 if writes_input {
@@ -667,7 +434,21 @@ fn lower_with(
         bases.push(b);
     }
 
-    // ---- message pairing ----
+    Placed {
+        bases,
+        prologue,
+        epilogue,
+        temp_bytes,
+        send_bytes,
+    }
+}
+
+/// Pairs every receiving node with the sending node whose message it receives (the k-th
+/// receive of a connection meets its k-th send): per node, the sender of its incoming
+/// message and the receiver of its outgoing one.
+#[allow(clippy::type_complexity)]
+fn pair_messages(g: &Graph) -> Result<(Vec<Option<NodeId>>, Vec<Option<NodeId>>), CudaError> {
+    let (nodes, instr) = (&g.nodes, |id| g.instr(id));
     // Connection index (one per (from, to, channel)) -> FIFO of sender nodes, then matched by
     // receivers in stream order.
     let mut sends: BTreeMap<u32, VecDeque<NodeId>> = BTreeMap::new();
@@ -728,7 +509,34 @@ fn lower_with(
         ));
     }
 
-    // ---- base edges: stream order, deps, messages ----
+    Ok((incoming, outgoing))
+}
+
+/// The order nodes are issued in and what each waits for, and which messages the sender
+/// stages (copies to a staging area of the receiver's).
+struct Ordered {
+    order: Vec<NodeId>,
+    /// Per node: the nodes it waits for (stream order, dependencies, messages, and
+    /// write-after-read for direct messages).
+    all_preds: Vec<Vec<NodeId>>,
+    staged: Vec<bool>,
+    /// Messages staged only because reading them directly would order steps in a cycle.
+    staged_for_order: usize,
+}
+
+/// [`Ordered`] for the nodes of `g`: base edges (stream order, dependencies, messages);
+/// messages across devices without peer access staged; write-after-read edges for messages
+/// read directly from the sender's memory (or, when those close a cycle, those messages
+/// staged too).
+fn order_nodes(
+    g: &Graph,
+    geo: &Geo,
+    bases: &[Bases],
+    (incoming, outgoing): (&[Option<NodeId>], &[Option<NodeId>]),
+    place: &dyn Placement,
+) -> Result<Ordered, CudaError> {
+    let n = g.entries.len() as u32;
+    let (entries, nodes, node_of, instr) = (g.entries, &g.nodes, &g.node_of, |id| g.instr(id));
     let mut preds: Vec<Vec<NodeId>> = vec![Vec::new(); nodes.len()];
     for (id, nd) in nodes.iter().enumerate() {
         if nd.step > 0 {
@@ -756,7 +564,7 @@ fn lower_with(
             | Kind::RecvCopySend
             | Kind::Copy
             | Kind::Reduce => (0..ins.count)
-                .map(|i| span_of(&geo, b, nd.rank, ins.dst, i))
+                .map(|i| span_of(geo, b, nd.rank, ins.dst, i))
                 .collect(),
             _ => Vec::new(),
         }
@@ -773,7 +581,7 @@ fn lower_with(
         };
         Some(
             (0..ins.count)
-                .map(|i| span_of(&geo, b, nd.rank, loc, i))
+                .map(|i| span_of(geo, b, nd.rank, loc, i))
                 .collect(),
         )
     };
@@ -845,7 +653,46 @@ fn lower_with(
         }
     }
 
-    // ---- emission ----
+    Ok(Ordered {
+        order,
+        all_preds,
+        staged,
+        staged_for_order,
+    })
+}
+
+/// What emission produces besides the commands: the staging areas (owner rank, bytes) and
+/// each rank's scratch bytes.
+struct Emitted {
+    em: Emitter,
+    staging: Vec<(u32, usize)>,
+    scratch_bytes: Vec<usize>,
+}
+
+/// Emits the commands: the prologue copies on each rank's first queue (its other queues
+/// waiting for them), then every node in `ord.order`, after waits for its predecessors on
+/// other queues, with the copies and reductions of its step and the staging of its
+/// outgoing message.
+fn emit(
+    g: &Graph,
+    geo: &Geo,
+    placed: &Placed,
+    (incoming, outgoing): (&[Option<NodeId>], &[Option<NodeId>]),
+    ord: &Ordered,
+) -> Result<Emitted, CudaError> {
+    let n = g.entries.len() as u32;
+    let es = geo.esize;
+    let (entries, nodes, queues, first_queue, instr) =
+        (g.entries, &g.nodes, &g.queues, &g.first_queue, |id| {
+            g.instr(id)
+        });
+    let (bases, prologue) = (&placed.bases, &placed.prologue);
+    let Ordered {
+        order,
+        all_preds,
+        staged,
+        ..
+    } = ord;
     let mut em = Emitter {
         cmds: Vec::new(),
         events: 0,
@@ -884,7 +731,7 @@ fn lower_with(
     for (r, e) in entries.iter().enumerate() {
         scratch_bytes[r] = e.program.scratch_chunks as usize * geo.maxc * es;
     }
-    for &id in &order {
+    for &id in order {
         let nd = &nodes[id];
         let q = nd.queue;
         for &p in &all_preds[id] {
@@ -897,73 +744,9 @@ fn lower_with(
         }
         let ins = instr(id);
         let b = &bases[nd.rank as usize];
-        let span = |loc: Loc, i: u32| span_of(&geo, b, nd.rank, loc, i);
+        let span = |loc: Loc, i: u32| span_of(geo, b, nd.rank, loc, i);
         let message = incoming[id].map(|s| msg[s].clone().unwrap_or_default());
-        let mut produced: Option<Vec<Span>> = None;
-        match ins.kind {
-            Kind::Nop | Kind::Send => {}
-            Kind::Copy => {
-                for i in 0..ins.count {
-                    let (s, d) = (span(ins.src, i), span(ins.dst, i));
-                    let len = s.len.min(d.len);
-                    em.copy(q, d.with_len(len), s.with_len(len));
-                }
-            }
-            Kind::Reduce => {
-                for i in 0..ins.count {
-                    let (s, d) = (span(ins.src, i), span(ins.dst, i));
-                    let len = s.len.min(d.len);
-                    em.reduce(q, d.with_len(len), d.with_len(len), s.with_len(len));
-                }
-            }
-            Kind::Recv | Kind::RecvCopySend => {
-                let m = message.unwrap_or_default();
-                let mut out = Vec::new();
-                for i in 0..ins.count {
-                    let d = span(ins.dst, i);
-                    let len = m.get(i as usize).map_or(0, |x| x.len).min(d.len);
-                    if let Some(x) = m.get(i as usize) {
-                        em.copy(q, d.with_len(len), x.with_len(len));
-                    }
-                    out.push(d.with_len(len));
-                }
-                produced = Some(out);
-            }
-            Kind::RecvReduceCopy | Kind::RecvReduceCopySend => {
-                let m = message.unwrap_or_default();
-                let mut out = Vec::new();
-                for i in 0..ins.count {
-                    let (s, d) = (span(ins.src, i), span(ins.dst, i));
-                    let len = m.get(i as usize).map_or(0, |x| x.len).min(d.len).min(s.len);
-                    if let Some(x) = m.get(i as usize) {
-                        em.reduce(q, d.with_len(len), x.with_len(len), s.with_len(len));
-                    }
-                    out.push(d.with_len(len));
-                }
-                produced = Some(out);
-            }
-            Kind::RecvReduceSend => {
-                let m = message.unwrap_or_default();
-                let chunk = geo.maxc * es;
-                let area = Mem::Staging(staging.len() as u32);
-                staging.push((nd.rank, (ins.count as usize * chunk).max(1)));
-                let mut out = Vec::new();
-                for i in 0..ins.count {
-                    let s = span(ins.src, i);
-                    let len = m.get(i as usize).map_or(0, |x| x.len).min(s.len);
-                    let d = Span {
-                        mem: area,
-                        off: i as usize * chunk,
-                        len,
-                    };
-                    if let Some(x) = m.get(i as usize) {
-                        em.reduce(q, d, x.with_len(len), s.with_len(len));
-                    }
-                    out.push(d);
-                }
-                produced = Some(out);
-            }
-        }
+        let produced = emit_step(&mut em, q, ins, &span, message, &mut staging, geo, nd.rank);
         // The message this node sends, if any.
         if let Some(v) = outgoing[id] {
             let mut spans = match ins.kind {
@@ -997,7 +780,107 @@ fn lower_with(
         }
     }
 
-    // ---- finish: epilogue copies and the avg division, after every queue is done ----
+    Ok(Emitted {
+        em,
+        staging,
+        scratch_bytes,
+    })
+}
+
+/// Emits the copies and reductions of step `ins` on queue `q` (`span`: its operands'
+/// spans, `message`: the spans of its incoming message); what it produces for a message it
+/// sends on (its destination, or a staging area of rank `rank`'s for a reduction that is
+/// only sent).
+#[allow(clippy::too_many_arguments)]
+fn emit_step(
+    em: &mut Emitter,
+    q: u32,
+    ins: &Instr,
+    span: &impl Fn(Loc, u32) -> Span,
+    message: Option<Vec<Span>>,
+    staging: &mut Vec<(u32, usize)>,
+    geo: &Geo,
+    rank: u32,
+) -> Option<Vec<Span>> {
+    let es = geo.esize;
+    match ins.kind {
+        Kind::Nop | Kind::Send => None,
+        Kind::Copy => {
+            for i in 0..ins.count {
+                let (s, d) = (span(ins.src, i), span(ins.dst, i));
+                let len = s.len.min(d.len);
+                em.copy(q, d.with_len(len), s.with_len(len));
+            }
+            None
+        }
+        Kind::Reduce => {
+            for i in 0..ins.count {
+                let (s, d) = (span(ins.src, i), span(ins.dst, i));
+                let len = s.len.min(d.len);
+                em.reduce(q, d.with_len(len), d.with_len(len), s.with_len(len));
+            }
+            None
+        }
+        Kind::Recv | Kind::RecvCopySend => {
+            let m = message.unwrap_or_default();
+            let mut out = Vec::new();
+            for i in 0..ins.count {
+                let d = span(ins.dst, i);
+                let len = m.get(i as usize).map_or(0, |x| x.len).min(d.len);
+                if let Some(x) = m.get(i as usize) {
+                    em.copy(q, d.with_len(len), x.with_len(len));
+                }
+                out.push(d.with_len(len));
+            }
+            Some(out)
+        }
+        Kind::RecvReduceCopy | Kind::RecvReduceCopySend => {
+            let m = message.unwrap_or_default();
+            let mut out = Vec::new();
+            for i in 0..ins.count {
+                let (s, d) = (span(ins.src, i), span(ins.dst, i));
+                let len = m.get(i as usize).map_or(0, |x| x.len).min(d.len).min(s.len);
+                if let Some(x) = m.get(i as usize) {
+                    em.reduce(q, d.with_len(len), x.with_len(len), s.with_len(len));
+                }
+                out.push(d.with_len(len));
+            }
+            Some(out)
+        }
+        Kind::RecvReduceSend => {
+            let m = message.unwrap_or_default();
+            let chunk = geo.maxc * es;
+            let area = Mem::Staging(staging.len() as u32);
+            staging.push((rank, (ins.count as usize * chunk).max(1)));
+            let mut out = Vec::new();
+            for i in 0..ins.count {
+                let s = span(ins.src, i);
+                let len = m.get(i as usize).map_or(0, |x| x.len).min(s.len);
+                let d = Span {
+                    mem: area,
+                    off: i as usize * chunk,
+                    len,
+                };
+                if let Some(x) = m.get(i as usize) {
+                    em.reduce(q, d, x.with_len(len), s.with_len(len));
+                }
+                out.push(d);
+            }
+            Some(out)
+        }
+    }
+}
+
+/// Emits the end of the call: the epilogue copies and the `avg` division, on each rank's
+/// first queue once every queue is done (other ranks may still read this rank's output
+/// directly).
+fn emit_tail(em: &mut Emitter, g: &Graph, shape: &CallShape, placed: &Placed, blk: usize) {
+    let n = g.entries.len() as u32;
+    let es = shape.esize;
+    let kind = shape.collective.kind();
+    let total_bytes = shape.total * es;
+    let (queues, first_queue) = (&g.queues, &g.first_queue);
+    let (bases, epilogue) = (&placed.bases, &placed.epilogue);
     let divide = shape.op == ReduceOp::Avg && kind.reduces();
     let has_tail = divide || epilogue.iter().any(|e| !e.is_empty());
     if has_tail {
@@ -1041,17 +924,6 @@ fn lower_with(
             }
         }
     }
-    Ok(Lowered {
-        queues,
-        events: em.events,
-        cmds: em.cmds,
-        staging,
-        send_bytes,
-        recv_bytes: total_bytes,
-        scratch_bytes,
-        temp_bytes,
-        staged_for_order,
-    })
 }
 
 fn bad_step(nd: &Node, message: String) -> CudaError {
@@ -1103,102 +975,6 @@ fn topo(preds: &[Vec<NodeId>]) -> Option<Vec<NodeId>> {
         }
     }
     (order.len() == preds.len()).then_some(order)
-}
-
-struct Emitter {
-    cmds: Vec<Cmd>,
-    events: u32,
-    /// Work commands issued per queue so far (positions for wait deduplication).
-    queue_len: Vec<u32>,
-    /// Per queue: for each other queue, the highest position already waited for.
-    waited: Vec<BTreeMap<u32, u32>>,
-}
-
-impl Emitter {
-    fn record(&mut self, q: u32) -> u32 {
-        let e = self.events;
-        self.events += 1;
-        self.cmds.push(Cmd::Record { queue: q, event: e });
-        e
-    }
-
-    /// `q` waits on event `ev` recorded on `src` at position `pos` (`u32::MAX`: never skip).
-    fn wait(&mut self, q: u32, ev: u32, src: u32, pos: u32) {
-        let w = &mut self.waited[q as usize];
-        if pos != u32::MAX && w.get(&src).is_some_and(|&p| p >= pos) {
-            return;
-        }
-        if pos != u32::MAX {
-            w.insert(src, pos);
-        }
-        self.cmds.push(Cmd::Wait {
-            queue: q,
-            event: ev,
-        });
-    }
-
-    fn copy(&mut self, q: u32, dst: Span, src: Span) {
-        if dst.len == 0 || dst == src {
-            return;
-        }
-        // Merge with the previous copy on the same queue when both sides continue it.
-        if let Some(Cmd::Copy {
-            queue,
-            dst: pd,
-            src: ps,
-        }) = self.cmds.last_mut()
-            && *queue == q
-            && pd.mem == dst.mem
-            && ps.mem == src.mem
-            && pd.off + pd.len == dst.off
-            && ps.off + ps.len == src.off
-            && !(pd.with_len(pd.len + dst.len)).overlaps(&ps.with_len(ps.len + src.len))
-        {
-            pd.len += dst.len;
-            ps.len += src.len;
-            return;
-        }
-        self.cmds.push(Cmd::Copy { queue: q, dst, src });
-        self.queue_len[q as usize] += 1;
-    }
-
-    fn reduce(&mut self, q: u32, dst: Span, a: Span, b: Span) {
-        if dst.len == 0 {
-            return;
-        }
-        if let Some(Cmd::Reduce {
-            queue,
-            dst: pd,
-            a: pa,
-            b: pb,
-        }) = self.cmds.last_mut()
-            && *queue == q
-            && [(&*pd, &dst), (&*pa, &a), (&*pb, &b)]
-                .iter()
-                .all(|(p, c)| p.mem == c.mem && p.off + p.len == c.off)
-        {
-            let (nd, na, nb) = (pd.at(0), pa.at(0), pb.at(0));
-            let grow = |s: Span, by: usize| Span {
-                len: s.len + by,
-                ..s
-            };
-            let (gd, ga, gb) = (grow(nd, dst.len), grow(na, a.len), grow(nb, b.len));
-            let ok = |x: &Span| *x == gd || !x.overlaps(&gd);
-            if ok(&ga) && ok(&gb) {
-                *pd = gd;
-                *pa = ga;
-                *pb = gb;
-                return;
-            }
-        }
-        self.cmds.push(Cmd::Reduce {
-            queue: q,
-            dst,
-            a,
-            b,
-        });
-        self.queue_len[q as usize] += 1;
-    }
 }
 
 #[cfg(test)]

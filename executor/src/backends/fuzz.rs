@@ -8,22 +8,22 @@
 /// the parser never stalls. Malformed input ends the stream with an error (returned), never
 /// a panic; `Ok` when the stream ended with a goodbye.
 pub fn frames(input: &[u8]) -> Result<(), String> {
-    crate::net::fuzz_frames(input)
+    crate::backends::net::fuzz::fuzz_frames(input)
 }
 
 /// Parses `input` as a rendezvous message (the first byte says which: a rank's hello, rank
 /// 0's answer or a data connection's hello); what reads must read the same once written
 /// again.
 pub fn rendezvous(input: &[u8]) {
-    crate::process::fuzz_rendezvous(input);
+    crate::backends::process::rendezvous::fuzz_rendezvous(input);
 }
 
 /// Well-formed inputs of [`frames`], made by the encoder: seeds for the fuzzer.
 pub fn frame_seeds() -> Vec<Vec<u8>> {
-    crate::net::frame_seeds()
+    crate::backends::net::fuzz::frame_seeds()
 }
 
 /// Well-formed inputs of [`rendezvous`], made by the encoders: seeds for the fuzzer.
 pub fn rendezvous_seeds() -> Vec<Vec<u8>> {
-    crate::process::rendezvous_seeds()
+    crate::backends::process::rendezvous::rendezvous_seeds()
 }
