@@ -11,7 +11,7 @@
 
 use hccl::compiler::builder::{BuildError, ScheduleBuilder};
 use hccl::compiler::cost::{CostModel, Network, Simulator};
-use hccl::compiler::families::all_families;
+use hccl::compiler::search::all_families;
 use hccl::ir::verify::verify_report;
 use hccl::ir::{Collective, Loc, Protocol, Rank, Schedule};
 use hccl::topologies::{Topology, shipped_by_name};

@@ -7,7 +7,8 @@
 //!   channels and two pipeline pieces.
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use hccl_compiler::families::{Family, FamilyParams, all_families};
+use hccl_compiler::families::{Family, FamilyParams};
+use hccl_compiler::search::all_families;
 use hccl_ir::{Collective, CollectiveKind};
 use hccl_topologies::{Topology, build, generate, parse_spec, shipped_text};
 use std::hint::black_box;

@@ -809,13 +809,47 @@ fn find(parent: &mut [usize], mut x: usize) -> usize {
     x
 }
 
-/// Assigns one rank's ops to streams and adds cross-stream hazard dependencies.
+/// Assigns one rank's ops to streams and adds cross-stream hazard dependencies: the ops of
+/// connections that relaying ops join share a stream, local ops join the stream that
+/// produced their data (else their channel's local stream), streams are ordered by
+/// (channel, first op), and every op waits for the latest conflicting step of other streams.
 fn assign_streams(
     list: &[BOp],
     space: &AddrSpace,
     bufs: &mut Buffers,
-    mut origins: Option<&mut Vec<Vec<[u32; 2]>>>,
+    origins: Option<&mut Vec<Vec<[u32; 2]>>>,
 ) -> Vec<Stream> {
+    let (mut parent, op_node) = connection_components(list);
+    let (group_of_op, groups) = group_ops(list, space, bufs, &mut parent, &op_node);
+    // Order groups by (channel, first op index).
+    let mut order: Vec<usize> = (0..groups.len()).collect();
+    order.sort_by_key(|&g| groups[g]);
+    let mut stream_id = vec![0u32; groups.len()];
+    for (sid, &g) in order.iter().enumerate() {
+        stream_id[g] = sid as u32;
+    }
+    let mut streams: Vec<Stream> = order
+        .iter()
+        .map(|&g| Stream {
+            channel: groups[g].0,
+            steps: Vec::new(),
+        })
+        .collect();
+    add_hazards(
+        list,
+        space,
+        bufs,
+        (&group_of_op, &stream_id),
+        &mut streams,
+        origins,
+    );
+    streams
+}
+
+/// Union-find over connection directions `(is_send, peer, channel)`: an op that both
+/// receives and sends joins its two directions. Returns the forest and each op's node (its
+/// send direction, else its receive direction; `None` for local ops).
+fn connection_components(list: &[BOp]) -> (Vec<usize>, Vec<Option<usize>>) {
     // Connection directions: (is_send, peer, channel) → union-find node.
     let mut conn: FastMap<(bool, Rank, u32), usize> = FastMap::default();
     let mut parent: Vec<usize> = Vec::new();
@@ -841,6 +875,20 @@ fn assign_streams(
         }
         op_node[i] = s.or(r);
     }
+    (parent, op_node)
+}
+
+/// Each op's stream group, and per group its `(channel, first op)`: comm ops by their
+/// connection component, local ops with their data's producer or their channel's local
+/// stream, fences that follow some op in one fence group (`usize::MAX`: a fence that does
+/// not).
+fn group_ops(
+    list: &[BOp],
+    space: &AddrSpace,
+    bufs: &mut Buffers,
+    parent: &mut [usize],
+    op_node: &[Option<usize>],
+) -> (Vec<usize>, Vec<(u32, usize)>) {
     // Stream ids: components and per-channel local streams, ordered by (channel, first op).
     let last_writer_stream = &mut bufs.last_writer_stream;
     reset(last_writer_stream, space.len, u32::MAX);
@@ -869,7 +917,7 @@ fn assign_streams(
         since_fence = true;
         let g = match op_node[i] {
             Some(node) => {
-                let root = find(&mut parent, node);
+                let root = find(parent, node);
                 *comp_group.entry(root).or_insert_with(|| {
                     groups.push((b.channel, i));
                     groups.len() - 1
@@ -898,20 +946,21 @@ fn assign_streams(
         }
         group_of_op.push(g);
     }
-    // Order groups by (channel, first op index).
-    let mut order: Vec<usize> = (0..groups.len()).collect();
-    order.sort_by_key(|&g| groups[g]);
-    let mut stream_id = vec![0u32; groups.len()];
-    for (sid, &g) in order.iter().enumerate() {
-        stream_id[g] = sid as u32;
-    }
-    let mut streams: Vec<Stream> = order
-        .iter()
-        .map(|&g| Stream {
-            channel: groups[g].0,
-            steps: Vec::new(),
-        })
-        .collect();
+    (group_of_op, groups)
+}
+
+/// Appends every op to its stream with the dependencies its hazards need: the latest
+/// conflicting step (read after write, write after read or write) of each other stream not
+/// already waited for, and the latest fence; fences become `Nop` steps waiting for every
+/// stream used since the previous one. Records the ops' origins when asked.
+fn add_hazards(
+    list: &[BOp],
+    space: &AddrSpace,
+    bufs: &mut Buffers,
+    (group_of_op, stream_id): (&[usize], &[u32]),
+    streams: &mut [Stream],
+    mut origins: Option<&mut Vec<Vec<[u32; 2]>>>,
+) {
     // Hazards.
     let writer = &mut bufs.writer;
     reset(writer, space.len, None);
@@ -1041,5 +1090,4 @@ fn assign_streams(
             o[sid as usize].push([b.origin, b.fused]);
         }
     }
-    streams
 }

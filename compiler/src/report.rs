@@ -237,6 +237,63 @@ pub fn predicted_trace(
     links: usize,
 ) -> Result<PredictedTrace, ReportError> {
     use serde_json::json;
+    let entry = traced_entry(plan, plan_label, bytes, collective)?;
+    let s = &entry.schedule;
+    if s.nranks != topo.nranks() {
+        return Err(ReportError::Input(format!(
+            "the plan is for {} ranks, topology {} has {}",
+            s.nranks,
+            topo.name,
+            topo.nranks()
+        )));
+    }
+    let sim = Simulator::new(Network::new(topo), CostModel::for_topology(topo));
+    let fail = |e: crate::cost::CostError| ReportError::Failed(format!("simulating: {e}"));
+    let prepared = sim.prepare(s).map_err(fail)?;
+    let timeline = sim
+        .timeline(&prepared, bytes, entry.protocol)
+        .map_err(fail)?;
+    let chunk_bytes = bytes as f64 / f64::from(s.chunks.max(1)) / timeline.segments as f64;
+    // The layout and names of `hccl_ir::trace`, which measured traces (`HCCL_TRACE`) share.
+    let mut events = step_events(s, &timeline, chunk_bytes);
+    let (link_events, links) = link_events(topo, &sim.network, &timeline, links);
+    events.extend(link_events);
+    let other = json!({
+        "source": "predicted",
+        "plan": plan_label,
+        "topology": topo.name,
+        "collective": s.collective.to_string(),
+        "algorithm": entry.algorithm,
+        "protocol": entry.protocol.name(),
+        "bytes": bytes,
+        "predicted_us": timeline.estimate.time_us,
+        "base_us": timeline.estimate.base_us,
+        "segments": timeline.segments,
+        "links": links,
+    });
+    let doc =
+        hccl_ir::trace::TraceFile::new(events, other.as_object().cloned().unwrap_or_default());
+    let summary = json!({
+        "collective": s.collective.to_string(),
+        "algorithm": entry.algorithm,
+        "protocol": entry.protocol.name(),
+        "bytes": bytes,
+        "predicted_us": timeline.estimate.time_us,
+        "steps": timeline.steps.len(),
+        "segments": timeline.segments,
+        "links": links.len(),
+    });
+    Ok(PredictedTrace { doc, summary })
+}
+
+/// The entry of `plan` a call of `bytes` runs for `collective` (the plan's only one when
+/// `None`): out of place, the lowest root's for rooted ones.
+fn traced_entry<'p>(
+    plan: &'p PlanFile,
+    plan_label: &str,
+    bytes: u64,
+    collective: Option<CollectiveKind>,
+) -> Result<&'p hccl_ir::PlanEntry, ReportError> {
     let mut kinds: Vec<CollectiveKind> = Vec::new();
     for e in &plan.entries {
         let k = e.schedule.collective.kind();
@@ -268,8 +325,7 @@ pub fn predicted_trace(
         }
     };
     // The entry a call of this size runs (out of place, the lowest root's for rooted ones).
-    let entry = plan
-        .entries
+    plan.entries
         .iter()
         .filter(|e| e.schedule.collective.kind() == kind && e.covers(bytes))
         .min_by_key(|e| (e.schedule.in_place, e.schedule.collective.root()))
@@ -278,25 +334,16 @@ pub fn predicted_trace(
                 "{plan_label}: no {} entry covers {bytes} bytes",
                 kind.name()
             ))
-        })?;
-    let s = &entry.schedule;
-    if s.nranks != topo.nranks() {
-        return Err(ReportError::Input(format!(
-            "the plan is for {} ranks, topology {} has {}",
-            s.nranks,
-            topo.name,
-            topo.nranks()
-        )));
-    }
-    let sim = Simulator::new(Network::new(topo), CostModel::for_topology(topo));
-    let fail = |e: crate::cost::CostError| ReportError::Failed(format!("simulating: {e}"));
-    let prepared = sim.prepare(s).map_err(fail)?;
-    let timeline = sim
-        .timeline(&prepared, bytes, entry.protocol)
-        .map_err(fail)?;
-    let chunk_bytes = bytes as f64 / f64::from(s.chunks.max(1)) / timeline.segments as f64;
-    // The layout and names of `hccl_ir::trace`, which measured traces (`HCCL_TRACE`) share.
-    use hccl_ir::trace::{Event, TraceFile, process_meta, step_slice, thread_meta, thread_name};
+        })
+}
+
+/// The trace's processes (a rank each), threads (a stream each) and step slices.
+fn step_events(
+    s: &hccl_ir::Schedule,
+    timeline: &crate::cost::Timeline,
+    chunk_bytes: f64,
+) -> Vec<hccl_ir::trace::Event> {
+    use hccl_ir::trace::{process_meta, step_slice, thread_meta, thread_name};
     let mut events = Vec::new();
     for (r, prog) in s.ranks.iter().enumerate() {
         let r = r as u32;
@@ -319,9 +366,21 @@ pub fn predicted_trace(
             (span.end_us - span.start_us).max(0.0),
         ));
     }
-    // Counter tracks: the busiest resources (by their utilisation over the call) in a process
-    // of their own, each one's utilisation as a step function.
-    let net = &sim.network;
+    events
+}
+
+/// Counter tracks of the `links` busiest resources (by their utilisation over the call), in
+/// a process of their own, each one's utilisation as a step function; and each one's
+/// summary.
+fn link_events(
+    topo: &Topology,
+    net: &Network,
+    timeline: &crate::cost::Timeline,
+    links: usize,
+) -> (Vec<hccl_ir::trace::Event>, Vec<serde_json::Value>) {
+    use hccl_ir::trace::Event;
+    use serde_json::json;
+    let mut events = Vec::new();
     let mut busiest: Vec<(f64, &crate::cost::ResourceUse)> = timeline
         .resources
         .iter()
@@ -330,7 +389,7 @@ pub fn predicted_trace(
         .collect();
     busiest.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.resource.cmp(&b.1.resource)));
     busiest.truncate(links);
-    let links_pid = s.nranks;
+    let links_pid = topo.nranks();
     if !busiest.is_empty() {
         let name = format!(
             "busiest links ({} of {})",
@@ -380,31 +439,7 @@ pub fn predicted_trace(
             "peak_gbps": round3(u.peak_gbps()),
         }));
     }
-    let other = json!({
-        "source": "predicted",
-        "plan": plan_label,
-        "topology": topo.name,
-        "collective": s.collective.to_string(),
-        "algorithm": entry.algorithm,
-        "protocol": entry.protocol.name(),
-        "bytes": bytes,
-        "predicted_us": timeline.estimate.time_us,
-        "base_us": timeline.estimate.base_us,
-        "segments": timeline.segments,
-        "links": links,
-    });
-    let doc = TraceFile::new(events, other.as_object().cloned().unwrap_or_default());
-    let summary = json!({
-        "collective": s.collective.to_string(),
-        "algorithm": entry.algorithm,
-        "protocol": entry.protocol.name(),
-        "bytes": bytes,
-        "predicted_us": timeline.estimate.time_us,
-        "steps": timeline.steps.len(),
-        "segments": timeline.segments,
-        "links": links.len(),
-    });
-    Ok(PredictedTrace { doc, summary })
+    (events, links)
 }
 
 /// The rows as an SVG chart of bus bandwidth against size, one panel per collective: the

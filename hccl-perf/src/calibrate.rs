@@ -9,8 +9,8 @@
 use crate::args::{Args, Backend, Failure, nominal_sizes, parse_choice};
 use hccl::compiler::cost::CostModel;
 use hccl::compiler::cost::calibrate::{self, Measurements};
-use hccl::compiler::families::all_families;
 use hccl::compiler::search;
+use hccl::compiler::search::all_families;
 use hccl::ir::PlanFile;
 use hccl::topologies::{Calibration, Topology, TopologySpec};
 use std::path::{Path, PathBuf};

@@ -7,6 +7,7 @@ use hccl_compiler::families::Candidate;
 use hccl_compiler::report::{self, ReportError, row_json, table};
 use hccl_compiler::search::{
     self, CompiledPlan, DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES, Options, Progress, Row, SearchError,
+    SearchReport,
 };
 use hccl_compiler::synth::SynthLevel;
 use hccl_ir::units::format_bytes;
@@ -50,9 +51,15 @@ pub struct CompileArgs {
     /// simulates more.
     #[arg(long, value_name = "STEPS", value_parser = clap::value_parser!(u64).range(1..))]
     pub sim_budget: Option<u64>,
-    /// Print one JSON document instead of the table.
+    /// Print one JSON document instead of the table (with the search's report, as
+    /// `search_report`).
     #[arg(long)]
     pub json: bool,
+    /// Print the search's report on stderr: per collective and phase (generate, screen,
+    /// cost, refine, select and verify, emit) the candidates in and out, the wall time and
+    /// why candidates stopped.
+    #[arg(short = 'v', long)]
+    pub verbose: bool,
 }
 
 /// Loads a plan file or imports an MSCCL algorithm (by its `.xml` extension).
@@ -284,7 +291,11 @@ pub fn compile(args: CompileArgs) -> Result<(), CliError> {
         plan,
         rows,
         skipped,
+        report: search_report,
     } = result.map_err(search_error)?;
+    if args.verbose {
+        eprint!("{search_report}");
+    }
     if plan.entries.is_empty()
         && let Some(first) = skipped.first()
     {
@@ -303,6 +314,7 @@ pub fn compile(args: CompileArgs) -> Result<(), CliError> {
         (&topo, &topology_origin(&args.topo)),
         &rows,
         args.json,
+        Some(&search_report),
     );
     if skipped.is_empty() {
         return Ok(());
@@ -415,7 +427,7 @@ pub fn explain(args: ExplainArgs) -> Result<(), CliError> {
             .map_err(|e| CliError::Input(format!("{}: cannot write: {e}", path.display())))?;
     }
     if !is_xml {
-        report(&args.plan, (&topo, &from), &rows, args.json);
+        report(&args.plan, (&topo, &from), &rows, args.json, None);
         return Ok(());
     }
     // An imported algorithm is shown beside what hcclc itself picks for the same topology,
@@ -472,16 +484,28 @@ pub fn explain(args: ExplainArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// The rows of a plan for `topo` (read from `from`), and which calibration predicted them.
-fn report(plan_path: &Path, (topo, from): (&Topology, &str), rows: &[Row], json: bool) {
+/// The rows of a plan for `topo` (read from `from`), and which calibration predicted them;
+/// in JSON also the search's report, when the plan was just compiled.
+fn report(
+    plan_path: &Path,
+    (topo, from): (&Topology, &str),
+    rows: &[Row],
+    json: bool,
+    search_report: Option<&SearchReport>,
+) {
     if json {
         let rows: Vec<serde_json::Value> = rows.iter().map(row_json).collect();
-        print_json(&serde_json::json!({
+        let mut doc = serde_json::json!({
             "plan": plan_path.display().to_string(),
             "topology": topo.name,
             "calibration": report::calibration_json(topo, from),
             "rows": rows,
-        }));
+        });
+        if let Some(search_report) = search_report {
+            doc["search_report"] = serde_json::to_value(search_report)
+                .expect("a search report is plain data and serializes");
+        }
+        print_json(&doc);
     } else {
         print!("{}", table(&plan_path.display().to_string(), topo, rows));
         println!("{}", report::calibration_line(topo, from));

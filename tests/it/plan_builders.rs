@@ -2,7 +2,8 @@
 //! `synthesized_plans` (threads and processes) and hccl-perf's (`hccl-perf --check`, which
 //! includes this file by its path).
 
-use hccl_compiler::families::{Candidate, FamilyParams, families_for};
+use hccl_compiler::families::{Candidate, FamilyParams};
+use hccl_compiler::search::families_for;
 use hccl_compiler::synth::SynthLevel;
 use hccl_ir::{Collective, PlanEntry, PlanFile, PlanMeta, Protocol};
 use hccl_topologies::Topology;
@@ -36,9 +37,8 @@ pub fn candidates(
 ) -> Vec<Candidate> {
     let mut out = Vec::new();
     for in_place in [false, true] {
-        let got =
-            hccl_compiler::families::generate_with(family, topo, collective, params, in_place)
-                .unwrap_or_else(|| panic!("no family {family}"));
+        let got = hccl_compiler::search::generate_with(family, topo, collective, params, in_place)
+            .unwrap_or_else(|| panic!("no family {family}"));
         out.extend(got);
     }
     out

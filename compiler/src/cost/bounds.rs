@@ -28,9 +28,9 @@
 //! **Routes.** Every transfer between two ranks takes the simulator's route between them (as
 //! CUDA peer copies and the transports do: two GPUs joined by NVLink never also talk over
 //! PCIe), while cuts and max-flows let data take any path. For Broadcast, Reduce, AllGather
-//! and ReduceScatter up to [`crate::synth::SYNTH_MAX_RANKS`] (resp.
-//! [`crate::synth::SYNTH_MAX_RANKS_ALL`]) ranks, the bound also uses the optimum of the
-//! tree-packing LP over those routes, proved by its dual ([`crate::synth::packing`]): any
+//! and ReduceScatter up to [`SYNTH_MAX_RANKS`](super::packing::SYNTH_MAX_RANKS) (resp.
+//! [`SYNTH_MAX_RANKS_ALL`](super::packing::SYNTH_MAX_RANKS_ALL)) ranks, the bound also uses the optimum of the
+//! tree-packing LP over those routes, proved by its dual ([`super::packing`]): any
 //! schedule of these collectives is such a packing in the limit of small pieces.
 //!
 //! Cuts evaluated: every single rank and its complement, every host and its complement, and
@@ -215,6 +215,16 @@ pub(crate) struct CutCaps {
     host_in: f64,
 }
 
+impl Network {
+    /// The cuts the lower bounds weigh and their capacities ([`CutCaps`]), found once.
+    pub(super) fn cut_caps(&self) -> &CutCaps {
+        self.cut_caps
+            .get_or_init(|| Box::new(CutCaps::new(self)))
+            .downcast_ref()
+            .expect("the network's cut cache holds CutCaps")
+    }
+}
+
 impl CutCaps {
     /// The cuts of `network`: every rank alone (a sample of one rank per host on very large
     /// machines), every host, and unions of the first `j` hosts.
@@ -358,7 +368,7 @@ fn bandwidth_bound(network: &Network, collective: Collective, m: f64) -> f64 {
             .max(time_us(total, ejection))
             .max(time_us(total, injection));
     }
-    if let Some(rate) = crate::synth::packing_bound(network, collective) {
+    if let Some(rate) = super::packing::packing_bound(network, collective) {
         // Every piece reaches every rank over an arborescence of routes (from its owner, or
         // to it for reductions): the packing LP's dual bounds the rate of them all.
         let per_root = match collective {

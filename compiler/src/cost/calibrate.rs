@@ -24,7 +24,8 @@
 use super::CostError;
 use super::model::{CostModel, LinkClass};
 use super::network::Network;
-use super::sim::{Prepared, Simulator};
+use super::prepared::Prepared;
+use super::sim::Simulator;
 use hccl_ir::{Protocol, Schedule};
 use hccl_topologies::{Calibration, Topology};
 
@@ -743,7 +744,7 @@ pub fn host_spec(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::families::all_families;
+    use crate::search::all_families;
     use hccl_ir::Collective;
 
     fn host(n: u32) -> Topology {

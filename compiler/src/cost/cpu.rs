@@ -30,8 +30,11 @@
 //! Messages between hosts are not modelled here: CPU clusters keep the flow model.
 
 use super::CostError;
+use super::model::CostModel;
 use super::model::{CpuModel, EXECUTOR_LL_SLOTS};
-use super::sim::{Estimate, Event, Kind, NONE, Prepared, Simulator};
+use super::network::Network;
+use super::prepared::{Estimate, Kind, NONE, Prepared, Spans};
+use super::steps::Event;
 use hccl_ir::{CONNECTION_SLOTS, CollectiveKind, Protocol, StepRef};
 use std::collections::BinaryHeap;
 
@@ -48,7 +51,7 @@ enum Ev {
 }
 
 struct State<'a> {
-    sim: &'a Simulator,
+    model: &'a CostModel,
     cpu: &'a CpuModel,
     p: &'a Prepared,
     protocol: Protocol,
@@ -78,26 +81,26 @@ struct State<'a> {
     payload: f64,
     resource_bytes: Vec<f64>,
     /// Per step: (start on its core, end), when traced.
-    spans: super::sim::Spans,
+    spans: Spans,
 }
 
 /// Simulates `p` for a collective of `bytes` with the CPU model `cpu`; when `trace`, also
 /// when each step of one segment ran, and the number of segments.
 pub(super) fn run(
-    sim: &Simulator,
+    (network, model): (&Network, &CostModel),
     cpu: &CpuModel,
     p: &Prepared,
     bytes: u64,
     protocol: Protocol,
     trace: bool,
-) -> Result<(Estimate, super::sim::Spans, u64), CostError> {
+) -> Result<(Estimate, Spans, u64), CostError> {
     // The working set is the whole call's, whatever the segments.
-    let scale = sim.model.bandwidth_factor(bytes);
-    let nranks = sim.network.mem_bw.len();
+    let scale = model.bandwidth_factor(bytes);
+    let nranks = network.mem_bw.len();
     let segs = segments(cpu, p, bytes, nranks as u64, protocol);
     let seg_bytes = bytes as f64 / segs as f64;
     let mut st = State {
-        sim,
+        model,
         cpu,
         p,
         protocol,
@@ -107,8 +110,7 @@ pub(super) fn run(
             CONNECTION_SLOTS
         },
         chunk_bytes: seg_bytes / f64::from(p.chunks),
-        bw: sim
-            .network
+        bw: network
             .mem_bw
             .iter()
             .map(|&b| {
@@ -135,7 +137,7 @@ pub(super) fn run(
         end: 0.0,
         messages: 0,
         payload: 0.0,
-        resource_bytes: vec![0.0; sim.network.capacity.len()],
+        resource_bytes: vec![0.0; network.capacity.len()],
         spans: trace.then(|| vec![(f64::NAN, f64::NAN); p.steps.len()]),
     };
     for s in 0..p.steps.len() as u32 {
@@ -195,7 +197,7 @@ pub(super) fn run(
         );
         return Err(CostError::Deadlock { at });
     }
-    let base = sim.model.base_us(protocol);
+    let base = model.base_us(protocol);
     let k = segs as f64;
     Ok((
         Estimate {
@@ -265,7 +267,7 @@ impl State<'_> {
 
     fn latency(&self, m: u32) -> f64 {
         let route = &self.p.conn_route[self.p.msg_conn[m as usize] as usize];
-        self.sim.model.message_us(route.class, self.protocol)
+        self.model.message_us(route.class, self.protocol)
     }
 
     fn runnable(&self, s: u32) -> bool {

@@ -13,9 +13,18 @@
 
 use super::Network;
 use good_lp::{
-    Expression, ProblemVariables, Solution, SolverModel, Variable, constraint, variable,
+    Expression, IntoAffineExpression, ProblemVariables, Solution, SolverModel, Variable,
+    constraint, variable,
 };
 use std::collections::HashMap;
+
+impl Network {
+    /// The AllToAll flow rate of this network (GB/s per ordered rank pair; see
+    /// this module), solved once.
+    pub fn alltoall_rate(&self) -> Option<f64> {
+        *self.alltoall.get_or_init(|| alltoall_rate(self))
+    }
+}
 
 /// Largest LP (sources × rank pairs) solved; larger machines keep the cut bounds alone.
 pub const MAX_VARIABLES: usize = 20_000;
@@ -42,11 +51,43 @@ pub fn alltoall_rate(network: &Network) -> Option<f64> {
                 .collect()
         })
         .collect();
-    let mut model = vars.maximise(lambda).using(crate::lp::solver);
+    let model = vars.maximise(lambda).using(crate::lp::solver);
+    let model = with_flow_rows(
+        model,
+        network,
+        &pairs,
+        |p| &routes[p].resources,
+        &flow,
+        lambda,
+    );
+    let solution = model.solve().ok()?;
+    let rate = solution.value(lambda);
+    (rate.is_finite() && rate > 0.0).then_some(rate)
+}
+
+/// The flow LP's rows over `pairs` (every ordered pair of `network`'s ranks, in order), shared
+/// by the bound above and the AllToAll synthesizer (`synth::alltoall`): per resource of finite
+/// capacity (ascending), the flow of every source over every pair whose route (`route(p)`,
+/// its resources with multiplicity) crosses it, within the capacity; per source `s` and
+/// other rank `v`, the net flow of `s`'s data into `v` equals `demand`. `flow[s][p]` is
+/// source `s`'s flow on pair `p`.
+pub fn with_flow_rows<'r, M, D>(
+    mut model: M,
+    network: &Network,
+    pairs: &[(u32, u32)],
+    route: impl Fn(usize) -> &'r [u32],
+    flow: &[Vec<Variable>],
+    demand: D,
+) -> M
+where
+    M: SolverModel,
+    D: IntoAffineExpression + Copy,
+{
+    let n = network.nranks() as usize;
     // Resource rows: the pairs whose route crosses each resource, with multiplicity.
     let mut rows: HashMap<u32, Vec<(usize, f64)>> = HashMap::new();
-    for (p, route) in routes.iter().enumerate() {
-        for &r in &route.resources {
+    for p in 0..pairs.len() {
+        for &r in route(p) {
             let row = rows.entry(r).or_default();
             match row.last_mut() {
                 Some(last) if last.0 == p => last.1 += 1.0,
@@ -67,7 +108,7 @@ pub fn alltoall_rate(network: &Network) -> Option<f64> {
             .sum();
         model = model.with(constraint!(load <= cap));
     }
-    // Conservation: every rank but the source keeps λ of each source's data.
+    // Conservation: every rank but the source keeps `demand` of each source's data.
     for (s, f) in flow.iter().enumerate() {
         for v in (0..n).filter(|&v| v != s) {
             let mut net_in = Expression::from(0.0);
@@ -78,12 +119,10 @@ pub fn alltoall_rate(network: &Network) -> Option<f64> {
                     net_in -= f[p];
                 }
             }
-            model = model.with(constraint!(net_in == lambda));
+            model = model.with(constraint!(net_in == demand));
         }
     }
-    let solution = model.solve().ok()?;
-    let rate = solution.value(lambda);
-    (rate.is_finite() && rate > 0.0).then_some(rate)
+    model
 }
 
 #[cfg(test)]

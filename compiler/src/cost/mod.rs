@@ -8,69 +8,48 @@
 //!   ([`Simulator::run_symmetric`], [`PreparedSymmetric`]);
 //! - [`bounds`]: lower bounds ([`Bound`]);
 //! - [`calibrate`]: fitting the model to measurements of one machine ([`calibrate::fit`]);
-//! - [`baseline`]: what NCCL would pick and how fast that is in our model ([`Baseline`]).
+//! - [`baseline`]: what NCCL would pick and how fast that is in our model ([`Baseline`]);
+//! - [`mcf`], [`packing`]: the linear programs over the simulator's routes whose optima bound
+//!   AllToAll and the tree-shaped collectives (the synthesizers lower their solutions).
 //!
-//! One-shot entry points: [`simulate`], [`bounds`](fn@bounds), [`baseline`](fn@baseline).
+//! One-shot entry points: [`simulate`], [`bounds`](fn@bounds) (NCCL's baseline schedule,
+//! which needs the family registry, is assembled by the search: `search::baseline`).
 //! For many evaluations on one topology build a [`Simulator`] once and reuse it (routes are
 //! cached there).
 
+pub mod arborescence;
 pub mod baseline;
 pub mod bounds;
 pub mod calibrate;
+mod contention;
 mod cpu;
+mod error;
+mod flow;
 pub mod mcf;
+pub(crate) mod memo;
 pub mod model;
 pub mod network;
+pub mod packing;
+pub mod prepared;
 pub mod reach;
 pub mod sim;
+mod steps;
 pub mod symmetric;
 
 pub use baseline::{Baseline, NcclAlgo, NcclChoice, NcclTopo};
 pub use bounds::Bound;
+pub use error::CostError;
 pub use model::{
     CPU_LL_MESSAGE, CostModel, CpuModel, EXECUTOR_LL_BYTES, EXECUTOR_LL_SLOTS, EXECUTOR_SLOT_BYTES,
     LinkClass,
 };
 pub use network::{Network, Route};
-pub use sim::{Estimate, Prepared, ResourceUse, Simulator, StepSpan, Timeline};
+pub use prepared::{Estimate, Prepared, ResourceUse, StepSpan, Timeline, Unrouted};
+pub use sim::Simulator;
 pub use symmetric::PreparedSymmetric;
 
-use crate::families::{Candidate, all_families};
-use hccl_ir::{Collective, Protocol, Rank, Schedule, StepRef};
+use hccl_ir::{Collective, Protocol, Schedule};
 use hccl_topologies::Topology;
-
-/// Why a schedule could not be costed.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum CostError {
-    /// The schedule is for a different number of ranks than the topology has.
-    #[error("schedule has {schedule} ranks but the topology has {topology}")]
-    RankMismatch { schedule: u32, topology: u32 },
-    /// The schedule cuts the buffer into zero chunks.
-    #[error("schedule has zero chunks")]
-    NoChunks,
-    /// A step addresses a peer out of range or itself.
-    #[error("transfer from rank {from} to rank {to}: peer out of range or equal to the rank")]
-    BadPeer { from: Rank, to: Rank },
-    /// A dependency names a step that does not exist.
-    #[error("{at}: dependency on a step that does not exist")]
-    BadDep { at: StepRef },
-    /// The topology has no path between two ranks.
-    #[error("no route from rank {from} to rank {to} in the topology")]
-    NoRoute { from: Rank, to: Rank },
-    /// No step can make progress; names the first step that never completed.
-    #[error("{at}: never completes (deadlock or unmatched receive)")]
-    Deadlock { at: StepRef },
-    /// More steps than the simulator indexes.
-    #[error("schedule has {steps} steps, more than the simulator supports")]
-    TooLarge { steps: usize },
-    /// A symmetric schedule whose symmetry or template is malformed, or a prepared symmetric
-    /// schedule run on another network or kind of model.
-    #[error("symmetric schedule: {0}")]
-    BadSymmetry(String),
-    /// A run given a time limit ([`Simulator::run_within`]) passed it.
-    #[error("the collective takes longer than {limit_us} µs")]
-    PastLimit { limit_us: f64 },
-}
 
 /// Simulates `schedule` on `topo` for a collective of `bytes` (nccl-tests size) under
 /// `protocol`. Builds the resource network each call; see [`Simulator`] to reuse it.
@@ -103,57 +82,4 @@ pub fn device_models(topo: &Topology) -> Vec<String> {
         .flat_map(|h| &h.devices)
         .map(|d| d.model.clone())
         .collect()
-}
-
-/// The channel count NCCL would use: the most channels the `ring` family offers.
-pub fn nccl_channels(topo: &Topology, collective: Collective) -> u32 {
-    all_families()
-        .iter()
-        .find(|f| f.name() == "ring")
-        .and_then(|f| {
-            f.param_space(topo, collective)
-                .iter()
-                .map(|p| p.channels)
-                .max()
-        })
-        .unwrap_or(1)
-}
-
-/// What NCCL would run for `collective` of `bytes` on `topo`, costed in our simulator at its
-/// best channel/pipeline parameters. `None` when the family NCCL would use is not available
-/// or generates nothing for this topology.
-pub fn baseline(
-    topo: &Topology,
-    collective: Collective,
-    bytes: u64,
-) -> Result<Option<Baseline>, CostError> {
-    let sim = Simulator::new(Network::new(topo), CostModel::default());
-    let families = all_families();
-    let ntopo = NcclTopo::new(&sim.network, &device_models(topo));
-    let channels = nccl_channels(topo, collective);
-    let Some(choice) = ntopo.choose(collective.kind(), bytes, channels, |name| {
-        families
-            .iter()
-            .any(|f| f.name() == name && f.supports(collective.kind()))
-    }) else {
-        return Ok(None);
-    };
-    let name = choice.algo.family();
-    let Some(family) = families.iter().find(|f| f.name() == name) else {
-        return Ok(None);
-    };
-    let mut best: Option<f64> = None;
-    for params in family.param_space(topo, collective) {
-        for Candidate { schedule, .. } in family.generate(topo, collective, params) {
-            let est = sim.simulate(&schedule, bytes, choice.protocol)?;
-            if best.is_none_or(|b| est.time_us < b) {
-                best = Some(est.time_us);
-            }
-        }
-    }
-    Ok(best.map(|time_us| Baseline {
-        algorithm: name.to_string(),
-        protocol: choice.protocol,
-        time_us,
-    }))
 }

@@ -15,7 +15,7 @@
 //!   forward in hardware). Only when no such path exists may it pass through other devices
 //!   (e.g. GPUs without a common switch): that models a runtime relaying through them.
 
-use super::CostError;
+use super::error::CostError;
 use super::model::LinkClass;
 use hccl_topologies::{LinkKind, Node, Topology};
 use std::cmp::Ordering;
@@ -102,14 +102,17 @@ pub struct Network {
     /// Held while routes for the cache are searched: one search at a time (each on all
     /// threads when large), so two candidates needing the same routes search them once.
     routing: Mutex<()>,
-    /// [`super::mcf::alltoall_rate`], computed on first use.
-    alltoall: std::sync::OnceLock<Option<f64>>,
+    /// The AllToAll flow rate ([`Network::alltoall_rate`], in `mcf.rs`), computed on first
+    /// use.
+    pub(super) alltoall: std::sync::OnceLock<Option<f64>>,
     /// Links by their ends and per vertex the links into it, built on first use.
     adjacency: std::sync::OnceLock<Adjacency>,
     /// The automorphism moving every rank to the next host, if the network has it.
     shift: std::sync::OnceLock<Option<Shift>>,
-    /// The bandwidth bound's cuts and their capacities, found on first use.
-    cut_caps: std::sync::OnceLock<super::bounds::CutCaps>,
+    /// The bandwidth bound's cuts and their capacities, found on first use (a `CutCaps` of
+    /// `bounds.rs`, which reads it back; held untyped so that the network does not depend on
+    /// the bounds).
+    pub(super) cut_caps: std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 /// An automorphism of the network as orbits: that of every rank and every resource, and
@@ -498,13 +501,6 @@ impl Network {
         }
     }
 
-    /// The cuts the lower bounds weigh and their capacities ([`super::bounds::CutCaps`]),
-    /// found once.
-    pub(super) fn cut_caps(&self) -> &super::bounds::CutCaps {
-        self.cut_caps
-            .get_or_init(|| super::bounds::CutCaps::new(self))
-    }
-
     /// The automorphism that moves the `i`-th rank of every host to the `i`-th rank of the
     /// next host (the last host to the first), as orbits; `None` when hosts hold different
     /// numbers of ranks or that map is not an automorphism (it is on clusters of identical
@@ -744,14 +740,6 @@ impl Network {
             return None;
         }
         Some(Automorphism { resource })
-    }
-
-    /// The AllToAll flow rate of this network (GB/s per ordered rank pair; see
-    /// [`super::mcf`]), solved once.
-    pub fn alltoall_rate(&self) -> Option<f64> {
-        *self
-            .alltoall
-            .get_or_init(|| super::mcf::alltoall_rate(self))
     }
 
     /// Number of ranks.

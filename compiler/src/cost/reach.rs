@@ -31,9 +31,10 @@
 //! thousands of ranks, against a hierarchical template): a candidate whose bound is past
 //! the screen's limit is dropped before its routes are looked up.
 
+use super::model::CostModel;
 use super::model::LinkClass;
 use super::network::Network;
-use super::sim::{Kind, NONE, Prepared, Simulator};
+use super::prepared::{Kind, NONE, Prepared};
 use hccl_ir::Protocol;
 
 /// What the bound needs to know of each rank, computed once per network.
@@ -168,23 +169,22 @@ impl Parts {
 /// The bound of the module docs for a prepared (possibly unrouted) schedule whose
 /// connection `c` joins `pairs[c]`.
 pub(super) fn critical_path_us(
-    sim: &Simulator,
+    (model, reach): (&CostModel, &RankReach),
     p: &Prepared,
     pairs: &[(u32, u32)],
     bytes: u64,
     protocol: Protocol,
 ) -> f64 {
-    if sim.model.cpu.is_some() {
+    if model.cpu.is_some() {
         return 0.0;
     }
-    let reach = sim.reach();
-    let eff = sim.model.efficiency(protocol) * sim.model.bandwidth_factor(bytes) * 1e3;
+    let eff = model.efficiency(protocol) * model.bandwidth_factor(bytes) * 1e3;
     let chunk_bytes = bytes as f64 / f64::from(p.chunks.max(1));
     // Least per-message latency of each class or a slower one.
     let mut latency = [0.0; 3];
     let mut least = f64::INFINITY;
     for class in LinkClass::ALL.iter().rev() {
-        least = least.min(sim.model.message_us(*class, protocol));
+        least = least.min(model.message_us(*class, protocol));
         latency[class.index()] = least;
     }
     let least_latency = |m: usize| {
@@ -280,5 +280,5 @@ pub(super) fn critical_path_us(
     if done < n {
         return f64::INFINITY;
     }
-    sim.model.base_us(protocol) + last.max(cut)
+    model.base_us(protocol) + last.max(cut)
 }

@@ -64,11 +64,13 @@
 //!   expanded and simulated whole.
 
 use super::CostError;
+use super::contention::Contention;
 use super::network::Route;
-use super::sim::{
-    Estimate, EventKind, FlatStep, Messages, NONE, Prepared, Rates, Simulator, Steps,
-    number_messages, step_kind, successors, total_order_key,
+use super::prepared::{
+    Estimate, FlatStep, Messages, NONE, Prepared, number_messages, step_kind, successors,
 };
+use super::sim::Simulator;
+use super::steps::{EventKind, Rates, Steps, total_order_key};
 use hccl_ir::{Action, Protocol, StepRef, SymmetricSchedule, SymmetryTable};
 use std::cmp::Reverse;
 use std::collections::hash_map::Entry;
@@ -92,41 +94,12 @@ enum Form {
     Full(Box<Prepared>),
 }
 
-/// The contention constraints of a template's peers (see [`Simulator::contention`]).
-#[derive(Debug, Clone)]
-pub(super) struct Contention {
-    class_resources: Vec<Vec<(u32, u32)>>,
-    class_rows: Vec<Vec<(u32, u32)>>,
-    row_classes: Vec<Vec<(u32, u32)>>,
-    row_cap: Vec<f64>,
-    equivariant: bool,
-}
-
-/// What [`Simulator::contention`] caches: per symmetry and sorted peer list.
-/// Contention constraints per symmetry and peer list, and a turn for computing them (two
-/// candidates of one family asking at once compute them once: the second waits for the
-/// first and finds them cached).
-#[derive(Debug, Default)]
-pub(super) struct ContentionCache {
-    held: std::sync::Mutex<HashMap<ContentionKey, Arc<Contention>>>,
-    turn: std::sync::Mutex<()>,
-}
-
 /// Per template peer, the resources its translates' routes cross, with multiplicities.
 type ClassResources = Vec<Vec<(u32, u32)>>;
 
 /// A translation group's generators (grid positions) and each position's predecessor and
 /// generator (see [`generators`]).
 type Generators = (Vec<usize>, Vec<(usize, usize)>);
-
-/// A symmetry and a template's distinct peers.
-type ContentionKey = (hccl_ir::Symmetry, Vec<u32>);
-
-impl ContentionCache {
-    fn get(&self, key: &ContentionKey) -> Option<Arc<Contention>> {
-        self.held.lock().ok().and_then(|c| c.get(key).cloned())
-    }
-}
 
 #[derive(Debug, Clone)]
 struct Template {
@@ -221,6 +194,89 @@ impl Simulator {
                 steps: template_steps,
             });
         }
+        let prog = &s.template;
+        let TemplateFlat {
+            mut steps,
+            step_ref,
+            pending,
+            edges,
+            conn_peer,
+            conn_sends,
+            conn_recvs,
+            send_pos,
+            recv_pos,
+        } = self.flatten_template(prog, &table, r0)?;
+        let total = steps.len();
+        let Messages {
+            conn_base,
+            conn_len,
+            msg_conn,
+            msg_count,
+            msg_send,
+            msg_recv,
+        } = number_messages(&mut steps, &conn_sends, &conn_recvs, &send_pos, &recv_pos);
+        let (succ_start, succ) = successors(total, &edges);
+        let pairs: Vec<(u32, u32)> = conn_peer.iter().map(|&p| (r0, p)).collect();
+        let conn_route = self.network.routes(&pairs)?;
+        // Peer classes, and the multiplicity of every resource on the translated routes.
+        let mut class_peer = conn_peer.clone();
+        class_peer.sort_unstable();
+        class_peer.dedup();
+        let conn_class: Vec<u32> = conn_peer
+            .iter()
+            .map(|p| class_peer.binary_search(p).unwrap_or(0) as u32)
+            .collect();
+        let contention = self.contention(s, &table, r0, &class_peer)?;
+        let nres = self.network.capacity.len();
+        let prepared = Prepared {
+            max_count: msg_count.iter().copied().max().unwrap_or(0),
+            steps,
+            step_ref,
+            succ_start,
+            succ,
+            pending,
+            msg_conn,
+            msg_count,
+            msg_send,
+            msg_recv,
+            conn_base,
+            conn_len,
+            conn_route,
+            chunks: s.chunks,
+            collective: s.collective,
+            max_scratch: prog.scratch_chunks,
+        };
+        let equivariant = contention.equivariant;
+        let resource_chunks = resource_chunks(
+            &prepared,
+            (&conn_class, class_peer.len()),
+            &contention,
+            nres,
+        );
+        Ok(PreparedSymmetric {
+            form: Form::Template(Box::new(Template {
+                prepared,
+                resources: nres,
+                conn_class,
+                contention,
+                resource_chunks,
+            })),
+            nranks: n,
+            template_steps,
+            equivariant,
+        })
+    }
+
+    /// The template `prog` of rank `r0` flattened: its steps, edges and connections
+    /// `(r0 → peer, channel)`, a receive from `q` put on the connection of the template peer
+    /// it mirrors (see [`Simulator::prepare_symmetric`]); checks peers and dependencies.
+    fn flatten_template(
+        &self,
+        prog: &hccl_ir::RankProgram,
+        table: &SymmetryTable,
+        r0: u32,
+    ) -> Result<TemplateFlat, CostError> {
+        let n = self.network.nranks();
         // The template peer whose message a receive from `q` mirrors: p' with T_pos(q)(p') = r0.
         let mut mirrors: HashMap<u32, u32> = HashMap::new();
         let mut mirror = |q: u32| -> Result<u32, CostError> {
@@ -239,7 +295,6 @@ impl Simulator {
             mirrors.insert(q, p);
             Ok(p)
         };
-        let prog = &s.template;
         let mut stream_base = Vec::with_capacity(prog.streams.len());
         let mut total = 0u32;
         for st in &prog.streams {
@@ -323,71 +378,16 @@ impl Simulator {
             send_pos.push(at(sc, &mut conn_sends));
             recv_pos.push(at(rc, &mut conn_recvs));
         }
-        let Messages {
-            conn_base,
-            conn_len,
-            msg_conn,
-            msg_count,
-            msg_send,
-            msg_recv,
-        } = number_messages(&mut steps, &conn_sends, &conn_recvs, &send_pos, &recv_pos);
-        let (succ_start, succ) = successors(total, &edges);
-        let pairs: Vec<(u32, u32)> = conn_peer.iter().map(|&p| (r0, p)).collect();
-        let conn_route = self.network.routes(&pairs)?;
-        // Peer classes, and the multiplicity of every resource on the translated routes.
-        let mut class_peer = conn_peer.clone();
-        class_peer.sort_unstable();
-        class_peer.dedup();
-        let conn_class: Vec<u32> = conn_peer
-            .iter()
-            .map(|p| class_peer.binary_search(p).unwrap_or(0) as u32)
-            .collect();
-        let contention = self.contention(s, &table, r0, &class_peer)?;
-        let nres = self.network.capacity.len();
-        let prepared = Prepared {
-            max_count: msg_count.iter().copied().max().unwrap_or(0),
+        Ok(TemplateFlat {
             steps,
             step_ref,
-            succ_start,
-            succ,
             pending,
-            msg_conn,
-            msg_count,
-            msg_send,
-            msg_recv,
-            conn_base,
-            conn_len,
-            conn_route,
-            chunks: s.chunks,
-            collective: s.collective,
-            max_scratch: prog.scratch_chunks,
-        };
-        let equivariant = contention.equivariant;
-        let mut class_chunks = vec![0u64; class_peer.len()];
-        for (&c, &count) in prepared.msg_conn.iter().zip(&prepared.msg_count) {
-            if !prepared.conn_route[c as usize].resources.is_empty() {
-                class_chunks[conn_class[c as usize] as usize] += u64::from(count);
-            }
-        }
-        let mut resource_chunks = vec![0.0; nres];
-        for (list, &chunks) in contention.class_resources.iter().zip(&class_chunks) {
-            if chunks > 0 {
-                for &(r, k) in list {
-                    resource_chunks[r as usize] += (chunks * u64::from(k)) as f64;
-                }
-            }
-        }
-        Ok(PreparedSymmetric {
-            form: Form::Template(Box::new(Template {
-                prepared,
-                resources: nres,
-                conn_class,
-                contention,
-                resource_chunks,
-            })),
-            nranks: n,
-            template_steps,
-            equivariant,
+            edges,
+            conn_peer,
+            conn_sends,
+            conn_recvs,
+            send_pos,
+            recv_pos,
         })
     }
 
@@ -837,7 +837,7 @@ fn run_template(
     protocol: Protocol,
 ) -> Result<Estimate, CostError> {
     let p = &t.prepared;
-    let mut st = Steps::new(sim, p, bytes, protocol, false);
+    let mut st = Steps::new(&sim.network, &sim.model, p, bytes, protocol, false);
     let mut rates = ClassRates::new(sim, t, bytes, protocol);
     st.execute(&mut rates)?;
     let chunk_bytes = bytes as f64 / f64::from(p.chunks);
@@ -948,12 +948,52 @@ impl<'a> ClassRates<'a> {
     }
 }
 
+/// Per resource, the chunks every rank's messages put on it in a whole run: each peer
+/// class's template chunks times the class's multiplicity on the resource.
+fn resource_chunks(
+    prepared: &Prepared,
+    (conn_class, nclasses): (&[u32], usize),
+    contention: &Contention,
+    nres: usize,
+) -> Vec<f64> {
+    let mut class_chunks = vec![0u64; nclasses];
+    for (&c, &count) in prepared.msg_conn.iter().zip(&prepared.msg_count) {
+        if !prepared.conn_route[c as usize].resources.is_empty() {
+            class_chunks[conn_class[c as usize] as usize] += u64::from(count);
+        }
+    }
+    let mut resource_chunks = vec![0.0; nres];
+    for (list, &chunks) in contention.class_resources.iter().zip(&class_chunks) {
+        if chunks > 0 {
+            for &(r, k) in list {
+                resource_chunks[r as usize] += (chunks * u64::from(k)) as f64;
+            }
+        }
+    }
+    resource_chunks
+}
+
+/// A template flattened ([`Simulator::flatten_template`]), before messages are numbered.
+struct TemplateFlat {
+    steps: Vec<FlatStep>,
+    step_ref: Vec<StepRef>,
+    pending: Vec<u32>,
+    edges: Vec<(u32, u32)>,
+    /// Per connection: its peer; the sending and receiving steps on it, in order.
+    conn_peer: Vec<u32>,
+    conn_sends: Vec<Vec<u32>>,
+    conn_recvs: Vec<Vec<u32>>,
+    /// Per step: (connection, position) of its send half and its receive half.
+    send_pos: Vec<(u32, u32)>,
+    recv_pos: Vec<(u32, u32)>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::cost::{CostModel, Network};
-    use crate::families::families_for;
     use crate::search::collective_of;
+    use crate::search::families_for;
     use crate::synth::SynthLevel;
     use hccl_ir::CollectiveKind;
     use hccl_topologies::{Topology, generate};

@@ -505,11 +505,8 @@ fn cube_schedule(
     let Some(chunks) = n.checked_mul(m) else {
         return Vec::new();
     };
-    let l = emb.core.len();
     let d = emb.dims() as usize;
-    let lay = Layout { kind, in_place, m };
     let mut b = ScheduleBuilder::new(collective, n, chunks, in_place);
-    let folded: Vec<bool> = emb.extra.iter().map(Option::is_some).collect();
     // Channel c's dimension order: the base order rotated by c.
     let orders: Vec<Vec<u32>> = (0..nch as usize)
         .map(|c| {
@@ -518,9 +515,52 @@ fn cube_schedule(
             o
         })
         .collect();
-    // AllReduce places the blocks of each piece so that every halving set is contiguous:
-    // slot order follows the label bits with order[0] most significant.
-    let slots: Vec<Vec<u32>> = orders
+    let cube = Cube {
+        emb,
+        n,
+        kind,
+        pp,
+        m,
+        lay: Layout { kind, in_place, m },
+        folded: emb.extra.iter().map(Option::is_some).collect(),
+        slots: slot_orders(emb, n, &orders),
+        ranges: ranges && kind == CollectiveKind::AllReduce,
+    };
+    cube.fold_in(&mut b);
+    let mut scratch = (Vec::new(), Vec::new());
+    for q in 0..pp {
+        for (c, ord) in orders.iter().enumerate() {
+            if kind == CollectiveKind::AllReduce {
+                cube.fold_piece(&mut b, c as u32, q);
+            }
+            if matches!(
+                kind,
+                CollectiveKind::AllReduce | CollectiveKind::ReduceScatter
+            ) {
+                cube.halving(&mut b, (c, q), ord, &mut scratch);
+            }
+            if matches!(kind, CollectiveKind::AllReduce | CollectiveKind::AllGather) {
+                cube.doubling(&mut b, (c, q), ord, &mut scratch);
+            }
+            if kind == CollectiveKind::AllReduce {
+                cube.unfold_piece(&mut b, c as u32, q);
+            }
+        }
+    }
+    cube.unfold(&mut b, chunks);
+    let symmetry = cube_symmetry(emb, kind, &cube.slots);
+    candidate(name, params, b)
+        .into_iter()
+        .map(|c| c.with_symmetry(symmetry.clone()))
+        .collect()
+}
+
+/// AllReduce places the blocks of each piece so that every halving set is contiguous: per
+/// channel (dimension order `orders[c]`), each rank's slot, in the order of the label bits
+/// with `order[0]` most significant (a folded-in rank right after its partner).
+fn slot_orders(emb: &CubeEmbedding, n: u32, orders: &[Vec<u32>]) -> Vec<Vec<u32>> {
+    let l = emb.core.len();
+    orders
         .iter()
         .map(|ord| {
             let mut slot = vec![0u32; n as usize];
@@ -539,213 +579,258 @@ fn cube_schedule(
             }
             slot
         })
-        .collect();
-    let chunk_of = |c: usize, q: u32, r: Rank| -> u32 {
-        let idx = c as u32 * pp + q;
-        match kind {
-            CollectiveKind::AllReduce => idx * n + slots[c][r as usize],
-            _ => r * m + idx,
-        }
-    };
-    let own = |c: usize, q: u32, x: usize, out: &mut Vec<u32>| {
-        out.push(chunk_of(c, q, emb.core[x]));
-        if let Some(e) = emb.extra[x] {
-            out.push(chunk_of(c, q, e));
-        }
-    };
-    let all_chunks = |b: &ScheduleBuilder| (0..b.chunks()).collect::<Vec<u32>>();
-    // AllReduce: the chunks of labels `lo..=hi` in slot order (`hi` = `lo` with the free
-    // bits set), as one range `(first, count)`.
-    let slot_range = |c: usize, q: u32, lo: usize, hi: usize| -> (u32, u32) {
-        let first = chunk_of(c, q, emb.core[lo]);
-        let last = chunk_of(c, q, emb.extra[hi].unwrap_or(emb.core[hi]));
-        (first, last - first + 1)
-    };
-    let ranges = ranges && kind == CollectiveKind::AllReduce;
-
-    // Out-of-place AllGather: every rank's own block into its output first.
-    if kind == CollectiveKind::AllGather && !in_place {
-        for r in 0..n {
-            b.copy((r, Loc::input(0)), (r, Loc::output(r * m)), m, 0);
-        }
-    }
-    // Fold the extras of ReduceScatter and AllGather in one go (AllReduce folds per piece).
-    for (x, e) in emb.extra.iter().enumerate() {
-        let (Some(e), p) = (*e, emb.core[x]) else {
-            continue;
-        };
-        match kind {
-            CollectiveKind::ReduceScatter => {
-                let ks = all_chunks(&b);
-                for_runs(&ks, &[&|k| lay.work(p, k)], |k, cnt| {
-                    b.reduce_to(
-                        (e, Loc::input(k)),
-                        Loc::input(k),
-                        (p, lay.work(p, k)),
-                        cnt,
-                        0,
-                    )
-                });
-            }
-            CollectiveKind::AllGather => {
-                b.copy((e, b.input_loc(e, 0)), (p, Loc::output(e * m)), m, 0);
-            }
-            _ => {}
-        }
-    }
-    let mut buf: Vec<u32> = Vec::new();
-    let mut runs: Vec<(u32, u32)> = Vec::new();
-    for q in 0..pp {
-        for (c, ord) in orders.iter().enumerate() {
-            let ch = c as u32;
-            if kind == CollectiveKind::AllReduce {
-                let base = (ch * pp + q) * n;
-                for (x, e) in emb.extra.iter().enumerate() {
-                    if let Some(e) = *e {
-                        let p = emb.core[x];
-                        b.reduce_to(
-                            (e, Loc::input(base)),
-                            Loc::input(base),
-                            (p, Loc::output(base)),
-                            n,
-                            ch,
-                        );
-                    }
-                }
-            }
-            if matches!(
-                kind,
-                CollectiveKind::AllReduce | CollectiveKind::ReduceScatter
-            ) {
-                // Recursive halving: after step s, label x holds the labels agreeing with it
-                // on bits ord[0..=s].
-                // Every round records all sends before all receives, so each rank's ops
-                // run in the same relative order (send half, receive half) whatever its
-                // label: the schedule is then invariant under XOR translations of labels.
-                let mut mask = 0usize;
-                for (s, &bit) in ord.iter().enumerate() {
-                    let bit = 1usize << bit;
-                    for pass in [Pass::Send, Pass::Receive] {
-                        for x in 0..l {
-                            let y = x ^ bit;
-                            let free = (l - 1) & !(mask | bit);
-                            let fixed = (x & mask) | (y & bit);
-                            let (from, to) = (emb.core[x], emb.core[y]);
-                            let src_first = s == 0 && !folded[x];
-                            let acc_first = s == 0 && !folded[y];
-                            let src = |k: u32| {
-                                if src_first {
-                                    lay.contrib(from, k)
-                                } else {
-                                    lay.work(from, k)
-                                }
-                            };
-                            let acc = |k: u32| {
-                                if acc_first {
-                                    lay.contrib(to, k)
-                                } else {
-                                    lay.work(to, k)
-                                }
-                            };
-                            let dst = |k: u32| lay.work(to, k);
-                            runs.clear();
-                            if ranges {
-                                // Input and output offsets are the chunk: one run.
-                                runs.push(slot_range(c, q, fixed, fixed | free));
-                            } else {
-                                buf.clear();
-                                for_submasks(free, |sub| own(c, q, fixed | sub, &mut buf));
-                                buf.sort_unstable();
-                                for_runs(&buf, &[&src, &acc, &dst], |k, cnt| runs.push((k, cnt)));
-                            }
-                            for &(k, cnt) in &runs {
-                                match pass {
-                                    Pass::Send => b.send(from, to, src(k), cnt, ch),
-                                    Pass::Receive => b.push(
-                                        to,
-                                        Op::RecvReduceCopy {
-                                            from,
-                                            src: acc(k),
-                                            dst: dst(k),
-                                        },
-                                        cnt,
-                                        ch,
-                                    ),
-                                }
-                            }
-                        }
-                    }
-                    mask |= bit;
-                }
-            }
-            if matches!(kind, CollectiveKind::AllReduce | CollectiveKind::AllGather) {
-                // Recursive doubling, dimensions in reverse: before step s, label x holds the
-                // labels agreeing with it on bits ord[0..=s].
-                for s in (0..d).rev() {
-                    let bit = 1usize << ord[s];
-                    let mask: usize = ord[..=s].iter().fold(0, |a, &o| a | (1 << o));
-                    for pass in [Pass::Send, Pass::Receive] {
-                        for x in 0..l {
-                            let y = x ^ bit;
-                            let free = (l - 1) & !mask;
-                            runs.clear();
-                            if ranges {
-                                let lo = x & mask;
-                                runs.push(slot_range(c, q, lo, lo | free));
-                            } else {
-                                buf.clear();
-                                for_submasks(free, |sub| own(c, q, (x & mask) | sub, &mut buf));
-                                buf.sort_unstable();
-                                for_runs(&buf, &[], |k, cnt| runs.push((k, cnt)));
-                            }
-                            let (from, to) = (emb.core[x], emb.core[y]);
-                            for &(k, cnt) in &runs {
-                                match pass {
-                                    Pass::Send => b.send(from, to, Loc::output(k), cnt, ch),
-                                    Pass::Receive => b.recv(to, from, Loc::output(k), cnt, ch),
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-            if kind == CollectiveKind::AllReduce {
-                let base = (ch * pp + q) * n;
-                for (x, e) in emb.extra.iter().enumerate() {
-                    if let Some(e) = *e {
-                        let p = emb.core[x];
-                        b.copy((p, Loc::output(base)), (e, Loc::output(base)), n, ch);
-                    }
-                }
-            }
-        }
-    }
-    // Unfold ReduceScatter and AllGather.
-    for (x, e) in emb.extra.iter().enumerate() {
-        let (Some(e), p) = (*e, emb.core[x]) else {
-            continue;
-        };
-        match kind {
-            CollectiveKind::ReduceScatter => {
-                b.copy((p, lay.work(p, e * m)), (e, lay.work(e, e * m)), m, 0);
-            }
-            CollectiveKind::AllGather => {
-                if e > 0 {
-                    b.copy((p, Loc::output(0)), (e, Loc::output(0)), e * m, 0);
-                }
-                if e + 1 < n {
-                    let k = (e + 1) * m;
-                    b.copy((p, Loc::output(k)), (e, Loc::output(k)), chunks - k, 0);
-                }
-            }
-            _ => {}
-        }
-    }
-    let symmetry = cube_symmetry(emb, kind, &slots);
-    candidate(name, params, b)
-        .into_iter()
-        .map(|c| c.with_symmetry(symmetry.clone()))
         .collect()
+}
+
+/// What the phases of one cube schedule share: the embedding, the chunk layout and, for
+/// AllReduce, the slot order of every channel.
+struct Cube<'e> {
+    emb: &'e CubeEmbedding,
+    n: u32,
+    kind: CollectiveKind,
+    /// Pipeline depth, and chunks per rank block (`channels × pipeline`).
+    pp: u32,
+    m: u32,
+    lay: Layout,
+    /// Per label: whether an extra rank is folded into it.
+    folded: Vec<bool>,
+    slots: Vec<Vec<u32>>,
+    /// Whether AllReduce's exchanges are cut from slot ranges (see [`cube_schedule`]).
+    ranges: bool,
+}
+
+/// Scratch lists of the exchanges: chunks, and runs `(first, count)`.
+type Scratch = (Vec<u32>, Vec<(u32, u32)>);
+
+impl Cube<'_> {
+    /// The chunk of rank `r`'s block in piece `q` of channel `c`.
+    fn chunk_of(&self, c: usize, q: u32, r: Rank) -> u32 {
+        let idx = c as u32 * self.pp + q;
+        match self.kind {
+            CollectiveKind::AllReduce => idx * self.n + self.slots[c][r as usize],
+            _ => r * self.m + idx,
+        }
+    }
+
+    /// Appends the chunks label `x` owns (its rank's and its extra's) in piece `q` of
+    /// channel `c`.
+    fn own(&self, c: usize, q: u32, x: usize, out: &mut Vec<u32>) {
+        out.push(self.chunk_of(c, q, self.emb.core[x]));
+        if let Some(e) = self.emb.extra[x] {
+            out.push(self.chunk_of(c, q, e));
+        }
+    }
+
+    /// AllReduce: the chunks of labels `lo..=hi` in slot order (`hi` = `lo` with the free
+    /// bits set), as one range `(first, count)`.
+    fn slot_range(&self, c: usize, q: u32, lo: usize, hi: usize) -> (u32, u32) {
+        let first = self.chunk_of(c, q, self.emb.core[lo]);
+        let last = self.chunk_of(c, q, self.emb.extra[hi].unwrap_or(self.emb.core[hi]));
+        (first, last - first + 1)
+    }
+
+    /// Before the pieces: out-of-place AllGather's own blocks into the outputs, and the
+    /// extras of ReduceScatter and AllGather folded in, in one go (AllReduce folds per
+    /// piece).
+    fn fold_in(&self, b: &mut ScheduleBuilder) {
+        let (kind, m, lay) = (self.kind, self.m, &self.lay);
+        // Out-of-place AllGather: every rank's own block into its output first.
+        if kind == CollectiveKind::AllGather && !lay.in_place {
+            for r in 0..self.n {
+                b.copy((r, Loc::input(0)), (r, Loc::output(r * m)), m, 0);
+            }
+        }
+        for (x, e) in self.emb.extra.iter().enumerate() {
+            let (Some(e), p) = (*e, self.emb.core[x]) else {
+                continue;
+            };
+            match kind {
+                CollectiveKind::ReduceScatter => {
+                    let ks = (0..b.chunks()).collect::<Vec<u32>>();
+                    for_runs(&ks, &[&|k| lay.work(p, k)], |k, cnt| {
+                        b.reduce_to(
+                            (e, Loc::input(k)),
+                            Loc::input(k),
+                            (p, lay.work(p, k)),
+                            cnt,
+                            0,
+                        )
+                    });
+                }
+                CollectiveKind::AllGather => {
+                    b.copy((e, b.input_loc(e, 0)), (p, Loc::output(e * m)), m, 0);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// AllReduce, piece `q` of channel `ch`: every extra's contribution reduced into its
+    /// partner's.
+    fn fold_piece(&self, b: &mut ScheduleBuilder, ch: u32, q: u32) {
+        let n = self.n;
+        let base = (ch * self.pp + q) * n;
+        for (x, e) in self.emb.extra.iter().enumerate() {
+            if let Some(e) = *e {
+                let p = self.emb.core[x];
+                b.reduce_to(
+                    (e, Loc::input(base)),
+                    Loc::input(base),
+                    (p, Loc::output(base)),
+                    n,
+                    ch,
+                );
+            }
+        }
+    }
+
+    /// AllReduce, piece `q` of channel `ch`: the result copied back to every extra.
+    fn unfold_piece(&self, b: &mut ScheduleBuilder, ch: u32, q: u32) {
+        let n = self.n;
+        let base = (ch * self.pp + q) * n;
+        for (x, e) in self.emb.extra.iter().enumerate() {
+            if let Some(e) = *e {
+                let p = self.emb.core[x];
+                b.copy((p, Loc::output(base)), (e, Loc::output(base)), n, ch);
+            }
+        }
+    }
+
+    /// Recursive halving of piece `q` of channel `c` over the dimensions `ord`: after step
+    /// `s`, label `x` holds the labels agreeing with it on bits `ord[0..=s]`. Every round
+    /// records all sends before all receives, so each rank's ops run in the same relative
+    /// order (send half, receive half) whatever its label: the schedule is then invariant
+    /// under XOR translations of labels.
+    fn halving(
+        &self,
+        b: &mut ScheduleBuilder,
+        (c, q): (usize, u32),
+        ord: &[u32],
+        (buf, runs): &mut Scratch,
+    ) {
+        let (emb, lay, ch) = (self.emb, &self.lay, c as u32);
+        let l = emb.core.len();
+        let mut mask = 0usize;
+        for (s, &bit) in ord.iter().enumerate() {
+            let bit = 1usize << bit;
+            for pass in [Pass::Send, Pass::Receive] {
+                for x in 0..l {
+                    let y = x ^ bit;
+                    let free = (l - 1) & !(mask | bit);
+                    let fixed = (x & mask) | (y & bit);
+                    let (from, to) = (emb.core[x], emb.core[y]);
+                    let src_first = s == 0 && !self.folded[x];
+                    let acc_first = s == 0 && !self.folded[y];
+                    let src = |k: u32| {
+                        if src_first {
+                            lay.contrib(from, k)
+                        } else {
+                            lay.work(from, k)
+                        }
+                    };
+                    let acc = |k: u32| {
+                        if acc_first {
+                            lay.contrib(to, k)
+                        } else {
+                            lay.work(to, k)
+                        }
+                    };
+                    let dst = |k: u32| lay.work(to, k);
+                    runs.clear();
+                    if self.ranges {
+                        // Input and output offsets are the chunk: one run.
+                        runs.push(self.slot_range(c, q, fixed, fixed | free));
+                    } else {
+                        buf.clear();
+                        for_submasks(free, |sub| self.own(c, q, fixed | sub, buf));
+                        buf.sort_unstable();
+                        for_runs(buf, &[&src, &acc, &dst], |k, cnt| runs.push((k, cnt)));
+                    }
+                    for &(k, cnt) in runs.iter() {
+                        match pass {
+                            Pass::Send => b.send(from, to, src(k), cnt, ch),
+                            Pass::Receive => b.push(
+                                to,
+                                Op::RecvReduceCopy {
+                                    from,
+                                    src: acc(k),
+                                    dst: dst(k),
+                                },
+                                cnt,
+                                ch,
+                            ),
+                        }
+                    }
+                }
+            }
+            mask |= bit;
+        }
+    }
+
+    /// Recursive doubling of piece `q` of channel `c`, dimensions `ord` in reverse: before
+    /// step `s`, label `x` holds the labels agreeing with it on bits `ord[0..=s]`.
+    fn doubling(
+        &self,
+        b: &mut ScheduleBuilder,
+        (c, q): (usize, u32),
+        ord: &[u32],
+        (buf, runs): &mut Scratch,
+    ) {
+        let (emb, ch) = (self.emb, c as u32);
+        let l = emb.core.len();
+        for s in (0..emb.dims() as usize).rev() {
+            let bit = 1usize << ord[s];
+            let mask: usize = ord[..=s].iter().fold(0, |a, &o| a | (1 << o));
+            for pass in [Pass::Send, Pass::Receive] {
+                for x in 0..l {
+                    let y = x ^ bit;
+                    let free = (l - 1) & !mask;
+                    runs.clear();
+                    if self.ranges {
+                        let lo = x & mask;
+                        runs.push(self.slot_range(c, q, lo, lo | free));
+                    } else {
+                        buf.clear();
+                        for_submasks(free, |sub| self.own(c, q, (x & mask) | sub, buf));
+                        buf.sort_unstable();
+                        for_runs(buf, &[], |k, cnt| runs.push((k, cnt)));
+                    }
+                    let (from, to) = (emb.core[x], emb.core[y]);
+                    for &(k, cnt) in runs.iter() {
+                        match pass {
+                            Pass::Send => b.send(from, to, Loc::output(k), cnt, ch),
+                            Pass::Receive => b.recv(to, from, Loc::output(k), cnt, ch),
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// After the pieces: the results of ReduceScatter and AllGather copied to the extras.
+    fn unfold(&self, b: &mut ScheduleBuilder, chunks: u32) {
+        let (n, m, lay) = (self.n, self.m, &self.lay);
+        for (x, e) in self.emb.extra.iter().enumerate() {
+            let (Some(e), p) = (*e, self.emb.core[x]) else {
+                continue;
+            };
+            match self.kind {
+                CollectiveKind::ReduceScatter => {
+                    b.copy((p, lay.work(p, e * m)), (e, lay.work(e, e * m)), m, 0);
+                }
+                CollectiveKind::AllGather => {
+                    if e > 0 {
+                        b.copy((p, Loc::output(0)), (e, Loc::output(0)), e * m, 0);
+                    }
+                    if e + 1 < n {
+                        let k = (e + 1) * m;
+                        b.copy((p, Loc::output(k)), (e, Loc::output(k)), chunks - k, 0);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
 }
 
 /// The XOR symmetry a cube AllReduce has when no rank is folded in: cube labels translate by

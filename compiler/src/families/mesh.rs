@@ -33,129 +33,17 @@ fn direct(
     let chunks = if rooted.is_some() { m } else { n * m };
     let mut b = ScheduleBuilder::new(collective, n, chunks, in_place);
     b.set_fusion(false);
-    let fence = |b: &mut ScheduleBuilder| {
-        if rounds {
-            for r in 0..n {
-                b.fence(r);
-            }
-        }
-    };
-    // Out-of-place local parts.
     if !in_place {
-        match kind {
-            CollectiveKind::AllGather => {
-                for r in 0..n {
-                    b.copy((r, Loc::input(0)), (r, Loc::output(r * m)), m, 0);
-                }
-            }
-            CollectiveKind::AllToAll => {
-                for r in 0..n {
-                    b.copy((r, Loc::input(r * m)), (r, Loc::output(r * m)), m, 0);
-                }
-            }
-            CollectiveKind::Broadcast => {
-                if let Some(root) = rooted {
-                    b.copy((root, Loc::input(0)), (root, Loc::output(0)), m, 0);
-                }
-            }
-            _ => {}
-        }
+        out_of_place_locals(&mut b, collective, n, m);
     }
-    let a2a_dst = |k: u32| {
-        if in_place {
-            Loc::scratch(k)
-        } else {
-            Loc::output(k)
-        }
-    };
     for q in 0..pp {
         for c in 0..nch {
             let idx = c * pp + q;
             match collective {
                 Collective::Broadcast { root } | Collective::Reduce { root } => {
-                    for i in 1..n {
-                        let d = (root + i) % n;
-                        if kind == CollectiveKind::Broadcast {
-                            b.send(root, d, Loc::input(idx), 1, c);
-                            b.recv(d, root, Loc::output(idx), 1, c);
-                        } else {
-                            let src = if i == 1 {
-                                Loc::input(idx)
-                            } else {
-                                Loc::output(idx)
-                            };
-                            b.send(d, root, Loc::input(idx), 1, c);
-                            b.recv_reduce_copy(root, d, src, Loc::output(idx), 1, c);
-                        }
-                    }
+                    rooted_piece(&mut b, kind, root, n, idx, c);
                 }
-                _ => {
-                    // Round `i`: every rank `r` sends to `r + i` and receives from `r − i`.
-                    // All sends of a round are recorded before its receives, so every rank's
-                    // ops come in the same relative order: the schedule is invariant under
-                    // rotations of the ranks (see `direct_symmetry`).
-                    for i in 1..n {
-                        for send in [true, false] {
-                            for r in 0..n {
-                                let d = (r + i) % n;
-                                match kind {
-                                    CollectiveKind::AllReduce | CollectiveKind::ReduceScatter => {
-                                        let k = d * m + idx;
-                                        let out = match (kind, in_place) {
-                                            (CollectiveKind::ReduceScatter, false) => {
-                                                Loc::output(idx)
-                                            }
-                                            (CollectiveKind::ReduceScatter, true) => Loc::input(k),
-                                            _ => Loc::output(k),
-                                        };
-                                        let src = if i == 1 { Loc::input(k) } else { out };
-                                        if send {
-                                            b.send(r, d, Loc::input(k), 1, c);
-                                        } else {
-                                            b.recv_reduce_copy(d, r, src, out, 1, c);
-                                        }
-                                    }
-                                    CollectiveKind::AllGather => {
-                                        let src = if in_place {
-                                            Loc::output(r * m + idx)
-                                        } else {
-                                            Loc::input(idx)
-                                        };
-                                        if send {
-                                            b.send(r, d, src, 1, c);
-                                        } else {
-                                            b.recv(d, r, Loc::output(r * m + idx), 1, c);
-                                        }
-                                    }
-                                    _ => {
-                                        if send {
-                                            b.send(r, d, Loc::input(d * m + idx), 1, c);
-                                        } else {
-                                            b.recv(d, r, a2a_dst(r * m + idx), 1, c);
-                                        }
-                                    }
-                                }
-                            }
-                        }
-                        fence(&mut b);
-                    }
-                    if kind == CollectiveKind::AllReduce {
-                        for i in 1..n {
-                            for send in [true, false] {
-                                for r in 0..n {
-                                    let d = (r + i) % n;
-                                    let k = r * m + idx;
-                                    if send {
-                                        b.send(r, d, Loc::output(k), 1, c);
-                                    } else {
-                                        b.recv(d, r, Loc::output(k), 1, c);
-                                    }
-                                }
-                            }
-                            fence(&mut b);
-                        }
-                    }
-                }
+                _ => exchange_piece(&mut b, kind, (n, m), (idx, c), in_place, rounds),
             }
         }
     }
@@ -171,6 +59,145 @@ fn direct(
         .into_iter()
         .map(|c| c.with_symmetry(symmetry.clone()))
         .collect()
+}
+
+/// The local parts of an out-of-place direct schedule: a rank's own block copied to its
+/// output (AllGather, AllToAll; Broadcast at the root).
+fn out_of_place_locals(b: &mut ScheduleBuilder, collective: Collective, n: u32, m: u32) {
+    match collective.kind() {
+        CollectiveKind::AllGather => {
+            for r in 0..n {
+                b.copy((r, Loc::input(0)), (r, Loc::output(r * m)), m, 0);
+            }
+        }
+        CollectiveKind::AllToAll => {
+            for r in 0..n {
+                b.copy((r, Loc::input(r * m)), (r, Loc::output(r * m)), m, 0);
+            }
+        }
+        CollectiveKind::Broadcast => {
+            if let Some(root) = collective.root() {
+                b.copy((root, Loc::input(0)), (root, Loc::output(0)), m, 0);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Piece `idx` of a direct Broadcast or Reduce on channel `c`: the root and every other
+/// rank, in rank order from the root's next.
+fn rooted_piece(
+    b: &mut ScheduleBuilder,
+    kind: CollectiveKind,
+    root: u32,
+    n: u32,
+    idx: u32,
+    c: u32,
+) {
+    for i in 1..n {
+        let d = (root + i) % n;
+        if kind == CollectiveKind::Broadcast {
+            b.send(root, d, Loc::input(idx), 1, c);
+            b.recv(d, root, Loc::output(idx), 1, c);
+        } else {
+            let src = if i == 1 {
+                Loc::input(idx)
+            } else {
+                Loc::output(idx)
+            };
+            b.send(d, root, Loc::input(idx), 1, c);
+            b.recv_reduce_copy(root, d, src, Loc::output(idx), 1, c);
+        }
+    }
+}
+
+/// Piece `idx` of a direct all-to-all exchange (AllReduce, ReduceScatter, AllGather,
+/// AllToAll) on channel `c`, over `n` ranks with `m` pieces per block. Round `i`: every
+/// rank `r` sends to `r + i` and receives from `r − i`. All sends of a round are recorded
+/// before its receives, so every rank's ops come in the same relative order: the schedule is
+/// invariant under rotations of the ranks (see `direct_symmetry`). With `rounds`, a fence
+/// ends every round; AllReduce gathers its reduced pieces in a second set of rounds.
+fn exchange_piece(
+    b: &mut ScheduleBuilder,
+    kind: CollectiveKind,
+    (n, m): (u32, u32),
+    (idx, c): (u32, u32),
+    in_place: bool,
+    rounds: bool,
+) {
+    let fence = |b: &mut ScheduleBuilder| {
+        if rounds {
+            for r in 0..n {
+                b.fence(r);
+            }
+        }
+    };
+    let a2a_dst = |k: u32| {
+        if in_place {
+            Loc::scratch(k)
+        } else {
+            Loc::output(k)
+        }
+    };
+    for i in 1..n {
+        for send in [true, false] {
+            for r in 0..n {
+                let d = (r + i) % n;
+                match kind {
+                    CollectiveKind::AllReduce | CollectiveKind::ReduceScatter => {
+                        let k = d * m + idx;
+                        let out = match (kind, in_place) {
+                            (CollectiveKind::ReduceScatter, false) => Loc::output(idx),
+                            (CollectiveKind::ReduceScatter, true) => Loc::input(k),
+                            _ => Loc::output(k),
+                        };
+                        let src = if i == 1 { Loc::input(k) } else { out };
+                        if send {
+                            b.send(r, d, Loc::input(k), 1, c);
+                        } else {
+                            b.recv_reduce_copy(d, r, src, out, 1, c);
+                        }
+                    }
+                    CollectiveKind::AllGather => {
+                        let src = if in_place {
+                            Loc::output(r * m + idx)
+                        } else {
+                            Loc::input(idx)
+                        };
+                        if send {
+                            b.send(r, d, src, 1, c);
+                        } else {
+                            b.recv(d, r, Loc::output(r * m + idx), 1, c);
+                        }
+                    }
+                    _ => {
+                        if send {
+                            b.send(r, d, Loc::input(d * m + idx), 1, c);
+                        } else {
+                            b.recv(d, r, a2a_dst(r * m + idx), 1, c);
+                        }
+                    }
+                }
+            }
+        }
+        fence(b);
+    }
+    if kind == CollectiveKind::AllReduce {
+        for i in 1..n {
+            for send in [true, false] {
+                for r in 0..n {
+                    let d = (r + i) % n;
+                    let k = r * m + idx;
+                    if send {
+                        b.send(r, d, Loc::output(k), 1, c);
+                    } else {
+                        b.recv(d, r, Loc::output(k), 1, c);
+                    }
+                }
+            }
+            fence(b);
+        }
+    }
 }
 
 /// The rotation symmetry of a direct schedule (ranks in their natural order, blocks numbered

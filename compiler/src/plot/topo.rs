@@ -434,14 +434,55 @@ fn draw(mut scene: Scene) -> Result<String, PlotError> {
     if scene.items.is_empty() {
         return Err(PlotError::Empty("the topology has no node".into()));
     }
+    let page = lay_out(&mut scene);
+    render(&scene, &page)
+}
+
+/// Where [`lay_out`] put things: the legend, the host boxes, the page's size.
+struct Page {
+    /// Legend entries: (kind, bandwidth, label) → (colour, stroke width).
+    legend: BTreeMap<(String, u64, String), (RGBColor, u32)>,
+    legend_cols: usize,
+    /// Per host: its box's left edge and width.
+    host_boxes: Vec<(i32, i32)>,
+    host_top: i32,
+    host_h: i32,
+    width: i32,
+    height: i32,
+    note_h: i32,
+    /// The widest link's bandwidth (strokes scale with it).
+    max_bw: f64,
+}
+
+/// A link's stroke width: 1 to 5 by the square root of its share of the widest bandwidth.
+fn stroke(bw: f64, max_bw: f64) -> u32 {
+    if max_bw > 0.0 {
+        1 + (4.0 * (bw / max_bw).sqrt()).round() as u32
+    } else {
+        1
+    }
+}
+
+/// An arc's depth by the distance of its ends (negative: above the row, where there is less
+/// room).
+fn arc_of(l: &Link, items: &[Item]) -> i32 {
+    let d = (items[l.a].x - items[l.b].x).abs();
+    if items[l.a].below {
+        22 + d / 4
+    } else {
+        -(16 + d / 12).min(ROW_GAP - 34)
+    }
+}
+
+/// Width of a row of items with their gaps.
+fn slot(items: &[Item], row: &[usize]) -> i32 {
+    row.iter().map(|&i| items[i].w + 16).sum::<i32>()
+}
+
+/// Lays out the scene: hosts side by side, the network rows above them (farthest first),
+/// every item placed in its row, links between items of one row drawn as arcs.
+fn lay_out(scene: &mut Scene) -> Page {
     let max_bw = scene.links.iter().map(|l| l.bw).fold(0.0, f64::max);
-    let stroke = |bw: f64| -> u32 {
-        if max_bw > 0.0 {
-            1 + (4.0 * (bw / max_bw).sqrt()).round() as u32
-        } else {
-            1
-        }
-    };
     // Legend entries: (kind, label) → style, in kind order then bandwidth.
     let mut legend: BTreeMap<(String, u64, String), (RGBColor, u32)> = BTreeMap::new();
     for l in &scene.links {
@@ -451,13 +492,10 @@ fn draw(mut scene: Scene) -> Result<String, PlotError> {
                 (l.bw * 1000.0) as u64,
                 format!("{} {}", l.kind.label(), link_label(l)),
             ),
-            (colour(l.kind), stroke(l.bw)),
+            (colour(l.kind), stroke(l.bw, max_bw)),
         );
     }
     // Horizontal layout: hosts side by side, each as wide as its widest row.
-    let slot = |items: &[Item], row: &[usize]| -> i32 {
-        row.iter().map(|&i| items[i].w + 16).sum::<i32>()
-    };
     let mut x = MARGIN;
     let mut host_boxes = Vec::new();
     let mut arc_depth = 0;
@@ -493,6 +531,31 @@ fn draw(mut scene: Scene) -> Result<String, PlotError> {
         y += NODE_H + ROW_GAP;
     }
     let host_top = y;
+    let (row_y, ry) = host_rows(scene, host_top);
+    place_items(scene, &host_boxes, &row_y, &net_y, width);
+    for l in scene.links.iter().filter(|l| l.arc) {
+        arc_depth = arc_depth.max(arc_of(l, &scene.items) + 18);
+    }
+    let host_h = ry - host_top - ROW_GAP + 20 + 16 + arc_depth;
+    let note_h = if scene.note.is_some() { 24 } else { 0 };
+    let height = host_top + host_h + MARGIN + note_h;
+
+    Page {
+        legend,
+        legend_cols,
+        host_boxes,
+        host_top,
+        host_h,
+        width,
+        height,
+        note_h,
+        max_bw,
+    }
+}
+
+/// The rows of the hosts from `host_top`: each row's centre (the same offsets in every
+/// host; rows no host has take no room), and where the last row ends.
+fn host_rows(scene: &Scene, host_top: i32) -> ([i32; HOST_ROWS], i32) {
     let mut row_y = [0i32; HOST_ROWS];
     let row_of: HashMap<usize, usize> = scene
         .hosts
@@ -521,9 +584,19 @@ fn draw(mut scene: Scene) -> Result<String, PlotError> {
             ry += NODE_H + ROW_GAP - 20;
         }
     }
-    // Horizontal order: devices in rank order, then every row above by the mean position of
-    // its items' neighbours already placed (fewer crossings), then the network levels from
-    // the hosts up.
+    (row_y, ry)
+}
+
+/// Places every item: devices in rank order, then every row above by the mean position of
+/// its items' neighbours already placed (fewer crossings), then the network levels from the
+/// hosts up; links within one row become arcs.
+fn place_items(
+    scene: &mut Scene,
+    host_boxes: &[(i32, i32)],
+    row_y: &[i32; HOST_ROWS],
+    net_y: &[i32],
+    width: i32,
+) {
     let mut neighbours: Vec<Vec<usize>> = vec![Vec::new(); scene.items.len()];
     for l in &scene.links {
         neighbours[l.a].push(l.b);
@@ -560,48 +633,35 @@ fn draw(mut scene: Scene) -> Result<String, PlotError> {
             placed[i] = true;
         }
     };
-    for ((_, rows), &(hx, hw)) in scene.hosts.iter().zip(&host_boxes) {
+    for ((_, rows), &(hx, hw)) in scene.hosts.iter().zip(host_boxes) {
         for r in (0..HOST_ROWS).rev() {
             place(&mut scene.items, &rows[r], hx, hw, row_y[r]);
         }
     }
-    for (row, &y) in scene.network.iter().zip(&net_y) {
+    for (row, &y) in scene.network.iter().zip(net_y) {
         place(&mut scene.items, row, 0, width, y);
     }
     for l in &mut scene.links {
         l.arc = scene.items[l.a].y == scene.items[l.b].y;
     }
-    // Arcs: depth by the distance of their ends (negative: above the row, where there is
-    // less room).
-    let arc_of = |l: &Link, items: &[Item]| -> i32 {
-        let d = (items[l.a].x - items[l.b].x).abs();
-        if items[l.a].below {
-            22 + d / 4
-        } else {
-            -(16 + d / 12).min(ROW_GAP - 34)
-        }
-    };
-    for l in scene.links.iter().filter(|l| l.arc) {
-        arc_depth = arc_depth.max(arc_of(l, &scene.items) + 18);
-    }
-    let host_h = ry - host_top - ROW_GAP + 20 + 16 + arc_depth;
-    let note_h = if scene.note.is_some() { 24 } else { 0 };
-    let height = host_top + host_h + MARGIN + note_h;
+}
 
+/// The page's SVG: title, legend, host boxes, links (widest first), host names, arc labels,
+/// items, note.
+fn render(scene: &Scene, page: &Page) -> Result<String, PlotError> {
     let mut svg = String::new();
     {
-        let root =
-            SVGBackend::with_string(&mut svg, (width as u32, height as u32)).into_drawing_area();
+        let root = SVGBackend::with_string(&mut svg, (page.width as u32, page.height as u32))
+            .into_drawing_area();
         root.fill(&WHITE)?;
-        let text = |size: u32| TextStyle::from((FONT, size).into_font());
         root.draw(&Text::new(
             scene.title.clone(),
             (MARGIN, 14),
             text(24).color(&BLACK),
         ))?;
         // Legend.
-        for (k, ((_, _, label), (c, w))) in legend.iter().enumerate() {
-            let (col, row) = ((k % legend_cols) as i32, (k / legend_cols) as i32);
+        for (k, ((_, _, label), (c, w))) in page.legend.iter().enumerate() {
+            let (col, row) = ((k % page.legend_cols) as i32, (k / page.legend_cols) as i32);
             let (lx, ly) = (MARGIN + col * 250, 50 + row * 22 + 8);
             root.draw(&PathElement::new(
                 vec![(lx, ly), (lx + 28, ly)],
@@ -618,131 +678,158 @@ fn draw(mut scene: Scene) -> Result<String, PlotError> {
             if name.is_empty() {
                 continue;
             }
-            let (hx, hw) = host_boxes[h];
+            let (hx, hw) = page.host_boxes[h];
             root.draw(&Rectangle::new(
-                [(hx, host_top), (hx + hw, host_top + host_h)],
+                [(hx, page.host_top), (hx + hw, page.host_top + page.host_h)],
                 RGBColor(250, 250, 252).filled(),
             ))?;
             root.draw(&Rectangle::new(
-                [(hx, host_top), (hx + hw, host_top + host_h)],
+                [(hx, page.host_top), (hx + hw, page.host_top + page.host_h)],
                 RGBColor(140, 140, 140).stroke_width(1),
             ))?;
         }
-        // Links, widest first so that thin ones stay visible on top.
-        let mut order: Vec<&Link> = scene.links.iter().collect();
-        order.sort_by(|a, b| b.bw.total_cmp(&a.bw));
         let items = &scene.items;
-        for l in &order {
-            let (a, b) = (&items[l.a], &items[l.b]);
-            let style = colour(l.kind).mix(0.85).stroke_width(stroke(l.bw));
-            if l.arc {
-                let (x0, x1) = (a.x.min(b.x), a.x.max(b.x));
-                let depth = arc_of(l, items);
-                let base = a.y + NODE_H / 2 * depth.signum();
-                let pts: Vec<(i32, i32)> = (0..=24)
-                    .map(|k| {
-                        let t = std::f64::consts::PI * f64::from(k) / 24.0;
-                        let cx = f64::from(x0 + x1) / 2.0;
-                        let rx = f64::from(x1 - x0) / 2.0;
-                        (
-                            (cx - rx * t.cos()).round() as i32,
-                            base + (f64::from(depth) * t.sin()).round() as i32,
-                        )
-                    })
-                    .collect();
-                root.draw(&PathElement::new(pts, style))?;
-            } else {
-                // From the bottom of the upper item to the top of the lower one.
-                let (up, down) = if a.y <= b.y { (a, b) } else { (b, a) };
-                let (y0, y1) = if up.y == down.y {
-                    (up.y, down.y)
-                } else {
-                    (up.y + NODE_H / 2, down.y - NODE_H / 2)
-                };
-                root.draw(&PathElement::new(vec![(up.x, y0), (down.x, y1)], style))?;
-            }
-        }
+        draw_links(&root, scene, page.max_bw)?;
         // Host names, over the links that cross them.
         for (h, (name, _)) in scene.hosts.iter().enumerate() {
             if name.is_empty() {
                 continue;
             }
-            let (hx, _) = host_boxes[h];
+            let (hx, _) = page.host_boxes[h];
             let label = format!("host {name}");
             let w = (label.chars().count() as f64 * 8.0) as i32 + 8;
             root.draw(&Rectangle::new(
-                [(hx + 4, host_top + 4), (hx + 4 + w, host_top + 26)],
+                [
+                    (hx + 4, page.host_top + 4),
+                    (hx + 4 + w, page.host_top + 26),
+                ],
                 RGBColor(250, 250, 252).filled(),
             ))?;
             root.draw(&Text::new(
                 label,
-                (hx + 8, host_top + 8),
+                (hx + 8, page.host_top + 8),
                 text(17).color(&RGBColor(60, 60, 60)),
             ))?;
         }
-        // Arc labels at the arcs' lowest (or highest) points, unless every arc has the same
-        // kind and bandwidth (the legend then says it once).
-        let mut arc_kinds: Vec<(LinkKind, String)> = scene
-            .links
-            .iter()
-            .filter(|l| l.arc)
-            .map(|l| (l.kind, link_label(l)))
-            .collect();
-        arc_kinds.sort_by(|a, b| a.1.cmp(&b.1).then(a.0.label().cmp(b.0.label())));
-        arc_kinds.dedup();
-        let label_arcs = arc_kinds.len() > 1;
-        for l in scene.links.iter().filter(|l| l.arc && label_arcs) {
-            let (a, b) = (&items[l.a], &items[l.b]);
-            let depth = arc_of(l, items);
-            let at = ((a.x + b.x) / 2, a.y + NODE_H / 2 * depth.signum() + depth);
-            let label = link_label(l);
-            let w = (label.chars().count() as f64 * 6.6) as i32 + 6;
-            root.draw(&Rectangle::new(
-                [(at.0 - w / 2, at.1 - 7), (at.0 + w / 2, at.1 + 7)],
-                WHITE.mix(0.85).filled(),
-            ))?;
-            root.draw(&Text::new(
-                label,
-                at,
-                text(14)
-                    .color(&colour(l.kind))
-                    .pos(Pos::new(HPos::Center, VPos::Center)),
-            ))?;
-        }
-        // Items.
-        for it in items {
-            if it.x == 0 && it.y == 0 {
-                continue;
-            }
-            let (x0, y0) = (it.x - it.w / 2, it.y - NODE_H / 2);
-            root.draw(&Rectangle::new(
-                [(x0, y0), (x0 + it.w, y0 + NODE_H)],
-                it.fill.filled(),
-            ))?;
-            root.draw(&Rectangle::new(
-                [(x0, y0), (x0 + it.w, y0 + NODE_H)],
-                RGBColor(90, 90, 90).stroke_width(1),
-            ))?;
-            let n = it.lines.len() as i32;
-            for (k, line) in it.lines.iter().enumerate() {
-                let dy = (k as i32 * 2 - (n - 1)) * 8;
-                root.draw(&Text::new(
-                    line.clone(),
-                    (it.x, it.y + dy),
-                    text(if k == 0 { 15 } else { 14 })
-                        .color(&BLACK)
-                        .pos(Pos::new(HPos::Center, VPos::Center)),
-                ))?;
-            }
-        }
+        draw_arc_labels(&root, scene)?;
+        draw_items(&root, items)?;
         if let Some(note) = &scene.note {
             root.draw(&Text::new(
                 note.clone(),
-                (MARGIN, height - note_h - 4),
+                (MARGIN, page.height - page.note_h - 4),
                 text(16).color(&RGBColor(90, 90, 90)),
             ))?;
         }
         root.present()?;
     }
     Ok(svg)
+}
+
+type Area<'s> = DrawingArea<SVGBackend<'s>, plotters::coord::Shift>;
+
+/// A text style of `size` pixels.
+fn text(size: u32) -> TextStyle<'static> {
+    TextStyle::from((FONT, size).into_font())
+}
+
+/// The links, widest first so that thin ones stay visible on top.
+fn draw_links(root: &Area<'_>, scene: &Scene, max_bw: f64) -> Result<(), PlotError> {
+    let mut order: Vec<&Link> = scene.links.iter().collect();
+    order.sort_by(|a, b| b.bw.total_cmp(&a.bw));
+    let items = &scene.items;
+    for l in &order {
+        let (a, b) = (&items[l.a], &items[l.b]);
+        let style = colour(l.kind).mix(0.85).stroke_width(stroke(l.bw, max_bw));
+        if l.arc {
+            let (x0, x1) = (a.x.min(b.x), a.x.max(b.x));
+            let depth = arc_of(l, items);
+            let base = a.y + NODE_H / 2 * depth.signum();
+            let pts: Vec<(i32, i32)> = (0..=24)
+                .map(|k| {
+                    let t = std::f64::consts::PI * f64::from(k) / 24.0;
+                    let cx = f64::from(x0 + x1) / 2.0;
+                    let rx = f64::from(x1 - x0) / 2.0;
+                    (
+                        (cx - rx * t.cos()).round() as i32,
+                        base + (f64::from(depth) * t.sin()).round() as i32,
+                    )
+                })
+                .collect();
+            root.draw(&PathElement::new(pts, style))?;
+        } else {
+            // From the bottom of the upper item to the top of the lower one.
+            let (up, down) = if a.y <= b.y { (a, b) } else { (b, a) };
+            let (y0, y1) = if up.y == down.y {
+                (up.y, down.y)
+            } else {
+                (up.y + NODE_H / 2, down.y - NODE_H / 2)
+            };
+            root.draw(&PathElement::new(vec![(up.x, y0), (down.x, y1)], style))?;
+        }
+    }
+    Ok(())
+}
+
+/// Arc labels at the arcs' lowest (or highest) points, unless every arc has the same kind
+/// and bandwidth (the legend then says it once).
+fn draw_arc_labels(root: &Area<'_>, scene: &Scene) -> Result<(), PlotError> {
+    let items = &scene.items;
+    let mut arc_kinds: Vec<(LinkKind, String)> = scene
+        .links
+        .iter()
+        .filter(|l| l.arc)
+        .map(|l| (l.kind, link_label(l)))
+        .collect();
+    arc_kinds.sort_by(|a, b| a.1.cmp(&b.1).then(a.0.label().cmp(b.0.label())));
+    arc_kinds.dedup();
+    let label_arcs = arc_kinds.len() > 1;
+    for l in scene.links.iter().filter(|l| l.arc && label_arcs) {
+        let (a, b) = (&items[l.a], &items[l.b]);
+        let depth = arc_of(l, items);
+        let at = ((a.x + b.x) / 2, a.y + NODE_H / 2 * depth.signum() + depth);
+        let label = link_label(l);
+        let w = (label.chars().count() as f64 * 6.6) as i32 + 6;
+        root.draw(&Rectangle::new(
+            [(at.0 - w / 2, at.1 - 7), (at.0 + w / 2, at.1 + 7)],
+            WHITE.mix(0.85).filled(),
+        ))?;
+        root.draw(&Text::new(
+            label,
+            at,
+            text(14)
+                .color(&colour(l.kind))
+                .pos(Pos::new(HPos::Center, VPos::Center)),
+        ))?;
+    }
+    Ok(())
+}
+
+/// The items: a box each, with its lines of text.
+fn draw_items(root: &Area<'_>, items: &[Item]) -> Result<(), PlotError> {
+    for it in items {
+        if it.x == 0 && it.y == 0 {
+            continue;
+        }
+        let (x0, y0) = (it.x - it.w / 2, it.y - NODE_H / 2);
+        root.draw(&Rectangle::new(
+            [(x0, y0), (x0 + it.w, y0 + NODE_H)],
+            it.fill.filled(),
+        ))?;
+        root.draw(&Rectangle::new(
+            [(x0, y0), (x0 + it.w, y0 + NODE_H)],
+            RGBColor(90, 90, 90).stroke_width(1),
+        ))?;
+        let n = it.lines.len() as i32;
+        for (k, line) in it.lines.iter().enumerate() {
+            let dy = (k as i32 * 2 - (n - 1)) * 8;
+            root.draw(&Text::new(
+                line.clone(),
+                (it.x, it.y + dy),
+                text(if k == 0 { 15 } else { 14 })
+                    .color(&BLACK)
+                    .pos(Pos::new(HPos::Center, VPos::Center)),
+            ))?;
+        }
+    }
+    Ok(())
 }

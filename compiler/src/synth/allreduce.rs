@@ -7,7 +7,7 @@
 //! it is the one all the others wait for. Nothing in AllReduce asks for equal blocks: any
 //! part of the buffer can be reduced up a spanning tree and sent back down the same tree.
 //! A tree edge then occupies the routes both ways at the tree's rate, and the packing LP of
-//! [`super::packing`] ([`Direction::Both`]) maximises the total rate `R = Σ x_T` over such
+//! [`crate::cost::packing`] ([`Direction::Both`]) maximises the total rate `R = Σ x_T` over such
 //! trees; the buffer takes `M / R`.
 //!
 //! Every tree delivers each byte to `n − 1` ranks going down and takes `n − 1` transfers
@@ -22,12 +22,12 @@
 //! runs its pieces up on one channel and down on another, so that a rank relaying the next
 //! piece up never waits for the previous one to come back down.
 
-use super::packing::{Direction, Packing, Pool};
 use super::{Memo, SynthLevel, copy_counts, critical_first, grow_pool, packing_bound};
 use super::{max_ranks, record, resolution};
 use super::{piece_widths, prune};
 use crate::builder::ScheduleBuilder;
 use crate::cost::Network;
+use crate::cost::packing::{Direction, Packing, Pool};
 use crate::families::common::candidate;
 use crate::families::tree::Tree;
 use crate::families::{Candidate, Family, FamilyParams};

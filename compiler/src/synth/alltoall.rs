@@ -194,37 +194,15 @@ pub fn solve(net: &Network) -> Result<Flow, SynthError> {
             objective += routes.of(a, b).len().max(1) as f64 * f[p];
         }
     }
-    let mut model = vars.minimise(objective).using(crate::lp::solver);
-    let mut rows: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
-    for (p, &(a, b)) in pairs.iter().enumerate() {
-        for &r in routes.of(a, b) {
-            rows.entry(r).or_default().push(p);
-        }
-    }
-    for (r, ps) in &rows {
-        let cap = net.capacity[*r as usize];
-        if !cap.is_finite() {
-            continue;
-        }
-        let load: Expression = ps
-            .iter()
-            .flat_map(|&p| flow.iter().map(move |f| f[p]))
-            .sum();
-        model = model.with(constraint!(load <= cap));
-    }
-    for (s, f) in flow.iter().enumerate() {
-        for v in (0..n).filter(|&v| v != s) {
-            let mut net_in = Expression::from(0.0);
-            for (p, &(a, b)) in pairs.iter().enumerate() {
-                if b as usize == v {
-                    net_in += f[p];
-                } else if a as usize == v {
-                    net_in -= f[p];
-                }
-            }
-            model = model.with(constraint!(net_in == lambda));
-        }
-    }
+    let model = vars.minimise(objective).using(crate::lp::solver);
+    let model = mcf::with_flow_rows(
+        model,
+        net,
+        &pairs,
+        |p| routes.of(pairs[p].0, pairs[p].1),
+        &flow,
+        lambda,
+    );
     let solution = model
         .solve()
         .map_err(|e| SynthError::Solver(e.to_string()))?;

@@ -4,7 +4,7 @@
 //! On a machine whose ranks are joined by links of one capacity (a torus, a ring, a mesh of
 //! equal links), a root whose every cut is crossed by at least `k` links has `k` spanning
 //! arborescences that share no link (Edmonds, 1973): a Broadcast at `k` links' rate, which is
-//! the max-flow bound, in only `k` trees. The LP of [`super::packing`] reaches the same rate
+//! the max-flow bound, in only `k` trees. The LP of [`crate::cost::packing`] reaches the same rate
 //! only with a fractional support of many trees (53 on a 4×4 torus), and pruned to the 8–16
 //! trees a schedule runs it loses a quarter of it.
 //!
@@ -26,8 +26,8 @@
 //! weight.
 
 use super::milp;
-use super::packing::{Direction, PackedTree};
 use crate::cost::Network;
+use crate::cost::packing::{Direction, PackedTree};
 use hccl_topologies::Topology;
 use petgraph::graph::{Graph, NodeIndex};
 

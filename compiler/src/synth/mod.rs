@@ -1,11 +1,13 @@
 //! Schedule synthesis by optimisation: schedules derived from the topology by a solver
 //! rather than written by hand.
 //!
-//! - [`packing`]: the bandwidth-optimal Broadcast and Reduce (spanning arborescences of one
-//!   root) and AllGather and ReduceScatter (of every root at once): a linear program over
-//!   trees of the rank graph (every ordered pair of ranks joined by its simulator route),
-//!   priced by minimum-cost arborescences ([`arborescence`]), solved with `good_lp`
-//!   (microlp) by column generation until its dual proves the packing optimal.
+//! - [`crate::cost::packing`] (re-exported here: [`grow_pool`], [`prune`], [`Packing`]): the
+//!   bandwidth-optimal Broadcast and Reduce (spanning arborescences of one root) and
+//!   AllGather and ReduceScatter (of every root at once): a linear program over trees of the
+//!   rank graph (every ordered pair of ranks joined by its simulator route), priced by
+//!   minimum-cost arborescences ([`crate::cost::arborescence`]), solved with `good_lp`
+//!   (microlp) by column generation until its dual proves the packing optimal. It lives in
+//!   the cost model because its optimum is also a lower bound.
 //! - [`PackedTrees`]: the family that lowers a packing to chunk schedules ([`lower`]): every
 //!   tree carries the same number of pieces, each as large as the tree's share of its root's
 //!   rate, on channels of its own: a wider tree runs as several copies of nearly equal rates
@@ -24,36 +26,25 @@
 
 pub mod allreduce;
 pub mod alltoall;
-pub mod arborescence;
 pub mod disjoint;
-mod memo;
 pub mod milp;
-pub mod packing;
 pub mod rings;
 
 use crate::builder::ScheduleBuilder;
 use crate::cost::Network;
+pub(crate) use crate::cost::memo::Memo;
+pub use crate::cost::packing::{
+    Direction, MAX_TREES, PackedTree, Packing, Pool, SYNTH_MAX_RANKS, SYNTH_MAX_RANKS_ALL,
+    SynthError, grow_pool, pack, packing_bound, packing_of, pool, prune,
+};
+pub(crate) use crate::cost::packing::{PoolKey, auto_max_ranks, pool_for_topo};
 use crate::families::common::{candidate, single_rank};
 use crate::families::tree::Tree;
 use crate::families::{Candidate, Family, FamilyParams};
 use hccl_ir::{Collective, CollectiveKind, Loc, Synthesis};
 use hccl_topologies::Topology;
-pub(crate) use memo::Memo;
-pub use packing::{Direction, MAX_TREES, PackedTree, Packing, Pool, grow_pool, pack, prune};
 use std::cmp::Reverse;
 use std::sync::Arc;
-use thiserror::Error;
-
-/// Why a synthesis produced nothing.
-#[derive(Debug, Clone, PartialEq, Error)]
-pub enum SynthError {
-    /// The instance cannot be synthesized (a rank unreachable, no capacity, bad root).
-    #[error("cannot synthesize: {0}")]
-    Instance(String),
-    /// The solver failed (infeasible, unbounded, numerical trouble).
-    #[error("LP solver failed: {0}")]
-    Solver(String),
-}
 
 /// Which synthesizers compete in a search (`hcclc compile --synth`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -89,12 +80,6 @@ impl SynthLevel {
     }
 }
 
-/// Largest rank count Broadcast and Reduce are packed for inside a search (`--synth auto`;
-/// twice as many with `full`).
-pub const SYNTH_MAX_RANKS: u32 = 32;
-/// Largest rank count AllGather and ReduceScatter are packed for inside a search (every
-/// rank is a root: one pricing problem per rank per round; twice as many with `full`).
-pub const SYNTH_MAX_RANKS_ALL: u32 = 16;
 /// Pieces over all channels (pipeline depth × channels) Broadcast and Reduce are compiled
 /// with; `full` adds [`DEEPEST_FULL`].
 const TOTAL_PIECES: [u32; 4] = [16, 64, 256, 1024];
@@ -136,36 +121,15 @@ const DEEP_PIECE_BYTES: u64 = 1 << 16;
 /// Most channels (all roots together) of an AllGather or ReduceScatter packing.
 const MAX_CHANNELS_ALL: u32 = 32;
 
-/// The roots and direction of the packing `collective` runs on (`None`: not a packing).
-pub fn packing_of(collective: Collective, nranks: u32) -> Option<(Vec<u32>, Direction)> {
-    match collective {
-        Collective::Broadcast { root } => Some((vec![root], Direction::FromRoot)),
-        Collective::Reduce { root } => Some((vec![root], Direction::ToRoot)),
-        Collective::AllGather => Some(((0..nranks).collect(), Direction::FromRoot)),
-        Collective::ReduceScatter => Some(((0..nranks).collect(), Direction::ToRoot)),
-        _ => None,
-    }
-}
-
-/// Largest rank count `collective` is packed for at `level`.
+/// Largest rank count `collective` is packed for at `level` (twice [`auto_max_ranks`] at
+/// `Full`).
 pub(super) fn max_ranks(collective: Collective, level: SynthLevel) -> u32 {
-    let auto = match collective.kind() {
-        CollectiveKind::AllGather | CollectiveKind::ReduceScatter => SYNTH_MAX_RANKS_ALL,
-        _ => SYNTH_MAX_RANKS,
-    };
+    let auto = auto_max_ranks(collective);
     match level {
         SynthLevel::Off => 0,
         SynthLevel::Auto => auto,
         SynthLevel::Full => 2 * auto,
     }
-}
-
-type PoolKey = (String, Vec<u32>, Direction);
-
-/// The pool for `key`, computed once per process by `compute`.
-fn cached(key: PoolKey, compute: impl FnOnce() -> Option<Arc<Pool>>) -> Option<Arc<Pool>> {
-    static POOLS: Memo<PoolKey, Option<Arc<Pool>>> = Memo::new();
-    POOLS.get(key, compute)
 }
 
 /// `pool` pruned to `max_trees` trees per root ([`prune`]; the selection MILP is the costly
@@ -174,21 +138,6 @@ fn pruned(key: PoolKey, pool: &Pool, max_trees: usize) -> Option<Arc<Packing>> {
     static PRUNED: Memo<(PoolKey, usize), Option<Arc<Packing>>> = Memo::new();
     PRUNED.get((key, max_trees), || {
         prune(pool, max_trees).ok().map(Arc::new)
-    })
-}
-
-/// The optimal pool of trees for `roots` on `net` (cached by topology hash).
-pub fn pool(net: &Network, roots: &[u32], direction: Direction) -> Option<Arc<Pool>> {
-    cached((net.topo_hash.clone(), roots.to_vec(), direction), || {
-        grow_pool(net, roots, direction).ok().map(Arc::new)
-    })
-}
-
-fn pool_for_topo(topo: &Topology, roots: &[u32], direction: Direction) -> Option<Arc<Pool>> {
-    cached((topo.hash.clone(), roots.to_vec(), direction), || {
-        grow_pool(&Network::new(topo), roots, direction)
-            .ok()
-            .map(Arc::new)
     })
 }
 
@@ -270,20 +219,6 @@ pub fn equal_packing(
             method: EQUAL,
         }))
     })
-}
-
-/// The proven upper bound on the rate (GB/s per root) of any schedule of `collective` over
-/// `net`'s routes, from the packing LP's dual ([`packing`]): Broadcast and Reduce move the
-/// whole buffer at no more than this, AllGather and ReduceScatter each rank's block. `None`
-/// for other collectives and outside the sizes the synthesizer runs on.
-pub fn packing_bound(net: &Network, collective: Collective) -> Option<f64> {
-    let n = net.nranks();
-    if n < 2 || n > max_ranks(collective, SynthLevel::Auto) {
-        return None;
-    }
-    let (roots, direction) = packing_of(collective, n)?;
-    let bound = pool(net, &roots, direction)?.bound;
-    (bound.is_finite() && bound > 0.0).then_some(bound)
 }
 
 /// Broadcast, Reduce, AllGather and ReduceScatter over an LP packing of spanning trees

@@ -222,3 +222,66 @@ fn capped_families_fall_back_to_their_smallest_schedule() {
     );
     assert!(compiled.plan.sealed().iter().all(|s| *s));
 }
+
+/// The search's report follows the pipeline: per collective the six phases in order, each
+/// phase taking what the one before handed on (where they count the same thing), and the
+/// emit phase's entries those of the plan.
+#[test]
+fn the_report_follows_the_phases() {
+    use search::{Phase, StopReason};
+    let topo = hccl_topologies::shipped_by_name("dgx1-v100").expect("shipped");
+    let opts = Options {
+        collectives: vec![CollectiveKind::AllReduce, CollectiveKind::Broadcast],
+        ..options()
+    };
+    let compiled = search::compile(&topo, &opts).unwrap();
+    let report = &compiled.report;
+    assert_eq!(report.collectives.len(), 2);
+    for (c, kind) in report.collectives.iter().zip(&opts.collectives) {
+        assert_eq!(c.collective, *kind);
+        assert_eq!(c.skipped, None);
+        let phases: Vec<Phase> = c.phases.iter().map(|p| p.phase).collect();
+        assert_eq!(
+            phases,
+            [
+                Phase::Generate,
+                Phase::Screen,
+                Phase::Cost,
+                Phase::Refine,
+                Phase::SelectAndVerify,
+                Phase::Emit
+            ]
+        );
+        let [generate, screen, cost, _, select, emit] = &c.phases[..] else {
+            unreachable!()
+        };
+        assert_eq!(screen.candidates_in, generate.candidates_out);
+        // Eight ranks are not screened.
+        assert_eq!(screen.candidates_out, screen.candidates_in);
+        assert_eq!(cost.candidates_in, screen.candidates_out);
+        assert!(cost.candidates_out <= cost.candidates_in);
+        assert!(select.candidates_out <= select.candidates_in && select.candidates_out >= 1);
+        assert_eq!(emit.candidates_in, opts.sizes.len());
+        let entries = compiled
+            .plan
+            .entries
+            .iter()
+            .filter(|e| e.schedule.collective.kind() == *kind)
+            .count();
+        assert_eq!(emit.candidates_out, entries);
+        for p in &c.phases {
+            assert!(p.wall_s >= 0.0);
+            assert!(p.stops.iter().all(|s| s.count > 0));
+        }
+        assert!(
+            !cost
+                .stops
+                .iter()
+                .any(|s| s.reason == StopReason::ScreenedOut)
+        );
+    }
+    assert!(report.wall_s >= report.collectives[0].phases[0].wall_s);
+    // Its text has a heading per collective and a line per phase.
+    let text = report.to_string();
+    assert_eq!(text.lines().count(), 1 + 2 * 7, "{text}");
+}

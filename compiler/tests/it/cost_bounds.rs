@@ -3,11 +3,9 @@
 use crate::cost_common;
 
 use cost_common::*;
-use hccl_compiler::cost::{
-    self, CostModel, Network, Simulator, baseline, bounds::bound, bounds::max_flow,
-};
-use hccl_compiler::families::all_families;
+use hccl_compiler::cost::{self, CostModel, Network, Simulator, bounds::bound, bounds::max_flow};
 use hccl_compiler::search::collective_of;
+use hccl_compiler::search::{all_families, baseline};
 use hccl_ir::{Collective, CollectiveKind, Protocol};
 use hccl_topologies::{Topology, generate as tgen};
 

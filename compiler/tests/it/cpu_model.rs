@@ -2,7 +2,7 @@
 //! sizes ordered, and never a prediction below the lower bound, calibrated or not.
 
 use hccl_compiler::cost::{CostModel, EXECUTOR_SLOT_BYTES, Network, Simulator, bounds};
-use hccl_compiler::families::all_families;
+use hccl_compiler::search::all_families;
 use hccl_ir::{Collective, Protocol, Schedule};
 use hccl_topologies::{Calibration, Topology};
 

@@ -2,8 +2,9 @@
 //! doubled links for the first halving step), verified schedules for 2..=16 ranks including
 //! non-powers of two, both buffer arrangements, channels and pipelining.
 
+use hccl_compiler::families::FamilyParams;
 use hccl_compiler::families::cube::{CubeEmbedding, embed};
-use hccl_compiler::families::{FamilyParams, generate_with};
+use hccl_compiler::search::generate_with;
 use hccl_ir::verify::verify;
 use hccl_ir::{Collective, Schedule};
 use hccl_topologies::{Topology, build, generate, shipped_by_name};

@@ -1,7 +1,8 @@
 //! RON snapshots of small schedules, for review and to pin determinism; plus builder checks.
 
 use hccl_compiler::builder::{BuildError, ScheduleBuilder};
-use hccl_compiler::families::{FamilyParams, generate_with};
+use hccl_compiler::families::FamilyParams;
+use hccl_compiler::search::generate_with;
 use hccl_ir::verify::verify;
 use hccl_ir::{Collective, Loc, Op};
 use hccl_topologies::{build, generate};

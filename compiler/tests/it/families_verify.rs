@@ -4,8 +4,9 @@
 use crate::cost_common;
 
 use cost_common::par_each;
+use hccl_compiler::families::FamilyParams;
 use hccl_compiler::families::common::uniform_hosts;
-use hccl_compiler::families::{FamilyParams, all_families, generate_with};
+use hccl_compiler::search::{all_families, generate_with};
 use hccl_ir::verify::verify;
 use hccl_ir::{Collective, CollectiveKind};
 use hccl_topologies::{Topology, from_ron, generate};

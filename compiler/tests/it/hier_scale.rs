@@ -43,7 +43,7 @@ fn check(name: &str, topo: &Topology, coll: Collective, p: FamilyParams, in_plac
         "{name} {coll} {p:?} in_place={in_place} on {} ranks",
         topo.nranks()
     );
-    let cands = hccl_compiler::families::generate_with(name, topo, coll, p, in_place)
+    let cands = hccl_compiler::search::generate_with(name, topo, coll, p, in_place)
         .expect("a known family");
     assert_eq!(cands.len(), 1, "{what}");
     let s = &cands[0].schedule;
@@ -172,7 +172,7 @@ fn schedules_compress_under_their_symmetry() {
                     for in_place in [false, true] {
                         let what = format!("{name} {coll} {p:?} in_place={in_place} on {tname}");
                         let cands =
-                            hccl_compiler::families::generate_with(name, topo, coll, p, in_place)
+                            hccl_compiler::search::generate_with(name, topo, coll, p, in_place)
                                 .expect("a known family");
                         let c = cands.first().expect(&what);
                         assert_eq!(c.symmetry.as_ref(), Some(&sym), "{what}");

@@ -131,7 +131,7 @@ fn hierarchical_pipelines_stay_within_the_chunk_and_step_caps() {
 #[test]
 fn nccl_ring_uses_one_channel_per_nic_on_clusters() {
     let topo = hccl_topologies::shipped_by_name("h100-cluster-2node").expect("shipped cluster");
-    let ch = hccl_compiler::cost::nccl_channels(&topo, hccl_ir::Collective::AllReduce);
+    let ch = hccl_compiler::search::nccl_channels(&topo, hccl_ir::Collective::AllReduce);
     assert_eq!(ch, 8);
     let rings = hccl_compiler::families::ring::rail_rings(&[vec![0, 1, 2], vec![3, 4, 5]], 3);
     assert_eq!(rings[0], vec![1, 2, 0, 4, 5, 3]);

@@ -5,6 +5,7 @@
 //! candidates; what can be wrong is the baseline, which is what these tests check.)
 
 use hccl_compiler::cost::{self, LinkClass, NcclAlgo, NcclTopo, Network};
+use hccl_compiler::search;
 use hccl_ir::{Collective, CollectiveKind, Protocol};
 
 const KIB: u64 = 1 << 10;
@@ -219,7 +220,7 @@ fn dgx1_inputs_and_choices() {
         }
     );
     // The 6 NVLink ports hold 3 link-disjoint Hamiltonian cycles, each used both ways.
-    let channels = cost::nccl_channels(&topo, Collective::AllReduce);
+    let channels = search::nccl_channels(&topo, Collective::AllReduce);
     assert_eq!(channels, 6);
     // 1 MiB (Volta: llMaxBw 39, perChMaxRingLL128 20, perChMaxTreeLL128 20, perChMaxTree 26.5):
     //   ring LL     15.0 + 1 048 576 / (1000 × 39 × 8/14 = 22 285.7)      = 62.05
@@ -250,7 +251,7 @@ fn dgx1_inputs_and_choices() {
         (MIB, "tree", Protocol::LL128),
         (GIB, "ring", Protocol::Simple),
     ] {
-        let b = cost::baseline(&topo, Collective::AllReduce, bytes)
+        let b = search::baseline(&topo, Collective::AllReduce, bytes)
             .unwrap()
             .expect("NCCL's family exists");
         assert_eq!(

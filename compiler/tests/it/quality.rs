@@ -63,7 +63,8 @@ fn large_sizes_are_near_the_bound() {
 
 #[test]
 fn groups_and_packed_rings_verify_on_the_machines_they_are_for() {
-    use hccl_compiler::families::{FamilyParams, generate_with};
+    use hccl_compiler::families::FamilyParams;
+    use hccl_compiler::search::generate_with;
     use hccl_ir::{Collective, verify::verify};
     let ascend = hccl_topologies::shipped_by_name("ascend910-8").unwrap();
     let groups = hccl_compiler::families::groups::link_groups(&ascend).expect("two HCCS meshes");

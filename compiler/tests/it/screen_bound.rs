@@ -5,8 +5,8 @@
 //! screen drop a candidate that could win.
 
 use hccl_compiler::cost::{CostModel, Network, Simulator};
-use hccl_compiler::families::families_for;
 use hccl_compiler::search::collective_of;
+use hccl_compiler::search::families_for;
 use hccl_compiler::synth::SynthLevel;
 use hccl_ir::{CollectiveKind, Protocol};
 use hccl_topologies::{Topology, generate};

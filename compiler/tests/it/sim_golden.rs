@@ -3,7 +3,7 @@
 //! shows up here; optimisations must keep this snapshot unchanged.
 
 use hccl_compiler::cost::{CostModel, Estimate, Network, Simulator};
-use hccl_compiler::families::all_families;
+use hccl_compiler::search::all_families;
 use hccl_ir::{Collective, Protocol};
 use std::fmt::Write;
 

@@ -5,8 +5,9 @@
 
 use hccl_compiler::cost::sim::EXACT_COMPONENT;
 use hccl_compiler::cost::{CostError, CostModel, Network, Simulator};
-use hccl_compiler::families::{FamilyParams, families_for};
+use hccl_compiler::families::FamilyParams;
 use hccl_compiler::search::collective_of;
+use hccl_compiler::search::families_for;
 use hccl_compiler::synth::SynthLevel;
 use hccl_ir::{CONNECTION_SLOTS, CollectiveKind, Protocol, SymmetricSchedule};
 use hccl_topologies::{Topology, generate};
@@ -269,7 +270,7 @@ fn large_cluster_costs_one_rank() {
         channels: 1,
         pipeline: 2,
     };
-    let c = hccl_compiler::families::generate_with(
+    let c = hccl_compiler::search::generate_with(
         "hierarchical_hd",
         &topo,
         collective_of(CollectiveKind::AllReduce),
@@ -314,7 +315,7 @@ fn large_cluster_costs_one_rank() {
 fn cpu_host_models_run_the_expanded_schedule() {
     let topo = hccl_topologies::build(generate::host(4, 6.0), "host-4").expect("host builds");
     let sim = Simulator::new(Network::new(&topo), CostModel::cpu_host());
-    let ring = hccl_compiler::families::generate_with(
+    let ring = hccl_compiler::search::generate_with(
         "ring",
         &topo,
         collective_of(CollectiveKind::AllReduce),
@@ -346,7 +347,7 @@ fn cpu_host_models_run_the_expanded_schedule() {
 fn malformed_symmetric_schedules_are_errors() {
     let topo = hccl_topologies::build(generate::ring(8, 25.0, 0.7), "ring-8").expect("builds");
     let sim = Simulator::new(Network::new(&topo), CostModel::default());
-    let c = hccl_compiler::families::generate_with(
+    let c = hccl_compiler::search::generate_with(
         "ring",
         &topo,
         collective_of(CollectiveKind::AllGather),

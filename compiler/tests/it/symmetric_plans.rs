@@ -2,7 +2,8 @@
 //! compiled plans store those entries as templates, and reading them back (whole, or one
 //! rank's part) gives exactly the schedules that were compiled and verified.
 
-use hccl_compiler::families::{FamilyParams, all_families};
+use hccl_compiler::families::FamilyParams;
+use hccl_compiler::search::all_families;
 use hccl_compiler::search::{self, Options, collective_of};
 use hccl_ir::{CollectiveKind, PlanFile};
 use hccl_topologies::Topology;

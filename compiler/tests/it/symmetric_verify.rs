@@ -7,7 +7,7 @@
 use crate::cost_common;
 
 use cost_common::par_each;
-use hccl_compiler::families::{all_families, generate_with};
+use hccl_compiler::search::{all_families, generate_with};
 use hccl_ir::verify::{ErrorKind, verify_report, verify_symmetric, verify_symmetric_by_orbits};
 use hccl_ir::{Action, BlockLayout, Buf, Collective, Loc, Op, SymmetricSchedule};
 use hccl_topologies::{Topology, generate};

@@ -311,7 +311,7 @@ fn packed_collectives_at_one_gib_approach_the_bound() {
         CollectiveKind::AllGather,
         CollectiveKind::ReduceScatter,
     ];
-    let families: Vec<String> = hccl_compiler::families::all_families()
+    let families: Vec<String> = hccl_compiler::search::all_families()
         .iter()
         .map(|f| f.name().to_string())
         .filter(|n| n != "packed_trees")

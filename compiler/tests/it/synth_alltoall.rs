@@ -7,7 +7,8 @@ use crate::synth_common;
 use synth_common::machines;
 
 use hccl_compiler::cost::{Network, mcf};
-use hccl_compiler::families::{Family, all_families};
+use hccl_compiler::families::Family;
+use hccl_compiler::search::all_families;
 use hccl_compiler::search::{self, Options};
 use hccl_compiler::synth::alltoall::{
     self, A2A_MAX_RANKS, Flow, FlowAllToAll, MAX_PATHS, RESOLUTION,

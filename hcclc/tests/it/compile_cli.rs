@@ -470,3 +470,78 @@ fn predictions_say_which_calibration_they_use() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `-v` prints the search's report on stderr (a line per phase of every collective) and
+/// `--json` carries it as `search_report`: per collective the phases in order, each with
+/// candidates in and out, its wall time and stop reasons; a collective left out says why.
+#[test]
+fn the_search_reports_its_phases() {
+    let dir = scratch("report");
+    let out = hcclc(
+        &[
+            "compile",
+            "dgx1-v100",
+            "-c",
+            "allreduce,alltoall",
+            "--algo",
+            "ring",
+            "--sizes",
+            "4K..64K",
+            "-o",
+            "r.plan.ron",
+            "-v",
+            "--json",
+        ],
+        &dir,
+    );
+    assert_eq!(out.status.code(), Some(1), "alltoall has no ring");
+    let err = String::from_utf8_lossy(&out.stderr);
+    for phase in [
+        "generate",
+        "screen",
+        "cost",
+        "refine",
+        "select and verify",
+        "emit",
+    ] {
+        assert!(err.contains(&format!("  {phase} ")), "{phase}: {err}");
+    }
+    assert!(
+        err.contains("alltoall: left out: no verified schedule"),
+        "{err}"
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = &doc["search_report"];
+    assert!(report["wall_s"].as_f64().unwrap() >= 0.0);
+    let collectives = report["collectives"].as_array().unwrap();
+    assert_eq!(collectives.len(), 2);
+    assert_eq!(collectives[0]["collective"], "AllReduce");
+    assert!(collectives[0]["skipped"].is_null());
+    let phases: Vec<&str> = collectives[0]["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["phase"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        phases,
+        [
+            "generate",
+            "screen",
+            "cost",
+            "refine",
+            "select_and_verify",
+            "emit"
+        ]
+    );
+    let emit = &collectives[0]["phases"][5];
+    assert_eq!(emit["candidates_in"], 5, "five sizes");
+    assert!(emit["candidates_out"].as_u64().unwrap() >= 1);
+    assert!(
+        collectives[1]["skipped"]
+            .as_str()
+            .unwrap()
+            .starts_with("no verified schedule")
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -35,14 +35,104 @@
 //! The LP support can hold many trees; every tree is a channel of the lowered schedule, so
 //! [`prune`] keeps at most a few per root (dropping the lightest and weighing the rest again).
 
-use super::SynthError;
+use super::Network;
 use super::arborescence::min_arborescence;
-use crate::cost::Network;
+use super::memo::Memo;
 use good_lp::{
     Expression, ProblemVariables, Solution, SolverModel, Variable, WithTimeLimit, constraint,
     variable,
 };
+use hccl_ir::{Collective, CollectiveKind};
+use hccl_topologies::Topology;
 use std::collections::HashMap;
+use std::sync::Arc;
+use thiserror::Error;
+
+/// Why a synthesis produced nothing.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum SynthError {
+    /// The instance cannot be synthesized (a rank unreachable, no capacity, bad root).
+    #[error("cannot synthesize: {0}")]
+    Instance(String),
+    /// The solver failed (infeasible, unbounded, numerical trouble).
+    #[error("LP solver failed: {0}")]
+    Solver(String),
+}
+
+/// Largest rank count Broadcast and Reduce are packed for inside a search (`--synth auto`;
+/// twice as many with `full`).
+pub const SYNTH_MAX_RANKS: u32 = 32;
+/// Largest rank count AllGather and ReduceScatter are packed for inside a search (every
+/// rank is a root: one pricing problem per rank per round; twice as many with `full`).
+pub const SYNTH_MAX_RANKS_ALL: u32 = 16;
+
+/// Largest rank count `collective` is packed for inside a search at the default synthesis
+/// level ([`SYNTH_MAX_RANKS`] or [`SYNTH_MAX_RANKS_ALL`]), and so the largest its packing
+/// bound ([`packing_bound`]) is computed for.
+pub fn auto_max_ranks(collective: Collective) -> u32 {
+    match collective.kind() {
+        CollectiveKind::AllGather | CollectiveKind::ReduceScatter => SYNTH_MAX_RANKS_ALL,
+        _ => SYNTH_MAX_RANKS,
+    }
+}
+
+/// The roots and direction of the packing `collective` runs on (`None`: not a packing).
+pub fn packing_of(collective: Collective, nranks: u32) -> Option<(Vec<u32>, Direction)> {
+    match collective {
+        Collective::Broadcast { root } => Some((vec![root], Direction::FromRoot)),
+        Collective::Reduce { root } => Some((vec![root], Direction::ToRoot)),
+        Collective::AllGather => Some(((0..nranks).collect(), Direction::FromRoot)),
+        Collective::ReduceScatter => Some(((0..nranks).collect(), Direction::ToRoot)),
+        _ => None,
+    }
+}
+
+/// A pool's cache key: topology hash, roots, direction.
+pub(crate) type PoolKey = (String, Vec<u32>, Direction);
+
+/// The pool for `key`, computed once per process by `compute`.
+pub(crate) fn cached(
+    key: PoolKey,
+    compute: impl FnOnce() -> Option<Arc<Pool>>,
+) -> Option<Arc<Pool>> {
+    static POOLS: Memo<PoolKey, Option<Arc<Pool>>> = Memo::new();
+    POOLS.get(key, compute)
+}
+
+/// The optimal pool of trees for `roots` on `net` (cached by topology hash).
+pub fn pool(net: &Network, roots: &[u32], direction: Direction) -> Option<Arc<Pool>> {
+    cached((net.topo_hash.clone(), roots.to_vec(), direction), || {
+        grow_pool(net, roots, direction).ok().map(Arc::new)
+    })
+}
+
+/// The optimal pool of trees for `roots` on `topo` (cached by topology hash; the network is
+/// built only when the pool is not cached yet).
+pub(crate) fn pool_for_topo(
+    topo: &Topology,
+    roots: &[u32],
+    direction: Direction,
+) -> Option<Arc<Pool>> {
+    cached((topo.hash.clone(), roots.to_vec(), direction), || {
+        grow_pool(&Network::new(topo), roots, direction)
+            .ok()
+            .map(Arc::new)
+    })
+}
+
+/// The proven upper bound on the rate (GB/s per root) of any schedule of `collective` over
+/// `net`'s routes, from the packing LP's dual (this module): Broadcast and Reduce move the
+/// whole buffer at no more than this, AllGather and ReduceScatter each rank's block. `None`
+/// for other collectives and outside the sizes the synthesizer runs on.
+pub fn packing_bound(net: &Network, collective: Collective) -> Option<f64> {
+    let n = net.nranks();
+    if n < 2 || n > auto_max_ranks(collective) {
+        return None;
+    }
+    let (roots, direction) = packing_of(collective, n)?;
+    let bound = pool(net, &roots, direction)?.bound;
+    (bound.is_finite() && bound > 0.0).then_some(bound)
+}
 
 /// Most trees a packing keeps per root: every tree is a channel of the lowered schedule.
 pub const MAX_TREES: usize = 16;

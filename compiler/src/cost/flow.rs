@@ -1,0 +1,596 @@
+//! Max-min fair sharing of bandwidth among a run's flows ([`FlowRates`], the [`Rates`] of a
+//! full run), recomputed at each event over the flows that interact, and the run itself
+//! ([`run_flows`]).
+
+use super::error::CostError;
+use super::model::CostModel;
+use super::network::{Network, Route};
+use super::prepared::{Estimate, Prepared, ResourceUse, Spans};
+use super::steps::{EventKind, Rates, Steps, total_order_key};
+use hccl_ir::Protocol;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+
+/// Largest set of interacting flows whose rates are recomputed exactly at every change.
+pub const EXACT_COMPONENT: usize = 256;
+
+/// A candidate of progressive filling: resource `res` with fair share `rem / cnt` (as a
+/// [`total_order_key`]) computed when its flow count was `stamp`. Filling order: smallest
+/// share first, then lowest resource id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Share {
+    key: u64,
+    res: u32,
+    stamp: u32,
+}
+
+/// The candidates of one progressive filling. Shares only rise during filling (up to
+/// rounding), so each resource keeps one *representative* entry whose share is at most its
+/// current one: the component's initial shares, sorted once, and a heap of shares recomputed
+/// later (when a stale representative reaches the front, or when rounding lowered a share).
+/// The smallest entry, once current, is exactly the resource whose share is the smallest.
+#[derive(Debug, Default)]
+struct Shares {
+    sorted: Vec<Share>,
+    cursor: usize,
+    later: BinaryHeap<Reverse<Share>>,
+    /// Per resource: the stamp and key of its representative entry.
+    rep_stamp: Vec<u32>,
+    rep_key: Vec<u64>,
+    /// Per flow: the first of its single-flow resources (scratch of one filling).
+    solo: Vec<Option<Share>>,
+    solo_flows: Vec<u32>,
+}
+
+impl Shares {
+    fn new(resources: usize, flows: usize) -> Shares {
+        Shares {
+            rep_stamp: vec![0; resources],
+            rep_key: vec![0; resources],
+            solo: vec![None; flows],
+            ..Shares::default()
+        }
+    }
+
+    /// Makes `share` the representative entry of its resource.
+    #[inline]
+    fn represent(&mut self, share: Share) {
+        self.rep_stamp[share.res as usize] = share.stamp;
+        self.rep_key[share.res as usize] = share.key;
+    }
+
+    /// Takes the smallest entry.
+    #[inline]
+    fn pop(&mut self) -> Option<Share> {
+        let a = self.sorted.get(self.cursor).copied();
+        match (a, self.later.peek()) {
+            (Some(a), Some(&Reverse(b))) if b < a => self.later.pop().map(|Reverse(b)| b),
+            (Some(a), _) => {
+                self.cursor += 1;
+                Some(a)
+            }
+            (None, _) => self.later.pop().map(|Reverse(b)| b),
+        }
+    }
+}
+
+/// A traced run's rate changes: `(time µs, message, new rate in bytes/µs)`, in time order.
+pub(super) type RateLog = Option<Vec<(f64, u32, f64)>>;
+
+/// Runs a prepared schedule with max-min fair flows ([`FlowRates`]). With a `log`, the run
+/// is traced: step spans are returned and every flow's rate changes are appended to it.
+pub(super) fn run_flows(
+    (network, model): (&Network, &CostModel),
+    p: &Prepared,
+    bytes: u64,
+    protocol: Protocol,
+    log: &mut RateLog,
+    limit: f64,
+) -> Result<(Estimate, Spans), CostError> {
+    let mut st = Steps::new(network, model, p, bytes, protocol, log.is_some());
+    st.limit = limit;
+    let mut rates = FlowRates::new((network, model), p, bytes, protocol);
+    rates.log = log.take();
+    let result = st.execute(&mut rates);
+    *log = rates.log.take();
+    let spans = result?;
+    let base = model.base_us(protocol);
+    Ok((
+        Estimate {
+            time_us: base + st.now,
+            base_us: base,
+            messages: st.messages,
+            payload_bytes: st.payload,
+            resource_bytes: rates.resource_bytes,
+        },
+        spans,
+    ))
+}
+
+/// Per resource, the sum of its flows' rates over time, from a traced run's rate changes.
+pub(super) fn resource_uses(p: &Prepared, log: Vec<(f64, u32, f64)>) -> Vec<ResourceUse> {
+    let mut rate = vec![0.0f64; p.msg_conn.len()];
+    let mut uses: HashMap<u32, Vec<(f64, f64)>> = HashMap::new();
+    let mut total: HashMap<u32, f64> = HashMap::new();
+    for (t, m, new) in log {
+        let Some(old) = rate.get_mut(m as usize) else {
+            continue;
+        };
+        let delta = new - *old;
+        *old = new;
+        if delta == 0.0 {
+            continue;
+        }
+        for &r in &p.conn_route[p.msg_conn[m as usize] as usize].resources {
+            let sum = total.entry(r).or_insert(0.0);
+            *sum += delta;
+            // Rounding leaves a few ulps where every flow has ended.
+            if sum.abs() < 1e-9 * delta.abs().max(1.0) {
+                *sum = 0.0;
+            }
+            let gbps = (*sum / 1e3).max(0.0);
+            let points = uses.entry(r).or_default();
+            match points.last_mut() {
+                Some(last) if last.0 == t => last.1 = gbps,
+                _ => points.push((t, gbps)),
+            }
+        }
+    }
+    let mut out: Vec<ResourceUse> = uses
+        .into_iter()
+        .map(|(resource, mut rates)| {
+            // Drop points that repeat the previous rate.
+            rates.dedup_by(|b, a| a.1 == b.1);
+            ResourceUse { resource, rates }
+        })
+        .collect();
+    out.sort_unstable_by_key(|u| u.resource);
+    out
+}
+
+/// Max-min fair rates of every flow of a whole schedule (see [`FlowRates::recompute`]).
+struct FlowRates<'a> {
+    p: &'a Prepared,
+    /// Rate changes, when the run is traced.
+    log: RateLog,
+    // flows (indexed by message)
+    rate: Vec<f64>,
+    remaining: Vec<f64>,
+    last: Vec<f64>,
+    version: Vec<u32>,
+    active: Vec<bool>,
+    res_flows: Vec<Vec<u32>>,
+    /// Where each active flow sits in the flow list of each resource on its route:
+    /// `slot[slot_base[m] + j]` for the `j`-th resource of message `m`'s route (a finished
+    /// flow leaves every list in O(1), not by searching lists of thousands of flows).
+    slot: Vec<u32>,
+    slot_base: Vec<u32>,
+    cap: Vec<f64>,
+    resource_bytes: Vec<f64>,
+    dirty: Vec<u32>,
+    /// Flows started since the last recomputation.
+    fresh: Vec<u32>,
+    /// Capacity currently allocated on each resource (bytes/µs).
+    used: Vec<f64>,
+    active_count: usize,
+    /// Flows finished since the last recomputation.
+    released: usize,
+    /// Approximate allocations since the last full recomputation.
+    pending_changes: usize,
+    // scratch for rate recomputation
+    res_stamp: Vec<u32>,
+    flow_stamp: Vec<u32>,
+    frozen_stamp: Vec<u32>,
+    epoch: u32,
+    rem: Vec<f64>,
+    cnt: Vec<u32>,
+    new_rate: Vec<f64>,
+    shares: Shares,
+    /// Scratch: the resources and flows of the component being recomputed.
+    comp_res: Vec<u32>,
+    comp_flows: Vec<u32>,
+}
+
+impl<'a> FlowRates<'a> {
+    fn new(
+        (network, model): (&Network, &CostModel),
+        p: &'a Prepared,
+        bytes: u64,
+        protocol: Protocol,
+    ) -> FlowRates<'a> {
+        let nmsg = p.msg_conn.len();
+        let nres = network.capacity.len();
+        // The calibration's bandwidth factor at this size scales links and local work alike.
+        let scale = model.bandwidth_factor(bytes);
+        let eff = model.efficiency(protocol) * scale;
+        // GB/s × 1e3 = bytes per µs.
+        let cap = network.capacity.iter().map(|c| c * eff * 1e3).collect();
+        let mut slot_base = Vec::with_capacity(nmsg);
+        let mut slots = 0u32;
+        for &c in &p.msg_conn {
+            slot_base.push(slots);
+            slots += p.conn_route[c as usize].resources.len() as u32;
+        }
+        FlowRates {
+            p,
+            rate: vec![0.0; nmsg],
+            remaining: vec![0.0; nmsg],
+            last: vec![0.0; nmsg],
+            version: vec![0; nmsg],
+            active: vec![false; nmsg],
+            res_flows: vec![Vec::new(); nres],
+            slot: vec![0; slots as usize],
+            slot_base,
+            cap,
+            resource_bytes: vec![0.0; nres],
+            dirty: Vec::new(),
+            fresh: Vec::new(),
+            used: vec![0.0; nres],
+            active_count: 0,
+            released: 0,
+            pending_changes: 0,
+            res_stamp: vec![0; nres],
+            flow_stamp: vec![0; nmsg],
+            frozen_stamp: vec![0; nmsg],
+            epoch: 0,
+            rem: vec![0.0; nres],
+            cnt: vec![0; nres],
+            new_rate: vec![0.0; nmsg],
+            shares: Shares::new(nres, nmsg),
+            comp_res: Vec::new(),
+            comp_flows: Vec::new(),
+            log: None,
+        }
+    }
+}
+
+impl Rates for FlowRates<'_> {
+    fn start(&mut self, st: &mut Steps<'_>, m: u32, bytes: f64) {
+        let mi = m as usize;
+        let p = self.p;
+        let route: &Route = &p.conn_route[p.msg_conn[mi] as usize];
+        let base = self.slot_base[mi] as usize;
+        for (j, &r) in route.resources.iter().enumerate() {
+            let list = &mut self.res_flows[r as usize];
+            self.slot[base + j] = list.len() as u32;
+            list.push(m);
+            self.resource_bytes[r as usize] += bytes;
+        }
+        self.active[mi] = true;
+        self.active_count += 1;
+        self.fresh.push(m);
+        self.remaining[mi] = bytes;
+        self.rate[mi] = 0.0;
+        self.last[mi] = st.now;
+        self.dirty.extend_from_slice(&route.resources);
+    }
+
+    fn finish(&mut self, st: &mut Steps<'_>, m: u32) {
+        let mi = m as usize;
+        if let Some(log) = &mut self.log {
+            log.push((st.now, m, 0.0));
+        }
+        self.active[mi] = false;
+        self.active_count -= 1;
+        self.released += 1;
+        let p = self.p;
+        let route: &Route = &p.conn_route[p.msg_conn[mi] as usize];
+        let base = self.slot_base[mi] as usize;
+        for (j, &r) in route.resources.iter().enumerate() {
+            self.used[r as usize] = (self.used[r as usize] - self.rate[mi]).max(0.0);
+            let list = &mut self.res_flows[r as usize];
+            let pos = self.slot[base + j] as usize;
+            let last = list.len() - 1;
+            list.swap_remove(pos);
+            if pos < last {
+                // The flow that was last now sits at `pos`: find its entry for `r` (the one
+                // that pointed at the end of the list).
+                let moved = list[pos] as usize;
+                let mbase = self.slot_base[moved] as usize;
+                let mroute = &p.conn_route[p.msg_conn[moved] as usize].resources;
+                if let Some(k) = (0..mroute.len())
+                    .find(|&k| mroute[k] == r && self.slot[mbase + k] as usize == last)
+                {
+                    self.slot[mbase + k] = pos as u32;
+                }
+            }
+        }
+        self.dirty.extend_from_slice(&route.resources);
+    }
+
+    fn current(&self, m: u32, version: u32) -> bool {
+        self.active[m as usize] && self.version[m as usize] == version
+    }
+
+    fn dirty(&self) -> bool {
+        !self.dirty.is_empty()
+    }
+
+    fn recompute(&mut self, st: &mut Steps<'_>) {
+        self.recompute_dirty(st);
+    }
+
+    fn revive(&mut self, st: &mut Steps<'_>) -> bool {
+        if self.active_count > 0 && self.pending_changes + self.released > 0 {
+            // Flows left without capacity by approximate allocation: re-balance.
+            self.full_recompute(st);
+            true
+        } else {
+            false
+        }
+    }
+}
+
+impl<'a> FlowRates<'a> {
+    /// Max-min fair rates for the flows connected to the dirty resources. Components of at
+    /// most [`EXACT_COMPONENT`] flows are recomputed exactly at every change. In larger ones
+    /// (all-to-all traffic through shared switches) a new flow takes the capacity its route
+    /// has left and a finished flow's capacity is released, and the whole network is
+    /// re-balanced after every `max(EXACT_COMPONENT / 4, active / 4)` such changes: rates stay
+    /// feasible (no resource is ever over capacity), so lower bounds remain valid, and the
+    /// cost per event stays bounded.
+    fn recompute_dirty(&mut self, st: &mut Steps<'_>) {
+        let epoch = self.next_epoch();
+        let mut stack = std::mem::take(&mut self.dirty);
+        let mut fresh = std::mem::take(&mut self.fresh);
+        let mut comp_res = std::mem::take(&mut self.comp_res);
+        let mut comp_flows = std::mem::take(&mut self.comp_flows);
+        comp_res.clear();
+        comp_flows.clear();
+        let mut big = false;
+        'bfs: while let Some(r) = stack.pop() {
+            if self.res_stamp[r as usize] == epoch {
+                continue;
+            }
+            self.res_stamp[r as usize] = epoch;
+            comp_res.push(r);
+            if self.res_flows[r as usize].len() > EXACT_COMPONENT {
+                // More flows on this one resource than an exact component may hold: the
+                // search below would only find that out after stamping them.
+                big = true;
+                break 'bfs;
+            }
+            for &f in &self.res_flows[r as usize] {
+                if self.flow_stamp[f as usize] != epoch {
+                    self.flow_stamp[f as usize] = epoch;
+                    comp_flows.push(f);
+                    if comp_flows.len() > EXACT_COMPONENT {
+                        big = true;
+                        break 'bfs;
+                    }
+                    let route = &self.p.conn_route[self.p.msg_conn[f as usize] as usize];
+                    for &r2 in &route.resources {
+                        if self.res_stamp[r2 as usize] != epoch {
+                            stack.push(r2);
+                        }
+                    }
+                }
+            }
+        }
+        stack.clear();
+        self.dirty = stack;
+        if !big {
+            self.fill(st, &comp_res, &comp_flows);
+        }
+        self.comp_res = comp_res;
+        self.comp_flows = comp_flows;
+        if !big {
+            fresh.clear();
+            self.fresh = fresh;
+            return;
+        }
+        // Large component: give new flows what their route has left.
+        let mut changes = self.released;
+        self.released = 0;
+        for &f in &fresh {
+            if !self.active[f as usize] || self.rate[f as usize] > 0.0 {
+                continue;
+            }
+            changes += 1;
+            let p: &'a Prepared = self.p;
+            let route: &'a Route = &p.conn_route[p.msg_conn[f as usize] as usize];
+            let rate = route
+                .resources
+                .iter()
+                .map(|&r| (self.cap[r as usize] - self.used[r as usize]).max(0.0))
+                .fold(f64::INFINITY, f64::min);
+            if rate > 0.0 && rate.is_finite() {
+                for &r in &route.resources {
+                    self.used[r as usize] += rate;
+                }
+                self.set_rate(st, f, rate);
+            }
+        }
+        fresh.clear();
+        self.fresh = fresh;
+        self.pending_changes += changes;
+        let threshold = (EXACT_COMPONENT / 4).max(self.active_count / 4);
+        if self.pending_changes >= threshold {
+            self.full_recompute(st);
+        }
+    }
+
+    fn next_epoch(&mut self) -> u32 {
+        self.epoch = self.epoch.wrapping_add(1);
+        if self.epoch == 0 {
+            self.res_stamp.iter_mut().for_each(|x| *x = 0);
+            self.flow_stamp.iter_mut().for_each(|x| *x = 0);
+            self.frozen_stamp.iter_mut().for_each(|x| *x = 0);
+            self.epoch = 1;
+        }
+        self.epoch
+    }
+
+    /// Exact max-min rates over every active flow.
+    fn full_recompute(&mut self, st: &mut Steps<'_>) {
+        self.pending_changes = 0;
+        self.released = 0;
+        self.fresh.clear();
+        self.dirty.clear();
+        let epoch = self.next_epoch();
+        let mut comp_res = std::mem::take(&mut self.comp_res);
+        let mut comp_flows = std::mem::take(&mut self.comp_flows);
+        comp_res.clear();
+        comp_flows.clear();
+        for r in 0..self.res_flows.len() {
+            if self.res_flows[r].is_empty() {
+                continue;
+            }
+            comp_res.push(r as u32);
+            for &f in &self.res_flows[r] {
+                if self.flow_stamp[f as usize] != epoch {
+                    self.flow_stamp[f as usize] = epoch;
+                    comp_flows.push(f);
+                }
+            }
+        }
+        self.fill(st, &comp_res, &comp_flows);
+        self.comp_res = comp_res;
+        self.comp_flows = comp_flows;
+    }
+
+    /// Sets a flow's rate, settling its progress and scheduling its end.
+    fn set_rate(&mut self, st: &mut Steps<'_>, f: u32, new: f64) {
+        let fi = f as usize;
+        let elapsed = st.now - self.last[fi];
+        self.remaining[fi] = (self.remaining[fi] - self.rate[fi] * elapsed).max(0.0);
+        self.last[fi] = st.now;
+        self.rate[fi] = new;
+        if let Some(log) = &mut self.log {
+            log.push((st.now, f, new));
+        }
+        self.version[fi] = self.version[fi].wrapping_add(1);
+        if new > 0.0 {
+            let finish = st.now + self.remaining[fi] / new;
+            st.push(finish, EventKind::FlowDone(f, self.version[fi]));
+        }
+    }
+
+    /// Progressive filling over a closed set of resources and the flows on them.
+    fn fill(&mut self, st: &mut Steps<'_>, comp_res: &[u32], comp_flows: &[u32]) {
+        let epoch = self.epoch;
+        let p: &'a Prepared = self.p;
+        let (routes, msg_conn) = (&p.conn_route, &p.msg_conn);
+        // Progressive filling: repeatedly freeze the flows of the resource with the smallest
+        // fair share `rem / cnt` (ties: lowest id) at that share.
+        {
+            let FlowRates {
+                shares,
+                rem,
+                cnt,
+                cap,
+                res_flows,
+                frozen_stamp,
+                new_rate,
+                ..
+            } = self;
+            shares.sorted.clear();
+            shares.cursor = 0;
+            shares.later.clear();
+            // Unfrozen flow-resource pairs: once none is left, every remaining entry is moot.
+            let mut live: u64 = 0;
+            for &r in comp_res {
+                let ri = r as usize;
+                rem[ri] = cap[ri];
+                cnt[ri] = res_flows[ri].len() as u32;
+                live += u64::from(cnt[ri]);
+                if cnt[ri] > 0 {
+                    let e = Share {
+                        key: total_order_key(rem[ri] / f64::from(cnt[ri])),
+                        res: r,
+                        stamp: cnt[ri],
+                    };
+                    shares.represent(e);
+                    if cnt[ri] == 1 {
+                        // Of the resources a flow has to itself, only the first in filling
+                        // order can freeze it: the others keep their share until it does.
+                        let f = res_flows[ri][0] as usize;
+                        match shares.solo[f] {
+                            Some(b) if b <= e => {}
+                            Some(_) => shares.solo[f] = Some(e),
+                            None => {
+                                shares.solo[f] = Some(e);
+                                shares.solo_flows.push(f as u32);
+                            }
+                        }
+                    } else {
+                        shares.sorted.push(e);
+                    }
+                }
+            }
+            for i in 0..shares.solo_flows.len() {
+                let f = shares.solo_flows[i] as usize;
+                if let Some(e) = shares.solo[f].take() {
+                    shares.sorted.push(e);
+                }
+            }
+            shares.solo_flows.clear();
+            shares.sorted.sort_unstable_by_key(|e| {
+                (u128::from(e.key) << 64) | (u128::from(e.res) << 32) | u128::from(e.stamp)
+            });
+            while live > 0
+                && let Some(e) = shares.pop()
+            {
+                let res = e.res;
+                let ri = res as usize;
+                if cnt[ri] == 0 || e.stamp != shares.rep_stamp[ri] {
+                    continue; // all its flows are frozen, or superseded
+                }
+                let share = rem[ri] / f64::from(cnt[ri]);
+                if cnt[ri] != e.stamp {
+                    // Raised since it was stored: put back at its current share.
+                    let e = Share {
+                        key: total_order_key(share),
+                        res,
+                        stamp: cnt[ri],
+                    };
+                    shares.represent(e);
+                    shares.later.push(Reverse(e));
+                    continue;
+                }
+                let share = share.max(0.0);
+                for &f in &res_flows[ri] {
+                    if frozen_stamp[f as usize] == epoch {
+                        continue;
+                    }
+                    frozen_stamp[f as usize] = epoch;
+                    new_rate[f as usize] = share;
+                    let route = &routes[msg_conn[f as usize] as usize];
+                    for &r2 in &route.resources {
+                        let r2i = r2 as usize;
+                        rem[r2i] = (rem[r2i] - share).max(0.0);
+                        cnt[r2i] -= 1;
+                        live -= 1;
+                        if cnt[r2i] > 0 && r2 != res {
+                            let key = total_order_key(rem[r2i] / f64::from(cnt[r2i]));
+                            // A lowered share (rounding) is queued now; raised ones wait
+                            // until their representative reaches the front.
+                            if key < shares.rep_key[r2i] {
+                                let e = Share {
+                                    key,
+                                    res: r2,
+                                    stamp: cnt[r2i],
+                                };
+                                shares.represent(e);
+                                shares.later.push(Reverse(e));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for &r in comp_res {
+            self.used[r as usize] = 0.0;
+        }
+        for &f in comp_flows {
+            let new = self.new_rate[f as usize];
+            let route = &routes[msg_conn[f as usize] as usize];
+            for &r in &route.resources {
+                self.used[r as usize] += new;
+            }
+            if new != self.rate[f as usize] || self.rate[f as usize] == 0.0 {
+                self.set_rate(st, f, new);
+            }
+        }
+    }
+}

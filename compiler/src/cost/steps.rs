@@ -1,0 +1,375 @@
+//! The step and message machine every simulation run shares ([`Steps`]): readiness,
+//! connection slots, latencies and the event queue, under the [`Rates`] a run gives its
+//! flows (max-min fair flows in `flow.rs`, peer classes in `symmetric.rs`).
+
+use super::error::CostError;
+use super::model::CostModel;
+use super::network::Network;
+use super::prepared::{Kind, NONE, Prepared, Spans};
+use hccl_ir::{CONNECTION_SLOTS, Protocol, StepRef};
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
+#[derive(Debug, Clone, Copy)]
+pub(super) enum EventKind {
+    /// A local step (or a receive's fused work) finished.
+    StepDone(u32),
+    /// A flow may have finished (valid if the version matches).
+    FlowDone(u32, u32),
+    /// A message arrived at the receiver.
+    Arrive(u32),
+}
+
+/// A timed event; ordered so that a `BinaryHeap` pops the earliest first, ties in push order
+/// (`seq`). Shared by the flow simulator and the CPU one ([`super::cpu`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Event<K> {
+    pub(super) time: f64,
+    pub(super) seq: u64,
+    pub(super) kind: K,
+}
+
+impl<K> PartialEq for Event<K> {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl<K> Eq for Event<K> {}
+impl<K> PartialOrd for Event<K> {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl<K> Ord for Event<K> {
+    fn cmp(&self, other: &Self) -> Ordering {
+        other
+            .time
+            .total_cmp(&self.time)
+            .then(other.seq.cmp(&self.seq))
+    }
+}
+
+/// `x`'s position in the IEEE total order ([`f64::total_cmp`]) as an unsigned integer.
+#[inline]
+pub(super) fn total_order_key(x: f64) -> u64 {
+    let mut b = x.to_bits() as i64;
+    b ^= (((b >> 63) as u64) >> 1) as i64;
+    (b as u64) ^ (1 << 63)
+}
+
+/// The step and message state of one run, shared by the flow simulator and the template
+/// run ([`super::symmetric`]): which steps are ready and done, which messages started and
+/// arrived, connection slots, the event queue. How flows share bandwidth is the [`Rates`]
+/// the run is given.
+pub(super) struct Steps<'a> {
+    pub(super) network: &'a Network,
+    pub(super) model: &'a CostModel,
+    pub(super) p: &'a Prepared,
+    pub(super) protocol: Protocol,
+    chunk_bytes: f64,
+    /// Bandwidth factor of the calibration at this size (local memory work).
+    mem_scale: f64,
+    pub(super) now: f64,
+    /// The run stops (see [`Steps::execute`]) once the clock passes this (µs, without the
+    /// protocol's base latency); infinite for a full run.
+    pub(super) limit: f64,
+    seq: u64,
+    events: BinaryHeap<Event<EventKind>>,
+    pending: Vec<u32>,
+    ready_at: Vec<f64>,
+    /// When a relaying step's fused local work ends.
+    local_until: Vec<f64>,
+    recv_ready: Vec<bool>,
+    done: Vec<bool>,
+    completed: usize,
+    worklist: Vec<u32>,
+    // messages
+    msg_ready: Vec<bool>,
+    msg_arrived: Vec<bool>,
+    data_start: Vec<f64>,
+    // connections
+    next_start: Vec<u32>,
+    consumed: Vec<u32>,
+    /// Messages started, and their payload bytes.
+    pub(super) messages: usize,
+    pub(super) payload: f64,
+    /// Per step: (start, end), when traced.
+    spans: Spans,
+}
+
+/// How a run shares bandwidth among its flows (one flow per message in transit).
+pub(super) trait Rates {
+    /// A flow of `bytes` (positive) starts on message `m`, whose route crosses resources.
+    fn start(&mut self, st: &mut Steps<'_>, m: u32, bytes: f64);
+    /// Flow `m` ended (its current `FlowDone` fired): it releases what it held.
+    fn finish(&mut self, st: &mut Steps<'_>, m: u32);
+    /// Whether a `FlowDone(m, version)` event is still current.
+    fn current(&self, m: u32, version: u32) -> bool;
+    /// Whether rates must be recomputed before time moves on.
+    fn dirty(&self) -> bool;
+    /// Recomputes the rates of the flows a change touched.
+    fn recompute(&mut self, st: &mut Steps<'_>);
+    /// With no event left: re-balances flows an approximate allocation left without
+    /// capacity; whether it did (the run then goes on).
+    fn revive(&mut self, st: &mut Steps<'_>) -> bool;
+}
+
+impl<'a> Steps<'a> {
+    pub(super) fn new(
+        network: &'a Network,
+        model: &'a CostModel,
+        p: &'a Prepared,
+        bytes: u64,
+        protocol: Protocol,
+        trace: bool,
+    ) -> Steps<'a> {
+        let nsteps = p.steps.len();
+        let nmsg = p.msg_conn.len();
+        let nconn = p.conn_base.len();
+        Steps {
+            network,
+            model,
+            p,
+            protocol,
+            chunk_bytes: bytes as f64 / f64::from(p.chunks),
+            mem_scale: model.bandwidth_factor(bytes),
+            now: 0.0,
+            limit: f64::INFINITY,
+            seq: 0,
+            events: BinaryHeap::new(),
+            pending: p.pending.clone(),
+            ready_at: vec![0.0; nsteps],
+            local_until: vec![0.0; nsteps],
+            recv_ready: vec![false; nsteps],
+            done: vec![false; nsteps],
+            completed: 0,
+            worklist: Vec::new(),
+            msg_ready: vec![false; nmsg],
+            msg_arrived: vec![false; nmsg],
+            data_start: vec![0.0; nmsg],
+            next_start: vec![0; nconn],
+            consumed: vec![0; nconn],
+            messages: 0,
+            payload: 0.0,
+            spans: trace.then(|| vec![(0.0, 0.0); nsteps]),
+        }
+    }
+
+    pub(super) fn push(&mut self, time: f64, kind: EventKind) {
+        self.seq += 1;
+        self.events.push(Event {
+            time,
+            seq: self.seq,
+            kind,
+        });
+    }
+
+    fn mem_us(&self, step: u32, passes: f64) -> f64 {
+        let s = &self.p.steps[step as usize];
+        let bw = self.network.mem_bw[s.rank as usize] * self.mem_scale;
+        if passes <= 0.0 || bw.is_nan() || bw <= 0.0 {
+            return 0.0;
+        }
+        passes * f64::from(s.count) * self.chunk_bytes / (bw * 1e3)
+    }
+
+    /// Runs every step under `rates`; the run ends at `self.now`. Returns the traced spans,
+    /// or the first step never run when the schedule deadlocks.
+    ///
+    /// With a [`Steps::limit`], the run stops at the first event past it (events are taken
+    /// in time order and the clock never goes back, so the full run would end later still)
+    /// and returns [`CostError::PastLimit`].
+    pub(super) fn execute<R: Rates>(&mut self, rates: &mut R) -> Result<Spans, CostError> {
+        for id in 0..self.p.steps.len() as u32 {
+            if self.pending[id as usize] == 0 {
+                self.worklist.push(id);
+            }
+        }
+        self.drain_ready(rates);
+        loop {
+            let next_time = self.events.peek().map(|e| e.time);
+            if rates.dirty() && next_time.is_none_or(|t| t > self.now) {
+                rates.recompute(self);
+                continue;
+            }
+            let Some(ev) = self.events.pop() else {
+                if rates.revive(self) {
+                    continue;
+                }
+                break;
+            };
+            if let EventKind::FlowDone(m, v) = ev.kind
+                && !rates.current(m, v)
+            {
+                continue; // superseded by a rate change
+            }
+            self.now = self.now.max(ev.time);
+            if self.now > self.limit {
+                return Err(CostError::PastLimit {
+                    limit_us: self.limit,
+                });
+            }
+            match ev.kind {
+                EventKind::StepDone(s) => self.complete(s),
+                EventKind::FlowDone(m, _) => {
+                    rates.finish(self, m);
+                    self.flow_finished(m);
+                }
+                EventKind::Arrive(m) => {
+                    self.msg_arrived[m as usize] = true;
+                    let r = self.p.msg_recv[m as usize];
+                    if r != NONE && self.recv_ready[r as usize] {
+                        self.consume(rates, r);
+                    }
+                }
+            }
+            self.drain_ready(rates);
+        }
+        if self.completed < self.p.steps.len() {
+            let stuck = (0..self.p.steps.len())
+                .find(|&i| !self.done[i])
+                .map(|i| self.p.step_ref[i]);
+            return Err(CostError::Deadlock {
+                at: stuck.unwrap_or(StepRef {
+                    rank: 0,
+                    stream: 0,
+                    step: 0,
+                }),
+            });
+        }
+        Ok(self.spans.take())
+    }
+
+    /// Processes steps whose predecessors are all done.
+    fn drain_ready<R: Rates>(&mut self, rates: &mut R) {
+        while let Some(s) = self.worklist.pop() {
+            self.ready(rates, s);
+        }
+    }
+
+    fn ready<R: Rates>(&mut self, rates: &mut R, s: u32) {
+        self.ready_at[s as usize] = self.now;
+        if let Some(spans) = &mut self.spans {
+            spans[s as usize].0 = self.now;
+        }
+        match self.p.steps[s as usize].kind {
+            Kind::Nop => self.complete(s),
+            Kind::Local { passes } => {
+                let t = self.mem_us(s, passes);
+                if t > 0.0 {
+                    self.push(self.now + t, EventKind::StepDone(s));
+                } else {
+                    self.complete(s);
+                }
+            }
+            Kind::Send { msg } => self.send_ready(rates, msg),
+            Kind::Recv { msg, .. } => {
+                self.recv_ready[s as usize] = true;
+                if msg != NONE && self.msg_arrived[msg as usize] {
+                    self.consume(rates, s);
+                }
+            }
+        }
+    }
+
+    fn complete(&mut self, s: u32) {
+        if self.done[s as usize] {
+            return;
+        }
+        self.done[s as usize] = true;
+        self.completed += 1;
+        if let Some(spans) = &mut self.spans {
+            spans[s as usize].1 = self.now;
+        }
+        let (a, b) = (
+            self.p.succ_start[s as usize] as usize,
+            self.p.succ_start[s as usize + 1] as usize,
+        );
+        for i in a..b {
+            let t = self.p.succ[i];
+            self.pending[t as usize] -= 1;
+            if self.pending[t as usize] == 0 {
+                self.worklist.push(t);
+            }
+        }
+    }
+
+    fn send_ready<R: Rates>(&mut self, rates: &mut R, msg: u32) {
+        if msg == NONE {
+            return;
+        }
+        self.msg_ready[msg as usize] = true;
+        self.try_start(rates, self.p.msg_conn[msg as usize]);
+    }
+
+    fn try_start<R: Rates>(&mut self, rates: &mut R, c: u32) {
+        let ci = c as usize;
+        while self.next_start[ci] < self.p.conn_len[ci]
+            && (self.next_start[ci] as usize) < self.consumed[ci] as usize + CONNECTION_SLOTS
+        {
+            let msg = self.p.conn_base[ci] + self.next_start[ci];
+            if !self.msg_ready[msg as usize] {
+                break;
+            }
+            self.next_start[ci] += 1;
+            self.start_flow(rates, msg);
+        }
+    }
+
+    fn start_flow<R: Rates>(&mut self, rates: &mut R, m: u32) {
+        let mi = m as usize;
+        self.data_start[mi] = self.now;
+        let bytes = f64::from(self.p.msg_count[mi]) * self.chunk_bytes;
+        self.messages += 1;
+        self.payload += bytes;
+        let route = &self.p.conn_route[self.p.msg_conn[mi] as usize];
+        if bytes <= 0.0 || route.resources.is_empty() {
+            self.flow_finished(m);
+            return;
+        }
+        rates.start(self, m, bytes);
+    }
+
+    /// The last byte left: the sender's step is done; the message arrives after the latency.
+    fn flow_finished(&mut self, m: u32) {
+        let mi = m as usize;
+        let s = self.p.msg_send[mi];
+        let end = self.local_until[s as usize];
+        let route = &self.p.conn_route[self.p.msg_conn[mi] as usize];
+        let latency = self.model.message_us(route.class, self.protocol) + route.latency_us;
+        if end > self.now {
+            self.push(end, EventKind::StepDone(s));
+            self.push(end + latency, EventKind::Arrive(m));
+        } else {
+            self.complete(s);
+            self.push(self.now + latency, EventKind::Arrive(m));
+        }
+    }
+
+    /// Receive step `s` takes its (arrived) message.
+    fn consume<R: Rates>(&mut self, rates: &mut R, s: u32) {
+        let Kind::Recv {
+            msg, passes, out, ..
+        } = self.p.steps[s as usize].kind
+        else {
+            return;
+        };
+        self.recv_ready[s as usize] = false;
+        let c = self.p.msg_conn[msg as usize];
+        self.consumed[c as usize] += 1;
+        self.try_start(rates, c);
+        let work = self.mem_us(s, passes);
+        let start = self.data_start[msg as usize].max(self.ready_at[s as usize]);
+        let finish = self.now.max(start + work);
+        if out != NONE {
+            // Relays stream the result on as it is produced: the outgoing message starts
+            // now; the step (and the message's arrival) cannot end before the local work.
+            self.local_until[s as usize] = finish;
+            self.send_ready(rates, out);
+        } else if finish > self.now {
+            self.push(finish, EventKind::StepDone(s));
+        } else {
+            self.complete(s);
+        }
+    }
+}

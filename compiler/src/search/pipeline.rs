@@ -1,0 +1,176 @@
+//! The search as a pipeline of named phases, run per collective in order: generate,
+//! screen, cost, refine, select and verify, emit. Each phase is a function of its own
+//! module with its own inputs and outputs; this module runs them and gathers the
+//! [`SearchReport`].
+
+use super::context::{Search, offered_options};
+use super::costing::{self, Tick, sim_budget};
+use super::emit::{self, Bounds};
+use super::generate::{self, BASELINE_FAMILIES, Generation};
+use super::nccl::modelled_baselines;
+use super::options::{Options, Progress, SearchError, collective_of};
+use super::refine::{REFINE_BUDGET, refine};
+use super::registry::families_for;
+use super::report::{CollectiveReport, Phase, PhaseClock, SearchReport, StopReason, stops};
+use super::row::{CompiledPlan, Row};
+use super::screen;
+use super::select::select_and_verify;
+use hccl_ir::{CollectiveKind, PlanFile, PlanMeta};
+use hccl_topologies::Topology;
+
+/// Compiles `topo` with `options`; no progress reporting.
+pub fn compile(topo: &Topology, options: &Options) -> Result<CompiledPlan, SearchError> {
+    compile_with_progress(topo, options, &mut |_| {})
+}
+
+/// Compiles `topo` with `options`, calling `progress` after each costed candidate.
+pub fn compile_with_progress(
+    topo: &Topology,
+    options: &Options,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<CompiledPlan, SearchError> {
+    let started = std::time::Instant::now();
+    let families = families_for(options.synth);
+    let owned = offered_options(options, &families)?;
+    let options = owned.as_ref().unwrap_or(options);
+    let search = Search::new(topo, options, families);
+    let mut compiled = CompiledPlan {
+        plan: PlanFile::new(PlanMeta {
+            topology: topo.name.clone(),
+            topology_hash: topo.hash.clone(),
+            compiler: format!("hcclc {}", env!("CARGO_PKG_VERSION")),
+        }),
+        rows: Vec::new(),
+        skipped: Vec::new(),
+        report: SearchReport::default(),
+    };
+    for (index, &kind) in options.collectives.iter().enumerate() {
+        options.check_cancel()?;
+        let tick = Tick {
+            kind,
+            index,
+            progress: &mut *progress,
+        };
+        let (outcome, report) = compile_collective(&search, kind, tick, &mut compiled)?;
+        compiled.report.collectives.push(report);
+        match outcome {
+            Err(err) if options.partial => compiled.skipped.push(err),
+            Err(err) => return Err(err),
+            Ok(total) => progress(Progress {
+                collective: kind,
+                done: total,
+                total,
+                collectives_done: index + 1,
+                collectives_total: options.collectives.len(),
+            }),
+        }
+    }
+    compiled.report.wall_s = started.elapsed().as_secs_f64();
+    Ok(compiled)
+}
+
+/// One collective through every phase, its rows and entries added to `compiled`. The outer
+/// error stops the compile (cancelled, bad options); the inner one (no verified candidate)
+/// leaves the collective out with [`Options::partial`]. `Ok` holds how many candidates
+/// there were.
+fn compile_collective(
+    search: &Search<'_>,
+    kind: CollectiveKind,
+    tick: Tick<'_>,
+    compiled: &mut CompiledPlan,
+) -> Result<(Result<usize, SearchError>, CollectiveReport), SearchError> {
+    let options = search.options;
+    let collective = collective_of(kind);
+    let mut clock = PhaseClock::start(kind);
+
+    let generation = generate::generate(search, collective).ok_or(SearchError::Cancelled)?;
+    let total = generation.candidates.len();
+    clock.done(
+        Phase::Generate,
+        generation.families,
+        total,
+        stops(&generation.stops),
+    );
+    let Generation {
+        candidates,
+        channels_hint,
+        capped,
+        ..
+    } = generation;
+
+    let budget = sim_budget(options.sim_budget, search.topo.nranks());
+    let modelled = modelled_baselines(
+        candidates.iter().map(|(c, _)| c),
+        &search.sizes,
+        options,
+        budget,
+    );
+    // The baseline's simulated families: kept by the screen and costed at every protocol
+    // whatever their times (NCCL's choice reads them).
+    let simulated: Vec<&str> = BASELINE_FAMILIES
+        .iter()
+        .copied()
+        .filter(|name| !modelled.contains(name))
+        .collect();
+    let (probes, screen_stops) = screen::run(search, &candidates, &simulated);
+    options.check_cancel()?;
+    let kept = probes.iter().filter(|p| p.keep).count();
+    clock.done(Phase::Screen, total, kept, stops(&screen_stops));
+
+    let (mut costed, cost_stops) =
+        costing::run(search, candidates, &probes, &simulated, budget, tick)
+            .ok_or(SearchError::Cancelled)?;
+    let costable = kept - cost_stops[1].1;
+    clock.done(Phase::Cost, kept, costable, stops(&cost_stops));
+
+    let mut bounds = Bounds::new(search, collective);
+    let interpolated = costed.iter().filter(|c| c.exact.contains(&false)).count();
+    let refined = refine(
+        &search.sim,
+        &mut costed,
+        &search.sizes,
+        options,
+        REFINE_BUDGET * budget,
+        &mut |si| bounds.at(search, si).total_us,
+    );
+    clock.done(
+        Phase::Refine,
+        interpolated,
+        refined.simulated,
+        stops(&[
+            (StopReason::RefineBudget, refined.left),
+            (StopReason::NearBound, refined.near_bound),
+        ]),
+    );
+
+    let selection = select_and_verify(search, kind, &mut costed)?;
+    clock.done(
+        Phase::SelectAndVerify,
+        selection.verified,
+        selection.verified - selection.failed,
+        stops(&[
+            (StopReason::FailedVerification, selection.failed),
+            (StopReason::NoCandidate, selection.uncovered),
+        ]),
+    );
+    let winners = match selection.winners {
+        Ok(winners) => winners,
+        Err(err) => {
+            let report = clock.finish(Some(err.to_string()));
+            return Ok((Err(err), report));
+        }
+    };
+
+    let rows: &mut Vec<Row> = &mut compiled.rows;
+    emit::rows(
+        search,
+        &costed,
+        &winners,
+        (channels_hint, &capped, &modelled),
+        &mut bounds,
+        rows,
+    );
+    let entries = emit::entries(search, &costed, &winners, &mut compiled.plan);
+    clock.done(Phase::Emit, search.sizes.len(), entries, Vec::new());
+    Ok((Ok(total), clock.finish(None)))
+}

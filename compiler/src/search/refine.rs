@@ -1,0 +1,156 @@
+//! The refine phase: interpolated times close to a size's best, simulated after all.
+
+use super::context::Costed;
+use super::options::Options;
+use super::par::par_map;
+use super::ready::Ready;
+use crate::cost::Simulator;
+
+/// What [`refine`] did, for the report.
+#[derive(Debug, Default)]
+pub(super) struct Refined {
+    /// (candidate, size) pairs simulated.
+    pub(super) simulated: usize,
+    /// Pairs the last round left for want of steps ([`REFINE_BUDGET`]).
+    pub(super) left: usize,
+    /// Sizes not refined because their best is within [`REFINE_SLACK`] of the bound.
+    pub(super) near_bound: usize,
+}
+
+/// Rounds of [`refine`].
+const REFINE_ROUNDS: usize = 3;
+/// Interpolated candidates [`refine`] simulates per size and round, best first.
+const REFINE_PER_SIZE: usize = 3;
+/// How far above the best time at a size an interpolated time may be and still be refined:
+/// a pipeline's time is convex in the size where its pieces fall below a connection's
+/// latency (two slots stop covering it), so the chord between samples overestimates it
+/// there (a 432-piece rail schedule on the 4-node H100 cluster: 25% at 1 GiB between
+/// samples at 1 KiB and 4 GiB).
+const REFINE_FACTOR: f64 = 1.3;
+
+/// Steps [`refine`] may simulate per collective, in units of the per-candidate budget
+/// ([`sim_budget`](super::sim_budget): it shrinks beyond [`SCALE_RANKS`](super::SCALE_RANKS), and so does refining).
+pub(super) const REFINE_BUDGET: usize = 10;
+/// Sizes whose best time is within this fraction of the lower bound are not refined.
+const REFINE_SLACK: f64 = 0.01;
+
+/// Simulates, at each size, the candidates whose time there is interpolated (their
+/// schedules too large to simulate at every size within the budget) and within
+/// [`REFINE_FACTOR`] of the size's best, [`REFINE_PER_SIZE`] at a time from the fastest,
+/// for up to [`REFINE_ROUNDS`] rounds and `steps_left` simulated steps (the closest to
+/// their size's best first), except where the best is within [`REFINE_SLACK`] of
+/// `bound_us`: winners are then decided on simulated times wherever the decision is close
+/// and matters, not on a chord across sizes far apart.
+pub(super) fn refine(
+    sim: &Simulator,
+    costed: &mut [Costed],
+    sizes: &[u64],
+    options: &Options,
+    mut steps_left: usize,
+    bound_us: &mut dyn FnMut(usize) -> f64,
+) -> Refined {
+    let mut refined = Refined::default();
+    let mut near_bound: Vec<usize> = Vec::new();
+    let np = options.protocols.len();
+    let time =
+        |c: &Costed, si: usize, p: usize| c.times[p].as_ref().map_or(f64::INFINITY, |t| t[si]);
+    for _ in 0..REFINE_ROUNDS {
+        // (time over the size's best, candidate, size) of the pairs to simulate.
+        let mut wanted: Vec<(f64, usize, usize)> = Vec::new();
+        for si in 0..sizes.len() {
+            let live = |c: &&Costed| c.selectable && c.verified != Some(false);
+            let best = costed
+                .iter()
+                .filter(live)
+                .flat_map(|c| (0..np).map(move |p| time(c, si, p)))
+                .fold(f64::INFINITY, f64::min);
+            if !best.is_finite() {
+                continue;
+            }
+            let mut near: Vec<(f64, usize)> = costed
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| live(c) && !c.exact[si])
+                .map(|(i, c)| {
+                    let t = (0..np)
+                        .map(|p| time(c, si, p))
+                        .fold(f64::INFINITY, f64::min);
+                    (t, i)
+                })
+                .filter(|&(t, _)| t <= best * REFINE_FACTOR)
+                .collect();
+            // Nothing can gain more than the slack where the best is that near the bound.
+            if near.is_empty() {
+                continue;
+            }
+            if best <= bound_us(si) * (1.0 + REFINE_SLACK) {
+                near_bound.push(si);
+                continue;
+            }
+            near.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            wanted.extend(
+                near.iter()
+                    .take(REFINE_PER_SIZE)
+                    .map(|&(t, i)| (t / best, i, si)),
+            );
+        }
+        // The closest first, within the steps left to simulate.
+        wanted.sort_by(|a, b| a.0.total_cmp(&b.0).then((a.1, a.2).cmp(&(b.1, b.2))));
+        let mut jobs: Vec<(usize, usize)> = Vec::new();
+        refined.left = 0;
+        for (_, c, si) in wanted {
+            let cost = costed[c].candidate.work_steps().max(1) as usize * np;
+            if cost > steps_left {
+                refined.left += 1;
+                continue;
+            }
+            steps_left -= cost;
+            jobs.push((c, si));
+        }
+        near_bound.sort_unstable();
+        near_bound.dedup();
+        refined.near_bound = near_bound.len();
+        if jobs.is_empty() {
+            return refined;
+        }
+        refined.simulated += jobs.len();
+        // One preparation per candidate, its sizes together.
+        let mut by: Vec<(usize, Vec<usize>)> = Vec::new();
+        jobs.sort_unstable();
+        for (c, si) in jobs {
+            match by.last_mut() {
+                Some((last, list)) if *last == c => list.push(si),
+                _ => by.push((c, vec![si])),
+            }
+        }
+        let results = par_map(&by, |(c, list)| {
+            let c = &costed[*c];
+            let Ok(prepared) = Ready::new(sim, &c.candidate) else {
+                return Vec::new();
+            };
+            let mut out = Vec::new();
+            for &si in list {
+                for p in 0..np {
+                    if c.times[p].is_some() {
+                        let t = prepared
+                            .run(sim, sizes[si], options.protocols[p])
+                            .map_or(f64::INFINITY, |e| e.time_us);
+                        out.push((si, p, t));
+                    }
+                }
+            }
+            out
+        });
+        for ((c, list), out) in by.iter().zip(results) {
+            for (si, p, t) in out {
+                if let Some(times) = costed[*c].times[p].as_mut() {
+                    times[si] = t;
+                }
+            }
+            for &si in list {
+                costed[*c].exact[si] = true;
+            }
+        }
+    }
+    refined
+}

@@ -1,0 +1,158 @@
+//! Unit tests of the search's helpers: sizes, sampling, budgets, the step cap and the
+//! baseline's source.
+
+use super::costing::{SCALE_RANKS, sample_indices, sim_budget};
+use super::emit::fit;
+use super::generate::{MAX_CANDIDATE_STEPS, generate_capped};
+use super::nccl::{baseline_time, modelled_baselines};
+use super::options::{Options, geometric_sizes};
+use super::par::par_map;
+use super::registry::all_families;
+use crate::cost::NcclChoice;
+use crate::families::{Candidate, FamilyParams};
+use hccl_ir::{Collective, Protocol};
+
+#[test]
+fn geometric_sizes_include_both_ends() {
+    assert_eq!(geometric_sizes(1024, 8192, 2), vec![1024, 2048, 4096, 8192]);
+    assert_eq!(geometric_sizes(1024, 1000, 2), vec![1024]);
+    assert_eq!(geometric_sizes(1, u64::MAX, 2).len(), 64);
+}
+
+#[test]
+fn subsampling_keeps_the_ends() {
+    assert_eq!(sample_indices(5, 10, 1000), vec![0, 1, 2, 3, 4]);
+    let s = sample_indices(23, 100_000, 400_000);
+    assert_eq!(s.first(), Some(&0));
+    assert_eq!(s.last(), Some(&22));
+    assert_eq!(s.len(), 4);
+    assert_eq!(sample_indices(23, usize::MAX, 1).len(), 2);
+}
+
+#[test]
+fn budget_shrinks_only_beyond_scale_ranks() {
+    assert_eq!(sim_budget(400_000, 8), 400_000);
+    assert_eq!(sim_budget(400_000, SCALE_RANKS), 400_000);
+    assert_eq!(sim_budget(400_000, 1024), 25_000);
+}
+
+#[test]
+fn par_map_keeps_item_order() {
+    let items: Vec<u64> = (0..100).collect();
+    assert_eq!(
+        par_map(&items, |&x| x * x),
+        items.iter().map(|x| x * x).collect::<Vec<_>>()
+    );
+    assert!(par_map(&[] as &[u64], |&x| x).is_empty());
+}
+
+/// On 1024 ranks the ranks²-step families are not generated at all; trees are.
+#[test]
+fn quadratic_families_are_capped_on_many_ranks() {
+    let text = hccl_topologies::shipped_text("dgx-h100").expect("shipped");
+    let spec = hccl_topologies::parse_spec(text, "dgx-h100").expect("parses");
+    let topo = hccl_topologies::build(hccl_topologies::generate::cluster(128, &spec), "cluster")
+        .expect("builds");
+    assert_eq!(topo.nranks(), 1024);
+    for family in all_families() {
+        let name = family.name();
+        if !["ring", "double_ring", "mesh", "tree"].contains(&name) {
+            continue;
+        }
+        let g = generate_capped(family.as_ref(), &topo, Collective::AllReduce);
+        if name == "tree" {
+            assert!(!g.capped && !g.candidates.is_empty());
+        } else {
+            assert!(g.capped && g.candidates.is_empty(), "{name}");
+        }
+        assert!(
+            g.candidates
+                .iter()
+                .all(|c| c.schedule.step_count() as u64 <= MAX_CANDIDATE_STEPS)
+        );
+    }
+    assert_eq!(
+        baseline_time(
+            &NcclChoice {
+                algo: crate::cost::NcclAlgo::Ring,
+                protocol: Protocol::Simple,
+                nccl_model_us: 42.0
+            },
+            f64::INFINITY,
+            &["ring"],
+            &[]
+        ),
+        Some((42.0, true))
+    );
+}
+
+#[test]
+fn baselines_too_large_to_sample_are_nccls_formula() {
+    let topo = hccl_topologies::shipped_by_name("dgx1-v100").expect("shipped");
+    let tree = all_families()
+        .into_iter()
+        .find(|f| f.name() == "tree")
+        .expect("registered");
+    let candidates: Vec<Candidate> = tree
+        .param_space(&topo, Collective::AllReduce)
+        .into_iter()
+        .flat_map(|p| tree.generate(&topo, Collective::AllReduce, p))
+        .collect();
+    let least = candidates.iter().map(Candidate::work_steps).min().unwrap() as usize;
+    let sizes = geometric_sizes(1 << 10, 1 << 30, 2);
+    let options = Options::default();
+    let modelled = |budget| modelled_baselines(&candidates, &sizes, &options, budget);
+    // The cheapest tree simulated at 3 sizes: the baseline is simulated; at 2, NCCL's.
+    assert!(modelled(3 * least).is_empty());
+    assert_eq!(modelled(3 * least - 1), vec!["tree"]);
+    // Every size affordable (one or two sizes compiled): simulated.
+    assert!(modelled_baselines(&candidates, &sizes[..2], &options, 2 * least).is_empty());
+    // Other families never are.
+    let other: Vec<Candidate> = all_families()
+        .into_iter()
+        .filter(|f| f.name() == "hierarchical_hd")
+        .flat_map(|f| {
+            f.generate(
+                &topo,
+                Collective::AllReduce,
+                FamilyParams {
+                    channels: 1,
+                    pipeline: 1,
+                },
+            )
+        })
+        .collect();
+    assert!(modelled_baselines(&other, &sizes, &options, 1).is_empty());
+    // A modelled family's baseline is NCCL's formula even where it was simulated.
+    let choice = NcclChoice {
+        algo: crate::cost::NcclAlgo::Tree,
+        protocol: Protocol::LL,
+        nccl_model_us: 105.0,
+    };
+    assert_eq!(
+        baseline_time(&choice, 157.0, &[], &["tree"]),
+        Some((105.0, true))
+    );
+    assert_eq!(
+        baseline_time(&choice, 157.0, &[], &[]),
+        Some((157.0, false))
+    );
+    assert_eq!(baseline_time(&choice, f64::INFINITY, &[], &[]), None);
+}
+
+#[test]
+fn fit_passes_through_the_range_ends() {
+    let sizes = [1000, 2000, 4000];
+    let times = [11.0, 12.0, 14.0];
+    let f = fit(&sizes, &times, 0, 3).unwrap();
+    assert!((f.latency_us - 10.0).abs() < 1e-9);
+    assert!((f.predict_us(4000) - 14.0).abs() < 1e-9);
+    // One-size last range uses the previous point.
+    let g = fit(&sizes, &times, 2, 3).unwrap();
+    assert!((g.predict_us(2000) - 12.0).abs() < 1e-9);
+    // A candidate with no time below its least size: its one point, all bandwidth.
+    let times = [f64::INFINITY, f64::INFINITY, 14.0];
+    let h = fit(&sizes, &times, 2, 3).unwrap();
+    assert_eq!(h.latency_us, 0.0);
+    assert!((h.predict_us(4000) - 14.0).abs() < 1e-9);
+}
