@@ -36,7 +36,7 @@ pub use plan::{
 };
 pub use schedule::{
     Buf, CONNECTION_SLOTS, Collective, CollectiveKind, Dep, Loc, Op, Rank, RankProgram, Schedule,
-    Step, StepRef, Stream,
+    ScheduleHeader, Step, StepRef, Stream,
 };
 pub use seal::{PlanPart, Seal, rank_digest, schedule_hash, seal_of};
 pub use symmetric::{

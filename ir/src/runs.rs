@@ -55,7 +55,7 @@
 //! `every` in `1..=`[`MAX_EVERY`], at least [`MIN_TIMES`] long), so a template without runs
 //! is written exactly as before (format 4), and reading gives back the template written.
 
-use crate::schedule::{Collective, Dep, Loc, Op, RankProgram, Step, Stream};
+use crate::schedule::{Collective, Dep, Loc, Op, RankProgram, ScheduleHeader, Step, Stream};
 use crate::symmetric::{SymmetricSchedule, Symmetry};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -908,15 +908,8 @@ impl<'de> Deserialize<'de> for ReadSymmetry {
 }
 
 /// A [`SymmetricSchedule`] as plan files write it: the template in the written form.
-#[derive(Serialize)]
-#[serde(rename = "SymmetricSchedule")]
 pub(crate) struct SymmetricOut<'a> {
-    collective: Collective,
-    nranks: u32,
-    chunks: u32,
-    input_chunks: u32,
-    output_chunks: u32,
-    in_place: bool,
+    header: ScheduleHeader,
     symmetry: SymmetryOut<'a>,
     template: WProgram,
 }
@@ -924,15 +917,22 @@ pub(crate) struct SymmetricOut<'a> {
 impl SymmetricOut<'_> {
     pub(crate) fn of(s: &SymmetricSchedule) -> SymmetricOut<'_> {
         SymmetricOut {
-            collective: s.collective,
-            nranks: s.nranks,
-            chunks: s.chunks,
-            input_chunks: s.input_chunks,
-            output_chunks: s.output_chunks,
-            in_place: s.in_place,
+            header: s.header(),
             symmetry: SymmetryOut::of(&s.symmetry),
             template: encode(&s.template),
         }
+    }
+}
+
+impl Serialize for SymmetricOut<'_> {
+    /// The fields of [`SymmetricSchedule`], in its order (the header's kept flat).
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("SymmetricSchedule", ScheduleHeader::FIELDS + 2)?;
+        self.header.serialize_fields(&mut st)?;
+        st.serialize_field("symmetry", &self.symmetry)?;
+        st.serialize_field("template", &self.template)?;
+        st.end()
     }
 }
 
@@ -952,16 +952,15 @@ pub(crate) struct SymmetricIn {
 
 impl From<SymmetricIn> for SymmetricSchedule {
     fn from(s: SymmetricIn) -> SymmetricSchedule {
-        SymmetricSchedule {
+        let header = ScheduleHeader {
             collective: s.collective,
             nranks: s.nranks,
             chunks: s.chunks,
             input_chunks: s.input_chunks,
             output_chunks: s.output_chunks,
             in_place: s.in_place,
-            symmetry: s.symmetry.0,
-            template: s.template.0,
-        }
+        };
+        SymmetricSchedule::from_header(header, s.symmetry.0, s.template.0)
     }
 }
 

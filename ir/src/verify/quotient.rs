@@ -200,15 +200,7 @@ fn sparse_schedule(s: &SymmetricSchedule, r0: u32) -> Schedule {
     };
     let mut ranks = vec![empty; s.nranks as usize];
     ranks[r0 as usize] = s.template.clone();
-    Schedule {
-        collective: s.collective,
-        nranks: s.nranks,
-        chunks: s.chunks,
-        input_chunks: s.input_chunks,
-        output_chunks: s.output_chunks,
-        in_place: s.in_place,
-        ranks,
-    }
+    Schedule::from_header(s.header(), ranks)
 }
 
 /// The template's own connections: its sends to `p'` on a channel pair with its receives
