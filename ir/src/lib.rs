@@ -9,12 +9,15 @@
 //! - [`plan`]: plan files ([`PlanFile`]), their RON form and format versioning;
 //! - [`seal`]: seals ([`Seal`]), the verifier's record that a schedule passed, which one
 //!   rank can check against its own program ([`PlanPart`]);
+//! - [`dag`]: the step DAG of a schedule ([`StepDag`]): steps numbered, their order and the
+//!   pairing of sends with receives derived once for whoever runs or checks a schedule;
 //! - [`symmetric`]: rank-symmetric schedules ([`SymmetricSchedule`]): one template program
 //!   and the translations ([`Symmetry`]) that give every rank its own, the compact form of
 //!   ring, hierarchical and halving-doubling schedules in plan files;
 //! - [`verify`]: structural checks, deadlock freedom and the symbolic proof that a schedule
 //!   implements its collective.
 
+pub mod dag;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzz;
@@ -30,6 +33,7 @@ pub mod trace;
 pub mod units;
 pub mod verify;
 
+pub use dag::{DagError, StepDag};
 pub use error::{Located, PlanError};
 pub use plan::{
     CostFit, FORMAT_VERSION, MIN_FORMAT_VERSION, PlanEntry, PlanFile, PlanMeta, Protocol, Synthesis,

@@ -216,27 +216,17 @@ fn quotient_layout(
     structure::check_rank_program(sparse, r0, sink);
     let n = sparse.nranks;
     let prog = &sparse.ranks[r0 as usize];
-    let mut layout = Layout::default();
-    let mut gstep = 0usize;
-    for rank in 0..n {
-        layout.stream_base.push(layout.stream_owner.len());
-        if rank == r0 {
-            for (si, st) in prog.streams.iter().enumerate() {
-                layout.step_base.push(gstep);
-                layout.stream_owner.push((rank, si as u32));
-                gstep += st.steps.len();
-            }
-        }
-    }
-    layout.stream_base.push(layout.stream_owner.len());
-    layout.step_base.push(gstep);
+    let mut layout = Layout {
+        dag: structure::step_dag(sparse, sink)?,
+        ..Layout::default()
+    };
     // The rank at −pos(r): whose translated sends reach r0 as the template's sends to r.
     let partner = |r: u32| {
         table
             .position_of(r)
             .and_then(|p| table.rank_at(table.inverse_position(p)))
     };
-    let base = layout.stream_base[r0 as usize];
+    let base = layout.dag.stream_base(r0);
     let mut sends: Vec<Ends> = Vec::new();
     let mut recvs: Vec<Ends> = Vec::new();
     let mut sender_of: Vec<Option<usize>> = Vec::new();
@@ -448,7 +438,7 @@ fn check_lanes(
     let mut messages: HashSet<(Loc, Loc, usize, u32)> = HashSet::new();
     let mut msg_first: Vec<(usize, usize, usize, usize)> = Vec::new();
     let r0 = s.symmetry.ranks[0];
-    let base = layout.stream_base[r0 as usize];
+    let base = layout.dag.stream_base(r0);
     for (ci, conn) in layout.conns.iter().enumerate() {
         let Some(q) = table.position_of(conn.recv_from) else {
             continue;
