@@ -17,4 +17,5 @@ mod fuzz_corpus;
 mod perf_cli;
 mod soak;
 mod synthesized_plans;
+mod tidy;
 mod verifier_ring;

@@ -18,7 +18,8 @@
 use crate::error::TopologyError;
 use crate::generate::link;
 use crate::model::{
-    DeviceKind, DeviceSpec, HostSpec, LinkKind, NicSpec, SwitchKind, SwitchSpec, TopologySpec,
+    DeviceKind, DeviceSpec, HostSpec, LinkKind, LinkSpec, NicSpec, SwitchKind, SwitchSpec,
+    TopologySpec,
 };
 use std::path::Path;
 
@@ -636,42 +637,15 @@ fn gpu_host(
         .as_ref()
         .and_then(|s| s.iter().map(|g| g.1).find(|&v| v > 0.0))
         .unwrap_or(DEFAULT_NVLINK_GBPS);
-    facts.push(Fact::found(
-        format!("{n} GPUs"),
-        sources.at("nvidia-smi topo -m"),
-    ));
-    facts.push(match names.first() {
-        Some(m) => Fact::found(format!("GPU model {m}"), sources.at("nvidia-smi -L")),
-        None => Fact::assumed("GPU model unknown", "no nvidia-smi -L"),
-    });
-    facts.push(match status {
-        Some(_) => Fact::found(
-            format!("NVLink {per_link} GB/s per link"),
-            sources.at("nvidia-smi nvlink -s"),
-        ),
-        None => Fact::assumed(
-            format!("NVLink {per_link} GB/s per link"),
-            "no nvidia-smi nvlink -s: NVLink2 to 4's per-link rate",
-        ),
-    });
-    let pcie = pcie_gbps(names.first().map_or("", String::as_str));
-    facts.push(Fact::assumed(
-        format!("PCIe {pcie} GB/s per GPU"),
-        match names.first() {
-            Some(m) => format!("the PCIe generation of a {m}"),
-            None => "Gen3, the GPU model being unknown".to_string(),
-        },
-    ));
-    if numa.len() > 1 {
-        facts.push(Fact::assumed(
-            format!("{SOCKET_GBPS} GB/s between NUMA nodes"),
-            "no source gives the socket interconnect (UPI/QPI, Infinity Fabric: 20-40)",
-        ));
-    }
-    facts.push(Fact::assumed(
-        format!("latency NVLink {NVLINK_LATENCY_US} µs, PCIe {PCIE_LATENCY_US} µs"),
-        "typical figures; no source gives them",
-    ));
+    gpu_facts(
+        n,
+        &names,
+        status.is_some(),
+        per_link,
+        numa.len(),
+        sources,
+        facts,
+    );
     let gpu = |i: usize| format!("gpu{i}");
     let devices = (0..n)
         .map(|i| DeviceSpec {
@@ -683,9 +657,94 @@ fn gpu_host(
             mem_bw: None,
         })
         .collect();
-    let nodes = numa.len().max(1);
+    let (mut switches, mut links) = pcie_fabric(host, numa.len(), &m, &names);
+    let links_per_gpu = |i: usize| status.as_ref().map_or(MAX_NVLINKS, |s| s[i].0.max(1));
+    nvlink_fabric(
+        host,
+        &m,
+        per_link,
+        links_per_gpu,
+        sources,
+        facts,
+        &mut switches,
+        &mut links,
+    );
+    Ok(TopologySpec {
+        name: host.to_string(),
+        description: String::new(),
+        hosts: vec![HostSpec {
+            id: host.to_string(),
+            devices,
+            nics: Vec::new(),
+        }],
+        switches,
+        links,
+        calibration: None,
+    })
+}
+
+/// What `gpu_host` found and what it assumed about a host of `n` GPUs.
+fn gpu_facts(
+    n: usize,
+    names: &[String],
+    have_status: bool,
+    per_link: f64,
+    numa_nodes: usize,
+    sources: &Sources,
+    facts: &mut Vec<Fact>,
+) {
+    facts.push(Fact::found(
+        format!("{n} GPUs"),
+        sources.at("nvidia-smi topo -m"),
+    ));
+    facts.push(match names.first() {
+        Some(m) => Fact::found(format!("GPU model {m}"), sources.at("nvidia-smi -L")),
+        None => Fact::assumed("GPU model unknown", "no nvidia-smi -L"),
+    });
+    facts.push(if have_status {
+        Fact::found(
+            format!("NVLink {per_link} GB/s per link"),
+            sources.at("nvidia-smi nvlink -s"),
+        )
+    } else {
+        Fact::assumed(
+            format!("NVLink {per_link} GB/s per link"),
+            "no nvidia-smi nvlink -s: NVLink2 to 4's per-link rate",
+        )
+    });
+    let pcie = pcie_gbps(names.first().map_or("", String::as_str));
+    facts.push(Fact::assumed(
+        format!("PCIe {pcie} GB/s per GPU"),
+        match names.first() {
+            Some(m) => format!("the PCIe generation of a {m}"),
+            None => "Gen3, the GPU model being unknown".to_string(),
+        },
+    ));
+    if numa_nodes > 1 {
+        facts.push(Fact::assumed(
+            format!("{SOCKET_GBPS} GB/s between NUMA nodes"),
+            "no source gives the socket interconnect (UPI/QPI, Infinity Fabric: 20-40)",
+        ));
+    }
+    facts.push(Fact::assumed(
+        format!("latency NVLink {NVLINK_LATENCY_US} µs, PCIe {PCIE_LATENCY_US} µs"),
+        "typical figures; no source gives them",
+    ));
+}
+
+/// A PCIe bridge per NUMA node (all joined through the sockets) and every GPU on its node's
+/// bridge.
+fn pcie_fabric(
+    host: &str,
+    numa_nodes: usize,
+    m: &GpuMatrix,
+    names: &[String],
+) -> (Vec<SwitchSpec>, Vec<LinkSpec>) {
+    let n = m.links.len();
+    let gpu = |i: usize| format!("gpu{i}");
+    let nodes = numa_nodes.max(1);
     let bridge = |k: usize| format!("numa{k}");
-    let mut switches: Vec<SwitchSpec> = (0..nodes)
+    let switches: Vec<SwitchSpec> = (0..nodes)
         .map(|k| SwitchSpec {
             id: bridge(k),
             kind: SwitchKind::Pcie,
@@ -718,8 +777,24 @@ fn gpu_host(
             1,
         ));
     }
-    // NVLink: one fabric of equal bonds everywhere beyond what direct links allow is an
-    // NVSwitch; otherwise direct bonds.
+    (switches, links)
+}
+
+/// NVLink: one fabric of equal bonds everywhere beyond what direct links allow is an
+/// NVSwitch; otherwise direct bonds.
+#[allow(clippy::too_many_arguments)]
+fn nvlink_fabric(
+    host: &str,
+    m: &GpuMatrix,
+    per_link: f64,
+    links_per_gpu: impl Fn(usize) -> u32,
+    sources: &Sources,
+    facts: &mut Vec<Fact>,
+    switches: &mut Vec<SwitchSpec>,
+    links: &mut Vec<LinkSpec>,
+) {
+    let n = m.links.len();
+    let gpu = |i: usize| format!("gpu{i}");
     let pairs: Vec<(usize, usize, u32)> = (0..n)
         .flat_map(|i| (i + 1..n).map(move |j| (i, j)))
         .filter_map(|(i, j)| match m.links[i][j] {
@@ -730,7 +805,6 @@ fn gpu_host(
     let every_pair = n >= 3 && pairs.len() == n * (n - 1) / 2;
     let bond = pairs.first().map_or(0, |p| p.2);
     let uniform = every_pair && pairs.iter().all(|p| p.2 == bond);
-    let links_per_gpu = |i: usize| status.as_ref().map_or(MAX_NVLINKS, |s| s[i].0.max(1));
     let switched = uniform && (0..n).any(|i| bond * (n as u32 - 1) > links_per_gpu(i));
     if switched {
         facts.push(Fact::found(
@@ -769,18 +843,6 @@ fn gpu_host(
             ));
         }
     }
-    Ok(TopologySpec {
-        name: host.to_string(),
-        description: String::new(),
-        hosts: vec![HostSpec {
-            id: host.to_string(),
-            devices,
-            nics: Vec::new(),
-        }],
-        switches,
-        links,
-        calibration: None,
-    })
 }
 
 /// Runs `nvidia-smi ARGS`; `None` when it is missing or fails.

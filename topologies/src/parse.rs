@@ -309,18 +309,71 @@ fn check_calibration(cal: &crate::model::Calibration) -> Result<(), Problem> {
     Ok(())
 }
 
+/// Where a validation problem is reported: the file (or name) and, when the text is at hand,
+/// the position of the offending entry in it.
+struct Locator<'t> {
+    origin: &'t str,
+    text: Option<&'t str>,
+}
+
+impl Locator<'_> {
+    fn invalid(&self, pos: Option<Pos>, problem: Problem) -> TopologyError {
+        TopologyError::Invalid {
+            origin: self.origin.to_string(),
+            pos,
+            problem: Box::new(problem),
+        }
+    }
+
+    /// The first occurrence of a quoted id.
+    fn id_pos(&self, id: &str) -> Option<Pos> {
+        locate(self.text, Where::Id(id, 0))
+    }
+}
+
 fn build_located(
     spec: TopologySpec,
     origin: &str,
     text: Option<&str>,
 ) -> Result<Topology, TopologyError> {
-    let invalid = |pos: Option<Pos>, problem: Problem| TopologyError::Invalid {
-        origin: origin.to_string(),
-        pos,
-        problem: Box::new(problem),
-    };
+    let at = Locator { origin, text };
+    check_ids(&spec, &at)?;
+    let ndevices: usize = spec.hosts.iter().map(|h| h.devices.len()).sum();
+    if ndevices == 0 {
+        return Err(at.invalid(None, Problem::NoDevices));
+    }
+    check_numbers(&spec, &at)?;
+    let devices: Vec<(usize, &crate::model::DeviceSpec)> = spec
+        .hosts
+        .iter()
+        .enumerate()
+        .flat_map(|(h, host)| host.devices.iter().map(move |d| (h, d)))
+        .collect();
+    let rank_of = assign_ranks(&devices, &at)?;
+    let mut graph: DiGraph<Node, Edge> = DiGraph::new();
+    let (index, ranks, host_of) = add_nodes(&spec, &devices, &rank_of, &mut graph, &at)?;
+    add_links(&spec, &index, &mut graph, &at)?;
+    check_connected(&graph, &ranks, &at)?;
+    if let Some(cal) = &spec.calibration {
+        let pos = text.and_then(|t| t.find("calibration").map(|o| pos_of(t, o)));
+        check_calibration(cal).map_err(|p| at.invalid(pos, p))?;
+    }
 
-    // Ids: one namespace for hosts, devices, NICs and switches.
+    let hash = blake3::hash(to_ron(&spec).as_bytes()).to_hex().to_string();
+    Ok(Topology {
+        name: spec.name.clone(),
+        description: spec.description.clone(),
+        hash,
+        graph,
+        ranks,
+        host_of,
+        hosts: spec.hosts.iter().map(|h| h.id.clone()).collect(),
+        spec,
+    })
+}
+
+/// Ids: one namespace for hosts, devices, NICs and switches.
+fn check_ids(spec: &TopologySpec, at: &Locator) -> Result<(), TopologyError> {
     let mut ids: Vec<&str> = Vec::new();
     for host in &spec.hosts {
         ids.push(&host.id);
@@ -333,37 +386,34 @@ fn build_located(
         if !seen.insert(id) {
             // The second occurrence of the quoted id in the text is the duplicate, unless a
             // link mentioned it first; fall back to the first.
-            let pos = locate(text, Where::Id(id, 1)).or(locate(text, Where::Id(id, 0)));
-            return Err(invalid(pos, Problem::DuplicateId { id: id.to_string() }));
+            let pos = locate(at.text, Where::Id(id, 1)).or(at.id_pos(id));
+            return Err(at.invalid(pos, Problem::DuplicateId { id: id.to_string() }));
         }
     }
+    Ok(())
+}
 
-    let ndevices: usize = spec.hosts.iter().map(|h| h.devices.len()).sum();
-    if ndevices == 0 {
-        return Err(invalid(None, Problem::NoDevices));
-    }
-
-    // Numbers.
-    let id_pos = |id: &str| locate(text, Where::Id(id, 0));
+/// The numbers of devices, NICs and switches (links are checked as they are added).
+fn check_numbers(spec: &TopologySpec, at: &Locator) -> Result<(), TopologyError> {
     for host in &spec.hosts {
         for d in &host.devices {
             if let Some(bw) = d.mem_bw {
                 check_number(|| format!("device \"{}\"", d.id), "mem_bw", bw)
-                    .map_err(|p| invalid(id_pos(&d.id), p))?;
+                    .map_err(|p| at.invalid(at.id_pos(&d.id), p))?;
             }
         }
         for n in &host.nics {
             check_number(|| format!("NIC \"{}\"", n.id), "bw", n.bw)
-                .map_err(|p| invalid(id_pos(&n.id), p))?;
+                .map_err(|p| at.invalid(at.id_pos(&n.id), p))?;
             if let Some(latency) = n.latency {
                 check_number(|| format!("NIC \"{}\"", n.id), "latency", latency)
-                    .map_err(|p| invalid(id_pos(&n.id), p))?;
+                    .map_err(|p| at.invalid(at.id_pos(&n.id), p))?;
             }
             if let Some(kind) = n.kind
                 && !kind.is_network()
             {
-                return Err(invalid(
-                    id_pos(&n.id),
+                return Err(at.invalid(
+                    at.id_pos(&n.id),
                     Problem::NicKind {
                         nic: n.id.clone(),
                         kind: format!("{kind:?}"),
@@ -375,17 +425,19 @@ fn build_located(
     for s in &spec.switches {
         if let Some(bw) = s.port_bw {
             check_number(|| format!("switch \"{}\"", s.id), "port_bw", bw)
-                .map_err(|p| invalid(id_pos(&s.id), p))?;
+                .map_err(|p| at.invalid(at.id_pos(&s.id), p))?;
         }
     }
+    Ok(())
+}
 
-    // Ranks: all given (exactly 0..n) or none (file order).
-    let devices: Vec<(usize, &crate::model::DeviceSpec)> = spec
-        .hosts
-        .iter()
-        .enumerate()
-        .flat_map(|(h, host)| host.devices.iter().map(move |d| (h, d)))
-        .collect();
+/// Ranks: all given (exactly 0..n) or none (file order). The rank of each device, in file
+/// order.
+fn assign_ranks(
+    devices: &[(usize, &crate::model::DeviceSpec)],
+    at: &Locator,
+) -> Result<Vec<u32>, TopologyError> {
+    let ndevices = devices.len();
     let any_rank = devices.iter().any(|(_, d)| d.rank.is_some());
     let mut rank_of = Vec::with_capacity(ndevices);
     let mut owner: Vec<Option<&str>> = vec![None; ndevices];
@@ -393,8 +445,8 @@ fn build_located(
         let rank = match (any_rank, d.rank) {
             (false, _) => i as u32,
             (true, None) => {
-                return Err(invalid(
-                    id_pos(&d.id),
+                return Err(at.invalid(
+                    at.id_pos(&d.id),
                     Problem::MissingRank {
                         device: d.id.clone(),
                     },
@@ -403,8 +455,8 @@ fn build_located(
             (true, Some(r)) => r,
         };
         let Some(slot) = owner.get_mut(rank as usize) else {
-            return Err(invalid(
-                id_pos(&d.id),
+            return Err(at.invalid(
+                at.id_pos(&d.id),
                 Problem::RankOutOfRange {
                     device: d.id.clone(),
                     rank,
@@ -413,8 +465,8 @@ fn build_located(
             ));
         };
         if let Some(other) = slot {
-            return Err(invalid(
-                id_pos(&d.id),
+            return Err(at.invalid(
+                at.id_pos(&d.id),
                 Problem::DuplicateRank {
                     device: d.id.clone(),
                     rank,
@@ -425,9 +477,21 @@ fn build_located(
         *slot = Some(&d.id);
         rank_of.push(rank);
     }
+    Ok(rank_of)
+}
 
-    // Graph nodes.
-    let mut graph: DiGraph<Node, Edge> = DiGraph::new();
+/// The graph's node of each id, and per rank its device's node and its host.
+type Nodes<'s> = (HashMap<&'s str, NodeIndex>, Vec<NodeIndex>, Vec<usize>);
+
+/// Graph nodes: devices, NICs and switches.
+fn add_nodes<'s>(
+    spec: &'s TopologySpec,
+    devices: &[(usize, &'s crate::model::DeviceSpec)],
+    rank_of: &[u32],
+    graph: &mut DiGraph<Node, Edge>,
+    at: &Locator,
+) -> Result<Nodes<'s>, TopologyError> {
+    let ndevices = devices.len();
     let mut index: HashMap<&str, NodeIndex> = HashMap::new();
     let mut ranks = vec![NodeIndex::end(); ndevices];
     let mut host_of = vec![0usize; ndevices];
@@ -467,8 +531,8 @@ fn build_located(
             Some(h) => match host_index.get(h.as_str()) {
                 Some(&i) => Some(i),
                 None => {
-                    return Err(invalid(
-                        id_pos(&s.id),
+                    return Err(at.invalid(
+                        at.id_pos(&s.id),
                         Problem::UnknownHost {
                             switch: s.id.clone(),
                             host: h.clone(),
@@ -485,16 +549,24 @@ fn build_located(
         });
         index.insert(&s.id, node);
     }
+    Ok((index, ranks, host_of))
+}
 
-    // Links: two directed edges each.
+/// Links: two directed edges each.
+fn add_links(
+    spec: &TopologySpec,
+    index: &HashMap<&str, NodeIndex>,
+    graph: &mut DiGraph<Node, Edge>,
+    at: &Locator,
+) -> Result<(), TopologyError> {
     for (k, l) in spec.links.iter().enumerate() {
-        let at = || locate(text, Where::Link(k));
+        let pos = || locate(at.text, Where::Link(k));
         let what = || format!("link {k} ({} -> {})", l.a, l.b);
         let mut ends = [NodeIndex::end(); 2];
         for (slot, endpoint) in ends.iter_mut().zip([&l.a, &l.b]) {
             *slot = *index.get(endpoint.as_str()).ok_or_else(|| {
-                invalid(
-                    at(),
+                at.invalid(
+                    pos(),
                     Problem::UnknownEndpoint {
                         index: k,
                         a: l.a.clone(),
@@ -505,8 +577,8 @@ fn build_located(
             })?;
         }
         if l.a == l.b {
-            return Err(invalid(
-                at(),
+            return Err(at.invalid(
+                pos(),
                 Problem::SelfLoop {
                     index: k,
                     a: l.a.clone(),
@@ -515,8 +587,8 @@ fn build_located(
             ));
         }
         if l.count == 0 {
-            return Err(invalid(
-                at(),
+            return Err(at.invalid(
+                pos(),
                 Problem::ZeroCount {
                     index: k,
                     a: l.a.clone(),
@@ -524,12 +596,12 @@ fn build_located(
                 },
             ));
         }
-        check_number(what, "bw", l.bw).map_err(|p| invalid(at(), p))?;
-        check_number(what, "latency", l.latency).map_err(|p| invalid(at(), p))?;
+        check_number(what, "bw", l.bw).map_err(|p| at.invalid(pos(), p))?;
+        check_number(what, "latency", l.latency).map_err(|p| at.invalid(pos(), p))?;
         let bw = l.bw * f64::from(l.count);
         if !bw.is_finite() {
-            return Err(invalid(
-                at(),
+            return Err(at.invalid(
+                pos(),
                 Problem::BadNumber {
                     what: what(),
                     field: "bw × count",
@@ -546,8 +618,15 @@ fn build_located(
         graph.add_edge(ends[0], ends[1], edge.clone());
         graph.add_edge(ends[1], ends[0], edge);
     }
+    Ok(())
+}
 
-    // Connectivity over devices (paths may pass through NICs and switches).
+/// Connectivity over devices (paths may pass through NICs and switches).
+fn check_connected(
+    graph: &DiGraph<Node, Edge>,
+    ranks: &[NodeIndex],
+    at: &Locator,
+) -> Result<(), TopologyError> {
     let start = ranks[0];
     let mut reached = vec![false; graph.node_count()];
     reached[start.index()] = true;
@@ -560,11 +639,11 @@ fn build_located(
             }
         }
     }
-    for &r in &ranks {
+    for &r in ranks {
         if !reached[r.index()] {
             let device = graph[r].id().to_string();
-            return Err(invalid(
-                id_pos(&device),
+            return Err(at.invalid(
+                at.id_pos(&device),
                 Problem::Unreachable {
                     device,
                     from: graph[start].id().to_string(),
@@ -572,23 +651,7 @@ fn build_located(
             ));
         }
     }
-
-    if let Some(cal) = &spec.calibration {
-        let at = || text.and_then(|t| t.find("calibration").map(|o| pos_of(t, o)));
-        check_calibration(cal).map_err(|p| invalid(at(), p))?;
-    }
-
-    let hash = blake3::hash(to_ron(&spec).as_bytes()).to_hex().to_string();
-    Ok(Topology {
-        name: spec.name.clone(),
-        description: spec.description.clone(),
-        hash,
-        graph,
-        ranks,
-        host_of,
-        hosts: spec.hosts.iter().map(|h| h.id.clone()).collect(),
-        spec,
-    })
+    Ok(())
 }
 
 #[cfg(test)]

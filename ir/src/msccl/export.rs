@@ -276,6 +276,110 @@ fn fill_remote(
     (src, dst)
 }
 
+/// The thread block of every step of stream `s` of `rank`: steps that share a send peer or
+/// a receive peer share a tb (new tbs are appended to `tbs`); a tb sends to one peer and
+/// receives from one at most.
+fn assign_tbs(
+    stream: &crate::Stream,
+    s: usize,
+    rank: Rank,
+    tbs: &mut Vec<Tb>,
+) -> Result<Vec<usize>, ExportError> {
+    // Union steps that share a send peer or a receive peer.
+    let n = stream.steps.len();
+    let mut parent: Vec<usize> = (0..n).collect();
+    fn find(parent: &mut [usize], mut x: usize) -> usize {
+        while parent[x] != x {
+            parent[x] = parent[parent[x]];
+            x = parent[x];
+        }
+        x
+    }
+    let mut by_send: HashMap<Rank, usize> = HashMap::new();
+    let mut by_recv: HashMap<Rank, usize> = HashMap::new();
+    let distinct = |f: fn(&Op) -> Option<Rank>| {
+        let mut peers: Vec<Rank> = stream.steps.iter().filter_map(|st| f(&st.op)).collect();
+        peers.sort_unstable();
+        peers.dedup();
+        peers.len()
+    };
+    // The common case: one send peer and one receive peer at most, so one tb.
+    let single = distinct(Op::send_peer) <= 1 && distinct(Op::recv_peer) <= 1;
+    for (i, step) in stream.steps.iter().enumerate() {
+        if single {
+            parent[i] = 0;
+            continue;
+        }
+        for (peer, map) in [
+            (step.op.send_peer(), &mut by_send),
+            (step.op.recv_peer(), &mut by_recv),
+        ] {
+            if let Some(peer) = peer {
+                let first = *map.entry(peer).or_insert(i);
+                let (a, b) = (find(&mut parent, first), find(&mut parent, i));
+                parent[a] = b;
+            }
+        }
+    }
+    // Local-only steps join the group of the step before them (or the first group).
+    let mut group_tb: HashMap<usize, usize> = HashMap::new();
+    let mut assignment = Vec::with_capacity(n);
+    let mut last_tb: Option<usize> = None;
+    for (i, step) in stream.steps.iter().enumerate() {
+        let talks = step.op.send_peer().is_some() || step.op.recv_peer().is_some();
+        let tb = if single && last_tb.is_some() {
+            last_tb.unwrap_or_default()
+        } else if talks {
+            let root = find(&mut parent, i);
+            *group_tb.entry(root).or_insert_with(|| {
+                tbs.push(Tb {
+                    send: None,
+                    recv: None,
+                    chan: stream.channel,
+                    steps: Vec::new(),
+                });
+                tbs.len() - 1
+            })
+        } else if let Some(tb) = last_tb {
+            tb
+        } else {
+            tbs.push(Tb {
+                send: None,
+                recv: None,
+                chan: stream.channel,
+                steps: Vec::new(),
+            });
+            tbs.len() - 1
+        };
+        for (side, peer, slot) in [
+            ("send", step.op.send_peer(), 0),
+            ("receive", step.op.recv_peer(), 1),
+        ] {
+            let Some(peer) = peer else { continue };
+            let have = if slot == 0 {
+                &mut tbs[tb].send
+            } else {
+                &mut tbs[tb].recv
+            };
+            match *have {
+                None => *have = Some(peer),
+                Some(p) if p == peer => {}
+                Some(p) => {
+                    return Err(ExportError::PeerConflict {
+                        rank,
+                        stream: s as u32,
+                        side,
+                        peers: format!("{p} and {peer}"),
+                    });
+                }
+            }
+        }
+        assignment.push(tb);
+        last_tb = Some(tb);
+    }
+    Ok(assignment)
+}
+
 /// Splits rank `rank`'s streams into MSCCL thread blocks. Returns the tbs and, for each
 /// original step in flat order, its (stream, step) so the writer can find it.
 #[allow(clippy::type_complexity)]
@@ -291,99 +395,7 @@ fn split_streams(
     // First pass: decide the tb of every step.
     let mut tb_of: Vec<Vec<usize>> = Vec::new();
     for (s, stream) in program.streams.iter().enumerate() {
-        // Union steps that share a send peer or a receive peer.
-        let n = stream.steps.len();
-        let mut parent: Vec<usize> = (0..n).collect();
-        fn find(parent: &mut [usize], mut x: usize) -> usize {
-            while parent[x] != x {
-                parent[x] = parent[parent[x]];
-                x = parent[x];
-            }
-            x
-        }
-        let mut by_send: HashMap<Rank, usize> = HashMap::new();
-        let mut by_recv: HashMap<Rank, usize> = HashMap::new();
-        let distinct = |f: fn(&Op) -> Option<Rank>| {
-            let mut peers: Vec<Rank> = stream.steps.iter().filter_map(|st| f(&st.op)).collect();
-            peers.sort_unstable();
-            peers.dedup();
-            peers.len()
-        };
-        // The common case: one send peer and one receive peer at most, so one tb.
-        let single = distinct(Op::send_peer) <= 1 && distinct(Op::recv_peer) <= 1;
-        for (i, step) in stream.steps.iter().enumerate() {
-            if single {
-                parent[i] = 0;
-                continue;
-            }
-            for (peer, map) in [
-                (step.op.send_peer(), &mut by_send),
-                (step.op.recv_peer(), &mut by_recv),
-            ] {
-                if let Some(peer) = peer {
-                    let first = *map.entry(peer).or_insert(i);
-                    let (a, b) = (find(&mut parent, first), find(&mut parent, i));
-                    parent[a] = b;
-                }
-            }
-        }
-        // Local-only steps join the group of the step before them (or the first group).
-        let mut group_tb: HashMap<usize, usize> = HashMap::new();
-        let mut assignment = Vec::with_capacity(n);
-        let mut last_tb: Option<usize> = None;
-        for (i, step) in stream.steps.iter().enumerate() {
-            let talks = step.op.send_peer().is_some() || step.op.recv_peer().is_some();
-            let tb = if single && last_tb.is_some() {
-                last_tb.unwrap_or_default()
-            } else if talks {
-                let root = find(&mut parent, i);
-                *group_tb.entry(root).or_insert_with(|| {
-                    tbs.push(Tb {
-                        send: None,
-                        recv: None,
-                        chan: stream.channel,
-                        steps: Vec::new(),
-                    });
-                    tbs.len() - 1
-                })
-            } else if let Some(tb) = last_tb {
-                tb
-            } else {
-                tbs.push(Tb {
-                    send: None,
-                    recv: None,
-                    chan: stream.channel,
-                    steps: Vec::new(),
-                });
-                tbs.len() - 1
-            };
-            for (side, peer, slot) in [
-                ("send", step.op.send_peer(), 0),
-                ("receive", step.op.recv_peer(), 1),
-            ] {
-                let Some(peer) = peer else { continue };
-                let have = if slot == 0 {
-                    &mut tbs[tb].send
-                } else {
-                    &mut tbs[tb].recv
-                };
-                match *have {
-                    None => *have = Some(peer),
-                    Some(p) if p == peer => {}
-                    Some(p) => {
-                        return Err(ExportError::PeerConflict {
-                            rank,
-                            stream: s as u32,
-                            side,
-                            peers: format!("{p} and {peer}"),
-                        });
-                    }
-                }
-            }
-            assignment.push(tb);
-            last_tb = Some(tb);
-        }
-        tb_of.push(assignment);
+        tb_of.push(assign_tbs(stream, s, rank, &mut tbs)?);
     }
     // Second pass: emit steps with their dependencies (explicit ones plus program order
     // across tbs), expanding extra dependencies into nops.

@@ -126,6 +126,22 @@ pub fn load_xml(path: &std::path::Path) -> Result<Imported, MscclError> {
     import_xml(text, &origin)
 }
 
+/// The attributes of `<algo>`, checked.
+struct AlgoHeader {
+    name: String,
+    protocol: Protocol,
+    nchannels: u32,
+    chunks: u32,
+    nranks: u32,
+    collective: Collective,
+    input_chunks: u32,
+    output_chunks: u32,
+    inplace: bool,
+    outofplace: bool,
+    min_bytes: u64,
+    max_bytes: Option<u64>,
+}
+
 struct Importer<'a, 'input> {
     doc: &'a Document<'input>,
     origin: &'a str,
@@ -241,6 +257,42 @@ impl<'a, 'input> Importer<'a, 'input> {
 
     fn run(mut self) -> Res<Imported> {
         let algo = self.doc.root_element();
+        let h = self.algo_header(algo)?;
+        let ranks = self.programs(algo, h.nranks, h.nchannels)?;
+        let mut entries = Vec::new();
+        for in_place in [true, false] {
+            if (in_place && !h.inplace) || (!in_place && !h.outofplace) {
+                continue;
+            }
+            entries.push(PlanEntry {
+                min_bytes: h.min_bytes,
+                max_bytes: h.max_bytes,
+                algorithm: h.name.clone(),
+                protocol: h.protocol,
+                cost: None,
+                symmetry: None,
+                synthesis: None,
+                schedule: Schedule {
+                    collective: h.collective,
+                    nranks: h.nranks,
+                    chunks: h.chunks,
+                    input_chunks: h.input_chunks,
+                    output_chunks: h.output_chunks,
+                    in_place,
+                    ranks: ranks.clone(),
+                },
+                template: None,
+            });
+        }
+        Ok(Imported {
+            entries,
+            declared_channels: h.nchannels,
+            warnings: self.warnings,
+        })
+    }
+
+    /// The `<algo>` element's attributes, checked, with a warning for each legacy default.
+    fn algo_header(&mut self, algo: Node<'a, 'input>) -> Res<AlgoHeader> {
         if algo.tag_name().name() != "algo" {
             return Err(self.error(
                 algo,
@@ -351,6 +403,29 @@ impl<'a, 'input> Importer<'a, 'input> {
             ));
         }
 
+        Ok(AlgoHeader {
+            name,
+            protocol,
+            nchannels,
+            chunks,
+            nranks,
+            collective,
+            input_chunks,
+            output_chunks,
+            inplace,
+            outofplace,
+            min_bytes,
+            max_bytes,
+        })
+    }
+
+    /// One program per rank, from the `<gpu>` elements (each rank exactly once).
+    fn programs(
+        &mut self,
+        algo: Node<'a, 'input>,
+        nranks: u32,
+        nchannels: u32,
+    ) -> Res<Vec<RankProgram>> {
         let gpus = self.elements(algo, "gpu")?;
         let mut programs: Vec<Option<RankProgram>> = vec![None; nranks as usize];
         let mut max_channel = 0u32;
@@ -384,37 +459,7 @@ impl<'a, 'input> Importer<'a, 'input> {
                 "nchannels = {nchannels} but the thread blocks use {max_channel} channel(s)"
             ));
         }
-        let ranks: Vec<RankProgram> = programs.into_iter().flatten().collect();
-        let mut entries = Vec::new();
-        for in_place in [true, false] {
-            if (in_place && !inplace) || (!in_place && !outofplace) {
-                continue;
-            }
-            entries.push(PlanEntry {
-                min_bytes,
-                max_bytes,
-                algorithm: name.clone(),
-                protocol,
-                cost: None,
-                symmetry: None,
-                synthesis: None,
-                schedule: Schedule {
-                    collective,
-                    nranks,
-                    chunks,
-                    input_chunks,
-                    output_chunks,
-                    in_place,
-                    ranks: ranks.clone(),
-                },
-                template: None,
-            });
-        }
-        Ok(Imported {
-            entries,
-            declared_channels: nchannels,
-            warnings: self.warnings,
-        })
+        Ok(programs.into_iter().flatten().collect())
     }
 
     fn gpu(&mut self, gpu: Node, nranks: u32) -> Res<(u32, RankProgram)> {
