@@ -124,10 +124,10 @@ impl StepDag {
                 dag.step_base.push(total as u32);
                 dag.stream_owner.push((r as Rank, si as u32));
                 total += st.steps.len();
-                if total >= NONE as usize {
-                    return Err(DagError::TooLarge { steps: total });
-                }
             }
+        }
+        if total >= NONE as usize {
+            return Err(DagError::TooLarge { steps: total });
         }
         dag.stream_base.push(dag.stream_owner.len() as u32);
         dag.step_base.push(total as u32);
@@ -292,12 +292,34 @@ impl StepDag {
         Some(self.recv_at[id]).filter(|&(c, _)| c != NONE)
     }
 
-    /// The order as arrays, for a consumer that keeps them (the compiler's simulator):
-    /// the successor lists in CSR form (`succ_start`, `succ`, as [`StepDag::successors`]
-    /// reads them) and every step's predecessor count.
-    pub fn into_order(self) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
-        (self.succ_start, self.succ, self.preds)
+    /// The DAG's arrays, for a consumer that keeps them (the compiler's simulator).
+    pub fn into_parts(self) -> DagParts {
+        DagParts {
+            succ_start: self.succ_start,
+            succ: self.succ,
+            preds: self.preds,
+            connections: self.conns,
+            send_ends: self.send_at,
+            recv_ends: self.recv_at,
+        }
     }
+}
+
+/// A [`StepDag`] taken apart ([`StepDag::into_parts`]).
+#[derive(Debug, Clone)]
+pub struct DagParts {
+    /// The successor lists in CSR form: step `i`'s are `succ[succ_start[i]..succ_start[i +
+    /// 1]]` ([`StepDag::successors`]).
+    pub succ_start: Vec<u32>,
+    pub succ: Vec<u32>,
+    /// Every step's predecessor count ([`StepDag::predecessor_count`]).
+    pub preds: Vec<u32>,
+    /// Every connection ([`StepDag::connections`]).
+    pub connections: Vec<Connection>,
+    /// Per step, (connection, position on it) of its send half and of its receive half,
+    /// `(NONE, NONE)` where it has none ([`StepDag::send_at`], [`StepDag::recv_at`]).
+    pub send_ends: Vec<(u32, u32)>,
+    pub recv_ends: Vec<(u32, u32)>,
 }
 
 #[cfg(test)]
