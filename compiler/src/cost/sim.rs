@@ -362,108 +362,44 @@ impl Simulator {
             return Err(CostError::NoChunks);
         }
         let m = &self.model;
-        // Stream offsets.
-        let mut stream_base: Vec<Vec<u32>> = Vec::with_capacity(n as usize);
-        let mut total = 0usize;
-        for prog in &schedule.ranks {
-            let mut bases = Vec::with_capacity(prog.streams.len());
-            for s in &prog.streams {
-                bases.push(total as u32);
-                total += s.steps.len();
-            }
-            stream_base.push(bases);
-        }
-        if total >= NONE as usize {
-            return Err(CostError::TooLarge { steps: total });
-        }
+        // Step ids, order and connections as the verifier numbers them.
+        let dag = hccl_ir::StepDag::new(schedule).map_err(|e| match e {
+            hccl_ir::DagError::TooLarge { steps } => CostError::TooLarge { steps },
+            hccl_ir::DagError::BadDep { at, .. } => CostError::BadDep { at },
+            hccl_ir::DagError::BadPeer { from, to, .. } => CostError::BadPeer { from, to },
+        })?;
+        let total = dag.step_count();
         let mut steps = Vec::with_capacity(total);
         let mut step_ref = Vec::with_capacity(total);
-        let mut pending = vec![0u32; total];
-        let mut edges: Vec<(u32, u32)> = Vec::with_capacity(total * 2);
-        let mut conn_index: HashMap<(u32, u32, u32), u32> = HashMap::new();
-        let mut conn_keys: Vec<(u32, u32, u32)> = Vec::new();
-        let mut conn_sends: Vec<Vec<u32>> = Vec::new();
-        let mut conn_recvs: Vec<Vec<u32>> = Vec::new();
-        // Per step: (connection, position) of its send half and its receive half.
-        let mut send_pos: Vec<(u32, u32)> = Vec::with_capacity(total);
-        let mut recv_pos: Vec<(u32, u32)> = Vec::with_capacity(total);
-        let mut conn_of = |key: (u32, u32, u32),
-                           conn_keys: &mut Vec<(u32, u32, u32)>,
-                           conn_sends: &mut Vec<Vec<u32>>,
-                           conn_recvs: &mut Vec<Vec<u32>>| {
-            *conn_index.entry(key).or_insert_with(|| {
-                conn_keys.push(key);
-                conn_sends.push(Vec::new());
-                conn_recvs.push(Vec::new());
-                (conn_keys.len() - 1) as u32
-            })
-        };
         for (r, prog) in schedule.ranks.iter().enumerate() {
             let r = r as u32;
             for (si, stream) in prog.streams.iter().enumerate() {
                 for (ti, step) in stream.steps.iter().enumerate() {
-                    let id = stream_base[r as usize][si] + ti as u32;
-                    let at = StepRef {
-                        rank: r,
-                        stream: si as u32,
-                        step: ti as u32,
-                    };
-                    if ti > 0 {
-                        edges.push((id - 1, id));
-                        pending[id as usize] += 1;
-                    }
-                    for dep in &step.deps {
-                        let target = prog
-                            .streams
-                            .get(dep.stream as usize)
-                            .filter(|s| (dep.step as usize) < s.steps.len())
-                            .map(|_| stream_base[r as usize][dep.stream as usize] + dep.step);
-                        let Some(target) = target else {
-                            return Err(CostError::BadDep { at });
-                        };
-                        edges.push((target, id));
-                        pending[id as usize] += 1;
-                    }
-                    let mut sp = (NONE, NONE);
-                    let mut rp = (NONE, NONE);
-                    if let Some(to) = step.op.send_peer() {
-                        if to >= n || to == r {
-                            return Err(CostError::BadPeer { from: r, to });
-                        }
-                        let c = conn_of(
-                            (r, to, stream.channel),
-                            &mut conn_keys,
-                            &mut conn_sends,
-                            &mut conn_recvs,
-                        );
-                        sp = (c, conn_sends[c as usize].len() as u32);
-                        conn_sends[c as usize].push(id);
-                    }
-                    if let Some(from) = step.op.recv_peer() {
-                        if from >= n || from == r {
-                            return Err(CostError::BadPeer { from, to: r });
-                        }
-                        let c = conn_of(
-                            (from, r, stream.channel),
-                            &mut conn_keys,
-                            &mut conn_sends,
-                            &mut conn_recvs,
-                        );
-                        rp = (c, conn_recvs[c as usize].len() as u32);
-                        conn_recvs[c as usize].push(id);
-                    }
-                    send_pos.push(sp);
-                    recv_pos.push(rp);
                     let kind = step_kind(&step.op, m);
                     steps.push(FlatStep {
                         rank: r,
                         count: step.count,
                         kind,
                     });
-                    step_ref.push(at);
+                    step_ref.push(StepRef {
+                        rank: r,
+                        stream: si as u32,
+                        step: ti as u32,
+                    });
                 }
             }
         }
+        let hccl_ir::DagParts {
+            succ_start,
+            succ,
+            preds: pending,
+            connections,
+            send_ends,
+            recv_ends,
+        } = dag.into_parts();
+        let conn_keys: Vec<(u32, u32, u32)> = connections.iter().map(|c| c.key).collect();
+        let (conn_sends, conn_recvs): (Vec<Vec<u32>>, Vec<Vec<u32>>) =
+            connections.into_iter().map(|c| (c.sends, c.recvs)).unzip();
         let Messages {
             conn_base,
             conn_len,
@@ -471,8 +407,7 @@ impl Simulator {
             msg_count,
             msg_send,
             msg_recv,
-        } = number_messages(&mut steps, &conn_sends, &conn_recvs, &send_pos, &recv_pos);
-        let (succ_start, succ) = successors(total, &edges);
+        } = number_messages(&mut steps, &conn_sends, &conn_recvs, &send_ends, &recv_ends);
         let pairs: Vec<(u32, u32)> = conn_keys.iter().map(|&(a, b, _)| (a, b)).collect();
         // As the executor sizes segments (`hccl_executor` `program.rs`): by the largest
         // message (local steps never pass through a slot) and the largest scratch.
