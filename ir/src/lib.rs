@@ -14,6 +14,8 @@
 //! - [`symmetric`]: rank-symmetric schedules ([`SymmetricSchedule`]): one template program
 //!   and the translations ([`Symmetry`]) that give every rank its own, the compact form of
 //!   ring, hierarchical and halving-doubling schedules in plan files;
+//! - [`reference`]: the result a collective must produce from given inputs, the one the
+//!   tests of every crate compare against;
 //! - [`verify`]: structural checks, deadlock freedom and the symbolic proof that a schedule
 //!   implements its collective.
 
@@ -25,6 +27,7 @@ pub mod msccl;
 pub mod plan;
 pub mod plan_index;
 mod plan_scan;
+pub mod reference;
 pub mod runs;
 pub mod schedule;
 pub mod seal;
