@@ -6,7 +6,8 @@
 //!
 //! - **Step ids.** Steps are numbered `0..`[`StepDag::step_count`] in the order rank, stream,
 //!   step: rank 0's stream 0 first, then its stream 1, …, then rank 1's streams. Streams are
-//!   numbered the same way (*global streams*, `0..`[`StepDag::stream_count`]).
+//!   numbered the same way (*global streams*); [`StepNumbering`] holds the numbering alone
+//!   (an entry per stream), for whoever needs only that.
 //! - **Order.** A step comes after the previous step of its stream (the implicit in-stream
 //!   order) and after every step its [`crate::Dep`]s name. [`StepDag::successors`] lists
 //!   the steps that wait on a step, [`StepDag::predecessor_count`] how many a step waits on
@@ -24,7 +25,7 @@
 //! Whether a dependency names a step of its own stream, one stream per connection direction,
 //! equal counts and matching lengths on a connection are checked by the verifier, not here.
 
-use crate::schedule::{Dep, Rank, Schedule, StepRef};
+use crate::schedule::{Dep, Rank, RankProgram, Schedule, StepRef};
 use std::collections::HashMap;
 use thiserror::Error;
 
@@ -59,162 +60,43 @@ pub struct Connection {
     pub recvs: Vec<u32>,
 }
 
-/// The flattened step DAG of a schedule; see the module documentation.
-#[derive(Debug, Clone, Default)]
-pub struct StepDag {
+/// How a schedule's streams and steps are numbered (global streams, step ids): the part of
+/// a [`StepDag`] that is one small entry per stream, for whoever keeps only that.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StepNumbering {
     /// Global index of each rank's first stream; `nranks + 1` entries.
     stream_base: Vec<u32>,
     /// Id of each global stream's first step; one more entry than streams.
     step_base: Vec<u32>,
     /// (rank, stream of the rank) of each global stream.
     stream_owner: Vec<(Rank, u32)>,
-    /// Successors of each step in CSR form: `succ[succ_start[i]..succ_start[i + 1]]`.
-    succ_start: Vec<u32>,
-    succ: Vec<u32>,
-    /// Predecessors of each step (edges into it).
-    preds: Vec<u32>,
-    conns: Vec<Connection>,
-    conn_index: HashMap<ConnKey, u32>,
-    /// Per step: (connection, position on it) of its send half and of its receive half, or
-    /// `(NONE, NONE)`.
-    send_at: Vec<(u32, u32)>,
-    recv_at: Vec<(u32, u32)>,
-    bad: Vec<DagError>,
 }
 
-/// The successors of `total` steps in CSR form from `(before, after)` edges: each step's in
-/// the order of the edges.
-fn successors(total: usize, edges: &[(u32, u32)]) -> (Vec<u32>, Vec<u32>) {
-    let mut succ_start = vec![0u32; total + 1];
-    for &(a, _) in edges {
-        succ_start[a as usize + 1] += 1;
-    }
-    for i in 0..total {
-        succ_start[i + 1] += succ_start[i];
-    }
-    let mut fill = succ_start.clone();
-    let mut succ = vec![0u32; edges.len()];
-    for &(a, b) in edges {
-        succ[fill[a as usize] as usize] = b;
-        fill[a as usize] += 1;
-    }
-    (succ_start, succ)
-}
-
-impl StepDag {
-    /// The DAG of `schedule`, or the first bad reference in step order.
-    pub fn new(schedule: &Schedule) -> Result<StepDag, DagError> {
-        let mut dag = StepDag::lenient(schedule)?;
-        if dag.bad.is_empty() {
-            Ok(dag)
-        } else {
-            Err(dag.bad.swap_remove(0))
-        }
-    }
-
-    /// The DAG of `schedule` without its bad references, which
-    /// [`StepDag::bad_references`] lists; `Err` only for [`DagError::TooLarge`].
-    pub fn lenient(schedule: &Schedule) -> Result<StepDag, DagError> {
-        let n = schedule.nranks;
-        let mut dag = StepDag::default();
+impl StepNumbering {
+    /// The numbering of `schedule`'s streams and steps; `Err` when its steps do not fit
+    /// `u32` ids below [`NONE`].
+    pub fn of(schedule: &Schedule) -> Result<StepNumbering, DagError> {
+        let mut out = StepNumbering::default();
         let mut total = 0usize;
         for (r, prog) in schedule.ranks.iter().enumerate() {
-            dag.stream_base.push(dag.stream_owner.len() as u32);
+            out.stream_base.push(out.stream_owner.len() as u32);
             for (si, st) in prog.streams.iter().enumerate() {
-                dag.step_base.push(total as u32);
-                dag.stream_owner.push((r as Rank, si as u32));
+                out.step_base.push(total as u32);
+                out.stream_owner.push((r as Rank, si as u32));
                 total += st.steps.len();
             }
         }
         if total >= NONE as usize {
             return Err(DagError::TooLarge { steps: total });
         }
-        dag.stream_base.push(dag.stream_owner.len() as u32);
-        dag.step_base.push(total as u32);
-        dag.preds = vec![0; total];
-        dag.send_at.reserve(total);
-        dag.recv_at.reserve(total);
-        let mut edges: Vec<(u32, u32)> = Vec::with_capacity(total * 2);
-        let mut id = 0u32;
-        for (r, prog) in schedule.ranks.iter().enumerate() {
-            let r = r as Rank;
-            let base = dag.stream_base[r as usize];
-            for (si, stream) in prog.streams.iter().enumerate() {
-                for (ti, step) in stream.steps.iter().enumerate() {
-                    let at = StepRef {
-                        rank: r,
-                        stream: si as u32,
-                        step: ti as u32,
-                    };
-                    if ti > 0 {
-                        edges.push((id - 1, id));
-                        dag.preds[id as usize] += 1;
-                    }
-                    for dep in &step.deps {
-                        let target = prog
-                            .streams
-                            .get(dep.stream as usize)
-                            .filter(|s| (dep.step as usize) < s.steps.len())
-                            .map(|_| dag.step_base[(base + dep.stream) as usize] + dep.step);
-                        match target {
-                            Some(target) => {
-                                edges.push((target, id));
-                                dag.preds[id as usize] += 1;
-                            }
-                            None => dag.bad.push(DagError::BadDep { at, dep: *dep }),
-                        }
-                    }
-                    let mut end = |from: Rank, to: Rank, is_send: bool| {
-                        let peer = if is_send { to } else { from };
-                        if peer >= n || peer == r {
-                            dag.bad.push(DagError::BadPeer { at, from, to });
-                            return (NONE, NONE);
-                        }
-                        let key = (from, to, stream.channel);
-                        let conns = &mut dag.conns;
-                        let c = *dag.conn_index.entry(key).or_insert_with(|| {
-                            conns.push(Connection {
-                                key,
-                                sends: Vec::new(),
-                                recvs: Vec::new(),
-                            });
-                            (conns.len() - 1) as u32
-                        });
-                        let conn = &mut dag.conns[c as usize];
-                        let list = if is_send {
-                            &mut conn.sends
-                        } else {
-                            &mut conn.recvs
-                        };
-                        list.push(id);
-                        (c, list.len() as u32 - 1)
-                    };
-                    let send = step
-                        .op
-                        .send_peer()
-                        .map_or((NONE, NONE), |to| end(r, to, true));
-                    let recv = step
-                        .op
-                        .recv_peer()
-                        .map_or((NONE, NONE), |from| end(from, r, false));
-                    dag.send_at.push(send);
-                    dag.recv_at.push(recv);
-                    id += 1;
-                }
-            }
-        }
-        (dag.succ_start, dag.succ) = successors(total, &edges);
-        Ok(dag)
-    }
-
-    /// The bad references [`StepDag::lenient`] left out, in step order.
-    pub fn bad_references(&self) -> &[DagError] {
-        &self.bad
+        out.stream_base.push(out.stream_owner.len() as u32);
+        out.step_base.push(total as u32);
+        Ok(out)
     }
 
     /// Number of steps.
     pub fn step_count(&self) -> usize {
-        self.preds.len()
+        self.step_base.last().map_or(0, |&b| b as usize)
     }
 
     /// Number of streams over all ranks.
@@ -257,6 +139,177 @@ impl StepDag {
             stream,
             step: (id - self.step_base(s)) as u32,
         }
+    }
+
+    /// The id of the step `dep` names on rank `rank` (whose program is `prog`), `None` when
+    /// it names no step.
+    fn dep_target(&self, prog: &RankProgram, rank: Rank, dep: &Dep) -> Option<u32> {
+        let stream = prog.streams.get(dep.stream as usize)?;
+        ((dep.step as usize) < stream.steps.len()).then(|| {
+            let g = self.stream_base(rank) + dep.stream as usize;
+            self.step_base[g] + dep.step
+        })
+    }
+}
+
+/// The flattened step DAG of a schedule; see the module documentation.
+#[derive(Debug, Clone, Default)]
+pub struct StepDag {
+    numbering: StepNumbering,
+    /// Successors of each step in CSR form: `succ[succ_start[i]..succ_start[i + 1]]`.
+    succ_start: Vec<u32>,
+    succ: Vec<u32>,
+    /// Predecessors of each step (edges into it).
+    preds: Vec<u32>,
+    conns: Vec<Connection>,
+    conn_index: HashMap<ConnKey, u32>,
+    /// Per step: (connection, position on it) of its send half and of its receive half, or
+    /// `(NONE, NONE)`.
+    send_at: Vec<(u32, u32)>,
+    recv_at: Vec<(u32, u32)>,
+    bad: Vec<DagError>,
+}
+
+impl StepDag {
+    /// The DAG of `schedule`, or the first bad reference in step order.
+    pub fn new(schedule: &Schedule) -> Result<StepDag, DagError> {
+        let mut dag = StepDag::lenient(schedule)?;
+        if dag.bad.is_empty() {
+            Ok(dag)
+        } else {
+            Err(dag.bad.swap_remove(0))
+        }
+    }
+
+    /// The DAG of `schedule` without its bad references, which
+    /// [`StepDag::bad_references`] lists; `Err` only for [`DagError::TooLarge`].
+    pub fn lenient(schedule: &Schedule) -> Result<StepDag, DagError> {
+        let mut dag = StepDag {
+            numbering: StepNumbering::of(schedule)?,
+            ..StepDag::default()
+        };
+        let total = dag.numbering.step_count();
+        dag.preds = vec![0; total];
+        dag.send_at.reserve(total);
+        dag.recv_at.reserve(total);
+        // Out-degrees first (in `succ_start[i + 1]`), then the lists in step order.
+        dag.succ_start = vec![0; total + 1];
+        dag.number_steps(schedule);
+        for i in 0..total {
+            dag.succ_start[i + 1] += dag.succ_start[i];
+        }
+        dag.fill_successors(schedule);
+        Ok(dag)
+    }
+
+    /// The first pass: every step's predecessor count, its successor count (in
+    /// `succ_start[id + 1]`), its connections and the bad references.
+    fn number_steps(&mut self, schedule: &Schedule) {
+        let n = schedule.nranks;
+        let mut id = 0u32;
+        for (r, prog) in schedule.ranks.iter().enumerate() {
+            let r = r as Rank;
+            for (si, stream) in prog.streams.iter().enumerate() {
+                for (ti, step) in stream.steps.iter().enumerate() {
+                    let at = StepRef {
+                        rank: r,
+                        stream: si as u32,
+                        step: ti as u32,
+                    };
+                    if ti > 0 {
+                        self.succ_start[id as usize] += 1;
+                        self.preds[id as usize] += 1;
+                    }
+                    for dep in &step.deps {
+                        match self.numbering.dep_target(prog, r, dep) {
+                            Some(target) => {
+                                self.succ_start[target as usize + 1] += 1;
+                                self.preds[id as usize] += 1;
+                            }
+                            None => self.bad.push(DagError::BadDep { at, dep: *dep }),
+                        }
+                    }
+                    let mut end = |from: Rank, to: Rank, is_send: bool| {
+                        let peer = if is_send { to } else { from };
+                        if peer >= n || peer == r {
+                            self.bad.push(DagError::BadPeer { at, from, to });
+                            return (NONE, NONE);
+                        }
+                        let key = (from, to, stream.channel);
+                        let conns = &mut self.conns;
+                        let c = *self.conn_index.entry(key).or_insert_with(|| {
+                            conns.push(Connection {
+                                key,
+                                sends: Vec::new(),
+                                recvs: Vec::new(),
+                            });
+                            (conns.len() - 1) as u32
+                        });
+                        let conn = &mut self.conns[c as usize];
+                        let list = if is_send {
+                            &mut conn.sends
+                        } else {
+                            &mut conn.recvs
+                        };
+                        list.push(id);
+                        (c, list.len() as u32 - 1)
+                    };
+                    let send = step
+                        .op
+                        .send_peer()
+                        .map_or((NONE, NONE), |to| end(r, to, true));
+                    let recv = step
+                        .op
+                        .recv_peer()
+                        .map_or((NONE, NONE), |from| end(from, r, false));
+                    self.send_at.push(send);
+                    self.recv_at.push(recv);
+                    id += 1;
+                }
+            }
+        }
+    }
+
+    /// The second pass: the successor lists, each in step order of the successors (a step's
+    /// stream predecessor before its dependencies).
+    fn fill_successors(&mut self, schedule: &Schedule) {
+        let mut fill = self.succ_start.clone();
+        self.succ = vec![0; *self.succ_start.last().unwrap_or(&0) as usize];
+        let mut push = |succ: &mut [u32], before: u32, id: u32| {
+            succ[fill[before as usize] as usize] = id;
+            fill[before as usize] += 1;
+        };
+        let mut id = 0u32;
+        for (r, prog) in schedule.ranks.iter().enumerate() {
+            for stream in &prog.streams {
+                for (ti, step) in stream.steps.iter().enumerate() {
+                    if ti > 0 {
+                        push(&mut self.succ, id - 1, id);
+                    }
+                    for dep in &step.deps {
+                        if let Some(target) = self.numbering.dep_target(prog, r as Rank, dep) {
+                            push(&mut self.succ, target, id);
+                        }
+                    }
+                    id += 1;
+                }
+            }
+        }
+    }
+
+    /// The bad references [`StepDag::lenient`] left out, in step order.
+    pub fn bad_references(&self) -> &[DagError] {
+        &self.bad
+    }
+
+    /// How the streams and steps are numbered.
+    pub fn numbering(&self) -> &StepNumbering {
+        &self.numbering
+    }
+
+    /// Number of steps.
+    pub fn step_count(&self) -> usize {
+        self.preds.len()
     }
 
     /// The steps that wait on step `id`: the next step of its stream and the steps that
@@ -371,16 +424,16 @@ mod tests {
         let s = two_ranks();
         let dag = StepDag::new(&s).unwrap();
         assert_eq!(dag.step_count(), 8);
-        assert_eq!(dag.stream_count(), 4);
-        assert_eq!(dag.stream_base(1), 2);
+        assert_eq!(dag.numbering().stream_count(), 4);
+        assert_eq!(dag.numbering().stream_base(1), 2);
         let at = StepRef {
             rank: 1,
             stream: 1,
             step: 0,
         };
-        assert_eq!(dag.id(at), 6);
-        assert_eq!(dag.step_ref(6), at);
-        assert_eq!(dag.stream_of(6), 3);
+        assert_eq!(dag.numbering().id(at), 6);
+        assert_eq!(dag.numbering().step_ref(6), at);
+        assert_eq!(dag.numbering().stream_of(6), 3);
         // Step 1 (rank 0 stream 0 step 1) precedes rank 0's first receive (step 2).
         assert_eq!(dag.successors(0), &[1]);
         assert_eq!(dag.successors(1), &[2]);

@@ -36,7 +36,7 @@ pub mod trace;
 pub mod units;
 pub mod verify;
 
-pub use dag::{DagError, DagParts, StepDag};
+pub use dag::{DagError, DagParts, StepDag, StepNumbering};
 pub use error::{Located, PlanError};
 pub use plan::{
     CostFit, FORMAT_VERSION, MIN_FORMAT_VERSION, PlanEntry, PlanFile, PlanMeta, Protocol, Synthesis,

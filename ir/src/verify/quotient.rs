@@ -72,6 +72,7 @@
 use super::sim::{self, Quot};
 use super::structure::{self, ConnInfo, Ends, Layout};
 use super::{ErrorKind, Report, Sink, VerifyError};
+use crate::dag::StepNumbering;
 use crate::schedule::{Collective, Loc, Op, RankProgram, Schedule};
 use crate::symmetric::{SymmetricSchedule, SymmetryTable, Translation};
 use std::collections::HashSet;
@@ -216,8 +217,11 @@ fn quotient_layout(
     structure::check_rank_program(sparse, r0, sink);
     let n = sparse.nranks;
     let prog = &sparse.ranks[r0 as usize];
+    let streams = StepNumbering::of(sparse)
+        .map_err(|e| structure::too_large(e, sink))
+        .ok()?;
     let mut layout = Layout {
-        dag: structure::step_dag(sparse, sink)?,
+        streams,
         ..Layout::default()
     };
     // The rank at −pos(r): whose translated sends reach r0 as the template's sends to r.
@@ -226,7 +230,7 @@ fn quotient_layout(
             .position_of(r)
             .and_then(|p| table.rank_at(table.inverse_position(p)))
     };
-    let base = layout.dag.stream_base(r0);
+    let base = layout.streams.stream_base(r0);
     let mut sends: Vec<Ends> = Vec::new();
     let mut recvs: Vec<Ends> = Vec::new();
     let mut sender_of: Vec<Option<usize>> = Vec::new();
@@ -534,7 +538,7 @@ fn message_checks(
     let prog = &s.template;
     let mut messages: HashSet<(Loc, Loc, usize, u32)> = HashSet::new();
     let mut msg_first: Vec<(usize, usize, usize, usize)> = Vec::new();
-    let base = layout.dag.stream_base(s.symmetry.ranks[0]);
+    let base = layout.streams.stream_base(s.symmetry.ranks[0]);
     for (ci, conn) in layout.conns.iter().enumerate() {
         let Some(q) = table.position_of(conn.recv_from) else {
             continue;

@@ -2,7 +2,7 @@
 //! send/receive matching. Builds the [`Layout`] the simulation runs on.
 
 use super::{ErrorKind, Sink, VerifyError};
-use crate::dag::{ConnKey, StepDag};
+use crate::dag::{ConnKey, DagError, StepDag, StepNumbering};
 use crate::schedule::{Buf, Loc, Schedule, Step, StepRef};
 use std::collections::HashMap;
 
@@ -41,28 +41,21 @@ pub(crate) struct ConnInfo {
 /// Flattened indices of a structurally valid schedule.
 #[derive(Debug, Default)]
 pub(crate) struct Layout {
-    /// The schedule's steps and streams numbered (in a quotient run, those of the schedule
-    /// holding only the template).
-    pub dag: StepDag,
+    /// How the schedule's streams and steps are numbered (in a quotient run, those of the
+    /// schedule holding only the template).
+    pub streams: StepNumbering,
     pub conns: Vec<ConnInfo>,
     pub conn_index: HashMap<ConnKey, u32>,
 }
 
-/// The step DAG of `s` without its bad references (which the per-step checks report), or
-/// `None` after reporting a schedule too large to number.
-pub(crate) fn step_dag(s: &Schedule, sink: &mut Sink) -> Option<StepDag> {
-    match StepDag::lenient(s) {
-        Ok(dag) => Some(dag),
-        Err(e) => {
-            sink.push(VerifyError {
-                at: None,
-                channel: None,
-                kind: ErrorKind::Limit,
-                message: e.to_string(),
-            });
-            None
-        }
-    }
+/// Reports a schedule whose steps a [`StepDag`] cannot number.
+pub(crate) fn too_large(e: DagError, sink: &mut Sink) {
+    sink.push(VerifyError {
+        at: None,
+        channel: None,
+        kind: ErrorKind::Limit,
+        message: e.to_string(),
+    });
 }
 
 fn at(rank: u32, stream: u32, step: usize, channel: u32) -> (Option<StepRef>, Option<u32>) {
@@ -373,7 +366,8 @@ pub(crate) fn check_structure(s: &Schedule, sink: &mut Sink) -> Option<Layout> {
             }
         }
     }
-    let dag = step_dag(s, sink)?;
+    // Without its bad references, which the per-step checks report.
+    let dag = StepDag::lenient(s).map_err(|e| too_large(e, sink)).ok()?;
 
     // Connection ownership and the ends of each connection.
     let nconns = dag.connections().len();
@@ -384,10 +378,10 @@ pub(crate) fn check_structure(s: &Schedule, sink: &mut Sink) -> Option<Layout> {
     for (rank, prog) in s.ranks.iter().enumerate() {
         let rank = rank as u32;
         for (si, st) in prog.streams.iter().enumerate() {
-            let gs = dag.stream_base(rank) + si;
+            let gs = dag.numbering().stream_base(rank) + si;
             for (idx, step) in st.steps.iter().enumerate() {
                 let place = (rank, si as u32, idx, st.channel);
-                let id = dag.step_base(gs) + idx;
+                let id = dag.numbering().step_base(gs) + idx;
                 for (end, is_send) in [(dag.send_at(id), true), (dag.recv_at(id), false)] {
                     let Some((ci, _)) = end else { continue };
                     let ci = ci as usize;
@@ -400,7 +394,7 @@ pub(crate) fn check_structure(s: &Schedule, sink: &mut Sink) -> Option<Layout> {
                     };
                     match *owner {
                         Some(o) if o != gs => {
-                            let other = dag.stream_owner(o).1;
+                            let other = dag.numbering().stream_owner(o).1;
                             let verb = if is_send { "sends to" } else { "receives from" };
                             step_error(
                                 sink,
@@ -438,7 +432,7 @@ pub(crate) fn check_structure(s: &Schedule, sink: &mut Sink) -> Option<Layout> {
         .map(|(i, c)| (c.key, i as u32))
         .collect();
     let mut layout = Layout {
-        dag,
+        streams: dag.numbering().clone(),
         conns,
         conn_index,
     };
@@ -461,11 +455,11 @@ pub(crate) fn match_ends(
         let from = conn.recv_from;
         let (ss, rs) = (&sends[ci], &recvs[ci]);
         let place = |&(gs, idx, _): &(usize, usize, u32)| {
-            let (r, st) = layout.dag.stream_owner(gs);
+            let (r, st) = layout.streams.stream_owner(gs);
             (r, st, idx, channel)
         };
         let name = |&(gs, idx, _): &(usize, usize, u32)| {
-            let (r, st) = layout.dag.stream_owner(gs);
+            let (r, st) = layout.streams.stream_owner(gs);
             format!("rank {r} stream {st} step {idx}")
         };
         if let Some(k) = ss.iter().zip(rs).position(|(a, b)| a.2 != b.2) {
