@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 REPS=${REPS:-7}
 PERF=${PERF_BIN:-}
 if [[ -z "$PERF" ]]; then
-  cargo build --release -q -p hccl --bin hccl-perf
+  cargo build --release -q -p hccl-perf
   PERF=target/release/hccl-perf
 fi
 

@@ -181,7 +181,7 @@ gcc -O2 -Wall -o "$OUT/net_stream" "$OUT/net_stream.c"
 PERF="${PERF_BIN:-}"
 HCCLC="${HCCLC_BIN:-}"
 if [[ $SKIP_HCCL != 1 && ( -z $PERF || -z $HCCLC ) ]]; then
-  if cargo build --release -q -p hccl --bin hccl-perf -p hccl-compiler --bin hcclc; then
+  if cargo build --release -q -p hccl-perf -p hcclc; then
     PERF="${PERF:-$ROOT/target/release/hccl-perf}"
     HCCLC="${HCCLC:-$ROOT/target/release/hcclc}"
   else

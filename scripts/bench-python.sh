@@ -5,7 +5,7 @@
 # Usage: scripts/bench-python.sh [--pairs N] [--topo NAME ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release -q -p hccl-compiler --bin hcclc
+cargo build --release -q -p hcclc
 venv=target/py-bench-venv
 [[ -x $venv/bin/python ]] || python3 -m venv "$venv"
 "$venv/bin/pip" install -q ./python

@@ -9,5 +9,5 @@ cd "$(dirname "$0")/.."
 venv=target/py-bench-venv
 [[ -x $venv/bin/python ]] || python3 -m venv "$venv"
 "$venv/bin/pip" install -q "./python[torch]"
-cargo build --release -q --bin hccl-perf
+cargo build --release -q -p hccl-perf
 exec "$venv/bin/python" python/benches/bench_torch.py --hccl-perf target/release/hccl-perf "$@"

@@ -15,8 +15,8 @@ ROUNDS=${ROUNDS:-7}
 PERF=${PERF_BIN:-}
 HCCLC=${HCCLC_BIN:-}
 if [[ -z "$PERF" || -z "$HCCLC" ]]; then
-  cargo build --release -q -p hccl --bin hccl-perf
-  cargo build --release -q -p hccl-compiler --bin hcclc
+  cargo build --release -q -p hccl-perf
+  cargo build --release -q -p hcclc
   PERF=target/release/hccl-perf
   HCCLC=target/release/hcclc
 fi

@@ -31,7 +31,7 @@ fi
 [[ -f "$BENCH_DIR/mpi_coll_bench.c" ]] || { echo "no $BENCH_DIR/mpi_coll_bench.c (set BENCH_DIR)" >&2; exit 2; }
 mpicc -O2 -o "$OUT/mpi_coll_bench" "$BENCH_DIR/mpi_coll_bench.c" -lm
 gcc -O2 -fopenmp -o "$OUT/stream_bw" "$BENCH_DIR/stream_bw.c"
-cargo build --release -q -p hccl --bin hccl-perf
+cargo build --release -q -p hccl-perf
 PERF="$ROOT/target/release/hccl-perf"
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe)
 

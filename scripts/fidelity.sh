@@ -27,7 +27,7 @@ OUT="${OUT:-$ROOT/target/fidelity}"
 mkdir -p "$OUT"
 rm -f "$OUT"/*.json "$OUT"/*.ron
 
-cargo build --release -q -p hccl --bin hccl-perf
+cargo build --release -q -p hccl-perf
 PERF="$ROOT/target/release/hccl-perf"
 common=(--backend "$BACKEND" -c "$COLL" -b "$MINB" -e "$MAXB" -f "$FACTOR" -T "$TARGET" -w 3)
 

@@ -21,7 +21,7 @@ TARGET="${TARGET:-0.1}"
 OUT="${OUT:-$ROOT/target/ll-vs-simple}"
 mkdir -p "$OUT"
 rm -f "$OUT"/*.json
-cargo build --release -q -p hccl --bin hccl-perf
+cargo build --release -q -p hccl-perf
 PERF="$ROOT/target/release/hccl-perf"
 for p in $(seq 1 "$PAIRS"); do
   for proto in $([[ $((p % 2)) == 1 ]] && echo "LL Simple" || echo "Simple LL"); do

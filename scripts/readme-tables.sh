@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Regenerates the compiler tables shown in README.md (DGX-1 and a 2-node DGX-H100 cluster),
-# straight from `hcclc compile`, so the README never quotes numbers the tool does not print.
+# Regenerates the compiler tables shown in docs/benchmarks.md (DGX-1 and a 2-node DGX-H100
+# cluster; the README quotes rows of the DGX-1's), straight from `hcclc compile`, so the docs
+# never quote numbers the tool does not print.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release -q -p hccl-compiler --bin hcclc
+cargo build --release -q -p hcclc
 out="$(mktemp -d)"
 for machine in dgx1-v100 h100-cluster-2node; do
   echo "### $machine"

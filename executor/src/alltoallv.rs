@@ -50,12 +50,16 @@
 //! covered by a seal) before the communicator was built.
 
 use crate::calls::CallPrint;
-use crate::comm::{Call, RankState, Segments, Shared, chunk_cap, execute, lookup_where, replay};
-use crate::dtype::{DataType, Kernels, ReduceOp};
+use crate::comm::{
+    Call, Communicator, EntryInfo, RankState, Segments, Shared, chunk_cap, execute, lookup,
+    lookup_where, replay,
+};
+use crate::dtype::{DataType, Element, Kernels, ReduceOp};
 use crate::engine::{Bufs, VarBlocks};
 use crate::error::{ExecError, Result};
 use crate::program::{Entry, Kind};
 use hccl_ir::{Buf, Collective};
+use std::sync::Arc;
 
 /// `u64` words each rank sends each peer in the count exchange.
 const WORDS: usize = 6;
@@ -529,6 +533,161 @@ unsafe fn padded(
     }
     st.vstage = (sin, sout);
     res
+}
+
+/// The AllToAllv calls (see the module's docs).
+impl Communicator {
+    /// The entry an AllToAllv would replay, as this rank sees the plan (see
+    /// [this module](self)), `bytes` being `n` times its largest block (in bytes): the
+    /// nearest entry it can replay block by block, else the AllToAll entry for `bytes`, whose
+    /// algorithm is then marked `(padded)`.
+    pub fn all_to_all_v_entry(&self, bytes: u64) -> Option<EntryInfo> {
+        let st = self.state.as_ref()?;
+        let n = self.shared.world;
+        let direct = |i: usize| blockwise(&st.entries[i], self.rank, n);
+        let (i, padded) =
+            match lookup_where(&st.entries, Collective::AllToAll, bytes, false, direct) {
+                Some(i) => (i, false),
+                None => (
+                    lookup(&st.entries, Collective::AllToAll, bytes, false)?,
+                    true,
+                ),
+            };
+        let e = &st.entries[i];
+        Some(EntryInfo {
+            index: e.index,
+            algorithm: if padded {
+                format!("{} (padded)", e.algorithm)
+            } else {
+                e.algorithm.clone()
+            },
+            protocol: e.protocol,
+            chunks: e.chunks,
+            in_place: e.in_place,
+        })
+    }
+
+    /// AllToAllv (`MPI_Alltoallv`): `send_counts[p]` elements from `send_displs[p]` of this
+    /// rank's input go to rank `p`, which receives them at its `recv_displs[r]`
+    /// (`recv_counts[r]` elements, `r` this rank). Every slice has one entry per rank; counts
+    /// may be zero; send blocks may overlap, receive blocks with elements may not.
+    ///
+    /// Every call first exchanges the counts (a small AllToAll), so counts that disagree
+    /// between a sender and its receiver are an error, [`ExecError::BadBuffers`] naming both
+    /// ranks and their counts, returned by both ranks once the call completes (the blocks of
+    /// that pair move the smaller count; ranks whose pairs agree get their results). See
+    /// [this module](self) for how the plan's AllToAll entries carry blocks of their own
+    /// sizes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn all_to_all_v<T: Element>(
+        &mut self,
+        input: &[T],
+        send_counts: &[usize],
+        send_displs: &[usize],
+        output: &mut [T],
+        recv_counts: &[usize],
+        recv_displs: &[usize],
+    ) -> Result<()> {
+        let mut state = self.take_state()?;
+        let (rank, n) = (self.rank, self.shared.world);
+        let shared = Arc::clone(&self.shared);
+        let res = (|| {
+            let send = Side {
+                counts: send_counts,
+                displs: send_displs,
+                len: input.len(),
+            };
+            let recv = Side {
+                counts: recv_counts,
+                displs: recv_displs,
+                len: output.len(),
+            };
+            check_side(rank, n, send, "send", false)?;
+            check_side(rank, n, recv, "receive", true)?;
+            let x = exchange(
+                &shared,
+                rank,
+                &mut state,
+                T::DTYPE,
+                send_counts,
+                Some(recv_counts),
+            )?;
+            let (sends, recvs, errs) = agree(rank, &x, send_counts, Some(recv_counts));
+            let data = Data {
+                kernels: Kernels::new(T::DTYPE, ReduceOp::Sum),
+                dtype: T::DTYPE,
+                input: input.as_ptr().cast(),
+                send_displs,
+                output: output.as_mut_ptr().cast(),
+                recv_displs,
+            };
+            // SAFETY: the blocks were checked against the slices, which this call borrows.
+            unsafe { move_blocks(&shared, rank, &mut state, &x, &data, &sends, &recvs)? };
+            disagreement(rank, errs)
+        })();
+        self.finish(state, res)
+    }
+
+    /// AllToAllv whose receive counts come from the senders: `send_counts[p]` elements from
+    /// `send_displs[p]` of this rank's input go to rank `p`. Returns the received blocks
+    /// packed in rank order (rank `p`'s at the sum of the counts of the ranks before it) and
+    /// the count received from each rank. Peers may pass either form
+    /// ([`Communicator::all_to_all_v`] checks its receive counts against what comes).
+    pub fn all_to_all_v_exchanged<T: Element>(
+        &mut self,
+        input: &[T],
+        send_counts: &[usize],
+        send_displs: &[usize],
+    ) -> Result<(Vec<T>, Vec<usize>)> {
+        let mut state = self.take_state()?;
+        let (rank, n) = (self.rank, self.shared.world);
+        let shared = Arc::clone(&self.shared);
+        let mut output = Vec::new();
+        let res = (|| {
+            let send = Side {
+                counts: send_counts,
+                displs: send_displs,
+                len: input.len(),
+            };
+            check_side(rank, n, send, "send", false)?;
+            let x = exchange(&shared, rank, &mut state, T::DTYPE, send_counts, None)?;
+            let counts: Vec<usize> = x
+                .from
+                .iter()
+                .map(|&c| usize::try_from(c).unwrap_or(usize::MAX))
+                .collect();
+            let mut displs = Vec::with_capacity(counts.len());
+            let mut total = 0usize;
+            for &c in &counts {
+                displs.push(total);
+                total = total.checked_add(c).ok_or_else(|| {
+                    ExecError::Invalid(format!(
+                        "rank {rank}: alltoallv: the blocks sent to it exceed the address space"
+                    ))
+                })?;
+            }
+            output = vec![T::default(); total];
+            let (sends, recvs, errs) = agree(rank, &x, send_counts, None);
+            let data = Data {
+                kernels: Kernels::new(T::DTYPE, ReduceOp::Sum),
+                dtype: T::DTYPE,
+                input: input.as_ptr().cast(),
+                send_displs,
+                output: output.as_mut_ptr().cast(),
+                recv_displs: &displs,
+            };
+            // SAFETY: the send blocks were checked against `input`, which this call borrows;
+            // the receive blocks tile `output`.
+            unsafe { move_blocks(&shared, rank, &mut state, &x, &data, &sends, &recvs)? };
+            disagreement(rank, errs)?;
+            Ok(counts)
+        })();
+        let res = match res {
+            Ok(counts) => self.finish(state, Ok(())).map(|()| counts),
+            Err(e) => self.finish(state, Err(e)).map(|()| Vec::new()),
+        };
+        res.map(|counts| (output, counts))
+    }
 }
 
 #[cfg(test)]

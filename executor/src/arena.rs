@@ -109,6 +109,10 @@ pub(crate) fn corrupt_mark(seq: u64) -> u64 {
 /// Bit of a [`corrupt_mark`].
 pub(crate) const CORRUPT: u64 = 1 << 62;
 
+/// Calls of each rank whose fingerprints stay readable (the call fingerprints of `calls.rs`):
+/// the slots of [`Arena::call_slot`].
+pub(crate) const HISTORY: u64 = 2;
+
 /// Magic value at offset 0 (checked by ranks that map a region made by another).
 pub(crate) const MAGIC: u64 = 0x4843_434c_4152_4e32; // "HCCLARN2"
 
@@ -349,13 +353,13 @@ impl Arena {
     }
 
     /// The slot of `rank`'s call `seq` (its number and its fingerprint, see
-    /// [`crate::calls`]): words 3 to 6 of the rank's line hold [`crate::calls::HISTORY`]
+    /// `calls.rs`): words 3 to 6 of the rank's line hold [`HISTORY`]
     /// such slots. `None` where the header has no line for `rank`.
     pub(crate) fn call_slot(&self, rank: usize, seq: u64) -> Option<(&AtomicU64, &AtomicU64)> {
         if rank >= self.ranks() {
             return None;
         }
-        let at = 2 * LINE + rank * LINE + 24 + (seq % crate::calls::HISTORY) as usize * 16;
+        let at = 2 * LINE + rank * LINE + 24 + (seq % HISTORY) as usize * 16;
         Some((self.word(at), self.word(at + 8)))
     }
 

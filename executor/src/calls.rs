@@ -13,7 +13,7 @@
 //! ranks that exchange data never return wrong results as a success, whatever differs.
 //!
 //! The fingerprint is also published on the rank's line of the shared region
-//! ([`crate::arena::Arena::call_slot`]) for its last [`HISTORY`] calls. A rank that waits
+//! ([`crate::arena::Arena::call_slot`]) for its last [`crate::arena::HISTORY`] calls. A rank that waits
 //! for a peer compares its call with that peer's call of the same number at each liveness
 //! check (every 5 ms of waiting), so a mismatch that leaves ranks waiting without a message
 //! (a rank that sends nothing, an empty call) fails within milliseconds rather than at the
@@ -40,9 +40,6 @@ use crate::dtype::{DataType, ReduceOp};
 use crate::error::ExecError;
 use hccl_ir::{Collective, CollectiveKind};
 use std::sync::atomic::{Ordering, fence};
-
-/// Calls of each rank whose fingerprints stay readable.
-pub(crate) const HISTORY: u64 = 2;
 
 const OPS: [ReduceOp; 5] = [
     ReduceOp::Sum,
@@ -172,7 +169,7 @@ pub(crate) fn publish(arena: &Arena, rank: u32, seq: u64, print: u64) {
 }
 
 /// `peer`'s fingerprint of its call `seq`, if it has started that call and not yet
-/// [`HISTORY`] more.
+/// [`crate::arena::HISTORY`] more.
 pub(crate) fn read(arena: &Arena, peer: u32, seq: u64) -> Option<u64> {
     let (num, word) = arena.call_slot(peer as usize, seq)?;
     if num.load(Ordering::Acquire) != seq {

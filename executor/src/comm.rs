@@ -1,5 +1,6 @@
-//! Communicators: plan checks, buffer validation, placement adaptation, segmenting, and the
-//! typed blocking and non-blocking collective calls.
+//! Communicators: buffer validation, placement adaptation, segmenting, and the typed
+//! blocking and non-blocking collective calls; what a backend provides a group
+//! ([`Backend`]). The checks a plan passes first are `plan_checks.rs`.
 
 use crate::arena::Arena;
 use crate::config::{Config, PlanOrigin, PlanSource};
@@ -7,6 +8,7 @@ use crate::dtype::{Element, Kernels, ReduceOp};
 use crate::engine::{AlignedBuf, Bufs, Ctx, EngineState, Geometry, VarBlocks, raise_abort};
 use crate::error::{ExecError, Result};
 use crate::program::{self, ConnTable, Entry};
+use crate::transport::Transport;
 use hccl_ir::{Collective, CollectiveKind, PlanFile, Protocol};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -16,11 +18,12 @@ use std::sync::mpsc;
 pub(crate) struct Shared {
     pub arena: Arc<Arena>,
     /// Connections to ranks on other hosts (process backend), if any.
-    pub net: Option<Arc<crate::net::Net>>,
+    pub net: Option<Arc<dyn Transport>>,
     pub world: u32,
     pub config: Config,
     pub plan_hash: String,
-    /// Whether ranks are processes whose liveness can be checked through their pid.
+    /// Whether ranks are processes (which cannot read each other's buffers: no single-copy
+    /// sends).
     pub check_pids: bool,
     /// See [`Ctx::spin_polls`].
     pub spin_polls: u32,
@@ -28,28 +31,44 @@ pub(crate) struct Shared {
     pub origin: PlanSource,
     /// Where the plan this group runs came from.
     pub plan_origin: PlanOrigin,
-    /// How the survivors of this group meet to shrink it.
-    pub regroup: Regroup,
+    /// What the backend the group runs on provides: where ranks are, whether a rank's
+    /// process lives, how the survivors meet to shrink the group.
+    pub backend: Box<dyn Backend>,
 }
 
 impl Shared {
-    /// The host identity of `rank`: the rendezvous's table for processes, this machine's
-    /// for threads.
+    /// The host identity of `rank` ([`Backend::host_of`]).
     pub(crate) fn host_of(&self, rank: u32) -> String {
-        match &self.regroup {
-            Regroup::Process(rejoin) => rejoin.host_of(rank),
-            Regroup::Threads(_) => crate::net::host_id(),
-        }
+        self.backend.host_of(rank)
     }
 }
 
-/// How the survivors of a group meet to build the group without its failed ranks
-/// ([`Communicator::shrink`]).
-pub(crate) enum Regroup {
-    /// Threads of one process: a meeting point every communicator of the group shares.
-    Threads(Arc<crate::threads::Meeting>),
-    /// Processes: a new rendezvous at the lowest survivor's address.
-    Process(crate::process::Rejoin),
+/// What differs between the backends a group of ranks runs on, besides its region (which
+/// every backend provides as an [`Arena`]) and the transport between hosts
+/// ([`Transport`]). None of it is on the path of a step or a call: the communicator asks
+/// when it names a failed rank's host, when a wait checks a peer's liveness, and to shrink.
+pub(crate) trait Backend: Send + Sync {
+    /// The host identity of `rank`: the rendezvous's table for processes, this machine's
+    /// for threads.
+    fn host_of(&self, rank: u32) -> String;
+
+    /// Whether rank `p`'s process is gone (ranks that are processes publish their pid in the
+    /// region); never for ranks that are threads of this process.
+    fn process_gone(&self, arena: &Arena, p: u32) -> bool;
+
+    /// Rank `me` of this group joins the group of `alive` (the survivors of `failed`, in
+    /// increasing order), whose plan comes from `chosen` (`from`: the source it was chosen
+    /// from), with `config` ([`Communicator::shrink`]): the survivors meet as the backend
+    /// lets them, and each gets its communicator of the new group.
+    fn shrink(
+        &self,
+        me: u32,
+        failed: &[u32],
+        alive: &[u32],
+        chosen: PlanSource,
+        from: PlanSource,
+        config: Config,
+    ) -> Result<Communicator>;
 }
 
 /// The ranks of a `world`-rank group that survive `failed`, in increasing order (their new
@@ -129,166 +148,6 @@ pub(crate) fn spin_polls_for(ranks: u32) -> u32 {
     }
 }
 
-/// Checks the plan and prepares it for a job of `world` ranks in one process: verification,
-/// world size, entry filters; every connection.
-pub(crate) fn prepare_plan(
-    plan: &PlanFile,
-    world: u32,
-    config: &Config,
-) -> Result<(Vec<usize>, ConnTable)> {
-    let keep = check_plan(plan, world, config, None)?;
-    let conns = ConnTable::build(keep.iter().map(|&i| &plan.entries[i].schedule));
-    Ok((keep, conns))
-}
-
-/// Every entry is for `world` ranks.
-fn check_world(plan: &PlanFile, world: u32) -> Result<()> {
-    if world == 0 {
-        return Err(ExecError::Invalid("world size must be at least 1".into()));
-    }
-    for (i, e) in plan.entries.iter().enumerate() {
-        if e.schedule.nranks != world {
-            return Err(ExecError::WorldSize {
-                entry: i,
-                plan: e.schedule.nranks,
-                world,
-            });
-        }
-    }
-    Ok(())
-}
-
-/// The start checks of a rank holding a sealed plan's part (see [`hccl_ir::PlanPart`]): the
-/// world size and the checks `rank` can make of its own programs alone
-/// ([`hccl_ir::verify::check_rank`]); the seals vouch for the rest. The entries it keeps.
-pub(crate) fn check_part(
-    plan: &PlanFile,
-    rank: u32,
-    world: u32,
-    config: &Config,
-) -> Result<Vec<usize>> {
-    check_world(plan, world)?;
-    for (i, e) in plan.entries.iter().enumerate() {
-        if let Err(errs) = hccl_ir::verify::check_rank(&e.schedule, rank) {
-            return Err(ExecError::Verify {
-                entry: i,
-                collective: e.schedule.collective,
-                message: errs
-                    .iter()
-                    .take(3)
-                    .map(|e| e.to_string())
-                    .collect::<Vec<_>>()
-                    .join("; "),
-            });
-        }
-    }
-    tracing::debug!(
-        "plan checks: rank {rank}'s programs of {} sealed entries (HCCL_VERIFY={:?})",
-        plan.entries.len(),
-        config.verify
-    );
-    filter_entries(plan, config)
-}
-
-/// Checks the whole plan: world size, verification of every entry no seal covers (every
-/// entry with `HCCL_VERIFY=full`); the entries kept after `HCCL_ALGO` / `HCCL_PROTO`.
-/// `hashes`: the plan's [`PlanFile::schedule_hashes`], when the caller has them.
-pub(crate) fn check_plan(
-    plan: &PlanFile,
-    world: u32,
-    config: &Config,
-    hashes: Option<&[String]>,
-) -> Result<Vec<usize>> {
-    check_world(plan, world)?;
-    // Entries the compiler verified and sealed are not verified again (unless
-    // `HCCL_VERIFY=full`): at thousands of ranks that is most of a job's start.
-    let sealed = match (config.verify, hashes) {
-        (crate::config::VerifyMode::Full, _) => vec![false; plan.entries.len()],
-        (crate::config::VerifyMode::Unsealed, Some(h)) => plan.sealed_with(h),
-        (crate::config::VerifyMode::Unsealed, None) => plan.sealed(),
-    };
-    for (i, e) in plan.entries.iter().enumerate() {
-        if sealed[i] {
-            continue;
-        }
-        if let Err(errs) = hccl_ir::verify::verify_entry(e) {
-            let message = errs
-                .iter()
-                .take(3)
-                .map(|e| e.to_string())
-                .collect::<Vec<_>>()
-                .join("; ");
-            return Err(ExecError::Verify {
-                entry: i,
-                collective: e.schedule.collective,
-                message,
-            });
-        }
-    }
-    tracing::debug!(
-        "plan checks: {} of {} entries sealed by {} (HCCL_VERIFY={:?})",
-        sealed.iter().filter(|s| **s).count(),
-        plan.entries.len(),
-        hccl_ir::verify::VERIFIER,
-        config.verify
-    );
-    filter_entries(plan, config)
-}
-
-/// Applies `HCCL_ALGO` / `HCCL_PROTO`: per collective, keep only matching entries when the
-/// plan has any. An `HCCL_ALGO` that no entry of the plan has (a misspelt family, or one the
-/// plan was not compiled with) is [`ExecError::Env`] naming the plan's algorithms.
-fn filter_entries(plan: &PlanFile, config: &Config) -> Result<Vec<usize>> {
-    if let Some(algo) = &config.algo
-        && !plan
-            .entries
-            .iter()
-            .any(|e| e.algorithm.eq_ignore_ascii_case(algo))
-    {
-        let mut names: Vec<&str> = plan.entries.iter().map(|e| e.algorithm.as_str()).collect();
-        names.sort_unstable();
-        names.dedup();
-        return Err(ExecError::Env {
-            name: "HCCL_ALGO",
-            value: algo.clone(),
-            expected: format!(
-                "an algorithm of the plan's entries ({}; any case)",
-                names.join(", ")
-            ),
-        });
-    }
-    let mut keep: Vec<usize> = (0..plan.entries.len()).collect();
-    let mut apply = |pred: &dyn Fn(usize) -> bool, what: &str| {
-        let mut colls: Vec<Collective> = keep
-            .iter()
-            .map(|&i| plan.entries[i].schedule.collective)
-            .collect();
-        colls.sort();
-        colls.dedup();
-        for coll in colls {
-            let of = |i: &usize| plan.entries[*i].schedule.collective == coll;
-            if keep.iter().filter(|i| of(i)).any(|&i| pred(i)) {
-                keep.retain(|i| !of(i) || pred(*i));
-            } else {
-                tracing::warn!("{what} is not in the plan for {coll}; using all its entries");
-            }
-        }
-    };
-    if let Some(algo) = &config.algo {
-        apply(
-            &|i| plan.entries[i].algorithm.eq_ignore_ascii_case(algo),
-            &format!("HCCL_ALGO={algo}"),
-        );
-    }
-    if let Some(proto) = config.proto {
-        apply(
-            &|i| plan.entries[i].protocol == proto,
-            &format!("HCCL_PROTO={proto}"),
-        );
-    }
-    Ok(keep)
-}
-
 /// One rank's private state.
 pub(crate) struct RankState {
     /// Calls started (see [`crate::calls`]).
@@ -351,7 +210,7 @@ impl RankState {
 
 impl RankState {
     /// Routes this rank's network connections through `net`.
-    pub(crate) fn attach_net(&mut self, net: Arc<crate::net::Net>) {
+    pub(crate) fn attach_net(&mut self, net: Arc<dyn Transport>) {
         self.engine.attach_net(net);
     }
 }
@@ -410,7 +269,12 @@ unsafe impl Send for Call {}
 /// The entry for a call: one whose size range covers `bytes` (preferring the requested
 /// placement); failing that, the entry of the collective whose range lies nearest (a
 /// schedule is correct at any size; ranges only say where it is fastest).
-fn lookup(entries: &[Entry], coll: Collective, bytes: u64, in_place: bool) -> Option<usize> {
+pub(crate) fn lookup(
+    entries: &[Entry],
+    coll: Collective,
+    bytes: u64,
+    in_place: bool,
+) -> Option<usize> {
     lookup_where(entries, coll, bytes, in_place, |_| true)
 }
 
@@ -468,10 +332,127 @@ pub(crate) fn chunk_cap(config: &Config, entry: &Entry, es: usize) -> Result<(us
 }
 
 /// Runs one call on `rank`. Errors leave the caller's output undefined but reported.
+///
+/// Phases: the buffers checked ([`call_elements`]); the call's fingerprint published; its
+/// entry found; the schedule's buffers placed ([`place`]); the segments replayed
+/// ([`replay`]); the call finished ([`finish_call`]).
 pub(crate) fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Call) -> Result<()> {
-    let n = shared.world as usize;
     let coll = call.collective;
     let es = call.kernels.esize;
+    let (total, blocked) = call_elements(shared, rank, call)?;
+    let n = shared.world as usize;
+    // The call's number and fingerprint, published before anything can make this rank wait
+    // (an empty call included: its peers may wait for a non-empty one). Its placement is
+    // that of the schedule the rank runs: ranks may place their buffers differently as long
+    // as they run the same schedule (the executor adapts each rank's buffers to it).
+    st.calls += 1;
+    let seq = st.calls;
+    let check = shared.config.check_calls;
+    let publish = |in_place: bool| {
+        (check != crate::config::CallCheck::Off).then(|| {
+            let print = match call.print {
+                Some(p) => crate::calls::CallPrint { in_place, ..p },
+                None => crate::calls::CallPrint {
+                    collective: coll,
+                    vary: false,
+                    dtype: call.dtype,
+                    op: call.op,
+                    count: total as u64,
+                    in_place,
+                },
+            }
+            .pack();
+            crate::calls::publish(&shared.arena, rank, seq, print);
+            (seq, print)
+        })
+    };
+    // What is compared when the call ends (`HCCL_CHECK_CALLS=1`).
+    let at_end = |print: Option<(u64, u64)>| {
+        if check == crate::config::CallCheck::EveryCall {
+            check_calls(shared, rank, print)
+        } else {
+            Ok(())
+        }
+    };
+    if total == 0 {
+        return at_end(publish(false));
+    }
+    let count = if blocked { total / n } else { total };
+    let bytes = (total * es) as u64;
+    let Some(ei) = lookup(&st.entries, coll, bytes, call.in_place) else {
+        return Err(no_entry(&shared.config, coll, bytes));
+    };
+    let print = publish(st.entries[ei].in_place);
+    if let Some(t) = st.engine.trace.as_deref_mut() {
+        t.note_call(seq, bytes);
+    }
+    let RankState {
+        calls: _,
+        entries,
+        engine,
+        scratch,
+        stage,
+        ..
+    } = st;
+    let entry = &entries[ei];
+    let cpb = u64::from(if blocked {
+        entry.chunks / shared.world
+    } else {
+        entry.chunks
+    })
+    .max(1);
+    let (cap, ll) = chunk_cap(&shared.config, entry, es)?;
+    let stride = count as u64;
+    let segmax = cap as u64 * cpb;
+    let segs = stride.div_ceil(segmax).max(1);
+    let seglen = stride.div_ceil(segs);
+
+    // SAFETY: the buffers hold the lengths `call_elements` checked; `count` and `total` are
+    // what it computed.
+    let (in_ptr, out_ptr, post_copy) = unsafe { place(call, entry, stage, rank, count, total) };
+    let bufs = Bufs {
+        input: in_ptr,
+        output: out_ptr,
+        scratch: scratch.ptr(),
+    };
+    tracing::trace!(
+        rank,
+        %coll,
+        bytes,
+        entry = entry.index,
+        algorithm = %entry.algorithm,
+        segments = segs,
+        "collective start"
+    );
+    replay(
+        shared,
+        rank,
+        engine,
+        entry,
+        &bufs,
+        &call.kernels,
+        print,
+        Segments {
+            segs,
+            seglen,
+            stride,
+            cpb,
+            ll,
+            var: None,
+        },
+    )?;
+    // SAFETY: as for `place`; `post_copy` is what it returned.
+    unsafe { finish_call(shared, rank, call, post_copy, count, total) };
+    Ok(())
+}
+
+/// The elements of `call`'s whole collective buffer (N), once its root and the lengths of
+/// its buffers are checked against each other, and whether the collective is blocked
+/// (AllGather, ReduceScatter, AllToAll: N divides into one block per rank).
+#[inline]
+fn call_elements(shared: &Shared, rank: u32, call: &Call) -> Result<(usize, bool)> {
+    let n = shared.world as usize;
+    let coll = call.collective;
     let bad = |message: String| ExecError::BadBuffers {
         rank,
         collective: coll,
@@ -529,91 +510,54 @@ pub(crate) fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Cal
             "buffer of {total} elements does not divide into {n} ranks"
         )));
     }
-    // The call's number and fingerprint, published before anything can make this rank wait
-    // (an empty call included: its peers may wait for a non-empty one). Its placement is
-    // that of the schedule the rank runs: ranks may place their buffers differently as long
-    // as they run the same schedule (the executor adapts each rank's buffers to it).
-    st.calls += 1;
-    let seq = st.calls;
-    let check = shared.config.check_calls;
-    let publish = |in_place: bool| {
-        (check != crate::config::CallCheck::Off).then(|| {
-            let print = match call.print {
-                Some(p) => crate::calls::CallPrint { in_place, ..p },
-                None => crate::calls::CallPrint {
-                    collective: coll,
-                    vary: false,
-                    dtype: call.dtype,
-                    op: call.op,
-                    count: total as u64,
-                    in_place,
-                },
-            }
-            .pack();
-            crate::calls::publish(&shared.arena, rank, seq, print);
-            (seq, print)
-        })
-    };
-    // What is compared when the call ends (`HCCL_CHECK_CALLS=1`).
-    let at_end = |print: Option<(u64, u64)>| {
-        if check == crate::config::CallCheck::EveryCall {
-            check_calls(shared, rank, print)
-        } else {
-            Ok(())
-        }
-    };
-    if total == 0 {
-        return at_end(publish(false));
-    }
-    let count = if blocked { total / n } else { total };
-    let bytes = (total * es) as u64;
-    let Some(ei) = lookup(&st.entries, coll, bytes, call.in_place) else {
-        let cfg = &shared.config;
-        let mut filter = String::new();
-        if let Some(algo) = &cfg.algo {
-            filter += &format!(" (HCCL_ALGO={algo})");
-        }
-        if let Some(proto) = cfg.proto {
-            filter += &format!(" (HCCL_PROTO={proto})");
-        }
-        return Err(ExecError::NoEntry {
-            collective: coll,
-            bytes,
-            filter,
-        });
-    };
-    let print = publish(st.entries[ei].in_place);
-    if let Some(t) = st.engine.trace.as_deref_mut() {
-        t.note_call(seq, bytes);
-    }
-    let RankState {
-        calls: _,
-        entries,
-        engine,
-        scratch,
-        stage,
-        ..
-    } = st;
-    let entry = &entries[ei];
-    let cpb = u64::from(if blocked {
-        entry.chunks / shared.world
-    } else {
-        entry.chunks
-    })
-    .max(1);
-    let (cap, ll) = chunk_cap(&shared.config, entry, es)?;
-    let stride = count as u64;
-    let segmax = cap as u64 * cpb;
-    let segs = stride.div_ceil(segmax).max(1);
-    let seglen = stride.div_ceil(segs);
+    Ok((total, blocked))
+}
 
-    // Placement adaptation: point the schedule's Input/Output at the right memory.
+/// The error for a call no entry of the plan serves, naming the entry filters in force.
+#[cold]
+fn no_entry(cfg: &Config, collective: Collective, bytes: u64) -> ExecError {
+    let mut filter = String::new();
+    if let Some(algo) = &cfg.algo {
+        filter += &format!(" (HCCL_ALGO={algo})");
+    }
+    if let Some(proto) = cfg.proto {
+        filter += &format!(" (HCCL_PROTO={proto})");
+    }
+    ExecError::NoEntry {
+        collective,
+        bytes,
+        filter,
+    }
+}
+
+/// Placement adaptation: where the schedule's Input and Output point for `call` replayed
+/// by `entry` (an in-place call on an out-of-place schedule and vice versa), after copying
+/// into `stage` or the output what that placement needs first; and the copy that ends the
+/// call, if any (source, destination, bytes). `count` and `total` are the elements of a
+/// block and of the whole buffer.
+///
+/// # Safety
+///
+/// `call`'s buffers hold the elements [`call_elements`] checked, `count` and `total` being
+/// what it computed.
+#[inline]
+#[allow(clippy::type_complexity)]
+unsafe fn place(
+    call: &Call,
+    entry: &Entry,
+    stage: &mut AlignedBuf,
+    rank: u32,
+    count: usize,
+    total: usize,
+) -> (*mut u8, *mut u8, Option<(*const u8, *mut u8, usize)>) {
+    let kind = call.collective.kind();
+    let es = call.kernels.esize;
     let r_off = rank as usize * count * es;
     let input = call.input.cast_mut();
     let output = call.output;
     let mut post_copy: Option<(*const u8, *mut u8, usize)> = None;
-    // SAFETY: all pointer arithmetic stays inside the caller's buffers (lengths checked
-    // above) or the stage buffer reserved right before it is used.
+    // SAFETY: all pointer arithmetic stays inside the caller's buffers (lengths checked by
+    // `call_elements`) or the stage buffer reserved right before it is used.
     let (in_ptr, out_ptr) = unsafe {
         match (call.in_place, entry.in_place) {
             (false, false) => {
@@ -665,38 +609,29 @@ pub(crate) fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Cal
             },
         }
     };
-    let bufs = Bufs {
-        input: in_ptr,
-        output: out_ptr,
-        scratch: scratch.ptr(),
-    };
-    tracing::trace!(
-        rank,
-        %coll,
-        bytes,
-        entry = entry.index,
-        algorithm = %entry.algorithm,
-        segments = segs,
-        "collective start"
-    );
-    replay(
-        shared,
-        rank,
-        engine,
-        entry,
-        &bufs,
-        &call.kernels,
-        print,
-        Segments {
-            segs,
-            seglen,
-            stride,
-            cpb,
-            ll,
-            var: None,
-        },
-    )?;
-    // SAFETY: as above.
+    (in_ptr, out_ptr, post_copy)
+}
+
+/// The end of a call: the copy [`place`] left (`post_copy`), then the finishing pass of
+/// `avg` (a division by the world size) over what this rank's output holds of the result.
+///
+/// # Safety
+///
+/// As for [`place`], `post_copy` being what it returned.
+#[inline]
+unsafe fn finish_call(
+    shared: &Shared,
+    rank: u32,
+    call: &Call,
+    post_copy: Option<(*const u8, *mut u8, usize)>,
+    count: usize,
+    total: usize,
+) {
+    let coll = call.collective;
+    let kind = coll.kind();
+    let output = call.output;
+    let r_off = rank as usize * count * call.kernels.esize;
+    // SAFETY: see the function's contract.
     unsafe {
         if let Some((src, dst, len)) = post_copy {
             crate::copy::copy(dst, src, len);
@@ -715,7 +650,6 @@ pub(crate) fn execute(shared: &Shared, rank: u32, st: &mut RankState, call: &Cal
             }
         }
     }
-    Ok(())
 }
 
 /// How a call is cut into segments (see [`crate::engine`]).
@@ -881,11 +815,8 @@ fn peer_failure(shared: &Shared, p: u32) -> Option<String> {
     if shared.arena.gone(p as usize).load(Ordering::Acquire) != 0 {
         return Some("it left the communicator".into());
     }
-    if shared.check_pids {
-        let pid = shared.arena.pid(p as usize).load(Ordering::Acquire);
-        if pid != 0 && !crate::process::pid_alive(pid) {
-            return Some("it died".into());
-        }
+    if shared.backend.process_gone(&shared.arena, p) {
+        return Some("it died".into());
     }
     None
 }
@@ -929,9 +860,9 @@ impl Drop for Worker {
 /// concurrently. After a failed call the communicator is poisoned: later calls return
 /// [`ExecError::Poisoned`].
 pub struct Communicator {
-    rank: u32,
-    shared: Arc<Shared>,
-    state: Option<Box<RankState>>,
+    pub(crate) rank: u32,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) state: Option<Box<RankState>>,
     poisoned: Option<String>,
     worker: Option<Worker>,
 }
@@ -999,36 +930,6 @@ impl Communicator {
         Some(EntryInfo {
             index: e.index,
             algorithm: e.algorithm.clone(),
-            protocol: e.protocol,
-            chunks: e.chunks,
-            in_place: e.in_place,
-        })
-    }
-
-    /// The entry an AllToAllv would replay, as this rank sees the plan (see
-    /// [`crate::alltoallv`]), `bytes` being `n` times its largest block (in bytes): the
-    /// nearest entry it can replay block by block, else the AllToAll entry for `bytes`, whose
-    /// algorithm is then marked `(padded)`.
-    pub fn all_to_all_v_entry(&self, bytes: u64) -> Option<EntryInfo> {
-        let st = self.state.as_ref()?;
-        let n = self.shared.world;
-        let direct = |i: usize| crate::alltoallv::blockwise(&st.entries[i], self.rank, n);
-        let (i, padded) =
-            match lookup_where(&st.entries, Collective::AllToAll, bytes, false, direct) {
-                Some(i) => (i, false),
-                None => (
-                    lookup(&st.entries, Collective::AllToAll, bytes, false)?,
-                    true,
-                ),
-            };
-        let e = &st.entries[i];
-        Some(EntryInfo {
-            index: e.index,
-            algorithm: if padded {
-                format!("{} (padded)", e.algorithm)
-            } else {
-                e.algorithm.clone()
-            },
             protocol: e.protocol,
             chunks: e.chunks,
             in_place: e.in_place,
@@ -1124,14 +1025,10 @@ impl Communicator {
             };
             t.dir = t.dir.join(format!("shrink-without-{without}"));
         }
-        let comm = match &self.shared.regroup {
-            Regroup::Threads(meeting) => {
-                meeting.shrink(me, &failed, &alive, chosen, source, config)?
-            }
-            Regroup::Process(rejoin) => {
-                rejoin.shrink(me, &failed, &alive, chosen, source, config)?
-            }
-        };
+        let comm = self
+            .shared
+            .backend
+            .shrink(me, &failed, &alive, chosen, source, config)?;
         tracing::info!(
             rank = comm.rank(),
             was = me,
@@ -1231,7 +1128,7 @@ impl Communicator {
         }
     }
 
-    fn take_state(&mut self) -> Result<Box<RankState>> {
+    pub(crate) fn take_state(&mut self) -> Result<Box<RankState>> {
         if let Some(reason) = &self.poisoned {
             return Err(ExecError::Poisoned {
                 rank: self.rank,
@@ -1244,7 +1141,7 @@ impl Communicator {
         })
     }
 
-    fn finish(&mut self, state: Box<RankState>, res: Result<()>) -> Result<()> {
+    pub(crate) fn finish(&mut self, state: Box<RankState>, res: Result<()>) -> Result<()> {
         self.state = Some(state);
         if let Err(e) = &res
             && !matches!(
@@ -1497,130 +1394,6 @@ impl Communicator {
         /// AllToAll: block `b` of this rank's input goes to block `r` of rank `b`'s output.
         all_to_all, all_to_all_in_place, Collective::AllToAll, plain
     );
-
-    /// AllToAllv (`MPI_Alltoallv`): `send_counts[p]` elements from `send_displs[p]` of this
-    /// rank's input go to rank `p`, which receives them at its `recv_displs[r]`
-    /// (`recv_counts[r]` elements, `r` this rank). Every slice has one entry per rank; counts
-    /// may be zero; send blocks may overlap, receive blocks with elements may not.
-    ///
-    /// Every call first exchanges the counts (a small AllToAll), so counts that disagree
-    /// between a sender and its receiver are an error, [`ExecError::BadBuffers`] naming both
-    /// ranks and their counts, returned by both ranks once the call completes (the blocks of
-    /// that pair move the smaller count; ranks whose pairs agree get their results). See
-    /// [`crate::alltoallv`] for how the plan's AllToAll entries carry blocks of their own
-    /// sizes.
-    #[allow(clippy::too_many_arguments)]
-    pub fn all_to_all_v<T: Element>(
-        &mut self,
-        input: &[T],
-        send_counts: &[usize],
-        send_displs: &[usize],
-        output: &mut [T],
-        recv_counts: &[usize],
-        recv_displs: &[usize],
-    ) -> Result<()> {
-        use crate::alltoallv as v;
-        let mut state = self.take_state()?;
-        let (rank, n) = (self.rank, self.shared.world);
-        let shared = Arc::clone(&self.shared);
-        let res = (|| {
-            let send = v::Side {
-                counts: send_counts,
-                displs: send_displs,
-                len: input.len(),
-            };
-            let recv = v::Side {
-                counts: recv_counts,
-                displs: recv_displs,
-                len: output.len(),
-            };
-            v::check_side(rank, n, send, "send", false)?;
-            v::check_side(rank, n, recv, "receive", true)?;
-            let x = v::exchange(
-                &shared,
-                rank,
-                &mut state,
-                T::DTYPE,
-                send_counts,
-                Some(recv_counts),
-            )?;
-            let (sends, recvs, errs) = v::agree(rank, &x, send_counts, Some(recv_counts));
-            let data = v::Data {
-                kernels: Kernels::new(T::DTYPE, ReduceOp::Sum),
-                dtype: T::DTYPE,
-                input: input.as_ptr().cast(),
-                send_displs,
-                output: output.as_mut_ptr().cast(),
-                recv_displs,
-            };
-            // SAFETY: the blocks were checked against the slices, which this call borrows.
-            unsafe { v::move_blocks(&shared, rank, &mut state, &x, &data, &sends, &recvs)? };
-            v::disagreement(rank, errs)
-        })();
-        self.finish(state, res)
-    }
-
-    /// AllToAllv whose receive counts come from the senders: `send_counts[p]` elements from
-    /// `send_displs[p]` of this rank's input go to rank `p`. Returns the received blocks
-    /// packed in rank order (rank `p`'s at the sum of the counts of the ranks before it) and
-    /// the count received from each rank. Peers may pass either form
-    /// ([`Communicator::all_to_all_v`] checks its receive counts against what comes).
-    pub fn all_to_all_v_exchanged<T: Element>(
-        &mut self,
-        input: &[T],
-        send_counts: &[usize],
-        send_displs: &[usize],
-    ) -> Result<(Vec<T>, Vec<usize>)> {
-        use crate::alltoallv as v;
-        let mut state = self.take_state()?;
-        let (rank, n) = (self.rank, self.shared.world);
-        let shared = Arc::clone(&self.shared);
-        let mut output = Vec::new();
-        let res = (|| {
-            let send = v::Side {
-                counts: send_counts,
-                displs: send_displs,
-                len: input.len(),
-            };
-            v::check_side(rank, n, send, "send", false)?;
-            let x = v::exchange(&shared, rank, &mut state, T::DTYPE, send_counts, None)?;
-            let counts: Vec<usize> = x
-                .from
-                .iter()
-                .map(|&c| usize::try_from(c).unwrap_or(usize::MAX))
-                .collect();
-            let mut displs = Vec::with_capacity(counts.len());
-            let mut total = 0usize;
-            for &c in &counts {
-                displs.push(total);
-                total = total.checked_add(c).ok_or_else(|| {
-                    ExecError::Invalid(format!(
-                        "rank {rank}: alltoallv: the blocks sent to it exceed the address space"
-                    ))
-                })?;
-            }
-            output = vec![T::default(); total];
-            let (sends, recvs, errs) = v::agree(rank, &x, send_counts, None);
-            let data = v::Data {
-                kernels: Kernels::new(T::DTYPE, ReduceOp::Sum),
-                dtype: T::DTYPE,
-                input: input.as_ptr().cast(),
-                send_displs,
-                output: output.as_mut_ptr().cast(),
-                recv_displs: &displs,
-            };
-            // SAFETY: the send blocks were checked against `input`, which this call borrows;
-            // the receive blocks tile `output`.
-            unsafe { v::move_blocks(&shared, rank, &mut state, &x, &data, &sends, &recvs)? };
-            v::disagreement(rank, errs)?;
-            Ok(counts)
-        })();
-        let res = match res {
-            Ok(counts) => self.finish(state, Ok(())).map(|()| counts),
-            Err(e) => self.finish(state, Err(e)).map(|()| Vec::new()),
-        };
-        res.map(|counts| (output, counts))
-    }
 
     /// Broadcast: every output becomes the root's input (which only the root reads).
     pub fn broadcast<T: Element>(

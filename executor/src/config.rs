@@ -1,8 +1,9 @@
 //! Configuration: timeouts, slot size, entry filters, network settings, and where plans come
 //! from — with the environment overrides `HCCL_PLAN`, `HCCL_ALGO`, `HCCL_PROTO`,
 //! `HCCL_DEBUG`, `HCCL_TIMEOUT`, `HCCL_SLOT_BYTES`, `HCCL_VERIFY`, `HCCL_CHECK_CALLS`,
-//! `HCCL_CHECKSUM`, `HCCL_TRACE`, `HCCL_TRACE_CALLS`, `HCCL_SHM_DIR` and the network's (see [`crate::net::NetConfig::from_env`]).
+//! `HCCL_CHECKSUM`, `HCCL_TRACE`, `HCCL_TRACE_CALLS`, `HCCL_SHM_DIR` and the network's (see [`NetConfig::from_env`]).
 
+use crate::env_vars::env;
 use crate::error::{ExecError, Result};
 use hccl_ir::{PlanFile, Protocol};
 use std::path::{Path, PathBuf};
@@ -39,7 +40,7 @@ pub struct Config {
     /// Use only entries of this protocol where the plan has one for the collective.
     pub proto: Option<Protocol>,
     /// Connections between hosts (process backend): sockets, threads, interface, transport.
-    pub net: crate::net::NetConfig,
+    pub net: NetConfig,
     /// Which entries are verified at start.
     pub verify: VerifyMode,
     /// How ranks compare their calls' fingerprints (`HCCL_CHECK_CALLS`).
@@ -90,7 +91,7 @@ impl Default for Config {
             slot_bytes: DEFAULT_SLOT_BYTES,
             algo: None,
             proto: None,
-            net: crate::net::NetConfig::default(),
+            net: NetConfig::default(),
             verify: VerifyMode::default(),
             check_calls: CallCheck::default(),
             checksum: false,
@@ -113,7 +114,7 @@ impl Config {
         crate::env_vars::warn_unknown_vars();
         let mut cfg = Config::from_vars(env)?;
         init_tracing();
-        cfg.net = crate::net::NetConfig::from_env()?;
+        cfg.net = NetConfig::from_env()?;
         Ok(cfg)
     }
 
@@ -230,7 +231,7 @@ impl Config {
     }
 
     /// Sets the network settings.
-    pub fn with_net(mut self, net: crate::net::NetConfig) -> Config {
+    pub fn with_net(mut self, net: NetConfig) -> Config {
         self.net = net;
         self
     }
@@ -287,10 +288,6 @@ fn debug_level(value: &str) -> Result<String> {
             expected: format!("one of {} (any case)", DEBUG_LEVELS.join(", ")),
         })
     }
-}
-
-pub(crate) fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
 /// Installs a `tracing` subscriber at the level `HCCL_DEBUG` names (`WARN`, `INFO`,
@@ -473,6 +470,144 @@ pub fn load_path(path: &Path) -> Result<PlanFile> {
         }
     }
     merged.ok_or_else(|| dir_err("no *.ron plan files in directory".to_string()))
+}
+
+/// Most sockets per pair of ranks (`HCCL_NSOCKS`).
+const MAX_NSOCKS: usize = 64;
+
+/// Which network transport carries data between hosts (`HCCL_NET`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetKind {
+    /// RDMA when compiled in and a device is present, else TCP.
+    Auto,
+    /// TCP sockets.
+    Socket,
+    /// RDMA (InfiniBand / RoCE) through `ibverbs`; an error when unavailable.
+    Ib,
+}
+
+/// Network settings, from the environment.
+#[derive(Debug, Clone)]
+pub struct NetConfig {
+    /// Sockets per pair of ranks on different hosts (`HCCL_NSOCKS`, 1..=64).
+    pub nsocks: usize,
+    /// Threads that write one message's parts concurrently (`HCCL_NTHREADS`, 1..=nsocks).
+    pub nthreads: usize,
+    /// Interfaces allowed for data sockets (`HCCL_SOCKET_IFNAME`).
+    pub ifname: Option<IfSpec>,
+    /// Transport choice (`HCCL_NET=ib|socket`).
+    pub kind: NetKind,
+    /// RDMA device (`HCCL_IB_HCA`, a device name prefix, optionally `:port`).
+    pub ib_hca: Option<String>,
+}
+
+impl Default for NetConfig {
+    fn default() -> NetConfig {
+        NetConfig {
+            nsocks: 1,
+            nthreads: 1,
+            ifname: None,
+            kind: NetKind::Auto,
+            ib_hca: None,
+        }
+    }
+}
+
+impl NetConfig {
+    /// Defaults overridden by `HCCL_NSOCKS`, `HCCL_NTHREADS`, `HCCL_SOCKET_IFNAME`,
+    /// `HCCL_NET` and `HCCL_IB_HCA`.
+    pub fn from_env() -> Result<NetConfig> {
+        let var = |n: &str| std::env::var(n).ok().filter(|v| !v.trim().is_empty());
+        let mut cfg = NetConfig::default();
+        let count = |name: &'static str, v: String, max: usize| {
+            v.trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=max).contains(n))
+                .ok_or_else(|| ExecError::Env {
+                    name,
+                    value: v.clone(),
+                    expected: format!("1 to {max}"),
+                })
+        };
+        if let Some(v) = var("HCCL_NSOCKS") {
+            cfg.nsocks = count("HCCL_NSOCKS", v, MAX_NSOCKS)?;
+        }
+        if let Some(v) = var("HCCL_NTHREADS") {
+            cfg.nthreads = count("HCCL_NTHREADS", v, MAX_NSOCKS)?;
+        }
+        cfg.nthreads = cfg.nthreads.min(cfg.nsocks);
+        if let Some(v) = var("HCCL_SOCKET_IFNAME") {
+            cfg.ifname = Some(IfSpec::parse(&v).map_err(ExecError::Invalid)?);
+        }
+        if let Some(v) = var("HCCL_NET") {
+            cfg.kind = match v.trim().to_ascii_lowercase().as_str() {
+                "ib" | "rdma" => NetKind::Ib,
+                "socket" | "tcp" => NetKind::Socket,
+                _ => {
+                    return Err(ExecError::Env {
+                        name: "HCCL_NET",
+                        value: v,
+                        expected: "ib (or rdma) or socket (or tcp)".into(),
+                    });
+                }
+            };
+        }
+        cfg.ib_hca = var("HCCL_IB_HCA");
+        Ok(cfg)
+    }
+}
+
+/// A parsed `HCCL_SOCKET_IFNAME` (NCCL's syntax): a comma-separated list of interface name
+/// prefixes (`eth,ib`); a leading `^` excludes the listed interfaces instead (`^docker,lo`);
+/// a leading `=` (after the `^` if any) makes the names exact rather than prefixes
+/// (`=eth0`, `^=docker0`). Which address it selects: `net::iface::choose`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IfSpec {
+    exclude: bool,
+    exact: bool,
+    names: Vec<String>,
+}
+
+impl IfSpec {
+    /// Parses the variable's value.
+    pub fn parse(text: &str) -> Result<IfSpec, String> {
+        let mut rest = text.trim();
+        let exclude = rest.starts_with('^');
+        if exclude {
+            rest = &rest[1..];
+        }
+        let exact = rest.starts_with('=');
+        if exact {
+            rest = &rest[1..];
+        }
+        let names: Vec<String> = rest
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(String::from)
+            .collect();
+        if names.is_empty() {
+            return Err(format!("HCCL_SOCKET_IFNAME={text}: names no interface"));
+        }
+        Ok(IfSpec {
+            exclude,
+            exact,
+            names,
+        })
+    }
+
+    /// Whether interface `name` may be used.
+    pub fn matches(&self, name: &str) -> bool {
+        let listed = self.names.iter().any(|n| {
+            if self.exact {
+                name == n
+            } else {
+                name.starts_with(n.as_str())
+            }
+        });
+        listed != self.exclude
+    }
 }
 
 #[cfg(test)]

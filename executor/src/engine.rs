@@ -60,6 +60,7 @@ use crate::arena::{Arena, INLINE, LL_SLOTS, MATERIALIZING, POINTER, READING};
 use crate::dtype::Kernels;
 use crate::error::{ExecError, Result};
 use crate::program::{Instr, Kind, Program};
+use crate::transport::{Dir, Seg, Transport};
 use hccl_ir::{Buf, CONNECTION_SLOTS, Loc};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -188,7 +189,7 @@ pub(crate) struct EngineState {
     /// Adaptive spin budget (polls before yielding), see [`Waiter`]; 0 until first used.
     spin: u32,
     /// Connections to and from ranks on other hosts (process backend across hosts).
-    net: Option<std::sync::Arc<crate::net::Net>>,
+    net: Option<std::sync::Arc<dyn Transport>>,
     /// Per connection: [`LOCAL`], [`NET_OUT`] or [`NET_IN`].
     remote: Vec<u8>,
     /// This call's [`Ctx::checksum`], [`Ctx::rank`] and [`Ctx::call`].
@@ -276,8 +277,7 @@ impl EngineState {
     }
 
     /// Routes the connections `net` carries over the network.
-    pub(crate) fn attach_net(&mut self, net: std::sync::Arc<crate::net::Net>) {
-        use crate::net::Dir;
+    pub(crate) fn attach_net(&mut self, net: std::sync::Arc<dyn Transport>) {
         for (r, d) in self.remote.iter_mut().zip(net.dirs()) {
             *r = match d {
                 Dir::Local => LOCAL,
@@ -290,7 +290,7 @@ impl EngineState {
 
     /// Sends message `segs` on network connection `c` and counts it as published.
     #[inline(never)]
-    fn publish_net(&mut self, c: u32, segs: &[crate::net::proto::Seg]) {
+    fn publish_net(&mut self, c: u32, segs: &[Seg]) {
         let seq = self.send_seq[c as usize];
         if let Some(net) = &self.net {
             net.send(c, seq, segs, self.call);
@@ -697,10 +697,10 @@ impl EngineState {
         };
         if self.remote[c as usize] == NET_OUT {
             // Straight from the chunks to the socket: no copy into the local slot.
-            let segs: Vec<crate::net::proto::Seg> = (0..ins.count)
+            let segs: Vec<Seg> = (0..ins.count)
                 .map(|i| {
                     let (p, l) = chunk(i);
-                    crate::net::proto::Seg {
+                    Seg {
                         off: i as usize * geo.maxc * es,
                         ptr: p,
                         len: l * es,
@@ -877,7 +877,7 @@ impl EngineState {
     #[inline]
     fn publish_inline(&mut self, arena: &Arena, sc: bool, c: u32, bytes: usize) {
         if self.remote[c as usize] == NET_OUT {
-            let seg = crate::net::proto::Seg {
+            let seg = Seg {
                 off: 0,
                 ptr: arena.slot(c, self.send_seq[c as usize]),
                 len: bytes,

@@ -91,6 +91,11 @@ where
         .collect()
 }
 
+/// The value of variable `name`, unless unset or blank.
+pub(crate) fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
 /// Prints on stderr a warning for every unknown `HCCL_*` variable of this process's
 /// environment, each name once per process (a process may start many communicators).
 pub(crate) fn warn_unknown_vars() {

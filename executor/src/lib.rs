@@ -53,12 +53,11 @@
 pub mod affinity;
 pub mod alltoallv;
 pub mod arena;
+mod backends;
 mod calls;
 pub mod comm;
 pub mod config;
 mod copy;
-#[cfg(feature = "cuda")]
-pub mod cuda;
 pub mod dtype;
 pub mod engine;
 pub mod env_vars;
@@ -66,14 +65,17 @@ pub mod error;
 pub mod fallback;
 #[doc(hidden)]
 pub mod fault;
-#[doc(hidden)]
-pub mod fuzz;
-pub mod net;
-pub mod process;
+mod plan_checks;
 pub mod program;
-pub mod threads;
 pub mod trace;
+mod transport;
 pub mod waits;
+
+#[cfg(feature = "cuda")]
+pub use backends::cuda;
+#[doc(hidden)]
+pub use backends::fuzz;
+pub use backends::{net, process, threads};
 
 pub use comm::{AbortHandle, Buffers, Communicator, EntryInfo, OwnedBuffers, Request};
 pub use config::{CallCheck, Config, PlanOrigin, PlanSource, VerifyMode};

@@ -202,27 +202,7 @@ pub(crate) fn compile(
         step: step as u32,
         message,
     };
-    let header = |message: String| bad(0, 0, message);
-    if s.ranks.len() != n as usize {
-        return Err(header(format!(
-            "schedule lists {} rank programs for {n} ranks",
-            s.ranks.len()
-        )));
-    }
-    match s.collective.buffer_chunks(n, s.chunks) {
-        Some((i, o)) if i == s.input_chunks && o == s.output_chunks && s.chunks > 0 => {}
-        _ => {
-            return Err(header(format!(
-                "buffer extents {}/{} do not fit {} with {} chunks",
-                s.input_chunks, s.output_chunks, s.collective, s.chunks
-            )));
-        }
-    }
-    if let Some(root) = s.collective.root()
-        && root >= n
-    {
-        return Err(header(format!("root {root} out of range")));
-    }
+    check_shape(s, |message| bad(0, 0, message))?;
     // Only messages pass through connection slots; local copies and reductions work chunk
     // by chunk in the caller's buffers and scratch, so a whole-buffer local copy (the root's
     // Input to Output of an out-of-place Broadcast of many chunks) must not shrink the
@@ -260,19 +240,7 @@ pub(crate) fn compile(
                 }
                 Ok(())
             };
-            let (kind, src, dst) = match step.op {
-                Op::Send { src, .. } => (Kind::Send, Some(src), None),
-                Op::Recv { dst, .. } => (Kind::Recv, None, Some(dst)),
-                Op::RecvReduceCopy { src, dst, .. } => (Kind::RecvReduceCopy, Some(src), Some(dst)),
-                Op::RecvReduceSend { src, .. } => (Kind::RecvReduceSend, Some(src), None),
-                Op::RecvReduceCopySend { src, dst, .. } => {
-                    (Kind::RecvReduceCopySend, Some(src), Some(dst))
-                }
-                Op::RecvCopySend { dst, .. } => (Kind::RecvCopySend, None, Some(dst)),
-                Op::Copy { src, dst } => (Kind::Copy, Some(src), Some(dst)),
-                Op::Reduce { src, dst } => (Kind::Reduce, Some(src), Some(dst)),
-                Op::Nop => (Kind::Nop, None, None),
-            };
+            let (kind, src, dst) = parts(step.op);
             if kind == Kind::RecvReduceSend {
                 hold = true;
             }
@@ -343,4 +311,47 @@ pub(crate) fn compile(
         max_scratch,
         program: out,
     })
+}
+
+/// Checks a schedule's shape before its steps: a program per rank, buffer extents that fit
+/// its collective and chunks, a root among its ranks. `header` makes the error.
+fn check_shape(s: &Schedule, header: impl Fn(String) -> ExecError) -> Result<()> {
+    let n = s.nranks;
+    if s.ranks.len() != n as usize {
+        return Err(header(format!(
+            "schedule lists {} rank programs for {n} ranks",
+            s.ranks.len()
+        )));
+    }
+    match s.collective.buffer_chunks(n, s.chunks) {
+        Some((i, o)) if i == s.input_chunks && o == s.output_chunks && s.chunks > 0 => {}
+        _ => {
+            return Err(header(format!(
+                "buffer extents {}/{} do not fit {} with {} chunks",
+                s.input_chunks, s.output_chunks, s.collective, s.chunks
+            )));
+        }
+    }
+    if let Some(root) = s.collective.root()
+        && root >= n
+    {
+        return Err(header(format!("root {root} out of range")));
+    }
+    Ok(())
+}
+
+/// The instruction kind of `op`, and the locations it reads and writes.
+#[inline]
+fn parts(op: Op) -> (Kind, Option<Loc>, Option<Loc>) {
+    match op {
+        Op::Send { src, .. } => (Kind::Send, Some(src), None),
+        Op::Recv { dst, .. } => (Kind::Recv, None, Some(dst)),
+        Op::RecvReduceCopy { src, dst, .. } => (Kind::RecvReduceCopy, Some(src), Some(dst)),
+        Op::RecvReduceSend { src, .. } => (Kind::RecvReduceSend, Some(src), None),
+        Op::RecvReduceCopySend { src, dst, .. } => (Kind::RecvReduceCopySend, Some(src), Some(dst)),
+        Op::RecvCopySend { dst, .. } => (Kind::RecvCopySend, None, Some(dst)),
+        Op::Copy { src, dst } => (Kind::Copy, Some(src), Some(dst)),
+        Op::Reduce { src, dst } => (Kind::Reduce, Some(src), Some(dst)),
+        Op::Nop => (Kind::Nop, None, None),
+    }
 }

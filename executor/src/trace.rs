@@ -59,7 +59,7 @@ pub struct TraceConfig {
 /// `HCCL_TRACE_CALLS`: how many calls a traced rank records ([`DEFAULT_TRACE_CALLS`] when
 /// unset).
 pub fn calls_from_env() -> crate::Result<u32> {
-    calls_from(crate::config::env("HCCL_TRACE_CALLS"))
+    calls_from(crate::env_vars::env("HCCL_TRACE_CALLS"))
 }
 
 /// [`calls_from_env`] of the value `HCCL_TRACE_CALLS` has (`None`: unset).

@@ -264,8 +264,8 @@ pub(crate) fn report(
     }
 }
 
-/// The host name of a host identity: `name/boot-id` (the default identity, see
-/// [`crate::net::host_id`]) loses its boot id; anything else (`HCCL_HOST_ID`) stays.
+/// The host name of a host identity: `name/boot-id` (the default identity the backends
+/// give a host) loses its boot id; anything else (`HCCL_HOST_ID`) stays.
 ///
 /// A suffix the rendezvous added to tell apart ranks that claim one host but cannot share
 /// memory (`+shm:…`, `+machine:…`) stays after the name.

@@ -35,7 +35,7 @@ def hcclc() -> str:
     for c in candidates:
         if c and Path(c).is_file() and os.access(c, os.X_OK):
             return c
-    pytest.skip("no hcclc binary: build it with `cargo build -p hccl-compiler --bin hcclc`")
+    pytest.skip("no hcclc binary: build it with `cargo build -p hcclc`")
 
 
 def run(cmd, **kw):

@@ -107,6 +107,8 @@ fn names_read() -> BTreeMap<String, Vec<String>> {
         "topologies",
         "compiler",
         "executor",
+        "hcclc",
+        "hccl-perf",
         "src",
         "tests",
         "examples",

@@ -1,6 +1,6 @@
 //! The workspace's integration tests of the facade crate, one binary: each file here is a
 //! module (one link of the dependency graph for all of them instead of one per file). Run one
-//! file's tests with a filter on its module, `cargo test -p hccl --test it perf_cli::`.
+//! file's tests with a filter on its module, `cargo test -p hccl --test it synthesized_plans::`.
 //! Nothing here changes process-wide state (environment, working directory, signal handlers):
 //! the tests run as threads of one process.
 //!
@@ -14,7 +14,7 @@ mod common;
 mod env_table;
 mod examples;
 mod fuzz_corpus;
-mod perf_cli;
+mod plan_builders;
 mod soak;
 mod synthesized_plans;
 mod tidy;

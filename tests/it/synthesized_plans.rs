@@ -7,77 +7,17 @@
 //! and out of place, element counts smaller than the chunk count and not divisible by it.
 
 use crate::common;
+use crate::plan_builders::{candidates, params_of, plan_of, ring4, shipped};
 
 use common::{Case, check, config, count_for};
-use hccl_compiler::families::{Candidate, FamilyParams, families_for};
+use hccl_compiler::families::{Candidate, FamilyParams};
 use hccl_compiler::synth::SynthLevel;
 use hccl_executor::{
     Bootstrap, Communicator, Config, DataType, ProcessGroup, ReduceOp, ThreadGroup,
 };
-use hccl_ir::{Collective, PlanEntry, PlanFile, PlanMeta, Protocol};
+use hccl_ir::{Collective, PlanFile, Protocol};
 use hccl_topologies::Topology;
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::Instant;
-
-fn shipped(name: &str) -> Topology {
-    hccl_topologies::shipped_by_name(name).unwrap_or_else(|| panic!("{name} is shipped"))
-}
-
-/// What `hcclc topo gen ring --ranks 4 --bw 25 --latency 1` makes.
-fn ring4() -> Topology {
-    hccl_topologies::build(hccl_topologies::generate::ring(4, 25.0, 1.0), "ring4")
-        .expect("a 4-ring builds")
-}
-
-/// The parameter sets `family` offers for `collective` on `topo` (the search's space).
-fn params_of(family: &str, topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
-    families_for(SynthLevel::Full)
-        .into_iter()
-        .find(|f| f.name() == family)
-        .unwrap_or_else(|| panic!("no family {family}"))
-        .param_space(topo, collective)
-}
-
-/// The schedules of `family` at `params`, out of place and (where it has them) in place.
-fn candidates(
-    family: &str,
-    topo: &Topology,
-    collective: Collective,
-    params: FamilyParams,
-) -> Vec<Candidate> {
-    let mut out = Vec::new();
-    for in_place in [false, true] {
-        let got =
-            hccl_compiler::families::generate_with(family, topo, collective, params, in_place)
-                .unwrap_or_else(|| panic!("no family {family}"));
-        out.extend(got);
-    }
-    out
-}
-
-/// A plan whose entries are `cands` (every size, protocol `proto`), for `topo`.
-fn plan_of(topo: &Topology, cands: &[&Candidate], proto: Protocol) -> PlanFile {
-    let mut plan = PlanFile::new(PlanMeta {
-        topology: topo.name.clone(),
-        topology_hash: topo.hash.clone(),
-        compiler: "tests/it/synthesized_plans.rs".into(),
-    });
-    for c in cands {
-        plan.entries.push(PlanEntry {
-            min_bytes: 0,
-            max_bytes: None,
-            algorithm: c.algorithm.clone(),
-            protocol: proto,
-            cost: None,
-            symmetry: c.symmetry.clone(),
-            synthesis: c.synthesis.clone(),
-            schedule: c.schedule.clone(),
-            template: None,
-        });
-    }
-    plan
-}
 
 fn shape(c: &Candidate) -> String {
     let s = &c.schedule;
@@ -687,153 +627,6 @@ fn milp_frontier_dgx1() {
             }
         }
     }
-}
-
-/// `hccl-perf --check` on real processes: the deepest plans the tests above run in threads.
-#[test]
-fn hccl_perf_checks_synthesized_plans_on_processes() {
-    let dir = std::env::temp_dir().join(format!("hccl-synth-plans-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let dgx1 = shipped("dgx1-v100");
-    let ring = ring4();
-    let pick = |family: &str, topo: &Topology, coll: Collective, deepest: bool| {
-        let params = params_of(family, topo, coll);
-        let p = if deepest {
-            params[params.len() - 1]
-        } else {
-            params[0]
-        };
-        let cands = candidates(family, topo, coll, p);
-        let out = cands.iter().find(|c| !c.schedule.in_place);
-        let inp = cands.iter().find(|c| c.schedule.in_place);
-        plan_of(
-            topo,
-            &out.into_iter().chain(inp).collect::<Vec<_>>(),
-            Protocol::Simple,
-        )
-    };
-    let runs: Vec<(&str, PlanFile, u32, Collective, DataType, ReduceOp)> = vec![
-        (
-            "dgx1-broadcast",
-            pick(
-                "packed_trees",
-                &dgx1,
-                Collective::Broadcast { root: 6 },
-                false,
-            ),
-            8,
-            Collective::Broadcast { root: 6 },
-            DataType::F32,
-            ReduceOp::Sum,
-        ),
-        (
-            "dgx1-reducescatter",
-            pick("packed_trees", &dgx1, Collective::ReduceScatter, false),
-            8,
-            Collective::ReduceScatter,
-            DataType::BF16,
-            ReduceOp::Max,
-        ),
-        (
-            "ring4-reduce",
-            pick("packed_trees", &ring, Collective::Reduce { root: 3 }, true),
-            4,
-            Collective::Reduce { root: 3 },
-            DataType::I32,
-            ReduceOp::Sum,
-        ),
-        (
-            "dgx1-alltoall",
-            pick("flow_alltoall", &dgx1, Collective::AllToAll, false),
-            8,
-            Collective::AllToAll,
-            DataType::U8,
-            ReduceOp::Sum,
-        ),
-        (
-            "dgx1-allreduce-milp",
-            plan_of(
-                &dgx1,
-                &[&candidates(
-                    "milp",
-                    &dgx1,
-                    Collective::AllReduce,
-                    params_of("milp", &dgx1, Collective::AllReduce)[0],
-                )[0]],
-                Protocol::Simple,
-            ),
-            8,
-            Collective::AllReduce,
-            DataType::F32,
-            ReduceOp::Avg,
-        ),
-    ];
-    for (name, plan, n, coll, dtype, op) in runs {
-        let path: PathBuf = dir.join(format!("{name}.plan.ron"));
-        plan.save(&path).expect("plan written");
-        let coll_name = hccl_ir::CollectiveKind::name(coll.kind());
-        let root = coll.root().unwrap_or(0).to_string();
-        let n_s = n.to_string();
-        for in_place in [false, true] {
-            let t = Instant::now();
-            let mut args = vec![
-                "--plan",
-                path.to_str().expect("utf-8 path"),
-                "-g",
-                &n_s,
-                "--backend",
-                "process",
-                "-c",
-                coll_name,
-                "-r",
-                &root,
-                "-d",
-                dtype.name(),
-                "-o",
-                op.name(),
-                // 24 bytes (fewer elements than chunks), 2424 and 244824 bytes, 300 KiB.
-                "-b",
-                "24",
-                "-e",
-                "300K",
-                "-f",
-                "101",
-                "--check",
-                "--json",
-                "-n",
-                "1",
-                "-w",
-                "0",
-            ];
-            if in_place {
-                args.push("--in-place");
-            }
-            let out = Command::new(env!("CARGO_BIN_EXE_hccl-perf"))
-                .args(&args)
-                .env_remove("HCCL_PLAN")
-                .env("HCCL_TIMEOUT", "60")
-                .output()
-                .expect("hccl-perf runs");
-            let text = format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            assert_eq!(out.status.code(), Some(0), "{name} {args:?}: {text}");
-            let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
-                .unwrap_or_else(|e| panic!("{name}: {e}: {text}"));
-            let rows = doc["rows"].as_array().expect("rows");
-            assert_eq!(rows.len(), 4, "{name}: {text}");
-            for row in rows {
-                assert_eq!(row["wrong"], 0, "{name} in_place={in_place}: {row}");
-            }
-            eprintln!(
-                "hccl-perf {name} in_place={in_place}: {:.2} s",
-                t.elapsed().as_secs_f64()
-            );
-        }
-    }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Plans the search compiles with only the synthesizers competing (`--synth full --algo

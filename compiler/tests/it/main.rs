@@ -1,24 +1,16 @@
 //! The compiler's integration tests, one binary: each file here is a module (one link of the
 //! dependency graph for all of them instead of one per file, which took most of the build of
 //! `cargo test --workspace`). Run one file's tests with a filter on its module,
-//! `cargo test -p hccl-compiler --test it cli_plan::`; insta snapshots are in `snapshots/`,
+//! `cargo test -p hccl-compiler --test it synth::`; insta snapshots are in `snapshots/`,
 //! named `it__<module>__<name>.snap`. Nothing here changes process-wide state (environment,
 //! working directory, signal handlers): the tests run as threads of one process.
 
 mod cost_common;
 mod synth_common;
 
-mod cli_calibrate;
-mod cli_msccl;
-mod cli_plan;
-mod cli_synth;
-mod cli_topo;
-mod cli_trace;
-mod compile_cli;
 mod compile_shipped;
 mod cost_bounds;
 mod cost_sim;
-mod cpu_cluster;
 mod cpu_model;
 mod families_cube;
 mod families_snapshots;

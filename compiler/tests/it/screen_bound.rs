@@ -216,8 +216,12 @@ fn routes_carried_between_hosts_are_the_searched_ones() {
         "cluster-3x-dgx-h100",
         hccl_topologies::build(generate::cluster(3, &h100), "cluster-3").expect("builds"),
     ));
-    // README.md: "tested pair by pair on eight machines".
-    assert_eq!(all_machines.len(), 8, "README.md says eight machines");
+    // docs/benchmarks.md: "tested pair by pair on eight machines".
+    assert_eq!(
+        all_machines.len(),
+        8,
+        "docs/benchmarks.md says eight machines"
+    );
     let mut shifted = Vec::new();
     for (machine, topo) in all_machines {
         let net = Network::new(&topo);

@@ -220,7 +220,7 @@ fn template_runs_match_full_runs() {
             c.sym_us,
             c.err,
         );
-        // README: "within 2% of the full simulator, and exact where the full one is".
+        // docs/benchmarks.md: "within 2% of the full simulator, and exact where the full one is".
         let limit = match class {
             Class::Checked => 1e-9,
             Class::FullApprox => 0.02,

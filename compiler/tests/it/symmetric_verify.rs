@@ -118,13 +118,17 @@ fn expanded(s: &SymmetricSchedule) -> Result<hccl_ir::verify::Report, Vec<&'stat
 #[test]
 fn family_schedules_verify_alike() {
     let cases = symmetric_schedules();
-    // README.md states these counts ("all 558 symmetric schedules the families emit on 11
-    // machines"): a family that emits more or fewer changes them, and the README with them.
-    assert_eq!(topologies().len(), 11, "README.md says 11 machines");
+    // docs/benchmarks.md states these counts ("all 558 symmetric schedules the families emit on 11
+    // machines"): a family that emits more or fewer changes them, and the doc with them.
+    assert_eq!(
+        topologies().len(),
+        11,
+        "docs/benchmarks.md says 11 machines"
+    );
     assert_eq!(
         cases.len(),
         558,
-        "README.md says 558 symmetric schedules: update it with this test"
+        "docs/benchmarks.md says 558 symmetric schedules: update it with this test"
     );
     let families: BTreeSet<&str> = cases
         .iter()
@@ -335,12 +339,12 @@ fn mutated_templates_verify_alike() {
                 .collect::<Vec<_>>()
         })
         .collect();
-    // README.md: "equal verdicts on 11,546 mutated templates and symmetries (8,976 of them
+    // docs/benchmarks.md: "equal verdicts on 11,546 mutated templates and symmetries (8,976 of them
     // wrong)"; the mutations are seeded, so the counts are fixed.
     assert_eq!(
         mutants.len(),
         11_546,
-        "README.md says 11,546 mutants: update it with this test"
+        "docs/benchmarks.md says 11,546 mutants: update it with this test"
     );
     let failures = Mutex::new(Vec::new());
     let rejected = std::sync::atomic::AtomicUsize::new(0);
@@ -373,7 +377,7 @@ fn mutated_templates_verify_alike() {
     let failures = failures.into_inner().unwrap();
     assert_eq!(
         rejected, 8_976,
-        "README.md says 8,976 of the mutants are wrong: update it with this test"
+        "docs/benchmarks.md says 8,976 of the mutants are wrong: update it with this test"
     );
     assert!(
         failures.is_empty(),

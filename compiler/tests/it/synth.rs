@@ -256,14 +256,14 @@ fn lowering_shares_pieces_by_rate() {
 }
 
 /// At 1 GiB, with the packed trees competing, the chosen plan is never slower than without
-/// them, and its ratio to the lower bound is the figure README.md's table gives (rounded to
+/// them, and its ratio to the lower bound is the figure docs/synthesis.md's table gives (rounded to
 /// two decimals, and never above issue 11's 1.03); AllReduce, which the packed trees do not
 /// run, too.
 #[test]
 #[ignore = "slow: `.ci/run` runs it; run it with `cargo test -- --ignored`"]
 fn packed_collectives_at_one_gib_approach_the_bound() {
     // Predicted time / lower bound at 1 GiB, per machine (Broadcast, Reduce, AllGather,
-    // ReduceScatter, AllReduce): the figures of README.md's table ("auto" column, two
+    // ReduceScatter, AllReduce): the figures of docs/synthesis.md's table ("auto" column, two
     // decimals), which each ratio must round to or below (< figure + 0.005), and never
     // above the issue's 1.03. Held in the dev profile on the 2-core machine loaded by other
     // builds (2026-12-04), where the selection MILP stops at its time limit sooner. The
@@ -280,7 +280,7 @@ fn packed_collectives_at_one_gib_approach_the_bound() {
         ("dgx-a100", [1.02, 1.02, 1.00, 1.01, 1.00]),
         ("dgx-h100", [1.02, 1.02, 1.00, 1.01, 1.00]),
         ("ascend910-8", [1.00, 1.00, 1.02, 1.02, 1.02]),
-        // AllGather and ReduceScatter: 1.0052 and 1.0053 (the README said 1.00 until
+        // AllGather and ReduceScatter: 1.0052 and 1.0053 (the table said 1.00 until
         // 2026-12-04).
         ("azure-ndv2-2node", [1.00, 1.00, 1.01, 1.01, 1.01]),
         // Broadcast and Reduce: `rail_chains`, 1.024 and 1.013; AllGather and ReduceScatter:
@@ -303,7 +303,7 @@ fn packed_collectives_at_one_gib_approach_the_bound() {
         // ranks without a chord short of ingress).
         ("mixed-6", [1.02, 1.02, 1.00, 1.01, 1.01]),
     ];
-    // The README's figure, rounded: below figure + 0.005, and at most 1.03.
+    // The table's figure, rounded: below figure + 0.005, and at most 1.03.
     let ceiling = |figure: f64| (figure + 0.005).min(1.03);
     let kinds = [
         CollectiveKind::Broadcast,
@@ -362,7 +362,7 @@ fn packed_collectives_at_one_gib_approach_the_bound() {
         );
         assert!(
             allreduce.bound_ratio() < ceiling(ceilings[4]),
-            "{name} AllReduce ({}) is {:.4}× its bound: README.md says {} (update both)",
+            "{name} AllReduce ({}) is {:.4}× its bound: docs/synthesis.md says {} (update both)",
             allreduce.algorithm,
             allreduce.bound_ratio(),
             ceilings[4]
@@ -387,7 +387,7 @@ fn packed_collectives_at_one_gib_approach_the_bound() {
             let k = kinds.iter().position(|&k| k == row.collective).unwrap();
             assert!(
                 ratio < ceiling(ceilings[k]),
-                "{name} {} ({}) is {ratio:.4}× its bound: README.md says {} (update both)",
+                "{name} {} ({}) is {ratio:.4}× its bound: docs/synthesis.md says {} (update both)",
                 row.collective.name(),
                 row.algorithm,
                 ceilings[k]

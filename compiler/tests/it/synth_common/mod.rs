@@ -1,7 +1,7 @@
 //! The machines the synthesis tests run on: every shipped machine, generated ones of other
 //! shapes, and one with mixed link speeds.
 
-// Each test binary uses part of it (`cli_synth` only the mixed machine's text).
+// Each test binary uses part of it (hcclc's `cli_synth` only the mixed machine's text).
 #![allow(dead_code)]
 
 use hccl_topologies::Topology;

@@ -1,0 +1,75 @@
+//! What a transport between hosts provides the replay engine and the communicator: the core
+//! names no transport, it drives one through [`Transport`] (the network backend implements
+//! it for TCP and RDMA).
+//!
+//! The engine calls a transport only for connections whose other end is on another host
+//! (their [`Dir`] is not [`Dir::Local`]) and when a rank waits, the communicator at the
+//! boundaries of a call; a step on a connection within the host never reaches it, and a
+//! group on one host has no transport at all. What those calls do (write or read a socket,
+//! take a lock, update a word other threads poll) costs more than the one indirect call
+//! through `dyn Transport`.
+
+/// How a connection of the plan relates to this rank's network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dir {
+    /// Both ends on this host, or not this rank's connection.
+    Local,
+    /// This rank sends to the peer with this index.
+    Out(u16),
+    /// This rank receives from the peer with this index.
+    In(u16),
+}
+
+/// A piece of a message: `len` bytes at `ptr` that land at `off` in the receiver's slot.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Seg {
+    pub off: usize,
+    pub ptr: *const u8,
+    pub len: usize,
+}
+
+// SAFETY: a `Seg` is only dereferenced while the engine that made it waits for the send to
+// finish, and the memory it points to is not written meanwhile.
+unsafe impl Send for Seg {}
+
+/// A transport between hosts: how the engine sends a message, hands back a credit and
+/// reads what arrived, and what the communicator learns from it about peers on other hosts.
+pub(crate) trait Transport: Send + Sync {
+    /// How each connection of the plan relates to the network.
+    fn dirs(&self) -> &[Dir];
+
+    /// Sends message `seq` of connection `c` (whose direction is `Out`), made of `segs`,
+    /// under the sender's call `call` (its number and fingerprint). Returns when the bytes
+    /// are with the transport; a failure marks the peer failed and raises the abort word
+    /// (the engine reports it at its next wait).
+    fn send(&self, c: u32, seq: u64, segs: &[Seg], call: Option<(u64, u64)>);
+
+    /// Records that `consumed` messages of connection `c` (direction `In`) are consumed: the
+    /// credit travels to the sender.
+    fn credit(&self, c: u32, consumed: u64);
+
+    /// This rank cannot make progress: hand over what peers may wait for (credits) and read
+    /// what they sent.
+    fn on_wait(&self);
+
+    /// Reads whatever the peer of connection `c` has sent, without blocking.
+    fn poll(&self, c: u32);
+
+    /// A call failed: tell the other hosts now.
+    fn forward_abort(&self);
+
+    /// The first failed send since the last call of this, if any: the peer and why.
+    fn take_send_failure(&self) -> Option<(u32, String)>;
+
+    /// A collective call starts: its engine reads the transport from now on.
+    fn begin_call(&self);
+
+    /// The call ended.
+    fn end_call(&self);
+
+    /// `None` while `rank` (on another host) is alive, else why it is not.
+    fn peer_failure(&self, rank: u32) -> Option<String>;
+
+    /// The host identity of `rank`.
+    fn host_of(&self, rank: u32) -> &str;
+}

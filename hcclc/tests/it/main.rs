@@ -1,0 +1,18 @@
+//! The tests of the `hcclc` command, one binary: each file here is a module. Run one file's
+//! tests with a filter on its module, `cargo test -p hcclc --test it cli_plan::`; insta
+//! snapshots are in `snapshots/`, named `it__<module>__<name>.snap`. Nothing here changes
+//! process-wide state (environment, working directory, signal handlers): the tests run as
+//! threads of one process, each running `hcclc` as child processes.
+
+// The mixed-speed machine the compiler's synthesis tests use too.
+#[path = "../../../compiler/tests/it/synth_common/mod.rs"]
+mod synth_common;
+
+mod cli_calibrate;
+mod cli_msccl;
+mod cli_plan;
+mod cli_synth;
+mod cli_topo;
+mod cli_trace;
+mod compile_cli;
+mod cpu_cluster;
