@@ -9,12 +9,17 @@
 //! - [`plan`]: plan files ([`PlanFile`]), their RON form and format versioning;
 //! - [`seal`]: seals ([`Seal`]), the verifier's record that a schedule passed, which one
 //!   rank can check against its own program ([`PlanPart`]);
+//! - [`dag`]: the step DAG of a schedule ([`StepDag`]): steps numbered, their order and the
+//!   pairing of sends with receives derived once for whoever runs or checks a schedule;
 //! - [`symmetric`]: rank-symmetric schedules ([`SymmetricSchedule`]): one template program
 //!   and the translations ([`Symmetry`]) that give every rank its own, the compact form of
 //!   ring, hierarchical and halving-doubling schedules in plan files;
+//! - [`reference`]: the result a collective must produce from given inputs, the one the
+//!   tests of every crate compare against;
 //! - [`verify`]: structural checks, deadlock freedom and the symbolic proof that a schedule
 //!   implements its collective.
 
+pub mod dag;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzz;
@@ -22,6 +27,7 @@ pub mod msccl;
 pub mod plan;
 pub mod plan_index;
 mod plan_scan;
+pub mod reference;
 pub mod runs;
 pub mod schedule;
 pub mod seal;
@@ -30,13 +36,14 @@ pub mod trace;
 pub mod units;
 pub mod verify;
 
+pub use dag::{DagError, DagParts, StepDag, StepNumbering};
 pub use error::{Located, PlanError};
 pub use plan::{
     CostFit, FORMAT_VERSION, MIN_FORMAT_VERSION, PlanEntry, PlanFile, PlanMeta, Protocol, Synthesis,
 };
 pub use schedule::{
     Buf, CONNECTION_SLOTS, Collective, CollectiveKind, Dep, Loc, Op, Rank, RankProgram, Schedule,
-    Step, StepRef, Stream,
+    ScheduleHeader, Step, StepRef, Stream,
 };
 pub use seal::{PlanPart, Seal, rank_digest, schedule_hash, seal_of};
 pub use symmetric::{

@@ -433,21 +433,12 @@ impl<'de> Deserialize<'de> for PlanEntry {
                     symmetric
                         .table()
                         .map_err(|e| format!("symmetric schedule: {e}"))?;
-                    let schedule = Schedule {
-                        collective: symmetric.collective,
-                        nranks: symmetric.nranks,
-                        chunks: symmetric.chunks,
-                        input_chunks: symmetric.input_chunks,
-                        output_chunks: symmetric.output_chunks,
-                        in_place: symmetric.in_place,
-                        ranks: vec![
-                            RankProgram {
-                                scratch_chunks: 0,
-                                streams: Vec::new(),
-                            };
-                            symmetric.nranks as usize
-                        ],
+                    let empty = RankProgram {
+                        scratch_chunks: 0,
+                        streams: Vec::new(),
                     };
+                    let ranks = vec![empty; symmetric.nranks as usize];
+                    let schedule = Schedule::from_header(symmetric.header(), ranks);
                     let symmetry = symmetric.symmetry.clone();
                     kept = Some(symmetric);
                     Ok((schedule, Some(symmetry)))
@@ -1143,15 +1134,7 @@ mod one_rank {
                                 *slot = program;
                             }
                         }
-                        let schedule = Schedule {
-                            collective: sym.collective,
-                            nranks: sym.nranks,
-                            chunks: sym.chunks,
-                            input_chunks: sym.input_chunks,
-                            output_chunks: sym.output_chunks,
-                            in_place: sym.in_place,
-                            ranks,
-                        };
+                        let schedule = Schedule::from_header(sym.header(), ranks);
                         template = Some((hash, keep.then_some(sym)));
                         Ok((schedule, Some(symmetry)))
                     }

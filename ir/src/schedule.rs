@@ -37,6 +37,7 @@
 //! AllGather: the input is the rank's slice `r·C/n..` of the output;
 //! ReduceScatter: the output is the rank's slice `r·C/n..` of the input.
 
+use serde::ser::SerializeStruct;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -405,6 +406,45 @@ pub struct RankProgram {
     pub streams: Vec<Stream>,
 }
 
+/// The fields of a schedule besides its programs: what [`Schedule`] and
+/// [`crate::SymmetricSchedule`] share, in their order.
+///
+/// Both types keep these fields flat (plan files write them so, and a flattened struct would
+/// change the RON), and convert with [`Schedule::header`] / [`Schedule::from_header`] and
+/// their [`crate::SymmetricSchedule`] counterparts. Its RON form is that of the schedule's
+/// first six fields, which seals hash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ScheduleHeader {
+    /// The collective the schedule implements.
+    pub collective: Collective,
+    /// Number of ranks.
+    pub nranks: u32,
+    /// `C`: how many chunks the whole collective buffer is cut into.
+    pub chunks: u32,
+    /// Input buffer extent in chunks (see [`Collective::buffer_chunks`]).
+    pub input_chunks: u32,
+    /// Output buffer extent in chunks.
+    pub output_chunks: u32,
+    /// Whether the schedule is written for overlapping input and output (see module docs).
+    pub in_place: bool,
+}
+
+impl ScheduleHeader {
+    /// Number of fields [`ScheduleHeader::serialize_fields`] writes.
+    pub const FIELDS: usize = 6;
+
+    /// Writes the header's fields into a struct being serialised (a wire form that keeps
+    /// them flat, as plan files do, followed by fields of its own).
+    pub fn serialize_fields<S: SerializeStruct>(&self, st: &mut S) -> Result<(), S::Error> {
+        st.serialize_field("collective", &self.collective)?;
+        st.serialize_field("nranks", &self.nranks)?;
+        st.serialize_field("chunks", &self.chunks)?;
+        st.serialize_field("input_chunks", &self.input_chunks)?;
+        st.serialize_field("output_chunks", &self.output_chunks)?;
+        st.serialize_field("in_place", &self.in_place)
+    }
+}
+
 /// One collective for `nranks` ranks as a chunk-level program per rank.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Schedule {
@@ -448,6 +488,39 @@ impl Schedule {
             in_place,
             ranks,
         })
+    }
+
+    /// The schedule's fields besides its programs.
+    pub fn header(&self) -> ScheduleHeader {
+        ScheduleHeader {
+            collective: self.collective,
+            nranks: self.nranks,
+            chunks: self.chunks,
+            input_chunks: self.input_chunks,
+            output_chunks: self.output_chunks,
+            in_place: self.in_place,
+        }
+    }
+
+    /// The schedule with header `header` and the programs `ranks` (one per rank, unchecked).
+    pub fn from_header(header: ScheduleHeader, ranks: Vec<RankProgram>) -> Schedule {
+        let ScheduleHeader {
+            collective,
+            nranks,
+            chunks,
+            input_chunks,
+            output_chunks,
+            in_place,
+        } = header;
+        Schedule {
+            collective,
+            nranks,
+            chunks,
+            input_chunks,
+            output_chunks,
+            in_place,
+            ranks,
+        }
     }
 
     /// Total number of steps over all ranks and streams.

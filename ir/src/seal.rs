@@ -17,7 +17,7 @@
 
 use crate::error::PlanError;
 use crate::plan::{PlanEntry, PlanFile};
-use crate::schedule::{Collective, RankProgram, Schedule};
+use crate::schedule::{RankProgram, Schedule, ScheduleHeader};
 use crate::symmetric::SymmetricSchedule;
 use serde::{Deserialize, Serialize};
 
@@ -60,33 +60,9 @@ fn hash_ron<T: Serialize>(hasher: &mut blake3::Hasher, value: &T) {
     }
 }
 
-/// The fields of a schedule besides its programs.
-#[derive(Serialize)]
-struct Header {
-    collective: Collective,
-    nranks: u32,
-    chunks: u32,
-    input_chunks: u32,
-    output_chunks: u32,
-    in_place: bool,
-}
-
-impl Header {
-    fn of(s: &Schedule) -> Header {
-        Header {
-            collective: s.collective,
-            nranks: s.nranks,
-            chunks: s.chunks,
-            input_chunks: s.input_chunks,
-            output_chunks: s.output_chunks,
-            in_place: s.in_place,
-        }
-    }
-}
-
 /// The root of an explicit schedule with header `header` and rank digests `digests`
 /// (concatenated).
-fn explicit_root(header: &Header, digests: &[u8]) -> String {
+fn explicit_root(header: &ScheduleHeader, digests: &[u8]) -> String {
     let mut hasher = blake3::Hasher::new();
     hasher.update(b"hccl explicit schedule\n");
     hash_ron(&mut hasher, header);
@@ -282,7 +258,7 @@ fn digests(schedule: &Schedule) -> Vec<u8> {
 pub fn schedule_hash(entry: &PlanEntry) -> String {
     match entry.compact() {
         Some(symmetric) => symmetric_hash(&symmetric),
-        None => explicit_root(&Header::of(&entry.schedule), &digests(&entry.schedule)),
+        None => explicit_root(&entry.schedule.header(), &digests(&entry.schedule)),
     }
 }
 
@@ -300,7 +276,7 @@ pub fn seal_of(entry: &PlanEntry) -> Seal {
             let d = digests(&entry.schedule);
             Seal {
                 verifier,
-                schedule: explicit_root(&Header::of(&entry.schedule), &d),
+                schedule: explicit_root(&entry.schedule.header(), &d),
                 ranks: Some(hex(&d)),
             }
         }
@@ -406,7 +382,7 @@ impl PlanPart {
     }
 
     fn match_explicit(&self, s: &Schedule, seals: &[(&str, Option<Vec<u8>>)]) -> Match {
-        let header = Header::of(s);
+        let header = s.header();
         let n = s.nranks as usize;
         let mine: Vec<(u32, [u8; RANK_DIGEST_BYTES])> = self
             .ranks

@@ -66,7 +66,9 @@
 //! every rank's program equals the translated template exactly, so that `expand` gives back
 //! the original schedule.
 
-use crate::schedule::{Buf, Collective, Loc, Op, Rank, RankProgram, Schedule, Step, Stream};
+use crate::schedule::{
+    Buf, Collective, Loc, Op, Rank, RankProgram, Schedule, ScheduleHeader, Step, Stream,
+};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -362,8 +364,9 @@ fn act(action: Action, y: u32, x: u32, d: u32) -> u32 {
     }
 }
 
-/// A symmetric schedule: the [`Schedule`] header, a [`Symmetry`] and the program of the rank
-/// at grid position 0. Field order is the RON order of plan files.
+/// A symmetric schedule: the [`Schedule`] header (the fields of a [`ScheduleHeader`], kept
+/// flat), a [`Symmetry`] and the program of the rank at grid position 0. Field order is the
+/// RON order of plan files.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SymmetricSchedule {
@@ -948,6 +951,45 @@ impl Translation<'_> {
 }
 
 impl SymmetricSchedule {
+    /// The schedule's fields besides its symmetry and template.
+    pub fn header(&self) -> ScheduleHeader {
+        ScheduleHeader {
+            collective: self.collective,
+            nranks: self.nranks,
+            chunks: self.chunks,
+            input_chunks: self.input_chunks,
+            output_chunks: self.output_chunks,
+            in_place: self.in_place,
+        }
+    }
+
+    /// The symmetric schedule with header `header`, `symmetry` and `template` (unchecked:
+    /// see [`SymmetricSchedule::table`]).
+    pub fn from_header(
+        header: ScheduleHeader,
+        symmetry: Symmetry,
+        template: RankProgram,
+    ) -> SymmetricSchedule {
+        let ScheduleHeader {
+            collective,
+            nranks,
+            chunks,
+            input_chunks,
+            output_chunks,
+            in_place,
+        } = header;
+        SymmetricSchedule {
+            collective,
+            nranks,
+            chunks,
+            input_chunks,
+            output_chunks,
+            in_place,
+            symmetry,
+            template,
+        }
+    }
+
     /// Validates the symmetry and the template (peers in `0..nranks`, runs in mapped
     /// buffers inside `0..C`) and builds the tables that instantiate programs.
     pub fn table(&self) -> Result<SymmetryTable, SymmetryError> {
@@ -1080,15 +1122,7 @@ impl SymmetricSchedule {
                 ranks[rank as usize] = t.program(&self.template);
             }
         }
-        Ok(Schedule {
-            collective: self.collective,
-            nranks: self.nranks,
-            chunks: self.chunks,
-            input_chunks: self.input_chunks,
-            output_chunks: self.output_chunks,
-            in_place: self.in_place,
-            ranks,
-        })
+        Ok(Schedule::from_header(self.header(), ranks))
     }
 }
 
@@ -1102,16 +1136,11 @@ impl Schedule {
             return None;
         }
         let first = *symmetry.ranks.first()?;
-        let symmetric = SymmetricSchedule {
-            collective: self.collective,
-            nranks: self.nranks,
-            chunks: self.chunks,
-            input_chunks: self.input_chunks,
-            output_chunks: self.output_chunks,
-            in_place: self.in_place,
-            symmetry: symmetry.clone(),
-            template: self.ranks.get(first as usize)?.clone(),
-        };
+        let symmetric = SymmetricSchedule::from_header(
+            self.header(),
+            symmetry.clone(),
+            self.ranks.get(first as usize)?.clone(),
+        );
         let table = symmetric.table().ok()?;
         for (p, &rank) in symmetry.ranks.iter().enumerate().skip(1) {
             let t = table.translation(p)?;

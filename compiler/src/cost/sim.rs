@@ -31,11 +31,10 @@ use super::flow::{resource_uses, run_flows};
 use super::model::CostModel;
 use super::network::Network;
 use super::prepared::{
-    Estimate, FlatStep, Messages, NONE, Prepared, StepSpan, Timeline, Unrouted, number_messages,
-    step_kind, successors,
+    Estimate, FlatStep, Messages, Prepared, StepSpan, Timeline, Unrouted, number_messages,
+    step_kind,
 };
 use hccl_ir::{Protocol, Schedule, StepRef};
-use std::collections::HashMap;
 
 pub use super::flow::EXACT_COMPONENT;
 
@@ -118,25 +117,24 @@ impl Simulator {
         if schedule.chunks == 0 {
             return Err(CostError::NoChunks);
         }
-        let (stream_base, total) = stream_bases(schedule);
-        if total >= NONE as usize {
-            return Err(CostError::TooLarge { steps: total });
-        }
-        let Flat {
-            mut steps,
-            step_ref,
-            pending,
-            edges,
-            conns,
-            send_pos,
-            recv_pos,
-        } = flatten_steps(schedule, &self.model, &stream_base, total)?;
-        let Connections {
-            keys: conn_keys,
-            sends: conn_sends,
-            recvs: conn_recvs,
-            ..
-        } = conns;
+        // Step ids, program order, dependencies and connections as the verifier numbers them.
+        let dag = hccl_ir::StepDag::new(schedule).map_err(|e| match e {
+            hccl_ir::DagError::TooLarge { steps } => CostError::TooLarge { steps },
+            hccl_ir::DagError::BadDep { at, .. } => CostError::BadDep { at },
+            hccl_ir::DagError::BadPeer { from, to, .. } => CostError::BadPeer { from, to },
+        })?;
+        let (mut steps, step_ref) = flat_steps(schedule, &self.model, dag.step_count());
+        let hccl_ir::DagParts {
+            succ_start,
+            succ,
+            preds: pending,
+            connections,
+            send_ends,
+            recv_ends,
+        } = dag.into_parts();
+        let conn_keys: Vec<(u32, u32, u32)> = connections.iter().map(|c| c.key).collect();
+        let (conn_sends, conn_recvs): (Vec<Vec<u32>>, Vec<Vec<u32>>) =
+            connections.into_iter().map(|c| (c.sends, c.recvs)).unzip();
         let Messages {
             conn_base,
             conn_len,
@@ -144,8 +142,7 @@ impl Simulator {
             msg_count,
             msg_send,
             msg_recv,
-        } = number_messages(&mut steps, &conn_sends, &conn_recvs, &send_pos, &recv_pos);
-        let (succ_start, succ) = successors(total, &edges);
+        } = number_messages(&mut steps, &conn_sends, &conn_recvs, &send_ends, &recv_ends);
         let pairs: Vec<(u32, u32)> = conn_keys.iter().map(|&(a, b, _)| (a, b)).collect();
         // As the executor sizes segments (`hccl_executor` `program.rs`): by the largest
         // message (local steps never pass through a slot) and the largest scratch.
@@ -345,130 +342,27 @@ impl Simulator {
     }
 }
 
-/// Where each rank's streams start in the flat step numbering, and the total step count.
-fn stream_bases(schedule: &Schedule) -> (Vec<Vec<u32>>, usize) {
-    let mut stream_base: Vec<Vec<u32>> = Vec::with_capacity(schedule.ranks.len());
-    let mut total = 0usize;
-    for prog in &schedule.ranks {
-        let mut bases = Vec::with_capacity(prog.streams.len());
-        for s in &prog.streams {
-            bases.push(total as u32);
-            total += s.steps.len();
-        }
-        stream_base.push(bases);
-    }
-    (stream_base, total)
-}
-
-/// The connections `(from, to, channel)` of a schedule in order of first use, with the
-/// sending and receiving steps of each in program order.
-#[derive(Default)]
-struct Connections {
-    index: HashMap<(u32, u32, u32), u32>,
-    keys: Vec<(u32, u32, u32)>,
-    sends: Vec<Vec<u32>>,
-    recvs: Vec<Vec<u32>>,
-}
-
-impl Connections {
-    /// The number of connection `key`, numbered on first use.
-    fn of(&mut self, key: (u32, u32, u32)) -> u32 {
-        *self.index.entry(key).or_insert_with(|| {
-            self.keys.push(key);
-            self.sends.push(Vec::new());
-            self.recvs.push(Vec::new());
-            (self.keys.len() - 1) as u32
-        })
-    }
-}
-
-/// A schedule's steps in flat numbering, before messages are numbered.
-struct Flat {
-    steps: Vec<FlatStep>,
-    step_ref: Vec<StepRef>,
-    /// Unmet predecessors of each step at the start.
-    pending: Vec<u32>,
-    /// Program-order and dependency edges.
-    edges: Vec<(u32, u32)>,
-    conns: Connections,
-    /// Per step: (connection, position) of its send half and its receive half.
-    send_pos: Vec<(u32, u32)>,
-    recv_pos: Vec<(u32, u32)>,
-}
-
-/// Flattens every step of `schedule` (whose streams start at `stream_base`, `total` steps):
-/// its kind under model `m`, its edges, and its place on its connections; checks peers and
-/// dependencies.
-fn flatten_steps(
-    schedule: &Schedule,
-    m: &CostModel,
-    stream_base: &[Vec<u32>],
-    total: usize,
-) -> Result<Flat, CostError> {
-    let n = schedule.nranks;
-    let mut flat = Flat {
-        steps: Vec::with_capacity(total),
-        step_ref: Vec::with_capacity(total),
-        pending: vec![0u32; total],
-        edges: Vec::with_capacity(total * 2),
-        conns: Connections::default(),
-        send_pos: Vec::with_capacity(total),
-        recv_pos: Vec::with_capacity(total),
-    };
+/// Every step of `schedule` (`total` of them) in the flat numbering of `hccl_ir::StepDag`
+/// (ranks, then streams, then steps): its kind under model `m` and where it is.
+fn flat_steps(schedule: &Schedule, m: &CostModel, total: usize) -> (Vec<FlatStep>, Vec<StepRef>) {
+    let mut steps = Vec::with_capacity(total);
+    let mut step_ref = Vec::with_capacity(total);
     for (r, prog) in schedule.ranks.iter().enumerate() {
         let r = r as u32;
         for (si, stream) in prog.streams.iter().enumerate() {
             for (ti, step) in stream.steps.iter().enumerate() {
-                let id = stream_base[r as usize][si] + ti as u32;
-                let at = StepRef {
-                    rank: r,
-                    stream: si as u32,
-                    step: ti as u32,
-                };
-                if ti > 0 {
-                    flat.edges.push((id - 1, id));
-                    flat.pending[id as usize] += 1;
-                }
-                for dep in &step.deps {
-                    let target = prog
-                        .streams
-                        .get(dep.stream as usize)
-                        .filter(|s| (dep.step as usize) < s.steps.len())
-                        .map(|_| stream_base[r as usize][dep.stream as usize] + dep.step);
-                    let Some(target) = target else {
-                        return Err(CostError::BadDep { at });
-                    };
-                    flat.edges.push((target, id));
-                    flat.pending[id as usize] += 1;
-                }
-                let mut sp = (NONE, NONE);
-                let mut rp = (NONE, NONE);
-                if let Some(to) = step.op.send_peer() {
-                    if to >= n || to == r {
-                        return Err(CostError::BadPeer { from: r, to });
-                    }
-                    let c = flat.conns.of((r, to, stream.channel));
-                    sp = (c, flat.conns.sends[c as usize].len() as u32);
-                    flat.conns.sends[c as usize].push(id);
-                }
-                if let Some(from) = step.op.recv_peer() {
-                    if from >= n || from == r {
-                        return Err(CostError::BadPeer { from, to: r });
-                    }
-                    let c = flat.conns.of((from, r, stream.channel));
-                    rp = (c, flat.conns.recvs[c as usize].len() as u32);
-                    flat.conns.recvs[c as usize].push(id);
-                }
-                flat.send_pos.push(sp);
-                flat.recv_pos.push(rp);
-                flat.steps.push(FlatStep {
+                steps.push(FlatStep {
                     rank: r,
                     count: step.count,
                     kind: step_kind(&step.op, m),
                 });
-                flat.step_ref.push(at);
+                step_ref.push(StepRef {
+                    rank: r,
+                    stream: si as u32,
+                    step: ti as u32,
+                });
             }
         }
     }
-    Ok(flat)
+    (steps, step_ref)
 }

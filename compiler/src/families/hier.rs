@@ -250,16 +250,11 @@ fn schedules(
                     streams: Vec::new(),
                 },
             );
-            c.template = Some(Arc::new(SymmetricSchedule {
-                collective: s.collective,
-                nranks: s.nranks,
-                chunks: s.chunks,
-                input_chunks: s.input_chunks,
-                output_chunks: s.output_chunks,
-                in_place: s.in_place,
-                symmetry: sym.clone(),
-                template: program,
-            }));
+            c.template = Some(Arc::new(SymmetricSchedule::from_header(
+                s.header(),
+                sym.clone(),
+                program,
+            )));
         }
     }
     out

@@ -98,45 +98,28 @@ fn logical_inputs<T: Element>(case: &Case, n: u32) -> Vec<Vec<T>> {
         .collect()
 }
 
-/// What `rank` must hold afterwards, as (offset in its output-side buffer, values).
+/// What `rank` must hold afterwards, as (offset in its output-side buffer, values): the
+/// reference result ([`hccl_ir::reference`]) placed as the buffers are.
 pub fn expected<T: Element>(case: &Case, n: u32, rank: u32) -> Option<(usize, Vec<T>)> {
     let ins = logical_inputs::<T>(case, n);
-    let reduce_all = || {
-        let mut acc = ins[0].clone();
-        for x in &ins[1..] {
-            combine_slices(case.op, &mut acc, x);
-        }
-        if case.op == ReduceOp::Avg {
-            for v in &mut acc {
-                *v = v.div_count(n);
+    let want = hccl_ir::reference::expected_rank(
+        case.collective,
+        &ins,
+        rank as usize,
+        |acc, x| combine_slices(case.op, acc, x),
+        |acc| {
+            if case.op == ReduceOp::Avg {
+                for v in acc {
+                    *v = v.div_count(n);
+                }
             }
-        }
-        acc
+        },
+    )?;
+    let off = match case.collective {
+        Collective::ReduceScatter if case.in_place => rank as usize * (case.count / n as usize),
+        _ => 0,
     };
-    let block = case.count / n as usize;
-    let r = rank as usize;
-    Some(match case.collective {
-        Collective::AllReduce => (0, reduce_all()),
-        Collective::AllGather => (0, ins.concat()),
-        Collective::ReduceScatter => {
-            let all = reduce_all();
-            let part = all[r * block..(r + 1) * block].to_vec();
-            (if case.in_place { r * block } else { 0 }, part)
-        }
-        Collective::Broadcast { root } => (0, ins[root as usize].clone()),
-        Collective::Reduce { root } => {
-            if root != rank {
-                return None;
-            }
-            (0, reduce_all())
-        }
-        Collective::AllToAll => (
-            0,
-            (0..n as usize)
-                .flat_map(|b| ins[b][r * block..(r + 1) * block].to_vec())
-                .collect(),
-        ),
-    })
+    Some((off, want))
 }
 
 /// Runs `case` on `comm` and checks the result; returns a description of the first mismatch.

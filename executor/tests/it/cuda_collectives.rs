@@ -32,36 +32,20 @@ fn reference<T: Element>(
     coll: Collective,
     op: ReduceOp,
     n: u32,
-    total: usize,
     inputs: &[Vec<T>],
 ) -> Vec<Option<Vec<T>>> {
-    let reduce_all = || {
-        let mut acc = inputs[0].clone();
-        for x in &inputs[1..] {
-            hccl_executor::dtype::combine_slices(op, &mut acc, x);
-        }
-        if op == ReduceOp::Avg {
-            for v in &mut acc {
-                *v = v.div_count(n);
+    hccl_ir::reference::expected(
+        coll,
+        inputs,
+        |acc, x| hccl_executor::dtype::combine_slices(op, acc, x),
+        |acc| {
+            if op == ReduceOp::Avg {
+                for v in acc {
+                    *v = v.div_count(n);
+                }
             }
-        }
-        acc
-    };
-    let blk = total / n as usize;
-    (0..n as usize)
-        .map(|r| match coll {
-            Collective::AllReduce => Some(reduce_all()),
-            Collective::Reduce { root } => (root as usize == r).then(reduce_all),
-            Collective::Broadcast { root } => Some(inputs[root as usize].clone()),
-            Collective::AllGather => Some(inputs.concat()),
-            Collective::ReduceScatter => Some(reduce_all()[r * blk..(r + 1) * blk].to_vec()),
-            Collective::AllToAll => Some(
-                (0..n as usize)
-                    .flat_map(|b| inputs[b][r * blk..(r + 1) * blk].to_vec())
-                    .collect(),
-            ),
-        })
-        .collect()
+        },
+    )
 }
 
 fn bits<T: Element>(v: &[T]) -> Vec<u8> {
@@ -86,7 +70,7 @@ fn check<T: Element>(g: &mut CudaGroup, call: Call, graph: bool, seed: u64) -> R
         g.write_input(&call, r, &inputs[r as usize]).map_err(ctx)?;
     }
     g.run(&call, graph).map_err(ctx)?;
-    let want = reference(call.collective, op, n, call.count, &inputs);
+    let want = reference(call.collective, op, n, &inputs);
     for r in 0..n {
         let Some(w) = &want[r as usize] else { continue };
         let got: Vec<T> = g.read_output(&call, r).map_err(ctx)?;

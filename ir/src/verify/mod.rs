@@ -330,7 +330,7 @@ fn run(schedule: &Schedule, eager: bool) -> Result<Report, Vec<VerifyError>> {
     sink.finish()?;
     Ok(Report {
         ranks: schedule.nranks,
-        streams: layout.stream_owner.len(),
+        streams: layout.streams.stream_count(),
         steps: schedule.step_count(),
         connections: layout.conns.len(),
         messages: stats.messages,

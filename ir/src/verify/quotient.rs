@@ -72,6 +72,7 @@
 use super::sim::{self, Quot};
 use super::structure::{self, ConnInfo, Ends, Layout};
 use super::{ErrorKind, Report, Sink, VerifyError};
+use crate::dag::StepNumbering;
 use crate::schedule::{Collective, Loc, Op, RankProgram, Schedule};
 use crate::symmetric::{SymmetricSchedule, SymmetryTable, Translation};
 use std::collections::HashSet;
@@ -200,15 +201,7 @@ fn sparse_schedule(s: &SymmetricSchedule, r0: u32) -> Schedule {
     };
     let mut ranks = vec![empty; s.nranks as usize];
     ranks[r0 as usize] = s.template.clone();
-    Schedule {
-        collective: s.collective,
-        nranks: s.nranks,
-        chunks: s.chunks,
-        input_chunks: s.input_chunks,
-        output_chunks: s.output_chunks,
-        in_place: s.in_place,
-        ranks,
-    }
+    Schedule::from_header(s.header(), ranks)
 }
 
 /// The template's own connections: its sends to `p'` on a channel pair with its receives
@@ -224,27 +217,20 @@ fn quotient_layout(
     structure::check_rank_program(sparse, r0, sink);
     let n = sparse.nranks;
     let prog = &sparse.ranks[r0 as usize];
-    let mut layout = Layout::default();
-    let mut gstep = 0usize;
-    for rank in 0..n {
-        layout.stream_base.push(layout.stream_owner.len());
-        if rank == r0 {
-            for (si, st) in prog.streams.iter().enumerate() {
-                layout.step_base.push(gstep);
-                layout.stream_owner.push((rank, si as u32));
-                gstep += st.steps.len();
-            }
-        }
-    }
-    layout.stream_base.push(layout.stream_owner.len());
-    layout.step_base.push(gstep);
+    let streams = StepNumbering::of(sparse)
+        .map_err(|e| structure::too_large(e, sink))
+        .ok()?;
+    let mut layout = Layout {
+        streams,
+        ..Layout::default()
+    };
     // The rank at −pos(r): whose translated sends reach r0 as the template's sends to r.
     let partner = |r: u32| {
         table
             .position_of(r)
             .and_then(|p| table.rank_at(table.inverse_position(p)))
     };
-    let base = layout.stream_base[r0 as usize];
+    let base = layout.streams.stream_base(r0);
     let mut sends: Vec<Ends> = Vec::new();
     let mut recvs: Vec<Ends> = Vec::new();
     let mut sender_of: Vec<Option<usize>> = Vec::new();
@@ -416,7 +402,19 @@ fn orbit_check(
     Some(true)
 }
 
-/// The lane check of the module docs (conditions 1-3), over every rank.
+/// Whether translations can reorder a run: only when it is in a mapped buffer and has two
+/// chunks or more.
+fn moving(table: &SymmetryTable, run: Loc, count: u32) -> bool {
+    count > 1 && table.maps(run.buf)
+}
+
+/// The run whose chunk order a step's message follows (its source, else its destination).
+fn lane_run(op: &Op) -> Option<Loc> {
+    op.src().or(op.dst())
+}
+
+/// The lane check of the module docs (conditions 1-3), over every rank: the distinct checks
+/// of steps and messages, those decided on their orbits, then the rest rank by rank.
 fn check_lanes(
     s: &SymmetricSchedule,
     table: &SymmetryTable,
@@ -428,86 +426,9 @@ fn check_lanes(
 ) {
     let n = s.nranks as usize;
     let prog = &s.template;
-    // A run can only reorder when it is in a mapped buffer and has two chunks or more.
-    let moving = |run: Loc, count: u32| count > 1 && table.maps(run.buf);
-    let lane_run = |op: &Op| op.src().or(op.dst());
-    // Steps: every operand run contiguous, source and destination in one order.
-    let mut runs: HashSet<(Loc, Option<Loc>, u32)> = HashSet::new();
-    let mut first: Vec<(usize, usize)> = Vec::new();
-    for (si, st) in prog.streams.iter().enumerate() {
-        for (ti, step) in st.steps.iter().enumerate() {
-            let (src, dst) = (step.op.src(), step.op.dst());
-            let class = |r: Loc| table.lane_class(r, step.count);
-            let key = match (src, dst) {
-                (Some(a), Some(b)) if moving(a, step.count) || moving(b, step.count) => {
-                    (class(a), Some(class(b)), step.count)
-                }
-                (Some(a), _) | (None, Some(a)) if moving(a, step.count) => {
-                    (class(a), None, step.count)
-                }
-                _ => continue,
-            };
-            if runs.insert(key) {
-                first.push((si, ti));
-            }
-        }
-    }
-    // Messages: (sender's lane run, receiver's lane run, the sender's position, count).
-    let mut messages: HashSet<(Loc, Loc, usize, u32)> = HashSet::new();
-    let mut msg_first: Vec<(usize, usize, usize, usize)> = Vec::new();
     let r0 = s.symmetry.ranks[0];
-    let base = layout.stream_base[r0 as usize];
-    for (ci, conn) in layout.conns.iter().enumerate() {
-        let Some(q) = table.position_of(conn.recv_from) else {
-            continue;
-        };
-        for (&(sg, sidx, count), &(rg, ridx, _)) in sends[ci].iter().zip(&recvs[ci]) {
-            let sstep = &prog.streams[sg - base].steps[sidx];
-            let rstep = &prog.streams[rg - base].steps[ridx];
-            let (Some(a), Some(b)) = (lane_run(&sstep.op), lane_run(&rstep.op)) else {
-                continue;
-            };
-            if !moving(a, count) && !moving(b, count) {
-                continue;
-            }
-            let key = (
-                table.lane_class(a, count),
-                table.lane_class(b, count),
-                q,
-                count,
-            );
-            if messages.insert(key) {
-                msg_first.push((sg - base, sidx, rg - base, ridx));
-            }
-        }
-    }
-    let place = |si: usize, ti: usize| (r0, si as u32, ti, prog.streams[si].channel);
-    // Condition 3 with one translation: when the sender's run `a` moves under the peer's
-    // translation `Q` to the contiguous run `a' = t_Q(a)` in lane order `L_s(Q)`, then
-    // `t_{P⊕Q} = t_P ∘ t_Q` (the group is abelian) gives `L_s(P ⊕ Q) = L_{a'}(P) ∘ L_s(Q)`,
-    // so `L_s(P ⊕ Q) = L_r(P) ∘ L_s(Q)` holds iff `L_{a'}(P) = L_r(P)`: every check below is
-    // under the one translation `P`, and one memo per rank serves them all.
-    let mut msgs: Vec<(usize, usize, Loc, Loc, u32)> = Vec::with_capacity(msg_first.len());
-    for &(si, ti, ri, rj) in &msg_first {
-        let sstep = &prog.streams[si].steps[ti];
-        let rstep = &prog.streams[ri].steps[rj];
-        let (Some(a), Some(b)) = (lane_run(&sstep.op), lane_run(&rstep.op)) else {
-            continue;
-        };
-        let Some(from) = rstep.op.recv_peer() else {
-            continue;
-        };
-        let (Some(q), count) = (table.position_of(from), rstep.count) else {
-            continue;
-        };
-        let Some(tq) = table.translation(q) else {
-            continue;
-        };
-        if lanes_by(table, &tq, a, count).is_err() {
-            continue; // reported by the step check
-        }
-        msgs.push((ri, rj, tq.loc(a, count), b, count));
-    }
+    let mut first = step_checks(prog, table);
+    let mut msgs = message_checks(s, table, layout, sends, recvs);
     // Checks decided on their orbits under the generators (long runs have small orbits:
     // the translations that only reorder a run inside itself fix it); the others, and any
     // that fails there (to name the first failing rank), are checked rank by rank below.
@@ -556,7 +477,130 @@ fn check_lanes(
         });
         return;
     }
-    // Per check, the first failing rank's problem; a check stops at its first failure.
+    let (step_problem, msg_problem) = rank_by_rank(prog, table, n, &first, &msgs);
+    let place = |si: usize, ti: usize| (r0, si as u32, ti, prog.streams[si].channel);
+    for (&(si, ti), problem) in first.iter().zip(step_problem) {
+        if let Some(p) = problem {
+            structure::step_error(sink, place(si, ti), ErrorKind::Symmetry, p);
+        }
+    }
+    for (&(ri, rj, _, _, _), problem) in msgs.iter().zip(msg_problem) {
+        if let Some(pos) = problem {
+            let from = prog.streams[ri].steps[rj].op.recv_peer().unwrap_or(r0);
+            structure::step_error(
+                sink,
+                place(ri, rj),
+                ErrorKind::Symmetry,
+                format!(
+                    "on the rank at grid position {pos}, the message from rank {from}'s translate arrives in another chunk order than this receive's run takes it (the translations permute the sending and receiving runs inconsistently)"
+                ),
+            );
+        }
+    }
+}
+
+/// The template's steps to check (stream, step): the first of each distinct key of runs
+/// that can reorder, so that every operand run stays contiguous and source and destination
+/// keep one order.
+fn step_checks(prog: &RankProgram, table: &SymmetryTable) -> Vec<(usize, usize)> {
+    let mut runs: HashSet<(Loc, Option<Loc>, u32)> = HashSet::new();
+    let mut first: Vec<(usize, usize)> = Vec::new();
+    for (si, st) in prog.streams.iter().enumerate() {
+        for (ti, step) in st.steps.iter().enumerate() {
+            let (src, dst) = (step.op.src(), step.op.dst());
+            let class = |r: Loc| table.lane_class(r, step.count);
+            let moves = |r: Loc| moving(table, r, step.count);
+            let key = match (src, dst) {
+                (Some(a), Some(b)) if moves(a) || moves(b) => {
+                    (class(a), Some(class(b)), step.count)
+                }
+                (Some(a), _) | (None, Some(a)) if moves(a) => (class(a), None, step.count),
+                _ => continue,
+            };
+            if runs.insert(key) {
+                first.push((si, ti));
+            }
+        }
+    }
+    first
+}
+
+/// The template's messages to check, the first of each distinct key (sender's lane run,
+/// receiver's lane run, the sender's position, count), as (receiving stream, step, the
+/// sender's run translated by the sender's position, the receiver's run, count).
+fn message_checks(
+    s: &SymmetricSchedule,
+    table: &SymmetryTable,
+    layout: &Layout,
+    sends: &[Ends],
+    recvs: &[Ends],
+) -> Vec<(usize, usize, Loc, Loc, u32)> {
+    let prog = &s.template;
+    let mut messages: HashSet<(Loc, Loc, usize, u32)> = HashSet::new();
+    let mut msg_first: Vec<(usize, usize, usize, usize)> = Vec::new();
+    let base = layout.streams.stream_base(s.symmetry.ranks[0]);
+    for (ci, conn) in layout.conns.iter().enumerate() {
+        let Some(q) = table.position_of(conn.recv_from) else {
+            continue;
+        };
+        for (&(sg, sidx, count), &(rg, ridx, _)) in sends[ci].iter().zip(&recvs[ci]) {
+            let sstep = &prog.streams[sg - base].steps[sidx];
+            let rstep = &prog.streams[rg - base].steps[ridx];
+            let (Some(a), Some(b)) = (lane_run(&sstep.op), lane_run(&rstep.op)) else {
+                continue;
+            };
+            if !moving(table, a, count) && !moving(table, b, count) {
+                continue;
+            }
+            let key = (
+                table.lane_class(a, count),
+                table.lane_class(b, count),
+                q,
+                count,
+            );
+            if messages.insert(key) {
+                msg_first.push((sg - base, sidx, rg - base, ridx));
+            }
+        }
+    }
+    // Condition 3 with one translation: when the sender's run `a` moves under the peer's
+    // translation `Q` to the contiguous run `a' = t_Q(a)` in lane order `L_s(Q)`, then
+    // `t_{P⊕Q} = t_P ∘ t_Q` (the group is abelian) gives `L_s(P ⊕ Q) = L_{a'}(P) ∘ L_s(Q)`,
+    // so `L_s(P ⊕ Q) = L_r(P) ∘ L_s(Q)` holds iff `L_{a'}(P) = L_r(P)`: every check below is
+    // under the one translation `P`, and one memo per rank serves them all.
+    let mut msgs: Vec<(usize, usize, Loc, Loc, u32)> = Vec::with_capacity(msg_first.len());
+    for &(si, ti, ri, rj) in &msg_first {
+        let sstep = &prog.streams[si].steps[ti];
+        let rstep = &prog.streams[ri].steps[rj];
+        let (Some(a), Some(b)) = (lane_run(&sstep.op), lane_run(&rstep.op)) else {
+            continue;
+        };
+        let Some(from) = rstep.op.recv_peer() else {
+            continue;
+        };
+        let (Some(q), count) = (table.position_of(from), rstep.count) else {
+            continue;
+        };
+        let Some(tq) = table.translation(q) else {
+            continue;
+        };
+        if lanes_by(table, &tq, a, count).is_err() {
+            continue; // reported by the step check
+        }
+        msgs.push((ri, rj, tq.loc(a, count), b, count));
+    }
+    msgs
+}
+
+/// The step and message checks on every rank in turn: per check, the first failing rank's
+/// problem (a check stops at its first failure).
+fn rank_by_rank(
+    prog: &RankProgram,
+    table: &SymmetryTable,
+    n: usize,
+    first: &[(usize, usize)],
+    msgs: &[(usize, usize, Loc, Loc, u32)],
+) -> (Vec<Option<String>>, Vec<Option<usize>>) {
     let mut step_problem: Vec<Option<String>> = vec![None; first.len()];
     let mut msg_problem: Vec<Option<usize>> = vec![None; msgs.len()];
     let mut msg_done = vec![false; msgs.len()];
@@ -623,22 +667,5 @@ fn check_lanes(
             }
         }
     }
-    for (&(si, ti), problem) in first.iter().zip(step_problem) {
-        if let Some(p) = problem {
-            structure::step_error(sink, place(si, ti), ErrorKind::Symmetry, p);
-        }
-    }
-    for (&(ri, rj, _, _, _), problem) in msgs.iter().zip(msg_problem) {
-        if let Some(pos) = problem {
-            let from = prog.streams[ri].steps[rj].op.recv_peer().unwrap_or(r0);
-            structure::step_error(
-                sink,
-                place(ri, rj),
-                ErrorKind::Symmetry,
-                format!(
-                    "on the rank at grid position {pos}, the message from rank {from}'s translate arrives in another chunk order than this receive's run takes it (the translations permute the sending and receiving runs inconsistently)"
-                ),
-            );
-        }
-    }
+    (step_problem, msg_problem)
 }

@@ -223,7 +223,7 @@ pub(crate) fn simulate(
             m
         })
         .collect();
-    let nstreams = layout.stream_owner.len();
+    let nstreams = layout.streams.stream_count();
     let slots: usize = mem
         .iter()
         .map(|m| m.vals.iter().map(Vec::len).sum::<usize>())
@@ -243,13 +243,12 @@ pub(crate) fn simulate(
             })
             .collect(),
         queues: layout.conns.iter().map(|_| VecDeque::new()).collect(),
-        step_depth: vec![0; *layout.step_base.last().unwrap_or(&0)],
+        step_depth: vec![0; layout.streams.step_count()],
         work: (0..nstreams).rev().collect(),
         stats: SimStats::default(),
-        vc: layout
-            .stream_owner
-            .iter()
-            .map(|&(r, _)| {
+        vc: (0..nstreams)
+            .map(|g| {
+                let r = layout.streams.stream_owner(g).0;
                 let streams = s.ranks[r as usize].streams.len();
                 if streams > 1 {
                     vec![0; streams]
@@ -266,8 +265,8 @@ pub(crate) fn simulate(
                 p.streams.iter().flat_map(move |st| {
                     st.steps.iter().flat_map(move |step| {
                         step.deps.iter().map(move |d| {
-                            let g = layout.stream_base[r] + d.stream as usize;
-                            (layout.step_base[g] + d.step as usize, None)
+                            let g = layout.streams.stream_base(r as u32) + d.stream as usize;
+                            (layout.streams.step_base(g) + d.step as usize, None)
                         })
                     })
                 })
@@ -276,7 +275,7 @@ pub(crate) fn simulate(
         cur: Cur::default(),
         step_stream: (0..nstreams)
             .flat_map(|g| {
-                let len = layout.step_base[g + 1] - layout.step_base[g];
+                let len = layout.streams.step_base(g + 1) - layout.streams.step_base(g);
                 std::iter::repeat_n(g as u32, len)
             })
             .collect(),
@@ -327,9 +326,9 @@ impl Sim<'_> {
     }
 
     fn run_stream(&mut self, gs: usize, sink: &mut Sink) {
-        let (rank, ls) = self.layout.stream_owner[gs];
+        let (rank, ls) = self.layout.streams.stream_owner(gs);
         let stream = &self.s.ranks[rank as usize].streams[ls as usize];
-        let base = self.layout.stream_base[rank as usize];
+        let base = self.layout.streams.stream_base(rank);
         loop {
             let pc = self.streams[gs].pc;
             let Some(step) = stream.steps.get(pc) else {
@@ -350,7 +349,7 @@ impl Sim<'_> {
                         .push((dep.step as usize + 1, gs));
                     break;
                 }
-                let g = self.layout.step_base[target] + dep.step as usize;
+                let g = self.layout.streams.step_base(target) + dep.step as usize;
                 depth = depth.max(self.step_depth[g]);
             }
             let recv_conn = step
@@ -378,7 +377,7 @@ impl Sim<'_> {
                 return;
             }
             self.streams[gs].blocked = None;
-            let gstep = self.layout.step_base[gs] + pc;
+            let gstep = self.layout.streams.step_base(gs) + pc;
             let place: Place = (rank, ls, pc, stream.channel);
             self.cur = Cur {
                 gs,
@@ -388,7 +387,8 @@ impl Sim<'_> {
             if !self.vc[gs].is_empty() {
                 self.vc[gs][ls as usize] = pc as u32 + 1;
                 for dep in &step.deps {
-                    let g = self.layout.step_base[base + dep.stream as usize] + dep.step as usize;
+                    let g = self.layout.streams.step_base(base + dep.stream as usize)
+                        + dep.step as usize;
                     if let Some(Some(snap)) = self.snapshots.get(&g) {
                         for (mine, theirs) in self.vc[gs].iter_mut().zip(snap) {
                             *mine = (*mine).max(*theirs);
@@ -604,13 +604,13 @@ impl Sim<'_> {
         }
         let layout = self.layout;
         let step_stream = &self.step_stream;
-        let base = layout.stream_base[rank as usize];
+        let base = layout.streams.stream_base(rank);
         // (local stream, epoch) of global step `g`, where the epoch of step `k` is `k + 1`.
         let who = |g: u32| {
             let gs = step_stream[g as usize] as usize;
             (
                 (gs - base) as u32,
-                (g as usize - layout.step_base[gs]) as u32 + 1,
+                (g as usize - layout.streams.step_base(gs)) as u32 + 1,
             )
         };
         let ordered = |g: u32| {
@@ -873,7 +873,7 @@ impl Sim<'_> {
 
     fn describe_blocker(&self, b: Blocker) -> (String, usize, bool) {
         let stuck_at = |g: usize| {
-            let (r, st) = self.layout.stream_owner[g];
+            let (r, st) = self.layout.streams.stream_owner(g);
             let pc = self.streams[g].pc;
             let len = self.s.ranks[r as usize].streams[st as usize].steps.len();
             if pc >= len {
@@ -884,7 +884,7 @@ impl Sim<'_> {
         };
         match b {
             Blocker::Dep { target, step } => {
-                let st = self.layout.stream_owner[target].1;
+                let st = self.layout.streams.stream_owner(target).1;
                 (
                     format!(
                         "waits for step {step} of stream {st} of this rank ({})",
@@ -926,7 +926,7 @@ impl Sim<'_> {
     /// Reports a deadlock when some stream did not finish; returns whether one did not.
     fn report_deadlock(&self, sink: &mut Sink) -> bool {
         let unfinished = |g: usize| {
-            let (r, st) = self.layout.stream_owner[g];
+            let (r, st) = self.layout.streams.stream_owner(g);
             self.streams[g].pc < self.s.ranks[r as usize].streams[st as usize].steps.len()
         };
         let stuck: Vec<usize> = (0..self.streams.len()).filter(|&g| unfinished(g)).collect();
@@ -936,7 +936,7 @@ impl Sim<'_> {
         let never_run: usize = stuck
             .iter()
             .map(|&g| {
-                let (r, st) = self.layout.stream_owner[g];
+                let (r, st) = self.layout.streams.stream_owner(g);
                 self.s.ranks[r as usize].streams[st as usize].steps.len() - self.streams[g].pc
             })
             .sum();
@@ -990,7 +990,7 @@ impl Sim<'_> {
             ),
         });
         for &(g, b) in chain.iter().take(32) {
-            let (r, st) = self.layout.stream_owner[g];
+            let (r, st) = self.layout.streams.stream_owner(g);
             let ch = self.s.ranks[r as usize].streams[st as usize].channel;
             step_error(
                 sink,
@@ -1054,7 +1054,7 @@ impl Sim<'_> {
                 let (at, channel, by) = if writer == NONE {
                     (None, None, String::new())
                 } else {
-                    let at: StepRef = self.layout.step_ref(writer as usize);
+                    let at: StepRef = self.layout.streams.step_ref(writer as usize);
                     let ch = s.ranks[at.rank as usize].streams[at.stream as usize].channel;
                     (
                         Some(at),

@@ -2,6 +2,7 @@
 //! send/receive matching. Builds the [`Layout`] the simulation runs on.
 
 use super::{ErrorKind, Sink, VerifyError};
+use crate::dag::{ConnKey, DagError, StepDag, StepNumbering};
 use crate::schedule::{Buf, Loc, Schedule, Step, StepRef};
 use std::collections::HashMap;
 
@@ -25,9 +26,6 @@ pub const MAX_WORK: u64 = 1 << 31;
 /// streams plus its dependencies).
 pub const MAX_CLOCKS: u64 = 1 << 27;
 
-/// Key of a connection: `(from, to, channel)`.
-pub(crate) type ConnKey = (u32, u32, u32);
-
 /// One connection with the streams at its ends (global stream indices).
 #[derive(Debug, Clone)]
 pub(crate) struct ConnInfo {
@@ -43,27 +41,21 @@ pub(crate) struct ConnInfo {
 /// Flattened indices of a structurally valid schedule.
 #[derive(Debug, Default)]
 pub(crate) struct Layout {
-    /// Global index of each rank's first stream; `nranks + 1` entries.
-    pub stream_base: Vec<usize>,
-    /// Global index of each global stream's first step; one more entry than streams.
-    pub step_base: Vec<usize>,
-    /// (rank, local stream) of each global stream.
-    pub stream_owner: Vec<(u32, u32)>,
+    /// How the schedule's streams and steps are numbered (in a quotient run, those of the
+    /// schedule holding only the template).
+    pub streams: StepNumbering,
     pub conns: Vec<ConnInfo>,
     pub conn_index: HashMap<ConnKey, u32>,
 }
 
-impl Layout {
-    /// The step with global index `g`.
-    pub(crate) fn step_ref(&self, g: usize) -> StepRef {
-        let s = self.step_base.partition_point(|&b| b <= g) - 1;
-        let (rank, stream) = self.stream_owner[s];
-        StepRef {
-            rank,
-            stream,
-            step: (g - self.step_base[s]) as u32,
-        }
-    }
+/// Reports a schedule whose steps a [`StepDag`] cannot number.
+pub(crate) fn too_large(e: DagError, sink: &mut Sink) {
+    sink.push(VerifyError {
+        at: None,
+        channel: None,
+        kind: ErrorKind::Limit,
+        message: e.to_string(),
+    });
 }
 
 fn at(rank: u32, stream: u32, step: usize, channel: u32) -> (Option<StepRef>, Option<u32>) {
@@ -366,21 +358,6 @@ pub(crate) type Ends = Vec<(usize, usize, u32)>;
 /// Runs every structural check after the header passed; returns the layout when clean.
 pub(crate) fn check_structure(s: &Schedule, sink: &mut Sink) -> Option<Layout> {
     let before = sink.total();
-    let mut layout = Layout::default();
-    let mut g = 0usize;
-    let mut gstep = 0usize;
-    for (rank, prog) in s.ranks.iter().enumerate() {
-        layout.stream_base.push(g);
-        for (si, st) in prog.streams.iter().enumerate() {
-            layout.step_base.push(gstep);
-            layout.stream_owner.push((rank as u32, si as u32));
-            gstep += st.steps.len();
-            g += 1;
-        }
-    }
-    layout.stream_base.push(g);
-    layout.step_base.push(gstep);
-
     // Per-step checks.
     for (rank, prog) in s.ranks.iter().enumerate() {
         for (si, st) in prog.streams.iter().enumerate() {
@@ -389,44 +366,27 @@ pub(crate) fn check_structure(s: &Schedule, sink: &mut Sink) -> Option<Layout> {
             }
         }
     }
+    // Without its bad references, which the per-step checks report.
+    let dag = StepDag::lenient(s).map_err(|e| too_large(e, sink)).ok()?;
 
     // Connection ownership and the ends of each connection.
-    let mut sends: Vec<Ends> = Vec::new();
-    let mut recvs: Vec<Ends> = Vec::new();
-    let mut sender_of: Vec<Option<usize>> = Vec::new();
-    let mut receiver_of: Vec<Option<usize>> = Vec::new();
-    let valid = |rank: u32, peer: u32| peer < s.nranks && peer != rank;
+    let nconns = dag.connections().len();
+    let mut sends: Vec<Ends> = vec![Vec::new(); nconns];
+    let mut recvs: Vec<Ends> = vec![Vec::new(); nconns];
+    let mut sender_of: Vec<Option<usize>> = vec![None; nconns];
+    let mut receiver_of: Vec<Option<usize>> = vec![None; nconns];
     for (rank, prog) in s.ranks.iter().enumerate() {
         let rank = rank as u32;
         for (si, st) in prog.streams.iter().enumerate() {
-            let gs = layout.stream_base[rank as usize] + si;
+            let gs = dag.numbering().stream_base(rank) + si;
             for (idx, step) in st.steps.iter().enumerate() {
                 let place = (rank, si as u32, idx, st.channel);
-                let ends = [
-                    (step.op.send_peer().map(|to| (rank, to)), true),
-                    (step.op.recv_peer().map(|from| (from, rank)), false),
-                ];
-                for (key, is_send) in ends {
-                    let Some((from, to)) = key else { continue };
+                let id = dag.numbering().step_base(gs) + idx;
+                for (end, is_send) in [(dag.send_at(id), true), (dag.recv_at(id), false)] {
+                    let Some((ci, _)) = end else { continue };
+                    let ci = ci as usize;
+                    let (from, to, _) = dag.connections()[ci].key;
                     let peer = if is_send { to } else { from };
-                    if !valid(rank, peer) {
-                        continue;
-                    }
-                    let key = (from, to, st.channel);
-                    let next = layout.conns.len() as u32;
-                    let ci = *layout.conn_index.entry(key).or_insert(next) as usize;
-                    if ci == layout.conns.len() {
-                        layout.conns.push(ConnInfo {
-                            key,
-                            recv_from: from,
-                            sender: usize::MAX,
-                            receiver: usize::MAX,
-                        });
-                        sends.push(Vec::new());
-                        recvs.push(Vec::new());
-                        sender_of.push(None);
-                        receiver_of.push(None);
-                    }
                     let (owner, list) = if is_send {
                         (&mut sender_of[ci], &mut sends[ci])
                     } else {
@@ -434,7 +394,7 @@ pub(crate) fn check_structure(s: &Schedule, sink: &mut Sink) -> Option<Layout> {
                     };
                     match *owner {
                         Some(o) if o != gs => {
-                            let other = layout.stream_owner[o].1;
+                            let other = dag.numbering().stream_owner(o).1;
                             let verb = if is_send { "sends to" } else { "receives from" };
                             step_error(
                                 sink,
@@ -455,6 +415,27 @@ pub(crate) fn check_structure(s: &Schedule, sink: &mut Sink) -> Option<Layout> {
         }
     }
 
+    let conns = dag
+        .connections()
+        .iter()
+        .map(|c| ConnInfo {
+            key: c.key,
+            recv_from: c.key.0,
+            sender: usize::MAX,
+            receiver: usize::MAX,
+        })
+        .collect();
+    let conn_index = dag
+        .connections()
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.key, i as u32))
+        .collect();
+    let mut layout = Layout {
+        streams: dag.numbering().clone(),
+        conns,
+        conn_index,
+    };
     match_ends(&mut layout, &sends, &recvs, &sender_of, &receiver_of, sink);
     (sink.total() == before).then_some(layout)
 }
@@ -474,11 +455,11 @@ pub(crate) fn match_ends(
         let from = conn.recv_from;
         let (ss, rs) = (&sends[ci], &recvs[ci]);
         let place = |&(gs, idx, _): &(usize, usize, u32)| {
-            let (r, st) = layout.stream_owner[gs];
+            let (r, st) = layout.streams.stream_owner(gs);
             (r, st, idx, channel)
         };
         let name = |&(gs, idx, _): &(usize, usize, u32)| {
-            let (r, st) = layout.stream_owner[gs];
+            let (r, st) = layout.streams.stream_owner(gs);
             format!("rank {r} stream {st} step {idx}")
         };
         if let Some(k) = ss.iter().zip(rs).position(|(a, b)| a.2 != b.2) {

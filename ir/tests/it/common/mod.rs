@@ -884,18 +884,18 @@ pub fn oracle(s: &Schedule, seed: u64) -> Result<(), String> {
     if queues.values().any(|q| !q.is_empty()) {
         return Err("unreceived messages".into());
     }
-    let sum = |c: usize| (0..n).fold(0u64, |acc, r| acc.wrapping_add(input(r, c)));
+    let inputs: Vec<Vec<u64>> = (0..n)
+        .map(|r| (0..ic as usize).map(|c| input(r, c)).collect())
+        .collect();
+    let add = |acc: &mut [u64], x: &[u64]| {
+        for (a, b) in acc.iter_mut().zip(x) {
+            *a = a.wrapping_add(*b);
+        }
+    };
+    let wanted = hccl_ir::reference::expected(s.collective, &inputs, add, |_| {});
     for (r, rank_mem) in mem.iter().enumerate() {
-        for i in 0..oc as usize {
-            let want = match s.collective {
-                Collective::AllReduce => sum(i),
-                Collective::AllGather => input(i / k, i % k),
-                Collective::ReduceScatter => sum(r * k + i),
-                Collective::Broadcast { root } => input(root as usize, i),
-                Collective::Reduce { root } if root as usize == r => sum(i),
-                Collective::Reduce { .. } => continue,
-                Collective::AllToAll => input(i / k, r * k + i % k),
-            };
+        let Some(want) = &wanted[r] else { continue };
+        for (i, &want) in want.iter().enumerate() {
             let (b, j) = place(r, Buf::Output, i);
             if rank_mem[b][j] != want {
                 return Err(format!("rank {r} output chunk {i} is wrong"));

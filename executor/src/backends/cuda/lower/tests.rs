@@ -143,43 +143,26 @@ fn bytes_of<T: Element>(v: &[T]) -> Vec<u8> {
         .to_vec()
 }
 
-/// Expected output of every rank (None where it is unspecified).
+/// Expected output of every rank (None where it is unspecified): the reference result
+/// ([`hccl_ir::reference`]).
 fn reference<T: Element>(
     coll: Collective,
     op: ReduceOp,
     n: u32,
-    total: usize,
     inputs: &[Vec<T>],
 ) -> Vec<Option<Vec<T>>> {
-    let reduce_all = |len: usize| {
-        let mut acc = inputs[0][..len].to_vec();
-        for x in &inputs[1..] {
-            combine_slices(op, &mut acc, &x[..len]);
-        }
-        if op == ReduceOp::Avg {
-            for v in &mut acc {
-                *v = v.div_count(n);
+    hccl_ir::reference::expected(
+        coll,
+        inputs,
+        |acc, x| combine_slices(op, acc, x),
+        |acc| {
+            if op == ReduceOp::Avg {
+                for v in acc {
+                    *v = v.div_count(n);
+                }
             }
-        }
-        acc
-    };
-    let blk = total / n as usize;
-    (0..n)
-        .map(|r| match coll {
-            Collective::AllReduce => Some(reduce_all(total)),
-            Collective::Reduce { root } => (root == r).then(|| reduce_all(total)),
-            Collective::Broadcast { root } => Some(inputs[root as usize].clone()),
-            Collective::AllGather => Some(inputs.concat()),
-            Collective::ReduceScatter => {
-                Some(reduce_all(total)[r as usize * blk..(r as usize + 1) * blk].to_vec())
-            }
-            Collective::AllToAll => Some(
-                (0..n as usize)
-                    .flat_map(|b| inputs[b][r as usize * blk..(r as usize + 1) * blk].to_vec())
-                    .collect(),
-            ),
-        })
-        .collect()
+        },
+    )
 }
 
 /// Lowers entry `index` for a call, replays it on the host and compares with the reference.
@@ -224,7 +207,7 @@ fn run_case<T: Element>(plan: &PlanFile, index: usize, op: ReduceOp, total: usiz
     }
     let k = Kernels::new(T::DTYPE, op);
     execute(&mut host, &low, &k, es, n);
-    let want = reference(coll, op, n, total, &inputs);
+    let want = reference(coll, op, n, &inputs);
     for r in 0..n {
         let Some(w) = &want[r as usize] else { continue };
         let off = match (in_place, coll.kind()) {
