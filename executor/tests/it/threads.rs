@@ -946,12 +946,23 @@ fn ring_report(late: Option<u32>) -> hccl_executor::StragglerReport {
 /// On the ring a late rank delays its successor, which delays the next: the report follows
 /// the chains of waits to the late rank and names it first. (An undisturbed job of four
 /// threads on two cores can still show one rank above the rest; the process backend's test
-/// checks that a healthy job names nobody.)
+/// checks that a healthy job names nobody.) Four threads share two cores with the other
+/// tests, which can hold a healthy rank off its core for as long as the late rank sleeps:
+/// one clean run of three is asked for, as the process backend's tests do.
 #[test]
 fn the_straggler_report_blames_the_late_rank_on_the_ring() {
-    let report = ring_report(Some(2));
-    assert_eq!(report.culprits[0].rank, 2, "{report}");
-    assert!(report.dominant().is_none_or(|c| c.rank == 2), "{report}");
+    let mut reports = Vec::new();
+    for _ in 0..3 {
+        let report = ring_report(Some(2));
+        if report.culprits[0].rank == 2 && report.dominant().is_none_or(|c| c.rank == 2) {
+            return;
+        }
+        reports.push(report.to_string());
+    }
+    panic!(
+        "three runs did not name rank 2 first:\n{}",
+        reports.join("\n---\n")
+    );
 }
 
 /// `HCCL_TRACE` through the configuration: every rank writes a trace file in the layout of
