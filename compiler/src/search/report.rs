@@ -129,7 +129,9 @@ impl StopReason {
     pub fn describe(self) -> &'static str {
         match self {
             StopReason::StepCap => "over the step cap or verifier limits",
-            StopReason::GaveUp => "families that gave up",
+            StopReason::GaveUp => {
+                "offered nothing (families that do not apply here, synthesizers past their limits)"
+            }
             StopReason::Fallback => "fallback candidates",
             StopReason::PrunedByBound => "pruned by bound",
             StopReason::ScreenedOut => "screened out",
