@@ -57,7 +57,7 @@ pub(super) fn generate(search: &Search<'_>, collective: Collective) -> Option<Ge
         families: wanted.len(),
         stops: Vec::new(),
     };
-    let (mut left_out, mut gave_up) = (0, 0);
+    let (mut left_out, mut offered_nothing) = (0, 0);
     for (family, generated) in wanted.iter().zip(generated_all) {
         let selectable = search.allowed(family.name());
         if family.name() == "ring" {
@@ -68,7 +68,7 @@ pub(super) fn generate(search: &Search<'_>, collective: Collective) -> Option<Ge
         }
         left_out += generated.left_out;
         if generated.candidates.is_empty() && !generated.capped {
-            gave_up += 1;
+            offered_nothing += 1;
         }
         for c in generated.candidates {
             if fits(&c) {
@@ -85,7 +85,7 @@ pub(super) fn generate(search: &Search<'_>, collective: Collective) -> Option<Ge
     let fallback = fall_back(search, kind, collective, &mut out);
     out.stops = vec![
         (StopReason::StepCap, left_out),
-        (StopReason::GaveUp, gave_up),
+        (StopReason::OfferedNothing, offered_nothing),
         (StopReason::Fallback, fallback),
     ];
     Some(out)

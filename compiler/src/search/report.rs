@@ -99,7 +99,7 @@ pub enum StopReason {
     StepCap,
     /// Generate: families (a synthesizer past its rank limit, infeasible or failing; a
     /// family that does not apply to the machine) that offered nothing (counted per family).
-    GaveUp,
+    OfferedNothing,
     /// Generate: nothing selectable under the step cap, so each capped family's smallest
     /// parameter set was tried (counted per candidate so added).
     Fallback,
@@ -129,7 +129,7 @@ impl StopReason {
     pub fn describe(self) -> &'static str {
         match self {
             StopReason::StepCap => "over the step cap or verifier limits",
-            StopReason::GaveUp => {
+            StopReason::OfferedNothing => {
                 "offered nothing (families that do not apply here, synthesizers past their limits)"
             }
             StopReason::Fallback => "fallback candidates",
