@@ -9,34 +9,17 @@ use good_lp::{
 };
 use std::collections::HashMap;
 
-/// The chunks of `origin` along sends that stay within `counts` (`(link, step) → chunks`,
-/// an aggregate solution): per chunk `k`, its transfers `(k, from, to, step)`. `Ok(None)`:
-/// proven impossible; `Err`: time limit.
-#[allow(clippy::type_complexity)]
-pub(super) fn decompose(
-    links: &LinkMatrix,
+/// The rows every chunk `k` of `origin` obeys, over its transfer variables `x[k]` (`(link,
+/// step) → binary`): every other rank receives it once, a rank sends it only at a step after
+/// it received it, and chunk `k` arrives no later in total than chunk `k + 1` (which breaks
+/// the chunks' symmetry).
+fn with_chunk_rows<M: SolverModel>(
+    mut model: M,
+    x: &[HashMap<(usize, u32), Variable>],
+    link_list: &[(usize, usize)],
+    n: usize,
     origin: usize,
-    inst: Instance,
-    counts: &HashMap<(usize, u32), u32>,
-    time_limit: f64,
-) -> Result<Option<Vec<(u32, usize, usize, u32)>>, String> {
-    if time_limit <= 0.0 {
-        return Err("time limit".into());
-    }
-    let n = links.n;
-    let link_list = links.links();
-    let c = inst.chunks;
-    let mut vars = ProblemVariables::new();
-    let mut x: Vec<HashMap<(usize, u32), Variable>> = vec![HashMap::new(); c as usize];
-    for xk in &mut x {
-        for &(li, s) in counts.keys() {
-            xk.insert((li, s), vars.add(variable().binary()));
-        }
-    }
-    let mut model = vars
-        .minimise(Expression::from(0.0))
-        .using(crate::lp::solver)
-        .with_time_limit(time_limit);
+) -> M {
     for (k, xk) in x.iter().enumerate() {
         for v in 0..n {
             if v == origin {
@@ -69,6 +52,38 @@ pub(super) fn decompose(
             model = model.with(constraint!(a <= b));
         }
     }
+    model
+}
+
+/// The chunks of `origin` along sends that stay within `counts` (`(link, step) → chunks`,
+/// an aggregate solution): per chunk `k`, its transfers `(k, from, to, step)`. `Ok(None)`:
+/// proven impossible; `Err`: time limit.
+#[allow(clippy::type_complexity)]
+pub(super) fn decompose(
+    links: &LinkMatrix,
+    origin: usize,
+    inst: Instance,
+    counts: &HashMap<(usize, u32), u32>,
+    time_limit: f64,
+) -> Result<Option<Vec<(u32, usize, usize, u32)>>, String> {
+    if time_limit <= 0.0 {
+        return Err("time limit".into());
+    }
+    let n = links.n;
+    let link_list = links.links();
+    let c = inst.chunks;
+    let mut vars = ProblemVariables::new();
+    let mut x: Vec<HashMap<(usize, u32), Variable>> = vec![HashMap::new(); c as usize];
+    for xk in &mut x {
+        for &(li, s) in counts.keys() {
+            xk.insert((li, s), vars.add(variable().binary()));
+        }
+    }
+    let mut model = vars
+        .minimise(Expression::from(0.0))
+        .using(crate::lp::solver)
+        .with_time_limit(time_limit);
+    model = with_chunk_rows(model, &x, &link_list, n, origin);
     for (&(li, s), &cap) in counts {
         let load: Expression = x.iter().map(|xk| xk[&(li, s)]).sum();
         model = model.with(constraint!(load <= f64::from(cap)));
@@ -128,38 +143,7 @@ pub(super) fn decompose_residual(
         .minimise(Expression::from(0.0))
         .using(crate::lp::solver)
         .with_time_limit(time_limit);
-    for (k, xk) in x.iter().enumerate() {
-        for v in 0..n {
-            if v == origin {
-                continue;
-            }
-            let recv: Expression = xk
-                .iter()
-                .filter(|((li, _), _)| link_list[*li].1 == v)
-                .map(|(_, &var)| var)
-                .sum();
-            model = model.with(constraint!(recv == 1.0));
-        }
-        for (&(li, s), &send) in xk {
-            let u = link_list[li].0;
-            if u == origin {
-                continue;
-            }
-            let held: Expression = xk
-                .iter()
-                .filter(|((l2, s2), _)| link_list[*l2].1 == u && *s2 < s)
-                .map(|(_, &var)| var)
-                .sum();
-            model = model.with(constraint!(send <= held));
-        }
-        if k > 0 {
-            let t = |m: &HashMap<(usize, u32), Variable>| -> Expression {
-                m.iter().map(|(&(_, s), &v)| f64::from(s) * v).sum()
-            };
-            let (a, b) = (t(&x[k - 1]), t(xk));
-            model = model.with(constraint!(a <= b));
-        }
-    }
+    model = with_chunk_rows(model, &x, &link_list, n, origin);
     let inverses: Vec<Perm> = images
         .iter()
         .map(|p| {
