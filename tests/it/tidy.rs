@@ -387,18 +387,17 @@ fn scan_tokens(tokens: &[proc_macro2::TokenTree], out: &mut Vec<Vec<String>>) {
             TokenTree::Ident(first) => {
                 let mut path = vec![first.to_string()];
                 let mut j = i + 1;
-                while j + 2 < tokens.len() + 1 {
-                    match (&tokens.get(j), &tokens.get(j + 1), &tokens.get(j + 2)) {
-                        (
-                            Some(TokenTree::Punct(a)),
-                            Some(TokenTree::Punct(b)),
-                            Some(TokenTree::Ident(id)),
-                        ) if a.as_char() == ':' && b.as_char() == ':' => {
-                            path.push(id.to_string());
-                            j += 3;
-                        }
-                        _ => break,
-                    }
+                // `::ident` runs after it (`get` ends the run at the end of the tokens).
+                while let (
+                    Some(TokenTree::Punct(a)),
+                    Some(TokenTree::Punct(b)),
+                    Some(TokenTree::Ident(id)),
+                ) = (tokens.get(j), tokens.get(j + 1), tokens.get(j + 2))
+                    && a.as_char() == ':'
+                    && b.as_char() == ':'
+                {
+                    path.push(id.to_string());
+                    j += 3;
                 }
                 if path.len() > 1 {
                     out.push(path);
