@@ -1,7 +1,8 @@
 """hccl_aot against Gloo through the same torch.distributed calls, side by side in one run:
 back-to-back pairs of launches (alternating which goes first), the median of each pair's
-ratio per collective and size, for 2 and 4 processes; and the DDP step of a 26M-parameter
-model. Usage: python bench_torch.py [--pairs 3] [--procs 2 4] [--colls ...]"""
+ratio per collective and size, for 2 and 4 processes; all_reduce against hccl-perf on the same
+plan in the same rounds (the overhead of PyTorch); and the DDP step of a 26M-parameter model.
+Usage: python bench_torch.py [--pairs 3] [--procs 2 4] [--colls ...] [--min-bytes B] [--max-bytes B]"""
 
 import argparse
 import json
@@ -29,6 +30,18 @@ def launch(backend, n, env):
     return [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
 
 
+def run_perf(a, n, plan):
+    """hccl-perf's all_reduce on the same plan, in place, timed like the torch side."""
+    r = subprocess.run([a.hccl_perf, "--backend", "process", "-g", str(n), "-b", str(max(8, a.min_bytes)),
+                        "-e", str(min(256 << 20, a.max_bytes)), "-f", "4", "--plan", plan, "--in-place",
+                        "-w", "20", "-T", "0.25", "--json"], capture_output=True, text=True)
+    if r.returncode:
+        sys.exit(f"hccl-perf failed: {r.stderr[-2000:]}")
+    doc = json.loads(r.stdout)
+    rows = doc["rows"] if isinstance(doc, dict) else doc
+    return {int(x["bytes"]): float(x["time_us"]) for x in rows}
+
+
 def human(b):
     for u, s in (("G", 30), ("M", 20), ("K", 10)):
         if b >= 1 << s:
@@ -42,6 +55,8 @@ def main():
     ap.add_argument("--procs", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--colls", default="all_reduce,all_gather_into_tensor,reduce_scatter_tensor")
     ap.add_argument("--no-ddp", action="store_true")
+    ap.add_argument("--min-bytes", type=int, default=0, help="smallest size of the collectives (8 B .. 256 MiB by 4)")
+    ap.add_argument("--max-bytes", type=int, default=256 << 20, help="largest size of the collectives")
     ap.add_argument("--plan", help="plan file for hccl_aot and hccl-perf (HCCL_PLAN); default: the built-in plans, "
                     "what init_process_group('hccl_aot') runs without HCCL_PLAN; 'host': compiled for this host")
     ap.add_argument("--hccl-perf", help="hccl-perf binary: all_reduce on the same plan, for the overhead of PyTorch")
@@ -63,12 +78,21 @@ def main():
         print(f"\nplan: {a.plan or 'built-in'} ({plan})")
         os.environ["HCCL_PLAN"] = plan
         runs = {"gloo": [], "hccl_aot": []}
+        perf = []
+        env = {"MODE": "collectives", "COLLS": a.colls, "MINB": str(a.min_bytes), "MAXB": str(a.max_bytes)}
+        with_perf = a.hccl_perf and "all_reduce" in a.colls
         for p in range(a.pairs):
-            order = ["gloo", "hccl_aot"] if p % 2 == 0 else ["hccl_aot", "gloo"]
+            # One round: Gloo, hccl_aot and (for all_reduce) hccl-perf back to back, the order
+            # rotating from round to round, so each ratio compares runs taken side by side.
+            order = ["gloo", "hccl_aot"] + (["hccl-perf"] if with_perf else [])
+            order = order[p % len(order):] + order[:p % len(order)]
             for b in order:
-                runs[b].append({(x["coll"], x["bytes"]): x for x in launch(b, n, {"MODE": "collectives", "COLLS": a.colls})})
+                if b == "hccl-perf":
+                    perf.append(run_perf(a, n, plan))
+                else:
+                    runs[b].append({(x["coll"], x["bytes"]): x for x in launch(b, n, env)})
         keys = list(runs["gloo"][0])
-        print(f"\n{n} processes, {a.pairs} back-to-back pairs; times are medians over pairs, ratio = median of per-pair gloo/hccl_aot")
+        print(f"\n{n} processes, {a.pairs} back-to-back rounds; times are medians over rounds, ratio = median of per-round gloo/hccl_aot")
         print(f"{'collective':<24}{'size':>6}{'gloo us':>12}{'hccl us':>12}{'gloo busbw':>12}{'hccl busbw':>12}{'ratio':>8}")
         for k in keys:
             g = [r[k]["us"] for r in runs["gloo"]]
@@ -77,24 +101,19 @@ def main():
             hb = statistics.median(r[k]["busbw"] for r in runs["hccl_aot"])
             ratio = statistics.median(x / y for x, y in zip(g, h))
             print(f"{k[0]:<24}{human(k[1]):>6}{statistics.median(g):>12.1f}{statistics.median(h):>12.1f}{gb:>12.3f}{hb:>12.3f}{ratio:>8.2f}")
-        if a.hccl_perf and "all_reduce" in a.colls:
-            perf = []
-            for p in range(a.pairs):
-                r = subprocess.run([a.hccl_perf, "--backend", "process", "-g", str(n), "-b", "8", "-e", "256M",
-                                    "-f", "4", "--plan", plan, "--in-place", "-w", "20", "-T", "0.25", "--json"], capture_output=True, text=True)
-                if r.returncode:
-                    sys.exit(f"hccl-perf failed: {r.stderr[-2000:]}")
-                doc = json.loads(r.stdout)
-                rows = doc["rows"] if isinstance(doc, dict) else doc
-                perf.append({int(x["bytes"]): float(x["time_us"]) for x in rows})
-            print(f"all_reduce through PyTorch (hccl_aot) against hccl-perf (Rust), same plan, {n} processes")
-            print(f"{'size':>6}{'hccl-perf us':>14}{'torch us':>10}{'overhead us':>13}{'ratio':>8}")
+        if with_perf:
+            print(f"all_reduce through PyTorch (hccl_aot) against hccl-perf (Rust), same plan, {n} processes; "
+                  "overhead and ratio: medians of the per-round differences and ratios")
+            print(f"{'size':>6}{'hccl-perf us':>14}{'torch us':>10}{'overhead us':>13}{'ratio':>8}   per round (perf/torch us)")
             for k in keys:
                 if k[0] != "all_reduce" or k[1] not in perf[0]:
                     continue
-                rust = statistics.median(pp[k[1]] for pp in perf)
-                torch_us = statistics.median(r[k]["us"] for r in runs["hccl_aot"])
-                print(f"{human(k[1]):>6}{rust:>14.2f}{torch_us:>10.2f}{torch_us - rust:>13.2f}{torch_us / rust:>8.3f}")
+                rust = [pp[k[1]] for pp in perf]
+                tor = [r[k]["us"] for r in runs["hccl_aot"]]
+                rounds = ", ".join(f"{x:.1f}/{y:.1f}" for x, y in zip(rust, tor))
+                print(f"{human(k[1]):>6}{statistics.median(rust):>14.2f}{statistics.median(tor):>10.2f}"
+                      f"{statistics.median(y - x for x, y in zip(rust, tor)):>13.2f}"
+                      f"{statistics.median(y / x for x, y in zip(rust, tor)):>8.3f}   {rounds}")
         if not a.no_ddp:
             g, h = [], []
             for p in range(a.pairs):

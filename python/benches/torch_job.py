@@ -11,7 +11,8 @@ import torch.distributed as dist
 
 import hccl.torch  # noqa: F401
 
-SIZES = [8 << (2 * k) for k in range(13)] + [256 << 20]   # 8 B .. 128 MiB by 4, and 256 MiB
+SIZES = [s for s in [8 << (2 * k) for k in range(13)] + [256 << 20]   # 8 B .. 128 MiB by 4, and 256 MiB
+         if int(os.environ.get("MINB", 0)) <= s <= int(os.environ.get("MAXB", 1 << 40))]
 
 
 def agreed(count):

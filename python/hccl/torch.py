@@ -47,8 +47,9 @@ def set_plan(plan: Any) -> None:
     _plan = plan
 
 
+_SUM = dist.ReduceOp.SUM
 _OPS = {
-    dist.ReduceOp.SUM: "sum",
+    _SUM: "sum",
     dist.ReduceOp.PRODUCT: "prod",
     dist.ReduceOp.MIN: "min",
     dist.ReduceOp.MAX: "max",
@@ -121,7 +122,12 @@ class _Work(_C10dWork):
         return self._result
 
 
-def _done(result: Any) -> _Work:
+def _done(result: Any, opts: Any = None) -> Optional[_Work]:
+    """The work a call returns: none for a blocking call (``asyncOp`` false, what
+    ``torch.distributed``'s functions pass without ``async_op=True``; they take a missing work
+    as "already synced"), saving the work and C++ calling back into Python to wait on it."""
+    if opts is not None and not opts.asyncOp:
+        return None
     work = _Work()
     work._result = result
     return work
@@ -190,19 +196,35 @@ class HcclProcessGroup(dist.ProcessGroup):
             raise RuntimeError(f"{BACKEND}: {call}: {e}") from None
 
     # ----- collectives -----
-    # Each runs to the end before it returns (the work it returns is complete): a blocking
+    # Each runs to the end before it returns (the work it returns, if any, is complete): a blocking
     # call on this thread costs a few microseconds, and the order of calls is the order the
     # ranks make them, as the compiled plans require.
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
+        # The per-call path of every training step: the checks of `_one`, `_tensor`, `_dtype`
+        # and `_op` inlined for the common case (one contiguous CPU tensor of a supported
+        # dtype, SUM), each attribute read once; anything else takes the general path, which
+        # raises the precise error. A blocking call gets no work back (see `_done`).
+        if opts is not None and len(tensors) == 1:
+            t = tensors[0]
+            if isinstance(t, torch.Tensor) and t.is_cpu and t.is_contiguous():
+                dtype = _DTYPES.get(t.dtype)
+                op = opts.reduceOp
+                if dtype is not None and op == _SUM:
+                    try:
+                        self._native.call(False, "allreduce", "sum", dtype, t.data_ptr(), t.numel(),
+                                          None, 0, 0, None)
+                    except CommError as e:
+                        raise RuntimeError(f"{BACKEND}: all_reduce: {e}") from None
+                    return _done(tensors, opts)
         t = self._one(tensors, "all_reduce")
         self._run("all_reduce", "allreduce", t, op=_op(opts, "all_reduce"))
-        return _done(tensors)
+        return _done(tensors, opts)
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
         op = _op(opts, "all_reduce_coalesced")
         for t in tensors:
             self._run("all_reduce_coalesced", "allreduce", self._tensor(t, "all_reduce_coalesced"), op=op)
-        return _done(tensors)
+        return _done(tensors, opts)
 
     def allgather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts: Any = None) -> Any:
         t = self._one(input_tensors, "all_gather")
@@ -216,7 +238,7 @@ class HcclProcessGroup(dist.ProcessGroup):
         self._run("all_gather", "allgather", flat, t)
         for i, o in enumerate(outs):
             o.copy_(flat[i * t.numel():(i + 1) * t.numel()].view_as(o))
-        return _done(output_tensors)
+        return _done(output_tensors, opts)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         o, i = self._tensor(output, "all_gather_into_tensor"), self._tensor(input, "all_gather_into_tensor")
@@ -224,19 +246,19 @@ class HcclProcessGroup(dist.ProcessGroup):
             raise RuntimeError(f"{BACKEND}: all_gather_into_tensor: output has {o.numel()} elements, "
                                f"needs {self._world} x {i.numel()}")
         self._run("all_gather_into_tensor", "allgather", o, i)
-        return _done([output])
+        return _done([output], opts)
 
     _allgather_base = all_gather_single
 
     def allgather_into_tensor_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None) -> Any:
         for o, i in zip(outputs, inputs):
             self.all_gather_single(o, i)
-        return _done(outputs)
+        return _done(outputs, opts)
 
     def allgather_coalesced(self, output_lists: List[List[torch.Tensor]], inputs: List[torch.Tensor], opts: Any = None) -> Any:
         for outs, i in zip(output_lists, inputs):
             self.allgather([outs], [i], opts)
-        return _done(output_lists)
+        return _done(output_lists, opts)
 
     def reduce_scatter(self, output_tensors: List[torch.Tensor], input_lists: List[List[torch.Tensor]], opts: Any = None) -> Any:
         out = self._one(output_tensors, "reduce_scatter")
@@ -245,7 +267,7 @@ class HcclProcessGroup(dist.ProcessGroup):
             raise RuntimeError(f"{BACKEND}: reduce_scatter needs {self._world} inputs shaped like the output")
         flat = torch.cat([i.reshape(-1) for i in ins])
         self._run("reduce_scatter", "reducescatter", out, flat, op=_op(opts, "reduce_scatter"))
-        return _done(output_tensors)
+        return _done(output_tensors, opts)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         o, i = self._tensor(output, "reduce_scatter_tensor"), self._tensor(input, "reduce_scatter_tensor")
@@ -253,26 +275,26 @@ class HcclProcessGroup(dist.ProcessGroup):
             raise RuntimeError(f"{BACKEND}: reduce_scatter_tensor: input has {i.numel()} elements, "
                                f"needs {self._world} x {o.numel()}")
         self._run("reduce_scatter_tensor", "reducescatter", o, i, op=_op(opts, "reduce_scatter_tensor"))
-        return _done([output])
+        return _done([output], opts)
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_tensor_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None) -> Any:
         for o, i in zip(outputs, inputs):
             self.reduce_scatter_single(o, i, opts)
-        return _done(outputs)
+        return _done(outputs, opts)
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
     def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
         t = self._one(tensors, "broadcast")
         self._run("broadcast", "broadcast", t, root=int(getattr(opts, "rootRank", 0)))
-        return _done(tensors)
+        return _done(tensors, opts)
 
     def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
         t = self._one(tensors, "reduce")
         self._run("reduce", "reduce", t, op=_op(opts, "reduce"), root=int(getattr(opts, "rootRank", 0)))
-        return _done(tensors)
+        return _done(tensors, opts)
 
     def alltoall(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None) -> Any:
         if len(outputs) != self._world or len(inputs) != self._world:
@@ -288,7 +310,7 @@ class HcclProcessGroup(dist.ProcessGroup):
         for o in outputs:
             o.copy_(recv[off:off + o.numel()].view_as(o))
             off += o.numel()
-        return _done(outputs)
+        return _done(outputs, opts)
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Optional[List[int]] = None,
                           input_split_sizes: Optional[List[int]] = None, opts: Any = None) -> Any:
@@ -303,14 +325,14 @@ class HcclProcessGroup(dist.ProcessGroup):
             osz = list(output_split_sizes) if output_split_sizes else [o.shape[0] // w] * w
             self._run("all_to_all_single", "alltoallv", o, i,
                       counts=_counts([s * row_in for s in isz], [s * row_out for s in osz]))
-        return _done([output])
+        return _done([output], opts)
 
     alltoall_base = all_to_all_single
 
     def barrier(self, opts: Any = None) -> Any:
         t = torch.zeros(1, dtype=torch.int32)
         self._run("barrier", "allreduce", t)
-        return _done([t])
+        return _done([t], opts)
 
     send = _unsupported("send", "use all_to_all_single with split sizes, or a Gloo group for point-to-point")
     recv = _unsupported("recv", "use all_to_all_single with split sizes, or a Gloo group for point-to-point")

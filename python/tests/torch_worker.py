@@ -103,6 +103,14 @@ def collectives():
     for k, (t, wk) in enumerate(zip(ts, works)):
         wk.wait()
         check(t, torch.full((1000,), float(sum(q + k for q in range(w)))), f"async {k}")
+        # The future of an asynchronous call carries its tensors, as DDP's hooks read them.
+        assert wk.get_future().value()[0] is t, f"rank {r}: async {k}: the future's value is not the tensor"
+    # Blocking calls return no work (c10d takes it as synced); a blocking call on the
+    # general path (not SUM, several dtypes) too.
+    assert dist.all_reduce(torch.ones(3)) is None, "a blocking all_reduce returned a work"
+    y = torch.full((5,), float(r), dtype=torch.float64)
+    assert dist.all_reduce(y, op=dist.ReduceOp.MAX) is None
+    check(y, torch.full((5,), float(w - 1), dtype=torch.float64), "blocking all_reduce max")
     dist.barrier()
     print(f"rank {r}: ok (plan {dist.group.WORLD.communicator.plan_hash})")
     dist.destroy_process_group()
