@@ -7,7 +7,11 @@
 #
 # Env: RANKS ("2 4 8"), COLL (allreduce), MINB (8), MAXB (256M), FACTOR (4), REPS (3),
 #      TARGET (0.2 s per size), BACKEND (process: ranks as processes, like MPI; or threads),
-#      BENCH_DIR (peer sources, default ../shared/bench), OUT (results dir, default target/bench-vs-mpi).
+#      BENCH_DIR (peer sources, default ../shared/bench), OUT (results dir, default target/bench-vs-mpi),
+#      TOPO (a topology file for hccl-perf's plan, e.g. one `hccl-perf --calibrate` wrote; default:
+#      this machine as hccl-perf probes it in each launch).
+# Besides the medians, the table gives each side's 90th percentile time over the launches
+# (REPS of them per side), for launch-to-launch spread: REPS=10 or more for that.
 # Needs OpenMPI (installs openmpi-bin and libopenmpi-dev with apt-get if missing).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -24,7 +28,8 @@ BENCH_DIR="${BENCH_DIR:-$ROOT/../shared/bench}"
 OUT="${OUT:-$ROOT/target/bench-vs-mpi}"
 mkdir -p "$OUT"
 
-if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
+if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null \
+   || ! echo "#include <mpi.h>" | mpicc -E -x c - >/dev/null 2>&1; then
   echo "installing OpenMPI (openmpi-bin libopenmpi-dev)" >&2
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
 fi
@@ -45,7 +50,7 @@ for n in $RANKS; do
     for side in $([[ $((rep % 2)) == 1 ]] && echo "hccl mpi" || echo "mpi hccl"); do
       if [[ $side == hccl ]]; then
         "$PERF" --backend "$BACKEND" -g "$n" -c "$COLL" -b "$MINB" -e "$MAXB" -f "$FACTOR" \
-          -T "$TARGET" -w 5 --json > "$OUT/hccl_n${n}_r${rep}.json"
+          -T "$TARGET" -w 5 ${TOPO:+--topo "$TOPO"} --json > "$OUT/hccl_n${n}_r${rep}.json"
       else
         "${MPIRUN[@]}" -np "$n" "$OUT/mpi_coll_bench" -b "$MINB" -e "$MAXB" -f "$FACTOR" \
           -T "$TARGET" -o "$COLL" -C "$OUT/mpi_n${n}_r${rep}.csv" > /dev/null
@@ -87,14 +92,17 @@ for n in ranks:
     ceil = n == "2" and coll == "allreduce"
     print(f"\n## {n} ranks")
     print(f"| size (B) | hccl busbw | mpi busbw | busbw ratio | hccl us | mpi us | time ratio (mpi/hccl) |"
-          + (" hccl / ceiling |" if ceil else ""))
-    print("|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if ceil else ""))
+          f" hccl us p90 | mpi us p90 |" + (" hccl / ceiling |" if ceil else ""))
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if ceil else ""))
     for size in sorted(pairs):
         p = pairs[size]
         hb = statistics.median(x[0][0] for x in p); mb = statistics.median(x[1][0] for x in p)
         ht = statistics.median(x[0][1] for x in p); mt = statistics.median(x[1][1] for x in p)
         ratio = statistics.median(x[0][0] / x[1][0] if x[1][0] > 0 else float("nan") for x in p)
         tratio = statistics.median(x[1][1] / x[0][1] for x in p)
-        print(f"| {size} | {hb:.3f} | {mb:.3f} | {ratio:.2f} | {ht:.2f} | {mt:.2f} | {tratio:.2f} |"
+        # The 90th percentile over launches (nearest rank).
+        p90 = lambda v: sorted(v)[max(0, -(-9 * len(v) // 10) - 1)]
+        hp90 = p90([x[0][1] for x in p]); mp90 = p90([x[1][1] for x in p])
+        print(f"| {size} | {hb:.3f} | {mb:.3f} | {ratio:.2f} | {ht:.2f} | {mt:.2f} | {tratio:.2f} | {hp90:.2f} | {mp90:.2f} |"
               + (f" {hb / (add / 4) * 100:.0f}% |" if ceil else ""))
 PY
