@@ -80,7 +80,7 @@ for n in ranks:
     pairs = {}
     for r in range(1, reps + 1):
         h = json.load(open(os.path.join(out, f"hccl_n{n}_r{r}.json")))
-        hb = {row["bytes"]: (row["busbw_gbps"], row["time_us"]) for row in h["rows"]}
+        hb = {row["bytes"]: (row["busbw_gbps"], row["time_us"], row.get("predicted_us")) for row in h["rows"]}
         with open(os.path.join(out, f"mpi_n{n}_r{r}.csv")) as f:
             for row in csv.DictReader(f):
                 size = int(row["size_bytes"])
@@ -92,8 +92,8 @@ for n in ranks:
     ceil = n == "2" and coll == "allreduce"
     print(f"\n## {n} ranks")
     print(f"| size (B) | hccl busbw | mpi busbw | busbw ratio | hccl us | mpi us | time ratio (mpi/hccl) |"
-          f" hccl us p90 | mpi us p90 |" + (" hccl / ceiling |" if ceil else ""))
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if ceil else ""))
+          f" hccl us p90 | mpi us p90 | hccl / predicted |" + (" hccl / ceiling |" if ceil else ""))
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if ceil else ""))
     for size in sorted(pairs):
         p = pairs[size]
         hb = statistics.median(x[0][0] for x in p); mb = statistics.median(x[1][0] for x in p)
@@ -103,6 +103,10 @@ for n in ranks:
         # The 90th percentile over launches (nearest rank).
         p90 = lambda v: sorted(v)[max(0, -(-9 * len(v) // 10) - 1)]
         hp90 = p90([x[0][1] for x in p]); mp90 = p90([x[1][1] for x in p])
-        print(f"| {size} | {hb:.3f} | {mb:.3f} | {ratio:.2f} | {ht:.2f} | {mt:.2f} | {tratio:.2f} | {hp90:.2f} | {mp90:.2f} |"
+        # Measured over the plan's prediction (median over launches; the prediction is the
+        # plan's, for the topology hccl-perf compiled for: TOPO, or this machine as probed).
+        preds = [x[0][1] / x[0][2] for x in p if x[0][2]]
+        vs_pred = f"{statistics.median(preds):.2f}" if preds else "-"
+        print(f"| {size} | {hb:.3f} | {mb:.3f} | {ratio:.2f} | {ht:.2f} | {mt:.2f} | {tratio:.2f} | {hp90:.2f} | {mp90:.2f} | {vs_pred} |"
               + (f" {hb / (add / 4) * 100:.0f}% |" if ceil else ""))
 PY
