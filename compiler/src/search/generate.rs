@@ -40,13 +40,6 @@ pub(super) fn generate(search: &Search<'_>, collective: Collective) -> Option<Ge
             f.supports(kind) && (search.allowed(f.name()) || BASELINE_FAMILIES.contains(&f.name()))
         })
         .collect();
-    // Solver results the synthesis cache may hold, read (or solved and written) into this
-    // process's memos, where the families find them.
-    if let Some(dir) = &options.cache_dir
-        && wanted.iter().any(|f| f.name() == "milp")
-    {
-        crate::synth::milp::prime(topo, collective, dir);
-    }
     let generated_all = par_map(&wanted, |f| {
         if options.cancelled() {
             return Generated::default();

@@ -35,6 +35,17 @@ pub fn compile_with_progress(
     let owned = offered_options(options, &families)?;
     let options = owned.as_ref().unwrap_or(options);
     let search = Search::new(topo, options, families);
+    // The MILP frontiers the collectives need, read from the synthesis cache (or solved,
+    // side by side, and written there) into this process's memo, where the family finds
+    // them.
+    if search.families.iter().any(|f| f.name() == "milp") && search.allowed("milp") {
+        let wanted: Vec<_> = options
+            .collectives
+            .iter()
+            .map(|&k| collective_of(k))
+            .collect();
+        crate::synth::milp::prime(topo, &wanted, options.cache_dir.as_deref());
+    }
     let mut compiled = CompiledPlan {
         plan: PlanFile::new(PlanMeta {
             topology: topo.name.clone(),

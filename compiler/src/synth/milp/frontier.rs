@@ -579,16 +579,26 @@ impl StoredFrontier {
     }
 }
 
-/// Reads or solves (see [`cached_pareto`]) the frontier the family `milp` lowers for
-/// `collective` on `topo` into this process's memo, through the synthesis cache in `cache`:
-/// what the search calls before generating, so that the family (which has no cache
-/// directory) finds it there.
-pub fn prime(topo: &Topology, collective: Collective, cache: &Path) {
-    if (2..=SEARCH_MAX_RANKS).contains(&topo.nranks())
-        && let Some(solved) = solved_collective(collective)
-    {
-        search_frontier(topo, solved, Some(cache));
+/// Reads or solves (see [`cached_pareto`]) the frontiers the family `milp` lowers for
+/// `collectives` on `topo` into this process's memo, through the synthesis cache in `cache`
+/// (none: solved): what the search calls before it starts, so that the family (which has
+/// no cache directory) finds them there. Distinct frontiers (AllGather's, ReduceScatter's)
+/// are solved side by side.
+pub fn prime(topo: &Topology, collectives: &[Collective], cache: Option<&Path>) {
+    if !(2..=SEARCH_MAX_RANKS).contains(&topo.nranks()) {
+        return;
     }
+    let mut solved: Vec<Collective> = Vec::new();
+    for c in collectives.iter().filter_map(|&c| solved_collective(c)) {
+        if !solved.contains(&c) {
+            solved.push(c);
+        }
+    }
+    std::thread::scope(|scope| {
+        for &c in &solved {
+            scope.spawn(move || search_frontier(topo, c, cache));
+        }
+    });
 }
 
 /// The collective whose frontier the family lowers for `collective` (AllReduce: the
