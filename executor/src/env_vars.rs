@@ -33,6 +33,7 @@ pub const KNOWN_VARS: &[&str] = &[
     "HCCL_NET",
     "HCCL_IB_HCA",
     "HCCL_SEARCH_TRACE",
+    "HCCL_CACHE_DIR",
     "HCCL_PERF_BIND",
     "HCCL_PERF_TOPO",
     "HCCL_PERF_PLAN_LABEL",

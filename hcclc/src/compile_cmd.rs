@@ -60,6 +60,11 @@ pub struct CompileArgs {
     /// why candidates stopped.
     #[arg(short = 'v', long)]
     pub verbose: bool,
+    /// Neither read nor write the synthesis cache (solver results kept between compiles, in
+    /// $HCCL_CACHE_DIR, else $XDG_CACHE_HOME/hccl, else ~/.cache/hccl): every synthesizer
+    /// solves again. The plan is the same either way.
+    #[arg(long)]
+    pub no_cache: bool,
 }
 
 /// Loads a plan file or imports an MSCCL algorithm (by its `.xml` extension).
@@ -269,6 +274,11 @@ pub fn compile(args: CompileArgs) -> Result<(), CliError> {
             usize::try_from(b).unwrap_or(usize::MAX)
         }),
         cancel: None,
+        cache_dir: if args.no_cache {
+            None
+        } else {
+            hccl_compiler::synth::cache::default_dir()
+        },
     };
     let bar = progress_bar();
     let mut on_progress = |p: Progress| {

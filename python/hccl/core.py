@@ -613,6 +613,7 @@ def compile(
     candidates: Iterable[Any] = (),
     sim_budget: Optional[int] = None,
     progress: Union[None, bool, Callable[[str, int, int, int, int], None]] = None,
+    cache: bool = True,
 ) -> Plan:
     """Compiles ``topo`` as ``hcclc compile`` does and returns the verified :class:`Plan`
     (its table in ``plan.rows``).
@@ -622,7 +623,10 @@ def compile(
     LL128, Simple); ``synth``: ``"off"``, ``"auto"`` or ``"full"``; ``candidates``: extra
     algorithms that compete (:class:`hccl.Algorithm` objects, plans, or MSCCL XML / plan
     paths); ``sim_budget``: steps simulated per candidate; ``progress``: ``True`` for a bar on
-    stderr, or a callable ``(collective, done, total, collectives_done, collectives_total)``.
+    stderr, or a callable ``(collective, done, total, collectives_done, collectives_total)``;
+    ``cache``: read and write the synthesis cache (solver results kept between compiles, in
+    ``$HCCL_CACHE_DIR``, else ``$XDG_CACHE_HOME/hccl``, else ``~/.cache/hccl``), as
+    ``hcclc compile`` does unless ``--no-cache``; the plan is the same either way.
 
     The GIL is released while the search runs; Ctrl-C stops it (``KeyboardInterrupt``).
     """
@@ -661,6 +665,7 @@ def compile(
             natives,
             sim_budget,
             callback,
+            bool(cache),
         )
     finally:
         if progress is True:

@@ -702,7 +702,8 @@ impl PyPlan {
 /// `progress`) stops the search at its next phase boundary and is raised here.
 #[pyfunction]
 #[pyo3(signature = (topo, collectives = None, sizes = None, algo = None, proto = None,
-    synth = "auto", candidates = Vec::new(), sim_budget = None, progress = None))]
+    synth = "auto", candidates = Vec::new(), sim_budget = None, progress = None,
+    cache = true))]
 #[allow(clippy::too_many_arguments)]
 fn compile(
     py: Python<'_>,
@@ -715,6 +716,7 @@ fn compile(
     candidates: Vec<PyRef<'_, PyPlan>>,
     sim_budget: Option<usize>,
     progress: Option<Py<PyAny>>,
+    cache: bool,
 ) -> PyResult<(PyPlan, String, String, Vec<String>)> {
     let t = topo.inner.clone();
     let mut kinds = Vec::new();
@@ -775,6 +777,11 @@ fn compile(
         synth,
         partial: true,
         cancel: Some(cancel.clone()),
+        cache_dir: if cache {
+            hccl_compiler::synth::cache::default_dir()
+        } else {
+            None
+        },
     };
     let (tx, rx) = std::sync::mpsc::channel::<Progress>();
     let worker = std::thread::Builder::new()

@@ -9,6 +9,11 @@ import pytest
 
 import hccl
 
+# Compiles read and write the synthesis cache: the tests' own, never the user's.
+os.environ["HCCL_CACHE_DIR"] = os.path.join(
+    os.environ.get("TMPDIR", "/tmp"), f"hccl-pytest-cache-{os.getpid()}"
+)
+
 REPO = Path(__file__).resolve().parents[2]
 # MSCCL XML that msccl-tools generated (copied from ../shared/msccl with its provenance).
 MSCCL = REPO / "ir" / "tests" / "data" / "msccl"

@@ -117,5 +117,8 @@ pub(super) struct Costed {
     pub(super) times: Vec<Option<Vec<f64>>>,
     /// `exact[s]`: whether `times[·][s]` were simulated rather than interpolated.
     pub(super) exact: Vec<bool>,
+    /// Whether some time was left infinite for being past its size's limit (the cost
+    /// phase's second wave; [`super::costing::complete`] fills them in).
+    pub(super) limited: bool,
     pub(super) verified: Option<bool>,
 }

@@ -24,6 +24,15 @@ pub(super) struct Tick<'p> {
 /// The cost phase: the candidates the screen kept costed (NCCL's `simulated` families at
 /// every protocol), the others with no time; in candidate order, reporting progress after
 /// each. `None` when cancelled. Also returns what stopped candidates.
+///
+/// It runs in two waves. The first costs the baseline's simulated families (kept and costed
+/// at every protocol whatever their times); the best time of its selectable candidates at
+/// each size is then a time the winner there cannot exceed, so the second wave costs every
+/// other candidate simulated at every size with that limit ([`Simulator::run_within`]): a
+/// run past it stops there and the time is left infinite (it could not have won). What the
+/// winners' cost fits read of their neighbouring sizes is filled in afterwards
+/// ([`complete`]), and a collective whose winner fails verification is costed again
+/// without limits; so the plan is the one costing every candidate in full gives.
 pub(super) fn run(
     search: &Search<'_>,
     candidates: Vec<(Candidate, bool)>,
@@ -34,21 +43,27 @@ pub(super) fn run(
 ) -> Option<(Vec<Costed>, Counts)> {
     let options = search.options;
     let sizes = &search.sizes;
-    let indexed: Vec<(usize, &Candidate)> = candidates.iter().map(|(c, _)| c).enumerate().collect();
-    let mut all_times = par_map(&indexed, |&(i, candidate)| {
+    let baseline = |c: &Candidate| simulated.iter().any(|b| c.algorithm == *b);
+    let cost = |i: usize, limits: Option<&[f64]>| {
+        let candidate = &candidates[i].0;
         if probes[i].keep && !options.cancelled() {
             let started = std::time::Instant::now();
-            let (times, exact) = cost_sampled(
+            let out = cost_sampled(
                 &search.sim,
                 candidate,
                 sizes,
                 options,
                 budget,
                 Some(&probes[i]),
-                !simulated.iter().any(|b| candidate.algorithm == *b),
+                if baseline(candidate) {
+                    (false, None)
+                } else {
+                    (true, limits)
+                },
             );
             let shown = if tracing() {
-                let best = times
+                let best = out
+                    .times
                     .iter()
                     .flatten()
                     .flatten()
@@ -58,24 +73,47 @@ pub(super) fn run(
                 String::new()
             };
             trace_candidate("cost", candidate, started, &shown);
-            (times, exact)
+            out
         } else {
-            (vec![None; options.protocols.len()], vec![true; sizes.len()])
+            Sampled::none(options.protocols.len(), sizes.len())
         }
-    })
-    .into_iter();
+    };
+    let (first, second): (Vec<usize>, Vec<usize>) =
+        (0..candidates.len()).partition(|&i| baseline(&candidates[i].0));
+    let mut all: Vec<Option<Sampled>> = (0..candidates.len()).map(|_| None).collect();
+    for (&i, out) in first.iter().zip(par_map(&first, |&i| cost(i, None))) {
+        all[i] = Some(out);
+    }
+    // The limit at each size: the best selectable time of the first wave.
+    let mut limits = vec![f64::INFINITY; sizes.len()];
+    for &i in first.iter().filter(|&&i| candidates[i].1) {
+        for times in all[i].iter().flat_map(|s| s.times.iter().flatten()) {
+            for (limit, &t) in limits.iter_mut().zip(times) {
+                *limit = limit.min(t);
+            }
+        }
+    }
+    for (&i, out) in second
+        .iter()
+        .zip(par_map(&second, |&i| cost(i, Some(&limits))))
+    {
+        all[i] = Some(out);
+    }
     if options.cancelled() {
         return None;
     }
     let total = candidates.len();
     let mut costed = Vec::with_capacity(total);
-    for (i, (candidate, selectable)) in candidates.into_iter().enumerate() {
-        let (times, exact) = all_times.next().unwrap_or_default();
+    let mut limited = 0;
+    for (i, ((candidate, selectable), out)) in candidates.into_iter().zip(all).enumerate() {
+        let out = out.unwrap_or_else(|| Sampled::none(options.protocols.len(), sizes.len()));
+        limited += usize::from(out.limited);
         costed.push(Costed {
             candidate,
             selectable,
-            times,
-            exact,
+            times: out.times,
+            exact: out.exact,
+            limited: out.limited,
             verified: None,
         });
         (tick.progress)(Progress {
@@ -100,8 +138,80 @@ pub(super) fn run(
     let stops = vec![
         (StopReason::SimBudget, interpolated),
         (StopReason::NotCostable, not_costable),
+        (StopReason::PastBaseline, limited),
     ];
     Some((costed, stops))
+}
+
+/// Costs again, without limits, what the second wave of [`run`] left out: for the
+/// candidates `which` that it limited, at the size indices `at` (every size when `None`),
+/// every protocol as costing them in full would have (with what the screen found,
+/// `probes`). Returns how many candidates it costed.
+pub(super) fn complete(
+    search: &Search<'_>,
+    (costed, probes): (&mut [Costed], &[Probe]),
+    which: &[usize],
+    at: Option<&[usize]>,
+    budget: usize,
+) -> usize {
+    let (sizes, options) = (&search.sizes, search.options);
+    let todo: Vec<usize> = which
+        .iter()
+        .copied()
+        .filter(|&c| costed[c].limited)
+        .collect();
+    let found = par_map(&todo, |&c| {
+        let candidate = &costed[c].candidate;
+        let Some(at) = at else {
+            let out = cost_sampled(
+                &search.sim,
+                candidate,
+                sizes,
+                options,
+                budget,
+                Some(&probes[c]),
+                (true, None),
+            );
+            return Some(out.times);
+        };
+        let owned;
+        let ready = match &probes[c].ready {
+            Some(r) => r,
+            None => {
+                owned = Ready::new(&search.sim, candidate).ok()?;
+                &owned
+            }
+        };
+        let mut times = costed[c].times.clone();
+        let order = protocol_order(&search.sim, options);
+        for &si in at.iter().filter(|&&si| sizes[si] >= candidate.min_bytes) {
+            let mut lists: Vec<Option<Vec<(usize, f64)>>> = vec![Some(Vec::new()); times.len()];
+            cost_size(
+                (&search.sim, ready, options),
+                (si, sizes[si]),
+                &order,
+                (&probes[c].known, true, f64::INFINITY),
+                &mut lists,
+            );
+            for (list, times) in lists.into_iter().zip(times.iter_mut()) {
+                match (list.and_then(|l| l.first().copied()), times) {
+                    (Some((_, t)), Some(times)) => times[si] = t,
+                    (None, times) => *times = None,
+                    (Some(_), None) => {}
+                }
+            }
+        }
+        Some(times)
+    });
+    for (&c, times) in todo.iter().zip(found) {
+        if let Some(times) = times {
+            costed[c].times = times;
+        }
+        if at.is_none() {
+            costed[c].limited = false;
+        }
+    }
+    todo.len()
 }
 
 /// Rank count above which the per-candidate simulation budget shrinks (see [`sim_budget`]).
@@ -120,13 +230,38 @@ pub fn sim_budget(budget: usize, nranks: u32) -> usize {
     }
 }
 
+/// What [`cost_sampled`] found of one candidate.
+pub(super) struct Sampled {
+    /// `times[p][s]`: predicted µs under protocol `p` at size `s` (`None`: the protocol
+    /// failed to simulate).
+    pub(super) times: Vec<Option<Vec<f64>>>,
+    /// Per size, whether its times were simulated (or are known, or cannot be had: below the
+    /// candidate's least size) rather than interpolated.
+    pub(super) exact: Vec<bool>,
+    /// Whether some time was left infinite for being past its size's limit.
+    pub(super) limited: bool,
+}
+
+impl Sampled {
+    /// No time anywhere.
+    fn none(np: usize, nsizes: usize) -> Sampled {
+        Sampled {
+            times: vec![None; np],
+            exact: vec![true; nsizes],
+            limited: false,
+        }
+    }
+}
+
 /// Predicted times of one candidate at every size, per protocol, simulating at most
 /// `budget` steps per protocol (see [`sample_indices`]); what the screen found (`screened`:
 /// the times it simulated, used instead of simulating again, and the schedule as it prepared
 /// it) is reused. Sizes below the candidate's
-/// [`Candidate::min_bytes`] are not simulated and get an infinite time.
-/// Also returns, per size, whether its times were simulated (or are known, or cannot be
-/// had: below the candidate's least size) rather than interpolated.
+/// [`Candidate::min_bytes`] are not simulated and get an infinite time. With `prune`, a
+/// protocol that cannot be the candidate's best at a size is not simulated there
+/// ([`cost_size`]; never for the baseline families, whose per-protocol times NCCL's choice
+/// reads). With `limits` (a time per size) and every size simulated, a run past its size's
+/// limit stops there and its time is infinite.
 pub(super) fn cost_sampled(
     sim: &Simulator,
     candidate: &Candidate,
@@ -134,14 +269,14 @@ pub(super) fn cost_sampled(
     options: &Options,
     budget: usize,
     screened: Option<&Probe>,
-    prune: bool,
-) -> (Vec<Option<Vec<f64>>>, Vec<bool>) {
+    (prune, limits): (bool, Option<&[f64]>),
+) -> Sampled {
     let known: &[(usize, usize, f64)] = screened.map_or(&[], |p| &p.known);
     let ready = screened.and_then(|p| p.ready.as_ref());
     let np = options.protocols.len();
     let first = sizes.partition_point(|&s| s < candidate.min_bytes);
     if first == sizes.len() {
-        return (vec![None; np], vec![true; sizes.len()]);
+        return Sampled::none(np, sizes.len());
     }
     let owned;
     let prepared = match ready {
@@ -151,7 +286,7 @@ pub(super) fn cost_sampled(
                 owned = r;
                 &owned
             }
-            Err(_) => return (vec![None; np], vec![true; sizes.len()]),
+            Err(_) => return Sampled::none(np, sizes.len()),
         },
     };
     // A template costs one rank class: its steps do not grow with the ranks as a whole
@@ -164,53 +299,22 @@ pub(super) fn cost_sampled(
         .into_iter()
         .map(|i| i + first)
         .collect();
-    // Protocols by falling efficiency: with `prune`, a protocol whose lower bound (the
-    // busiest link at its efficiency, [`Simulator::lower_bound_us`]) already exceeds the
-    // best time this candidate reached at a size is not simulated there; it cannot be the
-    // candidate's best, and the baseline families (whose per-protocol times NCCL's choice
-    // reads) are never pruned.
-    let mut order: Vec<usize> = (0..np).collect();
-    order.sort_by(|&a, &b| {
-        sim.model
-            .efficiency(options.protocols[b])
-            .total_cmp(&sim.model.efficiency(options.protocols[a]))
-    });
+    // Limits only where every size is simulated: an interpolated candidate's samples stay
+    // what they are (refine reads them).
+    let limits = limits.filter(|_| samples.len() == sizes.len() - first);
+    let order = protocol_order(sim, options);
     // Times at the sampled sizes, per protocol; `None` once a protocol fails to simulate.
     let mut at: Vec<Option<Vec<(usize, f64)>>> = vec![Some(Vec::new()); np];
+    let mut limited = false;
     for &si in &samples {
-        let mut best = f64::INFINITY;
-        let mut loads: Option<Vec<f64>> = None;
-        for &pi in &order {
-            let p = options.protocols[pi];
-            let Some(list) = at[pi].as_mut() else {
-                continue;
-            };
-            let t = if let Some(k) = known.iter().find(|&&(ks, kp, _)| ks == si && kp == pi) {
-                k.2
-            } else if prune
-                && let Some(loads) = &loads
-                && sim
-                    .lower_bound_us(loads, sizes[si], p)
-                    .is_some_and(|lb| lb > best)
-            {
-                f64::INFINITY
-            } else {
-                match prepared.run(sim, sizes[si], p) {
-                    Ok(e) => {
-                        if loads.is_none() {
-                            loads = Some(e.resource_bytes);
-                        }
-                        e.time_us
-                    }
-                    Err(_) => {
-                        at[pi] = None;
-                        continue;
-                    }
-                }
-            };
-            best = best.min(t);
-            list.push((si, t));
-        }
+        let limit = limits.map_or(f64::INFINITY, |l| l[si]);
+        limited |= cost_size(
+            (sim, prepared, options),
+            (si, sizes[si]),
+            &order,
+            (known, prune, limit),
+            &mut at,
+        );
     }
     let mut exact = vec![false; sizes.len()];
     exact[..first].fill(true);
@@ -221,7 +325,76 @@ pub(super) fn cost_sampled(
         .into_iter()
         .map(|list| list.map(|list| interpolate(sizes, &list)))
         .collect();
-    (times, exact)
+    Sampled {
+        times,
+        exact,
+        limited,
+    }
+}
+
+/// Protocols by falling efficiency.
+fn protocol_order(sim: &Simulator, options: &Options) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..options.protocols.len()).collect();
+    order.sort_by(|&a, &b| {
+        sim.model
+            .efficiency(options.protocols[b])
+            .total_cmp(&sim.model.efficiency(options.protocols[a]))
+    });
+    order
+}
+
+/// One size of [`cost_sampled`]: every protocol in `order` (by falling efficiency), its time
+/// appended to `at[protocol]` (`None` once a protocol fails). With `prune`, a protocol
+/// whose lower bound (the busiest link at its efficiency, [`Simulator::lower_bound_us`])
+/// already exceeds the best time reached at this size is not simulated (infinite): it cannot
+/// be the candidate's best. A run past `limit` stops there (infinite too). `known` times
+/// (the screen's) are taken as they are. Returns whether the limit cut a run.
+fn cost_size(
+    (sim, prepared, options): (&Simulator, &Ready, &Options),
+    (si, bytes): (usize, u64),
+    order: &[usize],
+    (known, prune, limit): (&[(usize, usize, f64)], bool, f64),
+    at: &mut [Option<Vec<(usize, f64)>>],
+) -> bool {
+    let mut best = f64::INFINITY;
+    let mut loads: Option<Vec<f64>> = None;
+    let mut limited = false;
+    for &pi in order {
+        let p = options.protocols[pi];
+        let Some(list) = at[pi].as_mut() else {
+            continue;
+        };
+        let t = if let Some(k) = known.iter().find(|&&(ks, kp, _)| ks == si && kp == pi) {
+            k.2
+        } else if prune
+            && let Some(loads) = &loads
+            && sim
+                .lower_bound_us(loads, bytes, p)
+                .is_some_and(|lb| lb > best)
+        {
+            f64::INFINITY
+        } else {
+            match prepared.run_within(sim, bytes, p, limit) {
+                Ok(Some(e)) => {
+                    if loads.is_none() {
+                        loads = Some(e.resource_bytes);
+                    }
+                    e.time_us
+                }
+                Ok(None) => {
+                    limited = true;
+                    f64::INFINITY
+                }
+                Err(_) => {
+                    at[pi] = None;
+                    continue;
+                }
+            }
+        };
+        best = best.min(t);
+        list.push((si, t));
+    }
+    limited
 }
 
 /// Times at every size from times at sampled size indices (ascending): linear in bytes

@@ -187,7 +187,8 @@ fn evaluate_with(
                 continue;
             }
             for c in generated.candidates {
-                let (times, _) = cost_sampled(&sim, &c, &sizes, options, budget, None, false);
+                let times =
+                    cost_sampled(&sim, &c, &sizes, options, budget, None, (false, None)).times;
                 base.push((c.algorithm, times));
             }
         }

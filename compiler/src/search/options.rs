@@ -5,6 +5,7 @@ use crate::cost::CostModel;
 use crate::families::Candidate;
 use crate::synth::SynthLevel;
 use hccl_ir::{Collective, CollectiveKind, Protocol};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
@@ -40,6 +41,11 @@ pub struct Options {
     /// [`SearchError::Cancelled`] at the next phase boundary, and skips the candidates of the
     /// current phase not yet started. `None`: runs to the end.
     pub cancel: Option<Arc<AtomicBool>>,
+    /// The synthesis cache directory ([`crate::synth::cache`]: solver results kept between
+    /// compiles, read before solving and written after); `None` (the default): solved in
+    /// this process, nothing read or written. `hcclc compile` passes
+    /// [`crate::synth::cache::default_dir`] unless `--no-cache`.
+    pub cache_dir: Option<PathBuf>,
 }
 
 impl Options {
@@ -72,6 +78,7 @@ impl Default for Options {
             synth: SynthLevel::Auto,
             partial: false,
             cancel: None,
+            cache_dir: None,
         }
     }
 }

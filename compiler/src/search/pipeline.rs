@@ -3,7 +3,7 @@
 //! module with its own inputs and outputs; this module runs them and gathers the
 //! [`SearchReport`].
 
-use super::context::{Search, offered_options};
+use super::context::{Costed, Search, offered_options};
 use super::costing::{self, Tick, sim_budget};
 use super::emit::{self, Bounds};
 use super::generate::{self, BASELINE_FAMILIES, Generation};
@@ -14,7 +14,8 @@ use super::registry::families_for;
 use super::report::{CollectiveReport, Phase, PhaseClock, SearchReport, StopReason, stops};
 use super::row::{CompiledPlan, Row};
 use super::screen;
-use super::select::select_and_verify;
+use super::screen::Probe;
+use super::select::{Selection, select_and_verify};
 use hccl_ir::{CollectiveKind, PlanFile, PlanMeta};
 use hccl_topologies::Topology;
 
@@ -34,6 +35,17 @@ pub fn compile_with_progress(
     let owned = offered_options(options, &families)?;
     let options = owned.as_ref().unwrap_or(options);
     let search = Search::new(topo, options, families);
+    // The MILP frontiers the collectives need, read from the synthesis cache (or solved,
+    // side by side, and written there) into this process's memo, where the family finds
+    // them.
+    if search.families.iter().any(|f| f.name() == "milp") && search.allowed("milp") {
+        let wanted: Vec<_> = options
+            .collectives
+            .iter()
+            .map(|&k| collective_of(k))
+            .collect();
+        crate::synth::milp::prime(topo, &wanted, options.cache_dir.as_deref());
+    }
     let mut compiled = CompiledPlan {
         plan: PlanFile::new(PlanMeta {
             topology: topo.name.clone(),
@@ -143,7 +155,19 @@ fn compile_collective(
         ]),
     );
 
-    let selection = select_and_verify(search, kind, &mut costed)?;
+    let mut selection = select_and_verify(search, kind, &mut costed)?;
+    if selection.failed > 0 && costed.iter().any(|c| c.limited) {
+        // A winner failed verification: the sizes it won are decided again among every
+        // candidate's full times, as costing them without limits would have.
+        let all: Vec<usize> = (0..costed.len()).collect();
+        costing::complete(search, (&mut costed, &probes), &all, None, budget);
+        let again = select_and_verify(search, kind, &mut costed)?;
+        selection = Selection {
+            verified: selection.verified + again.verified,
+            failed: selection.failed + again.failed,
+            ..again
+        };
+    }
     clock.done(
         Phase::SelectAndVerify,
         selection.verified,
@@ -161,6 +185,7 @@ fn compile_collective(
         }
     };
 
+    complete_neighbours(search, (&mut costed, &probes), &winners, budget);
     let rows: &mut Vec<Row> = &mut compiled.rows;
     emit::rows(
         search,
@@ -173,4 +198,38 @@ fn compile_collective(
     let entries = emit::entries(search, &costed, &winners, &mut compiled.plan);
     clock.done(Phase::Emit, search.sizes.len(), entries, Vec::new());
     Ok((Ok(total), clock.finish(None)))
+}
+
+/// The times the winners' cost fits read outside the sizes they won ([`emit::fit`]: the
+/// next bucket's edge, or the previous one), where the cost phase's limits left them out.
+fn complete_neighbours(
+    search: &Search<'_>,
+    (costed, probes): (&mut [Costed], &[Probe]),
+    winners: &[(usize, usize)],
+    budget: usize,
+) {
+    let mut wanted: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+    let mut start = 0;
+    while start < winners.len() {
+        let mut end = start + 1;
+        while end < winners.len() && winners[end] == winners[start] {
+            end += 1;
+        }
+        let (c, p) = winners[start];
+        let unknown = |si: usize| {
+            costed[c].limited
+                && costed[c].times[p]
+                    .as_ref()
+                    .is_some_and(|t| t[si].is_infinite())
+        };
+        for si in [Some(end), start.checked_sub(1)].into_iter().flatten() {
+            if si < winners.len() && unknown(si) {
+                wanted.entry(c).or_default().push(si);
+            }
+        }
+        start = end;
+    }
+    for (c, at) in wanted {
+        costing::complete(search, (costed, probes), &[c], Some(&at), budget);
+    }
 }

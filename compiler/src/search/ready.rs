@@ -48,6 +48,23 @@ impl Ready {
         }
     }
 
+    /// [`Ready::run`], given up past `limit_us` (`Ok(None)`; [`Simulator::run_within`]; a
+    /// template run is cheap and always runs to its end, then compared with the limit).
+    pub(super) fn run_within(
+        &self,
+        sim: &Simulator,
+        bytes: u64,
+        protocol: Protocol,
+        limit_us: f64,
+    ) -> Result<Option<Estimate>, CostError> {
+        match self {
+            Ready::Full(p) => sim.run_within(p, bytes, protocol, limit_us),
+            Ready::Template(p) => sim
+                .run_symmetric(p, bytes, protocol)
+                .map(|e| (e.time_us <= limit_us).then_some(e)),
+        }
+    }
+
     /// The time (µs) at `bytes` under `protocol`, or infinity when the run fails or is sure
     /// to take longer than `limit_us` ([`Simulator::run_within`]; a template run is cheap
     /// and always runs to its end).

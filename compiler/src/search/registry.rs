@@ -28,7 +28,7 @@ pub fn families_for(level: SynthLevel) -> Vec<Box<dyn Family>> {
             level,
         )));
     }
-    if level == SynthLevel::Full {
+    if level != SynthLevel::Off {
         families.push(Box::new(crate::synth::milp::MilpFrontier));
     }
     families

@@ -114,6 +114,9 @@ pub enum StopReason {
     /// Cost: no time at any size and protocol (the simulation failed or every size is below
     /// the candidate's least).
     NotCostable,
+    /// Cost: candidates some of whose runs stopped past the best time of NCCL's families at
+    /// their size (they could not win there; counted per candidate).
+    PastBaseline,
     /// Refine: (candidate, size) pairs it would have simulated beyond its step budget.
     RefineBudget,
     /// Refine: sizes whose best time is within 1% of the lower bound, not refined.
@@ -137,6 +140,7 @@ impl StopReason {
             StopReason::ScreenedOut => "screened out",
             StopReason::SimBudget => "interpolated (simulation budget reached)",
             StopReason::NotCostable => "not costable",
+            StopReason::PastBaseline => "stopped past the baseline's time at some sizes",
             StopReason::RefineBudget => "left (refine budget reached)",
             StopReason::NearBound => "sizes within 1% of the bound",
             StopReason::FailedVerification => "failed verification",

@@ -26,6 +26,7 @@
 
 pub mod allreduce;
 pub mod alltoall;
+pub mod cache;
 pub mod disjoint;
 pub mod milp;
 pub mod rings;
@@ -53,7 +54,9 @@ pub enum SynthLevel {
     Off,
     /// Synthesizers within a time budget that keeps compiling an 8-rank machine under 2 s
     /// (release build): tree packing up to [`SYNTH_MAX_RANKS`] ranks for Broadcast and
-    /// Reduce and [`SYNTH_MAX_RANKS_ALL`] for AllGather and ReduceScatter.
+    /// Reduce and [`SYNTH_MAX_RANKS_ALL`] for AllGather and ReduceScatter, and the MILP
+    /// frontier ([`milp::MilpFrontier`]) up to [`milp::SEARCH_MAX_RANKS`] ranks, solved once
+    /// per machine and then read from the synthesis cache ([`cache`]).
     #[default]
     Auto,
     /// Every synthesizer at every size it can solve: twice the rank limits of `Auto`, deeper

@@ -20,6 +20,7 @@ mod hier_scale;
 mod msccl_export;
 mod multinode_quality;
 mod nccl_baseline;
+mod plan_quality;
 mod quality;
 mod screen_bound;
 mod sim_golden;

@@ -56,7 +56,9 @@ fn golden(machine: &str) -> String {
     let topo = hccl_topologies::shipped_by_name(machine).expect("shipped machine");
     let sim = Simulator::new(Network::new(&topo), CostModel::default());
     let mut out = String::new();
-    for family in all_families() {
+    // The MILP frontier (in the default search since issue 37) stays out: the snapshot is
+    // the simulator's, over the families it had; `synth_pareto.rs` tests the frontier.
+    for family in all_families().into_iter().filter(|f| f.name() != "milp") {
         for collective in COLLECTIVES {
             if !family.supports(collective.kind()) {
                 continue;

@@ -6,6 +6,7 @@ use std::process::{Command, Output};
 /// Runs hcclc from the repository root so that paths in the output stay relative.
 fn hcclc(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_hcclc"))
+        .env("HCCL_CACHE_DIR", crate::test_cache_dir())
         .current_dir(root())
         .args(args)
         .output()

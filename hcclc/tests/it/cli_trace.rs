@@ -8,6 +8,7 @@ use std::process::{Command, Output};
 
 fn hcclc(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_hcclc"))
+        .env("HCCL_CACHE_DIR", crate::test_cache_dir())
         .args(args)
         .output()
         .expect("hcclc runs")

@@ -8,6 +8,12 @@
 #[path = "../../../compiler/tests/it/synth_common/mod.rs"]
 mod synth_common;
 
+/// The synthesis cache every `hcclc` these tests run reads and writes (`HCCL_CACHE_DIR`):
+/// one of this test process's own, never the user's.
+pub fn test_cache_dir() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("hcclc-test-cache-{}", std::process::id()))
+}
+
 mod cli_calibrate;
 mod cli_msccl;
 mod cli_plan;
@@ -16,3 +22,4 @@ mod cli_topo;
 mod cli_trace;
 mod compile_cli;
 mod cpu_cluster;
+mod synth_cache;

@@ -4,16 +4,19 @@
 
 use super::problem::{
     Algorithm, Instance, LinkMatrix, MAX_CHUNKS, MAX_RANKS, MAX_ROUNDS, MAX_STEPS, Ratio, Solved,
-    Stop, bandwidth_bound, base_of, least_steps,
+    Stop, Transfer, bandwidth_bound, base_of, least_steps,
 };
 use super::solve::solve_base;
 use crate::builder::ScheduleBuilder;
+use crate::cost::memo::Memo;
 use crate::families::common::candidate;
 use crate::families::{Candidate, FamilyParams};
 use crate::synth::SynthError;
 use hccl_ir::{Collective, Loc, Synthesis};
 use hccl_topologies::Topology;
 use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Solves one instance of `collective` over `links` (combining collectives as their duals,
@@ -415,32 +418,207 @@ pub fn lower_allreduce(name: &str, rs: &Algorithm, ag: &Algorithm) -> Option<Can
 
 /// The frontier of `collective` on `topo` for a search, computed once per process per
 /// topology hash and collective (`None` when the topology has no direct links or the search
-/// fails).
-fn search_frontier(topo: &Topology, collective: Collective) -> Option<std::sync::Arc<Frontier>> {
-    static FRONTIERS: crate::cost::memo::Memo<(String, String), Option<std::sync::Arc<Frontier>>> =
-        crate::cost::memo::Memo::new();
+/// fails); with `cache`, read from that synthesis cache directory ([`crate::synth::cache`])
+/// when it holds it, else solved and written there.
+fn search_frontier(
+    topo: &Topology,
+    collective: Collective,
+    cache: Option<&Path>,
+) -> Option<Arc<Frontier>> {
+    static FRONTIERS: Memo<(String, String), Option<Arc<Frontier>>> = Memo::new();
     FRONTIERS.get((topo.hash.clone(), collective.to_string()), || {
-        let opts = ParetoOptions {
-            max_steps: SEARCH_MAX_STEPS,
-            max_chunks: SEARCH_MAX_CHUNKS,
-            time_limit: SEARCH_TIME_LIMIT,
-        };
         let links = LinkMatrix::from_topology(topo).ok()?;
-        pareto(&links, collective, opts)
+        cached_pareto(&links, collective, SEARCH_OPTIONS, cache)
             .ok()
-            .map(std::sync::Arc::new)
+            .map(Arc::new)
     })
+}
+
+/// [`pareto`] through the synthesis cache in `cache` (none: solved): a frontier stored for
+/// the same links, collective and limits is read back (every point checked against the
+/// model again), else solved and, when none of its instances ran out of time (its result
+/// does not depend on the clock), stored. A read frontier has no [`Frontier::tried`].
+pub fn cached_pareto(
+    links: &LinkMatrix,
+    collective: Collective,
+    opts: ParetoOptions,
+    cache: Option<&Path>,
+) -> Result<Frontier, SynthError> {
+    let Some(dir) = cache else {
+        return pareto(links, collective, opts);
+    };
+    let key = frontier_key(links, collective, opts);
+    if let Some(frontier) = crate::synth::cache::load(dir, &key)
+        .and_then(|bytes| serde_json::from_slice::<StoredFrontier>(&bytes).ok())
+        .and_then(|stored| stored.frontier(links, collective))
+    {
+        return Ok(frontier);
+    }
+    let frontier = pareto(links, collective, opts)?;
+    if frontier.tried.iter().all(|s| s.stop != Stop::TimeLimit)
+        && let Ok(bytes) = serde_json::to_vec(&StoredFrontier::of(&frontier))
+    {
+        // A cache that cannot be written costs the next compile the solve, nothing more.
+        let _ = crate::synth::cache::store(dir, &key, &bytes);
+    }
+    Ok(frontier)
+}
+
+/// The cache key of a frontier: everything [`pareto`] reads.
+fn frontier_key(links: &LinkMatrix, collective: Collective, opts: ParetoOptions) -> String {
+    let mut input = format!(
+        "{collective} n={} unit={} steps={} chunks={} limit={:016x} b=",
+        links.n,
+        links.unit_gbps,
+        opts.max_steps,
+        opts.max_chunks,
+        opts.time_limit.to_bits()
+    );
+    for b in &links.b {
+        input.push_str(&b.to_string());
+        input.push(',');
+    }
+    crate::synth::cache::key("milp-frontier", input.as_bytes())
+}
+
+/// A frontier as the synthesis cache stores it: the points' algorithms (their collective
+/// and ranks are the key's), the bound and what the search found of it; not the solver's
+/// times, so that every solve of one input writes the same bytes (a frontier read back
+/// reports 0 s).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct StoredFrontier {
+    bound: (u64, u64),
+    least_steps: u32,
+    at_bound: bool,
+    points: Vec<StoredPoint>,
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct StoredPoint {
+    /// Steps, rounds, chunks.
+    instance: (u32, u32, u32),
+    rounds_per_step: Vec<u32>,
+    origins: Vec<u32>,
+    /// Step, chunk, from, to.
+    transfers: Vec<(u32, u32, u32, u32)>,
+    proven: bool,
+}
+
+impl StoredFrontier {
+    fn of(f: &Frontier) -> StoredFrontier {
+        StoredFrontier {
+            bound: (f.bound.num, f.bound.den),
+            least_steps: f.least_steps,
+            at_bound: f.at_bound,
+            points: f
+                .points
+                .iter()
+                .map(|p| {
+                    let a = &p.algorithm;
+                    StoredPoint {
+                        instance: (a.instance.steps, a.instance.rounds, a.instance.chunks),
+                        rounds_per_step: a.rounds_per_step.clone(),
+                        origins: a.origins.clone(),
+                        transfers: a
+                            .transfers
+                            .iter()
+                            .map(|t| (t.step, t.chunk, t.from, t.to))
+                            .collect(),
+                        proven: p.proven,
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    /// The frontier back, `None` when some point is not an algorithm of `collective` on
+    /// `links` ([`Algorithm::check`]).
+    fn frontier(self, links: &LinkMatrix, collective: Collective) -> Option<Frontier> {
+        let mut points = Vec::with_capacity(self.points.len());
+        for p in self.points {
+            let (steps, rounds, chunks) = p.instance;
+            let algorithm = Algorithm {
+                collective,
+                nranks: links.n as u32,
+                instance: Instance {
+                    steps,
+                    rounds,
+                    chunks,
+                },
+                rounds_per_step: p.rounds_per_step,
+                origins: p.origins,
+                transfers: p
+                    .transfers
+                    .into_iter()
+                    .map(|(step, chunk, from, to)| Transfer {
+                        step,
+                        chunk,
+                        from,
+                        to,
+                    })
+                    .collect(),
+            };
+            algorithm.check(links).ok()?;
+            points.push(ParetoPoint {
+                algorithm,
+                proven: p.proven,
+                seconds: 0.0,
+            });
+        }
+        let (num, den) = self.bound;
+        (den > 0).then_some(Frontier {
+            collective,
+            links: links.clone(),
+            bound: Ratio { num, den },
+            least_steps: self.least_steps,
+            points,
+            tried: Vec::new(),
+            at_bound: self.at_bound,
+            seconds: 0.0,
+        })
+    }
+}
+
+/// Reads or solves (see [`cached_pareto`]) the frontiers the family `milp` lowers for
+/// `collectives` on `topo` into this process's memo, through the synthesis cache in `cache`
+/// (none: solved): what the search calls before it starts, so that the family (which has
+/// no cache directory) finds them there. Distinct frontiers (AllGather's, ReduceScatter's)
+/// are solved side by side.
+pub fn prime(topo: &Topology, collectives: &[Collective], cache: Option<&Path>) {
+    if !(2..=SEARCH_MAX_RANKS).contains(&topo.nranks()) {
+        return;
+    }
+    let mut solved: Vec<Collective> = Vec::new();
+    for c in collectives.iter().filter_map(|&c| solved_collective(c)) {
+        if !solved.contains(&c) {
+            solved.push(c);
+        }
+    }
+    std::thread::scope(|scope| {
+        for &c in &solved {
+            scope.spawn(move || search_frontier(topo, c, cache));
+        }
+    });
+}
+
+/// The collective whose frontier the family lowers for `collective` (AllReduce: the
+/// AllGather's, run after its dual ReduceScatter).
+fn solved_collective(collective: Collective) -> Option<Collective> {
+    match collective {
+        Collective::AllReduce | Collective::AllGather => Some(Collective::AllGather),
+        Collective::ReduceScatter => Some(Collective::ReduceScatter),
+        _ => None,
+    }
 }
 
 /// Frontier points of `collective` on `topo` as verified candidates, all named `milp` (the
 /// point is in their [`Synthesis`] record): AllGather and ReduceScatter from their own
 /// frontiers, AllReduce as each AllGather point's dual ReduceScatter followed by the point.
 fn frontier_candidates(topo: &Topology, collective: Collective) -> Vec<Candidate> {
-    let solved = match collective {
-        Collective::AllReduce => Collective::AllGather,
-        c => c,
+    let Some(solved) = solved_collective(collective) else {
+        return Vec::new();
     };
-    let Some(frontier) = search_frontier(topo, solved) else {
+    let Some(frontier) = search_frontier(topo, solved, None) else {
         return Vec::new();
     };
     let mut out = Vec::new();
@@ -466,6 +644,12 @@ fn frontier_candidates(topo: &Topology, collective: Collective) -> Vec<Candidate
     out
 }
 
+/// The limits of a frontier search inside a compile.
+const SEARCH_OPTIONS: ParetoOptions = ParetoOptions {
+    max_steps: SEARCH_MAX_STEPS,
+    max_chunks: SEARCH_MAX_CHUNKS,
+    time_limit: SEARCH_TIME_LIMIT,
+};
 /// Steps a frontier search inside a compile goes up to.
 const SEARCH_MAX_STEPS: u32 = 3;
 /// Chunks per rank a frontier search inside a compile goes up to.
@@ -475,9 +659,10 @@ const SEARCH_TIME_LIMIT: f64 = 5.0;
 /// Largest rank count the search runs the frontier for.
 pub const SEARCH_MAX_RANKS: u32 = 8;
 
-/// The latency-optimal frontier as a family (`--synth full` only): AllGather, ReduceScatter
-/// and AllReduce (as ReduceScatter + AllGather) in SCCL's model, up to
-/// [`SEARCH_MAX_RANKS`] ranks with direct links.
+/// The latency-optimal frontier as a family (`--synth auto` and `full`): AllGather,
+/// ReduceScatter and AllReduce (as ReduceScatter + AllGather) in SCCL's model, up to
+/// [`SEARCH_MAX_RANKS`] ranks with direct links. Its frontiers are solved once per process,
+/// and kept between compiles in the synthesis cache ([`crate::synth::cache`]; [`prime`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct MilpFrontier;
 

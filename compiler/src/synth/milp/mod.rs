@@ -74,8 +74,8 @@ mod problem;
 mod solve;
 
 pub use frontier::{
-    Frontier, MilpFrontier, ParetoOptions, ParetoPoint, SEARCH_MAX_RANKS, candidates, lower,
-    lower_allreduce, pareto, record, solve_instance,
+    Frontier, MilpFrontier, ParetoOptions, ParetoPoint, SEARCH_MAX_RANKS, cached_pareto,
+    candidates, lower, lower_allreduce, pareto, prime, record, solve_instance,
 };
 pub use problem::{
     Algorithm, Instance, LinkMatrix, MAX_CHUNKS, MAX_RANKS, MAX_ROUNDS, MAX_STEPS, Perm, Ratio,

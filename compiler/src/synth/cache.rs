@@ -1,0 +1,145 @@
+//! The on-disk cache of synthesis results: what a solver found for one input, kept between
+//! compiles so that the default compile can include synthesizers too dear to run every time
+//! (the MILP frontier of [`super::milp`]).
+//!
+//! **Content-addressed.** An entry's name is the blake3 hash of everything its result depends
+//! on: the cache's format tag ([`FORMAT`]), the compiler's version, the kind of result and the
+//! solver's whole input (for a frontier: the link matrix it reads from the topology, the
+//! collective and the search limits). An entry never goes stale; a different input has
+//! another name.
+//!
+//! **Where.** `$HCCL_CACHE_DIR`, else `$XDG_CACHE_HOME/hccl`, else `~/.cache/hccl`
+//! ([`default_dir`]); entries under `synth/`. `hcclc compile --no-cache` (and
+//! [`Options::cache_dir`](crate::search::Options::cache_dir) `None`, the library's default)
+//! neither reads nor writes it.
+//!
+//! **Safe under concurrent compiles.** An entry is written to a temporary file beside it and
+//! renamed over its name ([`hccl_ir::write_atomic`]): a reader sees a whole entry or none.
+//! Two compiles that solve the same input write the same bytes. An entry that cannot be read,
+//! is truncated, fails its checksum or does not parse is ignored (and recomputed, then
+//! written again); a cache directory that cannot be written only costs the next compile the
+//! solve. Nothing here panics or fails a compile.
+//!
+//! **Byte-identical plans.** Only results that do not depend on the clock are stored (a
+//! frontier none of whose instances ran out of time), so a compile from the cache writes the
+//! same plan as one that solves (tested: `hcclc/tests/it/synth_cache.rs`).
+
+use std::path::{Path, PathBuf};
+
+/// The format tag of every entry; bumped whenever what an entry holds, or what a solver
+/// returns for the same input, changes.
+pub const FORMAT: &str = "hccl-synth-cache 1";
+
+/// The cache directory: `$HCCL_CACHE_DIR`, else `$XDG_CACHE_HOME/hccl`, else
+/// `$HOME/.cache/hccl` (empty values are unset); `None` when none of them is set.
+pub fn default_dir() -> Option<PathBuf> {
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    if let Some(dir) = var("HCCL_CACHE_DIR") {
+        return Some(PathBuf::from(dir));
+    }
+    if let Some(dir) = var("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(dir).join("hccl"));
+    }
+    var("HOME").map(|home| PathBuf::from(home).join(".cache").join("hccl"))
+}
+
+/// The content address of an entry of `kind` whose result is a function of `input` alone.
+pub fn key(kind: &str, input: &[u8]) -> String {
+    let mut h = blake3::Hasher::new();
+    for part in [
+        FORMAT.as_bytes(),
+        env!("CARGO_PKG_VERSION").as_bytes(),
+        kind.as_bytes(),
+    ] {
+        h.update(&(part.len() as u64).to_le_bytes());
+        h.update(part);
+    }
+    h.update(input);
+    h.finalize().to_hex().to_string()
+}
+
+fn entry_path(dir: &Path, key: &str) -> PathBuf {
+    dir.join("synth").join(format!("{key}.json"))
+}
+
+/// The payload stored under `key` in `dir`, when there is a whole, intact entry: the first
+/// line is [`FORMAT`] and the key, the second the payload's blake3 hash, the rest the
+/// payload.
+pub fn load(dir: &Path, key: &str) -> Option<Vec<u8>> {
+    let bytes = std::fs::read(entry_path(dir, key)).ok()?;
+    let mut parts = bytes.splitn(3, |&b| b == b'\n');
+    let head = parts.next()?;
+    let sum = parts.next()?;
+    let payload = parts.next()?;
+    if head != format!("{FORMAT} {key}").as_bytes()
+        || sum != blake3::hash(payload).to_hex().as_bytes()
+    {
+        return None;
+    }
+    Some(payload.to_vec())
+}
+
+/// Stores `payload` under `key` in `dir` (atomically; see the module docs). A failure is
+/// returned for whoever wants to report it; the compile goes on without the entry.
+pub fn store(dir: &Path, key: &str, payload: &[u8]) -> std::io::Result<()> {
+    let path = entry_path(dir, key);
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let mut bytes = format!("{FORMAT} {key}\n{}\n", blake3::hash(payload).to_hex()).into_bytes();
+    bytes.extend_from_slice(payload);
+    hccl_ir::write_atomic(&path, &bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "hccl-synth-cache-{name}-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn stores_and_loads_by_content() {
+        let dir = temp_dir("roundtrip");
+        let a = key("test", b"input a");
+        let b = key("test", b"input b");
+        assert_ne!(a, b);
+        assert_ne!(a, key("other", b"input a"));
+        assert_eq!(load(&dir, &a), None);
+        store(&dir, &a, b"{\"x\": 1}").unwrap();
+        assert_eq!(load(&dir, &a).as_deref(), Some(&b"{\"x\": 1}"[..]));
+        assert_eq!(load(&dir, &b), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A truncated, edited or foreign entry reads as absent, never as data.
+    #[test]
+    fn damaged_entries_are_ignored() {
+        let dir = temp_dir("damaged");
+        let k = key("test", b"input");
+        store(&dir, &k, b"{\"payload\": [1, 2, 3]}").unwrap();
+        let path = entry_path(&dir, &k);
+        let whole = std::fs::read(&path).unwrap();
+        for cut in [0, 10, whole.len() / 2, whole.len() - 1] {
+            std::fs::write(&path, &whole[..cut]).unwrap();
+            assert_eq!(load(&dir, &k), None, "truncated at {cut}");
+        }
+        let mut edited = whole.clone();
+        *edited.last_mut().unwrap() ^= 1;
+        std::fs::write(&path, &edited).unwrap();
+        assert_eq!(load(&dir, &k), None);
+        // Another key's entry under this name.
+        let other = key("test", b"other");
+        store(&dir, &other, b"{}").unwrap();
+        std::fs::copy(entry_path(&dir, &other), &path).unwrap();
+        assert_eq!(load(&dir, &k), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
