@@ -192,6 +192,8 @@ pub(crate) struct EngineState {
     net: Option<std::sync::Arc<dyn Transport>>,
     /// Per connection: [`LOCAL`], [`NET_OUT`] or [`NET_IN`].
     remote: Vec<u8>,
+    /// Messages a network connection may have in flight ([`Transport::window`]).
+    net_window: u64,
     /// This call's [`Ctx::checksum`], [`Ctx::rank`] and [`Ctx::call`].
     checksum: bool,
     me: u32,
@@ -267,6 +269,7 @@ impl EngineState {
             spin: 0,
             net: None,
             remote: vec![LOCAL; nconns],
+            net_window: CONNECTION_SLOTS as u64,
             checksum: false,
             me: 0,
             call: None,
@@ -285,6 +288,7 @@ impl EngineState {
                 Dir::In(_) => NET_IN,
             };
         }
+        self.net_window = net.window().max(CONNECTION_SLOTS as u64);
         self.net = Some(net);
     }
 
@@ -325,7 +329,13 @@ impl EngineState {
     #[inline]
     fn can_send(&mut self, arena: &Arena, c: u32, ll: bool) -> bool {
         let c_ = c as usize;
-        let depth = if ll { LL_SLOTS } else { CONNECTION_SLOTS } as u64;
+        let depth = if ll {
+            LL_SLOTS as u64
+        } else if self.remote[c_] == NET_OUT {
+            self.net_window
+        } else {
+            CONNECTION_SLOTS as u64
+        };
         if self.send_seq[c_] - self.peer_consumed[c_] < depth {
             return true;
         }
@@ -814,9 +824,12 @@ impl EngineState {
     fn check(&mut self, arena: &Arena, c: u32, ll: bool, bytes: usize) -> bool {
         let seq = self.recv_seq[c as usize];
         if self.remote[c as usize] == NET_IN {
-            if self.checksum
-                && arena.crc(c, seq).load(Ordering::Acquire) == crate::arena::corrupt_mark(seq)
-            {
+            let landed = self.net.as_ref().and_then(|n| n.landed(c, seq));
+            let (crc, (num, print)) = match &landed {
+                Some(l) => (l.crc, l.call),
+                None => (arena.crc(c, seq), arena.peer_call(c, seq)),
+            };
+            if self.checksum && crc.load(Ordering::Acquire) == crate::arena::corrupt_mark(seq) {
                 self.refused = Some(Refused::Corrupt(
                     seq,
                     "a part failed its CRC32C on arrival from the network".into(),
@@ -824,7 +837,6 @@ impl EngineState {
                 return false;
             }
             if let Some(mine) = self.call {
-                let (num, print) = arena.peer_call(c, seq);
                 let theirs = (num.load(Ordering::Relaxed), print.load(Ordering::Relaxed));
                 // A sender that compares no calls sends none (number 0).
                 if theirs.0 != 0 && theirs != mine {
@@ -899,6 +911,11 @@ impl EngineState {
         let seq = self.recv_seq[c as usize];
         if ll {
             return (arena.ll_data(c, seq), usize::MAX);
+        }
+        if self.remote[c as usize] == NET_IN
+            && let Some(l) = self.net.as_ref().and_then(|n| n.landed(c, seq))
+        {
+            return (l.data, usize::MAX);
         }
         if !sc {
             return (arena.slot(c, seq), usize::MAX);

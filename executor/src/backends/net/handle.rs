@@ -5,7 +5,7 @@ use super::proto::{self, Header, Tag};
 #[cfg(feature = "rdma")]
 use super::rdma;
 use super::{ALIVE, DEAD, Inner, PartJob, write_frame, write_part_on};
-use crate::transport::{Dir, Seg, Transport};
+use crate::transport::{Dir, Landed, Seg, Transport};
 use std::net::Shutdown;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, mpsc};
@@ -135,6 +135,30 @@ impl Transport for Net {
                 .get_or_insert((peer.rank, why.clone()));
             self.inner.fail(p, why);
         }
+    }
+
+    /// Over TCP the receiver's inbox is `inbox::window` messages deep; over RDMA the
+    /// remote writes land in the shared region's [`hccl_ir::CONNECTION_SLOTS`] slots.
+    fn window(&self) -> u64 {
+        #[cfg(feature = "rdma")]
+        if self.ib.is_some() {
+            return hccl_ir::CONNECTION_SLOTS as u64;
+        }
+        self.inner.window as u64
+    }
+
+    /// Messages from the peer land in the connection's inbox over TCP.
+    fn landed(&self, c: u32, seq: u64) -> Option<Landed<'_>> {
+        #[cfg(feature = "rdma")]
+        if self.ib.is_some() {
+            return None;
+        }
+        let b = self.inner.inboxes.get(c as usize)?.as_ref()?;
+        Some(Landed {
+            data: b.slot(seq),
+            crc: b.crc(seq),
+            call: b.peer_call(seq),
+        })
     }
 
     /// Records that `consumed` messages of connection `c` (direction `In`) are consumed;

@@ -9,7 +9,7 @@ use super::stream::{Recv, RxState, Stage};
 use super::{ALIVE, HEARTBEAT_EVERY, Inner, Peer, wait_fd};
 use crate::engine::raise_abort;
 use std::net::Shutdown;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 pub(super) fn receive_loop(inner: &Inner, p: usize, s: usize) {
     let res = receive(inner, p, s);
@@ -166,7 +166,7 @@ pub(super) fn pump_from(
             Stage::Payload(h, segs, i, done, crc) => {
                 if *i < segs.len() {
                     let (off, len) = segs[*i];
-                    let slot = inner.arena.slot(h.conn, h.seq);
+                    let slot = inner.in_slot(h.conn, h.seq);
                     // SAFETY: the credit window reserves this slot for message `seq` (its
                     // previous message was consumed: `Inbound::begin` checked), and the
                     // segment lies inside the slot (`check_segments`).
@@ -203,7 +203,7 @@ pub(super) fn pump_from(
                 if h.flags & proto::FLAG_CALL == 0 {
                     // No call to compare: a word left by an earlier message must not pass
                     // for this one's.
-                    let (num, _) = inner.arena.peer_call(h.conn, h.seq);
+                    let (num, _) = inner.in_call(h.conn, h.seq);
                     num.store(0, Ordering::Relaxed);
                 }
                 if h.flags != 0 {
@@ -337,7 +337,7 @@ fn begin_payload(
         .as_ref()
         .ok_or_else(|| bad("no inbound state".into()))?;
     let consumed = inner.arena.consumed(c as u32).load(Ordering::Acquire);
-    inb.begin(h.seq, h.a, inner.nsocks as u32, consumed)
+    inb.begin(h.seq, h.a, inner.nsocks as u32, (consumed, inner.window))
         .map_err(bad)?;
     Ok(Stage::Payload(h, segs, 0, 0, 0))
 }
@@ -362,13 +362,12 @@ fn end_trailer(inner: &Inner, p: usize, h: &Header, crc: u32, bytes: &[u8]) {
             "a data part failed its CRC32C: {crc:08x} received, {sent:08x} sent"
         );
         inner
-            .arena
-            .crc(c, seq)
+            .in_crc(c, seq)
             .store(crate::arena::corrupt_mark(seq), Ordering::Relaxed);
     }
     if let Some((number, print)) = call {
         // The receiving step compares it with its own call (see `Arena::peer_call`).
-        let (num, word) = inner.arena.peer_call(c, seq);
+        let (num, word) = inner.in_call(c, seq);
         num.store(number, Ordering::Relaxed);
         word.store(print, Ordering::Relaxed);
     }
@@ -386,6 +385,31 @@ fn part_done(inner: &Inner, from: u32, c: u32, seq: u64) {
 }
 
 impl Inner {
+    /// Where message `seq` of incoming connection `c` lands: its inbox slot (the arena's
+    /// slot for a connection without one, which only the tests build).
+    pub(super) fn in_slot(&self, c: u32, seq: u64) -> *mut u8 {
+        match self.inboxes.get(c as usize) {
+            Some(Some(b)) => b.slot(seq),
+            _ => self.arena.slot(c, seq),
+        }
+    }
+
+    /// The checksum mark word of message `seq` of incoming connection `c`.
+    pub(super) fn in_crc(&self, c: u32, seq: u64) -> &AtomicU64 {
+        match self.inboxes.get(c as usize) {
+            Some(Some(b)) => b.crc(seq),
+            _ => self.arena.crc(c, seq),
+        }
+    }
+
+    /// The sender's call words of message `seq` of incoming connection `c`.
+    pub(super) fn in_call(&self, c: u32, seq: u64) -> (&AtomicU64, &AtomicU64) {
+        match self.inboxes.get(c as usize) {
+            Some(Some(b)) => b.peer_call(seq),
+            _ => self.arena.peer_call(c, seq),
+        }
+    }
+
     /// Reads what every live peer has sent, without blocking, on the sockets no other
     /// thread is reading right now.
     pub(super) fn pump_all(&self) {

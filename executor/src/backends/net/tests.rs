@@ -62,9 +62,22 @@ fn data(conn: u32, seq: u64, segs: &[(u32, u32)]) -> Vec<u8> {
     out
 }
 
+/// The bytes of the slot message `seq` of incoming connection `c` lands in (its inbox's),
+/// after checking that nothing from the network reached the shared region's slot.
 fn slot_bytes(inner: &Inner, c: u32, seq: u64) -> Vec<u8> {
-    // SAFETY: the slot is SLOT bytes of the heap arena; no thread writes it any more.
-    unsafe { std::slice::from_raw_parts(inner.arena.slot(c, seq), SLOT).to_vec() }
+    // SAFETY: both slots are SLOT bytes (the heap arena's, the inbox's); no thread writes
+    // them any more.
+    let (arena, inbox) = unsafe {
+        (
+            std::slice::from_raw_parts(inner.arena.slot(c, seq), SLOT),
+            std::slice::from_raw_parts(inner.in_slot(c, seq), SLOT),
+        )
+    };
+    assert!(
+        arena.iter().all(|&b| b == 0),
+        "the network wrote the shared slot"
+    );
+    inbox.to_vec()
 }
 
 /// Feeds `bytes` (then closes, unless `keep_open`) to a receiving thread and returns
@@ -109,7 +122,7 @@ fn malformed_frames_close_the_connection_and_never_touch_a_slot() {
         ),
         (
             "outside the credit window",
-            data(5, 2, &[(0, 8)]),
+            data(5, inbox::window(SLOT) as u64, &[(0, 8)]),
             "credit window",
         ),
         (
