@@ -70,6 +70,22 @@ pub(crate) trait Transport: Send + Sync {
         None
     }
 
+    /// Message `seq` of connection `c` (direction `In`) has not arrived, and the step that
+    /// will receive it copies it without reducing: the bytes at `off..off + len` of the
+    /// message may be written straight to `ptr` of each of `ranges` (sorted by `off`)
+    /// instead of its slot. `ranges` must stay valid, and be touched by nothing else, until
+    /// [`Transport::take_post`] or the call's end. Whether the transport took the offer (it
+    /// declines when the message has begun to arrive).
+    fn post(&self, _c: u32, _seq: u64, _ranges: Vec<Seg>) -> bool {
+        false
+    }
+
+    /// Withdraws the post of message `seq` of `c`, now published: whether the message was
+    /// written to the posted ranges (then nothing of it is in its slot).
+    fn take_post(&self, _c: u32, _seq: u64) -> bool {
+        false
+    }
+
     /// Records that `consumed` messages of connection `c` (direction `In`) are consumed: the
     /// credit travels to the sender.
     fn credit(&self, c: u32, consumed: u64);
@@ -90,7 +106,8 @@ pub(crate) trait Transport: Send + Sync {
     /// A collective call starts: its engine reads the transport from now on.
     fn begin_call(&self);
 
-    /// The call ended.
+    /// The call ended (also when it failed): withdraws every post, after which nothing is
+    /// written to the memory they named.
     fn end_call(&self);
 
     /// `None` while `rank` (on another host) is alive, else why it is not.

@@ -161,6 +161,37 @@ impl Transport for Net {
         })
     }
 
+    /// Offers the receiving step's destinations to the message's reassembly (TCP only: over
+    /// RDMA the remote writes land in the shared region).
+    fn post(&self, c: u32, seq: u64, ranges: Vec<Seg>) -> bool {
+        #[cfg(feature = "rdma")]
+        if self.ib.is_some() {
+            return false;
+        }
+        let Some(Some(inb)) = self.inner.inbound.get(c as usize) else {
+            return false;
+        };
+        let taken = inb.post(seq, ranges);
+        if taken {
+            self.inner.live_posts.fetch_add(1, Ordering::AcqRel);
+        }
+        taken
+    }
+
+    fn take_post(&self, c: u32, seq: u64) -> bool {
+        let Some(Some(inb)) = self.inner.inbound.get(c as usize) else {
+            return false;
+        };
+        if self.inner.live_posts.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        let Some(landed) = inb.take_post(seq) else {
+            return false;
+        };
+        self.inner.live_posts.fetch_sub(1, Ordering::AcqRel);
+        landed
+    }
+
     /// Records that `consumed` messages of connection `c` (direction `In`) are consumed;
     /// the credit reaches the sender with the next data written to it, or when this rank
     /// waits ([`Net::flush_credits`]). Failures are left to the receiving side, which tells
@@ -235,6 +266,9 @@ impl Transport for Net {
     /// would cost two context switches per call).
     fn end_call(&self) {
         self.inner.active.store(false, Ordering::Release);
+        if self.inner.live_posts.load(Ordering::Acquire) > 0 {
+            self.inner.revoke_posts();
+        }
     }
 
     /// `None` while `rank` (on another host) is alive, else why it is not.

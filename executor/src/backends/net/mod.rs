@@ -188,6 +188,8 @@ struct Inner {
     inboxes: Vec<Option<inbox::Inbox>>,
     /// Messages a TCP connection may have in flight ([`inbox::window`]).
     window: usize,
+    /// Posts of receiving steps not yet withdrawn (`Transport::post`).
+    live_posts: AtomicUsize,
     slot_bytes: usize,
     nsocks: usize,
     /// Data parts this rank sends carry a CRC32C ([`proto::FLAG_CRC`]).
@@ -396,6 +398,7 @@ impl Inner {
             inbound,
             inboxes,
             window,
+            live_posts: AtomicUsize::new(0),
             slot_bytes,
             nsocks,
             checksum,

@@ -228,13 +228,26 @@ impl Default for Inbound {
     }
 }
 
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default)]
 struct InState {
     /// Messages completely received and published.
     published: u64,
     /// Per message of the window (`seq % len`): the message being assembled there (seq,
     /// parts expected, parts begun, parts done).
     slots: Vec<(u64, u32, u32, u32)>,
+    /// Where the receiving step wants a message that has not begun to arrive (see
+    /// [`Inbound::post`]).
+    post: Option<Post>,
+}
+
+/// A receiving step's destinations for message `seq`: the bytes at `off..off + len` of the
+/// message land at `ptr` instead of the slot (see [`Inbound::post`]).
+#[derive(Debug)]
+struct Post {
+    seq: u64,
+    ranges: Vec<Seg>,
+    /// A part of the message has begun to land by it.
+    claimed: bool,
 }
 
 impl Inbound {
@@ -244,21 +257,62 @@ impl Inbound {
             state: Mutex::new(InState {
                 published: 0,
                 slots: vec![(0, 0, 0, 0); depth.max(1)],
+                post: None,
             }),
         }
+    }
+
+    /// The step that will receive message `seq` copies it without reducing: its bytes at
+    /// `off..off + len` of the message may land at `ptr` of each range (sorted by `off`,
+    /// inside the slot) instead of the slot. Taken only while no part of the message has
+    /// begun, so a message lands either all by the post or all in its slot. Whether it was
+    /// taken.
+    pub(crate) fn post(&self, seq: u64, ranges: Vec<Seg>) -> bool {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let depth = st.slots.len() as u64;
+        let (s, parts, _, _) = st.slots[(seq % depth) as usize];
+        if seq < st.published || (s == seq && parts > 0) || st.post.is_some() {
+            return false;
+        }
+        st.post = Some(Post {
+            seq,
+            ranges,
+            claimed: false,
+        });
+        true
+    }
+
+    /// The post of message `seq` is withdrawn (its step runs now, the message published):
+    /// whether the message landed by it; `None` when there was no such post.
+    pub(crate) fn take_post(&self, seq: u64) -> Option<bool> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        match st.post.take() {
+            Some(p) if p.seq == seq => Some(p.claimed),
+            other => {
+                st.post = other;
+                None
+            }
+        }
+    }
+
+    /// Withdraws any post (the call ends); whether there was one.
+    pub(crate) fn revoke(&self) -> bool {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.post.take().is_some()
     }
 
     /// A part of message `seq` (of `parts` parts) is about to be written into its slot;
     /// `consumed` is how many messages the local receiver has freed, `window` how many past
     /// it may be in flight (at most the depth this was made for). Refuses parts outside the
-    /// credit window or inconsistent with earlier parts of the same message.
+    /// credit window or inconsistent with earlier parts of the same message. Returns the
+    /// message's posted destinations ([`Inbound::post`]; empty: none).
     pub(crate) fn begin(
         &self,
         seq: u64,
         parts: u32,
         max_parts: u32,
         (consumed, window): (u64, usize),
-    ) -> Result<(), String> {
+    ) -> Result<Vec<Seg>, String> {
         if parts == 0 || parts > max_parts {
             return Err(format!(
                 "message split into {parts} parts (at most {max_parts})"
@@ -284,7 +338,13 @@ impl Inbound {
                 slot.0, slot.1
             ));
         }
-        Ok(())
+        Ok(match &mut st.post {
+            Some(p) if p.seq == seq => {
+                p.claimed = true;
+                p.ranges.clone()
+            }
+            _ => Vec::new(),
+        })
     }
 
     /// A part of message `seq` has been written; returns the new count of published
@@ -462,5 +522,35 @@ mod tests {
         let narrow = Inbound::new(4);
         narrow.begin(1, 1, 1, (0, 2)).unwrap();
         assert!(narrow.begin(2, 1, 1, (0, 2)).is_err());
+    }
+
+    #[test]
+    fn a_post_is_taken_only_before_its_message_begins_and_withdrawn_once() {
+        let inb = Inbound::new(4);
+        let ranges = vec![seg(0, 8), seg(64, 8)];
+        assert!(inb.post(0, ranges.clone()));
+        assert!(!inb.post(1, ranges.clone()), "one post at a time");
+        // Message 1 arrives first: no post applies to it.
+        assert!(inb.begin(1, 1, 1, (0, 4)).unwrap().is_empty());
+        assert_eq!(inb.end(1), None);
+        // Both parts of message 0 land by the post.
+        assert_eq!(inb.begin(0, 2, 2, (0, 4)).unwrap().len(), 2);
+        assert_eq!(inb.begin(0, 2, 2, (0, 4)).unwrap().len(), 2);
+        assert_eq!(inb.take_post(1), None, "another message's post stays");
+        let _ = inb.end(0);
+        assert_eq!(inb.end(0), Some(2));
+        assert_eq!(inb.take_post(0), Some(true));
+        assert_eq!(inb.take_post(0), None, "withdrawn once");
+        // A message already arriving, or already published, takes no post.
+        inb.begin(2, 2, 2, (2, 4)).unwrap();
+        assert!(!inb.post(2, ranges.clone()));
+        assert!(!inb.post(1, ranges.clone()));
+        // A post never claimed is withdrawn unclaimed; a revoked one is gone.
+        assert!(inb.post(3, ranges.clone()));
+        assert_eq!(inb.take_post(3), Some(false));
+        assert!(inb.post(3, ranges));
+        assert!(inb.revoke());
+        assert!(!inb.revoke());
+        assert!(inb.begin(3, 1, 1, (2, 4)).unwrap().is_empty());
     }
 }
