@@ -601,6 +601,8 @@ unsafe fn place(
                     crate::copy::copy(stage.ptr(), output, total * es);
                     (stage.ptr(), output.add(r_off))
                 }
+                // Every input read of a chunk comes before its output is written.
+                _ if entry.program.alias_in_place => (output, output),
                 _ => {
                     stage.reserve(total * es);
                     crate::copy::copy(stage.ptr(), output, total * es);

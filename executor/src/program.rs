@@ -117,6 +117,10 @@ pub(crate) struct Program {
     /// Whether any step writes the input buffer (then an out-of-place call stages the
     /// caller's input, which it must not modify).
     pub writes_input: bool,
+    /// An out-of-place AllReduce program that computes the same result when its input and
+    /// output are one buffer ([`aliases_safely`]): an in-place call runs it on the caller's
+    /// buffer instead of staging a copy of it.
+    pub alias_in_place: bool,
 }
 
 /// A plan entry prepared for one rank.
@@ -298,6 +302,10 @@ pub(crate) fn compile(
         out.channels.push(stream.channel);
         out.needs_hold.push(hold);
     }
+    out.alias_in_place = !s.in_place
+        && matches!(s.collective, Collective::AllReduce)
+        && s.input_chunks == s.output_chunks
+        && aliases_safely(prog, s.input_chunks);
     Ok(Entry {
         index,
         collective: s.collective,
@@ -342,6 +350,72 @@ fn check_shape(s: &Schedule, header: impl Fn(String) -> ExecError) -> Result<()>
 
 /// The instruction kind of `op`, and the locations it reads and writes.
 #[inline]
+/// Whether a rank's out-of-place program leaves every result as it is when input chunk `i`
+/// and output chunk `i` are the same memory (an AllReduce's buffers share their geometry):
+/// for every chunk, the steps that read it from the input and those that write it to the
+/// output are in one stream, and no input read comes after the chunk's first output write.
+/// A step may read and write the same chunk only where it works element by element on the
+/// same index (its source and destination ranges start at the same chunk) and reads the
+/// destination's old value nowhere (not a local reduction `dst ⊕= src`). A copy of input
+/// chunks to the same output chunks is no write at all on one buffer. Writes to the input
+/// disqualify the program. The engine's kernels take exactly aliased operands (a copy onto
+/// itself, a reduction into one of its operands); messages sent by pointer out of the input
+/// are settled by address before anything writes there, whatever buffer the write names.
+fn aliases_safely(prog: &hccl_ir::RankProgram, chunks: u32) -> bool {
+    let input = |off: u32| Loc::new(Buf::Input, off);
+    let chunks = chunks as usize;
+    // Per chunk: the stream that touches it, and whether its output was written yet.
+    let mut owner: Vec<Option<usize>> = vec![None; chunks];
+    let mut written = vec![false; chunks];
+    let claim = |owner: &mut Vec<Option<usize>>, i: usize, si: usize| -> bool {
+        match owner.get_mut(i) {
+            Some(o @ None) => {
+                *o = Some(si);
+                true
+            }
+            Some(Some(x)) => *x == si,
+            None => false,
+        }
+    };
+    for (si, stream) in prog.streams.iter().enumerate() {
+        for step in &stream.steps {
+            let (kind, src, dst) = parts(step.op);
+            let range = |l: Loc| l.off as usize..l.off as usize + step.count as usize;
+            if dst.is_some_and(|d| d.buf == Buf::Input) {
+                return false;
+            }
+            if let Some(src) = src.filter(|l| l.buf == Buf::Input) {
+                if let Some(dst) = dst.filter(|l| l.buf == Buf::Output) {
+                    let (a, b) = (range(src), range(dst));
+                    let overlap = a.start < b.end && b.start < a.end;
+                    if overlap && (a.start != b.start || kind == Kind::Reduce) {
+                        return false;
+                    }
+                }
+                for i in range(src) {
+                    if !claim(&mut owner, i, si) || written.get(i).is_none_or(|&w| w) {
+                        return false;
+                    }
+                }
+            }
+            if let Some(dst) = dst.filter(|l| l.buf == Buf::Output) {
+                // A copy of input chunks to the same output chunks changes nothing of one
+                // buffer: later reads of the input still find its values.
+                let identity = kind == Kind::Copy && src.is_some_and(|s| s == input(dst.off));
+                for i in range(dst) {
+                    if !claim(&mut owner, i, si) {
+                        return false;
+                    }
+                    if let Some(w) = written.get_mut(i) {
+                        *w |= !identity;
+                    }
+                }
+            }
+        }
+    }
+    true
+}
+
 fn parts(op: Op) -> (Kind, Option<Loc>, Option<Loc>) {
     match op {
         Op::Send { src, .. } => (Kind::Send, Some(src), None),
@@ -353,5 +427,115 @@ fn parts(op: Op) -> (Kind, Option<Loc>, Option<Loc>) {
         Op::Copy { src, dst } => (Kind::Copy, Some(src), Some(dst)),
         Op::Reduce { src, dst } => (Kind::Reduce, Some(src), Some(dst)),
         Op::Nop => (Kind::Nop, None, None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hccl_ir::{RankProgram, Step, Stream};
+
+    fn input(off: u32) -> Loc {
+        Loc::new(Buf::Input, off)
+    }
+    fn output(off: u32) -> Loc {
+        Loc::new(Buf::Output, off)
+    }
+    fn program(streams: Vec<Vec<Step>>) -> RankProgram {
+        RankProgram {
+            scratch_chunks: 0,
+            streams: streams
+                .into_iter()
+                .enumerate()
+                .map(|(c, steps)| Stream {
+                    channel: c as u32,
+                    steps,
+                })
+                .collect(),
+        }
+    }
+
+    /// The rings and all-pairs schedules read each input chunk before they write its output.
+    #[test]
+    fn the_built_in_allreduces_alias_safely() {
+        for n in 1..=5 {
+            for (channels, parts) in [(1, 1), (2, 1), (2, 3)] {
+                let s = crate::fallback::ring_allreduce(n, channels, parts, false);
+                for (r, prog) in s.ranks.iter().enumerate() {
+                    assert!(aliases_safely(prog, s.input_chunks), "ring n={n} rank {r}");
+                }
+            }
+            let s = crate::fallback::allpairs_allreduce(n, false);
+            for prog in &s.ranks {
+                assert!(aliases_safely(prog, s.input_chunks), "allpairs n={n}");
+            }
+        }
+    }
+
+    #[test]
+    fn an_output_written_before_its_input_is_read_does_not_alias() {
+        let send = |src| Step::new(Op::Send { to: 1, src }, 1);
+        let recv = |dst| Step::new(Op::Recv { from: 1, dst }, 1);
+        // Read then write: safe; write then read: not.
+        assert!(aliases_safely(
+            &program(vec![vec![send(input(0)), recv(output(0))]]),
+            1
+        ));
+        assert!(!aliases_safely(
+            &program(vec![vec![recv(output(0)), send(input(0))]]),
+            1
+        ));
+        // The same chunk read in one stream and written in another: no order, not safe.
+        assert!(!aliases_safely(
+            &program(vec![vec![send(input(0))], vec![recv(output(0))]]),
+            1
+        ));
+        // Other chunks in other streams are independent.
+        assert!(aliases_safely(
+            &program(vec![vec![send(input(0))], vec![recv(output(1))]]),
+            2
+        ));
+    }
+
+    #[test]
+    fn a_step_reads_and_writes_one_chunk_only_element_by_element() {
+        let rrc = |src, dst, count| Step::new(Op::RecvReduceCopy { from: 1, src, dst }, count);
+        // dst = msg ⊕ src on the same chunks: element by element, safe.
+        assert!(aliases_safely(
+            &program(vec![vec![rrc(input(0), output(0), 2)]]),
+            2
+        ));
+        // Shifted by one chunk: chunk 1's output is written before its input is read.
+        assert!(!aliases_safely(
+            &program(vec![vec![rrc(input(0), output(1), 2)]]),
+            3
+        ));
+        // A local reduction reads its destination: `out ⊕= in` on one chunk would double it.
+        let reduce = Step::new(
+            Op::Reduce {
+                src: input(0),
+                dst: output(0),
+            },
+            1,
+        );
+        assert!(!aliases_safely(&program(vec![vec![reduce]]), 1));
+        // A copy onto itself is a no-op.
+        let copy = Step::new(
+            Op::Copy {
+                src: input(0),
+                dst: output(0),
+            },
+            1,
+        );
+        assert!(aliases_safely(&program(vec![vec![copy]]), 1));
+        // Writing the input disqualifies the program.
+        let scribble = Step::new(
+            Op::Copy {
+                src: output(0),
+                dst: input(0),
+            },
+            1,
+        );
+        assert!(!aliases_safely(&program(vec![vec![scribble]]), 1));
     }
 }

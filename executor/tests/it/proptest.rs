@@ -19,8 +19,10 @@ fn collective(n: u32) -> impl Strategy<Value = Collective> {
     ]
 }
 
-/// Rank count, channels, pipelined parts, slot bytes, protocol (LL slots or regular), call.
-type Scenario = (u32, u32, u32, usize, Protocol, Case);
+/// Rank count, channels, pipelined parts, slot bytes, protocol (LL slots or regular), call,
+/// and whether the plan keeps only its out-of-place entries (as compiled plans do: an
+/// in-place call then runs an out-of-place schedule on one buffer, or stages a copy).
+type Scenario = (u32, u32, u32, usize, Protocol, Case, bool);
 
 fn scenario() -> impl Strategy<Value = Scenario> {
     (
@@ -43,10 +45,11 @@ fn scenario() -> impl Strategy<Value = Scenario> {
                 0usize..ReduceOp::ALL.len(),
                 any::<bool>(),
                 any::<u64>(),
+                any::<bool>(),
             )
         })
         .prop_map(
-            |(n, channels, parts, slot, proto, coll, base, d, o, in_place, seed)| {
+            |(n, channels, parts, slot, proto, coll, base, d, o, in_place, seed, oop)| {
                 let count = match coll {
                     Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => {
                         base / n as usize * n as usize
@@ -61,7 +64,7 @@ fn scenario() -> impl Strategy<Value = Scenario> {
                     count,
                     seed,
                 };
-                (n, channels, parts, slot, proto, case)
+                (n, channels, parts, slot, proto, case, oop)
             },
         )
 }
@@ -69,9 +72,12 @@ fn scenario() -> impl Strategy<Value = Scenario> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
     #[test]
-    fn random_calls_match_the_reference((n, channels, parts, slot, proto, case) in scenario()) {
+    fn random_calls_match_the_reference((n, channels, parts, slot, proto, case, oop) in scenario()) {
         let cfg = config().with_slot_bytes(slot);
         let mut plan = fallback::plan_with(n, channels, parts);
+        if oop {
+            plan.entries.retain(|e| !e.schedule.in_place);
+        }
         for e in &mut plan.entries {
             e.protocol = proto;
         }
