@@ -305,7 +305,7 @@ pub(crate) fn compile(
     out.alias_in_place = !s.in_place
         && matches!(s.collective, Collective::AllReduce)
         && s.input_chunks == s.output_chunks
-        && aliases_safely(prog, s.input_chunks);
+        && (aliases_safely(prog, s.input_chunks) || aliases_through_peers(s, rank));
     Ok(Entry {
         index,
         collective: s.collective,
@@ -416,6 +416,170 @@ fn aliases_safely(prog: &hccl_ir::RankProgram, chunks: u32) -> bool {
     true
 }
 
+/// Most steps over all ranks [`aliases_through_peers`] follows messages through.
+const ALIAS_PROOF_STEPS: usize = 200_000;
+
+/// Whether `rank`'s out-of-place program keeps its results with input and output as one
+/// buffer, its order proven through the whole schedule: every step that reads input chunk
+/// `i` happens before every step that writes output chunk `i` (other than a copy from input
+/// `i`, or the reading step itself working element by element), following stream order,
+/// dependencies and messages (the `k`-th send on a connection before its `k`-th receive).
+/// Ranks' programs this rank does not hold (empty) only take paths away: then the proof
+/// fails and the call stages. `false` beyond [`ALIAS_PROOF_STEPS`] steps.
+fn aliases_through_peers(s: &Schedule, rank: u32) -> bool {
+    let Some(prog) = s.ranks.get(rank as usize) else {
+        return false;
+    };
+    let total: usize = s
+        .ranks
+        .iter()
+        .flat_map(|p| &p.streams)
+        .map(|st| st.steps.len())
+        .sum();
+    if total > ALIAS_PROOF_STEPS {
+        return false;
+    }
+    // Global step ids: per rank and stream, the id of its first step.
+    let mut base: Vec<Vec<usize>> = Vec::with_capacity(s.ranks.len());
+    let mut next = 0usize;
+    for p in &s.ranks {
+        base.push(
+            p.streams
+                .iter()
+                .map(|st| {
+                    let b = next;
+                    next += st.steps.len();
+                    b
+                })
+                .collect(),
+        );
+    }
+    // Successors: the next step of the stream, dependents, the receiving step of a message.
+    let mut succ: Vec<Vec<u32>> = vec![Vec::new(); total];
+    let mut sends: BTreeMap<ConnKey, (usize, Vec<u32>)> = BTreeMap::new();
+    let mut recvs: BTreeMap<ConnKey, (usize, Vec<u32>)> = BTreeMap::new();
+    for (r, p) in s.ranks.iter().enumerate() {
+        for (si, st) in p.streams.iter().enumerate() {
+            for (pc, step) in st.steps.iter().enumerate() {
+                let id = base[r][si] + pc;
+                if pc + 1 < st.steps.len() {
+                    succ[id].push((id + 1) as u32);
+                }
+                for d in &step.deps {
+                    let Some(&b) = base[r].get(d.stream as usize) else {
+                        return false;
+                    };
+                    succ[b + d.step as usize].push(id as u32);
+                }
+                let on = |list: &mut BTreeMap<ConnKey, (usize, Vec<u32>)>, key| {
+                    let (owner, ids) = list.entry(key).or_insert((si, Vec::new()));
+                    ids.push(id as u32);
+                    // Two streams on one connection: their messages' order is the run's.
+                    *owner == si
+                };
+                let r = r as u32;
+                if let Some(to) = step.op.send_peer()
+                    && !on(&mut sends, (r, to, st.channel))
+                {
+                    return false;
+                }
+                if let Some(from) = step.op.recv_peer()
+                    && !on(&mut recvs, (from, r, st.channel))
+                {
+                    return false;
+                }
+            }
+        }
+    }
+    for (key, (_, out)) in &sends {
+        if let Some((_, into)) = recvs.get(key) {
+            for (&a, &b) in out.iter().zip(into) {
+                succ[a as usize].push(b);
+            }
+        }
+    }
+    // This rank's reads of input chunks and writes of output chunks.
+    let chunks = s.input_chunks as usize;
+    let mut reads: Vec<Vec<u32>> = vec![Vec::new(); chunks];
+    let mut writes: Vec<Vec<u32>> = vec![Vec::new(); chunks];
+    let mut aligned: Vec<u32> = Vec::new();
+    for (si, st) in prog.streams.iter().enumerate() {
+        for (pc, step) in st.steps.iter().enumerate() {
+            let id = (base[rank as usize][si] + pc) as u32;
+            let (kind, src, dst) = parts(step.op);
+            let range = |l: Loc| l.off as usize..l.off as usize + step.count as usize;
+            let src = src.filter(|l| l.buf == Buf::Input);
+            if dst.is_some_and(|d| d.buf == Buf::Input) {
+                return false;
+            }
+            let dst = dst.filter(|l| l.buf == Buf::Output);
+            if let (Some(a), Some(b)) = (src, dst) {
+                let (a, b) = (range(a), range(b));
+                if a.start < b.end && b.start < a.end {
+                    if a.start != b.start || kind == Kind::Reduce {
+                        return false;
+                    }
+                    if kind == Kind::Copy {
+                        // A copy onto itself: no write at all on one buffer.
+                        for i in a {
+                            if let Some(rd) = reads.get_mut(i) {
+                                rd.push(id);
+                            }
+                        }
+                        continue;
+                    }
+                    aligned.push(id);
+                }
+            }
+            for (l, list) in [(src, &mut reads), (dst, &mut writes)] {
+                for i in l.map(range).into_iter().flatten() {
+                    match list.get_mut(i) {
+                        Some(v) => v.push(id),
+                        None => return false,
+                    }
+                }
+            }
+        }
+    }
+    // Each reading step must reach every write of the chunks it reads.
+    let mut is_aligned = vec![false; total];
+    for &a in &aligned {
+        is_aligned[a as usize] = true;
+    }
+    let mut readers: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+    for (i, rd) in reads.iter().enumerate() {
+        for &r in rd {
+            readers.entry(r).or_default().push(i);
+        }
+    }
+    let mut seen = vec![u32::MAX; total];
+    let mut stack = Vec::new();
+    for (mark, (&from, read)) in readers.iter().enumerate() {
+        let mark = mark as u32;
+        stack.push(from);
+        seen[from as usize] = mark;
+        while let Some(v) = stack.pop() {
+            for &w in &succ[v as usize] {
+                if seen[w as usize] != mark {
+                    seen[w as usize] = mark;
+                    stack.push(w);
+                }
+            }
+        }
+        let after = |w: u32| {
+            if w == from {
+                is_aligned[w as usize]
+            } else {
+                seen[w as usize] == mark
+            }
+        };
+        if !read.iter().all(|&i| writes[i].iter().all(|&w| after(w))) {
+            return false;
+        }
+    }
+    true
+}
+
 fn parts(op: Op) -> (Kind, Option<Loc>, Option<Loc>) {
     match op {
         Op::Send { src, .. } => (Kind::Send, Some(src), None),
@@ -433,7 +597,7 @@ fn parts(op: Op) -> (Kind, Option<Loc>, Option<Loc>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hccl_ir::{RankProgram, Step, Stream};
+    use hccl_ir::{RankProgram, Schedule, Step, Stream};
 
     fn input(off: u32) -> Loc {
         Loc::new(Buf::Input, off)
@@ -495,6 +659,56 @@ mod tests {
             &program(vec![vec![send(input(0))], vec![recv(output(1))]]),
             2
         ));
+    }
+
+    /// Two ranks, one chunk, every stream on channel 0.
+    fn two_ranks(rank0: Vec<Vec<Step>>, rank1: Vec<Vec<Step>>) -> Schedule {
+        let mut s = Schedule::empty(Collective::AllReduce, 2, 1, false).expect("schedule");
+        for (r, streams) in [rank0, rank1].into_iter().enumerate() {
+            s.ranks[r] = RankProgram {
+                scratch_chunks: 1,
+                streams: streams
+                    .into_iter()
+                    .map(|steps| Stream { channel: 0, steps })
+                    .collect(),
+            };
+        }
+        s
+    }
+
+    /// Rank 0 sends its input from one stream and receives the result into its output on
+    /// another: safe only when the result it receives follows from what it sent.
+    #[test]
+    fn the_order_of_other_streams_is_proven_through_the_peers() {
+        let send = |to, src| Step::new(Op::Send { to, src }, 1);
+        let recv = |from, dst| Step::new(Op::Recv { from, dst }, 1);
+        let rank0 = || vec![vec![send(1, input(0))], vec![recv(1, output(0))]];
+        // Rank 1 reduces rank 0's chunk into its own and sends the sum back.
+        let reduce_back = vec![vec![
+            Step::new(
+                Op::RecvReduceCopy {
+                    from: 0,
+                    src: input(0),
+                    dst: output(0),
+                },
+                1,
+            ),
+            send(0, output(0)),
+        ]];
+        let s = two_ranks(rank0(), reduce_back);
+        assert!(!aliases_safely(&s.ranks[0], 1), "no order within rank 0");
+        assert!(aliases_through_peers(&s, 0));
+        assert!(aliases_through_peers(&s, 1));
+        // Rank 1 sends before it receives: rank 0's output may land before it sent.
+        let independent = vec![
+            vec![send(0, input(0))],
+            vec![recv(0, Loc::new(Buf::Scratch, 0))],
+        ];
+        let s = two_ranks(rank0(), independent);
+        assert!(!aliases_through_peers(&s, 0));
+        // Without rank 1's program (another host's) nothing is proven.
+        let s = two_ranks(rank0(), Vec::new());
+        assert!(!aliases_through_peers(&s, 0));
     }
 
     #[test]
