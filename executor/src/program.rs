@@ -417,7 +417,7 @@ fn aliases_safely(prog: &hccl_ir::RankProgram, chunks: u32) -> bool {
 }
 
 /// Most steps over all ranks [`aliases_through_peers`] follows messages through.
-const ALIAS_PROOF_STEPS: usize = 200_000;
+const ALIAS_PROOF_STEPS: usize = 50_000;
 
 /// Whether `rank`'s out-of-place program keeps its results with input and output as one
 /// buffer, its order proven through the whole schedule: every step that reads input chunk
