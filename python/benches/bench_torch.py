@@ -32,7 +32,9 @@ def launch(backend, n, env):
 
 def run_perf(a, n, plan):
     """hccl-perf's all_reduce on the same plan, in place, timed like the torch side."""
-    r = subprocess.run([a.hccl_perf, "--backend", "process", "-g", str(n), "-b", str(max(8, a.min_bytes)),
+    # The torch job's sizes: 8 B times powers of 4 (torch_job.SIZES); start on that grid.
+    start = next((8 << (2 * k) for k in range(14) if 8 << (2 * k) >= a.min_bytes), 256 << 20)
+    r = subprocess.run([a.hccl_perf, "--backend", "process", "-g", str(n), "-b", str(start),
                         "-e", str(min(256 << 20, a.max_bytes)), "-f", "4", "--plan", plan, "--in-place",
                         "-w", "20", "-T", "0.25", "--json"], capture_output=True, text=True)
     if r.returncode:
