@@ -14,8 +14,10 @@
 //! - Incoming bytes are parsed by whoever holds the socket's parse state (`pump`): during
 //!   a call the engine, whenever it waits (no wake-up latency); between calls the socket's
 //!   receiving thread, which sleeps through calls (a wake-up per message would cost two
-//!   context switches on the cores the ranks run on). A message lands in the receiver's
-//!   ring slot and is published with the same Release store a local sender would make.
+//!   context switches on the cores the ranks run on). A message lands in the connection's
+//!   inbox (`inbox`: a ring of `window` slots in the receiving rank's memory, deeper than
+//!   the shared region's) and is published with the same Release store a local sender
+//!   would make; the engine reads it there ([`crate::transport::Transport::landed`]).
 //! - Freeing a slot records a credit; it rides in the same `writev` as the next data for
 //!   that peer, and is written on its own only when the rank waits or is idle. See
 //!   `proto` for the credit window that keeps every slot reserved before its bytes arrive.
@@ -24,9 +26,9 @@
 //! runs exactly when it has data to send or waits for data, so doing the socket work there
 //! needs no polling thread, no extra copy and no wake-up latency. The IR's semantics hold:
 //! messages of a connection stay in order, a send needs only a free slot (credit), and a
-//! schedule proven deadlock-free stays so (a network connection buffers up to
-//! `2 × CONNECTION_SLOTS` messages, which for determinate programs can only remove waits,
-//! never add them).
+//! schedule proven deadlock-free stays so (a network connection buffers up to `window`
+//! messages, at least `CONNECTION_SLOTS`, which for determinate programs can only remove
+//! waits, never add them).
 //!
 //! # Sockets and threads
 //!
@@ -43,6 +45,7 @@
 pub(crate) mod fuzz;
 mod handle;
 pub mod iface;
+pub(crate) mod inbox;
 pub(crate) mod proto;
 mod pump;
 #[cfg(feature = "rdma")]
@@ -181,6 +184,12 @@ struct Inner {
     dirs: Vec<Dir>,
     wires: Wires,
     inbound: Vec<Option<Inbound>>,
+    /// Per connection this rank receives on: where its messages land over TCP.
+    inboxes: Vec<Option<inbox::Inbox>>,
+    /// Messages a TCP connection may have in flight ([`inbox::window`]).
+    window: usize,
+    /// Posts of receiving steps not yet withdrawn (`Transport::post`).
+    live_posts: AtomicUsize,
     slot_bytes: usize,
     nsocks: usize,
     /// Data parts this rank sends carry a CRC32C ([`proto::FLAG_CRC`]).
@@ -368,9 +377,14 @@ impl Inner {
                 in_conns[*p as usize].push(c as u32);
             }
         }
+        let window = inbox::window(slot_bytes);
         let inbound = dirs
             .iter()
-            .map(|d| matches!(d, Dir::In(_)).then(Inbound::default))
+            .map(|d| matches!(d, Dir::In(_)).then(|| Inbound::new(window)))
+            .collect();
+        let inboxes = dirs
+            .iter()
+            .map(|d| matches!(d, Dir::In(_)).then(|| inbox::Inbox::new(window, slot_bytes)))
             .collect();
         let counters = || (0..dirs.len()).map(|_| AtomicU64::new(0)).collect();
         let wires = Wires::new(&dirs, channels, peers.len());
@@ -382,6 +396,9 @@ impl Inner {
             arena,
             peers,
             inbound,
+            inboxes,
+            window,
+            live_posts: AtomicUsize::new(0),
             slot_bytes,
             nsocks,
             checksum,

@@ -62,9 +62,22 @@ fn data(conn: u32, seq: u64, segs: &[(u32, u32)]) -> Vec<u8> {
     out
 }
 
+/// The bytes of the slot message `seq` of incoming connection `c` lands in (its inbox's),
+/// after checking that nothing from the network reached the shared region's slot.
 fn slot_bytes(inner: &Inner, c: u32, seq: u64) -> Vec<u8> {
-    // SAFETY: the slot is SLOT bytes of the heap arena; no thread writes it any more.
-    unsafe { std::slice::from_raw_parts(inner.arena.slot(c, seq), SLOT).to_vec() }
+    // SAFETY: both slots are SLOT bytes (the heap arena's, the inbox's); no thread writes
+    // them any more.
+    let (arena, inbox) = unsafe {
+        (
+            std::slice::from_raw_parts(inner.arena.slot(c, seq), SLOT),
+            std::slice::from_raw_parts(inner.in_slot(c, seq), SLOT),
+        )
+    };
+    assert!(
+        arena.iter().all(|&b| b == 0),
+        "the network wrote the shared slot"
+    );
+    inbox.to_vec()
 }
 
 /// Feeds `bytes` (then closes, unless `keep_open`) to a receiving thread and returns
@@ -109,7 +122,7 @@ fn malformed_frames_close_the_connection_and_never_touch_a_slot() {
         ),
         (
             "outside the credit window",
-            data(5, 2, &[(0, 8)]),
+            data(5, inbox::window(SLOT) as u64, &[(0, 8)]),
             "credit window",
         ),
         (
@@ -222,6 +235,105 @@ fn an_abort_frame_raises_the_local_abort_word() {
     let (_, state, reason) = feed(&h.encode());
     assert_eq!(state, DEAD);
     assert!(reason.contains("abort naming"), "{reason}");
+}
+
+#[test]
+fn a_posted_message_lands_at_the_steps_destinations_and_only_there() {
+    let (mut peer, ours) = pair();
+    let inner = inner_with(ours);
+    // The receiving step wants the message's bytes 0..4 at `a`, 64..68 at `b`; bytes
+    // 100..104 have no destination and land in the slot.
+    let (mut a, mut b) = ([0u8; 4], [0u8; 4]);
+    let ranges = vec![
+        Seg {
+            off: 0,
+            ptr: a.as_mut_ptr(),
+            len: 4,
+        },
+        Seg {
+            off: 64,
+            ptr: b.as_mut_ptr(),
+            len: 4,
+        },
+    ];
+    let inb = inner.inbound[1].as_ref().unwrap();
+    assert!(inb.post(0, ranges));
+    let mut bytes = data(5, 0, &[(0, 4), (64, 8), (100, 4)]);
+    bytes.extend_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]);
+    // Message 1 is not posted: all of it lands in its slot.
+    bytes.extend_from_slice(&data(5, 1, &[(0, 4)]));
+    bytes.extend_from_slice(&[21, 22, 23, 24]);
+    bytes.extend_from_slice(&Header::new(Tag::Goodbye).encode());
+    let t = {
+        let inner = Arc::clone(&inner);
+        std::thread::spawn(move || receive_loop(&inner, 0, 0))
+    };
+    peer.write_all(&bytes).unwrap();
+    drop(peer);
+    t.join().unwrap();
+    assert_eq!(inner.arena.sent(1).load(Ordering::Acquire), 2);
+    assert_eq!(inb.take_post(0), Some(true));
+    assert_eq!((a, b), ([1, 2, 3, 4], [5, 6, 7, 8]));
+    let slot = slot_bytes(&inner, 1, 0);
+    assert!(
+        slot[..68].iter().all(|&x| x == 0),
+        "posted bytes stay out of the slot"
+    );
+    assert_eq!(
+        &slot[68..72],
+        &[9, 10, 11, 12],
+        "past the destination: the slot"
+    );
+    assert_eq!(&slot[100..104], &[13, 14, 15, 16]);
+    assert_eq!(&slot_bytes(&inner, 1, 1)[..4], &[21, 22, 23, 24]);
+}
+
+#[test]
+fn a_revoked_post_is_never_written_again() {
+    let (mut peer, ours) = pair();
+    let inner = inner_with(ours);
+    let mut a = [0u8; 8];
+    let inb = inner.inbound[1].as_ref().unwrap();
+    assert!(inb.post(
+        0,
+        vec![Seg {
+            off: 0,
+            ptr: a.as_mut_ptr(),
+            len: 8,
+        }]
+    ));
+    inner.live_posts.store(1, Ordering::Release);
+    // Half the message arrives by the post, then the call ends.
+    let mut bytes = data(5, 0, &[(0, 8)]);
+    bytes.extend_from_slice(&[1, 2, 3, 4]);
+    peer.write_all(&bytes).unwrap();
+    let mut rx = RxState::default();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !matches!(&rx.stage, Stage::Payload(_, _, _, 4, _, _)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first half never came"
+        );
+        pump(&inner, 0, 0, &mut rx).unwrap();
+    }
+    *inner.peers[0].socks[0].rx.lock().unwrap() = rx;
+    inner.revoke_posts();
+    assert_eq!(inner.live_posts.load(Ordering::Acquire), 0);
+    assert_eq!(inb.take_post(0), None);
+    peer.write_all(&[5, 6, 7, 8]).unwrap();
+    peer.write_all(&Header::new(Tag::Goodbye).encode()).unwrap();
+    drop(peer);
+    let t = {
+        let inner = Arc::clone(&inner);
+        std::thread::spawn(move || receive_loop(&inner, 0, 0))
+    };
+    t.join().unwrap();
+    assert_eq!(
+        a,
+        [1, 2, 3, 4, 0, 0, 0, 0],
+        "nothing written after the revocation"
+    );
+    assert_eq!(&slot_bytes(&inner, 1, 0)[4..8], &[5, 6, 7, 8]);
 }
 
 #[test]
