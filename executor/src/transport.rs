@@ -110,7 +110,9 @@ pub(crate) trait Transport: Send + Sync {
     /// written to the memory they named.
     fn end_call(&self);
 
-    /// `None` while `rank` (on another host) is alive, else why it is not.
+    /// `None` while `rank` (on another host) is alive, else why it is not. Before it says
+    /// so, what the peer sent (and this host received) is taken in: a message it sent
+    /// before it exited completes the wait that asks.
     fn peer_failure(&self, rank: u32) -> Option<String>;
 
     /// The host identity of `rank`.

@@ -226,18 +226,10 @@ impl Transport for Net {
 
     /// Reads whatever the peer of connection `c` has sent (data, credits) without blocking,
     /// unless its receiving thread is at it already: a waiting engine picks up messages as
-    /// soon as they arrive instead of waiting for that thread to be scheduled.
+    /// soon as they arrive instead of waiting for that thread to be scheduled
+    /// ([`Inner::poll_conn`]).
     fn poll(&self, c: u32) {
-        let p = match self.inner.dirs[c as usize] {
-            Dir::In(p) | Dir::Out(p) => p as usize,
-            Dir::Local => return,
-        };
-        if self.inner.peers[p].state.load(Ordering::Acquire) != ALIVE {
-            return;
-        }
-        for s in 0..self.inner.nsocks {
-            self.inner.pump_try(p, s);
-        }
+        self.inner.poll_conn(c);
     }
 
     /// A call failed: tell the other hosts now (the process may exit right away, before
@@ -271,12 +263,21 @@ impl Transport for Net {
         }
     }
 
-    /// `None` while `rank` (on another host) is alive, else why it is not.
+    /// `None` while `rank` (on another host) is alive, else why it is not. A failed peer's
+    /// sockets are read first ([`Inner::drain`], waiting for a thread that is reading them):
+    /// the wait that asks finds, when it looks again, a message that arrived before the
+    /// failure was noticed.
     fn peer_failure(&self, rank: u32) -> Option<String> {
-        let peer = self.inner.peers.iter().find(|p| p.rank == rank)?;
+        let (p, peer) = self
+            .inner
+            .peers
+            .iter()
+            .enumerate()
+            .find(|(_, p)| p.rank == rank)?;
         if peer.state.load(Ordering::Acquire) == ALIVE {
             return None;
         }
+        self.inner.drain(p);
         Some(
             peer.reason
                 .lock()

@@ -519,12 +519,52 @@ impl Inner {
     }
 }
 
+/// Writes a heartbeat unless the socket is full: then the peer has bytes of this rank
+/// unread, which its keeper counts as a sign of life, and waiting here for room (as long
+/// as the peer takes to read) would hold up the heartbeats to every other peer until they
+/// took this rank for dead. A frame begun is finished (within `limit`).
+fn beat_on(w: &mut TcpStream, beat: &[u8], limit: Duration) -> std::io::Result<()> {
+    match w.write(beat) {
+        Ok(0) => Err(std::io::ErrorKind::WriteZero.into()),
+        Ok(n) if n < beat.len() => {
+            let mut slices = [IoSlice::new(&beat[n..])];
+            write_all_nb(w, &mut slices, limit, &mut || {})
+        }
+        Ok(_) => Ok(()),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+            ) =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// A keeper that slept this much longer than it asked to was not running (its process
+/// stopped, or starved of CPU): see [`keeper_loop`].
+const KEEPER_STALL: Duration = Duration::from_secs(1);
+
 fn keeper_loop(inner: &Inner) {
     let mut last_beat = Instant::now();
     while !inner.leaving.load(Ordering::Acquire) {
+        let asleep = Instant::now();
         std::thread::park_timeout(HEARTBEAT_EVERY / 4);
         if inner.leaving.load(Ordering::Acquire) {
             break;
+        }
+        if asleep.elapsed() >= KEEPER_STALL {
+            // This rank did not run meanwhile (its process stopped, the machine swamped):
+            // its peers' heartbeats went unread and, most likely, were not sent either (a
+            // pause of the whole job). Silence this rank could not hear says nothing
+            // about them: their clocks restart now, and heartbeats go out at once.
+            let now = inner.now_ms();
+            for peer in &inner.peers {
+                peer.last_recv.fetch_max(now, Ordering::AcqRel);
+            }
+            last_beat = asleep;
         }
         inner.forward_abort();
         // Between calls nobody waits: hand over the credits still due.
@@ -541,8 +581,7 @@ fn keeper_loop(inner: &Inner) {
                 }
                 // A socket busy with a message proves liveness already.
                 if let Ok(mut w) = peer.socks[0].write.try_lock() {
-                    let mut slices = [IoSlice::new(&beat)];
-                    if let Err(e) = write_all_nb(&mut w, &mut slices, inner.silence, &mut || {}) {
+                    if let Err(e) = beat_on(&mut w, &beat, inner.silence) {
                         drop(w);
                         inner.fail(
                             p,

@@ -8,7 +8,7 @@ use super::proto::{self, Header, Tag};
 use super::stream::{Recv, RxState, Stage};
 use super::{ALIVE, HEARTBEAT_EVERY, Inner, Peer, wait_fd};
 use crate::engine::raise_abort;
-use crate::transport::Seg;
+use crate::transport::{Dir, Seg};
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -449,31 +449,60 @@ impl Inner {
         self.live_posts.store(0, Ordering::Release);
     }
 
-    /// Reads what every live peer has sent, without blocking, on the sockets no other
-    /// thread is reading right now.
+    /// Reads what every peer has sent, without blocking, on the sockets no other thread is
+    /// reading right now. Peers marked failed too (see [`Inner::poll_conn`]).
     pub(super) fn pump_all(&self) {
         for (p, peer) in self.peers.iter().enumerate() {
-            if peer.state.load(Ordering::Acquire) != ALIVE {
-                continue;
-            }
             for s in 0..peer.socks.len() {
                 self.pump_try(p, s);
             }
         }
     }
 
+    /// Reads what the peer of connection `c` has sent, without blocking, on the sockets no
+    /// other thread is reading right now.
+    ///
+    /// A peer marked failed is read too, until its stream ends: a rank that exits right
+    /// after its last message of a call (its bytes are with this host's kernel) is often
+    /// marked failed first by a write to it (the keeper's heartbeat, a credit: `EPIPE` once
+    /// its host answered with a reset), while this rank, behind, has yet to read that
+    /// message. Skipping it would fail a call over a message that arrived. Reading ends at
+    /// its end of stream or reset ([`Stage::Closed`]); a wait for a message it never sent
+    /// then reports the failure as before.
+    pub(super) fn poll_conn(&self, c: u32) {
+        let p = match self.dirs[c as usize] {
+            Dir::In(p) | Dir::Out(p) => p as usize,
+            Dir::Local => return,
+        };
+        for s in 0..self.nsocks {
+            self.pump_try(p, s);
+        }
+    }
+
     /// Pumps socket `s` of peer `p` unless another thread holds it; a failure marks the
     /// peer failed and wakes the socket's receiving thread so that it ends.
     pub(super) fn pump_try(&self, p: usize, s: usize) {
-        let sock = &self.peers[p].socks[s];
-        let Ok(mut rx) = sock.rx.try_lock() else {
+        let Ok(rx) = self.peers[p].socks[s].rx.try_lock() else {
             return;
         };
+        self.pump_held(p, s, rx);
+    }
+
+    /// Reads what peer `p`'s sockets hold now, waiting for a thread that is reading one: a
+    /// failed peer's last messages before [`Net::peer_failure`](super::Net) reports it.
+    pub(super) fn drain(&self, p: usize) {
+        for (s, sock) in self.peers[p].socks.iter().enumerate() {
+            self.pump_held(p, s, sock.rx.lock().unwrap_or_else(|e| e.into_inner()));
+        }
+    }
+
+    /// [`pump`] with the socket's parse state held.
+    fn pump_held(&self, p: usize, s: usize, mut rx: std::sync::MutexGuard<'_, RxState>) {
         if let Err(why) = pump(self, p, s, &mut rx) {
             rx.stage = Stage::Closed;
             drop(rx);
             self.fail(p, why);
-            let _ = sock.read.shutdown(Shutdown::Both);
+            let _ = self.peers[p].socks[s].read.shutdown(Shutdown::Both);
         }
     }
 }

@@ -193,6 +193,42 @@ fn a_valid_message_lands_in_its_slot_and_goodbye_is_not_a_failure() {
     assert_eq!(&slot[64..68], &[5, 6, 7, 8]);
 }
 
+/// Found by a CI run of `tests/multihost.rs` under load (3 hosts x 2, the last call): a rank
+/// sent its last message and exited; the root, behind, had the message in its socket but
+/// its keeper's heartbeat to the exited rank failed first (`EPIPE`) and marked it failed,
+/// and a failed peer was no longer read, so the root's wait for that message failed the
+/// call. A failed peer's socket is read until its stream ends.
+#[test]
+fn a_peer_marked_failed_by_a_write_is_still_read_to_its_end() {
+    let (mut peer, ours) = pair();
+    let inner = inner_with(ours);
+    let mut bytes = data(5, 0, &[(0, 4)]);
+    bytes.extend_from_slice(&[9, 8, 7, 6]);
+    peer.write_all(&bytes).unwrap();
+    // The peer exits without a goodbye (`process::exit`).
+    drop(peer);
+    {
+        use std::os::fd::AsRawFd;
+        wait_fd(
+            inner.peers[0].socks[0].read.as_raw_fd(),
+            libc::POLLIN,
+            Duration::from_secs(10),
+        );
+    }
+    inner.fail(0, "sending to rank 0 on host h0 failed: Broken pipe".into());
+    // The engine waits for message 0 of its incoming connection 1.
+    inner.poll_conn(1);
+    assert_eq!(inner.arena.sent(1).load(Ordering::Acquire), 1);
+    assert_eq!(&slot_bytes(&inner, 1, 0)[0..4], &[9, 8, 7, 6]);
+    // The stream ended: the reason stays the first one, and reading stops.
+    let reason = inner.peers[0].reason.lock().unwrap().clone();
+    assert!(reason.contains("Broken pipe"), "{reason}");
+    assert!(matches!(
+        inner.peers[0].socks[0].rx.lock().unwrap().stage,
+        Stage::Closed
+    ));
+}
+
 /// Found by review while writing the `frames` fuzz target (which now checks it): a credit
 /// frame for more messages than this rank sent was taken, so a peer could make the
 /// engine count free slots that do not exist (`send_seq - consumed` underflows: a panic
@@ -412,4 +448,24 @@ fn strangers_are_refused_and_the_real_peer_gets_in() {
         assert_eq!((got[0].0, got[0].1), (0, 0));
         assert_eq!(got[0].2.peer_addr().unwrap(), mine.local_addr().unwrap());
     });
+}
+
+/// A heartbeat to a peer that is not reading (its socket full of this rank's data) is
+/// skipped, not waited for: the keeper that waited held up the heartbeats to every other
+/// peer, which under load took this rank for dead ("nothing heard ... for 10 s").
+#[test]
+fn a_heartbeat_to_a_full_socket_is_skipped_not_waited_for() {
+    let (mut w, _peer_not_reading) = pair();
+    w.set_nonblocking(true).unwrap();
+    let chunk = vec![0u8; 1 << 16];
+    loop {
+        match w.write(&chunk) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let beat = Header::new(Tag::Heartbeat).encode();
+    // Waiting for room would fail after the limit: the peer takes nothing.
+    beat_on(&mut w, &beat, Duration::from_millis(100)).expect("skipped");
 }
