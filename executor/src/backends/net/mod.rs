@@ -580,18 +580,18 @@ fn keeper_loop(inner: &Inner) {
                     continue;
                 }
                 // A socket busy with a message proves liveness already.
-                if let Ok(mut w) = peer.socks[0].write.try_lock() {
-                    if let Err(e) = beat_on(&mut w, &beat, inner.silence) {
-                        drop(w);
-                        inner.fail(
-                            p,
-                            format!(
-                                "sending to rank {} on host {} failed: {e}",
-                                peer.rank, peer.host
-                            ),
-                        );
-                        continue;
-                    }
+                if let Ok(mut w) = peer.socks[0].write.try_lock()
+                    && let Err(e) = beat_on(&mut w, &beat, inner.silence)
+                {
+                    drop(w);
+                    inner.fail(
+                        p,
+                        format!(
+                            "sending to rank {} on host {} failed: {e}",
+                            peer.rank, peer.host
+                        ),
+                    );
+                    continue;
                 }
                 // Bytes waiting unread (an engine busy elsewhere) prove liveness too.
                 if peer.socks.iter().any(|s| bytes_waiting(&s.read)) {

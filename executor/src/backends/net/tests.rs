@@ -457,12 +457,23 @@ fn strangers_are_refused_and_the_real_peer_gets_in() {
 fn a_heartbeat_to_a_full_socket_is_skipped_not_waited_for() {
     let (mut w, _peer_not_reading) = pair();
     w.set_nonblocking(true).unwrap();
-    let chunk = vec![0u8; 1 << 16];
-    loop {
-        match w.write(&chunk) {
+    // Full for good: not a byte more fits, even after the peer's kernel acknowledged what
+    // it took (a small write fits where `POLLOUT` is not signalled yet).
+    let fill = |w: &mut TcpStream, len: usize| loop {
+        match w.write(&vec![0u8; len]) {
             Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+            Err(e) => panic!("{e}"),
+        }
+    };
+    loop {
+        fill(&mut w, 1 << 16);
+        fill(&mut w, proto::HEADER);
+        std::thread::sleep(Duration::from_millis(300));
+        match w.write(&[0u8; proto::HEADER]) {
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
             Err(e) => panic!("{e}"),
+            Ok(_) => {}
         }
     }
     let beat = Header::new(Tag::Heartbeat).encode();
