@@ -192,6 +192,11 @@ pub(crate) struct EngineState {
     net: Option<std::sync::Arc<dyn Transport>>,
     /// Per connection: [`LOCAL`], [`NET_OUT`] or [`NET_IN`].
     remote: Vec<u8>,
+    /// Messages a network connection may have in flight ([`Transport::window`]).
+    net_window: u64,
+    /// Per connection from another host: 1 + the message whose receiving step last offered
+    /// its destinations ([`Transport::post`]), and whether the transport took the offer.
+    offered: Vec<(u64, bool)>,
     /// This call's [`Ctx::checksum`], [`Ctx::rank`] and [`Ctx::call`].
     checksum: bool,
     me: u32,
@@ -267,6 +272,8 @@ impl EngineState {
             spin: 0,
             net: None,
             remote: vec![LOCAL; nconns],
+            net_window: CONNECTION_SLOTS as u64,
+            offered: vec![(0, false); nconns],
             checksum: false,
             me: 0,
             call: None,
@@ -285,6 +292,7 @@ impl EngineState {
                 Dir::In(_) => NET_IN,
             };
         }
+        self.net_window = net.window().max(CONNECTION_SLOTS as u64);
         self.net = Some(net);
     }
 
@@ -325,7 +333,13 @@ impl EngineState {
     #[inline]
     fn can_send(&mut self, arena: &Arena, c: u32, ll: bool) -> bool {
         let c_ = c as usize;
-        let depth = if ll { LL_SLOTS } else { CONNECTION_SLOTS } as u64;
+        let depth = if ll {
+            LL_SLOTS as u64
+        } else if self.remote[c_] == NET_OUT {
+            self.net_window
+        } else {
+            CONNECTION_SLOTS as u64
+        };
         if self.send_seq[c_] - self.peer_consumed[c_] < depth {
             return true;
         }
@@ -599,6 +613,9 @@ impl EngineState {
                     None
                 }
                 Kind::Recv | Kind::RecvReduceCopy => {
+                    if ins.kind == Kind::Recv && self.remote[ins.rconn as usize] == NET_IN {
+                        self.offer(ins, geo, bufs);
+                    }
                     if !self.can_recv(arena, ins.rconn, ll_in) {
                         return Some((ins.recv_peer, RECV));
                     }
@@ -610,6 +627,11 @@ impl EngineState {
                 }
                 Kind::RecvCopySend | Kind::RecvReduceCopySend => {
                     if self.phase[s] == 0 {
+                        if ins.kind == Kind::RecvCopySend
+                            && self.remote[ins.rconn as usize] == NET_IN
+                        {
+                            self.offer(ins, geo, bufs);
+                        }
                         if !self.can_recv(arena, ins.rconn, ll_in) {
                             return Some((ins.recv_peer, RECV));
                         }
@@ -814,9 +836,12 @@ impl EngineState {
     fn check(&mut self, arena: &Arena, c: u32, ll: bool, bytes: usize) -> bool {
         let seq = self.recv_seq[c as usize];
         if self.remote[c as usize] == NET_IN {
-            if self.checksum
-                && arena.crc(c, seq).load(Ordering::Acquire) == crate::arena::corrupt_mark(seq)
-            {
+            let landed = self.net.as_ref().and_then(|n| n.landed(c, seq));
+            let (crc, (num, print)) = match &landed {
+                Some(l) => (l.crc, l.call),
+                None => (arena.crc(c, seq), arena.peer_call(c, seq)),
+            };
+            if self.checksum && crc.load(Ordering::Acquire) == crate::arena::corrupt_mark(seq) {
                 self.refused = Some(Refused::Corrupt(
                     seq,
                     "a part failed its CRC32C on arrival from the network".into(),
@@ -824,7 +849,6 @@ impl EngineState {
                 return false;
             }
             if let Some(mine) = self.call {
-                let (num, print) = arena.peer_call(c, seq);
                 let theirs = (num.load(Ordering::Relaxed), print.load(Ordering::Relaxed));
                 // A sender that compares no calls sends none (number 0).
                 if theirs.0 != 0 && theirs != mine {
@@ -900,6 +924,11 @@ impl EngineState {
         if ll {
             return (arena.ll_data(c, seq), usize::MAX);
         }
+        if self.remote[c as usize] == NET_IN
+            && let Some(l) = self.net.as_ref().and_then(|n| n.landed(c, seq))
+        {
+            return (l.data, usize::MAX);
+        }
         if !sc {
             return (arena.slot(c, seq), usize::MAX);
         }
@@ -948,6 +977,38 @@ impl EngineState {
         }
     }
 
+    /// Offers the destinations of copying receive step `ins` (its chunks at `ins.dst`) for
+    /// the next message of its connection from another host, once per message and only
+    /// while the message is not known to be here: the transport may then write it there
+    /// straight from the socket ([`Transport::post`]), and the step copies nothing. The step
+    /// is at the head of its stream with its dependencies done, so its destination is its
+    /// own to write from now on, exactly as if it ran now.
+    #[inline(never)]
+    fn offer(&mut self, ins: &Instr, geo: &Geometry, bufs: &Bufs) {
+        let c = ins.rconn as usize;
+        let seq = self.recv_seq[c];
+        let stride = geo.maxc * geo.esize;
+        if seq < self.peer_sent[c]
+            || self.offered[c].0 == seq + 1
+            || (ins.count as usize) * stride < POST_MIN
+        {
+            return;
+        }
+        let Some(net) = &self.net else { return };
+        let ranges: Vec<Seg> = (0..ins.count)
+            .map(|i| {
+                let (p, l) = Self::loc(geo, bufs, ins.dst, i);
+                Seg {
+                    off: i as usize * stride,
+                    ptr: p,
+                    len: l * geo.esize,
+                }
+            })
+            .collect();
+        let taken = net.post(ins.rconn, seq, ranges);
+        self.offered[c] = (seq + 1, taken);
+    }
+
     /// Receives the next message of `ins.rconn` into `ins.dst` (reducing with `ins.src` for
     /// the reducing kinds) and frees the slot.
     ///
@@ -962,6 +1023,17 @@ impl EngineState {
         bufs: &Bufs,
         k: &Kernels,
     ) {
+        let c = ins.rconn as usize;
+        if self.offered[c] == (self.recv_seq[c] + 1, true) {
+            self.offered[c].1 = false;
+            if let Some(net) = &self.net
+                && net.take_post(ins.rconn, self.recv_seq[c])
+            {
+                // The transport wrote the message to the step's destinations.
+                self.consume(arena, ins.rconn);
+                return;
+            }
+        }
         let es = geo.esize;
         let stride = geo.maxc * es;
         let ll = self.ll(geo, ins.rconn);
@@ -983,6 +1055,10 @@ impl EngineState {
         self.consume(arena, ins.rconn);
     }
 }
+
+/// Messages from other hosts smaller than this (at most) are not posted for (see
+/// [`EngineState::offer`]): the copy they save costs less than the offer.
+const POST_MIN: usize = 16 * 1024;
 
 /// Pointer messages smaller than this are copied into the slot (the bookkeeping would cost
 /// more than the copy).

@@ -99,7 +99,7 @@ pub(crate) fn fuzz_frames(input: &[u8]) -> std::result::Result<(), String> {
             let sent = inner.arena.sent(c).load(Ordering::Acquire);
             let consumed = inner.arena.consumed(c).load(Ordering::Acquire);
             assert!(
-                sent <= consumed + hccl_ir::CONNECTION_SLOTS as u64,
+                sent <= consumed + inner.window as u64,
                 "connection {c}: {sent} messages published, {consumed} consumed"
             );
             // The local receiver frees what was published.

@@ -5,7 +5,7 @@ use super::proto::{self, Header, Tag};
 #[cfg(feature = "rdma")]
 use super::rdma;
 use super::{ALIVE, DEAD, Inner, PartJob, write_frame, write_part_on};
-use crate::transport::{Dir, Seg, Transport};
+use crate::transport::{Dir, Landed, Seg, Transport};
 use std::net::Shutdown;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, mpsc};
@@ -137,6 +137,61 @@ impl Transport for Net {
         }
     }
 
+    /// Over TCP the receiver's inbox is `inbox::window` messages deep; over RDMA the
+    /// remote writes land in the shared region's [`hccl_ir::CONNECTION_SLOTS`] slots.
+    fn window(&self) -> u64 {
+        #[cfg(feature = "rdma")]
+        if self.ib.is_some() {
+            return hccl_ir::CONNECTION_SLOTS as u64;
+        }
+        self.inner.window as u64
+    }
+
+    /// Messages from the peer land in the connection's inbox over TCP.
+    fn landed(&self, c: u32, seq: u64) -> Option<Landed<'_>> {
+        #[cfg(feature = "rdma")]
+        if self.ib.is_some() {
+            return None;
+        }
+        let b = self.inner.inboxes.get(c as usize)?.as_ref()?;
+        Some(Landed {
+            data: b.slot(seq),
+            crc: b.crc(seq),
+            call: b.peer_call(seq),
+        })
+    }
+
+    /// Offers the receiving step's destinations to the message's reassembly (TCP only: over
+    /// RDMA the remote writes land in the shared region).
+    fn post(&self, c: u32, seq: u64, ranges: Vec<Seg>) -> bool {
+        #[cfg(feature = "rdma")]
+        if self.ib.is_some() {
+            return false;
+        }
+        let Some(Some(inb)) = self.inner.inbound.get(c as usize) else {
+            return false;
+        };
+        let taken = inb.post(seq, ranges);
+        if taken {
+            self.inner.live_posts.fetch_add(1, Ordering::AcqRel);
+        }
+        taken
+    }
+
+    fn take_post(&self, c: u32, seq: u64) -> bool {
+        let Some(Some(inb)) = self.inner.inbound.get(c as usize) else {
+            return false;
+        };
+        if self.inner.live_posts.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        let Some(landed) = inb.take_post(seq) else {
+            return false;
+        };
+        self.inner.live_posts.fetch_sub(1, Ordering::AcqRel);
+        landed
+    }
+
     /// Records that `consumed` messages of connection `c` (direction `In`) are consumed;
     /// the credit reaches the sender with the next data written to it, or when this rank
     /// waits ([`Net::flush_credits`]). Failures are left to the receiving side, which tells
@@ -171,18 +226,10 @@ impl Transport for Net {
 
     /// Reads whatever the peer of connection `c` has sent (data, credits) without blocking,
     /// unless its receiving thread is at it already: a waiting engine picks up messages as
-    /// soon as they arrive instead of waiting for that thread to be scheduled.
+    /// soon as they arrive instead of waiting for that thread to be scheduled
+    /// ([`Inner::poll_conn`]).
     fn poll(&self, c: u32) {
-        let p = match self.inner.dirs[c as usize] {
-            Dir::In(p) | Dir::Out(p) => p as usize,
-            Dir::Local => return,
-        };
-        if self.inner.peers[p].state.load(Ordering::Acquire) != ALIVE {
-            return;
-        }
-        for s in 0..self.inner.nsocks {
-            self.inner.pump_try(p, s);
-        }
+        self.inner.poll_conn(c);
     }
 
     /// A call failed: tell the other hosts now (the process may exit right away, before
@@ -211,14 +258,26 @@ impl Transport for Net {
     /// would cost two context switches per call).
     fn end_call(&self) {
         self.inner.active.store(false, Ordering::Release);
+        if self.inner.live_posts.load(Ordering::Acquire) > 0 {
+            self.inner.revoke_posts();
+        }
     }
 
-    /// `None` while `rank` (on another host) is alive, else why it is not.
+    /// `None` while `rank` (on another host) is alive, else why it is not. A failed peer's
+    /// sockets are read first ([`Inner::drain`], waiting for a thread that is reading them):
+    /// the wait that asks finds, when it looks again, a message that arrived before the
+    /// failure was noticed.
     fn peer_failure(&self, rank: u32) -> Option<String> {
-        let peer = self.inner.peers.iter().find(|p| p.rank == rank)?;
+        let (p, peer) = self
+            .inner
+            .peers
+            .iter()
+            .enumerate()
+            .find(|(_, p)| p.rank == rank)?;
         if peer.state.load(Ordering::Acquire) == ALIVE {
             return None;
         }
+        self.inner.drain(p);
         Some(
             peer.reason
                 .lock()

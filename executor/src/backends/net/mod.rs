@@ -14,8 +14,10 @@
 //! - Incoming bytes are parsed by whoever holds the socket's parse state (`pump`): during
 //!   a call the engine, whenever it waits (no wake-up latency); between calls the socket's
 //!   receiving thread, which sleeps through calls (a wake-up per message would cost two
-//!   context switches on the cores the ranks run on). A message lands in the receiver's
-//!   ring slot and is published with the same Release store a local sender would make.
+//!   context switches on the cores the ranks run on). A message lands in the connection's
+//!   inbox (`inbox`: a ring of `window` slots in the receiving rank's memory, deeper than
+//!   the shared region's) and is published with the same Release store a local sender
+//!   would make; the engine reads it there ([`crate::transport::Transport::landed`]).
 //! - Freeing a slot records a credit; it rides in the same `writev` as the next data for
 //!   that peer, and is written on its own only when the rank waits or is idle. See
 //!   `proto` for the credit window that keeps every slot reserved before its bytes arrive.
@@ -24,9 +26,9 @@
 //! runs exactly when it has data to send or waits for data, so doing the socket work there
 //! needs no polling thread, no extra copy and no wake-up latency. The IR's semantics hold:
 //! messages of a connection stay in order, a send needs only a free slot (credit), and a
-//! schedule proven deadlock-free stays so (a network connection buffers up to
-//! `2 × CONNECTION_SLOTS` messages, which for determinate programs can only remove waits,
-//! never add them).
+//! schedule proven deadlock-free stays so (a network connection buffers up to `window`
+//! messages, at least `CONNECTION_SLOTS`, which for determinate programs can only remove
+//! waits, never add them).
 //!
 //! # Sockets and threads
 //!
@@ -43,6 +45,7 @@
 pub(crate) mod fuzz;
 mod handle;
 pub mod iface;
+pub(crate) mod inbox;
 pub(crate) mod proto;
 mod pump;
 #[cfg(feature = "rdma")]
@@ -181,6 +184,12 @@ struct Inner {
     dirs: Vec<Dir>,
     wires: Wires,
     inbound: Vec<Option<Inbound>>,
+    /// Per connection this rank receives on: where its messages land over TCP.
+    inboxes: Vec<Option<inbox::Inbox>>,
+    /// Messages a TCP connection may have in flight ([`inbox::window`]).
+    window: usize,
+    /// Posts of receiving steps not yet withdrawn (`Transport::post`).
+    live_posts: AtomicUsize,
     slot_bytes: usize,
     nsocks: usize,
     /// Data parts this rank sends carry a CRC32C ([`proto::FLAG_CRC`]).
@@ -368,9 +377,14 @@ impl Inner {
                 in_conns[*p as usize].push(c as u32);
             }
         }
+        let window = inbox::window(slot_bytes);
         let inbound = dirs
             .iter()
-            .map(|d| matches!(d, Dir::In(_)).then(Inbound::default))
+            .map(|d| matches!(d, Dir::In(_)).then(|| Inbound::new(window)))
+            .collect();
+        let inboxes = dirs
+            .iter()
+            .map(|d| matches!(d, Dir::In(_)).then(|| inbox::Inbox::new(window, slot_bytes)))
             .collect();
         let counters = || (0..dirs.len()).map(|_| AtomicU64::new(0)).collect();
         let wires = Wires::new(&dirs, channels, peers.len());
@@ -382,6 +396,9 @@ impl Inner {
             arena,
             peers,
             inbound,
+            inboxes,
+            window,
+            live_posts: AtomicUsize::new(0),
             slot_bytes,
             nsocks,
             checksum,
@@ -502,12 +519,52 @@ impl Inner {
     }
 }
 
+/// Writes a heartbeat unless the socket is full: then the peer has bytes of this rank
+/// unread, which its keeper counts as a sign of life, and waiting here for room (as long
+/// as the peer takes to read) would hold up the heartbeats to every other peer until they
+/// took this rank for dead. A frame begun is finished (within `limit`).
+fn beat_on(w: &mut TcpStream, beat: &[u8], limit: Duration) -> std::io::Result<()> {
+    match w.write(beat) {
+        Ok(0) => Err(std::io::ErrorKind::WriteZero.into()),
+        Ok(n) if n < beat.len() => {
+            let mut slices = [IoSlice::new(&beat[n..])];
+            write_all_nb(w, &mut slices, limit, &mut || {})
+        }
+        Ok(_) => Ok(()),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+            ) =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// A keeper that slept this much longer than it asked to was not running (its process
+/// stopped, or starved of CPU): see [`keeper_loop`].
+const KEEPER_STALL: Duration = Duration::from_secs(1);
+
 fn keeper_loop(inner: &Inner) {
     let mut last_beat = Instant::now();
     while !inner.leaving.load(Ordering::Acquire) {
+        let asleep = Instant::now();
         std::thread::park_timeout(HEARTBEAT_EVERY / 4);
         if inner.leaving.load(Ordering::Acquire) {
             break;
+        }
+        if asleep.elapsed() >= KEEPER_STALL {
+            // This rank did not run meanwhile (its process stopped, the machine swamped):
+            // its peers' heartbeats went unread and, most likely, were not sent either (a
+            // pause of the whole job). Silence this rank could not hear says nothing
+            // about them: their clocks restart now, and heartbeats go out at once.
+            let now = inner.now_ms();
+            for peer in &inner.peers {
+                peer.last_recv.fetch_max(now, Ordering::AcqRel);
+            }
+            last_beat = asleep;
         }
         inner.forward_abort();
         // Between calls nobody waits: hand over the credits still due.
@@ -523,19 +580,18 @@ fn keeper_loop(inner: &Inner) {
                     continue;
                 }
                 // A socket busy with a message proves liveness already.
-                if let Ok(mut w) = peer.socks[0].write.try_lock() {
-                    let mut slices = [IoSlice::new(&beat)];
-                    if let Err(e) = write_all_nb(&mut w, &mut slices, inner.silence, &mut || {}) {
-                        drop(w);
-                        inner.fail(
-                            p,
-                            format!(
-                                "sending to rank {} on host {} failed: {e}",
-                                peer.rank, peer.host
-                            ),
-                        );
-                        continue;
-                    }
+                if let Ok(mut w) = peer.socks[0].write.try_lock()
+                    && let Err(e) = beat_on(&mut w, &beat, inner.silence)
+                {
+                    drop(w);
+                    inner.fail(
+                        p,
+                        format!(
+                            "sending to rank {} on host {} failed: {e}",
+                            peer.rank, peer.host
+                        ),
+                    );
+                    continue;
                 }
                 // Bytes waiting unread (an engine busy elsewhere) prove liveness too.
                 if peer.socks.iter().any(|s| bytes_waiting(&s.read)) {

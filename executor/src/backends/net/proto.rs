@@ -6,10 +6,12 @@
 //! # Credits
 //!
 //! A network connection `(from, to, channel)` has a ring on both hosts: the sender's host
-//! ring only counts (its `consumed` word is the last credit received), the receiver's host
-//! ring holds the data. Message `k` may be sent once `k < consumed + CONNECTION_SLOTS`, that
-//! is when the receiver has freed slot `k % CONNECTION_SLOTS`; the receiver returns a credit
-//! (its new `consumed`) each time it frees a slot. So an incoming part always has a free,
+//! ring only counts (its `consumed` word is the last credit received), the receiver's ring
+//! holds the data (over TCP a ring of `window` slots in the receiving rank's memory, see
+//! `inbox`; over RDMA the connection's [`CONNECTION_SLOTS`] slots of the shared region).
+//! Message `k` may be sent once `k < consumed + window`, that is when the receiver has
+//! freed slot `k % window`; the receiver returns a credit (its new `consumed`) each time it
+//! frees a slot. So an incoming part always has a free,
 //! reserved slot to land in, the receiving thread never waits for the engine, and several
 //! connections can share one socket without head-of-line blocking.
 
@@ -214,45 +216,118 @@ pub(crate) fn check_segments(
 }
 
 /// Reassembly state of one incoming network connection.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Inbound {
     state: Mutex<InState>,
 }
 
-#[derive(Debug, Default, Clone, Copy)]
+impl Default for Inbound {
+    /// For a window of [`CONNECTION_SLOTS`] messages.
+    fn default() -> Inbound {
+        Inbound::new(CONNECTION_SLOTS)
+    }
+}
+
+#[derive(Debug, Default)]
 struct InState {
     /// Messages completely received and published.
     published: u64,
-    /// Per slot: the message being assembled there (seq, parts expected, parts begun,
-    /// parts done).
-    slots: [(u64, u32, u32, u32); CONNECTION_SLOTS],
+    /// Per message of the window (`seq % len`): the message being assembled there (seq,
+    /// parts expected, parts begun, parts done).
+    slots: Vec<(u64, u32, u32, u32)>,
+    /// Where the receiving step wants a message that has not begun to arrive (see
+    /// [`Inbound::post`]).
+    post: Option<Post>,
+}
+
+/// A receiving step's destinations for message `seq`: the bytes at `off..off + len` of the
+/// message land at `ptr` instead of the slot (see [`Inbound::post`]).
+#[derive(Debug)]
+struct Post {
+    seq: u64,
+    ranges: Vec<Seg>,
+    /// A part of the message has begun to land by it.
+    claimed: bool,
 }
 
 impl Inbound {
+    /// For windows of up to `depth` messages.
+    pub(crate) fn new(depth: usize) -> Inbound {
+        Inbound {
+            state: Mutex::new(InState {
+                published: 0,
+                slots: vec![(0, 0, 0, 0); depth.max(1)],
+                post: None,
+            }),
+        }
+    }
+
+    /// The step that will receive message `seq` copies it without reducing: its bytes at
+    /// `off..off + len` of the message may land at `ptr` of each range (sorted by `off`,
+    /// inside the slot) instead of the slot. Taken only while no part of the message has
+    /// begun, so a message lands either all by the post or all in its slot. Whether it was
+    /// taken.
+    pub(crate) fn post(&self, seq: u64, ranges: Vec<Seg>) -> bool {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let depth = st.slots.len() as u64;
+        let (s, parts, _, _) = st.slots[(seq % depth) as usize];
+        if seq < st.published || (s == seq && parts > 0) || st.post.is_some() {
+            return false;
+        }
+        st.post = Some(Post {
+            seq,
+            ranges,
+            claimed: false,
+        });
+        true
+    }
+
+    /// The post of message `seq` is withdrawn (its step runs now, the message published):
+    /// whether the message landed by it; `None` when there was no such post.
+    pub(crate) fn take_post(&self, seq: u64) -> Option<bool> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        match st.post.take() {
+            Some(p) if p.seq == seq => Some(p.claimed),
+            other => {
+                st.post = other;
+                None
+            }
+        }
+    }
+
+    /// Withdraws any post (the call ends); whether there was one.
+    pub(crate) fn revoke(&self) -> bool {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.post.take().is_some()
+    }
+
     /// A part of message `seq` (of `parts` parts) is about to be written into its slot;
-    /// `consumed` is how many messages the local receiver has freed. Refuses parts outside
-    /// the credit window or inconsistent with earlier parts of the same message.
+    /// `consumed` is how many messages the local receiver has freed, `window` how many past
+    /// it may be in flight (at most the depth this was made for). Refuses parts outside the
+    /// credit window or inconsistent with earlier parts of the same message. Returns the
+    /// message's posted destinations ([`Inbound::post`]; empty: none).
     pub(crate) fn begin(
         &self,
         seq: u64,
         parts: u32,
         max_parts: u32,
-        consumed: u64,
-    ) -> Result<(), String> {
+        (consumed, window): (u64, usize),
+    ) -> Result<Vec<Seg>, String> {
         if parts == 0 || parts > max_parts {
             return Err(format!(
                 "message split into {parts} parts (at most {max_parts})"
             ));
         }
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if seq < st.published || seq >= consumed + CONNECTION_SLOTS as u64 {
+        let depth = st.slots.len() as u64;
+        let end = consumed.saturating_add((window as u64).min(depth));
+        if seq < st.published || seq >= end {
             return Err(format!(
-                "message {seq} outside the credit window [{}, {})",
+                "message {seq} outside the credit window [{}, {end})",
                 st.published.max(consumed),
-                consumed + CONNECTION_SLOTS as u64
             ));
         }
-        let slot = &mut st.slots[(seq % CONNECTION_SLOTS as u64) as usize];
+        let slot = &mut st.slots[(seq % depth) as usize];
         if slot.1 == 0 {
             *slot = (seq, parts, 1, 0);
         } else if slot.0 == seq && slot.1 == parts && slot.2 < parts {
@@ -263,7 +338,13 @@ impl Inbound {
                 slot.0, slot.1
             ));
         }
-        Ok(())
+        Ok(match &mut st.post {
+            Some(p) if p.seq == seq => {
+                p.claimed = true;
+                p.ranges.clone()
+            }
+            _ => Vec::new(),
+        })
     }
 
     /// A part of message `seq` has been written; returns the new count of published
@@ -271,13 +352,14 @@ impl Inbound {
     /// the ring's `sent` word with Release ordering), else `None`.
     pub(crate) fn end(&self, seq: u64) -> Option<u64> {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let i = (seq % CONNECTION_SLOTS as u64) as usize;
+        let depth = st.slots.len() as u64;
+        let i = (seq % depth) as usize;
         if st.slots[i].0 == seq && st.slots[i].1 > 0 {
             st.slots[i].3 += 1;
         }
         let before = st.published;
         loop {
-            let i = (st.published % CONNECTION_SLOTS as u64) as usize;
+            let i = (st.published % depth) as usize;
             let (s, want, _, done) = st.slots[i];
             if want > 0 && s == st.published && done == want {
                 st.slots[i] = (0, 0, 0, 0);
@@ -396,26 +478,79 @@ mod tests {
     fn reassembly_publishes_in_order_within_the_credit_window() {
         let inb = Inbound::default();
         // Two messages in flight, the second completes first.
-        inb.begin(0, 2, 4, 0).unwrap();
-        inb.begin(1, 1, 4, 0).unwrap();
+        inb.begin(0, 2, 4, (0, 2)).unwrap();
+        inb.begin(1, 1, 4, (0, 2)).unwrap();
         assert_eq!(inb.end(1), None);
-        inb.begin(0, 2, 4, 0).unwrap();
+        inb.begin(0, 2, 4, (0, 2)).unwrap();
         assert_eq!(inb.end(0), None);
         assert_eq!(inb.end(0), Some(2));
         // Message 2 needs slot 0 freed: consumed must have reached 1.
-        assert!(inb.begin(2, 1, 4, 0).is_err());
-        inb.begin(2, 1, 4, 1).unwrap();
+        assert!(inb.begin(2, 1, 4, (0, 2)).is_err());
+        inb.begin(2, 1, 4, (1, 2)).unwrap();
         // A third part of a two-part message, a replayed message and a bad part count fail.
-        assert!(inb.begin(1, 1, 4, 1).is_err());
+        assert!(inb.begin(1, 1, 4, (1, 2)).is_err());
         assert!(
-            inb.begin(2, 1, 4, 1).is_err(),
+            inb.begin(2, 1, 4, (1, 2)).is_err(),
             "a second begin of a one-part message"
         );
-        assert!(inb.begin(3, 0, 4, 2).is_err());
-        assert!(inb.begin(3, 5, 4, 2).is_err());
-        inb.begin(3, 1, 4, 2).unwrap();
-        assert!(inb.begin(3, 2, 4, 2).is_err());
+        assert!(inb.begin(3, 0, 4, (2, 2)).is_err());
+        assert!(inb.begin(3, 5, 4, (2, 2)).is_err());
+        inb.begin(3, 1, 4, (2, 2)).unwrap();
+        assert!(inb.begin(3, 2, 4, (2, 2)).is_err());
         assert_eq!(inb.end(3), None);
         assert_eq!(inb.end(2), Some(4));
+    }
+
+    #[test]
+    fn a_deeper_window_takes_more_messages_but_never_past_its_depth() {
+        let inb = Inbound::new(4);
+        for seq in 0..4 {
+            inb.begin(seq, 1, 1, (0, 4)).unwrap();
+        }
+        assert!(inb.begin(4, 1, 1, (0, 4)).is_err(), "past the window");
+        assert_eq!(inb.end(3), None);
+        assert_eq!(inb.end(1), None);
+        assert_eq!(inb.end(0), Some(2));
+        assert_eq!(inb.end(2), Some(4));
+        assert!(
+            inb.begin(4, 1, 1, (1, 9)).is_ok(),
+            "a window wider than the depth is cut"
+        );
+        assert!(inb.begin(5, 1, 1, (1, 9)).is_err());
+        assert_eq!(inb.end(4), Some(5));
+        // The same depth under a window of two refuses the third message in flight.
+        let narrow = Inbound::new(4);
+        narrow.begin(1, 1, 1, (0, 2)).unwrap();
+        assert!(narrow.begin(2, 1, 1, (0, 2)).is_err());
+    }
+
+    #[test]
+    fn a_post_is_taken_only_before_its_message_begins_and_withdrawn_once() {
+        let inb = Inbound::new(4);
+        let ranges = vec![seg(0, 8), seg(64, 8)];
+        assert!(inb.post(0, ranges.clone()));
+        assert!(!inb.post(1, ranges.clone()), "one post at a time");
+        // Message 1 arrives first: no post applies to it.
+        assert!(inb.begin(1, 1, 1, (0, 4)).unwrap().is_empty());
+        assert_eq!(inb.end(1), None);
+        // Both parts of message 0 land by the post.
+        assert_eq!(inb.begin(0, 2, 2, (0, 4)).unwrap().len(), 2);
+        assert_eq!(inb.begin(0, 2, 2, (0, 4)).unwrap().len(), 2);
+        assert_eq!(inb.take_post(1), None, "another message's post stays");
+        let _ = inb.end(0);
+        assert_eq!(inb.end(0), Some(2));
+        assert_eq!(inb.take_post(0), Some(true));
+        assert_eq!(inb.take_post(0), None, "withdrawn once");
+        // A message already arriving, or already published, takes no post.
+        inb.begin(2, 2, 2, (2, 4)).unwrap();
+        assert!(!inb.post(2, ranges.clone()));
+        assert!(!inb.post(1, ranges.clone()));
+        // A post never claimed is withdrawn unclaimed; a revoked one is gone.
+        assert!(inb.post(3, ranges.clone()));
+        assert_eq!(inb.take_post(3), Some(false));
+        assert!(inb.post(3, ranges));
+        assert!(inb.revoke());
+        assert!(!inb.revoke());
+        assert!(inb.begin(3, 1, 1, (2, 4)).unwrap().is_empty());
     }
 }

@@ -8,8 +8,9 @@ use super::proto::{self, Header, Tag};
 use super::stream::{Recv, RxState, Stage};
 use super::{ALIVE, HEARTBEAT_EVERY, Inner, Peer, wait_fd};
 use crate::engine::raise_abort;
+use crate::transport::{Dir, Seg};
 use std::net::Shutdown;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 pub(super) fn receive_loop(inner: &Inner, p: usize, s: usize) {
     let res = receive(inner, p, s);
@@ -163,19 +164,18 @@ pub(super) fn pump_from(
                 }
                 rx.stage = begin_payload(inner, p, *h, table)?;
             }
-            Stage::Payload(h, segs, i, done, crc) => {
+            Stage::Payload(h, segs, i, done, crc, direct) => {
                 if *i < segs.len() {
                     let (off, len) = segs[*i];
-                    let slot = inner.arena.slot(h.conn, h.seq);
+                    let slot = inner.in_slot(h.conn, h.seq);
+                    let (at, n) = route(direct, slot, off as usize + *done, len as usize - *done);
                     // SAFETY: the credit window reserves this slot for message `seq` (its
                     // previous message was consumed: `Inbound::begin` checked), and the
-                    // segment lies inside the slot (`check_segments`).
-                    let dst = unsafe {
-                        std::slice::from_raw_parts_mut(
-                            slot.add(off as usize + *done),
-                            len as usize - *done,
-                        )
-                    };
+                    // segment lies inside the slot (`check_segments`); or the bytes are
+                    // inside a destination the receiving step posted (`route`), memory of
+                    // its call that nothing else touches until the step runs (a post is
+                    // withdrawn under this socket's parse lock when the call ends).
+                    let dst = unsafe { std::slice::from_raw_parts_mut(at, n) };
                     if !dst.is_empty() {
                         match rx.ahead.read(sock, dst) {
                             Ok(None) => {
@@ -203,7 +203,7 @@ pub(super) fn pump_from(
                 if h.flags & proto::FLAG_CALL == 0 {
                     // No call to compare: a word left by an earlier message must not pass
                     // for this one's.
-                    let (num, _) = inner.arena.peer_call(h.conn, h.seq);
+                    let (num, _) = inner.in_call(h.conn, h.seq);
                     num.store(0, Ordering::Relaxed);
                 }
                 if h.flags != 0 {
@@ -337,9 +337,29 @@ fn begin_payload(
         .as_ref()
         .ok_or_else(|| bad("no inbound state".into()))?;
     let consumed = inner.arena.consumed(c as u32).load(Ordering::Acquire);
-    inb.begin(h.seq, h.a, inner.nsocks as u32, consumed)
+    let direct = inb
+        .begin(h.seq, h.a, inner.nsocks as u32, (consumed, inner.window))
         .map_err(bad)?;
-    Ok(Stage::Payload(h, segs, 0, 0, 0))
+    Ok(Stage::Payload(h, segs, 0, 0, 0, direct))
+}
+
+/// Where the message bytes from `pos` on (`want` of them) land: inside a posted destination
+/// of `direct` (sorted by offset) up to its end, else in the slot up to the next one. The
+/// address and how many bytes may go there.
+#[inline]
+fn route(direct: &[Seg], slot: *mut u8, pos: usize, want: usize) -> (*mut u8, usize) {
+    let mut until = usize::MAX;
+    for d in direct {
+        if pos < d.off {
+            until = d.off;
+            break;
+        }
+        if pos < d.off + d.len {
+            let n = want.min(d.off + d.len - pos);
+            return (d.ptr.cast_mut().wrapping_add(pos - d.off), n);
+        }
+    }
+    (slot.wrapping_add(pos), want.min(until - pos))
 }
 
 /// The trailer of data part `h` from peer `p` is in (`bytes`): a checksum that differs
@@ -362,13 +382,12 @@ fn end_trailer(inner: &Inner, p: usize, h: &Header, crc: u32, bytes: &[u8]) {
             "a data part failed its CRC32C: {crc:08x} received, {sent:08x} sent"
         );
         inner
-            .arena
-            .crc(c, seq)
+            .in_crc(c, seq)
             .store(crate::arena::corrupt_mark(seq), Ordering::Relaxed);
     }
     if let Some((number, print)) = call {
         // The receiving step compares it with its own call (see `Arena::peer_call`).
-        let (num, word) = inner.arena.peer_call(c, seq);
+        let (num, word) = inner.in_call(c, seq);
         num.store(number, Ordering::Relaxed);
         word.store(print, Ordering::Relaxed);
     }
@@ -386,31 +405,104 @@ fn part_done(inner: &Inner, from: u32, c: u32, seq: u64) {
 }
 
 impl Inner {
-    /// Reads what every live peer has sent, without blocking, on the sockets no other
-    /// thread is reading right now.
+    /// Where message `seq` of incoming connection `c` lands: its inbox slot (the arena's
+    /// slot for a connection without one, which only the tests build).
+    pub(super) fn in_slot(&self, c: u32, seq: u64) -> *mut u8 {
+        match self.inboxes.get(c as usize) {
+            Some(Some(b)) => b.slot(seq),
+            _ => self.arena.slot(c, seq),
+        }
+    }
+
+    /// The checksum mark word of message `seq` of incoming connection `c`.
+    pub(super) fn in_crc(&self, c: u32, seq: u64) -> &AtomicU64 {
+        match self.inboxes.get(c as usize) {
+            Some(Some(b)) => b.crc(seq),
+            _ => self.arena.crc(c, seq),
+        }
+    }
+
+    /// The sender's call words of message `seq` of incoming connection `c`.
+    pub(super) fn in_call(&self, c: u32, seq: u64) -> (&AtomicU64, &AtomicU64) {
+        match self.inboxes.get(c as usize) {
+            Some(Some(b)) => b.peer_call(seq),
+            _ => self.arena.peer_call(c, seq),
+        }
+    }
+
+    /// Withdraws every post of a receiving step (the call ends): first from the reassembly
+    /// state, so that no part claims one afterwards, then, under each socket's parse lock,
+    /// from a part being read (its remaining bytes land in its slot). Afterwards nothing is
+    /// written to memory a post named.
+    pub(super) fn revoke_posts(&self) {
+        for inb in self.inbound.iter().flatten() {
+            inb.revoke();
+        }
+        for peer in &self.peers {
+            for sock in &peer.socks {
+                let mut rx = sock.rx.lock().unwrap_or_else(|e| e.into_inner());
+                if let Stage::Payload(.., direct) = &mut rx.stage {
+                    direct.clear();
+                }
+            }
+        }
+        self.live_posts.store(0, Ordering::Release);
+    }
+
+    /// Reads what every peer has sent, without blocking, on the sockets no other thread is
+    /// reading right now. Peers marked failed too (see [`Inner::poll_conn`]).
     pub(super) fn pump_all(&self) {
         for (p, peer) in self.peers.iter().enumerate() {
-            if peer.state.load(Ordering::Acquire) != ALIVE {
-                continue;
-            }
             for s in 0..peer.socks.len() {
                 self.pump_try(p, s);
             }
         }
     }
 
+    /// Reads what the peer of connection `c` has sent, without blocking, on the sockets no
+    /// other thread is reading right now.
+    ///
+    /// A peer marked failed is read too, until its stream ends: a rank that exits right
+    /// after its last message of a call (its bytes are with this host's kernel) is often
+    /// marked failed first by a write to it (the keeper's heartbeat, a credit: `EPIPE` once
+    /// its host answered with a reset), while this rank, behind, has yet to read that
+    /// message. Skipping it would fail a call over a message that arrived. Reading ends at
+    /// its end of stream or reset ([`Stage::Closed`]); a wait for a message it never sent
+    /// then reports the failure as before.
+    pub(super) fn poll_conn(&self, c: u32) {
+        let p = match self.dirs[c as usize] {
+            Dir::In(p) | Dir::Out(p) => p as usize,
+            Dir::Local => return,
+        };
+        for s in 0..self.nsocks {
+            self.pump_try(p, s);
+        }
+    }
+
     /// Pumps socket `s` of peer `p` unless another thread holds it; a failure marks the
     /// peer failed and wakes the socket's receiving thread so that it ends.
     pub(super) fn pump_try(&self, p: usize, s: usize) {
-        let sock = &self.peers[p].socks[s];
-        let Ok(mut rx) = sock.rx.try_lock() else {
+        let Ok(rx) = self.peers[p].socks[s].rx.try_lock() else {
             return;
         };
+        self.pump_held(p, s, rx);
+    }
+
+    /// Reads what peer `p`'s sockets hold now, waiting for a thread that is reading one: a
+    /// failed peer's last messages before [`Net::peer_failure`](super::Net) reports it.
+    pub(super) fn drain(&self, p: usize) {
+        for (s, sock) in self.peers[p].socks.iter().enumerate() {
+            self.pump_held(p, s, sock.rx.lock().unwrap_or_else(|e| e.into_inner()));
+        }
+    }
+
+    /// [`pump`] with the socket's parse state held.
+    fn pump_held(&self, p: usize, s: usize, mut rx: std::sync::MutexGuard<'_, RxState>) {
         if let Err(why) = pump(self, p, s, &mut rx) {
             rx.stage = Stage::Closed;
             drop(rx);
             self.fail(p, why);
-            let _ = sock.read.shutdown(Shutdown::Both);
+            let _ = self.peers[p].socks[s].read.shutdown(Shutdown::Both);
         }
     }
 }

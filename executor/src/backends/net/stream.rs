@@ -3,6 +3,7 @@
 //! in the fuzz target).
 
 use super::proto::{self, Header};
+use crate::transport::Seg;
 use std::net::{Shutdown, TcpStream};
 
 /// Where a socket's incoming byte stream stands (partial frames survive between pumps).
@@ -91,8 +92,9 @@ pub(super) enum Stage {
     Header,
     Table(Header, Vec<u8>),
     /// Data part: header, segments, current segment, bytes of it already read, the CRC32C
-    /// of the payload so far.
-    Payload(Header, Vec<(u32, u32)>, usize, usize, u32),
+    /// of the payload so far, the receiving step's destinations (`proto::Inbound::post`;
+    /// empty: everything lands in the slot).
+    Payload(Header, Vec<(u32, u32)>, usize, usize, u32, Vec<Seg>),
     /// What follows a data part's payload ([`proto::trailer_len`]): header, the payload's
     /// CRC32C as received, the trailer's bytes so far.
     Trailer(Header, u32, [u8; proto::MAX_TRAILER], usize),

@@ -62,9 +62,22 @@ fn data(conn: u32, seq: u64, segs: &[(u32, u32)]) -> Vec<u8> {
     out
 }
 
+/// The bytes of the slot message `seq` of incoming connection `c` lands in (its inbox's),
+/// after checking that nothing from the network reached the shared region's slot.
 fn slot_bytes(inner: &Inner, c: u32, seq: u64) -> Vec<u8> {
-    // SAFETY: the slot is SLOT bytes of the heap arena; no thread writes it any more.
-    unsafe { std::slice::from_raw_parts(inner.arena.slot(c, seq), SLOT).to_vec() }
+    // SAFETY: both slots are SLOT bytes (the heap arena's, the inbox's); no thread writes
+    // them any more.
+    let (arena, inbox) = unsafe {
+        (
+            std::slice::from_raw_parts(inner.arena.slot(c, seq), SLOT),
+            std::slice::from_raw_parts(inner.in_slot(c, seq), SLOT),
+        )
+    };
+    assert!(
+        arena.iter().all(|&b| b == 0),
+        "the network wrote the shared slot"
+    );
+    inbox.to_vec()
 }
 
 /// Feeds `bytes` (then closes, unless `keep_open`) to a receiving thread and returns
@@ -109,7 +122,7 @@ fn malformed_frames_close_the_connection_and_never_touch_a_slot() {
         ),
         (
             "outside the credit window",
-            data(5, 2, &[(0, 8)]),
+            data(5, inbox::window(SLOT) as u64, &[(0, 8)]),
             "credit window",
         ),
         (
@@ -180,6 +193,42 @@ fn a_valid_message_lands_in_its_slot_and_goodbye_is_not_a_failure() {
     assert_eq!(&slot[64..68], &[5, 6, 7, 8]);
 }
 
+/// Found by a CI run of `tests/multihost.rs` under load (3 hosts x 2, the last call): a rank
+/// sent its last message and exited; the root, behind, had the message in its socket but
+/// its keeper's heartbeat to the exited rank failed first (`EPIPE`) and marked it failed,
+/// and a failed peer was no longer read, so the root's wait for that message failed the
+/// call. A failed peer's socket is read until its stream ends.
+#[test]
+fn a_peer_marked_failed_by_a_write_is_still_read_to_its_end() {
+    let (mut peer, ours) = pair();
+    let inner = inner_with(ours);
+    let mut bytes = data(5, 0, &[(0, 4)]);
+    bytes.extend_from_slice(&[9, 8, 7, 6]);
+    peer.write_all(&bytes).unwrap();
+    // The peer exits without a goodbye (`process::exit`).
+    drop(peer);
+    {
+        use std::os::fd::AsRawFd;
+        wait_fd(
+            inner.peers[0].socks[0].read.as_raw_fd(),
+            libc::POLLIN,
+            Duration::from_secs(10),
+        );
+    }
+    inner.fail(0, "sending to rank 0 on host h0 failed: Broken pipe".into());
+    // The engine waits for message 0 of its incoming connection 1.
+    inner.poll_conn(1);
+    assert_eq!(inner.arena.sent(1).load(Ordering::Acquire), 1);
+    assert_eq!(&slot_bytes(&inner, 1, 0)[0..4], &[9, 8, 7, 6]);
+    // The stream ended: the reason stays the first one, and reading stops.
+    let reason = inner.peers[0].reason.lock().unwrap().clone();
+    assert!(reason.contains("Broken pipe"), "{reason}");
+    assert!(matches!(
+        inner.peers[0].socks[0].rx.lock().unwrap().stage,
+        Stage::Closed
+    ));
+}
+
 /// Found by review while writing the `frames` fuzz target (which now checks it): a credit
 /// frame for more messages than this rank sent was taken, so a peer could make the
 /// engine count free slots that do not exist (`send_seq - consumed` underflows: a panic
@@ -222,6 +271,105 @@ fn an_abort_frame_raises_the_local_abort_word() {
     let (_, state, reason) = feed(&h.encode());
     assert_eq!(state, DEAD);
     assert!(reason.contains("abort naming"), "{reason}");
+}
+
+#[test]
+fn a_posted_message_lands_at_the_steps_destinations_and_only_there() {
+    let (mut peer, ours) = pair();
+    let inner = inner_with(ours);
+    // The receiving step wants the message's bytes 0..4 at `a`, 64..68 at `b`; bytes
+    // 100..104 have no destination and land in the slot.
+    let (mut a, mut b) = ([0u8; 4], [0u8; 4]);
+    let ranges = vec![
+        Seg {
+            off: 0,
+            ptr: a.as_mut_ptr(),
+            len: 4,
+        },
+        Seg {
+            off: 64,
+            ptr: b.as_mut_ptr(),
+            len: 4,
+        },
+    ];
+    let inb = inner.inbound[1].as_ref().unwrap();
+    assert!(inb.post(0, ranges));
+    let mut bytes = data(5, 0, &[(0, 4), (64, 8), (100, 4)]);
+    bytes.extend_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]);
+    // Message 1 is not posted: all of it lands in its slot.
+    bytes.extend_from_slice(&data(5, 1, &[(0, 4)]));
+    bytes.extend_from_slice(&[21, 22, 23, 24]);
+    bytes.extend_from_slice(&Header::new(Tag::Goodbye).encode());
+    let t = {
+        let inner = Arc::clone(&inner);
+        std::thread::spawn(move || receive_loop(&inner, 0, 0))
+    };
+    peer.write_all(&bytes).unwrap();
+    drop(peer);
+    t.join().unwrap();
+    assert_eq!(inner.arena.sent(1).load(Ordering::Acquire), 2);
+    assert_eq!(inb.take_post(0), Some(true));
+    assert_eq!((a, b), ([1, 2, 3, 4], [5, 6, 7, 8]));
+    let slot = slot_bytes(&inner, 1, 0);
+    assert!(
+        slot[..68].iter().all(|&x| x == 0),
+        "posted bytes stay out of the slot"
+    );
+    assert_eq!(
+        &slot[68..72],
+        &[9, 10, 11, 12],
+        "past the destination: the slot"
+    );
+    assert_eq!(&slot[100..104], &[13, 14, 15, 16]);
+    assert_eq!(&slot_bytes(&inner, 1, 1)[..4], &[21, 22, 23, 24]);
+}
+
+#[test]
+fn a_revoked_post_is_never_written_again() {
+    let (mut peer, ours) = pair();
+    let inner = inner_with(ours);
+    let mut a = [0u8; 8];
+    let inb = inner.inbound[1].as_ref().unwrap();
+    assert!(inb.post(
+        0,
+        vec![Seg {
+            off: 0,
+            ptr: a.as_mut_ptr(),
+            len: 8,
+        }]
+    ));
+    inner.live_posts.store(1, Ordering::Release);
+    // Half the message arrives by the post, then the call ends.
+    let mut bytes = data(5, 0, &[(0, 8)]);
+    bytes.extend_from_slice(&[1, 2, 3, 4]);
+    peer.write_all(&bytes).unwrap();
+    let mut rx = RxState::default();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !matches!(&rx.stage, Stage::Payload(_, _, _, 4, _, _)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first half never came"
+        );
+        pump(&inner, 0, 0, &mut rx).unwrap();
+    }
+    *inner.peers[0].socks[0].rx.lock().unwrap() = rx;
+    inner.revoke_posts();
+    assert_eq!(inner.live_posts.load(Ordering::Acquire), 0);
+    assert_eq!(inb.take_post(0), None);
+    peer.write_all(&[5, 6, 7, 8]).unwrap();
+    peer.write_all(&Header::new(Tag::Goodbye).encode()).unwrap();
+    drop(peer);
+    let t = {
+        let inner = Arc::clone(&inner);
+        std::thread::spawn(move || receive_loop(&inner, 0, 0))
+    };
+    t.join().unwrap();
+    assert_eq!(
+        a,
+        [1, 2, 3, 4, 0, 0, 0, 0],
+        "nothing written after the revocation"
+    );
+    assert_eq!(&slot_bytes(&inner, 1, 0)[4..8], &[5, 6, 7, 8]);
 }
 
 #[test]
@@ -300,4 +448,35 @@ fn strangers_are_refused_and_the_real_peer_gets_in() {
         assert_eq!((got[0].0, got[0].1), (0, 0));
         assert_eq!(got[0].2.peer_addr().unwrap(), mine.local_addr().unwrap());
     });
+}
+
+/// A heartbeat to a peer that is not reading (its socket full of this rank's data) is
+/// skipped, not waited for: the keeper that waited held up the heartbeats to every other
+/// peer, which under load took this rank for dead ("nothing heard ... for 10 s").
+#[test]
+fn a_heartbeat_to_a_full_socket_is_skipped_not_waited_for() {
+    let (mut w, _peer_not_reading) = pair();
+    w.set_nonblocking(true).unwrap();
+    // Full for good: not a byte more fits, even after the peer's kernel acknowledged what
+    // it took (a small write fits where `POLLOUT` is not signalled yet).
+    let fill = |w: &mut TcpStream, len: usize| loop {
+        match w.write(&vec![0u8; len]) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+            Err(e) => panic!("{e}"),
+        }
+    };
+    loop {
+        fill(&mut w, 1 << 16);
+        fill(&mut w, proto::HEADER);
+        std::thread::sleep(Duration::from_millis(300));
+        match w.write(&[0u8; proto::HEADER]) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("{e}"),
+            Ok(_) => {}
+        }
+    }
+    let beat = Header::new(Tag::Heartbeat).encode();
+    // Waiting for room would fail after the limit: the peer takes nothing.
+    beat_on(&mut w, &beat, Duration::from_millis(100)).expect("skipped");
 }

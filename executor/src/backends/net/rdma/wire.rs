@@ -6,6 +6,7 @@ use super::super::Wires;
 use super::super::proto::{self, HEADER, Header, Inbound, Tag};
 use crate::arena::Arena;
 use crate::transport::Seg;
+use hccl_ir::CONNECTION_SLOTS;
 use std::io::Read;
 use std::sync::atomic::Ordering;
 
@@ -408,7 +409,7 @@ pub(super) fn place(
                 .and_then(Option::as_ref)
                 .ok_or_else(|| format!("no inbound state for connection {c}"))?;
             let consumed = arena.consumed(conn).load(Ordering::Acquire);
-            inb.begin(seq, parts, u32::MAX, consumed)?;
+            inb.begin(seq, parts, u32::MAX, (consumed, CONNECTION_SLOTS))?;
             let slot = arena.slot(conn, seq);
             let mut at = 0usize;
             for (off, len) in table {
