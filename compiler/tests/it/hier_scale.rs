@@ -1,10 +1,10 @@
-//! The hierarchical families (direct and halving-doubling rail exchange) on generated DGX
+//! The hierarchical families (direct, halving-doubling and recursive-doubling rail exchange) on generated DGX
 //! H100 clusters: every schedule verifies (AllReduce, AllGather, ReduceScatter; in place
 //! and not), its step count is within a factor of two of the family's estimate, and the
 //! halving-doubling rail keeps AllReduce pipelines small enough that deep ones are offered
 //! on 1024 ranks.
 
-use hccl_compiler::families::{Family, FamilyParams, Hierarchical, HierarchicalHd};
+use hccl_compiler::families::{Family, FamilyParams, Hierarchical, HierarchicalHd, HierarchicalRd};
 use hccl_ir::Collective;
 use hccl_ir::verify::verify;
 use hccl_topologies::Topology;
@@ -50,10 +50,10 @@ fn check(name: &str, topo: &Topology, coll: Collective, p: FamilyParams, in_plac
     if let Err(e) = verify(s) {
         panic!("{what}: {:?}", &e[..e.len().min(3)]);
     }
-    let fam: Box<dyn Family> = if name == "hierarchical" {
-        Box::new(Hierarchical)
-    } else {
-        Box::new(HierarchicalHd)
+    let fam: Box<dyn Family> = match name {
+        "hierarchical" => Box::new(Hierarchical),
+        "hierarchical_rd" => Box::new(HierarchicalRd),
+        _ => Box::new(HierarchicalHd),
     };
     let est = fam.estimated_steps(topo, coll, p).expect("an estimate");
     let real = s.step_count() as u64;
@@ -67,8 +67,14 @@ fn check(name: &str, topo: &Topology, coll: Collective, p: FamilyParams, in_plac
 fn schedules_verify_on_generated_clusters() {
     for nodes in [2, 3, 4, 8] {
         let topo = cluster(nodes);
-        for name in ["hierarchical", "hierarchical_hd"] {
+        for name in ["hierarchical", "hierarchical_hd", "hierarchical_rd"] {
             for coll in COLLECTIVES {
+                // Recursive doubling: AllReduce on a power-of-two host count only.
+                if name == "hierarchical_rd"
+                    && (coll != Collective::AllReduce || !nodes.is_power_of_two())
+                {
+                    continue;
+                }
                 for p in PARAMS {
                     for in_place in [false, true] {
                         check(name, &topo, coll, p, in_place);

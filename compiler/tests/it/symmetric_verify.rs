@@ -140,6 +140,7 @@ fn family_schedules_verify_alike() {
         "mesh",
         "hierarchical",
         "hierarchical_hd",
+        "hierarchical_rd",
         "hybrid_cube",
     ] {
         assert!(
