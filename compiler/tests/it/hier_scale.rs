@@ -280,3 +280,38 @@ fn template_winners_round_trip_through_plan_files() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Recursive doubling against halving-doubling on four DGX H100 boxes (32 ranks): the
+/// search, offered both, picks recursive doubling where the rail's rounds dominate (half as
+/// many network messages: 1 KiB to 1 MiB) and halving-doubling where its bytes do (each of
+/// its rounds carries part of the share: 1 GiB); every winner verifies as compiled.
+#[test]
+fn recursive_doubling_wins_where_rail_rounds_dominate() {
+    use hccl_compiler::search::{self, Options};
+    use hccl_ir::CollectiveKind;
+    let topo = cluster(4);
+    let small = [1u64 << 10, 64 << 10, 1 << 20];
+    let large = 1u64 << 30;
+    let mut sizes = small.to_vec();
+    sizes.push(large);
+    let options = Options {
+        collectives: vec![CollectiveKind::AllReduce],
+        sizes,
+        algorithms: Some(vec![
+            "hierarchical_hd".to_string(),
+            "hierarchical_rd".to_string(),
+        ]),
+        ..Options::default()
+    };
+    let compiled = search::compile(&topo, &options).expect("compiles");
+    for row in &compiled.rows {
+        let want = if row.bytes == large {
+            "hierarchical_hd"
+        } else {
+            "hierarchical_rd"
+        };
+        assert_eq!(row.algorithm, want, "{} bytes", row.bytes);
+    }
+    assert_eq!(compiled.rows.len(), 4);
+    hccl_ir::verify::verify_plan(&compiled.plan).expect("the plan verifies");
+}
