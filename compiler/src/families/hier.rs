@@ -16,6 +16,14 @@
 //!   count; on other counts it offers only the unpipelined parameters and
 //!   [`HierarchicalHd::schedules`] falls back to the direct rail exchange (documented
 //!   choice: no fold-in step).
+//! - [`HierarchicalRd`] (`hierarchical_rd`, AllReduce only): recursive doubling of the
+//!   whole rail share: in round `k` rail position `p` sends everything it has reduced so
+//!   far to `p ^ 2^k` and folds in what that partner sends, so after `log2 hosts` rounds
+//!   every rail position holds the rail's sum. Half the network rounds of halving-doubling
+//!   (each one carrying the whole share instead of a halving part): the latency-bound
+//!   middle sizes of large clusters, where a rail message costs several microseconds and
+//!   the share is small (MPICH's choice for short AllReduce messages). Power-of-two host
+//!   counts only (elsewhere it has no schedule).
 //!
 //! The intra-host phases are always direct: at step `i` local rank `l` sends to `l + i` and
 //! receives from `l − i` (mod the host size), so no rank is incast and every rank's program
@@ -98,6 +106,10 @@ pub(super) const PIPELINE: [u32; 7] = [1, 2, 4, 8, 16, 32, 64];
 /// Pipeline depths offered by the halving-doubling family: finer steps, so that on large
 /// clusters the deepest pipeline under the step cap is close to it.
 const PIPELINE_HD: [u32; 12] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64];
+/// Pipeline depths offered by the recursive-doubling family: every rail round carries the
+/// whole share, so it only competes where latency dominates and deep pipelines only add
+/// rounds.
+const PIPELINE_RD: [u32; 5] = [1, 2, 4, 8, 16];
 
 /// How the rail (inter-host) phase exchanges data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,6 +118,8 @@ pub enum Rail {
     Direct,
     /// Recursive halving (reduce-scatter) and doubling (all-gather); power-of-two hosts.
     HalvingDoubling,
+    /// Recursive doubling of the whole share (AllReduce); power-of-two hosts.
+    RecursiveDoubling,
 }
 
 /// The hierarchical family with a direct rail exchange.
@@ -115,6 +129,10 @@ pub struct Hierarchical;
 /// The hierarchical family with a halving-doubling rail exchange.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct HierarchicalHd;
+
+/// The hierarchical AllReduce with a recursive-doubling rail exchange of the whole share.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HierarchicalRd;
 
 /// Ranks of the schedule's hosts and rails, and how the phases use connections.
 struct Layout<'a> {
@@ -165,20 +183,29 @@ impl Layout<'_> {
     fn rel(&self, p: usize, x: usize) -> usize {
         let nh = self.nh();
         match self.rail {
-            Rail::HalvingDoubling => p ^ x,
+            Rail::HalvingDoubling | Rail::RecursiveDoubling => p ^ x,
             Rail::Direct => (p + nh - x % nh) % nh,
         }
     }
 }
 
 /// The rail exchange usable for `rail` on `nh` hosts (halving-doubling falls back to direct
-/// on host counts that are not powers of two).
+/// on host counts that are not powers of two; recursive doubling has no schedule there, see
+/// [`applies`]).
 fn effective_rail(rail: Rail, nh: usize) -> Rail {
-    if rail == Rail::HalvingDoubling && nh.is_power_of_two() {
+    if rail != Rail::Direct && nh.is_power_of_two() {
         rail
     } else {
         Rail::Direct
     }
+}
+
+/// Whether the family with the rail exchange `rail` has a schedule for `kind` on `nh`
+/// hosts: recursive doubling only for AllReduce on a power-of-two host count.
+fn applies(rail: Rail, kind: CollectiveKind, nh: usize) -> bool {
+    supports(kind)
+        && (rail != Rail::RecursiveDoubling
+            || (kind == CollectiveKind::AllReduce && nh.is_power_of_two()))
 }
 
 /// Hierarchical schedules with the given rail exchange, for either buffer arrangement;
@@ -200,7 +227,7 @@ fn schedules(
         return Vec::new();
     };
     let g = hosts[0].len();
-    if g < 2 {
+    if g < 2 || !applies(rail, kind, hosts.len()) {
         return Vec::new();
     }
     let n = topo.nranks();
@@ -286,9 +313,22 @@ impl HierarchicalHd {
     }
 }
 
+impl HierarchicalRd {
+    /// The rank symmetry of what [`HierarchicalRd::schedules`] produces for these arguments
+    /// (the same for either buffer arrangement); see [`symmetry`].
+    pub fn symmetry(
+        &self,
+        topo: &Topology,
+        collective: Collective,
+        params: FamilyParams,
+    ) -> Option<Symmetry> {
+        symmetry(Rail::RecursiveDoubling, topo, collective, params)
+    }
+}
+
 /// The rank symmetry of a hierarchical schedule with the rail exchange `rail`: the grid is
 /// `[hosts, local]` with the rank at `(h, l)` local rank `l` of host `h`; hosts translate by
-/// XOR under halving-doubling (partners `p ^ 2^k`) and cyclically under the direct exchange
+/// XOR under halving-doubling and recursive doubling (partners `p ^ 2^k`) and cyclically under the direct exchange
 /// (peers `p ± i`), local ranks cyclically. AllReduce chunks are piece-major with block
 /// label `l·hosts + h` (`Grid { order: [1, 0] }`); AllGather and ReduceScatter chunks are
 /// rank blocks (`BlockMajor`, label `Rank`). `None` where the family has no schedule.
@@ -304,13 +344,13 @@ pub fn symmetry(
     }
     let hosts = uniform_hosts(topo)?;
     let g = hosts[0].len();
-    if g < 2 {
+    if g < 2 || !applies(rail, kind, hosts.len()) {
         return None;
     }
     params.channels.max(1).checked_mul(params.pipeline.max(1))?;
     let nh = hosts.len();
     let host_action = match effective_rail(rail, nh) {
-        Rail::HalvingDoubling => Action::Xor,
+        Rail::HalvingDoubling | Rail::RecursiveDoubling => Action::Xor,
         Rail::Direct => Action::Cyclic,
     };
     let chunks = match kind {
@@ -443,8 +483,27 @@ fn doubling(
     }
 }
 
+/// Recursive doubling AllReduce over `rail` (power-of-two length `nh`): in the round of
+/// `bit` (`1, 2, …, nh/2`) position `p` sends its partial sum `at` (`count` chunks) to
+/// `p ^ bit` and folds the partner's into it. The builder orders each round's fold after
+/// its send (they touch the same chunks).
+fn recursive_doubling(b: &mut ScheduleBuilder, rail: &[Rank], channel: u32, at: Loc, count: u32) {
+    let nh = rail.len();
+    let mut bit = 1;
+    while bit < nh {
+        for p in 0..nh {
+            b.send(rail[p], rail[p ^ bit], at, count, channel);
+        }
+        for p in 0..nh {
+            b.recv_reduce_copy(rail[p], rail[p ^ bit], at, at, count, channel);
+        }
+        bit *= 2;
+    }
+}
+
 /// AllReduce: per piece, intra-host reduce-scatter (channel phase 0), rail reduce-scatter
-/// (1), rail all-gather (2), intra-host all-gather (3), all in `output`.
+/// (1), rail all-gather (2), intra-host all-gather (3), all in `output` (recursive doubling:
+/// the whole rail AllReduce in phase 1, nothing in phase 2).
 fn all_reduce(b: &mut ScheduleBuilder, lay: &Layout<'_>, m: u32) {
     let nh = lay.nh();
     let n = (nh * lay.hosts[0].len()) as u32;
@@ -474,11 +533,16 @@ fn all_reduce(b: &mut ScheduleBuilder, lay: &Layout<'_>, m: u32) {
                     let other = |p: usize, bit: usize| half(p ^ bit, bit);
                     halving(b, rail, ch, &other, &half, &half);
                 }
+                Rail::RecursiveDoubling => {
+                    let at = Loc::output(host_start(l));
+                    recursive_doubling(b, rail, ch, at, nh32);
+                }
             }
         }
         for (l, rail) in lay.used_rails() {
             let ch = lay.channel(2, s);
             match lay.rail {
+                Rail::RecursiveDoubling => {}
                 Rail::Direct => {
                     let at = |_: usize, o: usize, _: usize| Loc::output(host_start(l) + o as u32);
                     direct_gather(b, rail, 1, 1, ch, &at, &at);
@@ -528,7 +592,7 @@ fn all_gather(b: &mut ScheduleBuilder, lay: &Layout<'_>, m: u32, in_place: bool)
                     let put = |_: usize, o: usize, _: usize| Loc::output(chunk(l, o));
                     direct_gather(b, rail, 1, 1, ch, &have, &put);
                 }
-                Rail::HalvingDoubling => {
+                Rail::HalvingDoubling | Rail::RecursiveDoubling => {
                     // Slot `x` holds rail position `p ^ x`: own chunk in slot 0, the
                     // partner's `bit` slots arrive behind this rank's.
                     for (p, &r) in rail.iter().enumerate() {
@@ -548,12 +612,12 @@ fn all_gather(b: &mut ScheduleBuilder, lay: &Layout<'_>, m: u32, in_place: bool)
                 match (x, lay.rail) {
                     (0, _) => own(r, chunk(l, h)),
                     (_, Rail::Direct) => Loc::output(chunk(l, lay.rel(h, x))),
-                    (_, Rail::HalvingDoubling) => slot(x),
+                    (_, Rail::HalvingDoubling | Rail::RecursiveDoubling) => slot(x),
                 }
             };
             let put = |_: usize, o: usize, x: usize| Loc::output(chunk(o, lay.rel(h, x)));
             direct_gather(b, host, nh, 1, lay.channel(1, s), &have, &put);
-            if lay.rail == Rail::HalvingDoubling {
+            if lay.rail != Rail::Direct {
                 for (l, &r) in host.iter().enumerate() {
                     for x in 1..nh {
                         let to = Loc::output(chunk(l, lay.rel(h, x)));
@@ -584,7 +648,7 @@ fn reduce_scatter(b: &mut ScheduleBuilder, lay: &Layout<'_>, m: u32, in_place: b
         // (Direct: own slot, then the slot sent at step `i`, `nh − i`, for `i = 1, 2, …`.)
         let order: Vec<usize> = match lay.rail {
             Rail::Direct => (0..nh).map(|i| (nh - i) % nh).collect(),
-            Rail::HalvingDoubling => (0..nh).rev().collect(),
+            Rail::HalvingDoubling | Rail::RecursiveDoubling => (0..nh).rev().collect(),
         };
         for (h, host) in lay.used_hosts() {
             for &x in &order {
@@ -606,7 +670,7 @@ fn reduce_scatter(b: &mut ScheduleBuilder, lay: &Layout<'_>, m: u32, in_place: b
                     let res = |p: usize, _: usize| out(rail[p], chunk(l, p));
                     direct_reduce(b, rail, 1, ch, &contrib, &first, &res);
                 }
-                Rail::HalvingDoubling => {
+                Rail::HalvingDoubling | Rail::RecursiveDoubling => {
                     // Round `bit`: slots `bit..2·bit` go to the partner, whose slots
                     // `0..bit` they match; the last round stores the result.
                     let send = |_: usize, bit: usize| slot(bit);
@@ -651,11 +715,14 @@ fn step_estimate(topo: &Topology, kind: CollectiveKind, rail: Rail, pieces: u32)
     let per_rank = match (kind, rail) {
         (CollectiveKind::AllReduce, Rail::Direct) => 4 * (g + hosts).saturating_sub(2),
         (CollectiveKind::AllReduce, Rail::HalvingDoubling) => 4 * (g - 1) + 4 * log2_ceil(hosts),
+        (CollectiveKind::AllReduce, Rail::RecursiveDoubling) => 4 * (g - 1) + 2 * log2_ceil(hosts),
         (_, Rail::Direct) => 2 * ((g - 1) * hosts + hosts - 1),
-        (CollectiveKind::AllGather, Rail::HalvingDoubling) => {
+        (CollectiveKind::AllGather, Rail::HalvingDoubling | Rail::RecursiveDoubling) => {
             2 * (g - 1) * hosts + hosts + 2 * log2_ceil(hosts)
         }
-        (_, Rail::HalvingDoubling) => 2 * (g - 1) * hosts + 2 * log2_ceil(hosts),
+        (_, Rail::HalvingDoubling | Rail::RecursiveDoubling) => {
+            2 * (g - 1) * hosts + 2 * log2_ceil(hosts)
+        }
     };
     n.saturating_mul(per_rank)
         .saturating_mul(u64::from(pieces))
@@ -701,7 +768,7 @@ fn param_space(
     let peers = (n / topo.nhosts().max(1) as u64)
         + match effective_rail(rail, topo.nhosts()) {
             Rail::Direct => topo.nhosts() as u64,
-            Rail::HalvingDoubling => log2_ceil(topo.nhosts() as u64),
+            Rail::HalvingDoubling | Rail::RecursiveDoubling => log2_ceil(topo.nhosts() as u64),
         };
     if templated && n.saturating_mul(peers) > MAX_TRANSLATED_ROUTES {
         return Vec::new();
@@ -762,6 +829,19 @@ fn hd_space(topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
     }
 }
 
+/// Parameter sets of the recursive-doubling family: AllReduce on a power-of-two host count
+/// only (nothing elsewhere).
+fn rd_space(topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
+    match uniform_hosts(topo) {
+        Some(h) if applies(Rail::RecursiveDoubling, collective.kind(), h.len()) => {
+            let max_chunks = u64::from(topo.nranks()) * u64::from(MAX_HD_PIECES);
+            let rail = Rail::RecursiveDoubling;
+            param_space(topo, collective, rail, &PIPELINE_RD, max_chunks)
+        }
+        _ => Vec::new(),
+    }
+}
+
 /// The [`Family`] of a hierarchical family: its name, rail exchange (halving-doubling falls
 /// back to the direct exchange when the host count is not a power of two) and parameter
 /// sets. Schedules for either buffer arrangement, and templates (see [`Family::template`]).
@@ -773,6 +853,7 @@ macro_rules! hier_family {
             }
             fn supports(&self, kind: CollectiveKind) -> bool {
                 supports(kind)
+                    && ($rail != Rail::RecursiveDoubling || kind == CollectiveKind::AllReduce)
             }
             fn param_space(&self, topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
                 $space(topo, collective)
@@ -824,4 +905,10 @@ hier_family!(
     "hierarchical_hd",
     Rail::HalvingDoubling,
     hd_space
+);
+hier_family!(
+    HierarchicalRd,
+    "hierarchical_rd",
+    Rail::RecursiveDoubling,
+    rd_space
 );

@@ -22,7 +22,7 @@ pub mod tree;
 pub use cube::HybridCube;
 pub use family::{Candidate, Family, FamilyParams, TEMPLATE_RANKS, steps_per_piece};
 pub use groups::Groups;
-pub use hier::{Hierarchical, HierarchicalHd};
+pub use hier::{Hierarchical, HierarchicalHd, HierarchicalRd};
 pub use mesh::{Bruck, Mesh, Pairwise, TwoPhase};
 pub use oneshot::OneShot;
 pub use rail::{RailChains, RailTrees};

@@ -3,8 +3,8 @@
 
 use crate::families::{
     Bruck, Candidate, DoubleBinaryTree, DoubleRing, Family, FamilyParams, Groups, Hierarchical,
-    HierarchicalHd, HierarchicalSplit, HybridCube, KaryTree, Mesh, OneShot, Pairwise, RailChains,
-    RailTrees, Ring, TwoPhase,
+    HierarchicalHd, HierarchicalRd, HierarchicalSplit, HybridCube, KaryTree, Mesh, OneShot,
+    Pairwise, RailChains, RailTrees, Ring, TwoPhase,
 };
 use crate::synth::SynthLevel;
 use hccl_ir::Collective;
@@ -46,6 +46,7 @@ fn hand_written() -> Vec<Box<dyn Family>> {
         Box::new(OneShot),
         Box::new(Hierarchical),
         Box::new(HierarchicalHd),
+        Box::new(HierarchicalRd),
         Box::new(HierarchicalSplit),
         Box::new(RailChains),
         Box::new(RailTrees),

@@ -233,6 +233,8 @@ fn families_apply_where_expected() {
                 let needs = match fam.name() {
                     "hierarchical" | "hierarchical_hd" | "two_phase" | "rail_chains" => multi_host,
                     "rail_trees" => multi_host && topo.nhosts() >= 3,
+                    // Recursive doubling over the rail: a power-of-two host count.
+                    "hierarchical_rd" => multi_host && topo.nhosts().is_power_of_two(),
                     "hierarchical_split" => splits(&topo),
                     // Needs two or more equal groups of directly linked devices.
                     "groups" => hccl_compiler::families::groups::link_groups(&topo).is_some(),

@@ -1,10 +1,10 @@
-//! The hierarchical families (direct and halving-doubling rail exchange) on generated DGX
+//! The hierarchical families (direct, halving-doubling and recursive-doubling rail exchange) on generated DGX
 //! H100 clusters: every schedule verifies (AllReduce, AllGather, ReduceScatter; in place
 //! and not), its step count is within a factor of two of the family's estimate, and the
 //! halving-doubling rail keeps AllReduce pipelines small enough that deep ones are offered
 //! on 1024 ranks.
 
-use hccl_compiler::families::{Family, FamilyParams, Hierarchical, HierarchicalHd};
+use hccl_compiler::families::{Family, FamilyParams, Hierarchical, HierarchicalHd, HierarchicalRd};
 use hccl_ir::Collective;
 use hccl_ir::verify::verify;
 use hccl_topologies::Topology;
@@ -50,10 +50,10 @@ fn check(name: &str, topo: &Topology, coll: Collective, p: FamilyParams, in_plac
     if let Err(e) = verify(s) {
         panic!("{what}: {:?}", &e[..e.len().min(3)]);
     }
-    let fam: Box<dyn Family> = if name == "hierarchical" {
-        Box::new(Hierarchical)
-    } else {
-        Box::new(HierarchicalHd)
+    let fam: Box<dyn Family> = match name {
+        "hierarchical" => Box::new(Hierarchical),
+        "hierarchical_rd" => Box::new(HierarchicalRd),
+        _ => Box::new(HierarchicalHd),
     };
     let est = fam.estimated_steps(topo, coll, p).expect("an estimate");
     let real = s.step_count() as u64;
@@ -67,8 +67,14 @@ fn check(name: &str, topo: &Topology, coll: Collective, p: FamilyParams, in_plac
 fn schedules_verify_on_generated_clusters() {
     for nodes in [2, 3, 4, 8] {
         let topo = cluster(nodes);
-        for name in ["hierarchical", "hierarchical_hd"] {
+        for name in ["hierarchical", "hierarchical_hd", "hierarchical_rd"] {
             for coll in COLLECTIVES {
+                // Recursive doubling: AllReduce on a power-of-two host count only.
+                if name == "hierarchical_rd"
+                    && (coll != Collective::AllReduce || !nodes.is_power_of_two())
+                {
+                    continue;
+                }
                 for p in PARAMS {
                     for in_place in [false, true] {
                         check(name, &topo, coll, p, in_place);
@@ -273,4 +279,141 @@ fn template_winners_round_trip_through_plan_files() {
         hccl_ir::verify::verify_entry(&read.entries[0]).expect("verifies")
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Recursive doubling against halving-doubling on four DGX H100 boxes (32 ranks): the
+/// search, offered both, picks recursive doubling where the rail's rounds dominate (half as
+/// many network messages: 1 KiB to 1 MiB) and halving-doubling where its bytes do (each of
+/// its rounds carries part of the share: 1 GiB); every winner verifies as compiled.
+#[test]
+fn recursive_doubling_wins_where_rail_rounds_dominate() {
+    use hccl_compiler::search::{self, Options};
+    use hccl_ir::CollectiveKind;
+    let topo = cluster(4);
+    let small = [1u64 << 10, 64 << 10, 1 << 20];
+    let large = 1u64 << 30;
+    let mut sizes = small.to_vec();
+    sizes.push(large);
+    let options = Options {
+        collectives: vec![CollectiveKind::AllReduce],
+        sizes,
+        algorithms: Some(vec![
+            "hierarchical_hd".to_string(),
+            "hierarchical_rd".to_string(),
+        ]),
+        ..Options::default()
+    };
+    let compiled = search::compile(&topo, &options).expect("compiles");
+    for row in &compiled.rows {
+        let want = if row.bytes == large {
+            "hierarchical_hd"
+        } else {
+            "hierarchical_rd"
+        };
+        assert_eq!(row.algorithm, want, "{} bytes", row.bytes);
+    }
+    assert_eq!(compiled.rows.len(), 4);
+    hccl_ir::verify::verify_plan(&compiled.plan).expect("the plan verifies");
+}
+
+fn rd_params(channels: u32, pipeline: u32) -> FamilyParams {
+    FamilyParams { channels, pipeline }
+}
+
+/// Messages rank `r` sends to ranks of other hosts.
+fn rail_sends(topo: &Topology, s: &hccl_ir::Schedule, r: hccl_ir::Rank) -> usize {
+    s.ranks[r as usize]
+        .streams
+        .iter()
+        .flat_map(|st| st.steps.iter())
+        .filter_map(|step| step.op.send_peer())
+        .filter(|&p| topo.host_of[p as usize] != topo.host_of[r as usize])
+        .count()
+}
+
+/// Recursive doubling AllReduce verifies (both placements, pipelined, two connections)
+/// on 2, 4 and 8 DGX H100 boxes, is invariant under its claimed symmetry, and sends
+/// `log2 hosts` rail messages per rank and piece: half of halving-doubling's.
+#[test]
+fn recursive_doubling_allreduce_verifies() {
+    for nodes in [2u32, 4, 8] {
+        let topo = cluster(nodes);
+        for p in [rd_params(1, 1), rd_params(2, 1), rd_params(1, 3)] {
+            for in_place in [false, true] {
+                let c = HierarchicalRd.schedules(&topo, Collective::AllReduce, p, in_place);
+                assert_eq!(c.len(), 1, "{nodes} nodes {p:?}");
+                let s = &c[0].schedule;
+                if let Err(e) = verify(s) {
+                    panic!("{nodes} nodes {p:?} in_place={in_place}: {:?}", &e[..1]);
+                }
+                let sym = c[0].symmetry.as_ref().expect("claims a symmetry");
+                let compact = s.compress(sym).expect("is symmetric");
+                assert!(hccl_ir::verify::verify_symmetric(&compact).is_ok());
+                let est = HierarchicalRd
+                    .estimated_steps(&topo, Collective::AllReduce, p)
+                    .expect("an estimate");
+                let real = s.step_count() as u64;
+                assert!(est <= 2 * real && real <= 2 * est, "{est} vs {real}");
+                let pieces = (p.channels * p.pipeline) as usize;
+                let rounds = nodes.trailing_zeros() as usize;
+                assert_eq!(rail_sends(&topo, s, 0), rounds * pieces);
+                let hd = HierarchicalHd.schedules(&topo, Collective::AllReduce, p, in_place);
+                assert_eq!(rail_sends(&topo, &hd[0].schedule, 0), 2 * rounds * pieces);
+            }
+        }
+    }
+}
+
+/// Only AllReduce, and only on a power-of-two number of hosts.
+#[test]
+fn recursive_doubling_applies_to_allreduce_on_powers_of_two() {
+    let three = cluster(3);
+    assert!(
+        HierarchicalRd
+            .param_space(&three, Collective::AllReduce)
+            .is_empty()
+    );
+    let p = rd_params(1, 1);
+    assert!(
+        HierarchicalRd
+            .schedules(&three, Collective::AllReduce, p, false)
+            .is_empty()
+    );
+    let four = cluster(4);
+    assert!(!HierarchicalRd.supports(hccl_ir::CollectiveKind::AllGather));
+    assert!(!HierarchicalRd.supports(hccl_ir::CollectiveKind::ReduceScatter));
+    assert!(
+        HierarchicalRd
+            .schedules(&four, Collective::AllGather, p, false)
+            .is_empty()
+    );
+    assert!(
+        HierarchicalRd
+            .symmetry(&four, Collective::AllGather, p)
+            .is_none()
+    );
+    assert!(
+        !HierarchicalRd
+            .param_space(&four, Collective::AllReduce)
+            .is_empty()
+    );
+}
+
+/// From `TEMPLATE_RANKS` ranks the family is built as its template: the same template the
+/// whole schedule compresses to, and it verifies on its own.
+#[test]
+fn recursive_doubling_template_is_the_compressed_schedule() {
+    let topo = cluster(32);
+    assert!(topo.nranks() >= hccl_compiler::families::TEMPLATE_RANKS);
+    let p = rd_params(2, 2);
+    let coll = Collective::AllReduce;
+    let whole = HierarchicalRd.generate(&topo, coll, p).remove(0);
+    let compact = whole
+        .schedule
+        .compress(whole.symmetry.as_ref().expect("a symmetry"))
+        .expect("is symmetric");
+    let tmpl = HierarchicalRd.template(&topo, coll, p).expect("templates");
+    let t = tmpl[0].template.as_ref().expect("a template");
+    assert_eq!(**t, compact);
+    assert!(tmpl[0].verify().is_ok());
 }

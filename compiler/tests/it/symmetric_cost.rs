@@ -246,6 +246,7 @@ fn template_runs_match_full_runs() {
         ("hybrid_cube", "torus-4x4"),
         ("hierarchical", "h100-cluster-2node"),
         ("hierarchical_hd", "h100-cluster-2node"),
+        ("hierarchical_rd", "h100-cluster-2node"),
         ("hierarchical_split", "h100-cluster-2node"),
     ] {
         assert!(

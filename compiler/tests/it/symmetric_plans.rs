@@ -14,12 +14,13 @@ fn shipped(name: &str) -> Topology {
 
 /// Families whose every AllReduce/AllGather/ReduceScatter/AllToAll schedule is invariant under
 /// its claimed symmetry, on any topology they apply to.
-const ALWAYS_SYMMETRIC: [&str; 5] = [
+const ALWAYS_SYMMETRIC: [&str; 6] = [
     "double_ring",
     "mesh",
     "pairwise",
     "hierarchical",
     "hierarchical_hd",
+    "hierarchical_rd",
 ];
 
 #[test]
