@@ -416,29 +416,11 @@ fn aliases_safely(prog: &hccl_ir::RankProgram, chunks: u32) -> bool {
     true
 }
 
-/// Most steps over all ranks [`aliases_through_peers`] follows messages through.
-const ALIAS_PROOF_STEPS: usize = 50_000;
-
-/// Whether `rank`'s out-of-place program keeps its results with input and output as one
-/// buffer, its order proven through the whole schedule: every step that reads input chunk
-/// `i` happens before every step that writes output chunk `i` (other than a copy from input
-/// `i`, or the reading step itself working element by element), following stream order,
-/// dependencies and messages (the `k`-th send on a connection before its `k`-th receive).
-/// Ranks' programs this rank does not hold (empty) only take paths away: then the proof
-/// fails and the call stages. `false` beyond [`ALIAS_PROOF_STEPS`] steps.
-fn aliases_through_peers(s: &Schedule, rank: u32) -> bool {
-    let Some(prog) = s.ranks.get(rank as usize) else {
-        return false;
-    };
-    let total: usize = s
-        .ranks
-        .iter()
-        .flat_map(|p| &p.streams)
-        .map(|st| st.steps.len())
-        .sum();
-    if total > ALIAS_PROOF_STEPS {
-        return false;
-    }
+/// The happens-before graph of a schedule's `total` steps: per rank and stream the id of
+/// its first step, and each step's successors (the next step of its stream, the steps that
+/// depend on it, the step receiving its message). `None` when a dependency names a missing
+/// step or two streams of a rank share a connection (their messages' order is the run's).
+fn step_graph(s: &Schedule, total: usize) -> Option<(Vec<Vec<usize>>, Vec<Vec<u32>>)> {
     // Global step ids: per rank and stream, the id of its first step.
     let mut base: Vec<Vec<usize>> = Vec::with_capacity(s.ranks.len());
     let mut next = 0usize;
@@ -466,10 +448,11 @@ fn aliases_through_peers(s: &Schedule, rank: u32) -> bool {
                     succ[id].push((id + 1) as u32);
                 }
                 for d in &step.deps {
-                    let Some(&b) = base[r].get(d.stream as usize) else {
-                        return false;
-                    };
-                    succ[b + d.step as usize].push(id as u32);
+                    let (ds, dt) = (d.stream as usize, d.step as usize);
+                    if p.streams.get(ds).is_none_or(|t| dt >= t.steps.len()) {
+                        return None;
+                    }
+                    succ[base[r][ds] + dt].push(id as u32);
                 }
                 let on = |list: &mut BTreeMap<ConnKey, (usize, Vec<u32>)>, key| {
                     let (owner, ids) = list.entry(key).or_insert((si, Vec::new()));
@@ -481,12 +464,12 @@ fn aliases_through_peers(s: &Schedule, rank: u32) -> bool {
                 if let Some(to) = step.op.send_peer()
                     && !on(&mut sends, (r, to, st.channel))
                 {
-                    return false;
+                    return None;
                 }
                 if let Some(from) = step.op.recv_peer()
                     && !on(&mut recvs, (from, r, st.channel))
                 {
-                    return false;
+                    return None;
                 }
             }
         }
@@ -498,6 +481,35 @@ fn aliases_through_peers(s: &Schedule, rank: u32) -> bool {
             }
         }
     }
+    Some((base, succ))
+}
+
+/// Most steps over all ranks [`aliases_through_peers`] follows messages through.
+const ALIAS_PROOF_STEPS: usize = 50_000;
+
+/// Whether `rank`'s out-of-place program keeps its results with input and output as one
+/// buffer, its order proven through the whole schedule: every step that reads input chunk
+/// `i` happens before every step that writes output chunk `i` (other than a copy from input
+/// `i`, or the reading step itself working element by element), following stream order,
+/// dependencies and messages (the `k`-th send on a connection before its `k`-th receive).
+/// Ranks' programs this rank does not hold (empty) only take paths away: then the proof
+/// fails and the call stages. `false` beyond [`ALIAS_PROOF_STEPS`] steps.
+fn aliases_through_peers(s: &Schedule, rank: u32) -> bool {
+    let Some(prog) = s.ranks.get(rank as usize) else {
+        return false;
+    };
+    let total: usize = s
+        .ranks
+        .iter()
+        .flat_map(|p| &p.streams)
+        .map(|st| st.steps.len())
+        .sum();
+    if total > ALIAS_PROOF_STEPS {
+        return false;
+    }
+    let Some((base, succ)) = step_graph(s, total) else {
+        return false;
+    };
     // This rank's reads of input chunks and writes of output chunks.
     let chunks = s.input_chunks as usize;
     let mut reads: Vec<Vec<u32>> = vec![Vec::new(); chunks];
@@ -708,6 +720,14 @@ mod tests {
         assert!(!aliases_through_peers(&s, 0));
         // Without rank 1's program (another host's) nothing is proven.
         let s = two_ranks(rank0(), Vec::new());
+        assert!(!aliases_through_peers(&s, 0));
+        // A peer's dependency on a step it does not have proves nothing, and panics nowhere.
+        let mut bad = send(0, input(0));
+        bad.deps.push(hccl_ir::Dep {
+            stream: 0,
+            step: 99,
+        });
+        let s = two_ranks(rank0(), vec![vec![bad]]);
         assert!(!aliases_through_peers(&s, 0));
     }
 
