@@ -416,11 +416,14 @@ fn aliases_safely(prog: &hccl_ir::RankProgram, chunks: u32) -> bool {
     true
 }
 
+/// Per rank and stream the id of its first step; per step its successors.
+type StepGraph = (Vec<Vec<usize>>, Vec<Vec<u32>>);
+
 /// The happens-before graph of a schedule's `total` steps: per rank and stream the id of
 /// its first step, and each step's successors (the next step of its stream, the steps that
 /// depend on it, the step receiving its message). `None` when a dependency names a missing
 /// step or two streams of a rank share a connection (their messages' order is the run's).
-fn step_graph(s: &Schedule, total: usize) -> Option<(Vec<Vec<usize>>, Vec<Vec<u32>>)> {
+fn step_graph(s: &Schedule, total: usize) -> Option<StepGraph> {
     // Global step ids: per rank and stream, the id of its first step.
     let mut base: Vec<Vec<usize>> = Vec::with_capacity(s.ranks.len());
     let mut next = 0usize;
