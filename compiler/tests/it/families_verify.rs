@@ -134,7 +134,8 @@ fn every_family_schedule_verifies() {
         }
         let space = fam.param_space(topo, coll);
         // Routed rings offer nothing where no spare ring exists, the split hierarchy nothing
-        // where the NICs need no direct share.
+        // where the NICs need no direct share, recursive doubling over the rails nothing
+        // but AllReduce on a power-of-two count of hosts.
         if (fam.name() == "routed_rings"
             && hccl_compiler::synth::rings::routed_rings(topo).is_none())
             || (fam.name() == "hierarchical_split" && !splits(topo))
@@ -142,6 +143,11 @@ fn every_family_schedule_verifies() {
             || (fam.name() == "rail_trees"
                 && uniform_hosts(topo).is_none_or(|h| h.len() < 3 || h[0].len() < 2))
             || (fam.name() == "packed_allreduce" && !allreduce_trees(topo))
+            // Recursive doubling over the rails: AllReduce on 2, 4, 8, ... hosts only.
+            || (fam.name() == "hierarchical_rd"
+                && (coll.kind() != CollectiveKind::AllReduce
+                    || uniform_hosts(topo)
+                        .is_none_or(|h| h.len() < 2 || !h.len().is_power_of_two())))
         {
             assert!(space.is_empty(), "{} on {tname}", fam.name());
             return;
