@@ -362,58 +362,55 @@ fn check_shape(s: &Schedule, header: impl Fn(String) -> ExecError) -> Result<()>
 /// itself, a reduction into one of its operands); messages sent by pointer out of the input
 /// are settled by address before anything writes there, whatever buffer the write names.
 fn aliases_safely(prog: &hccl_ir::RankProgram, chunks: u32) -> bool {
-    let input = |off: u32| Loc::new(Buf::Input, off);
     let chunks = chunks as usize;
     // Per chunk: the stream that touches it, and whether its output was written yet.
     let mut owner: Vec<Option<usize>> = vec![None; chunks];
     let mut written = vec![false; chunks];
-    let claim = |owner: &mut Vec<Option<usize>>, i: usize, si: usize| -> bool {
-        match owner.get_mut(i) {
-            Some(o @ None) => {
-                *o = Some(si);
-                true
-            }
-            Some(Some(x)) => *x == si,
-            None => false,
-        }
-    };
     for (si, stream) in prog.streams.iter().enumerate() {
         for step in &stream.steps {
-            let (kind, src, dst) = parts(step.op);
-            let range = |l: Loc| l.off as usize..l.off as usize + step.count as usize;
-            if dst.is_some_and(|d| d.buf == Buf::Input) {
+            let Some((reads, writes)) = alias_access(step) else {
                 return false;
-            }
-            if let Some(src) = src.filter(|l| l.buf == Buf::Input) {
-                if let Some(dst) = dst.filter(|l| l.buf == Buf::Output) {
-                    let (a, b) = (range(src), range(dst));
-                    let overlap = a.start < b.end && b.start < a.end;
-                    if overlap && (a.start != b.start || kind == Kind::Reduce) {
+            };
+            // Reads first: a step writing what it reads does so element by element.
+            for (range, write) in [(reads, false), (writes, true)] {
+                for i in range {
+                    let ours = match owner.get_mut(i) {
+                        Some(o) => *o.get_or_insert(si) == si,
+                        None => false,
+                    };
+                    if !ours || (!write && written[i]) {
                         return false;
                     }
-                }
-                for i in range(src) {
-                    if !claim(&mut owner, i, si) || written.get(i).is_none_or(|&w| w) {
-                        return false;
-                    }
-                }
-            }
-            if let Some(dst) = dst.filter(|l| l.buf == Buf::Output) {
-                // A copy of input chunks to the same output chunks changes nothing of one
-                // buffer: later reads of the input still find its values.
-                let identity = kind == Kind::Copy && src.is_some_and(|s| s == input(dst.off));
-                for i in range(dst) {
-                    if !claim(&mut owner, i, si) {
-                        return false;
-                    }
-                    if let Some(w) = written.get_mut(i) {
-                        *w |= !identity;
-                    }
+                    written[i] |= write;
                 }
             }
         }
     }
     true
+}
+
+/// The input chunks `step` reads and the output chunks it writes when both buffers are one,
+/// as chunk ranges; `None` when the step cannot run on one buffer: it writes the input, or
+/// it reads and writes overlapping chunks other than element by element on the same index
+/// (shifted ranges, or a local reduction `dst ⊕= src`, which reads its destination's old
+/// value). A copy of input chunks to the same output chunks writes nothing.
+fn alias_access(step: &hccl_ir::Step) -> Option<(std::ops::Range<usize>, std::ops::Range<usize>)> {
+    let (kind, src, dst) = parts(step.op);
+    let range = |l: Loc| l.off as usize..l.off as usize + step.count as usize;
+    if dst.is_some_and(|d| d.buf == Buf::Input) {
+        return None;
+    }
+    let reads = src.filter(|l| l.buf == Buf::Input).map_or(0..0, range);
+    let writes = dst.filter(|l| l.buf == Buf::Output).map_or(0..0, range);
+    if reads.start < writes.end && writes.start < reads.end {
+        if reads.start != writes.start || kind == Kind::Reduce {
+            return None;
+        }
+        if kind == Kind::Copy {
+            return Some((reads, 0..0));
+        }
+    }
+    Some((reads, writes))
 }
 
 /// Per rank and stream the id of its first step; per step its successors.
@@ -517,37 +514,14 @@ fn aliases_through_peers(s: &Schedule, rank: u32) -> bool {
     let chunks = s.input_chunks as usize;
     let mut reads: Vec<Vec<u32>> = vec![Vec::new(); chunks];
     let mut writes: Vec<Vec<u32>> = vec![Vec::new(); chunks];
-    let mut aligned: Vec<u32> = Vec::new();
     for (si, st) in prog.streams.iter().enumerate() {
         for (pc, step) in st.steps.iter().enumerate() {
             let id = (base[rank as usize][si] + pc) as u32;
-            let (kind, src, dst) = parts(step.op);
-            let range = |l: Loc| l.off as usize..l.off as usize + step.count as usize;
-            let src = src.filter(|l| l.buf == Buf::Input);
-            if dst.is_some_and(|d| d.buf == Buf::Input) {
+            let Some((r, w)) = alias_access(step) else {
                 return false;
-            }
-            let dst = dst.filter(|l| l.buf == Buf::Output);
-            if let (Some(a), Some(b)) = (src, dst) {
-                let (a, b) = (range(a), range(b));
-                if a.start < b.end && b.start < a.end {
-                    if a.start != b.start || kind == Kind::Reduce {
-                        return false;
-                    }
-                    if kind == Kind::Copy {
-                        // A copy onto itself: no write at all on one buffer.
-                        for i in a {
-                            if let Some(rd) = reads.get_mut(i) {
-                                rd.push(id);
-                            }
-                        }
-                        continue;
-                    }
-                    aligned.push(id);
-                }
-            }
-            for (l, list) in [(src, &mut reads), (dst, &mut writes)] {
-                for i in l.map(range).into_iter().flatten() {
+            };
+            for (range, list) in [(r, &mut reads), (w, &mut writes)] {
+                for i in range {
                     match list.get_mut(i) {
                         Some(v) => v.push(id),
                         None => return false,
@@ -556,11 +530,8 @@ fn aliases_through_peers(s: &Schedule, rank: u32) -> bool {
             }
         }
     }
-    // Each reading step must reach every write of the chunks it reads.
-    let mut is_aligned = vec![false; total];
-    for &a in &aligned {
-        is_aligned[a as usize] = true;
-    }
+    // Each reading step must reach every write of the chunks it reads (or be that write:
+    // `alias_access` admits a step writing what it reads only element by element).
     let mut readers: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
     for (i, rd) in reads.iter().enumerate() {
         for &r in rd {
@@ -581,14 +552,10 @@ fn aliases_through_peers(s: &Schedule, rank: u32) -> bool {
                 }
             }
         }
-        let after = |w: u32| {
-            if w == from {
-                is_aligned[w as usize]
-            } else {
-                seen[w as usize] == mark
-            }
-        };
-        if !read.iter().all(|&i| writes[i].iter().all(|&w| after(w))) {
+        if !read
+            .iter()
+            .all(|&i| writes[i].iter().all(|&w| seen[w as usize] == mark))
+        {
             return false;
         }
     }
