@@ -111,7 +111,9 @@ pub fn collective_of(kind: CollectiveKind) -> Collective {
     }
 }
 
-/// Progress of a compilation, for a progress bar.
+/// Progress of a compilation, for a progress bar. On machines of up to 64 ranks the
+/// collectives compile side by side, so reports of different collectives interleave (each
+/// is reported from the thread that called [`compile_with_progress`](super::compile_with_progress)).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Progress {
     pub collective: CollectiveKind,
@@ -119,7 +121,8 @@ pub struct Progress {
     pub done: usize,
     /// Candidates of this collective.
     pub total: usize,
-    /// Collectives finished before this one.
+    /// The collective's place among the options' collectives (those before it); once it is
+    /// finished (`done == total`, last report of it), that place plus one.
     pub collectives_done: usize,
     /// Collectives to compile.
     pub collectives_total: usize,

@@ -1,4 +1,5 @@
-//! The search as a pipeline of named phases, run per collective in order: generate,
+//! The search as a pipeline of named phases, run per collective (side by side on small
+//! machines, see [`SIDE_BY_SIDE_RANKS`]; the results joined in order): generate,
 //! screen, cost, refine, select and verify, emit. Each phase is a function of its own
 //! module with its own inputs and outputs; this module runs them and gathers the
 //! [`SearchReport`].
@@ -9,6 +10,7 @@ use super::emit::{self, Bounds};
 use super::generate::{self, BASELINE_FAMILIES, Generation};
 use super::nccl::modelled_baselines;
 use super::options::{Options, Progress, SearchError, collective_of};
+use super::par::par_map;
 use super::refine::{REFINE_BUDGET, refine};
 use super::registry::families_for;
 use super::report::{CollectiveReport, Phase, PhaseClock, SearchReport, StopReason, stops};
@@ -19,12 +21,22 @@ use super::select::{Selection, select_and_verify};
 use hccl_ir::{CollectiveKind, PlanFile, PlanMeta};
 use hccl_topologies::Topology;
 
+/// Topologies of at most this many ranks compile their collectives side by side on the
+/// cores; larger ones one after the other (each phase already has work for every core
+/// there, and a collective's candidates may hold gigabytes).
+const SIDE_BY_SIDE_RANKS: u32 = 64;
+
+/// What one collective adds to a compile: the outcome of [`compile_collective`], its report
+/// and its rows and entries (as a plan of their own).
+type Part = (Result<usize, SearchError>, CollectiveReport, CompiledPlan);
+
 /// Compiles `topo` with `options`; no progress reporting.
 pub fn compile(topo: &Topology, options: &Options) -> Result<CompiledPlan, SearchError> {
     compile_with_progress(topo, options, &mut |_| {})
 }
 
-/// Compiles `topo` with `options`, calling `progress` after each costed candidate.
+/// Compiles `topo` with `options`, calling `progress` (on this thread) after each costed
+/// candidate and at the end of each collective.
 pub fn compile_with_progress(
     topo: &Topology,
     options: &Options,
@@ -46,35 +58,89 @@ pub fn compile_with_progress(
             .collect();
         crate::synth::milp::prime(topo, &wanted, options.cache_dir.as_deref());
     }
+    let meta = PlanMeta {
+        topology: topo.name.clone(),
+        topology_hash: topo.hash.clone(),
+        compiler: format!("hcclc {}", env!("CARGO_PKG_VERSION")),
+    };
     let mut compiled = CompiledPlan {
-        plan: PlanFile::new(PlanMeta {
-            topology: topo.name.clone(),
-            topology_hash: topo.hash.clone(),
-            compiler: format!("hcclc {}", env!("CARGO_PKG_VERSION")),
-        }),
+        plan: PlanFile::new(meta.clone()),
         rows: Vec::new(),
         skipped: Vec::new(),
         report: SearchReport::default(),
     };
-    for (index, &kind) in options.collectives.iter().enumerate() {
+    let total = options.collectives.len();
+    // One collective through every phase, into a plan of its own.
+    let one = |index: usize, progress: &mut dyn FnMut(Progress)| -> Result<Part, SearchError> {
         options.check_cancel()?;
+        let kind = options.collectives[index];
+        let mut part = CompiledPlan {
+            plan: PlanFile::new(meta.clone()),
+            rows: Vec::new(),
+            skipped: Vec::new(),
+            report: SearchReport::default(),
+        };
         let tick = Tick {
             kind,
             index,
             progress: &mut *progress,
         };
-        let (outcome, report) = compile_collective(&search, kind, tick, &mut compiled)?;
+        let (outcome, report) = compile_collective(&search, kind, tick, &mut part)?;
+        if let Ok(candidates) = outcome {
+            progress(Progress {
+                collective: kind,
+                done: candidates,
+                total: candidates,
+                collectives_done: index + 1,
+                collectives_total: total,
+            });
+        }
+        Ok((outcome, report, part))
+    };
+    // The collectives' parts joined in the options' order, as one after the other makes them.
+    let mut merge = |part: Result<Part, SearchError>| -> Result<(), SearchError> {
+        let (outcome, report, part) = part?;
         compiled.report.collectives.push(report);
+        compiled.rows.extend(part.rows);
+        for seal in part.plan.verified {
+            compiled.plan.add_seal(seal);
+        }
+        compiled.plan.entries.extend(part.plan.entries);
         match outcome {
             Err(err) if options.partial => compiled.skipped.push(err),
             Err(err) => return Err(err),
-            Ok(total) => progress(Progress {
-                collective: kind,
-                done: total,
-                total,
-                collectives_done: index + 1,
-                collectives_total: options.collectives.len(),
-            }),
+            Ok(_) => {}
+        }
+        Ok(())
+    };
+    if total > 1 && topo.nranks() <= SIDE_BY_SIDE_RANKS {
+        // Side by side on the cores (each phase spreads its own work over them as well):
+        // a collective's serial stretches (a tree packing's LP, verification, emitting)
+        // overlap another's simulations. Progress is reported on this thread.
+        let (tx, rx) = std::sync::mpsc::channel::<Progress>();
+        let indices: Vec<usize> = (0..total).collect();
+        let parts = std::thread::scope(|scope| {
+            let worker = scope.spawn(move || {
+                par_map(&indices, |&index| {
+                    one(index, &mut |p| {
+                        // The receiver outlives every sender: nothing is lost.
+                        let _ = tx.send(p);
+                    })
+                })
+            });
+            for p in rx {
+                progress(p);
+            }
+            worker
+                .join()
+                .unwrap_or_else(|e| std::panic::resume_unwind(e))
+        });
+        for part in parts {
+            merge(part)?;
+        }
+    } else {
+        for index in 0..total {
+            merge(one(index, &mut *progress))?;
         }
     }
     compiled.report.wall_s = started.elapsed().as_secs_f64();

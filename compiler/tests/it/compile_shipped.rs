@@ -117,6 +117,60 @@ fn compiling_twice_gives_identical_plans() {
     assert_eq!(a, b);
 }
 
+/// On a small machine the collectives compile side by side on the cores: the plan, rows and
+/// report's collectives are those of compiling each collective alone, in the options' order,
+/// and progress ends on the last collective's total.
+#[test]
+fn collectives_side_by_side_give_the_plan_of_one_at_a_time() {
+    let topo = hccl_topologies::shipped_by_name("dgx1-v100").unwrap();
+    let opts = Options {
+        collectives: vec![
+            CollectiveKind::Broadcast,
+            CollectiveKind::AllReduce,
+            CollectiveKind::AllToAll,
+        ],
+        ..options()
+    };
+    let mut seen = Vec::new();
+    let together = search::compile_with_progress(&topo, &opts, &mut |p| seen.push(p)).unwrap();
+    let mut alone = hccl_ir::PlanFile::new(together.plan.meta.clone());
+    let mut rows = Vec::new();
+    for &kind in &opts.collectives {
+        let one = search::compile(
+            &topo,
+            &Options {
+                collectives: vec![kind],
+                ..opts.clone()
+            },
+        )
+        .unwrap();
+        for seal in one.plan.verified {
+            alone.add_seal(seal);
+        }
+        alone.entries.extend(one.plan.entries);
+        rows.extend(one.rows);
+    }
+    assert_eq!(together.plan.to_ron(), alone.to_ron());
+    assert_eq!(format!("{:?}", together.rows), format!("{rows:?}"));
+    let kinds: Vec<_> = together
+        .report
+        .collectives
+        .iter()
+        .map(|c| c.collective)
+        .collect();
+    assert_eq!(kinds, opts.collectives);
+    // Every collective reports its end: done == total with its place among the collectives.
+    for (i, &kind) in opts.collectives.iter().enumerate() {
+        assert!(
+            seen.iter().any(|p| p.collective == kind
+                && p.done == p.total
+                && p.collectives_done == i + 1
+                && p.collectives_total == 3),
+            "{kind}: no final progress in {seen:?}"
+        );
+    }
+}
+
 #[test]
 fn ring_reaches_the_bound_on_a_ring() {
     let topo = hccl_topologies::build(generate::ring(8, 25.0, 0.7), "ring8").unwrap();
