@@ -287,45 +287,6 @@ fn schedules(
     out
 }
 
-impl Hierarchical {
-    /// The rank symmetry of what [`Hierarchical::schedules`] produces for these arguments
-    /// (the same for either buffer arrangement); see [`symmetry`].
-    pub fn symmetry(
-        &self,
-        topo: &Topology,
-        collective: Collective,
-        params: FamilyParams,
-    ) -> Option<Symmetry> {
-        symmetry(Rail::Direct, topo, collective, params)
-    }
-}
-
-impl HierarchicalHd {
-    /// The rank symmetry of what [`HierarchicalHd::schedules`] produces for these arguments
-    /// (the same for either buffer arrangement); see [`symmetry`].
-    pub fn symmetry(
-        &self,
-        topo: &Topology,
-        collective: Collective,
-        params: FamilyParams,
-    ) -> Option<Symmetry> {
-        symmetry(Rail::HalvingDoubling, topo, collective, params)
-    }
-}
-
-impl HierarchicalRd {
-    /// The rank symmetry of what [`HierarchicalRd::schedules`] produces for these arguments
-    /// (the same for either buffer arrangement); see [`symmetry`].
-    pub fn symmetry(
-        &self,
-        topo: &Topology,
-        collective: Collective,
-        params: FamilyParams,
-    ) -> Option<Symmetry> {
-        symmetry(Rail::RecursiveDoubling, topo, collective, params)
-    }
-}
-
 /// The rank symmetry of a hierarchical schedule with the rail exchange `rail`: the grid is
 /// `[hosts, local]` with the rank at `(h, l)` local rank `l` of host `h`; hosts translate by
 /// XOR under halving-doubling and recursive doubling (partners `p ^ 2^k`) and cyclically under the direct exchange
@@ -847,6 +808,19 @@ fn rd_space(topo: &Topology, collective: Collective) -> Vec<FamilyParams> {
 /// sets. Schedules for either buffer arrangement, and templates (see [`Family::template`]).
 macro_rules! hier_family {
     ($ty:ty, $name:literal, $rail:expr, $space:path) => {
+        impl $ty {
+            /// The rank symmetry of what the family's `schedules` produce for these
+            /// arguments (the same for either buffer arrangement); see [`symmetry`].
+            pub fn symmetry(
+                &self,
+                topo: &Topology,
+                collective: Collective,
+                params: FamilyParams,
+            ) -> Option<Symmetry> {
+                symmetry($rail, topo, collective, params)
+            }
+        }
+
         impl Family for $ty {
             fn name(&self) -> &'static str {
                 $name
