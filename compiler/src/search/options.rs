@@ -121,8 +121,7 @@ pub struct Progress {
     pub done: usize,
     /// Candidates of this collective.
     pub total: usize,
-    /// The collective's place among the options' collectives (those before it); once it is
-    /// finished (`done == total`, last report of it), that place plus one.
+    /// Collectives finished so far (all of them in the last report).
     pub collectives_done: usize,
     /// Collectives to compile.
     pub collectives_total: usize,

@@ -86,16 +86,18 @@ pub fn compile_with_progress(
             progress: &mut *progress,
         };
         let (outcome, report) = compile_collective(&search, kind, tick, &mut part)?;
-        if let Ok(candidates) = outcome {
-            progress(Progress {
-                collective: kind,
-                done: candidates,
-                total: candidates,
-                collectives_done: index + 1,
-                collectives_total: total,
-            });
-        }
         Ok((outcome, report, part))
+    };
+    // The last report of a collective compiled, as the `finished`-th done.
+    let last = |index: usize, part: &Result<Part, SearchError>, finished: usize| match part {
+        Ok((Ok(candidates), ..)) => Some(Progress {
+            collective: options.collectives[index],
+            done: *candidates,
+            total: *candidates,
+            collectives_done: finished,
+            collectives_total: total,
+        }),
+        _ => None,
     };
     // The collectives' parts joined in the options' order, as one after the other makes them.
     let mut merge = |part: Result<Part, SearchError>| -> Result<(), SearchError> {
@@ -117,19 +119,40 @@ pub fn compile_with_progress(
         // Side by side on the cores (each phase spreads its own work over them as well):
         // a collective's serial stretches (a tree packing's LP, verification, emitting)
         // overlap another's simulations. Progress is reported on this thread.
-        let (tx, rx) = std::sync::mpsc::channel::<Progress>();
+        // Reports of candidates costed, and of collectives finished (with their last
+        // report, when compiled); `collectives_done` counts the finished ones.
+        enum Report {
+            Tick(Progress),
+            Finished(Option<Progress>),
+        }
+        let (tx, rx) = std::sync::mpsc::channel::<Report>();
         let indices: Vec<usize> = (0..total).collect();
         let parts = std::thread::scope(|scope| {
             let worker = scope.spawn(move || {
                 par_map(&indices, |&index| {
-                    one(index, &mut |p| {
-                        // The receiver outlives every sender: nothing is lost.
-                        let _ = tx.send(p);
-                    })
+                    // The receiver outlives every sender: nothing is lost.
+                    let part = one(index, &mut |p| {
+                        let _ = tx.send(Report::Tick(p));
+                    });
+                    let _ = tx.send(Report::Finished(last(index, &part, 0)));
+                    part
                 })
             });
-            for p in rx {
-                progress(p);
+            let mut finished = 0;
+            for report in rx {
+                let p = match report {
+                    Report::Tick(p) => Some(p),
+                    Report::Finished(p) => {
+                        finished += 1;
+                        p
+                    }
+                };
+                if let Some(p) = p {
+                    progress(Progress {
+                        collectives_done: finished,
+                        ..p
+                    });
+                }
             }
             worker
                 .join()
@@ -140,7 +163,11 @@ pub fn compile_with_progress(
         }
     } else {
         for index in 0..total {
-            merge(one(index, &mut *progress))?;
+            let part = one(index, &mut *progress);
+            if let Some(p) = last(index, &part, index + 1) {
+                progress(p);
+            }
+            merge(part)?;
         }
     }
     compiled.report.wall_s = started.elapsed().as_secs_f64();
