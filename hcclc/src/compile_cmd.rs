@@ -281,15 +281,22 @@ pub fn compile(args: CompileArgs) -> Result<(), CliError> {
         },
     };
     let bar = progress_bar();
+    // Candidates costed over those generated, summed over the collectives reported so far
+    // (small machines compile them side by side, so reports of several interleave).
+    let mut seen: Vec<(CollectiveKind, usize, usize)> = Vec::new();
     let mut on_progress = |p: Progress| {
         if let Some(bar) = &bar {
+            match seen.iter_mut().find(|s| s.0 == p.collective) {
+                Some(s) => (s.1, s.2) = (p.done, p.total),
+                None => seen.push((p.collective, p.done, p.total)),
+            }
+            let (done, total) = seen.iter().fold((0, 0), |(d, t), s| (d + s.1, t + s.2));
             bar.set_prefix(p.collective.name().to_string());
-            bar.set_length(p.total as u64);
-            bar.set_position(p.done as u64);
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
             bar.set_message(format!(
-                "collective {}/{}",
-                (p.collectives_done + 1).min(p.collectives_total),
-                p.collectives_total
+                "{}/{} collectives done",
+                p.collectives_done, p.collectives_total
             ));
         }
     };

@@ -21,6 +21,7 @@ from typing import (
     List,
     Optional,
     Sequence,
+    Tuple,
     Union,
 )
 
@@ -589,12 +590,18 @@ class Plan:
 
 
 def _progress_bar() -> Callable[[str, int, int, int, int], None]:
+    # Candidates costed over those generated, summed over the collectives reported so far
+    # (small machines compile them side by side, so reports of several interleave).
     state = {"last": ""}
+    seen: Dict[str, Tuple[int, int]] = {}
 
     def show(collective: str, done: int, total: int, cdone: int, ctotal: int) -> None:
+        seen[collective] = (done, total)
+        done = sum(d for d, _ in seen.values())
+        total = sum(t for _, t in seen.values())
         width = 30
         filled = width * done // total if total else width
-        line = f"\r{collective:>14} [{'=' * filled}{' ' * (width - filled)}] {done}/{total} collective {min(cdone + 1, ctotal)}/{ctotal}"
+        line = f"\r{collective:>14} [{'=' * filled}{' ' * (width - filled)}] {done}/{total} {cdone}/{ctotal} collectives done"
         if line != state["last"]:
             sys.stderr.write(line)
             sys.stderr.flush()
