@@ -348,8 +348,6 @@ fn check_shape(s: &Schedule, header: impl Fn(String) -> ExecError) -> Result<()>
     Ok(())
 }
 
-/// The instruction kind of `op`, and the locations it reads and writes.
-#[inline]
 /// Whether a rank's out-of-place program leaves every result as it is when input chunk `i`
 /// and output chunk `i` are the same memory (an AllReduce's buffers share their geometry):
 /// for every chunk, the steps that read it from the input and those that write it to the
@@ -562,6 +560,8 @@ fn aliases_through_peers(s: &Schedule, rank: u32) -> bool {
     true
 }
 
+/// The instruction kind of `op`, and the locations it reads and writes.
+#[inline]
 fn parts(op: Op) -> (Kind, Option<Loc>, Option<Loc>) {
     match op {
         Op::Send { src, .. } => (Kind::Send, Some(src), None),

@@ -119,8 +119,8 @@ pub fn compile_with_progress(
         // Side by side on the cores (each phase spreads its own work over them as well):
         // a collective's serial stretches (a tree packing's LP, verification, emitting)
         // overlap another's simulations. Progress is reported on this thread.
-        // Reports of candidates costed, and of collectives finished (with their last
-        // report, when compiled); `collectives_done` counts the finished ones.
+        /// What a worker tells this thread: a candidate costed, or a collective finished
+        /// (with its last report when it compiled); `collectives_done` counts the latter.
         enum Report {
             Tick(Progress),
             Finished(Option<Progress>),
