@@ -100,6 +100,7 @@ fn cases() -> Vec<Case> {
     });
     let dgx1 = hccl_topologies::shipped_by_name("dgx1-v100").expect("shipped");
     let h100x2 = hccl_topologies::shipped_by_name("h100-cluster-2node").expect("shipped");
+    let h100x4 = hccl_topologies::shipped_by_name("h100-cluster-4node").expect("shipped");
     let h100x8 = cluster(8);
     let mut out = Vec::new();
     let ar = Collective::AllReduce;
@@ -111,7 +112,15 @@ fn cases() -> Vec<Case> {
         Collective,
         Option<FamilyParams>,
     );
-    let specs: [Spec; 7] = [
+    let c1p32 = Some(FamilyParams {
+        channels: 1,
+        pipeline: 32,
+    });
+    let c2p32 = Some(FamilyParams {
+        channels: 2,
+        pipeline: 32,
+    });
+    let specs: [Spec; 9] = [
         ("dgx1", &dgx1, "ring", ar, one),
         ("dgx1", &dgx1, "tree", ar, one),
         ("dgx1", &dgx1, "ring", ar, None),
@@ -128,6 +137,14 @@ fn cases() -> Vec<Case> {
         ("h100x8", &h100x8, "ring", ar, one),
         ("h100x2", &h100x2, "pairwise", a2a, one),
         ("h100x8", &h100x8, "pairwise", a2a, one),
+        ("h100x4", &h100x4, "hierarchical_hd", ar, c1p32),
+        (
+            "h100x4",
+            &h100x4,
+            "rail_trees",
+            Collective::Broadcast { root: 0 },
+            c2p32,
+        ),
     ];
     let mut sims: Vec<(*const Topology, std::sync::Arc<Simulator>)> = Vec::new();
     for (machine, topo, family, coll, params) in specs {

@@ -4,7 +4,7 @@
 
 use super::error::CostError;
 use super::model::CostModel;
-use super::network::{Network, Route};
+use super::network::Network;
 use super::prepared::{Estimate, Prepared, ResourceUse, Spans};
 use super::steps::{EventKind, Rates, Steps, total_order_key};
 use hccl_ir::Protocol;
@@ -13,6 +13,79 @@ use std::collections::{BinaryHeap, HashMap};
 
 /// Largest set of interacting flows whose rates are recomputed exactly at every change.
 pub const EXACT_COMPONENT: usize = 256;
+
+/// The routes as max-min sharing sees them. Resources crossed by exactly the same
+/// connections (of those that carry messages) always carry the same flows, so they form a
+/// *bundle* that only its member of least capacity (then lowest id) can limit: their flow
+/// counts are equal and the same shares are taken off each, so that member's fair share is
+/// never above another's, and it comes first on a tie. A route lists the representatives
+/// of its bundles, each once, in the order of the bundle's first resource on the route.
+/// Filling over representatives gives every flow the rate filling over every resource
+/// gives, with half the work on a multi-hop route; the capacity left on a route (the large
+/// component's approximate allocation) is the same as well, since a bundle's members carry
+/// the same allocated rate.
+#[derive(Debug)]
+pub(super) struct FlowRoutes {
+    /// Per connection, where its representatives start in `res` (and one past the last).
+    start: Vec<u32>,
+    res: Vec<u32>,
+}
+
+impl FlowRoutes {
+    fn new(p: &Prepared, capacity: &[f64]) -> FlowRoutes {
+        let nres = capacity.len();
+        let mut users: Vec<Vec<u32>> = vec![Vec::new(); nres];
+        for (c, route) in p.conn_route.iter().enumerate() {
+            if p.conn_len[c] == 0 {
+                continue;
+            }
+            for &r in &route.resources {
+                let list = &mut users[r as usize];
+                if list.last() != Some(&(c as u32)) {
+                    list.push(c as u32);
+                }
+            }
+        }
+        let mut best: HashMap<&[u32], u32> = HashMap::new();
+        for (r, list) in users.iter().enumerate() {
+            if list.is_empty() {
+                continue;
+            }
+            best.entry(list.as_slice())
+                .and_modify(|b| {
+                    if capacity[r].total_cmp(&capacity[*b as usize]).is_lt() {
+                        *b = r as u32;
+                    }
+                })
+                .or_insert(r as u32);
+        }
+        let rep: Vec<u32> = users
+            .iter()
+            .enumerate()
+            .map(|(r, list)| best.get(list.as_slice()).copied().unwrap_or(r as u32))
+            .collect();
+        let mut start = Vec::with_capacity(p.conn_route.len() + 1);
+        let mut res = Vec::new();
+        start.push(0);
+        for route in &p.conn_route {
+            let first = res.len();
+            for &r in &route.resources {
+                let b = rep[r as usize];
+                if !res[first..].contains(&b) {
+                    res.push(b);
+                }
+            }
+            start.push(res.len() as u32);
+        }
+        FlowRoutes { start, res }
+    }
+
+    /// The representatives on connection `c`'s route.
+    #[inline]
+    fn of(&self, c: u32) -> &[u32] {
+        &self.res[self.start[c as usize] as usize..self.start[c as usize + 1] as usize]
+    }
+}
 
 /// A candidate of progressive filling: resource `res` with fair share `rem / cnt` (as a
 /// [`total_order_key`]) computed when its flow count was `stamp`. Filling order: smallest
@@ -151,6 +224,8 @@ pub(super) fn resource_uses(p: &Prepared, log: Vec<(f64, u32, f64)>) -> Vec<Reso
 /// Max-min fair rates of every flow of a whole schedule (see [`FlowRates::recompute`]).
 struct FlowRates<'a> {
     p: &'a Prepared,
+    /// Each message's resources as bandwidth is shared over them.
+    routes: &'a FlowRoutes,
     /// Rate changes, when the run is traced.
     log: RateLog,
     // flows (indexed by message)
@@ -205,14 +280,18 @@ impl<'a> FlowRates<'a> {
         let eff = model.efficiency(protocol) * scale;
         // GB/s × 1e3 = bytes per µs.
         let cap = network.capacity.iter().map(|c| c * eff * 1e3).collect();
+        let routes: &FlowRoutes = p
+            .flow_routes
+            .get_or_init(|| std::sync::Arc::new(FlowRoutes::new(p, &network.capacity)));
         let mut slot_base = Vec::with_capacity(nmsg);
         let mut slots = 0u32;
         for &c in &p.msg_conn {
             slot_base.push(slots);
-            slots += p.conn_route[c as usize].resources.len() as u32;
+            slots += routes.of(c).len() as u32;
         }
         FlowRates {
             p,
+            routes,
             rate: vec![0.0; nmsg],
             remaining: vec![0.0; nmsg],
             last: vec![0.0; nmsg],
@@ -248,13 +327,16 @@ impl Rates for FlowRates<'_> {
     fn start(&mut self, st: &mut Steps<'_>, m: u32, bytes: f64) {
         let mi = m as usize;
         let p = self.p;
-        let route: &Route = &p.conn_route[p.msg_conn[mi] as usize];
+        let c = p.msg_conn[mi];
+        for &r in &p.conn_route[c as usize].resources {
+            self.resource_bytes[r as usize] += bytes;
+        }
+        let route = self.routes.of(c);
         let base = self.slot_base[mi] as usize;
-        for (j, &r) in route.resources.iter().enumerate() {
+        for (j, &r) in route.iter().enumerate() {
             let list = &mut self.res_flows[r as usize];
             self.slot[base + j] = list.len() as u32;
             list.push(m);
-            self.resource_bytes[r as usize] += bytes;
         }
         self.active[mi] = true;
         self.active_count += 1;
@@ -262,7 +344,7 @@ impl Rates for FlowRates<'_> {
         self.remaining[mi] = bytes;
         self.rate[mi] = 0.0;
         self.last[mi] = st.now;
-        self.dirty.extend_from_slice(&route.resources);
+        self.dirty.extend_from_slice(route);
     }
 
     fn finish(&mut self, st: &mut Steps<'_>, m: u32) {
@@ -273,10 +355,10 @@ impl Rates for FlowRates<'_> {
         self.active[mi] = false;
         self.active_count -= 1;
         self.released += 1;
-        let p = self.p;
-        let route: &Route = &p.conn_route[p.msg_conn[mi] as usize];
+        let (p, routes) = (self.p, self.routes);
+        let route = routes.of(p.msg_conn[mi]);
         let base = self.slot_base[mi] as usize;
-        for (j, &r) in route.resources.iter().enumerate() {
+        for (j, &r) in route.iter().enumerate() {
             self.used[r as usize] = (self.used[r as usize] - self.rate[mi]).max(0.0);
             let list = &mut self.res_flows[r as usize];
             let pos = self.slot[base + j] as usize;
@@ -287,7 +369,7 @@ impl Rates for FlowRates<'_> {
                 // that pointed at the end of the list).
                 let moved = list[pos] as usize;
                 let mbase = self.slot_base[moved] as usize;
-                let mroute = &p.conn_route[p.msg_conn[moved] as usize].resources;
+                let mroute = routes.of(p.msg_conn[moved]);
                 if let Some(k) = (0..mroute.len())
                     .find(|&k| mroute[k] == r && self.slot[mbase + k] as usize == last)
                 {
@@ -295,7 +377,7 @@ impl Rates for FlowRates<'_> {
                 }
             }
         }
-        self.dirty.extend_from_slice(&route.resources);
+        self.dirty.extend_from_slice(route);
     }
 
     fn current(&self, m: u32, version: u32) -> bool {
@@ -358,8 +440,7 @@ impl<'a> FlowRates<'a> {
                         big = true;
                         break 'bfs;
                     }
-                    let route = &self.p.conn_route[self.p.msg_conn[f as usize] as usize];
-                    for &r2 in &route.resources {
+                    for &r2 in self.routes.of(self.p.msg_conn[f as usize]) {
                         if self.res_stamp[r2 as usize] != epoch {
                             stack.push(r2);
                         }
@@ -387,15 +468,13 @@ impl<'a> FlowRates<'a> {
                 continue;
             }
             changes += 1;
-            let p: &'a Prepared = self.p;
-            let route: &'a Route = &p.conn_route[p.msg_conn[f as usize] as usize];
+            let route: &'a [u32] = self.routes.of(self.p.msg_conn[f as usize]);
             let rate = route
-                .resources
                 .iter()
                 .map(|&r| (self.cap[r as usize] - self.used[r as usize]).max(0.0))
                 .fold(f64::INFINITY, f64::min);
             if rate > 0.0 && rate.is_finite() {
-                for &r in &route.resources {
+                for &r in route {
                     self.used[r as usize] += rate;
                 }
                 self.set_rate(st, f, rate);
@@ -469,8 +548,7 @@ impl<'a> FlowRates<'a> {
     /// Progressive filling over a closed set of resources and the flows on them.
     fn fill(&mut self, st: &mut Steps<'_>, comp_res: &[u32], comp_flows: &[u32]) {
         let epoch = self.epoch;
-        let p: &'a Prepared = self.p;
-        let (routes, msg_conn) = (&p.conn_route, &p.msg_conn);
+        let (routes, msg_conn): (&'a FlowRoutes, &'a [u32]) = (self.routes, &self.p.msg_conn);
         // Progressive filling: repeatedly freeze the flows of the resource with the smallest
         // fair share `rem / cnt` (ties: lowest id) at that share.
         {
@@ -555,8 +633,7 @@ impl<'a> FlowRates<'a> {
                     }
                     frozen_stamp[f as usize] = epoch;
                     new_rate[f as usize] = share;
-                    let route = &routes[msg_conn[f as usize] as usize];
-                    for &r2 in &route.resources {
+                    for &r2 in routes.of(msg_conn[f as usize]) {
                         let r2i = r2 as usize;
                         rem[r2i] = (rem[r2i] - share).max(0.0);
                         cnt[r2i] -= 1;
@@ -584,8 +661,7 @@ impl<'a> FlowRates<'a> {
         }
         for &f in comp_flows {
             let new = self.new_rate[f as usize];
-            let route = &routes[msg_conn[f as usize] as usize];
-            for &r in &route.resources {
+            for &r in routes.of(msg_conn[f as usize]) {
                 self.used[r as usize] += new;
             }
             if new != self.rate[f as usize] || self.rate[f as usize] == 0.0 {

@@ -132,6 +132,9 @@ pub struct Prepared {
     pub(super) conn_base: Vec<u32>,
     pub(super) conn_len: Vec<u32>,
     pub(super) conn_route: Vec<Arc<Route>>,
+    /// The routes as the flow simulator shares bandwidth over them ([`super::flow`]'s
+    /// `FlowRoutes`), built on the first run.
+    pub(super) flow_routes: std::sync::OnceLock<Arc<super::flow::FlowRoutes>>,
     pub(super) chunks: u32,
     /// The collective, the largest message (in chunks) and the most scratch chunks of any
     /// rank: how the executor segments a call.

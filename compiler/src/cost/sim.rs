@@ -168,6 +168,7 @@ impl Simulator {
                 conn_base,
                 conn_len,
                 conn_route: Vec::new(),
+                flow_routes: Default::default(),
                 chunks: schedule.chunks,
                 collective: schedule.collective,
                 max_count,

@@ -242,6 +242,7 @@ impl Simulator {
             conn_base,
             conn_len,
             conn_route,
+            flow_routes: Default::default(),
             chunks: s.chunks,
             collective: s.collective,
             max_scratch: prog.scratch_chunks,
