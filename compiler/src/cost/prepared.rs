@@ -5,6 +5,7 @@
 use super::model::{CostModel, LinkClass};
 use super::network::{Network, Route};
 use hccl_ir::{Collective, Op, StepRef};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// No message, step or connection (an index's "none").
@@ -132,9 +133,8 @@ pub struct Prepared {
     pub(super) conn_base: Vec<u32>,
     pub(super) conn_len: Vec<u32>,
     pub(super) conn_route: Vec<Arc<Route>>,
-    /// The routes as the flow simulator shares bandwidth over them ([`super::flow`]'s
-    /// `FlowRoutes`), built on the first run.
-    pub(super) flow_routes: std::sync::OnceLock<Arc<super::flow::FlowRoutes>>,
+    /// The routes as the flow simulator shares bandwidth over them, built on its first run.
+    pub(super) flow_routes: std::sync::OnceLock<Arc<FlowRoutes>>,
     pub(super) chunks: u32,
     /// The collective, the largest message (in chunks) and the most scratch chunks of any
     /// rank: how the executor segments a call.
@@ -155,6 +155,79 @@ impl Prepared {
             .iter()
             .zip(&self.conn_len)
             .any(|(r, &len)| len > 0 && r.class == class)
+    }
+}
+
+/// The routes as max-min sharing sees them. Resources crossed by exactly the same
+/// connections (of those that carry messages) always carry the same flows, so they form a
+/// *bundle* that only its member of least capacity (then lowest id) can limit: their flow
+/// counts are equal and the same shares are taken off each, so that member's fair share is
+/// never above another's, and it comes first on a tie. A route lists the representatives
+/// of its bundles, each once, in the order of the bundle's first resource on the route.
+/// Filling over representatives (`flow.rs`) gives every flow the rate filling over every
+/// resource gives, with half the work on a multi-hop route; the capacity left on a route (the
+/// large component's approximate allocation) is the same as well, since a bundle's members
+/// carry the same allocated rate.
+#[derive(Debug)]
+pub(super) struct FlowRoutes {
+    /// Per connection, where its representatives start in `res` (and one past the last).
+    start: Vec<u32>,
+    res: Vec<u32>,
+}
+
+impl FlowRoutes {
+    pub(super) fn new(p: &Prepared, capacity: &[f64]) -> FlowRoutes {
+        let nres = capacity.len();
+        let mut users: Vec<Vec<u32>> = vec![Vec::new(); nres];
+        for (c, route) in p.conn_route.iter().enumerate() {
+            if p.conn_len[c] == 0 {
+                continue;
+            }
+            for &r in &route.resources {
+                let list = &mut users[r as usize];
+                if list.last() != Some(&(c as u32)) {
+                    list.push(c as u32);
+                }
+            }
+        }
+        let mut best: HashMap<&[u32], u32> = HashMap::new();
+        for (r, list) in users.iter().enumerate() {
+            if list.is_empty() {
+                continue;
+            }
+            best.entry(list.as_slice())
+                .and_modify(|b| {
+                    if capacity[r].total_cmp(&capacity[*b as usize]).is_lt() {
+                        *b = r as u32;
+                    }
+                })
+                .or_insert(r as u32);
+        }
+        let rep: Vec<u32> = users
+            .iter()
+            .enumerate()
+            .map(|(r, list)| best.get(list.as_slice()).copied().unwrap_or(r as u32))
+            .collect();
+        let mut start = Vec::with_capacity(p.conn_route.len() + 1);
+        let mut res = Vec::new();
+        start.push(0);
+        for route in &p.conn_route {
+            let first = res.len();
+            for &r in &route.resources {
+                let b = rep[r as usize];
+                if !res[first..].contains(&b) {
+                    res.push(b);
+                }
+            }
+            start.push(res.len() as u32);
+        }
+        FlowRoutes { start, res }
+    }
+
+    /// The representatives on connection `c`'s route.
+    #[inline]
+    pub(super) fn of(&self, c: u32) -> &[u32] {
+        &self.res[self.start[c as usize] as usize..self.start[c as usize + 1] as usize]
     }
 }
 
