@@ -6,7 +6,7 @@ use super::error::CostError;
 use super::model::CostModel;
 use super::network::Network;
 use super::prepared::{Estimate, FlowRoutes, Prepared, ResourceUse, Spans};
-use super::steps::{EventKind, Rates, Steps, total_order_key};
+use super::steps::{Rates, Steps, total_order_key};
 use hccl_ir::Protocol;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -159,7 +159,8 @@ struct FlowRates<'a> {
     rate: Vec<f64>,
     remaining: Vec<f64>,
     last: Vec<f64>,
-    version: Vec<u32>,
+    /// Per flow: the push order of its live end event (0: none).
+    end_seq: Vec<u32>,
     active: Vec<bool>,
     res_flows: Vec<Vec<u32>>,
     /// Where each active flow sits in the flow list of each resource on its route:
@@ -222,7 +223,7 @@ impl<'a> FlowRates<'a> {
             rate: vec![0.0; nmsg],
             remaining: vec![0.0; nmsg],
             last: vec![0.0; nmsg],
-            version: vec![0; nmsg],
+            end_seq: vec![0; nmsg],
             active: vec![false; nmsg],
             res_flows: vec![Vec::new(); nres],
             slot: vec![0; slots as usize],
@@ -307,8 +308,8 @@ impl Rates for FlowRates<'_> {
         self.dirty.extend_from_slice(route);
     }
 
-    fn current(&self, m: u32, version: u32) -> bool {
-        self.active[m as usize] && self.version[m as usize] == version
+    fn current(&self, m: u32, seq: u32) -> bool {
+        self.active[m as usize] && self.end_seq[m as usize] == seq
     }
 
     fn dirty(&self) -> bool {
@@ -468,11 +469,14 @@ impl<'a> FlowRates<'a> {
         if let Some(log) = &mut self.log {
             log.push((st.now, f, new));
         }
-        self.version[fi] = self.version[fi].wrapping_add(1);
-        if new > 0.0 {
+        // The flow's live end is the one pushed last (none at rate 0: push orders start
+        // at 1).
+        self.end_seq[fi] = if new > 0.0 {
             let finish = st.now + self.remaining[fi] / new;
-            st.push(finish, EventKind::FlowDone(f, self.version[fi]));
-        }
+            st.push_flow_end(finish, f)
+        } else {
+            0
+        };
     }
 
     /// Progressive filling over a closed set of resources and the flows on them.

@@ -14,7 +14,8 @@ use std::collections::BinaryHeap;
 pub(super) enum EventKind {
     /// A local step (or a receive's fused work) finished.
     StepDone(u32),
-    /// A flow may have finished (valid if the version matches).
+    /// A flow may have finished: valid if this event is still the flow's last (its push
+    /// order, which [`Steps::push_flow_end`] returned, is the one the flow keeps).
     FlowDone(u32, u32),
     /// A message arrived at the receiver.
     Arrive(u32),
@@ -60,6 +61,57 @@ pub(super) fn total_order_key(x: f64) -> u64 {
     (b as u64) ^ (1 << 63)
 }
 
+/// An event of [`Steps`]' queue in 16 bytes (half an [`Event`]'s: the queue's sifting moves
+/// and compares less): its time, then a tag whose high half is its push order (which breaks
+/// ties in time, as [`Event`]'s `seq`) and low half its kind (2 bits) and index (30 bits).
+/// Ordered so that a `BinaryHeap` pops the earliest first.
+#[derive(Debug, Clone, Copy)]
+struct Timed {
+    time: f64,
+    tag: u64,
+}
+
+/// Indices (steps, messages) an event can name: below 2^30.
+const INDEX_BITS: u32 = 30;
+
+impl Timed {
+    fn new(time: f64, seq: u32, kind: u64, index: u32) -> Timed {
+        Timed {
+            time,
+            tag: (u64::from(seq) << 32) | (kind << INDEX_BITS) | u64::from(index),
+        }
+    }
+
+    fn kind(self) -> EventKind {
+        let index = (self.tag & ((1 << INDEX_BITS) - 1)) as u32;
+        match (self.tag >> INDEX_BITS) & 3 {
+            0 => EventKind::StepDone(index),
+            1 => EventKind::FlowDone(index, (self.tag >> 32) as u32),
+            _ => EventKind::Arrive(index),
+        }
+    }
+}
+
+impl PartialEq for Timed {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Timed {}
+impl PartialOrd for Timed {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Timed {
+    fn cmp(&self, other: &Self) -> Ordering {
+        other
+            .time
+            .total_cmp(&self.time)
+            .then(other.tag.cmp(&self.tag))
+    }
+}
+
 /// The step and message state of one run, shared by the flow simulator and the template
 /// run ([`super::symmetric`]): which steps are ready and done, which messages started and
 /// arrived, connection slots, the event queue. How flows share bandwidth is the [`Rates`]
@@ -76,8 +128,10 @@ pub(super) struct Steps<'a> {
     /// The run stops (see [`Steps::execute`]) once the clock passes this (µs, without the
     /// protocol's base latency); infinite for a full run.
     pub(super) limit: f64,
-    seq: u64,
-    events: BinaryHeap<Event<EventKind>>,
+    /// Events pushed so far: the next one's push order. At `u32::MAX` the run stops
+    /// ([`CostError::TooLarge`]: billions of events, far past any budget).
+    seq: u32,
+    events: BinaryHeap<Timed>,
     /// Flow ends in `events` that a rate change superseded (see [`Steps::superseded`]).
     stale: usize,
     pending: Vec<u32>,
@@ -108,8 +162,8 @@ pub(super) trait Rates {
     fn start(&mut self, st: &mut Steps<'_>, m: u32, bytes: f64);
     /// Flow `m` ended (its current `FlowDone` fired): it releases what it held.
     fn finish(&mut self, st: &mut Steps<'_>, m: u32);
-    /// Whether a `FlowDone(m, version)` event is still current.
-    fn current(&self, m: u32, version: u32) -> bool;
+    /// Whether a `FlowDone(m, seq)` event (`seq`: its push order) is still current.
+    fn current(&self, m: u32, seq: u32) -> bool;
     /// Whether rates must be recomputed before time moves on.
     fn dirty(&self) -> bool;
     /// Recomputes the rates of the flows a change touched.
@@ -161,13 +215,27 @@ impl<'a> Steps<'a> {
         }
     }
 
+    /// Queues a step's end or a message's arrival at `time`.
     pub(super) fn push(&mut self, time: f64, kind: EventKind) {
-        self.seq += 1;
-        self.events.push(Event {
-            time,
-            seq: self.seq,
-            kind,
-        });
+        let (code, index) = match kind {
+            EventKind::StepDone(s) => (0, s),
+            EventKind::FlowDone(m, _) => (1, m),
+            EventKind::Arrive(m) => (2, m),
+        };
+        self.queue(time, code, index);
+    }
+
+    /// Queues the end of flow `m` at `time`; returns the event's push order, which
+    /// [`Rates::current`] compares with the flow's last.
+    pub(super) fn push_flow_end(&mut self, time: f64, m: u32) -> u32 {
+        self.queue(time, 1, m)
+    }
+
+    #[inline]
+    fn queue(&mut self, time: f64, code: u64, index: u32) -> u32 {
+        self.seq = self.seq.saturating_add(1);
+        self.events.push(Timed::new(time, self.seq, code, index));
+        self.seq
     }
 
     /// A flow end pushed earlier will be skipped (its flow's rate changed). Once they are
@@ -195,6 +263,10 @@ impl<'a> Steps<'a> {
     /// in time order and the clock never goes back, so the full run would end later still)
     /// and returns [`CostError::PastLimit`].
     pub(super) fn execute<R: Rates>(&mut self, rates: &mut R) -> Result<Spans, CostError> {
+        let steps = self.p.steps.len();
+        if steps >= 1 << INDEX_BITS || self.p.msg_conn.len() >= 1 << INDEX_BITS {
+            return Err(CostError::TooLarge { steps });
+        }
         for id in 0..self.p.steps.len() as u32 {
             if self.pending[id as usize] == 0 {
                 self.worklist.push(id);
@@ -203,7 +275,7 @@ impl<'a> Steps<'a> {
         self.drain_ready(rates);
         loop {
             if self.stale >= STALE_PURGE && 2 * self.stale > self.events.len() {
-                self.events.retain(|e| match e.kind {
+                self.events.retain(|e| match e.kind() {
                     EventKind::FlowDone(m, v) => rates.current(m, v),
                     _ => true,
                 });
@@ -214,13 +286,17 @@ impl<'a> Steps<'a> {
                 rates.recompute(self);
                 continue;
             }
+            if self.seq == u32::MAX {
+                return Err(CostError::TooLarge { steps });
+            }
             let Some(ev) = self.events.pop() else {
                 if rates.revive(self) {
                     continue;
                 }
                 break;
             };
-            if let EventKind::FlowDone(m, v) = ev.kind
+            let kind = ev.kind();
+            if let EventKind::FlowDone(m, v) = kind
                 && !rates.current(m, v)
             {
                 self.stale = self.stale.saturating_sub(1);
@@ -232,7 +308,7 @@ impl<'a> Steps<'a> {
                     limit_us: self.limit,
                 });
             }
-            match ev.kind {
+            match kind {
                 EventKind::StepDone(s) => self.complete(s),
                 EventKind::FlowDone(m, _) => {
                     rates.finish(self, m);

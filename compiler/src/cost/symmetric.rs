@@ -70,7 +70,7 @@ use super::prepared::{
     Estimate, FlatStep, Messages, NONE, Prepared, number_messages, step_kind, successors,
 };
 use super::sim::Simulator;
-use super::steps::{EventKind, Rates, Steps, total_order_key};
+use super::steps::{Rates, Steps, total_order_key};
 use hccl_ir::{Action, Protocol, StepRef, SymmetricSchedule, SymmetryTable};
 use std::cmp::Reverse;
 use std::collections::hash_map::Entry;
@@ -736,7 +736,8 @@ struct ClassRates<'a> {
     rate: Vec<f64>,
     remaining: Vec<f64>,
     last: Vec<f64>,
-    version: Vec<u32>,
+    /// Per flow: the push order of its live end event (0: none).
+    end_seq: Vec<u32>,
     active: Vec<bool>,
     /// The active flows.
     flows: Vec<u32>,
@@ -770,7 +771,7 @@ impl<'a> ClassRates<'a> {
             rate: vec![0.0; nmsg],
             remaining: vec![0.0; nmsg],
             last: vec![0.0; nmsg],
-            version: vec![0; nmsg],
+            end_seq: vec![0; nmsg],
             active: vec![false; nmsg],
             flows: Vec::new(),
             dirty: false,
@@ -810,8 +811,8 @@ impl Rates for ClassRates<'_> {
         self.dirty = true;
     }
 
-    fn current(&self, m: u32, version: u32) -> bool {
-        self.active[m as usize] && self.version[m as usize] == version
+    fn current(&self, m: u32, seq: u32) -> bool {
+        self.active[m as usize] && self.end_seq[m as usize] == seq
     }
 
     fn dirty(&self) -> bool {
@@ -941,11 +942,14 @@ impl<'a> ClassRates<'a> {
         self.remaining[fi] = (self.remaining[fi] - self.rate[fi] * elapsed).max(0.0);
         self.last[fi] = st.now;
         self.rate[fi] = new;
-        self.version[fi] = self.version[fi].wrapping_add(1);
-        if new > 0.0 {
+        // The flow's live end is the one pushed last (none at rate 0: push orders start
+        // at 1).
+        self.end_seq[fi] = if new > 0.0 {
             let finish = st.now + self.remaining[fi] / new;
-            st.push(finish, EventKind::FlowDone(f, self.version[fi]));
-        }
+            st.push_flow_end(finish, f)
+        } else {
+            0
+        };
     }
 }
 
