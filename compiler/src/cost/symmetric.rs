@@ -938,6 +938,9 @@ impl<'a> ClassRates<'a> {
     /// Sets a flow's rate, settling its progress and scheduling its end.
     fn set_rate(&mut self, st: &mut Steps<'_>, f: u32, new: f64) {
         let fi = f as usize;
+        if self.rate[fi] > 0.0 {
+            st.superseded();
+        }
         let elapsed = st.now - self.last[fi];
         self.remaining[fi] = (self.remaining[fi] - self.rate[fi] * elapsed).max(0.0);
         self.last[fi] = st.now;
