@@ -459,9 +459,6 @@ impl<'a> FlowRates<'a> {
     /// Sets a flow's rate, settling its progress and scheduling its end.
     fn set_rate(&mut self, st: &mut Steps<'_>, f: u32, new: f64) {
         let fi = f as usize;
-        if self.rate[fi] > 0.0 {
-            st.superseded();
-        }
         let elapsed = st.now - self.last[fi];
         self.remaining[fi] = (self.remaining[fi] - self.rate[fi] * elapsed).max(0.0);
         self.last[fi] = st.now;
@@ -469,14 +466,8 @@ impl<'a> FlowRates<'a> {
         if let Some(log) = &mut self.log {
             log.push((st.now, f, new));
         }
-        // The flow's live end is the one pushed last (none at rate 0: push orders start
-        // at 1).
-        self.end_seq[fi] = if new > 0.0 {
-            let finish = st.now + self.remaining[fi] / new;
-            st.push_flow_end(finish, f)
-        } else {
-            0
-        };
+        let finish = (new > 0.0).then(|| st.now + self.remaining[fi] / new);
+        self.end_seq[fi] = st.replace_flow_end(f, self.end_seq[fi], finish);
     }
 
     /// Progressive filling over a closed set of resources and the flows on them.

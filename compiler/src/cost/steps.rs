@@ -15,14 +15,14 @@ pub(super) enum EventKind {
     /// A local step (or a receive's fused work) finished.
     StepDone(u32),
     /// A flow may have finished: valid if this event is still the flow's last (its push
-    /// order, which [`Steps::push_flow_end`] returned, is the one the flow keeps).
+    /// order, which [`Steps::replace_flow_end`] returned, is the one the flow keeps).
     FlowDone(u32, u32),
     /// A message arrived at the receiver.
     Arrive(u32),
 }
 
 /// A timed event; ordered so that a `BinaryHeap` pops the earliest first, ties in push order
-/// (`seq`). Shared by the flow simulator and the CPU one ([`super::cpu`]).
+/// (`seq`). The CPU model's ([`super::cpu`]); [`Steps`] packs its own into 16 bytes.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Event<K> {
     pub(super) time: f64,
@@ -73,6 +73,10 @@ struct Timed {
 
 /// Indices (steps, messages) an event can name: below 2^30.
 const INDEX_BITS: u32 = 30;
+/// The kinds of [`Timed`] events (their [`EventKind`]).
+const STEP_DONE: u64 = 0;
+const FLOW_DONE: u64 = 1;
+const ARRIVE: u64 = 2;
 
 impl Timed {
     fn new(time: f64, seq: u32, kind: u64, index: u32) -> Timed {
@@ -85,8 +89,8 @@ impl Timed {
     fn kind(self) -> EventKind {
         let index = (self.tag & ((1 << INDEX_BITS) - 1)) as u32;
         match (self.tag >> INDEX_BITS) & 3 {
-            0 => EventKind::StepDone(index),
-            1 => EventKind::FlowDone(index, (self.tag >> 32) as u32),
+            STEP_DONE => EventKind::StepDone(index),
+            FLOW_DONE => EventKind::FlowDone(index, (self.tag >> 32) as u32),
             _ => EventKind::Arrive(index),
         }
     }
@@ -132,7 +136,7 @@ pub(super) struct Steps<'a> {
     /// ([`CostError::TooLarge`]: billions of events, far past any budget).
     seq: u32,
     events: BinaryHeap<Timed>,
-    /// Flow ends in `events` that a rate change superseded (see [`Steps::superseded`]).
+    /// Flow ends in `events` that a rate change superseded (see [`Steps::replace_flow_end`]).
     stale: usize,
     pending: Vec<u32>,
     ready_at: Vec<f64>,
@@ -215,20 +219,29 @@ impl<'a> Steps<'a> {
         }
     }
 
-    /// Queues a step's end or a message's arrival at `time`.
-    pub(super) fn push(&mut self, time: f64, kind: EventKind) {
-        let (code, index) = match kind {
-            EventKind::StepDone(s) => (0, s),
-            EventKind::FlowDone(m, _) => (1, m),
-            EventKind::Arrive(m) => (2, m),
-        };
-        self.queue(time, code, index);
+    /// Queues step `s`'s end at `time`.
+    fn step_done_at(&mut self, time: f64, s: u32) {
+        self.queue(time, STEP_DONE, s);
     }
 
-    /// Queues the end of flow `m` at `time`; returns the event's push order, which
-    /// [`Rates::current`] compares with the flow's last.
-    pub(super) fn push_flow_end(&mut self, time: f64, m: u32) -> u32 {
-        self.queue(time, 1, m)
+    /// Queues message `m`'s arrival at `time`.
+    fn arrival_at(&mut self, time: f64, m: u32) {
+        self.queue(time, ARRIVE, m);
+    }
+
+    /// Replaces flow `m`'s end: the one pushed as `live` (0: none) is superseded, and the new
+    /// one is queued at `finish` (none: the flow is stalled). Returns the new end's push
+    /// order (0: none), which the [`Rates`] keep for [`Rates::current`].
+    ///
+    /// Superseded ends stay queued until they are most of the queue; then they are dropped in
+    /// one pass ([`Steps::execute`]), where each would otherwise cost a pop of a queue twice
+    /// the size. The events left come out in the same order (time, then push order: a total
+    /// order).
+    pub(super) fn replace_flow_end(&mut self, m: u32, live: u32, finish: Option<f64>) -> u32 {
+        if live != 0 {
+            self.stale += 1;
+        }
+        finish.map_or(0, |t| self.queue(t, FLOW_DONE, m))
     }
 
     #[inline]
@@ -236,15 +249,6 @@ impl<'a> Steps<'a> {
         self.seq = self.seq.saturating_add(1);
         self.events.push(Timed::new(time, self.seq, code, index));
         self.seq
-    }
-
-    /// A flow end pushed earlier will be skipped (its flow's rate changed). Once they are
-    /// most of the queue, they are dropped from it in one pass ([`Steps::execute`]): each
-    /// would otherwise cost a pop of a queue twice the size. The events left come out in the
-    /// same order (time, then push order: a total order).
-    #[inline]
-    pub(super) fn superseded(&mut self) {
-        self.stale += 1;
     }
 
     fn mem_us(&self, step: u32, passes: f64) -> f64 {
@@ -356,7 +360,7 @@ impl<'a> Steps<'a> {
             Kind::Local { passes } => {
                 let t = self.mem_us(s, passes);
                 if t > 0.0 {
-                    self.push(self.now + t, EventKind::StepDone(s));
+                    self.step_done_at(self.now + t, s);
                 } else {
                     self.complete(s);
                 }
@@ -437,11 +441,11 @@ impl<'a> Steps<'a> {
         let route = &self.p.conn_route[self.p.msg_conn[mi] as usize];
         let latency = self.model.message_us(route.class, self.protocol) + route.latency_us;
         if end > self.now {
-            self.push(end, EventKind::StepDone(s));
-            self.push(end + latency, EventKind::Arrive(m));
+            self.step_done_at(end, s);
+            self.arrival_at(end + latency, m);
         } else {
             self.complete(s);
-            self.push(self.now + latency, EventKind::Arrive(m));
+            self.arrival_at(self.now + latency, m);
         }
     }
 
@@ -466,7 +470,7 @@ impl<'a> Steps<'a> {
             self.local_until[s as usize] = finish;
             self.send_ready(rates, out);
         } else if finish > self.now {
-            self.push(finish, EventKind::StepDone(s));
+            self.step_done_at(finish, s);
         } else {
             self.complete(s);
         }
