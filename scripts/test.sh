@@ -23,6 +23,10 @@ extras=test
 # from pip's cache after the first time; without it those tests say they skipped.
 if [[ "${HCCL_TEST_TORCH:-0}" == 1 ]]; then
   extras=test,torch
+  free_kib=$(df -Pk target | awk 'NR == 2 { print $4 }')
+  if [[ -n "$free_kib" ]] && ((free_kib < 8 * 1024 * 1024)); then
+    echo "warning: $((free_kib / 1024)) MiB free under target/; PyTorch's install needs about 6 GB"
+  fi
 fi
 rm -rf "$venv"
 setup_log=target/py-test-setup.log
@@ -37,7 +41,11 @@ cargo test --workspace "$@" || status=$?
 
 echo "== Python: a fresh venv, pip install ./python, pytest ($(date +%T))"
 if ! wait "$setup"; then
-  cat "$setup_log" >&2
+  # On standard output too, and last, so that a CI log that keeps only its tail shows why.
+  echo "installing the Python package failed; the end of $setup_log:"
+  tail -n 40 "$setup_log"
+  echo "free space where it installs (PyTorch with its CUDA wheels takes about 6 GB):"
+  df -h "$venv" 2>/dev/null || df -h .
   echo "installing the Python package failed (above)" >&2
   exit 1
 fi
