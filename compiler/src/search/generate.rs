@@ -83,12 +83,62 @@ pub(super) fn generate(search: &Search<'_>, collective: Collective) -> Option<Ge
         }
     }
     let fallback = fall_back(search, kind, collective, &mut out);
+    let duplicates = drop_duplicates(&mut out.candidates);
     out.stops = vec![
         (StopReason::StepCap, left_out),
         (StopReason::OfferedNothing, offered_nothing),
         (StopReason::Fallback, fallback),
+        (StopReason::Duplicate, duplicates),
     ];
     Some(out)
+}
+
+/// Drops every candidate that repeats an earlier one of the same family: the same schedule
+/// (or template) from the least size on, equally selectable. Two parameter sets can lower to
+/// one schedule (a packing too narrow for the wider channel counts falls back to the same
+/// trees); the simulator is deterministic, so a repeat costs the same at every size and
+/// never wins (ties go to the earlier candidate) but would be screened, costed and refined
+/// again. NCCL's families stay whole: the baseline looks their parameter sets up. Returns
+/// how many it dropped.
+pub(super) fn drop_duplicates(candidates: &mut Vec<(Candidate, bool)>) -> usize {
+    use std::hash::{Hash, Hasher};
+    let fingerprint = |(c, selectable): &(Candidate, bool)| {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (&c.algorithm, selectable, c.min_bytes).hash(&mut h);
+        match &c.template {
+            Some(t) => t.hash(&mut h),
+            None => c.schedule.hash(&mut h),
+        }
+        h.finish()
+    };
+    let same = |a: &(Candidate, bool), b: &(Candidate, bool)| {
+        a.1 == b.1
+            && a.0.algorithm == b.0.algorithm
+            && a.0.min_bytes == b.0.min_bytes
+            && a.0.template == b.0.template
+            && a.0.schedule == b.0.schedule
+    };
+    let prints: Vec<u64> = candidates.iter().map(fingerprint).collect();
+    let mut seen: std::collections::HashMap<u64, Vec<usize>> = Default::default();
+    let mut keep = vec![true; candidates.len()];
+    for (i, &print) in prints.iter().enumerate() {
+        if BASELINE_FAMILIES.contains(&candidates[i].0.algorithm.as_str()) {
+            continue;
+        }
+        let earlier = seen.entry(print).or_default();
+        if earlier
+            .iter()
+            .any(|&j| same(&candidates[j], &candidates[i]))
+        {
+            keep[i] = false;
+        } else {
+            earlier.push(i);
+        }
+    }
+    let before = candidates.len();
+    let mut flags = keep.into_iter();
+    candidates.retain(|_| flags.next().unwrap_or(true));
+    before - candidates.len()
 }
 
 /// Nothing selectable under the step cap (an AllGather on a thousand ranks: every block

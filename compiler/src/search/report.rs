@@ -103,6 +103,9 @@ pub enum StopReason {
     /// Generate: nothing selectable under the step cap, so each capped family's smallest
     /// parameter set was tried (counted per candidate so added).
     Fallback,
+    /// Generate: schedules that repeat an earlier candidate of their family (two parameter
+    /// sets that lower to one schedule), dropped.
+    Duplicate,
     /// Screen: dropped before routing, its route-free lower bound past both probes' limits.
     PrunedByBound,
     /// Screen: simulated at the probes and not within the screen's factor of the best at
@@ -136,6 +139,7 @@ impl StopReason {
                 "offered nothing (families that do not apply here, synthesizers past their limits)"
             }
             StopReason::Fallback => "fallback candidates",
+            StopReason::Duplicate => "repeated an earlier candidate",
             StopReason::PrunedByBound => "pruned by bound",
             StopReason::ScreenedOut => "screened out",
             StopReason::SimBudget => "interpolated (simulation budget reached)",

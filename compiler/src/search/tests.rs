@@ -3,7 +3,7 @@
 
 use super::costing::{SCALE_RANKS, sample_indices, sim_budget};
 use super::emit::fit;
-use super::generate::{MAX_CANDIDATE_STEPS, generate_capped};
+use super::generate::{MAX_CANDIDATE_STEPS, drop_duplicates, generate_capped};
 use super::nccl::{baseline_time, modelled_baselines};
 use super::options::{Options, geometric_sizes};
 use super::par::par_map;
@@ -155,4 +155,57 @@ fn fit_passes_through_the_range_ends() {
     let h = fit(&sizes, &times, 2, 3).unwrap();
     assert_eq!(h.latency_us, 0.0);
     assert!((h.predict_us(4000) - 14.0).abs() < 1e-9);
+}
+
+/// A schedule two parameter sets lowered alike is costed once: later repeats of a family's
+/// candidate go, the first stays; a different least size, selectability or schedule keeps a
+/// candidate, and NCCL's families are left whole.
+#[test]
+fn repeated_schedules_are_dropped_but_the_first() {
+    let topo = hccl_topologies::build(hccl_topologies::generate::host(4, 10.0), "t").unwrap();
+    let family = all_families()
+        .into_iter()
+        .find(|f| f.name() == "double_ring")
+        .expect("registered");
+    let p = |channels, pipeline| FamilyParams { channels, pipeline };
+    let made = family.generate(&topo, Collective::AllReduce, p(1, 1));
+    let first = made.first().expect("a candidate").clone();
+    let other = family
+        .generate(&topo, Collective::AllReduce, p(1, 2))
+        .remove(0);
+    assert_ne!(first.schedule, other.schedule);
+    let with = |c: &Candidate, params: FamilyParams, min_bytes: u64| Candidate {
+        params,
+        min_bytes,
+        ..c.clone()
+    };
+    let mut ring = first.clone();
+    ring.algorithm = "ring".into();
+    let mut list = vec![
+        (first.clone(), true),
+        (with(&first, p(2, 1), 0), true),  // repeat: dropped
+        (with(&first, p(3, 1), 64), true), // another least size: kept
+        (with(&first, p(4, 1), 0), false), // not selectable: kept
+        (other.clone(), true),             // another schedule: kept
+        (with(&first, p(5, 1), 0), true),  // repeat: dropped
+        (ring.clone(), true),
+        (with(&ring, p(2, 1), 0), true), // NCCL's family: kept
+    ];
+    assert_eq!(drop_duplicates(&mut list), 2);
+    let left: Vec<(u32, u64, bool)> = list
+        .iter()
+        .map(|(c, s)| (c.params.channels, c.min_bytes, *s))
+        .collect();
+    assert_eq!(
+        left,
+        vec![
+            (1, 0, true),
+            (3, 64, true),
+            (4, 0, false),
+            (1, 0, true),
+            (1, 0, true),
+            (2, 0, true)
+        ]
+    );
+    assert_eq!(list[3].0.schedule, other.schedule);
 }
