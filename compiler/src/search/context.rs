@@ -109,6 +109,7 @@ pub(super) fn offered_options(
 }
 
 /// A costed candidate.
+#[derive(Clone)]
 pub(super) struct Costed {
     pub(super) candidate: Candidate,
     /// Whether `--algo` allows it to win (baseline-only candidates do not).
@@ -120,5 +121,9 @@ pub(super) struct Costed {
     /// Whether some time was left infinite for being past its size's limit (the cost
     /// phase's second wave; [`super::costing::complete`] fills them in).
     pub(super) limited: bool,
+    /// `(size index, protocol index)` runs the refine phase stopped past their size's best
+    /// time (left infinite: they could not win there); [`super::refine::uncut`] runs them
+    /// to their end where a time is read after all.
+    pub(super) cut: Vec<(usize, usize)>,
     pub(super) verified: Option<bool>,
 }

@@ -114,6 +114,7 @@ pub(super) fn run(
             times: out.times,
             exact: out.exact,
             limited: out.limited,
+            cut: Vec::new(),
             verified: None,
         });
         (tick.progress)(Progress {

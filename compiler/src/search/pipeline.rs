@@ -11,7 +11,7 @@ use super::generate::{self, BASELINE_FAMILIES, Generation};
 use super::nccl::modelled_baselines;
 use super::options::{Options, Progress, SearchError, collective_of};
 use super::par::par_map;
-use super::refine::{REFINE_BUDGET, refine};
+use super::refine::{REFINE_BUDGET, refine, uncut};
 use super::registry::families_for;
 use super::report::{CollectiveReport, Phase, PhaseClock, SearchReport, StopReason, stops};
 use super::row::{CompiledPlan, Row};
@@ -230,12 +230,13 @@ fn compile_collective(
 
     let mut bounds = Bounds::new(search, collective);
     let interpolated = costed.iter().filter(|c| c.exact.contains(&false)).count();
+    let whole = |c: &Costed| simulated.contains(&c.candidate.algorithm.as_str());
     let refined = refine(
         &search.sim,
         &mut costed,
         &search.sizes,
         options,
-        REFINE_BUDGET * budget,
+        (REFINE_BUDGET * budget, &whole),
         &mut |si| bounds.at(search, si).total_us,
     );
     clock.done(
@@ -245,15 +246,19 @@ fn compile_collective(
         stops(&[
             (StopReason::RefineBudget, refined.left),
             (StopReason::NearBound, refined.near_bound),
+            (StopReason::PastBest, refined.cut),
         ]),
     );
 
     let mut selection = select_and_verify(search, kind, &mut costed)?;
-    if selection.failed > 0 && costed.iter().any(|c| c.limited) {
+    if selection.failed > 0 && costed.iter().any(|c| c.limited || !c.cut.is_empty()) {
         // A winner failed verification: the sizes it won are decided again among every
         // candidate's full times, as costing them without limits would have.
         let all: Vec<usize> = (0..costed.len()).collect();
         costing::complete(search, (&mut costed, &probes), &all, None, budget);
+        for c in costed.iter_mut() {
+            uncut(&search.sim, c, &search.sizes, options, (None, None));
+        }
         let again = select_and_verify(search, kind, &mut costed)?;
         selection = Selection {
             verified: selection.verified + again.verified,
@@ -309,6 +314,19 @@ fn complete_neighbours(
             end += 1;
         }
         let (c, p) = winners[start];
+        // Neighbours the refine phase stopped past their best, run to their end.
+        let near: Vec<usize> = [Some(end), start.checked_sub(1)]
+            .into_iter()
+            .flatten()
+            .filter(|&si| si < winners.len())
+            .collect();
+        uncut(
+            &search.sim,
+            &mut costed[c],
+            &search.sizes,
+            search.options,
+            (Some(&near), Some(p)),
+        );
         let unknown = |si: usize| {
             costed[c].limited
                 && costed[c].times[p]

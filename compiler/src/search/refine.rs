@@ -15,6 +15,8 @@ pub(super) struct Refined {
     pub(super) left: usize,
     /// Sizes not refined because their best is within [`REFINE_SLACK`] of the bound.
     pub(super) near_bound: usize,
+    /// Runs stopped past their size's best time ([`Costed::cut`]).
+    pub(super) cut: usize,
 }
 
 /// Rounds of [`refine`].
@@ -41,12 +43,21 @@ const REFINE_SLACK: f64 = 0.01;
 /// their size's best first), except where the best is within [`REFINE_SLACK`] of
 /// `bound_us`: winners are then decided on simulated times wherever the decision is close
 /// and matters, not on a chord across sizes far apart.
+///
+/// A run stops once it is past the best simulated time at its size (over every candidate
+/// that may win, and the protocols of its own candidate run before it there), and its time
+/// is left infinite and recorded in [`Costed::cut`]: it could not have won (a time equal to
+/// the best runs to its end, and ties go to the earlier candidate and protocol as before).
+/// Simulated times never change later, so what wins is what running every refined pair to
+/// its end gives; where a time of a stopped run is read after all (a winner's cost fit, a
+/// winner that fails verification), [`uncut`] runs it to its end. Candidates for which
+/// `whole` holds (NCCL's families, whose every time the baseline reads) run to their end.
 pub(super) fn refine(
     sim: &Simulator,
     costed: &mut [Costed],
     sizes: &[u64],
     options: &Options,
-    mut steps_left: usize,
+    (mut steps_left, whole): (usize, &dyn Fn(&Costed) -> bool),
     bound_us: &mut dyn FnMut(usize) -> f64,
 ) -> Refined {
     let mut refined = Refined::default();
@@ -114,6 +125,17 @@ pub(super) fn refine(
             return refined;
         }
         refined.simulated += jobs.len();
+        // The best simulated time at each size among the candidates that may win.
+        let limits: Vec<f64> = (0..sizes.len())
+            .map(|si| {
+                costed
+                    .iter()
+                    .filter(|c| c.selectable && c.verified != Some(false) && c.exact[si])
+                    .flat_map(|c| (0..np).map(move |p| time(c, si, p)))
+                    .fold(f64::INFINITY, f64::min)
+            })
+            .collect();
+        let whole_of: Vec<bool> = costed.iter().map(whole).collect();
         // One preparation per candidate, its sizes together.
         let mut by: Vec<(usize, Vec<usize>)> = Vec::new();
         jobs.sort_unstable();
@@ -123,28 +145,48 @@ pub(super) fn refine(
                 _ => by.push((c, vec![si])),
             }
         }
-        let results = par_map(&by, |(c, list)| {
-            let c = &costed[*c];
+        let results = par_map(&by, |&(c, ref list)| {
+            let stops = !whole_of[c];
+            let c = &costed[c];
             let Ok(prepared) = Ready::new(sim, &c.candidate) else {
                 return Vec::new();
             };
             let mut out = Vec::new();
             for &si in list {
+                let mut limit = if stops { limits[si] } else { f64::INFINITY };
                 for p in 0..np {
-                    if c.times[p].is_some() {
-                        let t = prepared
-                            .run(sim, sizes[si], options.protocols[p])
-                            .map_or(f64::INFINITY, |e| e.time_us);
-                        out.push((si, p, t));
+                    if c.times[p].is_none() {
+                        continue;
                     }
+                    let protocol = options.protocols[p];
+                    let t = if stops {
+                        match prepared.run_within(sim, sizes[si], protocol, limit) {
+                            Ok(Some(e)) => e.time_us,
+                            Ok(None) => {
+                                out.push((si, p, f64::INFINITY, true));
+                                continue;
+                            }
+                            Err(_) => f64::INFINITY,
+                        }
+                    } else {
+                        prepared
+                            .run(sim, sizes[si], protocol)
+                            .map_or(f64::INFINITY, |e| e.time_us)
+                    };
+                    limit = limit.min(t);
+                    out.push((si, p, t, false));
                 }
             }
             out
         });
         for ((c, list), out) in by.iter().zip(results) {
-            for (si, p, t) in out {
+            for (si, p, t, cut) in out {
                 if let Some(times) = costed[*c].times[p].as_mut() {
                     times[si] = t;
+                }
+                if cut {
+                    costed[*c].cut.push((si, p));
+                    refined.cut += 1;
                 }
             }
             for &si in list {
@@ -153,4 +195,36 @@ pub(super) fn refine(
         }
     }
     refined
+}
+
+/// Runs to their end the runs [`refine`] stopped past their size's best ([`Costed::cut`]) of
+/// candidate `c`: those at the size indices `at` under protocol `protocol` (every one when
+/// `None`), so the times read are the ones running every refined pair to its end gives.
+/// Returns how many it ran.
+pub(super) fn uncut(
+    sim: &Simulator,
+    costed: &mut Costed,
+    sizes: &[u64],
+    options: &Options,
+    (at, protocol): (Option<&[usize]>, Option<usize>),
+) -> usize {
+    let wanted = |&(si, p): &(usize, usize)| {
+        at.is_none_or(|at| at.contains(&si)) && protocol.is_none_or(|q| q == p)
+    };
+    let todo: Vec<(usize, usize)> = costed.cut.iter().copied().filter(wanted).collect();
+    if todo.is_empty() {
+        return 0;
+    }
+    costed.cut.retain(|e| !wanted(e));
+    let prepared = Ready::new(sim, &costed.candidate).ok();
+    for &(si, p) in &todo {
+        let t = prepared.as_ref().map_or(f64::INFINITY, |r| {
+            r.run(sim, sizes[si], options.protocols[p])
+                .map_or(f64::INFINITY, |e| e.time_us)
+        });
+        if let Some(times) = costed.times[p].as_mut() {
+            times[si] = t;
+        }
+    }
+    todo.len()
 }

@@ -124,6 +124,9 @@ pub enum StopReason {
     RefineBudget,
     /// Refine: sizes whose best time is within 1% of the lower bound, not refined.
     NearBound,
+    /// Refine: runs stopped past the best simulated time at their size (they could not
+    /// win there).
+    PastBest,
     /// Select and verify: winners that failed verification (their sizes decided again).
     FailedVerification,
     /// Select and verify: sizes no verified candidate covers (the collective has no plan).
@@ -147,6 +150,7 @@ impl StopReason {
             StopReason::PastBaseline => "stopped past the baseline's time at some sizes",
             StopReason::RefineBudget => "left (refine budget reached)",
             StopReason::NearBound => "sizes within 1% of the bound",
+            StopReason::PastBest => "runs stopped past their size's best time",
             StopReason::FailedVerification => "failed verification",
             StopReason::NoCandidate => "sizes without a verified candidate",
         }

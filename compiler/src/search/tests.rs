@@ -209,3 +209,89 @@ fn repeated_schedules_are_dropped_but_the_first() {
     );
     assert_eq!(list[3].0.schedule, other.schedule);
 }
+
+/// The refine phase's runs stop past their size's best time, and that changes nothing: on the
+/// 2-node H100 cluster's AllGather, refining with stops and refining every pair to its end
+/// give the same winner and time at every size, and the stopped runs, run to their end by
+/// `uncut`, give the times the full runs gave.
+#[test]
+fn refine_runs_stopped_past_the_best_change_no_winner() {
+    use super::context::{Costed, Search, offered_options};
+    use super::costing::{self, Tick};
+    use super::refine::{REFINE_BUDGET, refine, uncut};
+    use super::registry::families_for;
+    use super::{generate, screen};
+    use hccl_ir::CollectiveKind;
+    let topo = hccl_topologies::shipped_by_name("h100-cluster-2node").expect("shipped");
+    let base = Options {
+        model: crate::cost::CostModel::for_topology(&topo),
+        synth: crate::synth::SynthLevel::Auto,
+        ..Options::default()
+    };
+    let families = families_for(base.synth);
+    let owned = offered_options(&base, &families).expect("options");
+    let options = owned.as_ref().unwrap_or(&base);
+    let search = Search::new(&topo, options, families);
+    let collective = Collective::AllGather;
+    let generation = generate::generate(&search, collective).expect("generated");
+    let simulated = ["ring", "tree", "pairwise"];
+    let (probes, _) = screen::run(&search, &generation.candidates, &simulated);
+    let budget = sim_budget(options.sim_budget, topo.nranks());
+    let mut progress = |_| {};
+    let tick = Tick {
+        kind: CollectiveKind::AllGather,
+        index: 0,
+        progress: &mut progress,
+    };
+    let (costed, _) = costing::run(
+        &search,
+        generation.candidates,
+        &probes,
+        &simulated,
+        budget,
+        tick,
+    )
+    .expect("costed");
+    let np = options.protocols.len();
+    let run = |whole: &dyn Fn(&Costed) -> bool| {
+        let mut costed = costed.clone();
+        let refined = refine(
+            &search.sim,
+            &mut costed,
+            &search.sizes,
+            options,
+            (REFINE_BUDGET * budget, whole),
+            &mut |_| 0.0,
+        );
+        (costed, refined)
+    };
+    let (mut stopped, refined) = run(&|c| simulated.contains(&c.candidate.algorithm.as_str()));
+    let (full, reference) = run(&|_| true);
+    assert!(refined.cut > 0, "no refine run stopped early");
+    assert_eq!(reference.cut, 0);
+    assert_eq!(refined.simulated, reference.simulated);
+    let winner = |costed: &[Costed], si: usize| {
+        let mut best: Option<(f64, usize, usize)> = None;
+        for (c, costed) in costed.iter().enumerate().filter(|(_, c)| c.selectable) {
+            for p in 0..np {
+                let t = costed.times[p].as_ref().map_or(f64::INFINITY, |t| t[si]);
+                if t.is_finite() && best.is_none_or(|b| t < b.0) {
+                    best = Some((t, c, p));
+                }
+            }
+        }
+        best
+    };
+    for si in 0..search.sizes.len() {
+        assert_eq!(winner(&stopped, si), winner(&full, si), "size {si}");
+    }
+    let mut ran = 0;
+    for c in stopped.iter_mut() {
+        ran += uncut(&search.sim, c, &search.sizes, options, (None, None));
+        assert!(c.cut.is_empty());
+    }
+    assert_eq!(ran, refined.cut);
+    for (a, b) in stopped.iter().zip(&full) {
+        assert_eq!(a.times, b.times, "{}", a.candidate.algorithm);
+    }
+}
