@@ -201,13 +201,6 @@ pub(super) fn critical_path_us(
             0.0
         }
     };
-    let n = p.steps.len();
-    let mut pending = p.pending.clone();
-    for (m, &r) in p.msg_recv.iter().enumerate() {
-        if r != NONE && p.msg_send[m] != NONE {
-            pending[r as usize] += 1;
-        }
-    }
     // Bytes that leave and enter each host (PCIe-class component) cross its cut.
     let mut leaving = vec![0.0f64; reach.cut_out.len()];
     let mut entering = vec![0.0f64; reach.cut_in.len()];
@@ -229,6 +222,78 @@ pub(super) fn critical_path_us(
             .fold(0.0, f64::max)
     };
     let cut = over_cut(&leaving, &reach.cut_out).max(over_cut(&entering, &reach.cut_in));
+    let Some(last) = latest_step(p, least_latency, streaming) else {
+        return f64::INFINITY;
+    };
+    model.base_us(protocol) + last.max(cut)
+}
+
+/// The same walk over a routed schedule ([`Prepared::conn_route`]): a message streams at no
+/// more than its route's bottleneck (a max-min share never exceeds a resource's capacity)
+/// and arrives its route's latency after it leaves, exactly as the simulator delays it;
+/// contention, slot waits and local work only add time. Tighter than the route-free bound
+/// wherever the route is slower than the best one between its ranks. Infinite for a
+/// schedule the simulator would find deadlocked, 0 on a CPU host model.
+pub(super) fn routed_path_us(
+    (model, capacity): (&CostModel, &[f64]),
+    p: &Prepared,
+    bytes: u64,
+    protocol: Protocol,
+) -> f64 {
+    if model.cpu.is_some() {
+        return 0.0;
+    }
+    let eff = model.efficiency(protocol) * model.bandwidth_factor(bytes) * 1e3;
+    let chunk_bytes = bytes as f64 / f64::from(p.chunks.max(1));
+    // Per connection: its route's latency as the simulator adds it, and the least capacity
+    // of its resources (bytes per µs at this protocol and size).
+    let conns: Vec<(f64, f64)> = p
+        .conn_route
+        .iter()
+        .map(|r| {
+            let least = r
+                .resources
+                .iter()
+                .map(|&x| capacity[x as usize])
+                .fold(f64::INFINITY, f64::min);
+            (
+                model.message_us(r.class, protocol) + r.latency_us,
+                least * eff,
+            )
+        })
+        .collect();
+    let latency = |m: usize| conns[p.msg_conn[m] as usize].0;
+    let streaming = |m: usize| {
+        let rate = conns[p.msg_conn[m] as usize].1;
+        let b = f64::from(p.msg_count[m]) * chunk_bytes;
+        if b > 0.0 && rate > 0.0 && rate.is_finite() {
+            b / rate
+        } else {
+            0.0
+        }
+    };
+    match latest_step(p, latency, streaming) {
+        Some(last) => model.base_us(protocol) + last,
+        None => f64::INFINITY,
+    }
+}
+
+/// The latest end of any step when every send takes `streaming(message)` from its start,
+/// its message arrives `latency(message)` after that, and a receive ends no earlier than its
+/// message's arrival (a relaying one streams its outgoing message from there); `None` when
+/// some step never becomes ready (the simulator's deadlock).
+fn latest_step(
+    p: &Prepared,
+    latency: impl Fn(usize) -> f64,
+    streaming: impl Fn(usize) -> f64,
+) -> Option<f64> {
+    let n = p.steps.len();
+    let mut pending = p.pending.clone();
+    for (m, &r) in p.msg_recv.iter().enumerate() {
+        if r != NONE && p.msg_send[m] != NONE {
+            pending[r as usize] += 1;
+        }
+    }
     let mut ready = vec![0.0f64; n];
     let mut arrival = vec![0.0f64; n];
     let mut work: Vec<u32> = (0..n as u32)
@@ -261,7 +326,7 @@ pub(super) fn critical_path_us(
             let r = p.msg_recv[sent as usize];
             if r != NONE {
                 let ri = r as usize;
-                arrival[ri] = arrival[ri].max(end + least_latency(sent as usize));
+                arrival[ri] = arrival[ri].max(end + latency(sent as usize));
                 pending[ri] -= 1;
                 if pending[ri] == 0 {
                     work.push(r);
@@ -277,8 +342,5 @@ pub(super) fn critical_path_us(
             }
         }
     }
-    if done < n {
-        return f64::INFINITY;
-    }
-    model.base_us(protocol) + last.max(cut)
+    (done == n).then_some(last)
 }

@@ -92,6 +92,19 @@ impl Simulator {
         (&self.network, &self.model)
     }
 
+    /// A lower bound on [`Simulator::run`]'s time (µs) for `bytes` under `protocol`: the
+    /// critical path of `prepared`'s steps with every message at its route's bottleneck and
+    /// latency, without contention ([`super::reach`]); infinite for a schedule the
+    /// simulator would find deadlocked, 0 on a CPU host model.
+    pub fn routed_bound_us(&self, prepared: &Prepared, bytes: u64, protocol: Protocol) -> f64 {
+        super::reach::routed_path_us(
+            (&self.model, &self.network.capacity),
+            prepared,
+            bytes,
+            protocol,
+        )
+    }
+
     /// Per-rank capacities and link-class components (see [`super::reach`]).
     pub(super) fn reach(&self) -> &super::reach::RankReach {
         self.reach
@@ -232,6 +245,16 @@ impl Simulator {
                 .is_some_and(|lb| lb > limit_us)
         {
             return Ok(None);
+        }
+        // Nor when its critical path over its routes is: every message at its route's
+        // bottleneck and latency, without contention. The margin keeps a run whose time
+        // rounding might put a few ulps either side of a limit it ties; a schedule that
+        // would deadlock (an infinite bound) runs, to say so.
+        if limit_us.is_finite() {
+            let bound = self.routed_bound_us(prepared, bytes, protocol);
+            if bound.is_finite() && bound > limit_us * (1.0 + 1e-9) {
+                return Ok(None);
+            }
         }
         match run_flows(self.parts(), prepared, bytes, protocol, &mut None, limit) {
             Ok((estimate, _)) => Ok((estimate.time_us <= limit_us).then_some(estimate)),
