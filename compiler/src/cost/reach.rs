@@ -175,11 +175,9 @@ pub(super) fn critical_path_us(
     bytes: u64,
     protocol: Protocol,
 ) -> f64 {
-    if model.cpu.is_some() {
+    let Some((eff, chunk_bytes)) = scale(model, p, bytes, protocol) else {
         return 0.0;
-    }
-    let eff = model.efficiency(protocol) * model.bandwidth_factor(bytes) * 1e3;
-    let chunk_bytes = bytes as f64 / f64::from(p.chunks.max(1));
+    };
     // Least per-message latency of each class or a slower one.
     let mut latency = [0.0; 3];
     let mut least = f64::INFINITY;
@@ -240,11 +238,9 @@ pub(super) fn routed_path_us(
     bytes: u64,
     protocol: Protocol,
 ) -> f64 {
-    if model.cpu.is_some() {
+    let Some((eff, chunk_bytes)) = scale(model, p, bytes, protocol) else {
         return 0.0;
-    }
-    let eff = model.efficiency(protocol) * model.bandwidth_factor(bytes) * 1e3;
-    let chunk_bytes = bytes as f64 / f64::from(p.chunks.max(1));
+    };
     // Per connection: its route's latency as the simulator adds it, and the least capacity
     // of its resources (bytes per µs at this protocol and size).
     let conns: Vec<(f64, f64)> = p
@@ -276,6 +272,18 @@ pub(super) fn routed_path_us(
         Some(last) => model.base_us(protocol) + last,
         None => f64::INFINITY,
     }
+}
+
+/// Bytes per µs per GB/s of capacity at this protocol and size, and the bytes of a chunk;
+/// `None` on a CPU host model (whose bounds are 0).
+fn scale(model: &CostModel, p: &Prepared, bytes: u64, protocol: Protocol) -> Option<(f64, f64)> {
+    if model.cpu.is_some() {
+        return None;
+    }
+    Some((
+        model.efficiency(protocol) * model.bandwidth_factor(bytes) * 1e3,
+        bytes as f64 / f64::from(p.chunks.max(1)),
+    ))
 }
 
 /// The latest end of any step when every send takes `streaming(message)` from its start,
