@@ -118,14 +118,13 @@ pub(super) fn drop_duplicates(candidates: &mut Vec<(Candidate, bool)>) -> usize 
             && a.0.template == b.0.template
             && a.0.schedule == b.0.schedule
     };
-    let prints: Vec<u64> = candidates.iter().map(fingerprint).collect();
     let mut seen: std::collections::HashMap<u64, Vec<usize>> = Default::default();
     let mut keep = vec![true; candidates.len()];
-    for (i, &print) in prints.iter().enumerate() {
+    for i in 0..candidates.len() {
         if BASELINE_FAMILIES.contains(&candidates[i].0.algorithm.as_str()) {
             continue;
         }
-        let earlier = seen.entry(print).or_default();
+        let earlier = seen.entry(fingerprint(&candidates[i])).or_default();
         if earlier
             .iter()
             .any(|&j| same(&candidates[j], &candidates[i]))
