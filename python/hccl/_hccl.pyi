@@ -1,6 +1,6 @@
 """Type stubs of the native module ``hccl._hccl`` (use the documented wrappers in ``hccl``)."""
 
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 __version__: str
 
@@ -176,6 +176,7 @@ def compile(
 def trace_svg(path: str, title: str) -> str: ...
 def parse_bytes(text: str) -> int: ...
 def geometric_sizes(min: int, max: int) -> List[int]: ...
+def array_info(obj: Any, writable: bool) -> Optional[Tuple[int, int, str]]: ...
 def build_algorithm(
     collective: str,
     root: int,

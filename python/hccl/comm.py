@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _hccl
 from ._hccl import CommError
+from ._hccl import array_info as _array_info
 
 __all__ = ["Communicator", "Work", "CommError"]
 
@@ -39,6 +41,8 @@ _FORMATS = {"f": "float32", "d": "float64", "e": "float16", "b": "int8", "B": "u
             "c": "uint8", "i": "int32", "I": "uint32", "l": "int64", "L": "uint64",
             "q": "int64", "Q": "uint64", "h": None, "H": None}
 _OPS = ("sum", "prod", "min", "max", "avg")
+# The byte-order mark of `__array_interface__`'s typestr that is not this machine's.
+_FOREIGN_ORDER = ">" if sys.byteorder == "little" else "<"
 
 
 class _Array:
@@ -49,6 +53,11 @@ class _Array:
     def __init__(self, obj: Any, what: str, writable: bool) -> None:
         self.obj = obj
         self.keep: Any = obj
+        # NumPy's common case in one native call; anything else (or wrong) below.
+        info = _array_info(obj, writable)
+        if info is not None:
+            self.ptr, self.len, self.dtype = info
+            return
         mod = type(obj).__module__.split(".")[0]
         if mod == "torch":
             if obj.device.type != "cpu":
@@ -65,6 +74,9 @@ class _Array:
                 raise CommError(f"{what}: the array is not contiguous (numpy.ascontiguousarray first)")
             if writable and ai["data"][1]:
                 raise CommError(f"{what}: the array is read-only")
+            if ai["typestr"][:1] == _FOREIGN_ORDER:
+                raise CommError(f"{what}: the array's byte order is not this machine's "
+                                "(x.astype(x.dtype.newbyteorder('=')) first)")
             self.dtype = _dtype(getattr(obj, "dtype", None) and obj.dtype.name or "", what)
             self.ptr, self.len = ai["data"][0], int(obj.size)
         else:
@@ -88,6 +100,9 @@ class _Array:
             self.dtype = name
             self.ptr = ctypes.addressof(ctypes.c_char.from_buffer(mv)) if mv.nbytes else 0
             self.keep = mv
+        if self.ptr % _SIZES[self.dtype]:
+            raise CommError(f"{what}: the data is not aligned to its element size "
+                            "(numpy.ascontiguousarray(x) makes an aligned copy)")
 
     @property
     def nbytes(self) -> int:
@@ -195,7 +210,9 @@ class Communicator:
 
     # ----- collectives -----
     def _call(self, collective: str, x: Any, out: Any, op: str, root: int, async_op: bool,
-              in_len: Optional[int] = None, out_len: Optional[int] = None, counts: Any = None) -> Any:
+              in_per_out: Optional[int] = None, out_per_in: Optional[int] = None, counts: Any = None) -> Any:
+        # in_per_out / out_per_in: the input must have that many times the output's elements,
+        # or the output that many times the input's.
         if op not in _OPS:
             raise CommError(f"unsupported reduction {op!r} ({', '.join(_OPS)})")
         src = _Array(x, "input", writable=out is None)
@@ -208,10 +225,10 @@ class Communicator:
                 raise CommError(f"output is {dst.dtype} but input is {src.dtype}")
             if dst.ptr == src.ptr and dst.len == src.len:
                 inp = None  # the same memory: in place
-        if out_len is not None and dst.len != out_len:
-            raise CommError(f"output has {dst.len} elements, {collective} needs {out_len}")
-        if in_len is not None and src.len != in_len:
-            raise CommError(f"input has {src.len} elements, {collective} needs {in_len}")
+        if out_per_in is not None and dst.len != src.len * out_per_in:
+            raise CommError(f"output has {dst.len} elements, {collective} needs {src.len * out_per_in}")
+        if in_per_out is not None and src.len != dst.len * in_per_out:
+            raise CommError(f"input has {src.len} elements, {collective} needs {dst.len * in_per_out}")
         args = (collective, op, dst.dtype, dst.ptr, dst.len,
                 None if inp is None else inp.ptr, 0 if inp is None else inp.len, root, counts)
         if async_op:
@@ -222,19 +239,16 @@ class Communicator:
 
     def all_reduce(self, x: Any, out: Any = None, op: str = "sum", async_op: bool = False) -> Any:
         """Every rank gets ``op`` over all ranks' ``x`` (in ``x``, or ``out``)."""
-        return self._call("allreduce", x, out, op, 0, async_op,
-                          out_len=None if out is None else _Array(x, "input", False).len)
+        return self._call("allreduce", x, out, op, 0, async_op, out_per_in=1)
 
     def all_gather(self, x: Any, out: Any, async_op: bool = False) -> Any:
         """``out`` (``world_size`` times ``x``'s length) gets every rank's ``x`` in rank order.
         ``x`` may be this rank's block of ``out`` (in place)."""
-        n = _Array(x, "input", False).len
-        return self._call("allgather", x, out, "sum", 0, async_op, out_len=n * self.world_size)
+        return self._call("allgather", x, out, "sum", 0, async_op, out_per_in=self.world_size)
 
     def reduce_scatter(self, x: Any, out: Any, op: str = "sum", async_op: bool = False) -> Any:
         """``x`` holds ``world_size`` blocks; rank r's ``out`` gets ``op`` over block r."""
-        n = _Array(out, "output", True).len
-        return self._call("reducescatter", x, out, op, 0, async_op, in_len=n * self.world_size)
+        return self._call("reducescatter", x, out, op, 0, async_op, in_per_out=self.world_size)
 
     def broadcast(self, x: Any, root: int = 0, out: Any = None, async_op: bool = False) -> Any:
         """Every rank gets ``root``'s ``x``."""

@@ -9,6 +9,7 @@
 //! message the command line prints; no input reaches a Rust panic (a panic would still only
 //! raise `pyo3_runtime.PanicException`, never abort the interpreter).
 
+mod array;
 mod comm;
 mod lang;
 
@@ -900,6 +901,7 @@ fn _hccl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(trace_svg, m)?)?;
     m.add_function(wrap_pyfunction!(parse_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(geometric_sizes, m)?)?;
+    m.add_function(wrap_pyfunction!(array::array_info, m)?)?;
     lang::register(m)?;
     comm::register(m)?;
     Ok(())

@@ -131,3 +131,67 @@ def test_a_killed_rank_is_named_by_the_survivors(tmp_path):
     for r in (0, 2):
         rc, out, err = outs[r]
         assert rc == 0 and "CommError" in out and "rank 1" in out, (out, err[-2000:])
+
+
+# ----- how a call reads an array: NumPy's array interface in one native call -----
+def _fast_cases():
+    out = [np.arange(7, dtype=t) for t in
+           ("float16", "float32", "float64", "int8", "uint8", "int32", "uint32", "int64", "uint64")]
+    out += [np.zeros((3, 5), np.float32), np.zeros((2, 0), np.float64), np.array(2.5, np.float32),
+            np.zeros((4, 6), np.int32)[1:3], np.zeros((3, 4), order="F")[:, 1:2]]
+    return out
+
+
+@pytest.mark.parametrize("a", _fast_cases(), ids=lambda a: f"{a.dtype}{a.shape}")
+def test_array_info_reads_an_array_as_numpy_does(a):
+    from hccl import _hccl
+
+    assert _hccl.array_info(a, True) == (a.ctypes.data, a.size, a.dtype.name)
+
+
+def _readonly():
+    a = np.zeros(4, np.float32)
+    a.flags.writeable = False
+    return a
+
+
+def _misaligned():
+    return np.frombuffer(bytearray(24), np.uint8)[1:17].view(np.float32)
+
+
+@pytest.mark.parametrize(
+    "make, error",
+    [
+        (lambda: np.zeros((4, 4), np.float32)[:, 1], "not contiguous"),
+        (lambda: np.zeros((3, 4), np.float32, order="F"), "not contiguous"),
+        (_readonly, "read-only"),
+        (lambda: np.zeros(4, ">f4" if sys.byteorder == "little" else "<f4"), "byte order"),
+        (_misaligned, "not aligned"),
+        (lambda: np.zeros(4, np.complex64), "not supported"),
+        (lambda: np.zeros(4, np.bool_), "not supported"),
+        (lambda: np.zeros(4, np.int16), "not supported"),
+    ],
+    ids=["strided", "fortran", "readonly", "byteswapped", "misaligned", "complex", "bool", "int16"],
+)
+def test_arrays_the_native_reading_declines_get_a_clear_error(make, error):
+    from hccl import _hccl
+    from hccl.comm import _Array
+
+    a = make()
+    assert _hccl.array_info(a, True) is None
+    with pytest.raises(hccl.CommError, match=error):
+        _Array(a, "input", True)
+
+
+def test_a_read_only_array_is_read_natively_as_an_input():
+    from hccl import _hccl
+
+    a = _readonly()
+    assert _hccl.array_info(a, False) == (a.ctypes.data, 4, "float32")
+
+
+def test_objects_without_numpys_interface_are_left_to_the_general_path():
+    from hccl import _hccl
+
+    for obj in (bytearray(8), memoryview(bytearray(8)), "text", None, 3, object()):
+        assert _hccl.array_info(obj, False) is None
