@@ -3,7 +3,7 @@
 //! flows (max-min fair flows in `flow.rs`, peer classes in `symmetric.rs`).
 
 use super::error::CostError;
-use super::model::CostModel;
+use super::model::{CostModel, LinkClass};
 use super::network::Network;
 use super::prepared::{Kind, NONE, Prepared, Spans};
 use hccl_ir::{CONNECTION_SLOTS, Protocol, StepRef};
@@ -19,6 +19,9 @@ pub(super) enum EventKind {
     FlowDone(u32, u32),
     /// A message arrived at the receiver.
     Arrive(u32),
+    /// A network message whose sender's engine was busy may start now
+    /// ([`CostModel::net_gap_us`]).
+    Start(u32),
 }
 
 /// A timed event; ordered so that a `BinaryHeap` pops the earliest first, ties in push order
@@ -77,6 +80,7 @@ const INDEX_BITS: u32 = 30;
 const STEP_DONE: u64 = 0;
 const FLOW_DONE: u64 = 1;
 const ARRIVE: u64 = 2;
+const START: u64 = 3;
 
 impl Timed {
     fn new(time: f64, seq: u32, kind: u64, index: u32) -> Timed {
@@ -91,7 +95,8 @@ impl Timed {
         match (self.tag >> INDEX_BITS) & 3 {
             STEP_DONE => EventKind::StepDone(index),
             FLOW_DONE => EventKind::FlowDone(index, (self.tag >> 32) as u32),
-            _ => EventKind::Arrive(index),
+            ARRIVE => EventKind::Arrive(index),
+            _ => EventKind::Start(index),
         }
     }
 }
@@ -153,6 +158,9 @@ pub(super) struct Steps<'a> {
     // connections
     next_start: Vec<u32>,
     consumed: Vec<u32>,
+    /// Per rank, when its engine may start its next network message
+    /// ([`CostModel::net_gap_us`]); empty when the model has no such gap.
+    net_free: Vec<f64>,
     /// Messages started, and their payload bytes.
     pub(super) messages: usize,
     pub(super) payload: f64,
@@ -213,6 +221,11 @@ impl<'a> Steps<'a> {
             data_start: vec![0.0; nmsg],
             next_start: vec![0; nconn],
             consumed: vec![0; nconn],
+            net_free: if model.net_gap_us > 0.0 {
+                vec![0.0; network.mem_bw.len()]
+            } else {
+                Vec::new()
+            },
             messages: 0,
             payload: 0.0,
             spans: trace.then(|| vec![(0.0, 0.0); nsteps]),
@@ -325,6 +338,7 @@ impl<'a> Steps<'a> {
                         self.consume(rates, r);
                     }
                 }
+                EventKind::Start(m) => self.start_flow_now(rates, m),
             }
             self.drain_ready(rates);
         }
@@ -419,7 +433,26 @@ impl<'a> Steps<'a> {
         }
     }
 
+    /// Message `m` may start: now, or, when it leaves the host and its sender's engine is
+    /// still busy with its previous network message, once the engine is free
+    /// ([`CostModel::net_gap_us`]).
     fn start_flow<R: Rates>(&mut self, rates: &mut R, m: u32) {
+        if !self.net_free.is_empty() {
+            let mi = m as usize;
+            if self.p.conn_route[self.p.msg_conn[mi] as usize].class == LinkClass::Net {
+                let rank = self.p.steps[self.p.msg_send[mi] as usize].rank as usize;
+                let at = self.net_free[rank].max(self.now);
+                self.net_free[rank] = at + self.model.net_gap_us;
+                if at > self.now {
+                    self.queue(at, START, m);
+                    return;
+                }
+            }
+        }
+        self.start_flow_now(rates, m);
+    }
+
+    fn start_flow_now<R: Rates>(&mut self, rates: &mut R, m: u32) {
         let mi = m as usize;
         self.data_start[mi] = self.now;
         let bytes = f64::from(self.p.msg_count[mi]) * self.chunk_bytes;

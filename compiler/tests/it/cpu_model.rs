@@ -141,3 +141,65 @@ fn time_grows_with_size() {
         }
     }
 }
+
+/// A CPU cluster of two hosts with `per_host` ranks each (ranks 0.. on host 0).
+fn cpu_cluster(per_host: u32) -> Topology {
+    let nic = hccl_topologies::generate::host_with_nic(per_host, 6.0, 1.25, 25.0);
+    hccl_topologies::build(hccl_topologies::generate::cluster(2, &nic), "c").unwrap()
+}
+
+/// `k` one-chunk messages from `from` to `to`, each on a stream (and channel) of its own, so
+/// that nothing in the schedule orders them.
+fn fan(n: u32, from: u32, to: u32, k: u32) -> Schedule {
+    use super::cost_common::{recv, send, skeleton, stream};
+    let mut s = skeleton(n, k);
+    for c in 0..k {
+        stream(&mut s, from, c, vec![send(to, c, 1)]);
+        stream(&mut s, to, c, vec![recv(from, c, 1)]);
+    }
+    s
+}
+
+/// The CPU executor's engine writes each message to another host into its socket itself, so
+/// a rank's network messages start `net_gap_us` apart; messages inside a host, and models
+/// without the gap (GPUs), overlap them as before.
+#[test]
+fn a_ranks_messages_to_other_hosts_start_a_gap_apart() {
+    assert_eq!(CostModel::default().net_gap_us, 0.0);
+    let two = cpu_cluster(1);
+    let model = CostModel::for_topology(&two);
+    let gap = model.net_gap_us;
+    assert!(gap > 0.0, "the CPU cluster model has a gap");
+    let without = CostModel {
+        net_gap_us: 0.0,
+        ..model.clone()
+    };
+    let time = |topo: &Topology, m: &CostModel, s: &Schedule| {
+        let sim = Simulator::new(Network::new(topo), m.clone());
+        sim.simulate(s, 64, Protocol::Simple).unwrap().time_us
+    };
+    // Four 16-byte messages from host 0 to host 1 against one: three gaps more, where the
+    // bandwidth alone accounts for well under 0.1 µs.
+    let (one, four) = (fan(2, 0, 1, 1), fan(2, 0, 1, 4));
+    let spread = time(&two, &model, &four) - time(&two, &model, &one);
+    assert!(
+        (spread - 3.0 * gap).abs() < 0.1,
+        "{spread} µs for 3 gaps of {gap}"
+    );
+    let spread = time(&two, &without, &four) - time(&two, &without, &one);
+    assert!(spread.abs() < 0.1, "{spread} µs without the gap");
+    // Inside a host: no gap.
+    let four_local = cpu_cluster(2);
+    let local =
+        time(&four_local, &model, &fan(4, 0, 1, 4)) - time(&four_local, &model, &fan(4, 0, 1, 1));
+    assert!(local.abs() < 0.1, "{local} µs between ranks of one host");
+    // Calibration scales it with the network's per-message latencies.
+    let cal = Calibration {
+        message_scale: [1.0, 1.0, 0.5],
+        ..Calibration::identity("half")
+    };
+    let halved = model.calibrated(&cal);
+    assert_eq!(halved.net_gap_us, 0.5 * gap);
+    let back = halved.calibrated(&Calibration::identity("none"));
+    assert_eq!(back.net_gap_us, gap);
+}
