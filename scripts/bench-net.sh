@@ -275,13 +275,15 @@ PY
     hcclc topo gen host --ranks "$per" "${mem[@]}" --nic-bw "$nic_bw" \
       ${nic_lat:+--nic-latency "$nic_lat"} -o "$dir/host.ron" || return 1
     hcclc topo gen cluster --nodes 2 --box "$dir/host.ron" -o "$dir/cluster.ron" || return 1
-    hcclc compile "$dir/cluster.ron" -c allreduce -o "$dir/plan.ron" || return 1
+    # The plan's sizes are the benchmark's: below its smallest entry a call runs that entry,
+    # which for 8 B would be a schedule chosen for 1 KiB (hcclc's default range starts there).
+    hcclc compile "$dir/cluster.ron" -c allreduce --sizes "$MINB..$MAXB" -o "$dir/plan.ron" || return 1
     log "$p: plan for 2 hosts x $per rank(s), NIC $nic_bw GB/s, ${nic_lat:-default} µs ($dir)"
   else
     # TODO(bench-net): this hcclc has no `topo gen host --nic-bw` yet; the plan is for one
     # host of all ranks, so its choices ignore the network. Drop this branch once it lands.
     hcclc topo gen host --ranks "$world" "${mem[@]}" -o "$dir/host.ron" || return 1
-    hcclc compile "$dir/host.ron" -c allreduce -o "$dir/plan.ron" || return 1
+    hcclc compile "$dir/host.ron" -c allreduce --sizes "$MINB..$MAXB" -o "$dir/plan.ron" || return 1
     log "$p: hcclc has no --nic-bw: plan for one host of $world ranks (TODO) ($dir)"
   fi
   echo "$dir/plan.ron"

@@ -6,6 +6,12 @@
    plans must be identical (same hash), or the run stops.
 2. The language: writing, verifying and costing an 8-rank algorithm of a few hundred steps
    (a ring AllGather, blocks in 4 pieces: 372 steps) on the DGX-1 at 1K..1G, in-process.
+3. The communicator's cost per call from Python: a blocking ``all_reduce`` of 8 bytes on a
+   one-rank communicator (no peer to wait for, so what is timed is the Python side, the
+   native call and the executor's bookkeeping), NumPy in place and out of place and a PyTorch
+   tensor if PyTorch is installed; each with NumPy arrays read in one native call and with the
+   general path (``__array_interface__``, which every array took before), in back-to-back
+   pairs.
 
 Usage: python bench.py HCCLC [--pairs N] [--topo NAME ...]   (scripts/bench-python.sh runs it)
 """
@@ -106,6 +112,47 @@ def main():
     print("  first  " + " ".join(f"{1e3 * x:>9.2f}" for x in rows[0]))
     med = [statistics.median(col) for col in zip(*rows[1:])]
     print("  median " + " ".join(f"{1e3 * x:>9.2f}" for x in med) + "   (of the next 10)")
+
+    per_call(args.pairs)
+
+
+def per_call(pairs):
+    import timeit
+
+    import numpy as np
+
+    import hccl.comm
+
+    comm = hccl.Communicator.connect(0, 1, f"127.0.0.1:{hccl.Communicator.free_port()}")
+    x, y = np.ones(2, np.float32), np.ones(2, np.float32)
+    cases = [("numpy, in place", lambda: comm.all_reduce(x)),
+             ("numpy, out of place", lambda: comm.all_reduce(x, out=y))]
+    try:
+        import torch
+
+        t = torch.ones(2)
+        cases.append(("torch tensor, in place", lambda: comm.all_reduce(t)))
+    except ImportError:
+        pass
+    native = hccl.comm._array_info
+    general = lambda obj, writable: None  # noqa: E731 - what the general path sees
+    n = 50000
+    print(f"\ncommunicator: blocking all_reduce of 8 B on one rank, µs per call (median of {n} calls x {pairs} pairs)")
+    print(f"  {'':<24} {'general':>9} {'native':>9} {'ratio':>7}")
+    try:
+        for name, call in cases:
+            g, f = [], []
+            for _ in range(pairs):
+                for path, out in ((general, g), (native, f)):
+                    hccl.comm._array_info = path
+                    call()
+                    out.append(timeit.timeit(call, number=n) / n * 1e6)
+            ratios = [a / b for a, b in zip(g, f)]
+            print(f"  {name:<24} {statistics.median(g):>9.2f} {statistics.median(f):>9.2f} "
+                  f"{statistics.median(ratios):>7.2f}")
+    finally:
+        hccl.comm._array_info = native
+        comm.finalize()
 
 
 if __name__ == "__main__":

@@ -41,6 +41,8 @@ _FORMATS = {"f": "float32", "d": "float64", "e": "float16", "b": "int8", "B": "u
             "c": "uint8", "i": "int32", "I": "uint32", "l": "int64", "L": "uint64",
             "q": "int64", "Q": "uint64", "h": None, "H": None}
 _OPS = ("sum", "prod", "min", "max", "avg")
+# Whether a type has NumPy's C-level array interface (`_Array` asks once per type).
+_HAS_STRUCT: Dict[type, bool] = {}
 # The byte-order mark of `__array_interface__`'s typestr that is not this machine's.
 _FOREIGN_ORDER = ">" if sys.byteorder == "little" else "<"
 
@@ -53,11 +55,17 @@ class _Array:
     def __init__(self, obj: Any, what: str, writable: bool) -> None:
         self.obj = obj
         self.keep: Any = obj
-        # NumPy's common case in one native call; anything else (or wrong) below.
-        info = _array_info(obj, writable)
-        if info is not None:
-            self.ptr, self.len, self.dtype = info
-            return
+        # NumPy's common case in one native call; anything else (or wrong) below. Types
+        # without NumPy's C-level interface (PyTorch tensors, buffers) skip the probe.
+        kind = type(obj)
+        native = _HAS_STRUCT.get(kind)
+        if native is None:
+            native = _HAS_STRUCT[kind] = hasattr(kind, "__array_struct__")
+        if native:
+            info = _array_info(obj, writable)
+            if info is not None:
+                self.ptr, self.len, self.dtype = info
+                return
         mod = type(obj).__module__.split(".")[0]
         if mod == "torch":
             if obj.device.type != "cpu":
