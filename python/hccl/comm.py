@@ -66,7 +66,7 @@ class _Array:
             if info is not None:
                 self.ptr, self.len, self.dtype = info
                 return
-        mod = type(obj).__module__.split(".")[0]
+        mod = kind.__module__.split(".")[0]
         if mod == "torch":
             if obj.device.type != "cpu":
                 raise CommError(f"{what}: a tensor on {obj.device}: this communicator runs on CPU memory")
