@@ -2,6 +2,7 @@
 //! picks the best schedule per collective and message-size range.
 
 pub mod builder;
+pub mod clock;
 pub mod cost;
 pub mod families;
 pub mod lp;

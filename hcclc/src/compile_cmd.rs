@@ -7,7 +7,7 @@ use hccl_compiler::families::Candidate;
 use hccl_compiler::report::{self, ReportError, row_json, table};
 use hccl_compiler::search::{
     self, CompiledPlan, DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES, Options, Progress, Row, SearchError,
-    SearchReport,
+    SearchReport, plan_cache,
 };
 use hccl_compiler::synth::SynthLevel;
 use hccl_ir::units::format_bytes;
@@ -60,9 +60,11 @@ pub struct CompileArgs {
     /// why candidates stopped.
     #[arg(short = 'v', long)]
     pub verbose: bool,
-    /// Neither read nor write the synthesis cache (solver results kept between compiles, in
-    /// $HCCL_CACHE_DIR, else $XDG_CACHE_HOME/hccl, else ~/.cache/hccl): every synthesizer
-    /// solves again. The plan is the same either way.
+    /// Neither read nor write the caches in $HCCL_CACHE_DIR, else $XDG_CACHE_HOME/hccl, else
+    /// ~/.cache/hccl: the synthesis cache (solver results kept between compiles; every
+    /// synthesizer solves again) and the plan cache (whole compiles, keyed by the topology,
+    /// the options and this build of hcclc; the search runs again). The plan is the same
+    /// either way.
     #[arg(long)]
     pub no_cache: bool,
 }
@@ -79,6 +81,18 @@ pub fn load_plan_or_xml(path: &Path) -> Result<PlanFile, CliError> {
     } else {
         PlanFile::load(path).map_err(CliError::input)
     }
+}
+
+/// What identifies the `--with` files for the plan cache: their contents, in order.
+fn with_identity(paths: &[PathBuf]) -> Result<Vec<u8>, CliError> {
+    let mut out = Vec::new();
+    for path in paths {
+        let bytes = std::fs::read(path)
+            .map_err(|e| CliError::Input(format!("{}: cannot read: {e}", path.display())))?;
+        out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+        out.extend_from_slice(&bytes);
+    }
+    Ok(out)
 }
 
 /// External candidates from `--with` files: each must fit the topology's rank count and
@@ -280,6 +294,44 @@ pub fn compile(args: CompileArgs) -> Result<(), CliError> {
             hccl_compiler::synth::cache::default_dir()
         },
     };
+    let out = args.output.clone().unwrap_or_else(|| {
+        let stem = Path::new(&args.topo)
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| topo.name.clone());
+        PathBuf::from(format!("{stem}.plan.ron"))
+    });
+    let write_plan = |text: &str| {
+        hccl_ir::write_atomic(&out, text.as_bytes())
+            .map_err(|e| CliError::Input(format!("{}: cannot write the plan: {e}", out.display())))
+    };
+    // The plan cache: the same topology, options and build of hcclc compiled before.
+    let cache = match &options.cache_dir {
+        Some(dir) => plan_cache::key(&topo, &options, Some(&with_identity(&args.with)?))
+            .map(|key| (dir.clone(), key)),
+        None => None,
+    };
+    if let Some((dir, key)) = &cache
+        && let Some(hit) = plan_cache::load(dir, key)
+    {
+        write_plan(&hit.plan_text)?;
+        if args.verbose {
+            eprintln!(
+                "plan cache: hit, entry {key} in {} (an earlier compile of this topology with \
+                 these options by this build; --no-cache searches again)",
+                dir.join(plan_cache::AREA).display()
+            );
+        }
+        report(
+            &out,
+            (&topo, &topology_origin(&args.topo)),
+            &hit.rows,
+            args.json,
+            Some((&hit.report, "hit")),
+        );
+        return Ok(());
+    }
+    let clock_stops = hccl_compiler::clock::clock_stops();
     let bar = progress_bar();
     // Candidates costed over those generated, summed over the collectives reported so far
     // (small machines compile them side by side, so reports of several interleave).
@@ -306,9 +358,9 @@ pub fn compile(args: CompileArgs) -> Result<(), CliError> {
     }
     let CompiledPlan {
         plan,
-        rows,
+        mut rows,
         skipped,
-        report: search_report,
+        report: mut search_report,
     } = result.map_err(search_error)?;
     if args.verbose {
         eprint!("{search_report}");
@@ -318,20 +370,38 @@ pub fn compile(args: CompileArgs) -> Result<(), CliError> {
     {
         return Err(search_error(first.clone()));
     }
-    let out = args.output.unwrap_or_else(|| {
-        let stem = Path::new(&args.topo)
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| topo.name.clone());
-        PathBuf::from(format!("{stem}.plan.ron"))
-    });
-    plan.save(&out).map_err(CliError::input)?;
+    let plan_text = plan.to_ron();
+    write_plan(&plan_text)?;
+    let cache_state = match &cache {
+        None => "off",
+        // A result that depends on the clock, or a partial plan, is not kept.
+        Some(_) if !skipped.is_empty() || hccl_compiler::clock::clock_stops() != clock_stops => {
+            "not_stored"
+        }
+        Some((dir, key)) => {
+            let entry = plan_cache::CachedCompile {
+                plan_text,
+                rows,
+                report: search_report,
+            };
+            let stored = plan_cache::store(dir, key, &entry);
+            (rows, search_report) = (entry.rows, entry.report);
+            match stored {
+                Ok(true) => "stored",
+                // A cache that cannot be written costs the next compile its search.
+                Ok(false) | Err(_) => "not_stored",
+            }
+        }
+    };
+    if args.verbose && cache.is_some() {
+        eprintln!("plan cache: {}", cache_state.replace('_', " "));
+    }
     report(
         &out,
         (&topo, &topology_origin(&args.topo)),
         &rows,
         args.json,
-        Some(&search_report),
+        Some((&search_report, cache_state)),
     );
     if skipped.is_empty() {
         return Ok(());
@@ -502,13 +572,15 @@ pub fn explain(args: ExplainArgs) -> Result<(), CliError> {
 }
 
 /// The rows of a plan for `topo` (read from `from`), and which calibration predicted them;
-/// in JSON also the search's report, when the plan was just compiled.
+/// in JSON also, when the plan was just compiled, the search's report and what the plan
+/// cache did (`hit`: the report is the one of the compile that made the entry; `stored`,
+/// `not_stored`, `off`).
 fn report(
     plan_path: &Path,
     (topo, from): (&Topology, &str),
     rows: &[Row],
     json: bool,
-    search_report: Option<&SearchReport>,
+    search_report: Option<(&SearchReport, &str)>,
 ) {
     if json {
         let rows: Vec<serde_json::Value> = rows.iter().map(row_json).collect();
@@ -518,9 +590,10 @@ fn report(
             "calibration": report::calibration_json(topo, from),
             "rows": rows,
         });
-        if let Some(search_report) = search_report {
+        if let Some((search_report, cache)) = search_report {
             doc["search_report"] = serde_json::to_value(search_report)
                 .expect("a search report is plain data and serializes");
+            doc["plan_cache"] = serde_json::Value::from(cache);
         }
         print_json(&doc);
     } else {

@@ -631,9 +631,12 @@ def compile(
     algorithms that compete (:class:`hccl.Algorithm` objects, plans, or MSCCL XML / plan
     paths); ``sim_budget``: steps simulated per candidate; ``progress``: ``True`` for a bar on
     stderr, or a callable ``(collective, done, total, collectives_done, collectives_total)``;
-    ``cache``: read and write the synthesis cache (solver results kept between compiles, in
-    ``$HCCL_CACHE_DIR``, else ``$XDG_CACHE_HOME/hccl``, else ``~/.cache/hccl``), as
-    ``hcclc compile`` does unless ``--no-cache``; the plan is the same either way.
+    ``cache``: read and write the caches in ``$HCCL_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/hccl``, else ``~/.cache/hccl``, as ``hcclc compile`` does unless
+    ``--no-cache``: the synthesis cache (solver results kept between compiles) and the plan
+    cache (a compile of the same topology with the same arguments by the same build reads
+    its plan back, without searching or calling ``progress``); the plan is the same either
+    way.
 
     The GIL is released while the search runs; Ctrl-C stops it (``KeyboardInterrupt``).
     """

@@ -766,6 +766,16 @@ fn compile(
             extra.push(Candidate::imported(entry.clone()));
         }
     }
+    // What names the candidates for the plan cache: their plans' text.
+    let extra_identity: Vec<u8> = candidates
+        .iter()
+        .flat_map(|p| {
+            let text = p.inner.to_ron();
+            let mut part = (text.len() as u64).to_le_bytes().to_vec();
+            part.extend_from_slice(text.as_bytes());
+            part
+        })
+        .collect();
     let cancel = Arc::new(AtomicBool::new(false));
     let options = Options {
         collectives: kinds,
@@ -784,13 +794,43 @@ fn compile(
             None
         },
     };
+    // The plan cache, as `hcclc compile` reads and writes it.
+    let cache = options.cache_dir.clone().and_then(|dir| {
+        search::plan_cache::key(&t, &options, Some(&extra_identity)).map(|key| (dir, key))
+    });
+    if let Some((dir, key)) = &cache
+        && let Some(hit) = py.detach(|| {
+            let hit = search::plan_cache::load(dir, key)?;
+            let plan = PlanFile::from_ron(&hit.plan_text, "the plan cache").ok()?;
+            Some((plan, hit.rows))
+        })
+    {
+        let (plan, rows) = hit;
+        let table = table_text("(compiled in Python)", &topo.inner, &rows);
+        return Ok((PyPlan::wrap(plan), rows_json(&rows), table, Vec::new()));
+    }
+    let clock_stops = hccl_compiler::clock::clock_stops();
     let (tx, rx) = std::sync::mpsc::channel::<Progress>();
     let worker = std::thread::Builder::new()
         .name("hccl-compile".into())
         .spawn(move || {
-            search::compile_with_progress(&t, &options, &mut |p| {
+            let compiled = search::compile_with_progress(&t, &options, &mut |p| {
                 let _ = tx.send(p);
-            })
+            });
+            // Kept when whole and independent of the clock (see `hcclc compile`).
+            if let (Some((dir, key)), Ok(c)) = (&cache, &compiled)
+                && c.skipped.is_empty()
+                && hccl_compiler::clock::clock_stops() == clock_stops
+            {
+                let entry = search::plan_cache::CachedCompile {
+                    plan_text: c.plan.to_ron(),
+                    rows: c.rows.clone(),
+                    report: c.report.clone(),
+                };
+                // A cache that cannot be written costs the next compile its search.
+                let _ = search::plan_cache::store(dir, key, &entry);
+            }
+            compiled
         })
         .map_err(|e| CompileError::new_err(format!("cannot start the compile thread: {e}")))?;
     // Wait with the GIL released; take it back briefly to report progress and to see Ctrl-C.

@@ -161,13 +161,14 @@ def test_candidate_of_wrong_size_is_refused(dgx1):
 
 def test_progress_callback(dgx1):
     seen = []
-    hccl.compile(dgx1, collectives="allreduce,allgather", sizes="1K..4K", progress=lambda *a: seen.append(a))
+    hccl.compile(dgx1, collectives="allreduce,allgather", sizes="1K..4K", progress=lambda *a: seen.append(a),
+                  cache=False)
     assert seen and {s[0] for s in seen} == {"allreduce", "allgather"}
     assert seen[-1][3] == seen[-1][4] == 2
 
 
 def test_progress_bar_goes_to_stderr(dgx1, capfd):
-    hccl.compile(dgx1, collectives="allreduce", sizes="1K", progress=True)
+    hccl.compile(dgx1, collectives="allreduce", sizes="1K", progress=True, cache=False)
     out, err = capfd.readouterr()
     assert out == "" and "allreduce" in err
 
@@ -177,7 +178,7 @@ def test_an_exception_in_progress_stops_the_compile(dgx1):
         raise RuntimeError("stop here")
 
     with pytest.raises(RuntimeError, match="stop here"):
-        hccl.compile(dgx1, collectives="allreduce", sizes="1K..4K", progress=boom)
+        hccl.compile(dgx1, collectives="allreduce", sizes="1K..4K", progress=boom, cache=False)
 
 
 def test_the_gil_is_released_during_compiles(dgx1):
@@ -193,7 +194,7 @@ def test_the_gil_is_released_during_compiles(dgx1):
     t.start()
     start = time.perf_counter()
     try:
-        hccl.compile(dgx1, sizes="1K..64M")
+        hccl.compile(dgx1, sizes="1K..64M", cache=False)
     finally:
         done.set()
         t.join()
@@ -231,7 +232,8 @@ def test_same_plan_as_hcclc(tmp_path, hcclc, dgx1):
     r = run([hcclc, "compile", "dgx1-v100", "-c", "allreduce,allgather", "--sizes", "1K..16M", "-o", str(out), "--json"])
     assert r.returncode == 0, r.stderr
     theirs = hccl.Plan.load(out)
-    ours = hccl.compile(dgx1, collectives="allreduce,allgather", sizes="1K..16M")
+    # cache=False: searched here, not read back from what hcclc just stored.
+    ours = hccl.compile(dgx1, collectives="allreduce,allgather", sizes="1K..16M", cache=False)
     assert ours.hash == theirs.hash
     rows = json.loads(r.stdout)["rows"]
     assert [x["algorithm"] for x in rows] == [x.algorithm for x in ours.rows]
@@ -255,3 +257,24 @@ def test_builtin_plans():
         hccl.Plan.builtin(0)
     with pytest.raises(TypeError):
         hccl.Plan.builtin("5")
+
+
+def test_a_second_compile_reads_the_plan_cache(dgx1, tmp_path, monkeypatch):
+    monkeypatch.setenv("HCCL_CACHE_DIR", str(tmp_path))
+    seen = []
+    first = hccl.compile(dgx1, collectives="allreduce,broadcast", sizes="1K..256K",
+                         progress=lambda *a: seen.append(a))
+    assert seen and len(list((tmp_path / "plans").iterdir())) == 1
+    seen.clear()
+    again = hccl.compile(dgx1, collectives="allreduce,broadcast", sizes="1K..256K",
+                         progress=lambda *a: seen.append(a))
+    assert seen == [], "read back: no search ran"
+    assert again.to_ron() == first.to_ron() and again.hash == first.hash
+    assert str(again.rows) == str(first.rows)
+    # Another size range, or cache=False, searches.
+    hccl.compile(dgx1, collectives="allreduce,broadcast", sizes="1K..128K", progress=lambda *a: seen.append(a))
+    assert seen and len(list((tmp_path / "plans").iterdir())) == 2
+    seen.clear()
+    fresh = hccl.compile(dgx1, collectives="allreduce,broadcast", sizes="1K..256K",
+                         progress=lambda *a: seen.append(a), cache=False)
+    assert seen and fresh.to_ron() == first.to_ron()

@@ -615,12 +615,15 @@ fn select_milp(
         model = model.with(constraint!(lhs <= c));
     }
     let started = std::time::Instant::now();
-    let solution = model.solve().ok()?;
+    let solution = model.solve();
     if started.elapsed().as_secs_f64() >= MILP_GIVE_UP * MILP_SECONDS {
         // At (or near) the time limit the solver's incumbent depends on the machine's speed
-        // and load: the greedy elimination decides instead, so the plan does not.
+        // and load: the greedy elimination decides instead, so the plan does not. Near
+        // the cut itself, whether it applies depends on the clock.
+        crate::clock::note_clock_stop();
         return None;
     }
+    let solution = solution.ok()?;
     Some(
         trees
             .iter()

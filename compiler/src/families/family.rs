@@ -7,7 +7,7 @@ use hccl_topologies::Topology;
 use std::sync::Arc;
 
 /// Knobs a family is asked to generate for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct FamilyParams {
     /// Parallel channels (independent rings/trees each carrying a share of the data).
     pub channels: u32,

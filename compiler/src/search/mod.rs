@@ -51,6 +51,7 @@ mod nccl;
 mod options;
 mod par;
 mod pipeline;
+pub mod plan_cache;
 mod ready;
 mod refine;
 mod registry;

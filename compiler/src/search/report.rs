@@ -3,14 +3,14 @@
 //! and the `HCCL_SEARCH_TRACE` lines, printed as the search goes.
 
 use hccl_ir::CollectiveKind;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::time::Instant;
 
 /// What a compile did, phase by phase, for every collective: returned with the plan
 /// ([`CompiledPlan::report`](super::CompiledPlan::report)), printed by `hcclc compile -v`
 /// and written by `hcclc compile --json` (`search_report`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SearchReport {
     /// One per collective compiled (or left out), in compile order.
     pub collectives: Vec<CollectiveReport>,
@@ -19,7 +19,7 @@ pub struct SearchReport {
 }
 
 /// The phases of one collective's search.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CollectiveReport {
     pub collective: CollectiveKind,
     /// The phases that ran, in order.
@@ -30,7 +30,7 @@ pub struct CollectiveReport {
 }
 
 /// The phases of the search, in the order they run for each collective.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
     /// Every family × parameter set (and the external candidates): candidates in are the
@@ -67,7 +67,7 @@ impl Phase {
 }
 
 /// One phase of one collective.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PhaseReport {
     pub phase: Phase,
     /// What the phase started from (see [`Phase`] for what is counted).
@@ -83,14 +83,14 @@ pub struct PhaseReport {
 
 /// How many candidates (or sizes, or parameter sets: see [`StopReason`]) stopped for one
 /// reason.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Stop {
     pub reason: StopReason,
     pub count: usize,
 }
 
 /// Why candidates stopped in a phase, or why a phase stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StopReason {
     /// Generate: parameter sets or schedules over the step cap

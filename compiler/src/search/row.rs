@@ -7,7 +7,7 @@ use crate::families::FamilyParams;
 use hccl_ir::{CollectiveKind, PlanFile, Protocol, Synthesis};
 
 /// One line of the compile table: the winner at one size, with the baseline and the bound.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Row {
     pub collective: CollectiveKind,
     /// Size (bytes, nccl-tests convention): the bucket's lower edge.

@@ -59,14 +59,24 @@ pub fn key(kind: &str, input: &[u8]) -> String {
 }
 
 fn entry_path(dir: &Path, key: &str) -> PathBuf {
-    dir.join("synth").join(format!("{key}.json"))
+    area_path(dir, "synth", key)
+}
+
+/// Where the entry `key` of `area` (a subdirectory: `synth`, `plans`) lives in `dir`.
+pub(crate) fn area_path(dir: &Path, area: &str, key: &str) -> PathBuf {
+    dir.join(area).join(format!("{key}.json"))
 }
 
 /// The payload stored under `key` in `dir`, when there is a whole, intact entry: the first
 /// line is [`FORMAT`] and the key, the second the payload's blake3 hash, the rest the
 /// payload.
 pub fn load(dir: &Path, key: &str) -> Option<Vec<u8>> {
-    let bytes = std::fs::read(entry_path(dir, key)).ok()?;
+    load_entry(&entry_path(dir, key), key)
+}
+
+/// The payload of the entry file at `path`, stored under `key` (see [`load`]).
+pub(crate) fn load_entry(path: &Path, key: &str) -> Option<Vec<u8>> {
+    let bytes = std::fs::read(path).ok()?;
     let mut parts = bytes.splitn(3, |&b| b == b'\n');
     let head = parts.next()?;
     let sum = parts.next()?;
@@ -82,13 +92,17 @@ pub fn load(dir: &Path, key: &str) -> Option<Vec<u8>> {
 /// Stores `payload` under `key` in `dir` (atomically; see the module docs). A failure is
 /// returned for whoever wants to report it; the compile goes on without the entry.
 pub fn store(dir: &Path, key: &str, payload: &[u8]) -> std::io::Result<()> {
-    let path = entry_path(dir, key);
+    store_entry(&entry_path(dir, key), key, payload)
+}
+
+/// Writes `payload` under `key` to the entry file at `path` (see [`store`]).
+pub(crate) fn store_entry(path: &Path, key: &str, payload: &[u8]) -> std::io::Result<()> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)?;
     }
     let mut bytes = format!("{FORMAT} {key}\n{}\n", blake3::hash(payload).to_hex()).into_bytes();
     bytes.extend_from_slice(payload);
-    hccl_ir::write_atomic(&path, &bytes)
+    hccl_ir::write_atomic(path, &bytes)
 }
 
 #[cfg(test)]

@@ -512,6 +512,8 @@ fn the_search_reports_its_phases() {
         "{err}"
     );
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // A plan with a collective left out is not kept in the plan cache.
+    assert_eq!(doc["plan_cache"], "not_stored");
     let report = &doc["search_report"];
     assert!(report["wall_s"].as_f64().unwrap() >= 0.0);
     let collectives = report["collectives"].as_array().unwrap();

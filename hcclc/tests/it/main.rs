@@ -22,4 +22,5 @@ mod cli_topo;
 mod cli_trace;
 mod compile_cli;
 mod cpu_cluster;
+mod plan_cache;
 mod synth_cache;

@@ -45,6 +45,12 @@ fn ok(out: &Output) {
     );
 }
 
+/// Empties the plan cache, so that the next compile searches (and reads the synthesis cache)
+/// instead of reading its whole plan back.
+fn forget_plans(cache: &Path) {
+    let _ = std::fs::remove_dir_all(cache.join("plans"));
+}
+
 fn entries(cache: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(cache.join("synth"))
         .map(|d| d.flatten().map(|e| e.path()).collect())
@@ -64,6 +70,7 @@ fn cached_plans_are_byte_identical() {
         "the AllGather frontier (AllReduce lowers it too)"
     );
     let stamp = std::fs::read(&stored[0]).unwrap();
+    forget_plans(&cache);
     ok(&compile(&cache, &work, "warm.plan.ron", &[]));
     assert_eq!(std::fs::read(&stored[0]).unwrap(), stamp);
     // --no-cache neither reads nor writes.
@@ -82,11 +89,14 @@ fn cached_plans_are_byte_identical() {
     let text = String::from_utf8_lossy(&cold);
     assert!(text.contains("algorithm: \"milp\""), "no milp entry");
 
-    // A damaged entry is ignored, solved again and written whole.
+    // A damaged entry is ignored, solved again and written whole (each compile below
+    // searches: the plan cache is emptied first).
+    forget_plans(&cache);
     std::fs::write(&stored[0], &stamp[..stamp.len() / 2]).unwrap();
     ok(&compile(&cache, &work, "damaged.plan.ron", &[]));
     assert_eq!(cold, std::fs::read(work.join("damaged.plan.ron")).unwrap());
     assert_eq!(std::fs::read(&stored[0]).unwrap(), stamp);
+    forget_plans(&cache);
     std::fs::write(&stored[0], b"not an entry").unwrap();
     ok(&compile(&cache, &work, "garbage.plan.ron", &[]));
     assert_eq!(cold, std::fs::read(work.join("garbage.plan.ron")).unwrap());

@@ -195,7 +195,10 @@ pub fn pareto(
                     });
                     break;
                 }
-                (Stop::TimeLimit, _) => proven = false,
+                (Stop::TimeLimit, _) => {
+                    proven = false;
+                    crate::clock::note_clock_stop();
+                }
                 _ => {}
             }
         }
