@@ -89,10 +89,11 @@ pub fn key(topo: &Topology, options: &Options, extra: Option<&[u8]>) -> Option<S
 /// then marked as just used).
 pub fn load(dir: &Path, key: &str) -> Option<CachedCompile> {
     let path = crate::synth::cache::area_path(dir, AREA, key);
-    let payload = crate::synth::cache::load_entry(&path, key)?;
-    let cut = payload.iter().position(|&b| b == b'\n')?;
-    let meta: Meta = ron::de::from_bytes(&payload[..cut]).ok()?;
-    let plan_text = String::from_utf8(payload[cut + 1..].to_vec()).ok()?;
+    let (mut bytes, start) = crate::synth::cache::load_entry_in_place(&path, key)?;
+    let cut = start + bytes[start..].iter().position(|&b| b == b'\n')?;
+    let meta: Meta = ron::de::from_bytes(&bytes[start..cut]).ok()?;
+    bytes.drain(..=cut);
+    let plan_text = String::from_utf8(bytes).ok()?;
     if let Ok(file) = std::fs::File::options().write(true).open(&path) {
         let _ = file.set_modified(std::time::SystemTime::now());
     }
@@ -119,11 +120,12 @@ pub fn store(dir: &Path, key: &str, compile: &CachedCompile) -> std::io::Result<
     if (meta.len() + compile.plan_text.len()) as u64 > MAX_BYTES / 4 {
         return Ok(false);
     }
-    let mut payload = meta.into_bytes();
-    payload.push(b'\n');
-    payload.extend_from_slice(compile.plan_text.as_bytes());
     let path = crate::synth::cache::area_path(dir, AREA, key);
-    crate::synth::cache::store_entry(&path, key, &payload)?;
+    crate::synth::cache::store_entry_parts(
+        &path,
+        key,
+        &[meta.as_bytes(), b"\n", compile.plan_text.as_bytes()],
+    )?;
     trim(&dir.join(AREA), MAX_BYTES);
     Ok(true)
 }

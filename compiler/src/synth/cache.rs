@@ -14,7 +14,7 @@
 //! neither reads nor writes it.
 //!
 //! **Safe under concurrent compiles.** An entry is written to a temporary file beside it and
-//! renamed over its name ([`hccl_ir::write_atomic`]): a reader sees a whole entry or none.
+//! renamed over its name ([`store_entry`]): a reader sees a whole entry or none.
 //! Two compiles that solve the same input write the same bytes. An entry that cannot be read,
 //! is truncated, fails its checksum or does not parse is ignored (and recomputed, then
 //! written again); a cache directory that cannot be written only costs the next compile the
@@ -76,6 +76,13 @@ pub fn load(dir: &Path, key: &str) -> Option<Vec<u8>> {
 
 /// The payload of the entry file at `path`, stored under `key` (see [`load`]).
 pub(crate) fn load_entry(path: &Path, key: &str) -> Option<Vec<u8>> {
+    let (bytes, start) = load_entry_in_place(path, key)?;
+    Some(bytes[start..].to_vec())
+}
+
+/// The entry file at `path`, stored under `key`, whole and intact, and where its payload
+/// starts in it (a large payload is not copied out).
+pub(crate) fn load_entry_in_place(path: &Path, key: &str) -> Option<(Vec<u8>, usize)> {
     let bytes = std::fs::read(path).ok()?;
     let mut parts = bytes.splitn(3, |&b| b == b'\n');
     let head = parts.next()?;
@@ -86,7 +93,8 @@ pub(crate) fn load_entry(path: &Path, key: &str) -> Option<Vec<u8>> {
     {
         return None;
     }
-    Some(payload.to_vec())
+    let start = bytes.len() - payload.len();
+    Some((bytes, start))
 }
 
 /// Stores `payload` under `key` in `dir` (atomically; see the module docs). A failure is
@@ -97,12 +105,41 @@ pub fn store(dir: &Path, key: &str, payload: &[u8]) -> std::io::Result<()> {
 
 /// Writes `payload` under `key` to the entry file at `path` (see [`store`]).
 pub(crate) fn store_entry(path: &Path, key: &str, payload: &[u8]) -> std::io::Result<()> {
+    store_entry_parts(path, key, &[payload])
+}
+
+/// [`store_entry`] of the payload made of `parts`, one after the other (not copied into one).
+pub(crate) fn store_entry_parts(path: &Path, key: &str, parts: &[&[u8]]) -> std::io::Result<()> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)?;
     }
-    let mut bytes = format!("{FORMAT} {key}\n{}\n", blake3::hash(payload).to_hex()).into_bytes();
-    bytes.extend_from_slice(payload);
-    hccl_ir::write_atomic(path, &bytes)
+    let mut sum = blake3::Hasher::new();
+    for part in parts {
+        sum.update(part);
+    }
+    let head = format!("{FORMAT} {key}\n{}\n", sum.finalize().to_hex());
+    // Written beside its name and renamed over it, so a reader sees a whole entry or none.
+    // Not synced to the disk: an entry a crash leaves short fails its checksum and is a
+    // miss, and the sync of a plan-sized entry would cost a compile a good part of a second.
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".tmp-{}-{n}", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let written = (|| {
+        use std::io::Write;
+        let mut file = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        file.write_all(head.as_bytes())?;
+        for part in parts {
+            file.write_all(part)?;
+        }
+        file.into_inner().map_err(|e| e.into_error())?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 #[cfg(test)]
