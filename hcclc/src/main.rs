@@ -3,6 +3,7 @@
 //! Exit codes: 0 ok; 1 verification or runtime failure; 2 bad input or usage.
 //! Every subcommand takes `--json` and then prints exactly one JSON document on stdout.
 
+mod cache_cmd;
 mod calibrate_cmd;
 mod cli_error;
 mod compile_cmd;
@@ -53,6 +54,10 @@ enum Command {
     /// Chrome trace-event file (Perfetto, chrome://tracing).
     #[command(subcommand)]
     Trace(trace_cmd::TraceCommand),
+    /// The compiler's caches on disk (solver results and whole compiles): what they hold,
+    /// and emptying them.
+    #[command(subcommand)]
+    Cache(cache_cmd::CacheCommand),
 }
 
 /// A reader that closes the pipe early (`hcclc synth … | head`) ends the process quietly, as
@@ -88,6 +93,7 @@ fn main() -> ExitCode {
         Command::Calibrate(args) => calibrate_cmd::run(args),
         Command::Synth(args) => synth_cmd::run(args),
         Command::Trace(cmd) => trace_cmd::run(cmd),
+        Command::Cache(cmd) => cache_cmd::run(cmd),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

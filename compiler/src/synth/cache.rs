@@ -142,6 +142,71 @@ pub(crate) fn store_entry_parts(path: &Path, key: &str, parts: &[&[u8]]) -> std:
     written
 }
 
+/// The areas of a cache directory: the synthesis cache's and the plan cache's.
+pub const AREAS: [&str; 2] = ["synth", "plans"];
+
+/// What one area of a cache directory holds.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct AreaUsage {
+    pub area: &'static str,
+    /// Entries (temporary files a crash left behind included).
+    pub entries: usize,
+    pub bytes: u64,
+}
+
+/// What each of [`AREAS`] of `dir` holds (an area that does not exist holds nothing).
+pub fn usage(dir: &Path) -> Vec<AreaUsage> {
+    AREAS
+        .iter()
+        .map(|&area| {
+            let (mut entries, mut bytes) = (0, 0);
+            if let Ok(read) = std::fs::read_dir(dir.join(area)) {
+                for meta in read.flatten().filter_map(|e| e.metadata().ok()) {
+                    if meta.is_file() {
+                        entries += 1;
+                        bytes += meta.len();
+                    }
+                }
+            }
+            AreaUsage {
+                area,
+                entries,
+                bytes,
+            }
+        })
+        .collect()
+}
+
+/// Removes every entry of `area` (one of [`AREAS`]) in `dir`; what it removed. Entries
+/// another compile writes meanwhile may stay; a compile that reads one removed under it
+/// misses and searches.
+pub fn clear(dir: &Path, area: &str) -> std::io::Result<AreaUsage> {
+    let Some(&area) = AREAS.iter().find(|&&a| a == area) else {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("no cache area {area:?} (known: {})", AREAS.join(", ")),
+        ));
+    };
+    let mut removed = AreaUsage {
+        area,
+        entries: 0,
+        bytes: 0,
+    };
+    let read = match std::fs::read_dir(dir.join(area)) {
+        Ok(read) => read,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(removed),
+        Err(e) => return Err(e),
+    };
+    for entry in read.flatten() {
+        let Ok(meta) = entry.metadata() else { continue };
+        if meta.is_file() && std::fs::remove_file(entry.path()).is_ok() {
+            removed.entries += 1;
+            removed.bytes += meta.len();
+        }
+    }
+    Ok(removed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,6 +232,26 @@ mod tests {
         store(&dir, &a, b"{\"x\": 1}").unwrap();
         assert_eq!(load(&dir, &a).as_deref(), Some(&b"{\"x\": 1}"[..]));
         assert_eq!(load(&dir, &b), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn usage_counts_and_clear_empties_one_area() {
+        let dir = temp_dir("usage");
+        assert!(usage(&dir).iter().all(|u| u.entries == 0 && u.bytes == 0));
+        store(&dir, &key("test", b"a"), b"12345").unwrap();
+        store(&dir, &key("test", b"b"), b"12345").unwrap();
+        store_entry(&area_path(&dir, "plans", "k"), "k", b"plan").unwrap();
+        let used = usage(&dir);
+        assert_eq!((used[0].area, used[0].entries), ("synth", 2));
+        assert_eq!((used[1].area, used[1].entries), ("plans", 1));
+        assert!(used[0].bytes > 10);
+        let removed = clear(&dir, "plans").unwrap();
+        assert_eq!((removed.entries, removed.bytes), (1, used[1].bytes));
+        assert_eq!(usage(&dir)[1].entries, 0);
+        assert_eq!(usage(&dir)[0].entries, 2, "the other area stays");
+        assert_eq!(clear(&dir, "plans").unwrap().entries, 0);
+        assert!(clear(&dir, "../x").is_err());
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -157,3 +157,61 @@ fn a_damaged_entry_is_a_miss() {
     }
     let _ = std::fs::remove_dir_all(cache.parent().unwrap());
 }
+
+/// `hcclc cache show` counts each area's entries; `clear` empties one area or both.
+#[test]
+fn the_cache_command_shows_and_clears_the_areas() {
+    let (cache, work) = dirs("command");
+    let cmd = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_hcclc"))
+            .env("HCCL_CACHE_DIR", &cache)
+            .current_dir(&work)
+            .args(args)
+            .output()
+            .expect("hcclc runs");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let areas = |doc: &serde_json::Value, key: &str| -> Vec<(String, u64)> {
+        doc[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| {
+                (
+                    a["area"].as_str().unwrap().to_string(),
+                    a["entries"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let (code, out) = cmd(&["cache", "show", "--json"]);
+    assert_eq!(code, Some(0));
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        areas(&doc, "areas"),
+        [("synth".into(), 0), ("plans".into(), 0)]
+    );
+    compile(
+        &cache,
+        &work,
+        "dgx1-v100",
+        "a.plan.ron",
+        &["--sizes", "1K..8K"],
+    );
+    let (_, out) = cmd(&["cache", "show"]);
+    assert!(out.contains("plans  1 entry, "), "{out}");
+    let (code, out) = cmd(&["cache", "clear", "--area", "plans", "--json"]);
+    assert_eq!(code, Some(0));
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(areas(&doc, "removed"), [("plans".into(), 1)]);
+    let (_, out) = cmd(&["cache", "show"]);
+    assert!(out.contains("plans  0 entries, 0 B"), "{out}");
+    let (code, _) = cmd(&["cache", "clear", "--area", "elsewhere"]);
+    assert_eq!(code, Some(2));
+    let (code, _) = cmd(&["cache", "clear"]);
+    assert_eq!(code, Some(0));
+    let _ = std::fs::remove_dir_all(cache.parent().unwrap());
+}
