@@ -41,7 +41,7 @@ fn main() {
     hasher.update(features.join(",").as_bytes());
     hasher.update(std::env::var("PROFILE").unwrap_or_default().as_bytes());
     println!(
-        "cargo:rustc-env=HCCL_COMPILER_FINGERPRINT={}",
+        "cargo:rustc-env=PLAN_CACHE_FINGERPRINT={}",
         hasher.finalize().to_hex()
     );
 }

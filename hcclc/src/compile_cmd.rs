@@ -261,9 +261,9 @@ fn progress_bar() -> Option<indicatif::ProgressBar> {
     Some(bar)
 }
 
-pub fn compile(args: CompileArgs) -> Result<(), CliError> {
-    let topo = load_topology(&args.topo)?;
-    let options = Options {
+/// The search's options for `args` on `topo`.
+fn compile_options(args: &CompileArgs, topo: &Topology) -> Result<Options, CliError> {
+    Ok(Options {
         collectives: parse_collectives(args.collectives.as_deref())?,
         sizes: parse_sizes(args.sizes.as_deref())?,
         algorithms: args.algo.as_deref().map(|a| {
@@ -272,8 +272,8 @@ pub fn compile(args: CompileArgs) -> Result<(), CliError> {
                 .filter(|s| !s.is_empty())
                 .collect()
         }),
-        extra: external_candidates(&args.with, &topo)?,
-        model: hccl_compiler::cost::CostModel::for_topology(&topo),
+        extra: external_candidates(&args.with, topo)?,
+        model: hccl_compiler::cost::CostModel::for_topology(topo),
         protocols: parse_protocols(args.proto.as_deref())?,
         synth: SynthLevel::from_name(&args.synth).ok_or_else(|| {
             CliError::Input(format!(
@@ -293,7 +293,12 @@ pub fn compile(args: CompileArgs) -> Result<(), CliError> {
         } else {
             hccl_compiler::synth::cache::default_dir()
         },
-    };
+    })
+}
+
+pub fn compile(args: CompileArgs) -> Result<(), CliError> {
+    let topo = load_topology(&args.topo)?;
+    let options = compile_options(&args, &topo)?;
     let out = args.output.clone().unwrap_or_else(|| {
         let stem = Path::new(&args.topo)
             .file_stem()

@@ -745,37 +745,7 @@ fn compile(
     let synth = SynthLevel::from_name(synth).ok_or_else(|| {
         CompileError::new_err(format!("synth={synth:?}: expected off, auto or full"))
     })?;
-    let mut extra = Vec::new();
-    for plan in &candidates {
-        for (i, entry) in plan.inner.entries.iter().enumerate() {
-            if entry.schedule.nranks != t.nranks() {
-                return Err(CompileError::new_err(format!(
-                    "candidate {} entry {i} is for {} ranks but {} has {}",
-                    entry.algorithm,
-                    entry.schedule.nranks,
-                    t.name,
-                    t.nranks()
-                )));
-            }
-            if let Err(errors) = verify_entry(entry) {
-                return Err(VerifyError::new_err(format!(
-                    "candidate {} entry {i} does not verify: {}",
-                    entry.algorithm, errors[0]
-                )));
-            }
-            extra.push(Candidate::imported(entry.clone()));
-        }
-    }
-    // What names the candidates for the plan cache: their plans' text.
-    let extra_identity: Vec<u8> = candidates
-        .iter()
-        .flat_map(|p| {
-            let text = p.inner.to_ron();
-            let mut part = (text.len() as u64).to_le_bytes().to_vec();
-            part.extend_from_slice(text.as_bytes());
-            part
-        })
-        .collect();
+    let (extra, extra_identity) = compile_candidates(&t, &candidates)?;
     let cancel = Arc::new(AtomicBool::new(false));
     let options = Options {
         collectives: kinds,
@@ -799,13 +769,8 @@ fn compile(
         search::plan_cache::key(&t, &options, Some(&extra_identity)).map(|key| (dir, key))
     });
     if let Some((dir, key)) = &cache
-        && let Some(hit) = py.detach(|| {
-            let hit = search::plan_cache::load(dir, key)?;
-            let plan = PlanFile::from_ron(&hit.plan_text, "the plan cache").ok()?;
-            Some((plan, hit.rows))
-        })
+        && let Some((plan, rows)) = py.detach(|| cached_compile(dir, key))
     {
-        let (plan, rows) = hit;
         let table = table_text("(compiled in Python)", &topo.inner, &rows);
         return Ok((PyPlan::wrap(plan), rows_json(&rows), table, Vec::new()));
     }
@@ -817,18 +782,8 @@ fn compile(
             let compiled = search::compile_with_progress(&t, &options, &mut |p| {
                 let _ = tx.send(p);
             });
-            // Kept when whole and independent of the clock (see `hcclc compile`).
-            if let (Some((dir, key)), Ok(c)) = (&cache, &compiled)
-                && c.skipped.is_empty()
-                && hccl_compiler::clock::clock_stops() == clock_stops
-            {
-                let entry = search::plan_cache::CachedCompile {
-                    plan_text: c.plan.to_ron(),
-                    rows: c.rows.clone(),
-                    report: c.report.clone(),
-                };
-                // A cache that cannot be written costs the next compile its search.
-                let _ = search::plan_cache::store(dir, key, &entry);
+            if let (Some((dir, key)), Ok(c)) = (&cache, &compiled) {
+                keep_compile(dir, key, c, clock_stops);
             }
             compiled
         })
@@ -888,6 +843,62 @@ fn compile(
     let rows = rows_json(&compiled.rows);
     let table = table_text("(compiled in Python)", &topo.inner, &compiled.rows);
     Ok((PyPlan::wrap(compiled.plan), rows, table, skipped))
+}
+
+/// The external candidates of a compile, each entry checked (its rank count, the verifier),
+/// and what names them for the plan cache: their plans' text.
+fn compile_candidates(
+    t: &RsTopology,
+    candidates: &[PyRef<'_, PyPlan>],
+) -> PyResult<(Vec<Candidate>, Vec<u8>)> {
+    let mut extra = Vec::new();
+    let mut identity = Vec::new();
+    for plan in candidates {
+        for (i, entry) in plan.inner.entries.iter().enumerate() {
+            if entry.schedule.nranks != t.nranks() {
+                return Err(CompileError::new_err(format!(
+                    "candidate {} entry {i} is for {} ranks but {} has {}",
+                    entry.algorithm,
+                    entry.schedule.nranks,
+                    t.name,
+                    t.nranks()
+                )));
+            }
+            if let Err(errors) = verify_entry(entry) {
+                return Err(VerifyError::new_err(format!(
+                    "candidate {} entry {i} does not verify: {}",
+                    entry.algorithm, errors[0]
+                )));
+            }
+            extra.push(Candidate::imported(entry.clone()));
+        }
+        let text = plan.inner.to_ron();
+        identity.extend_from_slice(&(text.len() as u64).to_le_bytes());
+        identity.extend_from_slice(text.as_bytes());
+    }
+    Ok((extra, identity))
+}
+
+/// The plan and rows the plan cache holds under `key` in `dir`, if a whole entry is there.
+fn cached_compile(dir: &std::path::Path, key: &str) -> Option<(PlanFile, Vec<search::Row>)> {
+    let hit = search::plan_cache::load(dir, key)?;
+    let plan = PlanFile::from_ron(&hit.plan_text, "the plan cache").ok()?;
+    Some((plan, hit.rows))
+}
+
+/// Stores a compile in the plan cache when it is whole and did not depend on the clock
+/// (no solve stopped at a time limit since `clock_stops` was read), as `hcclc compile` does.
+fn keep_compile(dir: &std::path::Path, key: &str, c: &search::CompiledPlan, clock_stops: u64) {
+    if !c.skipped.is_empty() || hccl_compiler::clock::clock_stops() != clock_stops {
+        return;
+    }
+    let entry = search::plan_cache::CachedCompile {
+        plan_text: c.plan.to_ron(),
+        rows: c.rows.clone(),
+        report: c.report.clone(),
+    };
+    // A cache that cannot be written costs the next compile its search.
+    let _ = search::plan_cache::store(dir, key, &entry);
 }
 
 /// A measured or predicted trace file as an SVG picture (`hcclc trace show`).

@@ -65,7 +65,7 @@ pub fn key(topo: &Topology, options: &Options, extra: Option<&[u8]>) -> Option<S
         input.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
         input.extend_from_slice(bytes);
     };
-    part(env!("HCCL_COMPILER_FINGERPRINT").as_bytes());
+    part(env!("PLAN_CACHE_FINGERPRINT").as_bytes());
     part(topo.hash.as_bytes());
     // Debug forms: exact for floats (shortest round-trip), and fixed by the fingerprint.
     part(format!("{:?}", options.collectives).as_bytes());
