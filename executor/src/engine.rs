@@ -23,6 +23,9 @@
 //! for), then short sleeps after 10 ms. How long it spins adapts to what yields show
 //! (see `Waiter`): a rank that shares its core with its peer yields almost at once, a rank
 //! whose core is shared with unrelated work keeps spinning rather than give its share away.
+//! Spinning also ends after 15 µs whatever the budget: a poll of a rank with network
+//! connections reads its sockets, and a budget sized for shared-memory polls would hold the
+//! core for hundreds of microseconds.
 //! While waiting it watches the abort word (another rank failed) and the timeout, and, once
 //! a wait passes 5 ms, whether the peer it waits for is still alive (a file
 //! read in the process backend: far too slow for every short wait). A wait that got as far
@@ -1264,6 +1267,10 @@ const SPIN_FOR: Duration = Duration::from_micros(50);
 /// A gap this long between two polls of a wait (a poll sleeps at most [`SLEEP`] or yields
 /// once) means the rank did not run: it is not charged to the peer ([`crate::waits`]).
 const OFF_CPU: Duration = Duration::from_millis(5);
+/// The longest a wait spins within its poll budget before it yields (see [`Waiter::pause`]).
+const SPIN_CAP: Duration = Duration::from_micros(15);
+/// Polls between two clock reads while spinning.
+const CAP_EVERY: u32 = 8;
 /// Smallest adaptive spin budget.
 const MIN_SPIN: u32 = 2;
 /// Budget value meaning "spin-only mode".
@@ -1287,6 +1294,8 @@ const SPIN_ONLY: u32 = u32::MAX;
 /// the slice a peer needs) and spin-only mode is never entered.
 struct Waiter {
     polls: u32,
+    /// When this wait's spinning began (read every [`CAP_EVERY`] polls).
+    spin_started: Option<Instant>,
     budget: u32,
     /// The longest yield of this wait ran another thread briefly / for a whole slice.
     switched: bool,
@@ -1313,6 +1322,7 @@ impl Waiter {
     fn new(budget: u32) -> Waiter {
         Waiter {
             polls: 0,
+            spin_started: None,
             budget,
             switched: false,
             hogged: false,
@@ -1390,6 +1400,7 @@ impl Waiter {
         }
         *spin = self.budget;
         self.polls = 0;
+        self.spin_started = None;
         self.switched = false;
         self.hogged = false;
         self.since = None;
@@ -1417,8 +1428,22 @@ impl Waiter {
         (ctx.on_wait)();
         self.polls = self.polls.saturating_add(1);
         if self.polls < self.budget.min(SPIN_POLLS) {
-            std::hint::spin_loop();
-            return Ok(());
+            // The budget counts polls, and a poll of a rank with network connections reads
+            // sockets (system calls, some 100 times a shared-memory poll): spinning also
+            // ends after SPIN_CAP, so that such a rank does not hold a core its local peer
+            // needs for the whole budget. The clock is read every few polls only.
+            if self.polls % CAP_EVERY != 1 {
+                std::hint::spin_loop();
+                return Ok(());
+            }
+            let now = Instant::now();
+            let started = *self.spin_started.get_or_insert(now);
+            if now - started < SPIN_CAP {
+                std::hint::spin_loop();
+                return Ok(());
+            }
+            // Spent: yield from now on, as past the budget.
+            self.polls = self.budget.min(SPIN_POLLS);
         }
         let now = Instant::now();
         let first = self.since.is_none();
