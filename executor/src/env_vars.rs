@@ -47,6 +47,7 @@ pub const KNOWN_VARS: &[&str] = &[
     "HCCL_REGEN_DATA",
     "HCCL_TEST_TORCH",
     "HCCL_PY_PROFILE",
+    "HCCL_TORCH_ASYNC",
     "HCCL_CI_HIGHS",
 ];
 

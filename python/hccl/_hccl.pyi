@@ -62,6 +62,7 @@ class Communicator:
         in_len: int = 0,
         root: int = 0,
         counts: Optional[Tuple[List[int], List[int], List[int], List[int]]] = None,
+        keep: Any = None,
     ) -> Optional[Handle]: ...
     def straggler_report(self) -> str: ...
     def finalize(self) -> Optional[str]: ...  # raises CommError on failure

@@ -240,7 +240,10 @@ class Communicator:
         args = (collective, op, dst.dtype, dst.ptr, dst.len,
                 None if inp is None else inp.ptr, 0 if inp is None else inp.len, root, counts)
         if async_op:
-            return Work(self._native.call(True, *args), (src.keep, dst.keep), dst.obj)
+            # The queued call holds the arrays' owners until it has run (`keep`): a Work
+            # dropped unwaited cannot free memory the call still writes.
+            keep = (src.keep, dst.keep)
+            return Work(self._native.call(True, *args, keep=keep), keep, dst.obj)
         # Blocking: runs on this thread (the GIL released), after any queued call.
         self._native.call(False, *args)
         return dst.obj

@@ -6,9 +6,10 @@
 //! queue first. The caller's arrays cross as raw pointers and element
 //! counts, so NumPy arrays and PyTorch CPU tensors are read and written where they are (no
 //! copy, and no dependency on either package here): the Python side (`hccl/comm.py`) checks
-//! that they are contiguous, writable and of the declared type, and keeps them alive until
-//! the call's handle has been waited for. That is the safety contract of this module's
-//! `call`, which Python users never call directly.
+//! that they are contiguous, writable and of the declared type, and passes their owners as
+//! `keep`, which a queued call holds until it has run (a blocking call's caller holds them
+//! anyway). That is the safety contract of this module's `call`, which Python users never
+//! call directly.
 
 use crate::{Error, PyPlan};
 use hccl_executor::{
@@ -80,6 +81,9 @@ struct Job {
     input: Option<Raw>,
     output: Raw,
     slot: Arc<Slot>,
+    /// What keeps a queued call's arrays alive until it has run (the caller's objects):
+    /// released by the worker once the call is done, whatever became of its handle.
+    keep: Option<Py<PyAny>>,
 }
 
 /// Runs `job` on `comm` with the element type `T`.
@@ -173,6 +177,9 @@ fn serve(comm: Shared, pending: Arc<AtomicUsize>, rx: mpsc::Receiver<Job>) {
         let r = run_locked(&comm, &job);
         pending.fetch_sub(1, Ordering::AcqRel);
         job.slot.set(r);
+        // Dropped without the GIL: PyO3 releases the references the next time a thread
+        // holds it.
+        drop(job.keep);
     }
 }
 
@@ -435,8 +442,10 @@ impl PyComm {
     /// One call. Internal: `hccl.Communicator` checks the arrays and keeps them alive (see
     /// the module docs for the contract). `queued`: runs on the communicator's thread after
     /// the calls queued before it, and returns its handle at once; else runs to the end (GIL
-    /// released) on this thread, after any queued call, and returns `None`.
-    #[pyo3(signature = (queued, collective, op, dtype_, out_ptr, out_len, in_ptr = None, in_len = 0, root = 0, counts = None))]
+    /// released) on this thread, after any queued call, and returns `None`. `keep`: what a
+    /// queued call holds until it has run (the arrays' owners), so that neither a dropped
+    /// handle nor dropped arrays free memory the call still reads or writes.
+    #[pyo3(signature = (queued, collective, op, dtype_, out_ptr, out_len, in_ptr = None, in_len = 0, root = 0, counts = None, keep = None))]
     #[allow(clippy::too_many_arguments)]
     fn call(
         &self,
@@ -451,6 +460,7 @@ impl PyComm {
         in_len: usize,
         root: u32,
         counts: Option<Counts>,
+        keep: Option<Py<PyAny>>,
     ) -> PyResult<Option<Handle>> {
         let kind = match collective {
             "allreduce" => Kind::Run(Collective::AllReduce),
@@ -493,6 +503,7 @@ impl PyComm {
                 len: out_len,
             },
             slot: Arc::new(Slot::default()),
+            keep,
         };
         if queued {
             let slot = job.slot.clone();

@@ -26,7 +26,8 @@ def torchrun(n, env, timeout=300):
 
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_collectives(n):
-    r = torchrun(n, {"MODE": "collectives"})
+    # Queued asynchronous calls whatever the CPU count (the worker checks they return early).
+    r = torchrun(n, {"MODE": "collectives", "HCCL_TORCH_ASYNC": "1"})
     assert r.returncode == 0, ranks_output(r)
     for k in range(n):
         assert f"rank {k}: ok" in r.stdout
@@ -89,9 +90,12 @@ def read(out):
 LOSS_RTOL = 1e-4
 
 
-@pytest.mark.parametrize("n", [2, 4])
-def test_ddp_matches_gloo(tmp_path, n):
-    results = {b: train(tmp_path, n, b, {"MODE": "ddp", "STEPS": "20"}) for b in ("gloo", "hccl_aot")}
+# DDP's gradient buckets are asynchronous calls: queued (overlapping the backward pass) and
+# run at once, both checked.
+@pytest.mark.parametrize("n, queued", [(2, "1"), (4, "0")])
+def test_ddp_matches_gloo(tmp_path, n, queued):
+    env = {"MODE": "ddp", "STEPS": "20", "HCCL_TORCH_ASYNC": queued}
+    results = {b: train(tmp_path, n, b, env) for b in ("gloo", "hccl_aot")}
     ours = results["hccl_aot"]
     assert len(ours) == n
     steps = list(zip(*ours.values()))
@@ -107,7 +111,7 @@ def test_ddp_matches_gloo(tmp_path, n):
 def test_fsdp2_matches_gloo(tmp_path):
     losses = {}
     for backend in ("gloo", "hccl_aot"):
-        rows = train(tmp_path, 2, backend, {"MODE": "fsdp", "STEPS": "5"})
+        rows = train(tmp_path, 2, backend, {"MODE": "fsdp", "STEPS": "5", "HCCL_TORCH_ASYNC": "1"})
         losses[backend] = [float(row[1]) for row in rows["rank0.txt"]]
     assert len(losses["hccl_aot"]) == 5
     assert losses["hccl_aot"] == pytest.approx(losses["gloo"], rel=LOSS_RTOL)
@@ -151,3 +155,21 @@ def test_the_readme_training_example():
     losses = [float(line.split("loss")[1]) for line in r.stdout.splitlines() if line.startswith("step")]
     assert len(losses) == 4 and losses[-1] < 0.5 * losses[0], r.stdout
     assert "hccl_aot: 2 ranks, 30 steps" in r.stdout and "identical on every rank: True" in r.stdout, r.stdout
+
+
+def test_asynchronous_calls_are_queued_where_a_core_is_free(monkeypatch):
+    from hccl.torch import _queue_async
+
+    monkeypatch.delenv("HCCL_TORCH_ASYNC", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert _queue_async(4) and not _queue_async(5)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert not _queue_async(2) and _queue_async(1)
+    monkeypatch.setenv("HCCL_TORCH_ASYNC", "1")
+    assert _queue_async(2)
+    monkeypatch.setenv("HCCL_TORCH_ASYNC", "0")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    assert not _queue_async(2)
+    monkeypatch.setenv("HCCL_TORCH_ASYNC", "sometimes")
+    with pytest.raises(ValueError, match="HCCL_TORCH_ASYNC"):
+        _queue_async(2)

@@ -105,6 +105,45 @@ def collectives():
         check(t, torch.full((1000,), float(sum(q + k for q in range(w)))), f"async {k}")
         # The future of an asynchronous call carries its tensors, as DDP's hooks read them.
         assert wk.get_future().value()[0] is t, f"rank {r}: async {k}: the future's value is not the tensor"
+    # Asynchronous calls really are, when queued: with the last rank late, the others' calls
+    # return at once and are not done until it has called; their futures complete then, with the
+    # tensors; every single-tensor collective queues the same way, in call order.
+    import time
+
+    big = torch.full((1 << 16,), float(r))
+    gathered = torch.empty(w * 4)
+    scattered = torch.empty(3)
+    bcast = torch.full((5,), float(r))
+    if r == w - 1:
+        time.sleep(0.5)
+    t0 = time.perf_counter()
+    wk = dist.all_reduce(big, async_op=True)
+    fut = wk.get_future()
+    wg = dist.all_gather_into_tensor(gathered, torch.full((4,), float(r)), async_op=True)
+    wr = dist.reduce_scatter_tensor(scattered, torch.arange(3 * w, dtype=torch.float32) + r, async_op=True)
+    wb = dist.broadcast(bcast, src=0, async_op=True)
+    issued = time.perf_counter() - t0
+    queued = dist.group.WORLD._queue  # HCCL_TORCH_ASYNC (test_collectives sets 1)
+    if r != w - 1 and queued:
+        assert issued < 0.25, f"rank {r}: asynchronous calls took {issued:.3f} s to return"
+        assert not wk.is_completed(), f"rank {r}: an all_reduce completed before its last rank called"
+    if not queued:
+        assert wk.is_completed(), f"rank {r}: run at once, yet not complete"
+    assert fut.wait()[0] is big
+    for x in (wk, wg, wr, wb):
+        x.wait()
+        assert x.is_completed() and x.is_success()
+    check(big, torch.full((1 << 16,), float(sum(range(w)))), "async all_reduce, late rank")
+    check(gathered, torch.cat([torch.full((4,), float(s)) for s in range(w)]), "async all_gather_into_tensor")
+    check(scattered, (torch.arange(3 * w, dtype=torch.float32) * w + sum(range(w)))[3 * r:3 * r + 3],
+          "async reduce_scatter_tensor")
+    check(bcast, torch.zeros(5), "async broadcast")
+    # A work dropped unwaited, and its tensor with it: the queued call holds the tensor until
+    # it has run, and the next blocking call runs after it.
+    dist.all_reduce(torch.ones(1 << 18), async_op=True)
+    z = torch.ones(3)
+    dist.all_reduce(z)
+    check(z, torch.full((3,), float(w)), "blocking after a dropped asynchronous call")
     # Blocking calls return no work (c10d takes it as synced); a blocking call on the
     # general path (not SUM, several dtypes) too.
     assert dist.all_reduce(torch.ones(3)) is None, "a blocking all_reduce returned a work"
