@@ -110,6 +110,19 @@ def main():
         work.wait()
         assert work.is_completed()
         check(x, np.full(4099, sum(q + k for q in range(w)), np.float64), f"async all_reduce {k}")
+    # A call whose Work and arrays are dropped while it waits for a late rank: the queued
+    # call holds them until it has run (8 MiB: freed, NumPy's memory would go back to the
+    # system, and the call's writes would fault).
+    import gc
+    import time
+
+    if r == w - 1:
+        time.sleep(0.3)
+    comm.all_reduce(np.ones(1 << 20), out=np.empty(1 << 20), async_op=True)
+    gc.collect()
+    z = np.ones(3)
+    comm.all_reduce(z)
+    check(z, np.full(3, float(w)), "blocking after a dropped asynchronous call")
     # Buffers other than NumPy arrays.
     import array
 
