@@ -168,7 +168,7 @@ class _Pending(_C10dWork):
     """A queued call (``asyncOp``): runs on the communicator's thread in the order the calls
     were made. ``wait()`` blocks until it has run (the GIL released) and raises if it failed;
     its future (made when asked for) completes then, from the process group's completion
-    thread. Made by :meth:`HcclProcessGroup._queue`."""
+    thread. Made by :meth:`HcclProcessGroup._pending`."""
 
     _handle: Any
     _result: Any
