@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import weakref
 from typing import Any, Callable, List, Optional
 
 import torch
@@ -207,17 +208,45 @@ class _Pending(_C10dWork):
         return self._result
 
 
-def _complete(works: "queue.SimpleQueue[Any]") -> None:
+class _Completer:
     """The completion thread of a process group: sets the future of each queued call once it
-    has run, in call order (the calls run in that order too)."""
-    while True:
-        work = works.get()
-        try:
-            work._handle.wait()
-        except CommError as e:
-            work._fut.set_exception(RuntimeError(f"{BACKEND}: {work._call}: {e}"))
-        else:
-            work._fut.set_result(work._result)
+    has run, in call order (the calls run in that order too).
+
+    Not a daemon: a daemon thread still inside ``set_result`` (C++) when the interpreter
+    finalizes is ended mid-call, and the process aborts ("terminate called without an
+    active exception", seen with DDP). It stops when the process group goes away or when
+    the interpreter begins to exit (``threading``'s exit hooks run before it joins its
+    threads): queued calls still not done then get an error rather than hold the exit."""
+
+    def __init__(self, rank: int) -> None:
+        self.works: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self.stopping = False
+        threading.Thread(target=self._run, name=f"hccl-aot-futures-rank{rank}").start()
+        register = getattr(threading, "_register_atexit", None)
+        if register is not None:
+            try:
+                register(self.stop)
+            except RuntimeError:  # the interpreter is exiting already
+                self.stop()
+
+    def stop(self) -> None:
+        if not self.stopping:
+            self.stopping = True
+            self.works.put(None)
+
+    def _run(self) -> None:
+        while True:
+            work = self.works.get()
+            if work is None:
+                return
+            try:
+                while not work._handle.wait(0.05):
+                    if self.stopping:
+                        raise CommError("not done when the process group stopped")
+            except CommError as e:
+                work._fut.set_exception(RuntimeError(f"{BACKEND}: {work._call}: {e}"))
+            else:
+                work._fut.set_result(work._result)
 
 
 class HcclProcessGroup(dist.ProcessGroup):
@@ -241,8 +270,8 @@ class HcclProcessGroup(dist.ProcessGroup):
         self._comm = Communicator.connect(rank, world_size, addr, plan=plan)
         self._native = self._comm._native
         self._world = world_size
-        # Futures of queued calls waiting to be completed (see `_complete`), made on first use.
-        self._completions: "Optional[queue.SimpleQueue[Any]]" = None
+        # Completes the futures of queued calls (see `_Completer`), made on first use.
+        self._completer: Optional[_Completer] = None
         self._queue = _queue_async(int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
 
     # ----- helpers -----
@@ -304,11 +333,10 @@ class HcclProcessGroup(dist.ProcessGroup):
             else:
                 fut.set_result(work._result)
             return
-        if self._completions is None:
-            self._completions = queue.SimpleQueue()
-            threading.Thread(target=_complete, args=(self._completions,),
-                             name=f"hccl-aot-futures-rank{self.rank()}", daemon=True).start()
-        self._completions.put(work)
+        if self._completer is None:
+            self._completer = _Completer(self.rank())
+            weakref.finalize(self, self._completer.stop)
+        self._completer.works.put(work)
 
     def _async(self, opts: Any) -> bool:
         """Whether this call is queued (see :func:`_queue_async`)."""
