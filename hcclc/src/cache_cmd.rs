@@ -79,10 +79,9 @@ fn print_usage(dir: &std::path::Path, verb: &str, areas: &[AreaUsage], json: boo
     println!("cache {}", dir.display());
     for a in areas {
         println!(
-            "  {:<6} {verb}{} {}, {}",
+            "  {:<6} {verb}{}, {}",
             a.area,
-            a.entries,
-            if a.entries == 1 { "entry" } else { "entries" },
+            crate::plan_cmd::entries_text(a.entries),
             human(a.bytes)
         );
     }

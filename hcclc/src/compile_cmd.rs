@@ -363,9 +363,9 @@ pub fn compile(args: CompileArgs) -> Result<(), CliError> {
     }
     let CompiledPlan {
         plan,
-        mut rows,
+        rows,
         skipped,
-        report: mut search_report,
+        report: search_report,
     } = result.map_err(search_error)?;
     if args.verbose {
         eprint!("{search_report}");
@@ -383,20 +383,11 @@ pub fn compile(args: CompileArgs) -> Result<(), CliError> {
         Some(_) if !skipped.is_empty() || hccl_compiler::clock::clock_stops() != clock_stops => {
             "not_stored"
         }
-        Some((dir, key)) => {
-            let entry = plan_cache::CachedCompile {
-                plan_text,
-                rows,
-                report: search_report,
-            };
-            let stored = plan_cache::store(dir, key, &entry);
-            (rows, search_report) = (entry.rows, entry.report);
-            match stored {
-                Ok(true) => "stored",
-                // A cache that cannot be written costs the next compile its search.
-                Ok(false) | Err(_) => "not_stored",
-            }
-        }
+        // A cache that cannot be written costs the next compile its search.
+        Some((dir, key)) => match plan_cache::store(dir, key, &plan_text, &rows, &search_report) {
+            Ok(true) => "stored",
+            Ok(false) | Err(_) => "not_stored",
+        },
     };
     if args.verbose && cache.is_some() {
         eprintln!("plan cache: {}", cache_state.replace('_', " "));

@@ -80,7 +80,7 @@ fn load_plan_as(
 }
 
 /// `1 entry`, `2 entries`.
-fn entries_text(n: usize) -> String {
+pub(crate) fn entries_text(n: usize) -> String {
     if n == 1 {
         "1 entry".to_string()
     } else {

@@ -892,13 +892,8 @@ fn keep_compile(dir: &std::path::Path, key: &str, c: &search::CompiledPlan, cloc
     if !c.skipped.is_empty() || hccl_compiler::clock::clock_stops() != clock_stops {
         return;
     }
-    let entry = search::plan_cache::CachedCompile {
-        plan_text: c.plan.to_ron(),
-        rows: c.rows.clone(),
-        report: c.report.clone(),
-    };
     // A cache that cannot be written costs the next compile its search.
-    let _ = search::plan_cache::store(dir, key, &entry);
+    let _ = search::plan_cache::store(dir, key, &c.plan.to_ron(), &c.rows, &c.report);
 }
 
 /// A measured or predicted trace file as an SVG picture (`hcclc trace show`).

@@ -43,10 +43,18 @@ pub struct CachedCompile {
     pub report: SearchReport,
 }
 
-#[derive(serde::Serialize, serde::Deserialize)]
+/// An entry's first line, as read.
+#[derive(serde::Deserialize)]
 struct Meta {
     rows: Vec<Row>,
     report: SearchReport,
+}
+
+/// An entry's first line, as written (the same fields, borrowed).
+#[derive(serde::Serialize)]
+struct MetaRef<'a> {
+    rows: &'a [Row],
+    report: &'a SearchReport,
 }
 
 /// The name of the entry for compiling `topo` with `options`; `extra` identifies
@@ -104,27 +112,30 @@ pub fn load(dir: &Path, key: &str) -> Option<CachedCompile> {
     })
 }
 
-/// Stores `compile` under `key` in `dir` (atomically), then trims the area to
-/// [`MAX_BYTES`]. A compile over a quarter of it is not stored (`Ok(false)`).
-pub fn store(dir: &Path, key: &str, compile: &CachedCompile) -> std::io::Result<bool> {
-    let meta = ron::to_string(&Meta {
-        rows: compile.rows.clone(),
-        report: compile.report.clone(),
-    })
-    .map_err(std::io::Error::other)?;
+/// Stores a compile (its plan's text, rows and report; what [`load`] gives back) under `key`
+/// in `dir` (atomically), then trims the area to [`MAX_BYTES`]. A compile over a quarter of
+/// it is not stored (`Ok(false)`).
+pub fn store(
+    dir: &Path,
+    key: &str,
+    plan_text: &str,
+    rows: &[Row],
+    report: &SearchReport,
+) -> std::io::Result<bool> {
+    let meta = ron::to_string(&MetaRef { rows, report }).map_err(std::io::Error::other)?;
     if meta.contains('\n') {
         return Err(std::io::Error::other(
             "the rows serialise over several lines",
         ));
     }
-    if (meta.len() + compile.plan_text.len()) as u64 > MAX_BYTES / 4 {
+    if (meta.len() + plan_text.len()) as u64 > MAX_BYTES / 4 {
         return Ok(false);
     }
     let path = crate::synth::cache::area_path(dir, AREA, key);
     crate::synth::cache::store_entry_parts(
         &path,
         key,
-        &[meta.as_bytes(), b"\n", compile.plan_text.as_bytes()],
+        &[meta.as_bytes(), b"\n", plan_text.as_bytes()],
     )?;
     trim(&dir.join(AREA), MAX_BYTES);
     Ok(true)
@@ -211,7 +222,14 @@ mod tests {
             },
         };
         assert_eq!(load(&dir, "k"), None);
-        assert!(store(&dir, "k", &compile).unwrap());
+        let stored = store(
+            &dir,
+            "k",
+            &compile.plan_text,
+            &compile.rows,
+            &compile.report,
+        );
+        assert!(stored.unwrap());
         assert_eq!(load(&dir, "k").as_ref(), Some(&compile));
         // A damaged entry is a miss.
         let path = crate::synth::cache::area_path(&dir, AREA, "k");
