@@ -47,17 +47,31 @@ pub fn compile_with_progress(
     let owned = offered_options(options, &families)?;
     let options = owned.as_ref().unwrap_or(options);
     let search = Search::new(topo, options, families);
-    // The MILP frontiers the collectives need, read from the synthesis cache (or solved,
-    // side by side, and written there) into this process's memo, where the family finds
-    // them.
-    if search.families.iter().any(|f| f.name() == "milp") && search.allowed("milp") {
-        let wanted: Vec<_> = options
-            .collectives
-            .iter()
-            .map(|&k| collective_of(k))
-            .collect();
-        crate::synth::milp::prime(topo, &wanted, options.cache_dir.as_deref());
-    }
+    std::thread::scope(|scope| {
+        // The MILP frontiers the collectives need, read from the synthesis cache (or solved
+        // and written there) into this process's memo, where the family finds them: on a
+        // thread of their own, while the collectives that need none compile.
+        if search.families.iter().any(|f| f.name() == "milp") && search.allowed("milp") {
+            let wanted: Vec<_> = options
+                .collectives
+                .iter()
+                .map(|&k| collective_of(k))
+                .collect();
+            crate::synth::milp::prime_in(scope, topo, wanted, options.cache_dir.as_deref());
+        }
+        compile_collectives(topo, options, &search, progress, started)
+    })
+}
+
+/// The collectives of `options` through every phase ([`compile_collective`]), joined in
+/// their order into one plan.
+fn compile_collectives(
+    topo: &Topology,
+    options: &Options,
+    search: &Search<'_>,
+    progress: &mut dyn FnMut(Progress),
+    started: std::time::Instant,
+) -> Result<CompiledPlan, SearchError> {
     let meta = PlanMeta {
         topology: topo.name.clone(),
         topology_hash: topo.hash.clone(),
@@ -85,7 +99,7 @@ pub fn compile_with_progress(
             index,
             progress: &mut *progress,
         };
-        let (outcome, report) = compile_collective(&search, kind, tick, &mut part)?;
+        let (outcome, report) = compile_collective(search, kind, tick, &mut part)?;
         Ok((outcome, report, part))
     };
     // The last report of a collective compiled, as the `finished`-th done.
@@ -126,7 +140,13 @@ pub fn compile_with_progress(
             Finished(Option<Progress>),
         }
         let (tx, rx) = std::sync::mpsc::channel::<Report>();
-        let indices: Vec<usize> = (0..total).collect();
+        // Those whose MILP frontier may still be being solved ([`prime_in`]) start last.
+        //
+        // [`prime_in`]: crate::synth::milp::prime_in
+        let mut indices: Vec<usize> = (0..total).collect();
+        indices.sort_by_key(|&i| {
+            crate::synth::milp::needs_frontier(collective_of(options.collectives[i]))
+        });
         let parts = std::thread::scope(|scope| {
             let worker = scope.spawn(move || {
                 par_map(&indices, |&index| {
@@ -135,7 +155,7 @@ pub fn compile_with_progress(
                         let _ = tx.send(Report::Tick(p));
                     });
                     let _ = tx.send(Report::Finished(last(index, &part, 0)));
-                    part
+                    (index, part)
                 })
             });
             let mut finished = 0;
@@ -158,7 +178,9 @@ pub fn compile_with_progress(
                 .join()
                 .unwrap_or_else(|e| std::panic::resume_unwind(e))
         });
-        for part in parts {
+        let mut parts = parts;
+        parts.sort_by_key(|&(index, _)| index);
+        for (_, part) in parts {
             merge(part)?;
         }
     } else {

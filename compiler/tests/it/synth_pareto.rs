@@ -185,6 +185,31 @@ fn broadcast_and_the_duals() {
     assert!(solved.solves.is_empty());
 }
 
+/// ReduceScatter is AllGather over the transposed links, reversed: over links that are their
+/// own transpose the two are one problem, solved once per process and read by both.
+#[test]
+fn duals_over_symmetric_links_share_their_solves() {
+    let links = ring(4);
+    assert_eq!(links, links.transposed());
+    let inst = Instance {
+        steps: 2,
+        rounds: 3,
+        chunks: 2,
+    };
+    let ag = milp::solve_instance(&links, Collective::AllGather, inst, 20.0).unwrap();
+    let rs = milp::solve_instance(&links, Collective::ReduceScatter, inst, 20.0).unwrap();
+    assert!(!ag.solves.is_empty(), "the instance is solved, not pruned");
+    assert_eq!(ag.stop, Stop::Feasible);
+    assert_eq!(rs.stop, ag.stop);
+    assert_eq!(rs.solves, ag.solves);
+    // The solver's own clock, read once: a second solve would have timed itself anew.
+    assert_eq!(rs.seconds.to_bits(), ag.seconds.to_bits());
+    let alg = rs.algorithm.unwrap();
+    assert_eq!(alg.collective, Collective::ReduceScatter);
+    alg.check(&links).unwrap();
+    hccl_ir::verify::verify(&milp::lower("milp", &alg).unwrap().schedule).unwrap();
+}
+
 #[test]
 fn bad_instances_are_typed_errors() {
     let links = ring(4);

@@ -15,8 +15,8 @@ use crate::synth::SynthError;
 use hccl_ir::{Collective, Loc, Synthesis};
 use hccl_topologies::Topology;
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// Solves one instance of `collective` over `links` (combining collectives as their duals,
@@ -34,7 +34,7 @@ pub fn solve_instance(
     } else {
         links.clone()
     };
-    let mut solved = solve_base(&base_links, &origins, inst, time_limit);
+    let mut solved = solved_base(base_links, origins, inst, time_limit);
     if let Some(alg) = solved.algorithm.take() {
         let alg = if dual {
             alg.reversed(collective)
@@ -47,6 +47,25 @@ pub fn solve_instance(
         solved.algorithm = Some(alg);
     }
     Ok(solved)
+}
+
+/// [`solve_base`] once per process for each problem: the links and origins it is solved
+/// over, the instance and the time limit. A collective and its dual over links that are
+/// their own transpose (every shipped machine's: AllGather and ReduceScatter over DGX-1's
+/// NVLinks) are one problem, which the frontiers of both, searched side by side, would
+/// otherwise solve twice; the second caller waits for the first's result.
+fn solved_base(links: LinkMatrix, origins: Vec<u32>, inst: Instance, time_limit: f64) -> Solved {
+    type Key = (usize, Vec<u32>, u64, Vec<u32>, Instance, u64);
+    static SOLVED: Memo<Key, Solved> = Memo::new();
+    let key = (
+        links.n,
+        links.b.clone(),
+        links.unit_gbps,
+        origins.clone(),
+        inst,
+        time_limit.to_bits(),
+    );
+    SOLVED.get(key, || solve_base(&links, &origins, inst, time_limit))
 }
 
 /// Limits of a frontier search.
@@ -431,10 +450,29 @@ fn search_frontier(
     static FRONTIERS: Memo<(String, String), Option<Arc<Frontier>>> = Memo::new();
     FRONTIERS.get((topo.hash.clone(), collective.to_string()), || {
         let links = LinkMatrix::from_topology(topo).ok()?;
-        cached_pareto(&links, collective, SEARCH_OPTIONS, cache)
-            .ok()
-            .map(Arc::new)
+        let primed = cache.is_none().then(|| priming_cache(&topo.hash)).flatten();
+        cached_pareto(
+            &links,
+            collective,
+            SEARCH_OPTIONS,
+            cache.or(primed.as_deref()),
+        )
+        .ok()
+        .map(Arc::new)
     })
+}
+
+/// The synthesis caches of the topologies whose frontiers are being primed in the
+/// background ([`prime_in`]), by topology hash: whichever thread computes such a frontier
+/// first (the priming one, or the family when it needs it sooner) reads and stores it there.
+static PRIMING: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
+
+fn priming_cache(hash: &str) -> Option<PathBuf> {
+    let priming = PRIMING.lock().unwrap_or_else(|p| p.into_inner());
+    priming
+        .iter()
+        .find(|(h, _)| h == hash)
+        .map(|(_, dir)| dir.clone())
 }
 
 /// [`pareto`] through the synthesis cache in `cache` (none: solved): a frontier stored for
@@ -584,9 +622,10 @@ impl StoredFrontier {
 
 /// Reads or solves (see [`cached_pareto`]) the frontiers the family `milp` lowers for
 /// `collectives` on `topo` into this process's memo, through the synthesis cache in `cache`
-/// (none: solved): what the search calls before it starts, so that the family (which has
-/// no cache directory) finds them there. Distinct frontiers (AllGather's, ReduceScatter's)
-/// are solved side by side.
+/// (none: solved), so that the family (which has no cache directory) finds them there; the
+/// search runs it beside its collectives ([`prime_in`]). Distinct frontiers (AllGather's,
+/// ReduceScatter's) are searched side by side, sharing the solves they have in common
+/// ([`solve_instance`]).
 pub fn prime(topo: &Topology, collectives: &[Collective], cache: Option<&Path>) {
     if !(2..=SEARCH_MAX_RANKS).contains(&topo.nranks()) {
         return;
@@ -602,6 +641,43 @@ pub fn prime(topo: &Topology, collectives: &[Collective], cache: Option<&Path>) 
             scope.spawn(move || search_frontier(topo, c, cache));
         }
     });
+}
+
+/// [`prime`] on a thread of `scope`, so that a search can start at once: the collectives
+/// that need no frontier compile meanwhile, and the family `milp` waits for the frontiers
+/// it lowers (computing one itself, through the same cache, if it asks first).
+pub fn prime_in<'scope>(
+    scope: &'scope std::thread::Scope<'scope, '_>,
+    topo: &'scope Topology,
+    collectives: Vec<Collective>,
+    cache: Option<&'scope Path>,
+) {
+    if !(2..=SEARCH_MAX_RANKS).contains(&topo.nranks())
+        || !collectives.iter().any(|&c| needs_frontier(c))
+    {
+        return;
+    }
+    let entry = cache.map(|dir| (topo.hash.clone(), dir.to_path_buf()));
+    if let Some(entry) = &entry {
+        PRIMING
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(entry.clone());
+    }
+    scope.spawn(move || {
+        prime(topo, &collectives, cache);
+        if let Some(entry) = entry {
+            let mut priming = PRIMING.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(i) = priming.iter().position(|e| *e == entry) {
+                priming.swap_remove(i);
+            }
+        }
+    });
+}
+
+/// Whether the family `milp` lowers a frontier for `collective` (which [`prime`] solves).
+pub fn needs_frontier(collective: Collective) -> bool {
+    solved_collective(collective).is_some()
 }
 
 /// The collective whose frontier the family lowers for `collective` (AllReduce: the

@@ -75,7 +75,8 @@ mod solve;
 
 pub use frontier::{
     Frontier, MilpFrontier, ParetoOptions, ParetoPoint, SEARCH_MAX_RANKS, cached_pareto,
-    candidates, lower, lower_allreduce, pareto, prime, record, solve_instance,
+    candidates, lower, lower_allreduce, needs_frontier, pareto, prime, prime_in, record,
+    solve_instance,
 };
 pub use problem::{
     Algorithm, Instance, LinkMatrix, MAX_CHUNKS, MAX_RANKS, MAX_ROUNDS, MAX_STEPS, Perm, Ratio,
