@@ -64,14 +64,21 @@ pub(super) fn total_order_key(x: f64) -> u64 {
     (b as u64) ^ (1 << 63)
 }
 
+/// `total_order_key`'s inverse.
+#[inline]
+fn from_order_key(k: u64) -> f64 {
+    let b = (k ^ (1 << 63)) as i64;
+    f64::from_bits((b ^ ((((b >> 63) as u64) >> 1) as i64)) as u64)
+}
+
 /// An event of [`Steps`]' queue in 16 bytes (half an [`Event`]'s: the queue's sifting moves
-/// and compares less): its time, then a tag whose high half is its push order (which breaks
-/// ties in time, as [`Event`]'s `seq`) and low half its kind (2 bits) and index (30 bits).
-/// Ordered so that a `BinaryHeap` pops the earliest first.
-#[derive(Debug, Clone, Copy)]
+/// and compares less): one integer whose high half is its time's [`total_order_key`] and
+/// low half a tag (its push order, which breaks ties in time as [`Event`]'s `seq`, then its
+/// kind in 2 bits and index in 30), stored complemented so that a `BinaryHeap` (a max-heap)
+/// pops the earliest first and each comparison is one integer comparison.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct Timed {
-    time: f64,
-    tag: u64,
+    inverted: u128,
 }
 
 /// Indices (steps, messages) an event can name: below 2^30.
@@ -83,41 +90,29 @@ const ARRIVE: u64 = 2;
 const START: u64 = 3;
 
 impl Timed {
+    #[inline]
     fn new(time: f64, seq: u32, kind: u64, index: u32) -> Timed {
+        let tag = (u64::from(seq) << 32) | (kind << INDEX_BITS) | u64::from(index);
         Timed {
-            time,
-            tag: (u64::from(seq) << 32) | (kind << INDEX_BITS) | u64::from(index),
+            inverted: !((u128::from(total_order_key(time)) << 64) | u128::from(tag)),
         }
     }
 
+    #[inline]
+    fn time(self) -> f64 {
+        from_order_key((!self.inverted >> 64) as u64)
+    }
+
+    #[inline]
     fn kind(self) -> EventKind {
-        let index = (self.tag & ((1 << INDEX_BITS) - 1)) as u32;
-        match (self.tag >> INDEX_BITS) & 3 {
+        let tag = !self.inverted as u64;
+        let index = (tag & ((1 << INDEX_BITS) - 1)) as u32;
+        match (tag >> INDEX_BITS) & 3 {
             STEP_DONE => EventKind::StepDone(index),
-            FLOW_DONE => EventKind::FlowDone(index, (self.tag >> 32) as u32),
+            FLOW_DONE => EventKind::FlowDone(index, (tag >> 32) as u32),
             ARRIVE => EventKind::Arrive(index),
             _ => EventKind::Start(index),
         }
-    }
-}
-
-impl PartialEq for Timed {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-impl Eq for Timed {}
-impl PartialOrd for Timed {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Timed {
-    fn cmp(&self, other: &Self) -> Ordering {
-        other
-            .time
-            .total_cmp(&self.time)
-            .then(other.tag.cmp(&self.tag))
     }
 }
 
@@ -298,7 +293,7 @@ impl<'a> Steps<'a> {
                 });
                 self.stale = 0;
             }
-            let next_time = self.events.peek().map(|e| e.time);
+            let next_time = self.events.peek().map(|e| e.time());
             if rates.dirty() && next_time.is_none_or(|t| t > self.now) {
                 rates.recompute(self);
                 continue;
@@ -319,7 +314,7 @@ impl<'a> Steps<'a> {
                 self.stale = self.stale.saturating_sub(1);
                 continue; // superseded by a rate change
             }
-            self.now = self.now.max(ev.time);
+            self.now = self.now.max(ev.time());
             if self.now > self.limit {
                 return Err(CostError::PastLimit {
                     limit_us: self.limit,
@@ -506,6 +501,48 @@ impl<'a> Steps<'a> {
             self.step_done_at(finish, s);
         } else {
             self.complete(s);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{EventKind, FLOW_DONE, STEP_DONE, Timed, from_order_key, total_order_key};
+
+    const TIMES: [f64; 9] = [
+        f64::NEG_INFINITY,
+        -1.5,
+        -0.0,
+        0.0,
+        f64::MIN_POSITIVE / 4.0,
+        1e-9,
+        1.0,
+        1.0 + f64::EPSILON,
+        f64::INFINITY,
+    ];
+
+    /// The queue's order is time (as `f64::total_cmp`), then push order, and an event gives
+    /// back exactly the time and kind it was made with.
+    #[test]
+    fn timed_events_order_by_time_then_push_order_and_round_trip() {
+        for &t in &TIMES {
+            assert_eq!(from_order_key(total_order_key(t)).to_bits(), t.to_bits());
+            let e = Timed::new(t, 7, FLOW_DONE, 123);
+            assert_eq!(e.time().to_bits(), t.to_bits());
+            assert!(matches!(e.kind(), EventKind::FlowDone(123, 7)));
+        }
+        for &a in &TIMES {
+            for &b in &TIMES {
+                for (sa, sb) in [(1, 2), (2, 1), (3, 3)] {
+                    let (ea, eb) = (
+                        Timed::new(a, sa, STEP_DONE, 5),
+                        Timed::new(b, sb, STEP_DONE, 5),
+                    );
+                    // The max-heap pops the greater: the earlier time, then the earlier push.
+                    let want = b.total_cmp(&a).then(sb.cmp(&sa));
+                    assert_eq!(ea.cmp(&eb), want, "{a} (push {sa}) against {b} (push {sb})");
+                }
+            }
         }
     }
 }
