@@ -147,7 +147,7 @@ fn compile_collectives(
         indices.sort_by_key(|&i| {
             crate::synth::milp::needs_frontier(collective_of(options.collectives[i]))
         });
-        let parts = std::thread::scope(|scope| {
+        let mut parts = std::thread::scope(|scope| {
             let worker = scope.spawn(move || {
                 par_map(&indices, |&index| {
                     // The receiver outlives every sender: nothing is lost.
@@ -178,7 +178,6 @@ fn compile_collectives(
                 .join()
                 .unwrap_or_else(|e| std::panic::resume_unwind(e))
         });
-        let mut parts = parts;
         parts.sort_by_key(|&(index, _)| index);
         for (_, part) in parts {
             merge(part)?;
