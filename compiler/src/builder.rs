@@ -43,8 +43,7 @@
 //! ```
 
 use hccl_ir::{Buf, Collective, Dep, Loc, Op, Rank, RankProgram, Schedule, Step, StepRef, Stream};
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use rustc_hash::FxHashMap;
 use thiserror::Error;
 
 /// Why a builder could not produce a schedule. Op indices count the ops recorded on the rank.
@@ -81,43 +80,6 @@ pub enum BuildError {
     #[error("op #{index} on rank {rank}: sends to or receives from itself")]
     SelfPeer { rank: Rank, index: usize },
 }
-
-/// A small, fast, deterministic hasher for the builder's integer-keyed maps (the `FxHash`
-/// mixing step); the default SipHash dominated generation time on large schedules.
-#[derive(Debug, Default, Clone, Copy)]
-struct FxHasher(u64);
-
-impl FxHasher {
-    fn add(&mut self, w: u64) {
-        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-}
-
-impl Hasher for FxHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.add(u64::from(b));
-        }
-    }
-    fn write_u8(&mut self, i: u8) {
-        self.add(u64::from(i));
-    }
-    fn write_u32(&mut self, i: u32) {
-        self.add(u64::from(i));
-    }
-    fn write_u64(&mut self, i: u64) {
-        self.add(i);
-    }
-    fn write_usize(&mut self, i: usize) {
-        self.add(i as u64);
-    }
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-/// A hash map with [`FxHasher`].
-type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
 /// Channel marker of a fence (a `Nop` that is not emitted).
 const FENCE: u32 = u32::MAX;
@@ -707,7 +669,7 @@ fn fuse(list: Vec<BOp>, space: &AddrSpace, bufs: &mut Buffers) -> Vec<BOp> {
     let mut valid_epoch: Vec<u32> = vec![0; n];
     let mut epoch = 0u32;
     // Last op index that sent on each (peer, channel).
-    let mut last_send: FastMap<(Rank, u32), usize> = FastMap::default();
+    let mut last_send: FxHashMap<(Rank, u32), usize> = FxHashMap::default();
     let mut any = false;
     for i in 0..n {
         let Some(b) = out[i] else { continue };
@@ -851,7 +813,7 @@ fn assign_streams(
 /// send direction, else its receive direction; `None` for local ops).
 fn connection_components(list: &[BOp]) -> (Vec<usize>, Vec<Option<usize>>) {
     // Connection directions: (is_send, peer, channel) → union-find node.
-    let mut conn: FastMap<(bool, Rank, u32), usize> = FastMap::default();
+    let mut conn: FxHashMap<(bool, Rank, u32), usize> = FxHashMap::default();
     let mut parent: Vec<usize> = Vec::new();
     let mut node_of = |key: (bool, Rank, u32), parent: &mut Vec<usize>| -> usize {
         *conn.entry(key).or_insert_with(|| {
@@ -894,7 +856,7 @@ fn group_ops(
     reset(last_writer_stream, space.len, u32::MAX);
     let mut group_of_op: Vec<usize> = Vec::with_capacity(list.len());
     // Group keys: component root for comm ops; usize::MAX - channel for local streams.
-    let mut comp_group: FastMap<usize, usize> = FastMap::default();
+    let mut comp_group: FxHashMap<usize, usize> = FxHashMap::default();
     let mut groups: Vec<(u32, usize)> = Vec::new(); // (channel, first op)
     // Fences that follow some op become `Nop` steps of one fence stream (on channel 0).
     let mut fence_group: Option<usize> = None;
@@ -974,7 +936,7 @@ fn add_hazards(
     if let Some(o) = origins.as_deref_mut() {
         *o = vec![Vec::new(); streams.len()];
     }
-    let mut waited: Vec<FastMap<u32, u32>> = vec![FastMap::default(); streams.len()];
+    let mut waited: Vec<FxHashMap<u32, u32>> = vec![FxHashMap::default(); streams.len()];
     // The latest fence's `Nop` step, and the streams that got steps since it.
     let mut fence: Option<(u32, u32)> = None;
     let mut touched: Vec<u32> = Vec::new();

@@ -26,7 +26,7 @@
 //! equal counts and matching lengths on a connection are checked by the verifier, not here.
 
 use crate::schedule::{Dep, Rank, RankProgram, Schedule, StepRef};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use thiserror::Error;
 
 /// A connection `(from, to, channel)`.
@@ -162,7 +162,7 @@ pub struct StepDag {
     /// Predecessors of each step (edges into it).
     preds: Vec<u32>,
     conns: Vec<Connection>,
-    conn_index: HashMap<ConnKey, u32>,
+    conn_index: FxHashMap<ConnKey, u32>,
     /// Per step: (connection, position on it) of its send half and of its receive half, or
     /// `(NONE, NONE)`.
     send_at: Vec<(u32, u32)>,

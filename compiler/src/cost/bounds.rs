@@ -582,7 +582,7 @@ struct RouteCaps {
     gossip: f64,
 }
 
-type CapsCache = std::sync::Mutex<std::collections::HashMap<u64, std::sync::Arc<RouteCaps>>>;
+type CapsCache = std::sync::Mutex<rustc_hash::FxHashMap<u64, std::sync::Arc<RouteCaps>>>;
 
 fn caps_cache() -> &'static CapsCache {
     static CACHE: std::sync::OnceLock<CapsCache> = std::sync::OnceLock::new();

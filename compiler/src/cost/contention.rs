@@ -1,7 +1,7 @@
 //! The contention constraints of symmetric templates ([`Contention`]) and their cache
 //! ([`ContentionCache`], held by the simulator and filled by `symmetric.rs`).
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
 /// The contention constraints of a template's peers (see `Simulator::contention`, `symmetric.rs`).
@@ -20,7 +20,7 @@ pub(super) struct Contention {
 /// first and finds them cached).
 #[derive(Debug, Default)]
 pub(super) struct ContentionCache {
-    pub(super) held: std::sync::Mutex<HashMap<ContentionKey, Arc<Contention>>>,
+    pub(super) held: std::sync::Mutex<FxHashMap<ContentionKey, Arc<Contention>>>,
     pub(super) turn: std::sync::Mutex<()>,
 }
 

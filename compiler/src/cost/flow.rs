@@ -8,8 +8,9 @@ use super::network::Network;
 use super::prepared::{Estimate, FlowRoutes, Prepared, ResourceUse, Spans};
 use super::steps::{Rates, Steps, total_order_key};
 use hccl_ir::Protocol;
+use rustc_hash::FxHashMap;
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 
 /// Largest set of interacting flows whose rates are recomputed exactly at every change.
 pub const EXACT_COMPONENT: usize = 256;
@@ -110,8 +111,8 @@ pub(super) fn run_flows(
 /// Per resource, the sum of its flows' rates over time, from a traced run's rate changes.
 pub(super) fn resource_uses(p: &Prepared, log: Vec<(f64, u32, f64)>) -> Vec<ResourceUse> {
     let mut rate = vec![0.0f64; p.msg_conn.len()];
-    let mut uses: HashMap<u32, Vec<(f64, f64)>> = HashMap::new();
-    let mut total: HashMap<u32, f64> = HashMap::new();
+    let mut uses: FxHashMap<u32, Vec<(f64, f64)>> = FxHashMap::default();
+    let mut total: FxHashMap<u32, f64> = FxHashMap::default();
     for (t, m, new) in log {
         let Some(old) = rate.get_mut(m as usize) else {
             continue;

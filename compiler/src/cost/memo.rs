@@ -2,14 +2,14 @@
 //! parameter set and once per bound, and recompiling a topology in the same process reuses
 //! it.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Values computed once per key; concurrent callers for one key wait for the first, callers
 /// for other keys do not.
 pub(crate) struct Memo<K, V> {
-    cells: OnceLock<Mutex<HashMap<K, Arc<OnceLock<V>>>>>,
+    cells: OnceLock<Mutex<FxHashMap<K, Arc<OnceLock<V>>>>>,
 }
 
 impl<K: Eq + Hash, V: Clone> Memo<K, V> {

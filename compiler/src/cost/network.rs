@@ -18,8 +18,9 @@
 use super::error::CostError;
 use super::model::LinkClass;
 use hccl_topologies::{LinkKind, Node, Topology};
+use rustc_hash::FxHashMap;
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::{Arc, Mutex};
 
 /// Sources above which [`Network::routes`] searches on several threads.
@@ -98,7 +99,7 @@ pub struct Network {
     /// Topology graph node of each vertex (of merged switches, the first) and how many
     /// graph nodes it stands for: what [`Network::resource_name`] names.
     pub vertex_node: Vec<(u32, u32)>,
-    routes: Mutex<HashMap<(u32, u32), Arc<Route>>>,
+    routes: Mutex<FxHashMap<(u32, u32), Arc<Route>>>,
     /// Held while routes for the cache are searched: one search at a time (each on all
     /// threads when large), so two candidates needing the same routes search them once.
     routing: Mutex<()>,
@@ -182,7 +183,7 @@ impl Shift {
 /// What finding an [`Automorphism`] looks links up by.
 #[derive(Debug)]
 struct Adjacency {
-    by_ends: HashMap<(u32, u32), u32>,
+    by_ends: FxHashMap<(u32, u32), u32>,
     into: Vec<Vec<u32>>,
 }
 
@@ -492,7 +493,7 @@ impl Network {
             nhosts: topo.nhosts(),
             topo_hash: topo.hash.clone(),
             vertex_node,
-            routes: Mutex::new(HashMap::new()),
+            routes: Mutex::new(FxHashMap::default()),
             routing: Mutex::new(()),
             alltoall: std::sync::OnceLock::new(),
             adjacency: std::sync::OnceLock::new(),
@@ -607,7 +608,8 @@ impl Network {
     fn adjacency(&self) -> &Adjacency {
         self.adjacency.get_or_init(|| {
             let mut into = vec![Vec::new(); self.vertices.len()];
-            let mut by_ends = HashMap::with_capacity(self.links.len());
+            let mut by_ends =
+                FxHashMap::with_capacity_and_hasher(self.links.len(), Default::default());
             for (i, l) in self.links.iter().enumerate() {
                 into[l.to as usize].push(i as u32);
                 by_ends.insert((l.from, l.to), i as u32);
@@ -802,7 +804,7 @@ impl Network {
     /// [`PARALLEL_ROUTE_SOURCES`] sources) is searched on all available threads.
     pub fn routes(&self, pairs: &[(u32, u32)]) -> Result<Vec<Arc<Route>>, CostError> {
         let n = self.nranks();
-        let missing_of = |cache: &HashMap<(u32, u32), Arc<Route>>| {
+        let missing_of = |cache: &FxHashMap<(u32, u32), Arc<Route>>| {
             let mut missing: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
             for &(a, b) in pairs {
                 if a >= n || b >= n || a == b {
@@ -885,7 +887,7 @@ impl Network {
     }
 
     /// The route cache, also after a panic elsewhere (its entries are whole routes).
-    fn route_cache(&self) -> std::sync::MutexGuard<'_, HashMap<(u32, u32), Arc<Route>>> {
+    fn route_cache(&self) -> std::sync::MutexGuard<'_, FxHashMap<(u32, u32), Arc<Route>>> {
         self.routes
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())

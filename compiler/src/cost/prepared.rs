@@ -5,7 +5,7 @@
 use super::model::{CostModel, LinkClass};
 use super::network::{Network, Route};
 use hccl_ir::{Collective, Op, StepRef};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
 /// No message, step or connection (an index's "none").
@@ -190,7 +190,7 @@ impl FlowRoutes {
                 }
             }
         }
-        let mut best: HashMap<&[u32], u32> = HashMap::new();
+        let mut best: FxHashMap<&[u32], u32> = FxHashMap::default();
         for (r, list) in users.iter().enumerate() {
             if list.is_empty() {
                 continue;

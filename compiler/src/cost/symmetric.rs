@@ -72,9 +72,10 @@ use super::prepared::{
 use super::sim::Simulator;
 use super::steps::{Rates, Steps, total_order_key};
 use hccl_ir::{Action, Protocol, StepRef, SymmetricSchedule, SymmetryTable};
+use rustc_hash::FxHashMap;
 use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::collections::hash_map::Entry;
-use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 
 /// A symmetric schedule flattened for repeated simulation ([`Simulator::run_symmetric`]).
@@ -279,7 +280,7 @@ impl Simulator {
     ) -> Result<TemplateFlat, CostError> {
         let n = self.network.nranks();
         // The template peer whose message a receive from `q` mirrors: p' with T_pos(q)(p') = r0.
-        let mut mirrors: HashMap<u32, u32> = HashMap::new();
+        let mut mirrors: FxHashMap<u32, u32> = FxHashMap::default();
         let mut mirror = |q: u32| -> Result<u32, CostError> {
             if let Some(&p) = mirrors.get(&q) {
                 return Ok(p);
@@ -308,7 +309,7 @@ impl Simulator {
         let mut pending = vec![0u32; total];
         let mut edges: Vec<(u32, u32)> = Vec::with_capacity(total * 2);
         // Connections (r0 → peer, channel).
-        let mut conn_index: HashMap<(u32, u32), u32> = HashMap::new();
+        let mut conn_index: FxHashMap<(u32, u32), u32> = FxHashMap::default();
         let mut conn_peer: Vec<u32> = Vec::new();
         let mut conn_sends: Vec<Vec<u32>> = Vec::new();
         let mut conn_recvs: Vec<Vec<u32>> = Vec::new();
@@ -429,7 +430,7 @@ impl Simulator {
                 res_classes[r as usize].push((c as u32, k));
             }
         }
-        let mut rows: HashMap<(u64, Vec<(u32, u32)>), u32> = HashMap::new();
+        let mut rows: FxHashMap<(u64, Vec<(u32, u32)>), u32> = FxHashMap::default();
         let mut class_rows = vec![Vec::new(); class_peer.len()];
         let mut row_classes = Vec::new();
         let mut row_cap = Vec::new();

@@ -128,7 +128,7 @@ pub(super) fn entries(
     plan: &mut PlanFile,
 ) -> usize {
     let sizes = &search.sizes;
-    let mut hashed: std::collections::HashMap<usize, hccl_ir::Seal> = Default::default();
+    let mut hashed: rustc_hash::FxHashMap<usize, hccl_ir::Seal> = Default::default();
     let mut added = 0;
     let mut start = 0;
     while start < sizes.len() {

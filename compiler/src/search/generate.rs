@@ -118,7 +118,7 @@ pub(super) fn drop_duplicates(candidates: &mut Vec<(Candidate, bool)>) -> usize 
             && a.0.template == b.0.template
             && a.0.schedule == b.0.schedule
     };
-    let mut seen: std::collections::HashMap<u64, Vec<usize>> = Default::default();
+    let mut seen: rustc_hash::FxHashMap<u64, Vec<usize>> = Default::default();
     let mut keep = vec![true; candidates.len()];
     for i in 0..candidates.len() {
         if BASELINE_FAMILIES.contains(&candidates[i].0.algorithm.as_str()) {

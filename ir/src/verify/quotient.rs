@@ -75,7 +75,7 @@ use super::{ErrorKind, Report, Sink, VerifyError};
 use crate::dag::StepNumbering;
 use crate::schedule::{Collective, Loc, Op, RankProgram, Schedule};
 use crate::symmetric::{SymmetricSchedule, SymmetryTable, Translation};
-use std::collections::HashSet;
+use rustc_hash::FxHashSet;
 
 /// Most chunk translations the lane check may spend (the sum over the checks it needs of the
 /// run's chunks times the ranks); past it, [`verify_symmetric`] reports
@@ -378,7 +378,7 @@ fn orbit_check(
     count: u32,
     cap: usize,
 ) -> Option<bool> {
-    let mut seen: HashSet<(Loc, Option<Loc>)> = HashSet::new();
+    let mut seen: FxHashSet<(Loc, Option<Loc>)> = FxHashSet::default();
     seen.insert((a, b));
     let mut stack = vec![(a, b)];
     while let Some((x, y)) = stack.pop() {
@@ -503,7 +503,7 @@ fn check_lanes(
 /// that can reorder, so that every operand run stays contiguous and source and destination
 /// keep one order.
 fn step_checks(prog: &RankProgram, table: &SymmetryTable) -> Vec<(usize, usize)> {
-    let mut runs: HashSet<(Loc, Option<Loc>, u32)> = HashSet::new();
+    let mut runs: FxHashSet<(Loc, Option<Loc>, u32)> = FxHashSet::default();
     let mut first: Vec<(usize, usize)> = Vec::new();
     for (si, st) in prog.streams.iter().enumerate() {
         for (ti, step) in st.steps.iter().enumerate() {
@@ -536,7 +536,7 @@ fn message_checks(
     recvs: &[Ends],
 ) -> Vec<(usize, usize, Loc, Loc, u32)> {
     let prog = &s.template;
-    let mut messages: HashSet<(Loc, Loc, usize, u32)> = HashSet::new();
+    let mut messages: FxHashSet<(Loc, Loc, usize, u32)> = FxHashSet::default();
     let mut msg_first: Vec<(usize, usize, usize, usize)> = Vec::new();
     let base = layout.streams.stream_base(s.symmetry.ranks[0]);
     for (ci, conn) in layout.conns.iter().enumerate() {

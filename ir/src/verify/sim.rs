@@ -7,7 +7,8 @@ use super::value::{Ranks, Sets, Value};
 use super::{ErrorKind, Sink, VerifyError};
 use crate::schedule::{Buf, CONNECTION_SLOTS, Collective, Loc, Op, Rank, Schedule, StepRef};
 use crate::symmetric::{SymmetryTable, Translation};
-use std::collections::{HashMap, VecDeque};
+use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
 
 /// A run over a rank-symmetric schedule's quotient (see [`super::quotient`]): only `rank`'s
 /// program (the template) runs, every connection's two ends are template streams, and a
@@ -133,7 +134,7 @@ struct Sim<'a> {
     /// a single stream.
     vc: Vec<Vec<u32>>,
     /// Global steps that some dependency names, with their clocks once they ran.
-    snapshots: std::collections::HashMap<usize, Option<Vec<u32>>>,
+    snapshots: FxHashMap<usize, Option<Vec<u32>>>,
     cur: Cur,
     /// Global stream of each global step (for the race check).
     step_stream: Vec<u32>,
@@ -148,7 +149,7 @@ struct Sim<'a> {
     /// The symmetry, in a quotient run.
     quot: Option<Quot<'a>>,
     /// Translated sets, keyed by (set, translating position), in a quotient run.
-    set_memo: HashMap<(u32, u32), u32>,
+    set_memo: FxHashMap<(u32, u32), u32>,
 }
 
 /// Collections run so far (tests check the eager mode really collects).
@@ -284,7 +285,7 @@ pub(crate) fn simulate(
         sets: Sets::new(n, if eager { 0 } else { slots.max(1 << 16) }),
         aborted: false,
         quot,
-        set_memo: HashMap::new(),
+        set_memo: FxHashMap::default(),
     };
     while let Some(gs) = sim.work.pop() {
         sim.streams[gs].queued = false;
@@ -941,7 +942,7 @@ impl Sim<'_> {
             })
             .sum();
         // Follow the wait-for graph from the first stuck stream until it closes a cycle.
-        let mut seen = std::collections::HashMap::new();
+        let mut seen = FxHashMap::default();
         let mut path = Vec::new();
         let mut cur = start;
         let cycle_start = loop {

@@ -4,7 +4,7 @@
 use super::{ErrorKind, Sink, VerifyError};
 use crate::dag::{ConnKey, DagError, StepDag, StepNumbering};
 use crate::schedule::{Buf, Loc, Schedule, Step, StepRef};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 /// Most buffer slots (chunks of input, output and the used part of scratch over all ranks)
 /// the verifier will model; larger schedules are refused with [`ErrorKind::Limit`] rather
@@ -45,7 +45,7 @@ pub(crate) struct Layout {
     /// schedule holding only the template).
     pub streams: StepNumbering,
     pub conns: Vec<ConnInfo>,
-    pub conn_index: HashMap<ConnKey, u32>,
+    pub conn_index: FxHashMap<ConnKey, u32>,
 }
 
 /// Reports a schedule whose steps a [`StepDag`] cannot number.
@@ -318,7 +318,7 @@ fn check_step(s: &Schedule, rank: u32, stream: u32, idx: usize, step: &Step, sin
 /// connection direction); the header must have passed.
 pub(crate) fn check_rank_program(s: &Schedule, rank: u32, sink: &mut Sink) {
     let prog = &s.ranks[rank as usize];
-    let mut owner: HashMap<(u32, u32, u32), u32> = HashMap::new();
+    let mut owner: FxHashMap<(u32, u32, u32), u32> = FxHashMap::default();
     for (si, st) in prog.streams.iter().enumerate() {
         for (idx, step) in st.steps.iter().enumerate() {
             check_step(s, rank, si as u32, idx, step, sink);
