@@ -87,6 +87,9 @@ const FENCE: u32 = u32::MAX;
 /// No op (an [`Origins`] slot a step does not use).
 const NO_OP: u32 = u32::MAX;
 
+/// The end of an address's readers' list (`Buffers::reads`).
+const NO_READ: u32 = u32::MAX;
+
 /// One recorded op.
 #[derive(Debug, Clone, Copy)]
 struct BOp {
@@ -595,7 +598,11 @@ struct Buffers {
     live: Vec<bool>,
     last_writer_stream: Vec<u32>,
     writer: Vec<Option<(u32, u32)>>,
-    readers: Vec<Vec<(u32, u32)>>,
+    /// Per address, the newest entry of its readers' list in `reads` ([`NO_READ`]: none).
+    readers: Vec<u32>,
+    /// The readers' lists, newest first: `(stream, step, older entry)`. One arena for all
+    /// addresses (a `Vec` per address cost one allocation per address per schedule).
+    reads: Vec<(u32, u32, u32)>,
 }
 
 /// Clears `v` and fills it with `len` copies of `val`, keeping its allocation.
@@ -927,12 +934,9 @@ fn add_hazards(
     let writer = &mut bufs.writer;
     reset(writer, space.len, None);
     let readers = &mut bufs.readers;
-    if readers.len() < space.len as usize {
-        readers.resize_with(space.len as usize, Vec::new);
-    }
-    for r in readers.iter_mut() {
-        r.clear();
-    }
+    reset(readers, space.len, NO_READ);
+    let reads_of = &mut bufs.reads;
+    reads_of.clear();
     if let Some(o) = origins.as_deref_mut() {
         *o = vec![Vec::new(); streams.len()];
     }
@@ -1003,8 +1007,11 @@ fn add_hazards(
                 if let Some(w) = writer[k as usize] {
                     want(w);
                 }
-                for &rd in &readers[k as usize] {
-                    want(rd);
+                let mut at = readers[k as usize];
+                while at != NO_READ {
+                    let (s, st, older) = reads_of[at as usize];
+                    want((s, st));
+                    at = older;
                 }
             }
         }
@@ -1030,17 +1037,20 @@ fn add_hazards(
                 // Repeated reads by one stream update its entry when it is the latest one
                 // (a full search would be quadratic when many streams read one chunk);
                 // duplicates are harmless, the latest step per stream wins above.
-                let rs = &mut readers[k as usize];
-                match rs.last_mut() {
+                let head = &mut readers[k as usize];
+                match reads_of.get_mut(*head as usize) {
                     Some(e) if e.0 == sid => e.1 = step,
-                    _ => rs.push((sid, step)),
+                    _ => {
+                        reads_of.push((sid, step, *head));
+                        *head = (reads_of.len() - 1) as u32;
+                    }
                 }
             }
         }
         if let Some((a, c)) = write {
             for k in a..a + c {
                 writer[k as usize] = Some((sid, step));
-                readers[k as usize].clear();
+                readers[k as usize] = NO_READ;
             }
         }
         streams[sid as usize].steps.push(Step {
