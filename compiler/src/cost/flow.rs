@@ -2,6 +2,7 @@
 //! full run), recomputed at each event over the flows that interact, and the run itself
 //! ([`run_flows`]).
 
+use super::buffers::{self, Buffers};
 use super::error::CostError;
 use super::model::CostModel;
 use super::network::Network;
@@ -31,7 +32,7 @@ struct Share {
 /// later (when a stale representative reaches the front, or when rounding lowered a share).
 /// The smallest entry, once current, is exactly the resource whose share is the smallest.
 #[derive(Debug, Default)]
-struct Shares {
+pub(super) struct Shares {
     sorted: Vec<Share>,
     cursor: usize,
     later: BinaryHeap<Reverse<Share>>,
@@ -44,13 +45,20 @@ struct Shares {
 }
 
 impl Shares {
-    fn new(resources: usize, flows: usize) -> Shares {
-        Shares {
-            rep_stamp: vec![0; resources],
-            rep_key: vec![0; resources],
-            solo: vec![None; flows],
-            ..Shares::default()
-        }
+    /// Shares for a run of `flows` flows over `resources` resources, in `b`'s kept arrays.
+    fn new(resources: usize, flows: usize, b: &mut Buffers) -> Shares {
+        let mut s = b.shares.pop().unwrap_or_default();
+        s.sorted.clear();
+        s.cursor = 0;
+        s.later.clear();
+        s.rep_stamp.clear();
+        s.rep_stamp.resize(resources, 0);
+        s.rep_key.clear();
+        s.rep_key.resize(resources, 0);
+        s.solo.clear();
+        s.solo.resize(flows, None);
+        s.solo_flows.clear();
+        s
     }
 
     /// Makes `share` the representative entry of its resource.
@@ -88,21 +96,32 @@ pub(super) fn run_flows(
     log: &mut RateLog,
     limit: f64,
 ) -> Result<(Estimate, Spans), CostError> {
-    let mut st = Steps::new(network, model, p, bytes, protocol, log.is_some());
+    let (mut st, mut rates) = buffers::with(|b| {
+        let st = Steps::new(network, model, p, (bytes, protocol), log.is_some(), b);
+        (
+            st,
+            FlowRates::new((network, model), p, (bytes, protocol), b),
+        )
+    });
     st.limit = limit;
-    let mut rates = FlowRates::new((network, model), p, bytes, protocol);
     rates.log = log.take();
     let result = st.execute(&mut rates);
     *log = rates.log.take();
+    let resource_bytes = std::mem::take(&mut rates.resource_bytes);
+    let (now, messages, payload) = (st.now, st.messages, st.payload);
+    buffers::with(|b| {
+        st.recycle(b);
+        rates.recycle(b);
+    });
     let spans = result?;
     let base = model.base_us(protocol);
     Ok((
         Estimate {
-            time_us: base + st.now,
+            time_us: base + now,
             base_us: base,
-            messages: st.messages,
-            payload_bytes: st.payload,
-            resource_bytes: rates.resource_bytes,
+            messages,
+            payload_bytes: payload,
+            resource_bytes,
         },
         spans,
     ))
@@ -165,10 +184,9 @@ struct FlowRates<'a> {
     active: Vec<bool>,
     res_flows: Vec<Vec<u32>>,
     /// Where each active flow sits in the flow list of each resource on its route:
-    /// `slot[slot_base[m] + j]` for the `j`-th resource of message `m`'s route (a finished
-    /// flow leaves every list in O(1), not by searching lists of thousands of flows).
+    /// `slot[routes.slot_base[m] + j]` for the `j`-th resource of message `m`'s route (a
+    /// finished flow leaves every list in O(1), not by searching lists of thousands of flows).
     slot: Vec<u32>,
-    slot_base: Vec<u32>,
     cap: Vec<f64>,
     resource_bytes: Vec<f64>,
     dirty: Vec<u32>,
@@ -199,55 +217,80 @@ impl<'a> FlowRates<'a> {
     fn new(
         (network, model): (&Network, &CostModel),
         p: &'a Prepared,
-        bytes: u64,
-        protocol: Protocol,
+        (bytes, protocol): (u64, Protocol),
+        b: &mut Buffers,
     ) -> FlowRates<'a> {
         let nmsg = p.msg_conn.len();
         let nres = network.capacity.len();
         // The calibration's bandwidth factor at this size scales links and local work alike.
         let scale = model.bandwidth_factor(bytes);
         let eff = model.efficiency(protocol) * scale;
-        // GB/s × 1e3 = bytes per µs.
-        let cap = network.capacity.iter().map(|c| c * eff * 1e3).collect();
         let routes: &FlowRoutes = p
             .flow_routes
             .get_or_init(|| std::sync::Arc::new(FlowRoutes::new(p, &network.capacity)));
-        let mut slot_base = Vec::with_capacity(nmsg);
-        let mut slots = 0u32;
-        for &c in &p.msg_conn {
-            slot_base.push(slots);
-            slots += routes.of(c).len() as u32;
-        }
+        // GB/s × 1e3 = bytes per µs.
+        let mut cap = b.empty();
+        cap.extend(network.capacity.iter().map(|c| c * eff * 1e3));
+        let slots = routes.slot_base.last().copied().unwrap_or(0) as usize;
         FlowRates {
             p,
             routes,
-            rate: vec![0.0; nmsg],
-            remaining: vec![0.0; nmsg],
-            last: vec![0.0; nmsg],
-            end_seq: vec![0; nmsg],
-            active: vec![false; nmsg],
-            res_flows: vec![Vec::new(); nres],
-            slot: vec![0; slots as usize],
-            slot_base,
+            rate: b.filled(nmsg, 0.0),
+            remaining: b.filled(nmsg, 0.0),
+            last: b.filled(nmsg, 0.0),
+            end_seq: b.filled(nmsg, 0),
+            active: b.filled(nmsg, false),
+            res_flows: b.lists(nres),
+            slot: b.filled(slots, 0),
             cap,
             resource_bytes: vec![0.0; nres],
-            dirty: Vec::new(),
-            fresh: Vec::new(),
-            used: vec![0.0; nres],
+            dirty: b.empty(),
+            fresh: b.empty(),
+            used: b.filled(nres, 0.0),
             active_count: 0,
             released: 0,
             pending_changes: 0,
-            res_stamp: vec![0; nres],
-            flow_stamp: vec![0; nmsg],
-            frozen_stamp: vec![0; nmsg],
+            res_stamp: b.filled(nres, 0),
+            flow_stamp: b.filled(nmsg, 0),
+            frozen_stamp: b.filled(nmsg, 0),
             epoch: 0,
-            rem: vec![0.0; nres],
-            cnt: vec![0; nres],
-            new_rate: vec![0.0; nmsg],
-            shares: Shares::new(nres, nmsg),
-            comp_res: Vec::new(),
-            comp_flows: Vec::new(),
+            rem: b.filled(nres, 0.0),
+            cnt: b.filled(nres, 0),
+            new_rate: b.filled(nmsg, 0.0),
+            shares: Shares::new(nres, nmsg, b),
+            comp_res: b.empty(),
+            comp_flows: b.empty(),
             log: None,
+        }
+    }
+
+    /// Hands this run's arrays to `b` for a later run (all but the resource bytes, which
+    /// the estimate keeps).
+    fn recycle(self, b: &mut Buffers) {
+        b.keep_lists(self.res_flows);
+        let f64s = [self.rate, self.remaining, self.last, self.cap, self.used];
+        for v in f64s.into_iter().chain([self.rem, self.new_rate]) {
+            b.keep(v);
+        }
+        let u32s = [
+            self.end_seq,
+            self.slot,
+            self.dirty,
+            self.fresh,
+            self.res_stamp,
+        ];
+        for v in u32s.into_iter().chain([
+            self.flow_stamp,
+            self.frozen_stamp,
+            self.cnt,
+            self.comp_res,
+            self.comp_flows,
+        ]) {
+            b.keep(v);
+        }
+        b.keep(self.active);
+        if self.shares.solo.capacity() <= buffers::KEEP_ELEMENTS {
+            b.shares.push(self.shares);
         }
     }
 }
@@ -261,7 +304,7 @@ impl Rates for FlowRates<'_> {
             self.resource_bytes[r as usize] += bytes;
         }
         let route = self.routes.of(c);
-        let base = self.slot_base[mi] as usize;
+        let base = self.routes.slot_base[mi] as usize;
         for (j, &r) in route.iter().enumerate() {
             let list = &mut self.res_flows[r as usize];
             self.slot[base + j] = list.len() as u32;
@@ -286,7 +329,7 @@ impl Rates for FlowRates<'_> {
         self.released += 1;
         let (p, routes) = (self.p, self.routes);
         let route = routes.of(p.msg_conn[mi]);
-        let base = self.slot_base[mi] as usize;
+        let base = self.routes.slot_base[mi] as usize;
         for (j, &r) in route.iter().enumerate() {
             self.used[r as usize] = (self.used[r as usize] - self.rate[mi]).max(0.0);
             let list = &mut self.res_flows[r as usize];
@@ -297,7 +340,7 @@ impl Rates for FlowRates<'_> {
                 // The flow that was last now sits at `pos`: find its entry for `r` (the one
                 // that pointed at the end of the list).
                 let moved = list[pos] as usize;
-                let mbase = self.slot_base[moved] as usize;
+                let mbase = self.routes.slot_base[moved] as usize;
                 let mroute = routes.of(p.msg_conn[moved]);
                 if let Some(k) = (0..mroute.len())
                     .find(|&k| mroute[k] == r && self.slot[mbase + k] as usize == last)
@@ -475,6 +518,26 @@ impl<'a> FlowRates<'a> {
     fn fill(&mut self, st: &mut Steps<'_>, comp_res: &[u32], comp_flows: &[u32]) {
         let epoch = self.epoch;
         let (routes, msg_conn): (&'a FlowRoutes, &'a [u32]) = (self.routes, &self.p.msg_conn);
+        if let [f] = *comp_flows
+            && let route = routes.of(msg_conn[f as usize])
+            && let Some(&narrowest) = route
+                .iter()
+                .min_by_key(|&&r| (total_order_key(self.cap[r as usize]), r))
+        {
+            // A flow alone on its resources (most changes on rings and trees): the filling
+            // below would freeze it at its narrowest resource's capacity, the first share.
+            let share = self.cap[narrowest as usize].max(0.0);
+            for &r in comp_res {
+                self.used[r as usize] = 0.0;
+            }
+            for &r in route {
+                self.used[r as usize] = share;
+            }
+            if share != self.rate[f as usize] || self.rate[f as usize] == 0.0 {
+                self.set_rate(st, f, share);
+            }
+            return;
+        }
         // Progressive filling: repeatedly freeze the flows of the resource with the smallest
         // fair share `rem / cnt` (ties: lowest id) at that share.
         {

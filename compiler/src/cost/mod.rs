@@ -20,6 +20,7 @@
 pub mod arborescence;
 pub mod baseline;
 pub mod bounds;
+mod buffers;
 pub mod calibrate;
 mod contention;
 mod cpu;

@@ -173,6 +173,10 @@ pub(super) struct FlowRoutes {
     /// Per connection, where its representatives start in `res` (and one past the last).
     start: Vec<u32>,
     res: Vec<u32>,
+    /// Per message, the sum of the route lengths of the messages before it: where its
+    /// route's entries start in an array of one entry per (message, representative); one
+    /// past the last message, the size of that array.
+    pub(super) slot_base: Vec<u32>,
 }
 
 impl FlowRoutes {
@@ -221,7 +225,18 @@ impl FlowRoutes {
             }
             start.push(res.len() as u32);
         }
-        FlowRoutes { start, res }
+        let mut slot_base = Vec::with_capacity(p.msg_conn.len() + 1);
+        let mut slots = 0u32;
+        for &c in &p.msg_conn {
+            slot_base.push(slots);
+            slots += start[c as usize + 1] - start[c as usize];
+        }
+        slot_base.push(slots);
+        FlowRoutes {
+            start,
+            res,
+            slot_base,
+        }
     }
 
     /// The representatives on connection `c`'s route.

@@ -2,6 +2,7 @@
 //! connection slots, latencies and the event queue, under the [`Rates`] a run gives its
 //! flows (max-min fair flows in `flow.rs`, peer classes in `symmetric.rs`).
 
+use super::buffers::Buffers;
 use super::error::CostError;
 use super::model::{CostModel, LinkClass};
 use super::network::Network;
@@ -77,7 +78,7 @@ fn from_order_key(k: u64) -> f64 {
 /// kind in 2 bits and index in 30), stored complemented so that a `BinaryHeap` (a max-heap)
 /// pops the earliest first and each comparison is one integer comparison.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct Timed {
+pub(super) struct Timed {
     inverted: u128,
 }
 
@@ -185,13 +186,15 @@ impl<'a> Steps<'a> {
         network: &'a Network,
         model: &'a CostModel,
         p: &'a Prepared,
-        bytes: u64,
-        protocol: Protocol,
+        (bytes, protocol): (u64, Protocol),
         trace: bool,
+        b: &mut Buffers,
     ) -> Steps<'a> {
         let nsteps = p.steps.len();
         let nmsg = p.msg_conn.len();
         let nconn = p.conn_base.len();
+        let mut heap = b.empty::<Timed>();
+        heap.reserve(nmsg.min(1 << 12));
         Steps {
             network,
             model,
@@ -202,28 +205,47 @@ impl<'a> Steps<'a> {
             now: 0.0,
             limit: f64::INFINITY,
             seq: 0,
-            events: BinaryHeap::new(),
+            events: BinaryHeap::from(heap),
             stale: 0,
-            pending: p.pending.clone(),
-            ready_at: vec![0.0; nsteps],
-            local_until: vec![0.0; nsteps],
-            recv_ready: vec![false; nsteps],
-            done: vec![false; nsteps],
+            pending: b.copied(&p.pending),
+            ready_at: b.filled(nsteps, 0.0),
+            local_until: b.filled(nsteps, 0.0),
+            recv_ready: b.filled(nsteps, false),
+            done: b.filled(nsteps, false),
             completed: 0,
-            worklist: Vec::new(),
-            msg_ready: vec![false; nmsg],
-            msg_arrived: vec![false; nmsg],
-            data_start: vec![0.0; nmsg],
-            next_start: vec![0; nconn],
-            consumed: vec![0; nconn],
+            worklist: b.empty(),
+            msg_ready: b.filled(nmsg, false),
+            msg_arrived: b.filled(nmsg, false),
+            data_start: b.filled(nmsg, 0.0),
+            next_start: b.filled(nconn, 0),
+            consumed: b.filled(nconn, 0),
             net_free: if model.net_gap_us > 0.0 {
-                vec![0.0; network.mem_bw.len()]
+                b.filled(network.mem_bw.len(), 0.0)
             } else {
                 Vec::new()
             },
             messages: 0,
             payload: 0.0,
             spans: trace.then(|| vec![(0.0, 0.0); nsteps]),
+        }
+    }
+
+    /// Hands this run's arrays to `b` for a later run.
+    pub(super) fn recycle(self, b: &mut Buffers) {
+        b.keep(self.events.into_vec());
+        for v in [self.pending, self.worklist, self.next_start, self.consumed] {
+            b.keep(v);
+        }
+        for v in [
+            self.ready_at,
+            self.local_until,
+            self.data_start,
+            self.net_free,
+        ] {
+            b.keep(v);
+        }
+        for v in [self.recv_ready, self.done, self.msg_ready, self.msg_arrived] {
+            b.keep(v);
         }
     }
 

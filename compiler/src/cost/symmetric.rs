@@ -840,18 +840,23 @@ fn run_template(
     protocol: Protocol,
 ) -> Result<Estimate, CostError> {
     let p = &t.prepared;
-    let mut st = Steps::new(&sim.network, &sim.model, p, bytes, protocol, false);
+    let mut st = super::buffers::with(|b| {
+        Steps::new(&sim.network, &sim.model, p, (bytes, protocol), false, b)
+    });
     let mut rates = ClassRates::new(sim, t, bytes, protocol);
-    st.execute(&mut rates)?;
+    let result = st.execute(&mut rates);
+    let (now, messages, payload) = (st.now, st.messages, st.payload);
+    super::buffers::with(|b| st.recycle(b));
+    result?;
     let chunk_bytes = bytes as f64 / f64::from(p.chunks);
     let resource_bytes = t.resource_chunks.iter().map(|&c| c * chunk_bytes).collect();
     let n = nranks as usize;
     let base = sim.model.base_us(protocol);
     Ok(Estimate {
-        time_us: base + st.now,
+        time_us: base + now,
         base_us: base,
-        messages: st.messages * n,
-        payload_bytes: st.payload * n as f64,
+        messages: messages * n,
+        payload_bytes: payload * n as f64,
         resource_bytes,
     })
 }
