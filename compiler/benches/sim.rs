@@ -19,10 +19,12 @@
 //!
 //! Sizes: 4 KiB, 1 MiB, 64 MiB; protocols LL and Simple.
 //!
-//! `cargo bench -p hccl-compiler --bench sim [-- [--iters N] [FILTER]]`: each case runs for
-//! at least 0.5 s (or exactly `N` rounds of its sizes and protocols with `--iters`, for
-//! instruction counts under callgrind); prints per case the events of one round, the rounds
-//! run, and events per second; last the total and the geometric mean over cases.
+//! `cargo bench -p hccl-compiler --bench sim [-- [--iters N] [--estimates] [FILTER]]`: each
+//! case runs for at least 0.5 s (or exactly `N` rounds of its sizes and protocols with
+//! `--iters`, for instruction counts under callgrind); prints per case the events of one
+//! round, the rounds run, and events per second; last the total and the geometric mean over
+//! cases. `--estimates` prints instead every run's simulated time to the bit (`{:?}` of the
+//! `f64`), to check that a change to the simulator keeps its results: diff two builds'.
 
 use hccl_compiler::cost::{CostModel, Network, Prepared, Simulator};
 use hccl_compiler::families::FamilyParams;
@@ -176,11 +178,13 @@ fn cases() -> Vec<Case> {
 fn main() {
     let mut iters: Option<u64> = None;
     let mut filter: Option<String> = None;
+    let mut estimates = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--iters" => iters = args.next().and_then(|n| n.parse().ok()),
             "--bench" => {}
+            "--estimates" => estimates = true,
             _ if a.starts_with("--") => {}
             _ => filter = Some(a),
         }
@@ -189,6 +193,17 @@ fn main() {
         .into_iter()
         .filter(|c| filter.as_ref().is_none_or(|f| c.name.contains(f.as_str())))
         .collect();
+    if estimates {
+        for c in &cases {
+            for bytes in SIZES {
+                for proto in PROTOCOLS {
+                    let e = c.sim.run(&c.prep, bytes, proto).expect("runs");
+                    println!("{} {bytes} {proto:?} {:?} us", c.name, e.time_us);
+                }
+            }
+        }
+        return;
+    }
     println!(
         "{:<22} {:>6} {:>7} {:>10} {:>7} {:>9} {:>12}",
         "case", "steps", "msgs", "events/rnd", "rounds", "secs", "events/s"
