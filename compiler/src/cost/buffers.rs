@@ -7,8 +7,6 @@
 //! fresh `vec![value; n]` would be, and hands them back when it ends. Nothing carries over
 //! from one run to the next but capacity.
 
-use super::flow::Shares;
-use super::steps::Timed;
 use std::cell::RefCell;
 
 /// Arrays of more elements than this are not kept (a 32,768-rank schedule's would hold
@@ -21,10 +19,7 @@ pub(super) struct Buffers {
     f64s: Vec<Vec<f64>>,
     u32s: Vec<Vec<u32>>,
     bools: Vec<Vec<bool>>,
-    events: Vec<Vec<Timed>>,
     lists: Vec<Vec<Vec<u32>>>,
-    /// The filling scratch of a flow run (`flow.rs`).
-    pub(super) shares: Vec<Shares>,
 }
 
 /// An element type [`Buffers`] keeps arrays of.
@@ -45,11 +40,6 @@ impl Element for u32 {
 impl Element for bool {
     fn shelf(b: &mut Buffers) -> &mut Vec<Vec<bool>> {
         &mut b.bools
-    }
-}
-impl Element for Timed {
-    fn shelf(b: &mut Buffers) -> &mut Vec<Vec<Timed>> {
-        &mut b.events
     }
 }
 

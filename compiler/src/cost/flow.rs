@@ -32,7 +32,7 @@ struct Share {
 /// later (when a stale representative reaches the front, or when rounding lowered a share).
 /// The smallest entry, once current, is exactly the resource whose share is the smallest.
 #[derive(Debug, Default)]
-pub(super) struct Shares {
+struct Shares {
     sorted: Vec<Share>,
     cursor: usize,
     later: BinaryHeap<Reverse<Share>>,
@@ -44,10 +44,16 @@ pub(super) struct Shares {
     solo_flows: Vec<u32>,
 }
 
+thread_local! {
+    /// The shares of this thread's last run, for its next ([`Shares::new`]).
+    static KEPT_SHARES: std::cell::Cell<Option<Shares>> = const { std::cell::Cell::new(None) };
+}
+
 impl Shares {
-    /// Shares for a run of `flows` flows over `resources` resources, in `b`'s kept arrays.
-    fn new(resources: usize, flows: usize, b: &mut Buffers) -> Shares {
-        let mut s = b.shares.pop().unwrap_or_default();
+    /// Shares for a run of `flows` flows over `resources` resources: the ones this thread's
+    /// previous run kept ([`Shares::keep`]), emptied and resized, or new ones.
+    fn new(resources: usize, flows: usize) -> Shares {
+        let mut s = KEPT_SHARES.take().unwrap_or_default();
         s.sorted.clear();
         s.cursor = 0;
         s.later.clear();
@@ -59,6 +65,13 @@ impl Shares {
         s.solo.resize(flows, None);
         s.solo_flows.clear();
         s
+    }
+
+    /// Keeps these shares' arrays for this thread's next run (see `buffers.rs`).
+    fn keep(self) {
+        if self.solo.capacity() <= buffers::KEEP_ELEMENTS {
+            KEPT_SHARES.set(Some(self));
+        }
     }
 
     /// Makes `share` the representative entry of its resource.
@@ -257,7 +270,7 @@ impl<'a> FlowRates<'a> {
             rem: b.filled(nres, 0.0),
             cnt: b.filled(nres, 0),
             new_rate: b.filled(nmsg, 0.0),
-            shares: Shares::new(nres, nmsg, b),
+            shares: Shares::new(nres, nmsg),
             comp_res: b.empty(),
             comp_flows: b.empty(),
             log: None,
@@ -289,9 +302,7 @@ impl<'a> FlowRates<'a> {
             b.keep(v);
         }
         b.keep(self.active);
-        if self.shares.solo.capacity() <= buffers::KEEP_ELEMENTS {
-            b.shares.push(self.shares);
-        }
+        self.shares.keep();
     }
 }
 

@@ -78,7 +78,7 @@ fn from_order_key(k: u64) -> f64 {
 /// kind in 2 bits and index in 30), stored complemented so that a `BinaryHeap` (a max-heap)
 /// pops the earliest first and each comparison is one integer comparison.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) struct Timed {
+struct Timed {
     inverted: u128,
 }
 
@@ -193,8 +193,6 @@ impl<'a> Steps<'a> {
         let nsteps = p.steps.len();
         let nmsg = p.msg_conn.len();
         let nconn = p.conn_base.len();
-        let mut heap = b.empty::<Timed>();
-        heap.reserve(nmsg.min(1 << 12));
         Steps {
             network,
             model,
@@ -205,7 +203,7 @@ impl<'a> Steps<'a> {
             now: 0.0,
             limit: f64::INFINITY,
             seq: 0,
-            events: BinaryHeap::from(heap),
+            events: BinaryHeap::new(),
             stale: 0,
             pending: b.copied(&p.pending),
             ready_at: b.filled(nsteps, 0.0),
@@ -232,7 +230,6 @@ impl<'a> Steps<'a> {
 
     /// Hands this run's arrays to `b` for a later run.
     pub(super) fn recycle(self, b: &mut Buffers) {
-        b.keep(self.events.into_vec());
         for v in [self.pending, self.worklist, self.next_start, self.consumed] {
             b.keep(v);
         }
