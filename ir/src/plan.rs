@@ -517,6 +517,28 @@ pub fn parse_max_steps(value: &str) -> Result<u64, PlanError> {
         })
 }
 
+/// How deep plan text nests before the writer puts a value on one line.
+const PLAN_DEPTH: usize = 6;
+
+/// Pretty RON of `value` as plan files are written, on one line below `depth` levels.
+fn pretty_ron<T: Serialize + ?Sized>(value: &T, depth: usize) -> String {
+    let config = ron::ser::PrettyConfig::new()
+        .indentor("  ".to_string())
+        .struct_names(false)
+        .depth_limit(depth)
+        .compact_arrays(true);
+    ron::ser::to_string_pretty(value, config).expect("plan values always serialise")
+}
+
+/// `text` with a rank index when it is long enough to be worth one (see
+/// [`PlanFile::to_ron`]).
+fn index_if_large(text: String) -> String {
+    if text.len() >= crate::plan_index::INDEX_MIN_BYTES {
+        return crate::plan_index::insert(&text).unwrap_or(text);
+    }
+    text
+}
+
 thread_local! {
     /// Whether [`PlanEntry`]'s reader on this thread keeps symmetric entries as templates
     /// ([`PlanFile::load_compact`]).
@@ -631,11 +653,7 @@ impl PlanFile {
     /// [`crate::plan_index::INDEX_MIN_BYTES`] or more with explicit entries gets a rank index
     /// (see [`PlanFile::to_ron_indexed`]).
     pub fn to_ron(&self) -> String {
-        let text = self.to_ron_plain();
-        if text.len() >= crate::plan_index::INDEX_MIN_BYTES {
-            return crate::plan_index::insert(&text).unwrap_or(text);
-        }
-        text
+        index_if_large(self.to_ron_plain())
     }
 
     /// [`PlanFile::to_ron`] with a rank index whatever the size, when the plan has explicit
@@ -647,13 +665,88 @@ impl PlanFile {
         crate::plan_index::insert(&text).unwrap_or(text)
     }
 
+    /// [`PlanFile::to_ron`]'s text made in one pass on this thread, where `to_ron` writes
+    /// the entries side by side and splices them in. For tests that hold the two equal.
+    #[doc(hidden)]
+    pub fn to_ron_one_pass(&self) -> String {
+        index_if_large(pretty_ron(self, PLAN_DEPTH))
+    }
+
+    /// The pretty text of the plan, its entries written on up to
+    /// [`std::thread::available_parallelism`] threads (a compiled plan is tens of megabytes
+    /// of text, and writing it is the compile's last step: a tenth of a DGX-1 compile, a
+    /// second of the 4-node cluster's). The text is the one-pass text
+    /// ([`PlanFile::to_ron_one_pass`]): the plan's own fields are written around an empty
+    /// entry list, each entry is written alone one level shallower (so with a depth limit one
+    /// less) and indented one level, and the entries go between the brackets joined as the
+    /// writer joins the elements of a compact array (`), (`).
     fn to_ron_plain(&self) -> String {
-        let config = ron::ser::PrettyConfig::new()
-            .indentor("  ".to_string())
-            .struct_names(false)
-            .depth_limit(6)
-            .compact_arrays(true);
-        ron::ser::to_string_pretty(self, config).expect("plan values always serialise")
+        let shell = PlanFile {
+            format_version: self.format_version,
+            meta: self.meta.clone(),
+            entries: Vec::new(),
+            verified: self.verified.clone(),
+            rank_index: (),
+        };
+        let shell_text = pretty_ron(&shell, PLAN_DEPTH);
+        let marker = "\n  entries: [],\n";
+        if self.entries.is_empty() {
+            return shell_text;
+        }
+        let Some(at) = shell_text.find(marker) else {
+            return pretty_ron(self, PLAN_DEPTH);
+        };
+        // Entries differ a hundredfold in size: each thread takes the next entry left.
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(self.entries.len());
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let mut parts: Vec<String> = vec![String::new(); self.entries.len()];
+        let written: Vec<Vec<(usize, String)>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut mine = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some(entry) = self.entries.get(i) else {
+                                return mine;
+                            };
+                            let text = pretty_ron(entry, PLAN_DEPTH - 1);
+                            let mut out = String::with_capacity(text.len() + text.len() / 16);
+                            let mut lines = text.split('\n');
+                            out.push_str(lines.next().unwrap_or_default());
+                            for line in lines {
+                                out.push_str("\n  ");
+                                out.push_str(line);
+                            }
+                            mine.push((i, out));
+                        }
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                .collect()
+        });
+        for (i, part) in written.into_iter().flatten() {
+            parts[i] = part;
+        }
+        let mut text = String::with_capacity(
+            shell_text.len() + parts.iter().map(|p| p.len() + 2).sum::<usize>(),
+        );
+        text.push_str(&shell_text[..at]);
+        text.push_str("\n  entries: [");
+        for (i, part) in parts.iter().enumerate() {
+            if i > 0 {
+                text.push_str(", ");
+            }
+            text.push_str(part);
+        }
+        text.push_str("],\n");
+        text.push_str(&shell_text[at + marker.len()..]);
+        text
     }
 
     /// Parses plan text; `origin` names the source (a path) in errors. Symmetric entries are
@@ -1318,6 +1411,28 @@ mod tests {
             });
         }
         plan
+    }
+
+    /// The entries written side by side and spliced in give the one-pass text, with no
+    /// entry, one, and more entries than threads, with and without seals.
+    #[test]
+    fn plan_text_is_the_one_pass_text() {
+        let mut plan = plan();
+        let two = plan.entries.clone();
+        for round in 0..4 {
+            assert_eq!(plan.to_ron(), plan.to_ron_one_pass(), "round {round}");
+            match round {
+                0 => plan.entries.truncate(1),
+                1 => plan.entries.clear(),
+                _ => {
+                    for _ in 0..5 {
+                        plan.entries.extend(two.iter().cloned());
+                    }
+                    let seal = seal_of(&plan.entries[0]);
+                    plan.add_seal(seal);
+                }
+            }
+        }
     }
 
     #[test]

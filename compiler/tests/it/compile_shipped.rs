@@ -27,6 +27,12 @@ fn shipped() -> Vec<Topology> {
 fn check_plan(topo: &Topology, plan: &PlanFile, opts: &Options) {
     verify_plan(plan)
         .unwrap_or_else(|errs| panic!("{}: plan does not verify: {errs:?}", topo.name));
+    // The text written with the entries side by side is the one-pass text.
+    assert!(
+        plan.to_ron() == plan.to_ron_one_pass(),
+        "{}: the spliced plan text differs from the one-pass text",
+        topo.name
+    );
     // Every entry is sealed as verified (a job loading the plan skips verifying it).
     assert!(
         plan.sealed().iter().all(|s| *s),
