@@ -24,6 +24,7 @@ pub mod error;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod msccl;
+pub mod par;
 pub mod plan;
 pub mod plan_index;
 mod plan_scan;

@@ -697,42 +697,17 @@ impl PlanFile {
             return pretty_ron(self, PLAN_DEPTH);
         };
         // Entries differ a hundredfold in size: each thread takes the next entry left.
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(self.entries.len());
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let mut parts: Vec<String> = vec![String::new(); self.entries.len()];
-        let written: Vec<Vec<(usize, String)>> = std::thread::scope(|scope| {
-            let workers: Vec<_> = (0..threads)
-                .map(|_| {
-                    scope.spawn(|| {
-                        let mut mine = Vec::new();
-                        loop {
-                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            let Some(entry) = self.entries.get(i) else {
-                                return mine;
-                            };
-                            let text = pretty_ron(entry, PLAN_DEPTH - 1);
-                            let mut out = String::with_capacity(text.len() + text.len() / 16);
-                            let mut lines = text.split('\n');
-                            out.push_str(lines.next().unwrap_or_default());
-                            for line in lines {
-                                out.push_str("\n  ");
-                                out.push_str(line);
-                            }
-                            mine.push((i, out));
-                        }
-                    })
-                })
-                .collect();
-            workers
-                .into_iter()
-                .map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-                .collect()
+        let parts = crate::par::par_map(&self.entries, |entry| {
+            let text = pretty_ron(entry, PLAN_DEPTH - 1);
+            let mut out = String::with_capacity(text.len() + text.len() / 16);
+            let mut lines = text.split('\n');
+            out.push_str(lines.next().unwrap_or_default());
+            for line in lines {
+                out.push_str("\n  ");
+                out.push_str(line);
+            }
+            out
         });
-        for (i, part) in written.into_iter().flatten() {
-            parts[i] = part;
-        }
         let mut text = String::with_capacity(
             shell_text.len() + parts.iter().map(|p| p.len() + 2).sum::<usize>(),
         );
