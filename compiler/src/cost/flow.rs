@@ -281,24 +281,29 @@ impl<'a> FlowRates<'a> {
     /// the estimate keeps).
     fn recycle(self, b: &mut Buffers) {
         b.keep_lists(self.res_flows);
-        let f64s = [self.rate, self.remaining, self.last, self.cap, self.used];
-        for v in f64s.into_iter().chain([self.rem, self.new_rate]) {
+        for v in [
+            self.rate,
+            self.remaining,
+            self.last,
+            self.cap,
+            self.used,
+            self.rem,
+            self.new_rate,
+        ] {
             b.keep(v);
         }
-        let u32s = [
+        for v in [
             self.end_seq,
             self.slot,
             self.dirty,
             self.fresh,
             self.res_stamp,
-        ];
-        for v in u32s.into_iter().chain([
             self.flow_stamp,
             self.frozen_stamp,
             self.cnt,
             self.comp_res,
             self.comp_flows,
-        ]) {
+        ] {
             b.keep(v);
         }
         b.keep(self.active);
