@@ -175,7 +175,14 @@ fn send_variables(
     let r: Vec<Variable> = (0..steps as usize)
         .map(|s| {
             let (lo, hi) = split.map_or((1, max_r), |sp| (sp[s], sp[s]));
-            vars.add(variable().integer().min(f64::from(lo)).max(f64::from(hi)))
+            let def = variable().min(f64::from(lo)).max(f64::from(hi));
+            // A dive's LP has no integer variable (its rounds are fixed by the split), so
+            // that it can be solved again from its basis after each fix.
+            vars.add(if dive.is_some() && split.is_some() {
+                def
+            } else {
+                def.integer()
+            })
         })
         .collect();
     for (ci, cl) in classes.iter_mut().enumerate() {
@@ -381,52 +388,227 @@ fn dive(
 ) -> Result<Option<ModelSolution>, String> {
     const EPS: f64 = 1e-6;
     let started = Instant::now();
-    let mut fixed: HashMap<(usize, usize, u32), bool> = HashMap::new();
-    let mut last: Option<(usize, usize, u32)> = None;
+    let (mut lp, mut current) = DiveLp::new(links, origins, inst, sym, split, time_limit)?;
     loop {
-        let left = time_limit - started.elapsed().as_secs_f64();
-        if left <= 0.0 {
+        if time_limit - started.elapsed().as_secs_f64() <= 0.0 {
             return Err("time limit".into());
         }
-        let kind = ModelKind::SymmetricChunks;
-        let res = solve_model(
-            links,
-            origins,
-            inst,
-            &kind,
-            sym,
-            Some(split),
-            Some(&fixed),
-            left,
-        )
-        .map_err(|_| "time limit".to_string())?;
-        match res {
-            None => match last.take() {
-                Some(key) if fixed.get(&key) == Some(&true) => {
-                    fixed.insert(key, false);
-                }
-                _ => return Err("the dive reached a dead end".into()),
-            },
-            Some(m) => {
-                let frac = m
-                    .values
-                    .iter()
-                    .filter(|(key, v)| !fixed.contains_key(key) && **v > EPS && **v < 1.0 - EPS)
-                    .max_by(|a, b| {
-                        let by_step = if earliest_first {
-                            b.0.2.cmp(&a.0.2)
-                        } else {
-                            std::cmp::Ordering::Equal
-                        };
-                        by_step.then(a.1.total_cmp(b.1)).then(b.0.cmp(a.0))
-                    });
-                let Some((&key, _)) = frac else {
-                    return Ok(Some(m));
+        let Some(m) = current else {
+            return Err("the dive reached a dead end".into());
+        };
+        let frac = m
+            .values
+            .iter()
+            .filter(|(key, v)| !lp.is_fixed(key) && **v > EPS && **v < 1.0 - EPS)
+            .max_by(|a, b| {
+                let by_step = if earliest_first {
+                    b.0.2.cmp(&a.0.2)
+                } else {
+                    std::cmp::Ordering::Equal
                 };
-                fixed.insert(key, true);
-                last = Some(key);
-            }
+                by_step.then(a.1.total_cmp(b.1)).then(b.0.cmp(a.0))
+            });
+        let Some((&key, _)) = frac else {
+            return Ok(Some(m));
+        };
+        let left = time_limit - started.elapsed().as_secs_f64();
+        current = match lp.fix(key, true, left)? {
+            Some(m) => Some(m),
+            // Sending it makes the LP infeasible: not sending it, from the LP before.
+            None => lp.fix(key, false, left)?,
+        };
+    }
+}
+
+/// A send of the dive's model: `(class, link index, step)`.
+type SendKey = (usize, usize, u32);
+
+/// The LP of a dive, solved again as its sends are fixed one by one: with microlp, from the
+/// last solution's basis (a few dual simplex pivots per send instead of a whole solve; a
+/// dive on DGX-1 fixes dozens); with HiGHS, built and solved anew with every send fixed so far.
+struct DiveLp<'a> {
+    links: &'a LinkMatrix,
+    origins: &'a [u32],
+    inst: Instance,
+    #[cfg(feature = "highs")]
+    sym: &'a [(usize, Perm)],
+    #[cfg(feature = "highs")]
+    split: &'a [u32],
+    fixed: HashMap<SendKey, bool>,
+    #[cfg(not(feature = "highs"))]
+    warm: Warm,
+}
+
+/// The solved LP a microlp dive edits, and what reading it needs.
+#[cfg(not(feature = "highs"))]
+struct Warm {
+    solution: microlp::Solution,
+    /// Each good_lp variable's microlp variable (good_lp creates them in its order).
+    variables: HashMap<Variable, microlp::Variable>,
+    classes: Vec<Class>,
+    class_of: Vec<(usize, u32)>,
+    r: Vec<Variable>,
+}
+
+/// A microlp solution read through good_lp's [`Solution`] (values as solved, unrounded: the
+/// dive's LP has no integer variables).
+#[cfg(not(feature = "highs"))]
+struct WarmValues<'a>(&'a Warm);
+
+#[cfg(not(feature = "highs"))]
+impl Solution for WarmValues<'_> {
+    fn status(&self) -> good_lp::SolutionStatus {
+        good_lp::SolutionStatus::Optimal
+    }
+
+    fn value(&self, variable: Variable) -> f64 {
+        self.0.solution.var_value_raw(self.0.variables[&variable])
+    }
+}
+
+impl<'a> DiveLp<'a> {
+    /// The dive's LP with nothing fixed, and its solution (`None`: infeasible).
+    fn new(
+        links: &'a LinkMatrix,
+        origins: &'a [u32],
+        inst: Instance,
+        sym: &'a [(usize, Perm)],
+        split: &'a [u32],
+        time_limit: f64,
+    ) -> Result<(DiveLp<'a>, Option<ModelSolution>), String> {
+        #[cfg(feature = "highs")]
+        {
+            let lp = DiveLp {
+                links,
+                origins,
+                inst,
+                sym,
+                split,
+                fixed: HashMap::new(),
+            };
+            let first = lp.solve_anew(time_limit)?;
+            Ok((lp, first))
         }
+        #[cfg(not(feature = "highs"))]
+        {
+            let fixed = HashMap::new();
+            let kind = ModelKind::SymmetricChunks;
+            let (mut classes, class_of) = model_classes(links.n, origins, inst.chunks, &kind, sym);
+            let mut vars = ProblemVariables::new();
+            let r = send_variables(
+                &mut vars,
+                links,
+                &mut classes,
+                inst,
+                Some(split),
+                Some(&fixed),
+            );
+            let order: Vec<Variable> = vars.iter_variables_with_def().map(|(v, _)| v).collect();
+            let model = vars
+                .minimise(Expression::from(0.0))
+                .using(good_lp::microlp)
+                .with_time_limit(time_limit.max(0.001));
+            let (model, link_index) = with_flow_rows(model, links, &classes, &class_of, &r, inst);
+            let model = with_capacity_rows(model, links, &classes, &link_index, &r, inst.steps);
+            let solution = match model.solve() {
+                Ok(sol) => sol.into_inner(),
+                Err(ResolutionError::Infeasible) => {
+                    return Err("the dive reached a dead end".into());
+                }
+                // As every solve of the dive: out of time (or the solver gave up).
+                Err(_) => return Err("time limit".into()),
+            };
+            let variables = order
+                .into_iter()
+                .zip(solution.iter().map(|(v, _)| v))
+                .collect();
+            let lp = DiveLp {
+                links,
+                origins,
+                inst,
+                fixed,
+                warm: Warm {
+                    solution,
+                    variables,
+                    classes,
+                    class_of,
+                    r,
+                },
+            };
+            let first = lp.read();
+            Ok((lp, Some(first)))
+        }
+    }
+
+    fn is_fixed(&self, key: &SendKey) -> bool {
+        self.fixed.contains_key(key)
+    }
+
+    /// Fixes `key` to `on` and solves again: the solution, or `None` when that is infeasible
+    /// (and the fix is undone).
+    fn fix(
+        &mut self,
+        key: SendKey,
+        on: bool,
+        time_limit: f64,
+    ) -> Result<Option<ModelSolution>, String> {
+        self.fixed.insert(key, on);
+        #[cfg(feature = "highs")]
+        let solved = self.solve_anew(time_limit)?;
+        #[cfg(not(feature = "highs"))]
+        let solved = {
+            let _ = time_limit; // the edit runs under the first solve's limit
+            let w = &mut self.warm;
+            let (ci, li, s) = key;
+            let x = w.classes[ci].x[&(li, s)];
+            match w
+                .solution
+                .clone()
+                .fix_var(w.variables[&x], f64::from(u8::from(on)))
+            {
+                Ok(microlp::SolveOutcome::Solution(sol)) => {
+                    w.solution = sol;
+                    Some(self.read())
+                }
+                Ok(microlp::SolveOutcome::Interrupted(_)) => return Err("time limit".into()),
+                Err(microlp::Error::Infeasible) => None,
+                Err(_) => return Err("time limit".into()),
+            }
+        };
+        if solved.is_none() {
+            self.fixed.remove(&key);
+        }
+        Ok(solved)
+    }
+
+    /// The model built and solved from scratch with the sends fixed so far.
+    #[cfg(feature = "highs")]
+    fn solve_anew(&self, time_limit: f64) -> Result<Option<ModelSolution>, String> {
+        solve_model(
+            self.links,
+            self.origins,
+            self.inst,
+            &ModelKind::SymmetricChunks,
+            self.sym,
+            Some(self.split),
+            Some(&self.fixed),
+            time_limit,
+        )
+        .map_err(|_| "time limit".to_string())
+    }
+
+    /// The current solution of the warm LP.
+    #[cfg(not(feature = "highs"))]
+    fn read(&self) -> ModelSolution {
+        let w = &self.warm;
+        read_solution(
+            &WarmValues(w),
+            &w.classes,
+            &w.class_of,
+            &self.links.links(),
+            self.origins,
+            (&w.r, self.inst.chunks),
+        )
     }
 }
 
