@@ -3,8 +3,8 @@
 //! (the MILP frontier of [`super::milp`]).
 //!
 //! **Content-addressed.** An entry's name is the blake3 hash of everything its result depends
-//! on: the cache's format tag ([`FORMAT`]), the compiler's version, the kind of result and the
-//! solver's whole input (for a frontier: the link matrix it reads from the topology, the
+//! on: the cache's format tag ([`FORMAT`]), the compiler's version, the LP solver
+//! ([`crate::lp::NAME`]), the kind of result and the solver's whole input (for a frontier: the link matrix it reads from the topology, the
 //! collective and the search limits). An entry never goes stale; a different input has
 //! another name.
 //!
@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 
 /// The format tag of every entry; bumped whenever what an entry holds, or what a solver
 /// returns for the same input, changes.
-pub const FORMAT: &str = "hccl-synth-cache 1";
+pub const FORMAT: &str = "hccl-synth-cache 2";
 
 /// The cache directory: `$HCCL_CACHE_DIR`, else `$XDG_CACHE_HOME/hccl`, else
 /// `$HOME/.cache/hccl` (empty values are unset); `None` when none of them is set.
@@ -49,6 +49,8 @@ pub fn key(kind: &str, input: &[u8]) -> String {
     for part in [
         FORMAT.as_bytes(),
         env!("CARGO_PKG_VERSION").as_bytes(),
+        // microlp and HiGHS may return different optima (vertices, dives) for one input.
+        crate::lp::NAME.as_bytes(),
         kind.as_bytes(),
     ] {
         h.update(&(part.len() as u64).to_le_bytes());
