@@ -63,32 +63,83 @@ fn solve_model(
     kind: &ModelKind,
     sym: &[(usize, Perm)],
     split: Option<&[u32]>,
-    dive: Option<&HashMap<(usize, usize, u32), bool>>,
+    dive: Option<&Fixed>,
     time_limit: f64,
 ) -> Result<Option<ModelSolution>, String> {
-    let link_list = links.links();
-    let (mut classes, class_of) = model_classes(links.n, origins, inst.chunks, kind, sym);
-    let mut vars = ProblemVariables::new();
-    let r = send_variables(&mut vars, links, &mut classes, inst, split, dive);
-    let model = vars
-        .minimise(Expression::from(0.0))
-        .using(crate::lp::solver)
-        .with_time_limit(time_limit.max(0.001));
-    let (model, link_index) = with_flow_rows(model, links, &classes, &class_of, &r, inst);
-    let model = with_capacity_rows(model, links, &classes, &link_index, &r, inst.steps);
-    let sol = match model.solve() {
+    let built = build_model(
+        crate::lp::solver,
+        links,
+        origins,
+        inst,
+        kind,
+        sym,
+        split,
+        dive,
+        time_limit,
+    );
+    let sol = match built.model.solve() {
         Ok(sol) => sol,
         Err(ResolutionError::Infeasible) => return Ok(None),
         Err(e) => return Err(e.to_string()),
     };
     Ok(Some(read_solution(
         &sol,
-        &classes,
-        &class_of,
-        &link_list,
+        &built.classes,
+        &built.class_of,
+        &links.links(),
         origins,
-        (&r, inst.chunks),
+        (&built.r, inst.chunks),
     )))
+}
+
+/// A model ready to solve, and what reading its solution needs.
+struct Built<M> {
+    model: M,
+    classes: Vec<Class>,
+    class_of: Vec<(usize, u32)>,
+    /// The rounds of every step.
+    r: Vec<Variable>,
+    /// Every variable, in the order they were created (the order good_lp creates microlp's).
+    #[cfg(not(feature = "highs"))]
+    order: Vec<Variable>,
+}
+
+/// The model of `kind` (see [`send_variables`], [`with_flow_rows`], [`with_capacity_rows`])
+/// for `solver`, under `time_limit`.
+#[allow(clippy::too_many_arguments)]
+fn build_model<S: good_lp::Solver>(
+    solver: S,
+    links: &LinkMatrix,
+    origins: &[u32],
+    inst: Instance,
+    kind: &ModelKind,
+    sym: &[(usize, Perm)],
+    split: Option<&[u32]>,
+    dive: Option<&Fixed>,
+    time_limit: f64,
+) -> Built<S::Model>
+where
+    S::Model: WithTimeLimit,
+{
+    let (mut classes, class_of) = model_classes(links.n, origins, inst.chunks, kind, sym);
+    let mut vars = ProblemVariables::new();
+    let r = send_variables(&mut vars, links, &mut classes, inst, split, dive);
+    #[cfg(not(feature = "highs"))]
+    let order = vars.iter_variables_with_def().map(|(v, _)| v).collect();
+    let model = vars
+        .minimise(Expression::from(0.0))
+        .using(solver)
+        .with_time_limit(time_limit.max(0.001));
+    let (model, link_index) = with_flow_rows(model, links, &classes, &class_of, &r, inst);
+    let model = with_capacity_rows(model, links, &classes, &link_index, &r, inst.steps);
+    Built {
+        model,
+        classes,
+        class_of,
+        r,
+        #[cfg(not(feature = "highs"))]
+        order,
+    }
 }
 
 /// The model's chunk classes and each one's `(origin index, chunk)`: per origin its whole
@@ -167,7 +218,7 @@ fn send_variables(
     classes: &mut [Class],
     inst: Instance,
     split: Option<&[u32]>,
-    dive: Option<&HashMap<(usize, usize, u32), bool>>,
+    dive: Option<&Fixed>,
 ) -> Vec<Variable> {
     let link_list = links.links();
     let steps = inst.steps;
@@ -423,6 +474,9 @@ fn dive(
 /// A send of the dive's model: `(class, link index, step)`.
 type SendKey = (usize, usize, u32);
 
+/// The sends a dive has fixed, and to what (sent or not).
+type Fixed = HashMap<SendKey, bool>;
+
 /// The LP of a dive, solved again as its sends are fixed one by one: with microlp, from the
 /// last solution's basis (a few dual simplex pivots per send instead of a whole solve; a
 /// dive on DGX-1 fixes dozens); with HiGHS, built and solved anew with every send fixed so far.
@@ -434,7 +488,7 @@ struct DiveLp<'a> {
     sym: &'a [(usize, Perm)],
     #[cfg(feature = "highs")]
     split: &'a [u32],
-    fixed: HashMap<SendKey, bool>,
+    fixed: Fixed,
     #[cfg(not(feature = "highs"))]
     warm: Warm,
 }
@@ -492,25 +546,18 @@ impl<'a> DiveLp<'a> {
         #[cfg(not(feature = "highs"))]
         {
             let fixed = HashMap::new();
-            let kind = ModelKind::SymmetricChunks;
-            let (mut classes, class_of) = model_classes(links.n, origins, inst.chunks, &kind, sym);
-            let mut vars = ProblemVariables::new();
-            let r = send_variables(
-                &mut vars,
+            let built = build_model(
+                good_lp::microlp,
                 links,
-                &mut classes,
+                origins,
                 inst,
+                &ModelKind::SymmetricChunks,
+                sym,
                 Some(split),
                 Some(&fixed),
+                time_limit,
             );
-            let order: Vec<Variable> = vars.iter_variables_with_def().map(|(v, _)| v).collect();
-            let model = vars
-                .minimise(Expression::from(0.0))
-                .using(good_lp::microlp)
-                .with_time_limit(time_limit.max(0.001));
-            let (model, link_index) = with_flow_rows(model, links, &classes, &class_of, &r, inst);
-            let model = with_capacity_rows(model, links, &classes, &link_index, &r, inst.steps);
-            let solution = match model.solve() {
+            let solution = match built.model.solve() {
                 Ok(sol) => sol.into_inner(),
                 Err(ResolutionError::Infeasible) => {
                     return Err("the dive reached a dead end".into());
@@ -518,7 +565,8 @@ impl<'a> DiveLp<'a> {
                 // As every solve of the dive: out of time (or the solver gave up).
                 Err(_) => return Err("time limit".into()),
             };
-            let variables = order
+            let variables = built
+                .order
                 .into_iter()
                 .zip(solution.iter().map(|(v, _)| v))
                 .collect();
@@ -530,9 +578,9 @@ impl<'a> DiveLp<'a> {
                 warm: Warm {
                     solution,
                     variables,
-                    classes,
-                    class_of,
-                    r,
+                    classes: built.classes,
+                    class_of: built.class_of,
+                    r: built.r,
                 },
             };
             let first = lp.read();
