@@ -69,7 +69,9 @@
 //! then prices).
 
 mod decompose;
+mod dive;
 mod frontier;
+mod model;
 mod problem;
 mod solve;
 
