@@ -15,7 +15,12 @@
 //! - `h100x8/ring`: the ring AllReduce over the 64 ranks;
 //! - `h100x2/pairwise`: AllToAll on the shipped 2-node H100 cluster (16 ranks);
 //! - `h100x8/pairwise`: AllToAll on 8 × DGX H100 (64 ranks, 4,032 concurrent flows through
-//!   shared switches: the simulator's approximate large-component path).
+//!   shared switches: the simulator's approximate large-component path);
+//! - `h100x4/hierarchical_hd_c1p32`, `h100x4/rail_trees_c2p32`: two schedules the shipped
+//!   4-node H100 cluster's compile spends its time on;
+//! - `h100x4/packed_trees_c31p66`: Reduce over 31 packed trees of 66 pieces on that cluster,
+//!   the dearest candidate of its compile (110k steps; its flows start and end at distinct
+//!   instants, so nearly every event recomputes a component of about 34 flows).
 //!
 //! Sizes: 4 KiB, 1 MiB, 64 MiB; protocols LL and Simple.
 //!
@@ -122,7 +127,7 @@ fn cases() -> Vec<Case> {
         channels: 2,
         pipeline: 32,
     });
-    let specs: [Spec; 9] = [
+    let specs: [Spec; 10] = [
         ("dgx1", &dgx1, "ring", ar, one),
         ("dgx1", &dgx1, "tree", ar, one),
         ("dgx1", &dgx1, "ring", ar, None),
@@ -146,6 +151,16 @@ fn cases() -> Vec<Case> {
             "rail_trees",
             Collective::Broadcast { root: 0 },
             c2p32,
+        ),
+        (
+            "h100x4",
+            &h100x4,
+            "packed_trees",
+            Collective::Reduce { root: 0 },
+            Some(FamilyParams {
+                channels: 31,
+                pipeline: 66,
+            }),
         ),
     ];
     let mut sims: Vec<(*const Topology, std::sync::Arc<Simulator>)> = Vec::new();
