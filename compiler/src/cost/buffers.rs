@@ -19,6 +19,7 @@ pub(super) struct Buffers {
     f64s: Vec<Vec<f64>>,
     u32s: Vec<Vec<u32>>,
     bools: Vec<Vec<bool>>,
+    flows: Vec<Vec<super::flow::Flow>>,
     lists: Vec<Vec<Vec<u32>>>,
 }
 
@@ -40,6 +41,12 @@ impl Element for u32 {
 impl Element for bool {
     fn shelf(b: &mut Buffers) -> &mut Vec<Vec<bool>> {
         &mut b.bools
+    }
+}
+
+impl Element for super::flow::Flow {
+    fn shelf(b: &mut Buffers) -> &mut Vec<Vec<super::flow::Flow>> {
+        &mut b.flows
     }
 }
 

@@ -181,6 +181,24 @@ pub(super) fn resource_uses(p: &Prepared, log: Vec<(f64, u32, f64)>) -> Vec<Reso
     out
 }
 
+/// What the rate recomputation reads and writes of one flow (indexed by message), together:
+/// a component's flows are scattered over the schedule's messages, and one cache line per
+/// flow is what a recomputation then touches instead of one per array.
+#[derive(Clone, Copy, Default)]
+pub(super) struct Flow {
+    rate: f64,
+    /// The rate the filling gives it (scratch).
+    new_rate: f64,
+    /// Epoch in which the component search met it.
+    seen: u32,
+    /// Epoch in which the filling froze it.
+    frozen: u32,
+    /// Its route's representatives in [`FlowRoutes::all`]: start and count (set when it
+    /// starts).
+    at: u32,
+    len: u32,
+}
+
 /// Max-min fair rates of every flow of a whole schedule (see [`FlowRates::recompute`]).
 struct FlowRates<'a> {
     p: &'a Prepared,
@@ -189,7 +207,7 @@ struct FlowRates<'a> {
     /// Rate changes, when the run is traced.
     log: RateLog,
     // flows (indexed by message)
-    rate: Vec<f64>,
+    flow: Vec<Flow>,
     remaining: Vec<f64>,
     last: Vec<f64>,
     /// Per flow: the push order of its live end event (0: none).
@@ -214,12 +232,9 @@ struct FlowRates<'a> {
     pending_changes: usize,
     // scratch for rate recomputation
     res_stamp: Vec<u32>,
-    flow_stamp: Vec<u32>,
-    frozen_stamp: Vec<u32>,
     epoch: u32,
     rem: Vec<f64>,
     cnt: Vec<u32>,
-    new_rate: Vec<f64>,
     shares: Shares,
     /// Scratch: the resources and flows of the component being recomputed.
     comp_res: Vec<u32>,
@@ -248,7 +263,7 @@ impl<'a> FlowRates<'a> {
         FlowRates {
             p,
             routes,
-            rate: b.filled(nmsg, 0.0),
+            flow: b.filled(nmsg, Flow::default()),
             remaining: b.filled(nmsg, 0.0),
             last: b.filled(nmsg, 0.0),
             end_seq: b.filled(nmsg, 0),
@@ -264,12 +279,9 @@ impl<'a> FlowRates<'a> {
             released: 0,
             pending_changes: 0,
             res_stamp: b.filled(nres, 0),
-            flow_stamp: b.filled(nmsg, 0),
-            frozen_stamp: b.filled(nmsg, 0),
             epoch: 0,
             rem: b.filled(nres, 0.0),
             cnt: b.filled(nres, 0),
-            new_rate: b.filled(nmsg, 0.0),
             shares: Shares::new(nres, nmsg),
             comp_res: b.empty(),
             comp_flows: b.empty(),
@@ -281,15 +293,7 @@ impl<'a> FlowRates<'a> {
     /// the estimate keeps).
     fn recycle(self, b: &mut Buffers) {
         b.keep_lists(self.res_flows);
-        for v in [
-            self.rate,
-            self.remaining,
-            self.last,
-            self.cap,
-            self.used,
-            self.rem,
-            self.new_rate,
-        ] {
+        for v in [self.remaining, self.last, self.cap, self.used, self.rem] {
             b.keep(v);
         }
         for v in [
@@ -298,8 +302,6 @@ impl<'a> FlowRates<'a> {
             self.dirty,
             self.fresh,
             self.res_stamp,
-            self.flow_stamp,
-            self.frozen_stamp,
             self.cnt,
             self.comp_res,
             self.comp_flows,
@@ -307,6 +309,7 @@ impl<'a> FlowRates<'a> {
             b.keep(v);
         }
         b.keep(self.active);
+        b.keep(self.flow);
         self.shares.keep();
     }
 }
@@ -330,7 +333,11 @@ impl Rates for FlowRates<'_> {
         self.active_count += 1;
         self.fresh.push(m);
         self.remaining[mi] = bytes;
-        self.rate[mi] = 0.0;
+        let (at, len) = self.routes.span(c);
+        let flow = &mut self.flow[mi];
+        flow.rate = 0.0;
+        flow.at = at;
+        flow.len = len;
         self.last[mi] = st.now;
         self.dirty.extend_from_slice(route);
     }
@@ -347,7 +354,7 @@ impl Rates for FlowRates<'_> {
         let route = routes.of(p.msg_conn[mi]);
         let base = self.routes.slot_base[mi] as usize;
         for (j, &r) in route.iter().enumerate() {
-            self.used[r as usize] = (self.used[r as usize] - self.rate[mi]).max(0.0);
+            self.used[r as usize] = (self.used[r as usize] - self.flow[mi].rate).max(0.0);
             let list = &mut self.res_flows[r as usize];
             let pos = self.slot[base + j] as usize;
             let last = list.len() - 1;
@@ -401,6 +408,7 @@ impl<'a> FlowRates<'a> {
     /// cost per event stays bounded.
     fn recompute_dirty(&mut self, st: &mut Steps<'_>) {
         let epoch = self.next_epoch();
+        let all: &'a [u32] = self.routes.all();
         let mut stack = std::mem::take(&mut self.dirty);
         let mut fresh = std::mem::take(&mut self.fresh);
         let mut comp_res = std::mem::take(&mut self.comp_res);
@@ -421,14 +429,16 @@ impl<'a> FlowRates<'a> {
                 break 'bfs;
             }
             for &f in &self.res_flows[r as usize] {
-                if self.flow_stamp[f as usize] != epoch {
-                    self.flow_stamp[f as usize] = epoch;
+                let flow = &mut self.flow[f as usize];
+                if flow.seen != epoch {
+                    flow.seen = epoch;
                     comp_flows.push(f);
                     if comp_flows.len() > EXACT_COMPONENT {
                         big = true;
                         break 'bfs;
                     }
-                    for &r2 in self.routes.of(self.p.msg_conn[f as usize]) {
+                    let (at, len) = (flow.at as usize, flow.len as usize);
+                    for &r2 in &all[at..at + len] {
                         if self.res_stamp[r2 as usize] != epoch {
                             stack.push(r2);
                         }
@@ -452,7 +462,7 @@ impl<'a> FlowRates<'a> {
         let mut changes = self.released;
         self.released = 0;
         for &f in &fresh {
-            if !self.active[f as usize] || self.rate[f as usize] > 0.0 {
+            if !self.active[f as usize] || self.flow[f as usize].rate > 0.0 {
                 continue;
             }
             changes += 1;
@@ -481,8 +491,10 @@ impl<'a> FlowRates<'a> {
         self.epoch = self.epoch.wrapping_add(1);
         if self.epoch == 0 {
             self.res_stamp.iter_mut().for_each(|x| *x = 0);
-            self.flow_stamp.iter_mut().for_each(|x| *x = 0);
-            self.frozen_stamp.iter_mut().for_each(|x| *x = 0);
+            self.flow.iter_mut().for_each(|f| {
+                f.seen = 0;
+                f.frozen = 0;
+            });
             self.epoch = 1;
         }
         self.epoch
@@ -505,8 +517,8 @@ impl<'a> FlowRates<'a> {
             }
             comp_res.push(r as u32);
             for &f in &self.res_flows[r] {
-                if self.flow_stamp[f as usize] != epoch {
-                    self.flow_stamp[f as usize] = epoch;
+                if self.flow[f as usize].seen != epoch {
+                    self.flow[f as usize].seen = epoch;
                     comp_flows.push(f);
                 }
             }
@@ -520,9 +532,9 @@ impl<'a> FlowRates<'a> {
     fn set_rate(&mut self, st: &mut Steps<'_>, f: u32, new: f64) {
         let fi = f as usize;
         let elapsed = st.now - self.last[fi];
-        self.remaining[fi] = (self.remaining[fi] - self.rate[fi] * elapsed).max(0.0);
+        self.remaining[fi] = (self.remaining[fi] - self.flow[fi].rate * elapsed).max(0.0);
         self.last[fi] = st.now;
-        self.rate[fi] = new;
+        self.flow[fi].rate = new;
         if let Some(log) = &mut self.log {
             log.push((st.now, f, new));
         }
@@ -534,6 +546,7 @@ impl<'a> FlowRates<'a> {
     fn fill(&mut self, st: &mut Steps<'_>, comp_res: &[u32], comp_flows: &[u32]) {
         let epoch = self.epoch;
         let (routes, msg_conn): (&'a FlowRoutes, &'a [u32]) = (self.routes, &self.p.msg_conn);
+        let all: &'a [u32] = routes.all();
         if let [f] = *comp_flows
             && let route = routes.of(msg_conn[f as usize])
             && let Some(&narrowest) = route
@@ -549,7 +562,8 @@ impl<'a> FlowRates<'a> {
             for &r in route {
                 self.used[r as usize] = share;
             }
-            if share != self.rate[f as usize] || self.rate[f as usize] == 0.0 {
+            let rate = self.flow[f as usize].rate;
+            if share != rate || rate == 0.0 {
                 self.set_rate(st, f, share);
             }
             return;
@@ -563,8 +577,7 @@ impl<'a> FlowRates<'a> {
                 cnt,
                 cap,
                 res_flows,
-                frozen_stamp,
-                new_rate,
+                flow,
                 ..
             } = self;
             shares.sorted.clear();
@@ -633,12 +646,14 @@ impl<'a> FlowRates<'a> {
                 }
                 let share = share.max(0.0);
                 for &f in &res_flows[ri] {
-                    if frozen_stamp[f as usize] == epoch {
+                    let fl = &mut flow[f as usize];
+                    if fl.frozen == epoch {
                         continue;
                     }
-                    frozen_stamp[f as usize] = epoch;
-                    new_rate[f as usize] = share;
-                    for &r2 in routes.of(msg_conn[f as usize]) {
+                    fl.frozen = epoch;
+                    fl.new_rate = share;
+                    let (at, len) = (fl.at as usize, fl.len as usize);
+                    for &r2 in &all[at..at + len] {
                         let r2i = r2 as usize;
                         rem[r2i] = (rem[r2i] - share).max(0.0);
                         cnt[r2i] -= 1;
@@ -665,11 +680,17 @@ impl<'a> FlowRates<'a> {
             self.used[r as usize] = 0.0;
         }
         for &f in comp_flows {
-            let new = self.new_rate[f as usize];
-            for &r in routes.of(msg_conn[f as usize]) {
+            let Flow {
+                rate,
+                new_rate: new,
+                at,
+                len,
+                ..
+            } = self.flow[f as usize];
+            for &r in &all[at as usize..(at + len) as usize] {
                 self.used[r as usize] += new;
             }
-            if new != self.rate[f as usize] || self.rate[f as usize] == 0.0 {
+            if new != rate || rate == 0.0 {
                 self.set_rate(st, f, new);
             }
         }

@@ -244,6 +244,19 @@ impl FlowRoutes {
     pub(super) fn of(&self, c: u32) -> &[u32] {
         &self.res[self.start[c as usize] as usize..self.start[c as usize + 1] as usize]
     }
+
+    /// Where connection `c`'s representatives sit in [`FlowRoutes::all`]: start and count.
+    #[inline]
+    pub(super) fn span(&self, c: u32) -> (u32, u32) {
+        let a = self.start[c as usize];
+        (a, self.start[c as usize + 1] - a)
+    }
+
+    /// Every connection's representatives, one after another.
+    #[inline]
+    pub(super) fn all(&self) -> &[u32] {
+        &self.res
+    }
 }
 
 /// A flattened schedule whose routes are not looked up yet ([`Simulator::unrouted`](super::Simulator::unrouted)).
