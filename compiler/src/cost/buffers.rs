@@ -7,6 +7,7 @@
 //! fresh `vec![value; n]` would be, and hands them back when it ends. Nothing carries over
 //! from one run to the next but capacity.
 
+use std::any::{Any, TypeId};
 use std::cell::RefCell;
 
 /// Arrays of more elements than this are not kept (a 32,768-rank schedule's would hold
@@ -16,44 +17,36 @@ pub(super) const KEEP_ELEMENTS: usize = 1 << 20;
 /// Arrays of each element type a run uses, ready for the next run.
 #[derive(Default)]
 pub(super) struct Buffers {
-    f64s: Vec<Vec<f64>>,
-    u32s: Vec<Vec<u32>>,
-    bools: Vec<Vec<bool>>,
-    flows: Vec<Vec<super::flow::Flow>>,
+    /// Per element type, its kept arrays (a `Vec<Vec<T>>` behind `Any`); a handful of types.
+    shelves: Vec<(TypeId, Box<dyn Any>)>,
     lists: Vec<Vec<Vec<u32>>>,
 }
 
-/// An element type [`Buffers`] keeps arrays of.
-pub(super) trait Element: Clone {
-    fn shelf(b: &mut Buffers) -> &mut Vec<Vec<Self>>;
-}
+/// An element type [`Buffers`] keeps arrays of: any plain value type.
+pub(super) trait Element: Clone + 'static {}
 
-impl Element for f64 {
-    fn shelf(b: &mut Buffers) -> &mut Vec<Vec<f64>> {
-        &mut b.f64s
-    }
-}
-impl Element for u32 {
-    fn shelf(b: &mut Buffers) -> &mut Vec<Vec<u32>> {
-        &mut b.u32s
-    }
-}
-impl Element for bool {
-    fn shelf(b: &mut Buffers) -> &mut Vec<Vec<bool>> {
-        &mut b.bools
-    }
-}
-
-impl Element for super::flow::Flow {
-    fn shelf(b: &mut Buffers) -> &mut Vec<Vec<super::flow::Flow>> {
-        &mut b.flows
-    }
-}
+impl<T: Clone + 'static> Element for T {}
 
 impl Buffers {
+    /// The kept arrays of element type `T`.
+    fn shelf<T: Element>(&mut self) -> &mut Vec<Vec<T>> {
+        let id = TypeId::of::<T>();
+        let at = match self.shelves.iter().position(|(t, _)| *t == id) {
+            Some(at) => at,
+            None => {
+                self.shelves.push((id, Box::new(Vec::<Vec<T>>::new())));
+                self.shelves.len() - 1
+            }
+        };
+        match self.shelves[at].1.downcast_mut::<Vec<Vec<T>>>() {
+            Some(shelf) => shelf,
+            None => unreachable!("a shelf holds arrays of the type it is filed under"),
+        }
+    }
+
     /// `vec![value; n]`, in a kept array where there is one.
     pub(super) fn filled<T: Element>(&mut self, n: usize, value: T) -> Vec<T> {
-        let mut v = T::shelf(self).pop().unwrap_or_default();
+        let mut v = self.shelf::<T>().pop().unwrap_or_default();
         v.clear();
         v.resize(n, value);
         v
@@ -61,7 +54,7 @@ impl Buffers {
 
     /// A copy of `from`, in a kept array where there is one.
     pub(super) fn copied<T: Element + Copy>(&mut self, from: &[T]) -> Vec<T> {
-        let mut v = T::shelf(self).pop().unwrap_or_default();
+        let mut v = self.shelf::<T>().pop().unwrap_or_default();
         v.clear();
         v.extend_from_slice(from);
         v
@@ -69,7 +62,7 @@ impl Buffers {
 
     /// An empty array, in a kept one where there is one.
     pub(super) fn empty<T: Element>(&mut self) -> Vec<T> {
-        let mut v = T::shelf(self).pop().unwrap_or_default();
+        let mut v = self.shelf::<T>().pop().unwrap_or_default();
         v.clear();
         v
     }
@@ -77,7 +70,7 @@ impl Buffers {
     /// Keeps `v` for a later run.
     pub(super) fn keep<T: Element>(&mut self, v: Vec<T>) {
         if v.capacity() > 0 && v.capacity() <= KEEP_ELEMENTS {
-            T::shelf(self).push(v);
+            self.shelf::<T>().push(v);
         }
     }
 

@@ -676,6 +676,13 @@ impl<'a> FlowRates<'a> {
                 }
             }
         }
+        self.take_new_rates(st, comp_res, comp_flows);
+    }
+
+    /// After a filling: the flows of the component take their new rates (those that
+    /// changed, in component order), and its resources' allocated capacity is summed again.
+    fn take_new_rates(&mut self, st: &mut Steps<'_>, comp_res: &[u32], comp_flows: &[u32]) {
+        let all: &'a [u32] = self.routes.all();
         for &r in comp_res {
             self.used[r as usize] = 0.0;
         }

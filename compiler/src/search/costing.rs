@@ -105,31 +105,8 @@ pub(super) fn run(
             limits[si] = limits[si].min(t);
         }
     }
-    // The most promising first (the least ratio of a probe's time to its size's limit), so
-    // that the others run under limits that are tight early.
-    let promise: Vec<f64> = probes
-        .iter()
-        .map(|p| {
-            p.known
-                .iter()
-                .map(|&(si, _, t)| t / limits[si])
-                .fold(f64::INFINITY, f64::min)
-        })
-        .collect();
-    // Candidates too large to simulate at every size are interpolated between samples and
-    // never stopped by a limit (see `cost_sampled`): they wait for no batch, and run last.
-    let (mut second, sampled): (Vec<usize>, Vec<usize>) = second.into_iter().partition(|&i| {
-        let c = &candidates[i].0;
-        let first = sizes.partition_point(|&s| s < c.min_bytes);
-        let n = sizes.len() - first;
-        let budget = if c.template.is_some() {
-            budget.max(options.sim_budget)
-        } else {
-            budget
-        };
-        sample_indices(n, c.work_steps() as usize, budget).len() == n
-    });
-    second.sort_by(|&a, &b| promise[a].total_cmp(&promise[b]).then(a.cmp(&b)));
+    let (second, sampled) =
+        second_wave_order(search, (&candidates, probes), &limits, second, budget);
     let batches = second
         .chunks(SECOND_WAVE_BATCH)
         .chain(std::iter::once(&sampled[..]));
@@ -193,6 +170,41 @@ pub(super) fn run(
         (StopReason::PastBaseline, limited),
     ];
     Some((costed, stops))
+}
+
+/// The second wave of [`run`] in the order it is costed: the candidates simulated at every
+/// size, the most promising first (the least ratio of a screen probe's time to its size's
+/// limit), so that the others run under limits that are tight early; and apart, those too
+/// large to simulate at every size, interpolated between samples and never stopped by a
+/// limit (see [`cost_sampled`]), which wait for no batch and run last.
+fn second_wave_order(
+    search: &Search<'_>,
+    (candidates, probes): (&[(Candidate, bool)], &[Probe]),
+    limits: &[f64],
+    second: Vec<usize>,
+    budget: usize,
+) -> (Vec<usize>, Vec<usize>) {
+    let (sizes, options) = (&search.sizes, search.options);
+    let promise = |i: usize| {
+        probes[i]
+            .known
+            .iter()
+            .map(|&(si, _, t)| t / limits[si])
+            .fold(f64::INFINITY, f64::min)
+    };
+    let (mut whole, sampled): (Vec<usize>, Vec<usize>) = second.into_iter().partition(|&i| {
+        let c = &candidates[i].0;
+        let first = sizes.partition_point(|&s| s < c.min_bytes);
+        let n = sizes.len() - first;
+        let budget = if c.template.is_some() {
+            budget.max(options.sim_budget)
+        } else {
+            budget
+        };
+        sample_indices(n, c.work_steps() as usize, budget).len() == n
+    });
+    whole.sort_by(|&a, &b| promise(a).total_cmp(&promise(b)).then(a.cmp(&b)));
+    (whole, sampled)
 }
 
 /// Costs again, without limits, what the second wave of [`run`] left out: for the
