@@ -199,6 +199,14 @@ pub(super) struct Flow {
     len: u32,
 }
 
+impl Flow {
+    /// Its route's representatives, out of [`FlowRoutes::all`].
+    #[inline]
+    fn route(self, all: &[u32]) -> &[u32] {
+        &all[self.at as usize..(self.at + self.len) as usize]
+    }
+}
+
 /// Max-min fair rates of every flow of a whole schedule (see [`FlowRates::recompute`]).
 struct FlowRates<'a> {
     p: &'a Prepared,
@@ -437,8 +445,7 @@ impl<'a> FlowRates<'a> {
                         big = true;
                         break 'bfs;
                     }
-                    let (at, len) = (flow.at as usize, flow.len as usize);
-                    for &r2 in &all[at..at + len] {
+                    for &r2 in flow.route(all) {
                         if self.res_stamp[r2 as usize] != epoch {
                             stack.push(r2);
                         }
@@ -652,8 +659,7 @@ impl<'a> FlowRates<'a> {
                     }
                     fl.frozen = epoch;
                     fl.new_rate = share;
-                    let (at, len) = (fl.at as usize, fl.len as usize);
-                    for &r2 in &all[at..at + len] {
+                    for &r2 in fl.route(all) {
                         let r2i = r2 as usize;
                         rem[r2i] = (rem[r2i] - share).max(0.0);
                         cnt[r2i] -= 1;
@@ -687,14 +693,9 @@ impl<'a> FlowRates<'a> {
             self.used[r as usize] = 0.0;
         }
         for &f in comp_flows {
-            let Flow {
-                rate,
-                new_rate: new,
-                at,
-                len,
-                ..
-            } = self.flow[f as usize];
-            for &r in &all[at as usize..(at + len) as usize] {
+            let flow = self.flow[f as usize];
+            let (rate, new) = (flow.rate, flow.new_rate);
+            for &r in flow.route(all) {
                 self.used[r as usize] += new;
             }
             if new != rate || rate == 0.0 {

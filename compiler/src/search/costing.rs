@@ -94,10 +94,8 @@ pub(super) fn run(
     let mut limits = vec![f64::INFINITY; sizes.len()];
     let selectable = |i: usize| candidates[i].1;
     for &i in first.iter().filter(|&&i| selectable(i)) {
-        for times in all[i].iter().flat_map(|s| s.times.iter().flatten()) {
-            for (limit, &t) in limits.iter_mut().zip(times) {
-                *limit = limit.min(t);
-            }
+        if let Some(out) = &all[i] {
+            lower_limits(&mut limits, out, false);
         }
     }
     for i in (0..candidates.len()).filter(|&i| selectable(i)) {
@@ -116,13 +114,7 @@ pub(super) fn run(
             .zip(par_map(batch, |&i| cost(i, Some(&limits))))
         {
             if selectable(i) {
-                for times in out.times.iter().flatten() {
-                    for (si, (limit, &t)) in limits.iter_mut().zip(times).enumerate() {
-                        if out.exact[si] {
-                            *limit = limit.min(t);
-                        }
-                    }
-                }
+                lower_limits(&mut limits, &out, true);
             }
             all[i] = Some(out);
         }
@@ -172,6 +164,29 @@ pub(super) fn run(
     Some((costed, stops))
 }
 
+/// Lowers `limits` to the times of `out` at each size: only its simulated ones with
+/// `simulated_only`, else its interpolated ones too (the first wave's, as before).
+fn lower_limits(limits: &mut [f64], out: &Sampled, simulated_only: bool) {
+    for times in out.times.iter().flatten() {
+        for (si, (limit, &t)) in limits.iter_mut().zip(times).enumerate() {
+            if out.exact[si] || !simulated_only {
+                *limit = limit.min(t);
+            }
+        }
+    }
+}
+
+/// The simulated-steps budget of a candidate costed as a template (one rank class, whose
+/// steps do not grow with the ranks as a whole schedule's do, so neither does its budget;
+/// see [`sim_budget`]) or as a whole schedule.
+fn class_budget(budget: usize, options: &Options, template: bool) -> usize {
+    if template {
+        budget.max(options.sim_budget)
+    } else {
+        budget
+    }
+}
+
 /// The second wave of [`run`] in the order it is costed: the candidates simulated at every
 /// size, the most promising first (the least ratio of a screen probe's time to its size's
 /// limit), so that the others run under limits that are tight early; and apart, those too
@@ -196,11 +211,7 @@ fn second_wave_order(
         let c = &candidates[i].0;
         let first = sizes.partition_point(|&s| s < c.min_bytes);
         let n = sizes.len() - first;
-        let budget = if c.template.is_some() {
-            budget.max(options.sim_budget)
-        } else {
-            budget
-        };
+        let budget = class_budget(budget, options, c.template.is_some());
         sample_indices(n, c.work_steps() as usize, budget).len() == n
     });
     whole.sort_by(|&a, &b| promise(a).total_cmp(&promise(b)).then(a.cmp(&b)));
@@ -357,12 +368,7 @@ pub(super) fn cost_sampled(
             Err(_) => return Sampled::none(np, sizes.len()),
         },
     };
-    // A template costs one rank class: its steps do not grow with the ranks as a whole
-    // schedule's do, so the budget does not shrink with them either (see `sim_budget`).
-    let budget = match *prepared {
-        Ready::Template(_) => budget.max(options.sim_budget),
-        Ready::Full(_) => budget,
-    };
+    let budget = class_budget(budget, options, matches!(prepared, Ready::Template(_)));
     let samples: Vec<usize> = sample_indices(sizes.len() - first, prepared.step_count(), budget)
         .into_iter()
         .map(|i| i + first)
