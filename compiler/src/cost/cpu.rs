@@ -206,6 +206,7 @@ pub(super) fn run(
             messages: st.messages * segs as usize,
             payload_bytes: st.payload * k,
             resource_bytes: st.resource_bytes.iter().map(|b| b * k).collect(),
+            course: None,
         },
         st.spans,
         segs,

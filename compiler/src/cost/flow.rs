@@ -121,7 +121,7 @@ pub(super) fn run_flows(
     let result = st.execute(&mut rates);
     *log = rates.log.take();
     let resource_bytes = std::mem::take(&mut rates.resource_bytes);
-    let (now, messages, payload) = (st.now, st.messages, st.payload);
+    let (now, messages, payload, course) = (st.now, st.messages, st.payload, st.course);
     buffers::with(|b| {
         st.recycle(b);
         rates.recycle(b);
@@ -135,6 +135,7 @@ pub(super) fn run_flows(
             messages,
             payload_bytes: payload,
             resource_bytes,
+            course: model.affine_in_size().then_some(course),
         },
         spans,
     ))

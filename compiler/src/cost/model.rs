@@ -286,6 +286,13 @@ impl CostModel {
         m
     }
 
+    /// Whether a flow run's times are affine in the collective's size while its course
+    /// stays the same ([`Estimate::course`](super::Estimate::course)): not on a CPU host
+    /// model, nor under a calibration, whose bandwidths change with the size.
+    pub fn affine_in_size(&self) -> bool {
+        self.cpu.is_none() && self.calibration.is_none()
+    }
+
     /// Multiplier of every bandwidth for a collective of `bytes` (1 without calibration).
     pub fn bandwidth_factor(&self, bytes: u64) -> f64 {
         self.calibration

@@ -24,6 +24,13 @@ pub struct Estimate {
     pub payload_bytes: f64,
     /// Payload bytes that crossed each resource, indexed by resource id (see [`Network`]).
     pub resource_bytes: Vec<f64>,
+    /// A fingerprint of the run's course: the order in which its events happened and which
+    /// way each choice between two times went (`None`: not recorded, as on a CPU host
+    /// model). Every time of a flow run is affine in the collective's size while its course
+    /// stays the same, so two runs of one schedule and protocol at two sizes with the same
+    /// fingerprint give, at any size between, the time on the line through theirs
+    /// ([`Estimate::course`]).
+    pub course: Option<u64>,
 }
 
 /// When each step of a simulated schedule ran: what `hcclc explain --trace` draws.

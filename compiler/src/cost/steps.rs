@@ -84,6 +84,35 @@ struct Timed {
 
 /// Indices (steps, messages) an event can name: below 2^30.
 const INDEX_BITS: u32 = 30;
+/// What [`Steps::note`] folds in for a choice between two times (above any event's tag).
+const CHOICE: u64 = 1 << 40;
+/// Events of a run's course within this fraction of their time of each other are taken
+/// as simultaneous ([`Steps::note`]); rounding separates a symmetric schedule's
+/// simultaneous events by a few ulps.
+const COURSE_TIE: f64 = 1e-9;
+
+/// Which of two times is the later, for [`Steps::note`]: 1 for `a`, 2 for `b`, 0 when they
+/// are within [`COURSE_TIE`] of each other (either way then gives the same run, to rounding).
+#[inline]
+fn way(a: f64, b: f64) -> u64 {
+    let tie = COURSE_TIE * a.abs().max(b.abs());
+    if a - b > tie {
+        1
+    } else if b - a > tie {
+        2
+    } else {
+        0
+    }
+}
+
+/// Mixes the bits of `x` (the finaliser of SplitMix64), so sums and folds of mixed values
+/// keep them apart.
+#[inline]
+fn spread(x: u64) -> u64 {
+    let x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    let x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
 /// The kinds of [`Timed`] events (their [`EventKind`]).
 const STEP_DONE: u64 = 0;
 const FLOW_DONE: u64 = 1;
@@ -97,6 +126,12 @@ impl Timed {
         Timed {
             inverted: !((u128::from(total_order_key(time)) << 64) | u128::from(tag)),
         }
+    }
+
+    /// Its kind and index, without the push order (what [`Steps::note`] folds in).
+    #[inline]
+    fn tag(self) -> u64 {
+        !self.inverted as u64 & ((1 << 32) - 1)
     }
 
     #[inline]
@@ -162,6 +197,12 @@ pub(super) struct Steps<'a> {
     pub(super) payload: f64,
     /// Per step: (start, end), when traced.
     spans: Spans,
+    /// The run's course so far ([`Estimate::course`](super::Estimate::course)): each event
+    /// taken and each choice between two times, folded in ([`Steps::note`]).
+    pub(super) course: u64,
+    /// The group of [`Steps::note`] being added up, and the time it started at.
+    group: u64,
+    group_at: f64,
 }
 
 /// How a run shares bandwidth among its flows (one flow per message in transit).
@@ -225,6 +266,9 @@ impl<'a> Steps<'a> {
             messages: 0,
             payload: 0.0,
             spans: trace.then(|| vec![(0.0, 0.0); nsteps]),
+            course: 0,
+            group: 0,
+            group_at: 0.0,
         }
     }
 
@@ -269,6 +313,26 @@ impl<'a> Steps<'a> {
             self.stale += 1;
         }
         finish.map_or(0, |t| self.queue(t, FLOW_DONE, m))
+    }
+
+    /// Adds `what` (an event's kind and index, or a choice's outcome) to the run's course at
+    /// `time`. Events whose times are within [`COURSE_TIE`] of each other form one group,
+    /// added up in any order: a symmetric schedule's simultaneous events come out in an
+    /// order that rounding decides, and their order does not change the run. Each group
+    /// then folds into the course in time order.
+    #[inline]
+    fn note(&mut self, time: f64, what: u64) {
+        if time - self.group_at > COURSE_TIE * time.abs() {
+            self.end_group();
+            self.group_at = time;
+        }
+        self.group = self.group.wrapping_add(spread(what));
+    }
+
+    /// Folds the current group of [`Steps::note`] into the course.
+    fn end_group(&mut self) {
+        self.course = spread(self.course ^ self.group);
+        self.group = 0;
     }
 
     #[inline]
@@ -333,6 +397,7 @@ impl<'a> Steps<'a> {
                 self.stale = self.stale.saturating_sub(1);
                 continue; // superseded by a rate change
             }
+            self.note(ev.time(), ev.tag());
             self.now = self.now.max(ev.time());
             if self.now > self.limit {
                 return Err(CostError::PastLimit {
@@ -356,6 +421,7 @@ impl<'a> Steps<'a> {
             }
             self.drain_ready(rates);
         }
+        self.end_group();
         if self.completed < self.p.steps.len() {
             let stuck = (0..self.p.steps.len())
                 .find(|&i| !self.done[i])
@@ -509,8 +575,12 @@ impl<'a> Steps<'a> {
         self.consumed[c as usize] += 1;
         self.try_start(rates, c);
         let work = self.mem_us(s, passes);
-        let start = self.data_start[msg as usize].max(self.ready_at[s as usize]);
+        let (data, ready) = (self.data_start[msg as usize], self.ready_at[s as usize]);
+        let start = data.max(ready);
         let finish = self.now.max(start + work);
+        // Which time each choice took: a course that takes both ways is not affine.
+        let took = way(data, ready) | way(start + work, self.now) << 2;
+        self.note(self.now, CHOICE | u64::from(s) << 4 | took);
         if out != NONE {
             // Relays stream the result on as it is produced: the outgoing message starts
             // now; the step (and the message's arrival) cannot end before the local work.

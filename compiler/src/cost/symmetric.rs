@@ -845,7 +845,7 @@ fn run_template(
     });
     let mut rates = ClassRates::new(sim, t, bytes, protocol);
     let result = st.execute(&mut rates);
-    let (now, messages, payload) = (st.now, st.messages, st.payload);
+    let (now, messages, payload, course) = (st.now, st.messages, st.payload, st.course);
     super::buffers::with(|b| st.recycle(b));
     result?;
     let chunk_bytes = bytes as f64 / f64::from(p.chunks);
@@ -858,6 +858,7 @@ fn run_template(
         messages: messages * n,
         payload_bytes: payload * n as f64,
         resource_bytes,
+        course: sim.model.affine_in_size().then_some(course),
     })
 }
 

@@ -260,13 +260,13 @@ pub(super) fn complete(
         let mut times = costed[c].times.clone();
         let order = protocol_order(&search.sim, options);
         for &si in at.iter().filter(|&&si| sizes[si] >= candidate.min_bytes) {
-            let mut lists: Vec<Option<Vec<(usize, f64)>>> = vec![Some(Vec::new()); times.len()];
+            let mut lists: Vec<Option<SizeTimes>> = vec![Some(Vec::new()); times.len()];
             cost_size(
                 (&search.sim, ready, options),
-                (si, sizes[si]),
+                (si, sizes),
                 &order,
                 (&probes[c].known, true, f64::INFINITY),
-                &mut lists,
+                (&mut lists, &mut Courses::new(times.len())),
             );
             for (list, times) in lists.into_iter().zip(times.iter_mut()) {
                 match (list.and_then(|l| l.first().copied()), times) {
@@ -341,6 +341,11 @@ impl Sampled {
 /// ([`cost_size`]; never for the baseline families, whose per-protocol times NCCL's choice
 /// reads). With `limits` (a time per size) and every size simulated, a run past its size's
 /// limit stops there and its time is infinite.
+///
+/// The sampled sizes are costed ends first, then midpoints ([`bisection_order`]); a size
+/// between two full runs of a protocol that took the same course takes its time from them
+/// instead of a run ([`Courses`]). The times are those running every size gives, to
+/// rounding.
 pub(super) fn cost_sampled(
     sim: &Simulator,
     candidate: &Candidate,
@@ -378,17 +383,24 @@ pub(super) fn cost_sampled(
     let limits = limits.filter(|_| samples.len() == sizes.len() - first);
     let order = protocol_order(sim, options);
     // Times at the sampled sizes, per protocol; `None` once a protocol fails to simulate.
-    let mut at: Vec<Option<Vec<(usize, f64)>>> = vec![Some(Vec::new()); np];
+    let mut at: Vec<Option<SizeTimes>> = vec![Some(Vec::new()); np];
     let mut limited = false;
-    for &si in &samples {
+    // The ends first, then midpoints: a size between two runs of one course is had from
+    // them ([`Courses`]).
+    let mut courses = Courses::new(np);
+    for k in bisection_order(samples.len()) {
+        let si = samples[k];
         let limit = limits.map_or(f64::INFINITY, |l| l[si]);
         limited |= cost_size(
             (sim, prepared, options),
-            (si, sizes[si]),
+            (si, sizes),
             &order,
             (known, prune, limit),
-            &mut at,
+            (&mut at, &mut courses),
         );
+    }
+    for list in at.iter_mut().flatten() {
+        list.sort_unstable_by_key(|&(si, _)| si);
     }
     let mut exact = vec![false; sizes.len()];
     exact[..first].fill(true);
@@ -417,21 +429,28 @@ fn protocol_order(sim: &Simulator, options: &Options) -> Vec<usize> {
     order
 }
 
+/// One protocol's times at the sizes costed so far: `(size index, µs)`.
+type SizeTimes = Vec<(usize, f64)>;
+
 /// One size of [`cost_sampled`]: every protocol in `order` (by falling efficiency), its time
 /// appended to `at[protocol]` (`None` once a protocol fails). With `prune`, a protocol
 /// whose lower bound (the busiest link at its efficiency, [`Simulator::lower_bound_us`])
 /// already exceeds the best time reached at this size is not simulated (infinite): it cannot
 /// be the candidate's best. A run past `limit` stops there (infinite too). `known` times
-/// (the screen's) are taken as they are. Returns whether the limit cut a run.
+/// (the screen's) are taken as they are; a time on the line through two runs of one course
+/// either side ([`Courses::affine`]) is taken as the run's, the limit applied as a run
+/// would. Returns whether the limit cut a run.
 fn cost_size(
     (sim, prepared, options): (&Simulator, &Ready, &Options),
-    (si, bytes): (usize, u64),
+    (si, sizes): (usize, &[u64]),
     order: &[usize],
     (known, prune, limit): (&[(usize, usize, f64)], bool, f64),
-    at: &mut [Option<Vec<(usize, f64)>>],
+    (at, courses): (&mut [Option<SizeTimes>], &mut Courses),
 ) -> bool {
+    let bytes = sizes[si];
     let mut best = f64::INFINITY;
-    let mut loads: Option<Vec<f64>> = None;
+    // Whether a run at this size came in within the limit (its resource loads then prune).
+    let mut loaded = false;
     let mut limited = false;
     for &pi in order {
         let p = options.protocols[pi];
@@ -441,18 +460,27 @@ fn cost_size(
         let t = if let Some(k) = known.iter().find(|&&(ks, kp, _)| ks == si && kp == pi) {
             k.2
         } else if prune
-            && let Some(loads) = &loads
+            && loaded
+            && let Some(loads) = courses.loads(bytes)
             && sim
-                .lower_bound_us(loads, bytes, p)
+                .lower_bound_us(&loads, bytes, p)
                 .is_some_and(|lb| lb > best)
         {
             f64::INFINITY
+        } else if let Some(t) = courses.affine(pi, si, sizes) {
+            // What the run would give (to rounding), and past the limit as it would be.
+            if t <= limit {
+                loaded = true;
+                t
+            } else {
+                limited = true;
+                f64::INFINITY
+            }
         } else {
             match prepared.run_within(sim, bytes, p, limit) {
                 Ok(Some(e)) => {
-                    if loads.is_none() {
-                        loads = Some(e.resource_bytes);
-                    }
+                    loaded = true;
+                    courses.record(pi, (si, bytes), &e);
                     e.time_us
                 }
                 Ok(None) => {
@@ -469,6 +497,84 @@ fn cost_size(
         list.push((si, t));
     }
     limited
+}
+
+/// One candidate's full runs, per protocol, by size: what sizes between two runs of the
+/// same course take from them. A flow run's times are affine in the collective's size while
+/// its course (the order of its events, [`Estimate::course`](crate::cost::Estimate::course))
+/// stays the same, so at a size between two runs with one course the run would give the
+/// time on the line through theirs: it is not simulated. Also the resource loads of a run
+/// per byte of the collective (they are proportional to its size), for
+/// [`Simulator::lower_bound_us`] at sizes had without a run.
+struct Courses {
+    /// Per protocol: `(size index, time µs, course)` of its full runs, by size.
+    runs: Vec<Vec<(usize, f64, u64)>>,
+    /// A run's resource loads divided by its size.
+    loads_per_byte: Option<Vec<f64>>,
+}
+
+impl Courses {
+    fn new(protocols: usize) -> Courses {
+        Courses {
+            runs: vec![Vec::new(); protocols],
+            loads_per_byte: None,
+        }
+    }
+
+    /// Notes a full run of protocol `p` at size index `si` (`bytes`).
+    fn record(&mut self, p: usize, (si, bytes): (usize, u64), e: &crate::cost::Estimate) {
+        if self.loads_per_byte.is_none() && bytes > 0 {
+            let per = 1.0 / bytes as f64;
+            self.loads_per_byte = Some(e.resource_bytes.iter().map(|b| b * per).collect());
+        }
+        if let Some(course) = e.course {
+            let runs = &mut self.runs[p];
+            let k = runs.partition_point(|r| r.0 < si);
+            runs.insert(k, (si, e.time_us, course));
+        }
+    }
+
+    /// Protocol `p`'s time at size index `si` from the closest runs either side, when they
+    /// took the same course.
+    fn affine(&self, p: usize, si: usize, sizes: &[u64]) -> Option<f64> {
+        let runs = &self.runs[p];
+        let k = runs.partition_point(|r| r.0 < si);
+        let (lo, hi) = (runs.get(k.checked_sub(1)?)?, runs.get(k)?);
+        if lo.2 != hi.2 || hi.0 == si {
+            return None;
+        }
+        let (x0, x1, x) = (sizes[lo.0] as f64, sizes[hi.0] as f64, sizes[si] as f64);
+        Some(lo.1 + (hi.1 - lo.1) * (x - x0) / (x1 - x0))
+    }
+
+    /// The resource loads of a run of `bytes`.
+    fn loads(&self, bytes: u64) -> Option<Vec<f64>> {
+        let b = bytes as f64;
+        self.loads_per_byte
+            .as_ref()
+            .map(|per| per.iter().map(|l| l * b).collect())
+    }
+}
+
+/// Positions `0..n` in the order [`cost_sampled`] costs them: both ends, then the midpoint
+/// of each interval between positions already costed, breadth first (so that a midpoint's
+/// neighbours either side are costed before it).
+pub(super) fn bisection_order(n: usize) -> Vec<usize> {
+    if n <= 2 {
+        return (0..n).collect();
+    }
+    let mut order = vec![0, n - 1];
+    let mut intervals = std::collections::VecDeque::from([(0, n - 1)]);
+    while let Some((lo, hi)) = intervals.pop_front() {
+        if hi - lo < 2 {
+            continue;
+        }
+        let mid = lo + (hi - lo) / 2;
+        order.push(mid);
+        intervals.push_back((lo, mid));
+        intervals.push_back((mid, hi));
+    }
+    order
 }
 
 /// Times at every size from times at sampled size indices (ascending): linear in bytes

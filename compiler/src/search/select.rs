@@ -83,7 +83,14 @@ pub(super) fn select_and_verify(
     })
 }
 
-/// Best `(candidate, protocol)` per size among selectable, not-rejected candidates.
+/// How much faster than the best so far a later `(candidate, protocol)` must be to win
+/// (relative): the simulator's times carry rounding (a time had on the line between two
+/// runs, [`super::costing`], differs from its run's in the last bits), and of two equally
+/// fast schedules the earlier (the simpler, of one family) is kept.
+const TIE: f64 = 1e-12;
+
+/// Best `(candidate, protocol)` per size among selectable, not-rejected candidates: the
+/// first of those within [`TIE`] of the fastest.
 fn pick_winners(
     costed: &[Costed],
     sizes: &[u64],
@@ -100,7 +107,7 @@ fn pick_winners(
                     let Some(t) = costed.times[p].as_ref().map(|t| t[si]) else {
                         continue;
                     };
-                    if t.is_finite() && best.is_none_or(|(bt, _, _)| t < bt) {
+                    if t.is_finite() && best.is_none_or(|(bt, _, _)| t < bt - bt.abs() * TIE) {
                         best = Some((t, c, p));
                     }
                 }

@@ -295,3 +295,136 @@ fn refine_runs_stopped_past_the_best_change_no_winner() {
         assert_eq!(a.times, b.times, "{}", a.candidate.algorithm);
     }
 }
+
+/// A flow run's times are affine in the size while its course stays the same: on DGX-1 and
+/// the 2-node Azure cluster (templates costed as one rank class among them), for
+/// hand-written families' AllReduce and Broadcast at every protocol, wherever two sizes'
+/// runs took the same course, every size between runs to the time on the line through
+/// theirs. Courses do repeat (what the cost phase saves).
+#[test]
+fn runs_of_one_course_are_affine_between() {
+    use super::ready::Ready;
+    use crate::cost::{CostModel, Network, Simulator};
+    let sizes = geometric_sizes(1 << 10, 16 << 20, 2);
+    let (mut between, mut repeated) = (0, 0);
+    for machine in ["dgx1-v100", "azure-ndv2-2node"] {
+        let topo = hccl_topologies::shipped_by_name(machine).expect("shipped");
+        let sim = Simulator::new(Network::new(&topo), CostModel::for_topology(&topo));
+        for family in all_families() {
+            if !["ring", "tree", "double_ring", "kary_tree", "hierarchical"]
+                .contains(&family.name())
+            {
+                continue;
+            }
+            for collective in [Collective::AllReduce, Collective::Broadcast { root: 0 }] {
+                for (channels, pipeline) in [(1, 1), (2, 4)] {
+                    let params = FamilyParams { channels, pipeline };
+                    for c in family.generate(&topo, collective, params) {
+                        let Ok(ready) = Ready::new(&sim, &c) else {
+                            continue;
+                        };
+                        for protocol in [Protocol::LL, Protocol::LL128, Protocol::Simple] {
+                            let runs: Vec<(f64, u64)> = sizes
+                                .iter()
+                                .map(|&b| {
+                                    let e = ready.run(&sim, b, protocol).expect("runs");
+                                    (e.time_us, e.course.expect("a flow run's course"))
+                                })
+                                .collect();
+                            for i in 0..runs.len() {
+                                for j in i + 2..runs.len() {
+                                    if runs[i].1 != runs[j].1 {
+                                        continue;
+                                    }
+                                    repeated += 1;
+                                    let (x0, x1) = (sizes[i] as f64, sizes[j] as f64);
+                                    for k in i + 1..j {
+                                        let x = sizes[k] as f64;
+                                        let line = runs[i].0
+                                            + (runs[j].0 - runs[i].0) * (x - x0) / (x1 - x0);
+                                        let t = runs[k].0;
+                                        assert!(
+                                            (line - t).abs() <= 1e-9 * t,
+                                            "{machine} {} {params:?} {protocol:?} at {} B: \
+                                             {t} µs, the line gives {line}",
+                                            c.algorithm,
+                                            sizes[k]
+                                        );
+                                        between += 1;
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        repeated > 100,
+        "only {repeated} pairs of runs took one course"
+    );
+    assert!(between > 1000, "only {between} sizes between them");
+}
+
+/// Costing takes a size between two runs of one course from them ([`super::costing`]'s
+/// `Courses`), not from a run, and the times are those of running every size: on DGX-1's
+/// AllReduce, every candidate's times match `run`'s at every size and protocol (to
+/// rounding), and the bisection order visits every position once.
+#[test]
+fn costing_between_runs_of_one_course_gives_the_runs_times() {
+    use super::costing::{bisection_order, cost_sampled};
+    use super::ready::Ready;
+    use crate::cost::{CostModel, Network, Simulator};
+    for n in 0..40 {
+        let mut order = bisection_order(n);
+        order.sort_unstable();
+        assert_eq!(order, (0..n).collect::<Vec<_>>());
+    }
+    let topo = hccl_topologies::shipped_by_name("dgx1-v100").expect("shipped");
+    let options = Options {
+        model: CostModel::for_topology(&topo),
+        sizes: geometric_sizes(1 << 10, 64 << 20, 2),
+        ..Options::default()
+    };
+    let sim = Simulator::new(Network::new(&topo), options.model.clone());
+    let mut checked = 0;
+    for family in all_families() {
+        if !["ring", "tree", "double_ring", "kary_tree"].contains(&family.name()) {
+            continue;
+        }
+        for pipeline in [1, 4] {
+            let params = FamilyParams {
+                channels: 2,
+                pipeline,
+            };
+            for c in family.generate(&topo, Collective::AllReduce, params) {
+                let budget = usize::MAX / 2;
+                let out = cost_sampled(
+                    &sim,
+                    &c,
+                    &options.sizes,
+                    &options,
+                    budget,
+                    None,
+                    (false, None),
+                );
+                let ready = Ready::new(&sim, &c).expect("prepares");
+                for (p, &protocol) in options.protocols.iter().enumerate() {
+                    let times = out.times[p].as_ref().expect("costed");
+                    for (si, &bytes) in options.sizes.iter().enumerate() {
+                        let t = ready.run(&sim, bytes, protocol).expect("runs").time_us;
+                        assert!(
+                            (times[si] - t).abs() <= 1e-9 * t,
+                            "{} {params:?} {protocol:?} at {bytes} B: costed {}, ran {t}",
+                            c.algorithm,
+                            times[si]
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked >= 300, "only {checked} times checked");
+}
