@@ -96,13 +96,7 @@ const COURSE_TIE: f64 = 1e-9;
 #[inline]
 fn way(a: f64, b: f64) -> u64 {
     let tie = COURSE_TIE * a.abs().max(b.abs());
-    if a - b > tie {
-        1
-    } else if b - a > tie {
-        2
-    } else {
-        0
-    }
+    u64::from(a - b > tie) | u64::from(b - a > tie) << 1
 }
 
 /// Mixes the bits of `x` (the finaliser of SplitMix64), so sums and folds of mixed values
