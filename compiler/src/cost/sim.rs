@@ -246,6 +246,11 @@ impl Simulator {
         {
             return Ok(None);
         }
+        // Nor when a connection's messages alone are: at most `CONNECTION_SLOTS` of them are
+        // in flight, so they take a message latency per that many in turn.
+        if limit_us.is_finite() && self.slots_bound_us(prepared, protocol) > limit_us {
+            return Ok(None);
+        }
         // Nor when its critical path over its routes is: every message at its route's
         // bottleneck and latency, without contention. The margin keeps a run whose time
         // rounding might put a few ulps either side of a limit it ties; a schedule that
@@ -261,6 +266,31 @@ impl Simulator {
             Err(CostError::PastLimit { .. }) => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// A lower bound on [`Simulator::run`]'s time (µs) under `protocol` at any size, from
+    /// each connection's slots alone: its `k`-th message cannot start before the message
+    /// [`CONNECTION_SLOTS`](hccl_ir::CONNECTION_SLOTS) before it has arrived (its receive
+    /// took it), and a message arrives a latency (the protocol's per-message latency on its
+    /// link class and its route's) after it starts, so the last of `m` messages arrives
+    /// `⌊(m − 1) / slots⌋ + 1` latencies after the start at the earliest. 0 on a CPU host
+    /// model (its own runner).
+    pub fn slots_bound_us(&self, prepared: &Prepared, protocol: Protocol) -> f64 {
+        if self.model.cpu.is_some() {
+            return 0.0;
+        }
+        let slots = hccl_ir::CONNECTION_SLOTS as u32;
+        let longest = prepared
+            .conn_len
+            .iter()
+            .zip(&prepared.conn_route)
+            .filter(|&(&m, _)| m > 0)
+            .map(|(&m, route)| {
+                let latency = self.model.message_us(route.class, protocol) + route.latency_us;
+                f64::from((m - 1) / slots + 1) * latency
+            })
+            .fold(0.0, f64::max);
+        self.model.base_us(protocol) + longest
     }
 
     /// The payload bytes each resource carries when `prepared` runs a collective of `bytes`:
