@@ -247,8 +247,8 @@ impl Simulator {
             return Ok(None);
         }
         // Nor when a connection's messages alone are: at most `CONNECTION_SLOTS` of them are
-        // in flight, so they take a message latency per that many in turn.
-        if limit_us.is_finite() && self.slots_bound_us(prepared, protocol) > limit_us {
+        // in flight, so every that many-th takes its transfer and latency in turn.
+        if limit_us.is_finite() && self.slots_bound_us(prepared, bytes, protocol) > limit_us {
             return Ok(None);
         }
         // Nor when its critical path over its routes is: every message at its route's
@@ -268,28 +268,38 @@ impl Simulator {
         }
     }
 
-    /// A lower bound on [`Simulator::run`]'s time (µs) under `protocol` at any size, from
+    /// A lower bound on [`Simulator::run`]'s time (µs) for `bytes` under `protocol`, from
     /// each connection's slots alone: its `k`-th message cannot start before the message
     /// [`CONNECTION_SLOTS`](hccl_ir::CONNECTION_SLOTS) before it has arrived (its receive
     /// took it), and a message arrives a latency (the protocol's per-message latency on its
-    /// link class and its route's) after it starts, so the last of `m` messages arrives
-    /// `⌊(m − 1) / slots⌋ + 1` latencies after the start at the earliest. 0 on a CPU host
-    /// model (its own runner).
-    pub fn slots_bound_us(&self, prepared: &Prepared, protocol: Protocol) -> f64 {
+    /// link class and its route's) after its last byte leaves, which is no sooner than its
+    /// bytes take at its route's narrowest link. So each chain of every `slots`-th message
+    /// of a connection takes the sum of those. 0 on a CPU host model (its own runner).
+    pub fn slots_bound_us(&self, prepared: &Prepared, bytes: u64, protocol: Protocol) -> f64 {
         if self.model.cpu.is_some() {
             return 0.0;
         }
-        let slots = hccl_ir::CONNECTION_SLOTS as u32;
-        let longest = prepared
-            .conn_len
-            .iter()
-            .zip(&prepared.conn_route)
-            .filter(|&(&m, _)| m > 0)
-            .map(|(&m, route)| {
-                let latency = self.model.message_us(route.class, protocol) + route.latency_us;
-                f64::from((m - 1) / slots + 1) * latency
-            })
-            .fold(0.0, f64::max);
+        const SLOTS: usize = hccl_ir::CONNECTION_SLOTS;
+        let eff = self.model.efficiency(protocol) * self.model.bandwidth_factor(bytes);
+        let chunk_bytes = bytes as f64 / f64::from(prepared.chunks);
+        let mut longest = 0.0f64;
+        for (c, route) in prepared.conn_route.iter().enumerate() {
+            let latency = self.model.message_us(route.class, protocol) + route.latency_us;
+            // Bytes per µs of the narrowest link (infinite: none limits it).
+            let narrowest = route
+                .resources
+                .iter()
+                .map(|&r| self.network.capacity[r as usize] * eff * 1e3)
+                .filter(|c| c.is_finite() && *c > 0.0)
+                .fold(f64::INFINITY, f64::min);
+            let base = prepared.conn_base[c] as usize;
+            let len = prepared.conn_len[c] as usize;
+            let mut chains = [0.0f64; SLOTS];
+            for (j, &count) in prepared.msg_count[base..base + len].iter().enumerate() {
+                chains[j % SLOTS] += f64::from(count) * chunk_bytes / narrowest + latency;
+            }
+            longest = chains.iter().fold(longest, |a, &b| a.max(b));
+        }
         self.model.base_us(protocol) + longest
     }
 

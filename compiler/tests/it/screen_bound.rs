@@ -98,7 +98,7 @@ fn the_lower_bounds_never_exceed_the_simulation() {
                                     "{what}: routed bound {routed} µs above the simulation \
                                      {simulated} µs"
                                 );
-                                let slots = sim.slots_bound_us(&prepared, protocol);
+                                let slots = sim.slots_bound_us(&prepared, bytes, protocol);
                                 assert!(
                                     slots <= simulated * (1.0 + 1e-9),
                                     "{what}: slots bound {slots} µs above the simulation \
