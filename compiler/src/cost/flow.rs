@@ -101,13 +101,13 @@ pub(super) type RateLog = Option<Vec<(f64, u32, f64)>>;
 
 /// Runs a prepared schedule with max-min fair flows ([`FlowRates`]). With a `log`, the run
 /// is traced: step spans are returned and every flow's rate changes are appended to it.
+/// With `course`, the estimate holds the run's course ([`Estimate::course`]).
 pub(super) fn run_flows(
     (network, model): (&Network, &CostModel),
     p: &Prepared,
-    bytes: u64,
-    protocol: Protocol,
+    (bytes, protocol): (u64, Protocol),
     log: &mut RateLog,
-    limit: f64,
+    (limit, course): (f64, bool),
 ) -> Result<(Estimate, Spans), CostError> {
     let (mut st, mut rates) = buffers::with(|b| {
         let st = Steps::new(network, model, p, (bytes, protocol), log.is_some(), b);
@@ -117,11 +117,13 @@ pub(super) fn run_flows(
         )
     });
     st.limit = limit;
+    st.tracking = course && model.affine_in_size();
     rates.log = log.take();
     let result = st.execute(&mut rates);
     *log = rates.log.take();
     let resource_bytes = std::mem::take(&mut rates.resource_bytes);
     let (now, messages, payload, course) = (st.now, st.messages, st.payload, st.course);
+    let st_tracking = st.tracking;
     buffers::with(|b| {
         st.recycle(b);
         rates.recycle(b);
@@ -135,7 +137,7 @@ pub(super) fn run_flows(
             messages,
             payload_bytes: payload,
             resource_bytes,
-            course: model.affine_in_size().then_some(course),
+            course: st_tracking.then_some(course),
         },
         spans,
     ))

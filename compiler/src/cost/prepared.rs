@@ -25,11 +25,13 @@ pub struct Estimate {
     /// Payload bytes that crossed each resource, indexed by resource id (see [`Network`]).
     pub resource_bytes: Vec<f64>,
     /// A fingerprint of the run's course: the order in which its events happened and which
-    /// way each choice between two times went (`None`: not recorded, as on a CPU host
-    /// model). Every time of a flow run is affine in the collective's size while its course
-    /// stays the same, so two runs of one schedule and protocol at two sizes with the same
-    /// fingerprint give, at any size between, the time on the line through theirs
-    /// ([`Estimate::course`]).
+    /// way each choice between two times went; recorded only where asked for
+    /// ([`Simulator::run_within_course`](super::Simulator::run_within_course),
+    /// [`Simulator::run_symmetric_course`](super::Simulator::run_symmetric_course)) and
+    /// never on a CPU host model or under a calibration. Every time of a flow run is affine
+    /// in the collective's size while its course stays the same, so two runs of one schedule
+    /// and protocol at two sizes with the same fingerprint give, at any size between, the
+    /// time on the line through theirs.
     pub course: Option<u64>,
 }
 

@@ -211,10 +211,9 @@ impl Simulator {
         run_flows(
             self.parts(),
             prepared,
-            bytes,
-            protocol,
+            (bytes, protocol),
             &mut None,
-            f64::INFINITY,
+            (f64::INFINITY, false),
         )
         .map(|r| r.0)
     }
@@ -229,6 +228,30 @@ impl Simulator {
         bytes: u64,
         protocol: Protocol,
         limit_us: f64,
+    ) -> Result<Option<Estimate>, CostError> {
+        self.run_limited(prepared, (bytes, protocol), limit_us, false)
+    }
+
+    /// [`Simulator::run_within`], the estimate with the run's course
+    /// ([`Estimate::course`]; none on a CPU host model or under a calibration): what the
+    /// search needs to take a size between two runs of one course from them.
+    pub fn run_within_course(
+        &self,
+        prepared: &Prepared,
+        bytes: u64,
+        protocol: Protocol,
+        limit_us: f64,
+    ) -> Result<Option<Estimate>, CostError> {
+        self.run_limited(prepared, (bytes, protocol), limit_us, true)
+    }
+
+    /// [`Simulator::run_within`], with the course when `course` holds.
+    fn run_limited(
+        &self,
+        prepared: &Prepared,
+        (bytes, protocol): (u64, Protocol),
+        limit_us: f64,
+        course: bool,
     ) -> Result<Option<Estimate>, CostError> {
         if self.model.cpu.is_some() {
             return self.run(prepared, bytes, protocol).map(Some);
@@ -261,7 +284,13 @@ impl Simulator {
                 return Ok(None);
             }
         }
-        match run_flows(self.parts(), prepared, bytes, protocol, &mut None, limit) {
+        match run_flows(
+            self.parts(),
+            prepared,
+            (bytes, protocol),
+            &mut None,
+            (limit, course),
+        ) {
             Ok((estimate, _)) => Ok((estimate.time_us <= limit_us).then_some(estimate)),
             Err(CostError::PastLimit { .. }) => Ok(None),
             Err(e) => Err(e),
@@ -343,10 +372,9 @@ impl Simulator {
                 let (e, spans) = run_flows(
                     self.parts(),
                     prepared,
-                    bytes,
-                    protocol,
+                    (bytes, protocol),
                     &mut log,
-                    f64::INFINITY,
+                    (f64::INFINITY, false),
                 )?;
                 let uses = resource_uses(prepared, log.unwrap_or_default());
                 (e, spans, 1, uses)

@@ -197,6 +197,8 @@ pub(super) struct Steps<'a> {
     /// The group of [`Steps::note`] being added up, and the time it started at.
     group: u64,
     group_at: f64,
+    /// Whether the course is wanted ([`Steps::note`] does nothing otherwise).
+    pub(super) tracking: bool,
 }
 
 /// How a run shares bandwidth among its flows (one flow per message in transit).
@@ -263,6 +265,7 @@ impl<'a> Steps<'a> {
             course: 0,
             group: 0,
             group_at: 0.0,
+            tracking: false,
         }
     }
 
@@ -316,6 +319,9 @@ impl<'a> Steps<'a> {
     /// then folds into the course in time order.
     #[inline]
     fn note(&mut self, time: f64, what: u64) {
+        if !self.tracking {
+            return;
+        }
         if time - self.group_at > COURSE_TIE * time.abs() {
             self.end_group();
             self.group_at = time;
@@ -325,6 +331,9 @@ impl<'a> Steps<'a> {
 
     /// Folds the current group of [`Steps::note`] into the course.
     fn end_group(&mut self) {
+        if !self.tracking {
+            return;
+        }
         self.course = spread(self.course ^ self.group);
         self.group = 0;
     }
@@ -573,8 +582,10 @@ impl<'a> Steps<'a> {
         let start = data.max(ready);
         let finish = self.now.max(start + work);
         // Which time each choice took: a course that takes both ways is not affine.
-        let took = way(data, ready) | way(start + work, self.now) << 2;
-        self.note(self.now, CHOICE | u64::from(s) << 4 | took);
+        if self.tracking {
+            let took = way(data, ready) | way(start + work, self.now) << 2;
+            self.note(self.now, CHOICE | u64::from(s) << 4 | took);
+        }
         if out != NONE {
             // Relays stream the result on as it is produced: the outgoing message starts
             // now; the step (and the message's arrival) cannot end before the local work.

@@ -644,6 +644,27 @@ impl Simulator {
         bytes: u64,
         protocol: Protocol,
     ) -> Result<Estimate, CostError> {
+        self.run_symmetric_noting(p, (bytes, protocol), false)
+    }
+
+    /// [`Simulator::run_symmetric`], the estimate with the run's course
+    /// ([`Estimate::course`]).
+    pub fn run_symmetric_course(
+        &self,
+        p: &PreparedSymmetric,
+        bytes: u64,
+        protocol: Protocol,
+    ) -> Result<Estimate, CostError> {
+        self.run_symmetric_noting(p, (bytes, protocol), true)
+    }
+
+    /// [`Simulator::run_symmetric`], with the course when `course` holds.
+    fn run_symmetric_noting(
+        &self,
+        p: &PreparedSymmetric,
+        (bytes, protocol): (u64, Protocol),
+        course: bool,
+    ) -> Result<Estimate, CostError> {
         let mismatch = |what: &str| Err(CostError::BadSymmetry(format!("prepared for {what}")));
         if p.nranks != self.network.nranks() {
             return Err(CostError::RankMismatch {
@@ -652,12 +673,19 @@ impl Simulator {
             });
         }
         match &p.form {
+            Form::Full(prepared) if course => self
+                .run_within_course(prepared, bytes, protocol, f64::INFINITY)
+                .and_then(|e| {
+                    e.ok_or(CostError::PastLimit {
+                        limit_us: f64::INFINITY,
+                    })
+                }),
             Form::Full(prepared) => self.run(prepared, bytes, protocol),
             Form::Template(_) if self.model.cpu.is_some() => mismatch("the flow model"),
             Form::Template(t) if t.resources != self.network.capacity.len() => {
                 mismatch("another network")
             }
-            Form::Template(t) => run_template(self, t, p.nranks, bytes, protocol),
+            Form::Template(t) => run_template(self, t, p.nranks, (bytes, protocol), course),
         }
     }
 }
@@ -836,16 +864,18 @@ fn run_template(
     sim: &Simulator,
     t: &Template,
     nranks: u32,
-    bytes: u64,
-    protocol: Protocol,
+    (bytes, protocol): (u64, Protocol),
+    course: bool,
 ) -> Result<Estimate, CostError> {
     let p = &t.prepared;
     let mut st = super::buffers::with(|b| {
         Steps::new(&sim.network, &sim.model, p, (bytes, protocol), false, b)
     });
+    st.tracking = course && sim.model.affine_in_size();
     let mut rates = ClassRates::new(sim, t, bytes, protocol);
     let result = st.execute(&mut rates);
     let (now, messages, payload, course) = (st.now, st.messages, st.payload, st.course);
+    let tracking = st.tracking;
     super::buffers::with(|b| st.recycle(b));
     result?;
     let chunk_bytes = bytes as f64 / f64::from(p.chunks);
@@ -858,7 +888,7 @@ fn run_template(
         messages: messages * n,
         payload_bytes: payload * n as f64,
         resource_bytes,
-        course: sim.model.affine_in_size().then_some(course),
+        course: tracking.then_some(course),
     })
 }
 

@@ -65,6 +65,24 @@ impl Ready {
         }
     }
 
+    /// [`Ready::run_within`], the estimate with the run's course
+    /// ([`Estimate::course`](crate::cost::Estimate::course); a template run always runs to
+    /// its end).
+    pub(super) fn run_within_course(
+        &self,
+        sim: &Simulator,
+        bytes: u64,
+        protocol: Protocol,
+        limit_us: f64,
+    ) -> Result<Option<Estimate>, CostError> {
+        match self {
+            Ready::Full(p) => sim.run_within_course(p, bytes, protocol, limit_us),
+            Ready::Template(p) => sim
+                .run_symmetric_course(p, bytes, protocol)
+                .map(|e| (e.time_us <= limit_us).then_some(e)),
+        }
+    }
+
     /// The time (µs) at `bytes` under `protocol`, or infinity when the run fails or is sure
     /// to take longer than `limit_us` ([`Simulator::run_within`]; a template run is cheap
     /// and always runs to its end).

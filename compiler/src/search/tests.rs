@@ -327,7 +327,10 @@ fn runs_of_one_course_are_affine_between() {
                             let runs: Vec<(f64, u64)> = sizes
                                 .iter()
                                 .map(|&b| {
-                                    let e = ready.run(&sim, b, protocol).expect("runs");
+                                    let e = ready
+                                        .run_within_course(&sim, b, protocol, f64::INFINITY)
+                                        .expect("runs")
+                                        .expect("within an infinite limit");
                                     (e.time_us, e.course.expect("a flow run's course"))
                                 })
                                 .collect();
