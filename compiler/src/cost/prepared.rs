@@ -26,8 +26,8 @@ pub struct Estimate {
     pub resource_bytes: Vec<f64>,
     /// A fingerprint of the run's course: the order in which its events happened and which
     /// way each choice between two times went; recorded only where asked for
-    /// ([`Simulator::run_within_course`](super::Simulator::run_within_course),
-    /// [`Simulator::run_symmetric_course`](super::Simulator::run_symmetric_course)) and
+    /// ([`Simulator::run_limited`](super::Simulator::run_limited),
+    /// [`Simulator::run_symmetric_noting`](super::Simulator::run_symmetric_noting)) and
     /// never on a CPU host model or under a calibration. Every time of a flow run is affine
     /// in the collective's size while its course stays the same, so two runs of one schedule
     /// and protocol at two sizes with the same fingerprint give, at any size between, the

@@ -232,21 +232,10 @@ impl Simulator {
         self.run_limited(prepared, (bytes, protocol), limit_us, false)
     }
 
-    /// [`Simulator::run_within`], the estimate with the run's course
+    /// [`Simulator::run_within`], the estimate with the run's course when `course` holds
     /// ([`Estimate::course`]; none on a CPU host model or under a calibration): what the
     /// search needs to take a size between two runs of one course from them.
-    pub fn run_within_course(
-        &self,
-        prepared: &Prepared,
-        bytes: u64,
-        protocol: Protocol,
-        limit_us: f64,
-    ) -> Result<Option<Estimate>, CostError> {
-        self.run_limited(prepared, (bytes, protocol), limit_us, true)
-    }
-
-    /// [`Simulator::run_within`], with the course when `course` holds.
-    fn run_limited(
+    pub fn run_limited(
         &self,
         prepared: &Prepared,
         (bytes, protocol): (u64, Protocol),

@@ -647,19 +647,9 @@ impl Simulator {
         self.run_symmetric_noting(p, (bytes, protocol), false)
     }
 
-    /// [`Simulator::run_symmetric`], the estimate with the run's course
+    /// [`Simulator::run_symmetric`], the estimate with the run's course when `course` holds
     /// ([`Estimate::course`]).
-    pub fn run_symmetric_course(
-        &self,
-        p: &PreparedSymmetric,
-        bytes: u64,
-        protocol: Protocol,
-    ) -> Result<Estimate, CostError> {
-        self.run_symmetric_noting(p, (bytes, protocol), true)
-    }
-
-    /// [`Simulator::run_symmetric`], with the course when `course` holds.
-    fn run_symmetric_noting(
+    pub fn run_symmetric_noting(
         &self,
         p: &PreparedSymmetric,
         (bytes, protocol): (u64, Protocol),
@@ -674,7 +664,7 @@ impl Simulator {
         }
         match &p.form {
             Form::Full(prepared) if course => self
-                .run_within_course(prepared, bytes, protocol, f64::INFINITY)
+                .run_limited(prepared, (bytes, protocol), f64::INFINITY, true)
                 .and_then(|e| {
                     e.ok_or(CostError::PastLimit {
                         limit_us: f64::INFINITY,

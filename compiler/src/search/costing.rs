@@ -477,7 +477,7 @@ fn cost_size(
                 f64::INFINITY
             }
         } else {
-            match prepared.run_within_course(sim, bytes, p, limit) {
+            match prepared.run_within(sim, (bytes, p), limit, true) {
                 Ok(Some(e)) => {
                     loaded = true;
                     courses.record(pi, (si, bytes), &e);

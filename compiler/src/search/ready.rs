@@ -49,36 +49,20 @@ impl Ready {
     }
 
     /// [`Ready::run`], given up past `limit_us` (`Ok(None)`; [`Simulator::run_within`]; a
-    /// template run is cheap and always runs to its end, then compared with the limit).
+    /// template run is cheap and always runs to its end, then compared with the limit); with
+    /// the run's course when `course` holds
+    /// ([`Estimate::course`](crate::cost::Estimate::course)).
     pub(super) fn run_within(
         &self,
         sim: &Simulator,
-        bytes: u64,
-        protocol: Protocol,
+        (bytes, protocol): (u64, Protocol),
         limit_us: f64,
+        course: bool,
     ) -> Result<Option<Estimate>, CostError> {
         match self {
-            Ready::Full(p) => sim.run_within(p, bytes, protocol, limit_us),
+            Ready::Full(p) => sim.run_limited(p, (bytes, protocol), limit_us, course),
             Ready::Template(p) => sim
-                .run_symmetric(p, bytes, protocol)
-                .map(|e| (e.time_us <= limit_us).then_some(e)),
-        }
-    }
-
-    /// [`Ready::run_within`], the estimate with the run's course
-    /// ([`Estimate::course`](crate::cost::Estimate::course); a template run always runs to
-    /// its end).
-    pub(super) fn run_within_course(
-        &self,
-        sim: &Simulator,
-        bytes: u64,
-        protocol: Protocol,
-        limit_us: f64,
-    ) -> Result<Option<Estimate>, CostError> {
-        match self {
-            Ready::Full(p) => sim.run_within_course(p, bytes, protocol, limit_us),
-            Ready::Template(p) => sim
-                .run_symmetric_course(p, bytes, protocol)
+                .run_symmetric_noting(p, (bytes, protocol), course)
                 .map(|e| (e.time_us <= limit_us).then_some(e)),
         }
     }

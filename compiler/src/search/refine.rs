@@ -160,7 +160,7 @@ pub(super) fn refine(
                     }
                     let protocol = options.protocols[p];
                     let t = if stops {
-                        match prepared.run_within(sim, sizes[si], protocol, limit) {
+                        match prepared.run_within(sim, (sizes[si], protocol), limit, false) {
                             Ok(Some(e)) => e.time_us,
                             Ok(None) => {
                                 out.push((si, p, f64::INFINITY, true));

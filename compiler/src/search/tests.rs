@@ -328,7 +328,7 @@ fn runs_of_one_course_are_affine_between() {
                                 .iter()
                                 .map(|&b| {
                                     let e = ready
-                                        .run_within_course(&sim, b, protocol, f64::INFINITY)
+                                        .run_within(&sim, (b, protocol), f64::INFINITY, true)
                                         .expect("runs")
                                         .expect("within an infinite limit");
                                     (e.time_us, e.course.expect("a flow run's course"))
