@@ -107,6 +107,7 @@ fn spread(x: u64) -> u64 {
     let x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     x ^ (x >> 31)
 }
+
 /// The kinds of [`Timed`] events (their [`EventKind`]).
 const STEP_DONE: u64 = 0;
 const FLOW_DONE: u64 = 1;
