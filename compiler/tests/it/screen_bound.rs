@@ -1,10 +1,10 @@
 //! The route-free lower bound the screen drops candidates with (`Unrouted::bound_us`,
 //! `cost::reach`), and the routed ones a run given a limit is skipped with
 //! (`Simulator::routed_bound_us`, `Simulator::slots_bound_us`), never exceed the simulated
-//! time: every candidate of every
-//! built-in family on shipped and generated machines (one host, several hosts, PCIe-only,
-//! tori), for several collectives, sizes and protocols. A bound above the simulation would
-//! let the search drop a candidate, or a run, that could win.
+//! time: every candidate of every built-in family on shipped and generated machines (one
+//! host, several hosts, PCIe-only, tori), for several collectives, sizes and protocols. A
+//! bound above the simulation would let the search drop a candidate, or a run, that could
+//! win.
 
 use hccl_compiler::cost::{CostModel, Network, Simulator};
 use hccl_compiler::search::collective_of;
