@@ -11,7 +11,7 @@ use super::generate::{self, BASELINE_FAMILIES, Generation};
 use super::nccl::modelled_baselines;
 use super::options::{Options, Progress, SearchError, collective_of};
 use super::par::par_map;
-use super::refine::{REFINE_BUDGET, refine, uncut};
+use super::refine::{REFINE_BUDGET, carry_down, refine, uncut};
 use super::registry::families_for;
 use super::report::{CollectiveReport, Phase, PhaseClock, SearchReport, StopReason, stops};
 use super::row::{CompiledPlan, Row};
@@ -260,10 +260,11 @@ fn compile_collective(
         (REFINE_BUDGET * budget, &whole),
         &mut |si| bounds.at(search, si).total_us,
     );
+    let carried = carry_down(&search.sim, &mut costed, &search.sizes, options);
     clock.done(
         Phase::Refine,
         interpolated,
-        refined.simulated,
+        refined.simulated + carried,
         stops(&[
             (StopReason::RefineBudget, refined.left),
             (StopReason::NearBound, refined.near_bound),

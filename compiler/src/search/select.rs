@@ -87,7 +87,7 @@ pub(super) fn select_and_verify(
 /// (relative): the simulator's times carry rounding (a time had on the line between two
 /// runs, [`super::costing`], differs from its run's in the last bits), and of two equally
 /// fast schedules the earlier (the simpler, of one family) is kept.
-const TIE: f64 = 1e-12;
+pub(super) const TIE: f64 = 1e-12;
 
 /// Best `(candidate, protocol)` per size among selectable, not-rejected candidates: the
 /// first of those within [`TIE`] of the fastest.
@@ -97,22 +97,30 @@ fn pick_winners(
     nprotocols: usize,
 ) -> Vec<Option<(usize, usize)>> {
     (0..sizes.len())
-        .map(|si| {
-            let mut best: Option<(f64, usize, usize)> = None;
-            for (c, costed) in costed.iter().enumerate() {
-                if !costed.selectable || costed.verified == Some(false) {
-                    continue;
-                }
-                for p in 0..nprotocols {
-                    let Some(t) = costed.times[p].as_ref().map(|t| t[si]) else {
-                        continue;
-                    };
-                    if t.is_finite() && best.is_none_or(|(bt, _, _)| t < bt - bt.abs() * TIE) {
-                        best = Some((t, c, p));
-                    }
-                }
-            }
-            best.map(|(_, c, p)| (c, p))
-        })
+        .map(|si| winner_at(costed, si, nprotocols).map(|(_, c, p)| (c, p)))
         .collect()
+}
+
+/// The winner at size index `si` as [`pick_winners`] picks it: `(time µs, candidate,
+/// protocol)`.
+pub(super) fn winner_at(
+    costed: &[Costed],
+    si: usize,
+    nprotocols: usize,
+) -> Option<(f64, usize, usize)> {
+    let mut best: Option<(f64, usize, usize)> = None;
+    for (c, costed) in costed.iter().enumerate() {
+        if !costed.selectable || costed.verified == Some(false) {
+            continue;
+        }
+        for p in 0..nprotocols {
+            let Some(t) = costed.times[p].as_ref().map(|t| t[si]) else {
+                continue;
+            };
+            if t.is_finite() && best.is_none_or(|(bt, _, _)| t < bt - bt.abs() * TIE) {
+                best = Some((t, c, p));
+            }
+        }
+    }
+    best
 }

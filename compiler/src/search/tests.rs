@@ -210,36 +210,29 @@ fn repeated_schedules_are_dropped_but_the_first() {
     assert_eq!(list[3].0.schedule, other.schedule);
 }
 
-/// The refine phase's runs stop past their size's best time, and that changes nothing: on the
-/// 2-node H100 cluster's AllGather, refining with stops and refining every pair to its end
-/// give the same winner and time at every size, and the stopped runs, run to their end by
-/// `uncut`, give the times the full runs gave.
-#[test]
-fn refine_runs_stopped_past_the_best_change_no_winner() {
-    use super::context::{Costed, Search, offered_options};
+/// The cost phase's output for `collective` on `topo` under `options`, with the search it
+/// ran in and the per-candidate budget.
+fn costed_on<'a>(
+    topo: &'a hccl_topologies::Topology,
+    options: &'a Options,
+    collective: Collective,
+) -> (
+    super::context::Search<'a>,
+    Vec<super::context::Costed>,
+    usize,
+) {
+    use super::context::Search;
     use super::costing::{self, Tick};
-    use super::refine::{REFINE_BUDGET, refine, uncut};
     use super::registry::families_for;
     use super::{generate, screen};
-    use hccl_ir::CollectiveKind;
-    let topo = hccl_topologies::shipped_by_name("h100-cluster-2node").expect("shipped");
-    let base = Options {
-        model: crate::cost::CostModel::for_topology(&topo),
-        synth: crate::synth::SynthLevel::Auto,
-        ..Options::default()
-    };
-    let families = families_for(base.synth);
-    let owned = offered_options(&base, &families).expect("options");
-    let options = owned.as_ref().unwrap_or(&base);
-    let search = Search::new(&topo, options, families);
-    let collective = Collective::AllGather;
+    let search = Search::new(topo, options, families_for(options.synth));
     let generation = generate::generate(&search, collective).expect("generated");
     let simulated = ["ring", "tree", "pairwise"];
     let (probes, _) = screen::run(&search, &generation.candidates, &simulated);
     let budget = sim_budget(options.sim_budget, topo.nranks());
     let mut progress = |_| {};
     let tick = Tick {
-        kind: CollectiveKind::AllGather,
+        kind: collective.kind(),
         index: 0,
         progress: &mut progress,
     };
@@ -252,6 +245,36 @@ fn refine_runs_stopped_past_the_best_change_no_winner() {
         tick,
     )
     .expect("costed");
+    (search, costed, budget)
+}
+
+/// The default options with synthesis on for the shipped `machine`.
+fn synth_options(topo: &hccl_topologies::Topology) -> Options {
+    use super::context::offered_options;
+    use super::registry::families_for;
+    let base = Options {
+        model: crate::cost::CostModel::for_topology(topo),
+        synth: crate::synth::SynthLevel::Auto,
+        ..Options::default()
+    };
+    let families = families_for(base.synth);
+    offered_options(&base, &families)
+        .expect("options")
+        .unwrap_or(base)
+}
+
+/// The refine phase's runs stop past their size's best time, and that changes nothing: on the
+/// 2-node H100 cluster's AllGather, refining with stops and refining every pair to its end
+/// give the same winner and time at every size, and the stopped runs, run to their end by
+/// `uncut`, give the times the full runs gave.
+#[test]
+fn refine_runs_stopped_past_the_best_change_no_winner() {
+    use super::context::Costed;
+    use super::refine::{REFINE_BUDGET, refine, uncut};
+    let topo = hccl_topologies::shipped_by_name("h100-cluster-2node").expect("shipped");
+    let options = &synth_options(&topo);
+    let simulated = ["ring", "tree", "pairwise"];
+    let (search, costed, budget) = costed_on(&topo, options, Collective::AllGather);
     let np = options.protocols.len();
     let run = |whole: &dyn Fn(&Costed) -> bool| {
         let mut costed = costed.clone();
@@ -430,4 +453,53 @@ fn costing_between_runs_of_one_course_gives_the_runs_times() {
         }
     }
     assert!(checked >= 300, "only {checked} times checked");
+}
+
+/// Where the winner at a size is slower than the next size's winner, and that winner was
+/// never simulated at the smaller size (below its least size), `carry_down` simulates it
+/// there, down to `CARRY_SPAN` below its least size and no further: on DGX-1 the
+/// synthesized AllToAll costed from 2.1 MiB wins 1 and 2 MiB too, at the times a run gives,
+/// and the best time no longer falls from 1 MiB up.
+#[test]
+fn carry_down_fills_the_sizes_below_a_winners_least_size() {
+    use super::ready::Ready;
+    use super::refine::carry_down;
+    use super::select::winner_at;
+    let topo = hccl_topologies::shipped_by_name("dgx1-v100").expect("shipped");
+    let options = &synth_options(&topo);
+    let (search, mut costed, _) = costed_on(&topo, options, Collective::AllToAll);
+    let sizes = &search.sizes;
+    let np = options.protocols.len();
+    let at = |bytes: u64| sizes.iter().position(|&s| s == bytes).expect("a size");
+    let (mib, two, four) = (at(1 << 20), at(2 << 20), at(4 << 20));
+    let (t4, flow, _) = winner_at(&costed, four, np).expect("a winner");
+    let min_bytes = costed[flow].candidate.min_bytes;
+    assert_eq!(costed[flow].candidate.algorithm, "flow_alltoall");
+    assert!(
+        min_bytes > 2 << 20 && min_bytes <= 4 << 20 && min_bytes <= 4 * sizes[mib],
+        "the synthesized AllToAll's least size moved: {min_bytes} B"
+    );
+    let before = winner_at(&costed, two, np).expect("a winner");
+    assert_ne!(before.1, flow);
+    assert!(before.0 > t4, "no fall to carry down");
+
+    assert_eq!(carry_down(&search.sim, &mut costed, sizes, options), 2);
+    let ready = Ready::new(&search.sim, &costed[flow].candidate).expect("prepares");
+    for si in [mib, two] {
+        let (t, c, p) = winner_at(&costed, si, np).expect("a winner");
+        assert_eq!(c, flow, "{} B", sizes[si]);
+        let run = ready
+            .run(&search.sim, sizes[si], options.protocols[p])
+            .expect("runs");
+        assert_eq!(t, run.time_us);
+    }
+    for si in mib..four {
+        let (lo, hi) = (winner_at(&costed, si, np), winner_at(&costed, si + 1, np));
+        assert!(lo.expect("a winner").0 <= hi.expect("a winner").0);
+    }
+    // A quarter of its least size and below: not simulated.
+    let times = costed[flow].times.iter().flatten();
+    assert!(times.flat_map(|t| &t[..mib]).all(|t| t.is_infinite()));
+    // Nothing left to carry.
+    assert_eq!(carry_down(&search.sim, &mut costed, sizes, options), 0);
 }
