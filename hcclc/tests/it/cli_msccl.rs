@@ -97,9 +97,8 @@ fn quirks_get_the_documented_exit_codes() {
 
 /// Writes `text` to a temporary XML file and verifies it.
 fn verify_text(name: &str, text: &str) -> Output {
-    let dir = std::env::temp_dir().join(format!("hcclc-msccl-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
     std::fs::write(&path, text).unwrap();
     hcclc(&["verify", path.to_str().unwrap()])
 }
@@ -204,8 +203,8 @@ fn damaged_files_are_rejected_with_located_errors() {
 
 #[test]
 fn import_then_export_round_trips_through_files() {
-    let dir = std::env::temp_dir().join(format!("hcclc-rt-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
     let plan = dir.join("ag.plan.ron");
     let xml = dir.join("ag.xml");
     let src = corpus().join("allgather_ring_r16_ch2_i2_simple.xml");
@@ -246,8 +245,8 @@ fn import_then_export_round_trips_through_files() {
 fn imported_algorithms_join_the_search_and_are_explained_beside_ours() {
     let ring = corpus().join("allreduce_ring_r8_ch1_i1_ll128.xml");
     let pairs = corpus().join("allreduce_allpairs_r8_i1_ll.xml");
-    let dir = std::env::temp_dir().join(format!("hcclc-with-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
     let plan = dir.join("with.plan.ron");
 
     // Forced to the imported algorithm, the plan holds it (and it verifies).

@@ -9,9 +9,11 @@
 mod synth_common;
 
 /// The synthesis cache every `hcclc` these tests run reads and writes (`HCCL_CACHE_DIR`):
-/// one of this test process's own, never the user's.
+/// one of this test process's own, never the user's, in Cargo's scratch directory for
+/// integration tests (`target/tmp`, emptied by `cargo clean`) rather than the system's.
 pub fn test_cache_dir() -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("hcclc-test-cache-{}", std::process::id()))
+    std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("hcclc-test-cache-{}", std::process::id()))
 }
 
 mod cli_calibrate;

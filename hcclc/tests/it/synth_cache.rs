@@ -5,14 +5,13 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// A fresh cache directory and working directory for one test.
-fn dirs(name: &str) -> (PathBuf, PathBuf) {
-    let root =
-        std::env::temp_dir().join(format!("hcclc-synth-cache-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
-    let (cache, work) = (root.join("cache"), root.join("work"));
+/// A fresh cache directory and working directory for one test, under a scratch directory
+/// removed when the returned guard drops.
+fn dirs() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let root = tempfile::tempdir().unwrap();
+    let (cache, work) = (root.path().join("cache"), root.path().join("work"));
     std::fs::create_dir_all(&work).unwrap();
-    (cache, work)
+    (root, cache, work)
 }
 
 /// `hcclc compile` of DGX-1's AllGather and AllReduce from 256 KiB to 2 MiB (where the MILP
@@ -61,7 +60,7 @@ fn entries(cache: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn cached_plans_are_byte_identical() {
-    let (cache, work) = dirs("identical");
+    let (_root, cache, work) = dirs();
     ok(&compile(&cache, &work, "cold.plan.ron", &[]));
     let stored = entries(&cache);
     assert_eq!(
@@ -105,7 +104,7 @@ fn cached_plans_are_byte_identical() {
 /// Two compiles into one empty cache at once both solve, both write, and agree.
 #[test]
 fn concurrent_compiles_share_one_cache() {
-    let (cache, work) = dirs("concurrent");
+    let (_root, cache, work) = dirs();
     let runs: Vec<_> = ["a.plan.ron", "b.plan.ron"]
         .into_iter()
         .map(|out| {
