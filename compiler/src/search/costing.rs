@@ -284,6 +284,10 @@ pub(super) fn complete(
         }
         if at.is_none() {
             costed[c].limited = false;
+            // Costed anew: what `carry_down` ran below its least size is gone with the
+            // times, its stopped runs too (it runs them again where it still wants them).
+            let least = costed[c].candidate.min_bytes;
+            costed[c].cut.retain(|&(si, _)| sizes[si] >= least);
         }
     }
     todo.len()

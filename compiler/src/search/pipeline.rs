@@ -11,7 +11,7 @@ use super::generate::{self, BASELINE_FAMILIES, Generation};
 use super::nccl::modelled_baselines;
 use super::options::{Options, Progress, SearchError, collective_of};
 use super::par::par_map;
-use super::refine::{REFINE_BUDGET, carry_down, refine, uncut};
+use super::refine::{CARRY_BUDGET, REFINE_BUDGET, carry_down, refine, uncut};
 use super::registry::families_for;
 use super::report::{CollectiveReport, Phase, PhaseClock, SearchReport, StopReason, stops};
 use super::row::{CompiledPlan, Row};
@@ -260,7 +260,13 @@ fn compile_collective(
         (REFINE_BUDGET * budget, &whole),
         &mut |si| bounds.at(search, si).total_us,
     );
-    let carried = carry_down(&search.sim, &mut costed, &search.sizes, options);
+    let carried = carry_down(
+        &search.sim,
+        &mut costed,
+        &search.sizes,
+        options,
+        CARRY_BUDGET * budget,
+    );
     clock.done(
         Phase::Refine,
         interpolated,
@@ -281,6 +287,13 @@ fn compile_collective(
         for c in costed.iter_mut() {
             uncut(&search.sim, c, &search.sizes, options, (None, None));
         }
+        carry_down(
+            &search.sim,
+            &mut costed,
+            &search.sizes,
+            options,
+            CARRY_BUDGET * budget,
+        );
         let again = select_and_verify(search, kind, &mut costed)?;
         selection = Selection {
             verified: selection.verified + again.verified,

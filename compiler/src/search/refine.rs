@@ -34,6 +34,9 @@ const REFINE_FACTOR: f64 = 1.3;
 /// Steps [`refine`] may simulate per collective, in units of the per-candidate budget
 /// ([`sim_budget`](super::sim_budget): it shrinks beyond [`SCALE_RANKS`](super::SCALE_RANKS), and so does refining).
 pub(super) const REFINE_BUDGET: usize = 10;
+/// Steps [`carry_down`] may simulate per collective for candidates other than the winners
+/// it carries, in the same units as [`REFINE_BUDGET`].
+pub(super) const CARRY_BUDGET: usize = 1;
 /// Sizes whose best time is within this fraction of the lower bound are not refined.
 const REFINE_SLACK: f64 = 0.01;
 
@@ -206,67 +209,119 @@ pub(super) fn refine(
 /// are nothing a schedule should be chosen on.
 const CARRY_SPAN: u64 = 4;
 
-/// Makes the best time never fall with the size where a larger size's winner can say
-/// otherwise: from the largest size down, where the best time at a size is above the
-/// winner's time at the next larger size, and that winner's time here was never simulated
-/// (below its [`Candidate::min_bytes`](crate::families::Candidate::min_bytes), or
-/// interpolated), it is simulated here at every protocol. A schedule moves less data at the
-/// smaller size, so it usually comes in under both, and wins. A deep pipeline whose pieces
-/// would be small is not costed at the small sizes where it rarely wins
-/// (`min_bytes`), but the next size up is where it won: on the 4-node H100 cluster, Reduce
-/// at 512 KiB took a rail chain of 54.8 µs while the rail tree winning 1 MiB ran 512 KiB
-/// in less than the 42.2 µs it took at 1 MiB.
+/// Sizes just below the ones a candidate was simulated at, simulated where it may win there.
+/// From the largest size down, at each size it simulates (every protocol, runs stopped past
+/// the size's best as [`refine`]'s are, recorded in [`Costed::cut`]):
+/// - the next larger size's winner, where the best here is slower than that winner's time
+///   there and its time here was never simulated (interpolated, or below its least size):
+///   a schedule moves less data at the smaller size, so it usually comes in under both;
+/// - every candidate whose least size ([`Candidate::min_bytes`](crate::families::Candidate::min_bytes))
+///   is above this size by at most [`CARRY_SPAN`] and whose line through its two smallest
+///   simulated sizes, extended to this one, comes within [`REFINE_FACTOR`] of the best
+///   here, closest first, within `steps_left` simulated steps in all (deep pipelines of
+///   100k steps on the 4-node cluster cost a tenth of a second a run).
 ///
-/// Runs stop past their size's best as [`refine`]'s do (recorded in [`Costed::cut`]).
+/// The families' least sizes are where their pieces stop competing as a rule, and just
+/// below them the rule is often wrong: on the 4-node H100 cluster, Reduce at 512 KiB took a
+/// rail chain of 54.8 µs while the rail tree winning 1 MiB runs 512 KiB in 41.3 µs.
 /// Returns how many `(candidate, size)` pairs it simulated.
 pub(super) fn carry_down(
     sim: &Simulator,
     costed: &mut [Costed],
     sizes: &[u64],
     options: &Options,
+    mut steps_left: usize,
 ) -> usize {
     let np = options.protocols.len();
     let mut simulated = 0;
+    let mut ready: Vec<Option<Ready>> = (0..costed.len()).map(|_| None).collect();
     for si in (0..sizes.len().saturating_sub(1)).rev() {
-        let Some((above, c, _)) = winner_at(costed, si + 1, np) else {
-            continue;
+        let here = |costed: &[Costed]| winner_at(costed, si, np).map_or(f64::INFINITY, |w| w.0);
+        // Below its least size within the span, and not carried there yet.
+        let below = |c: &Costed| {
+            let least = c.candidate.min_bytes;
+            let ran = c.cut.iter().any(|&(sj, _)| sj == si)
+                || c.times.iter().flatten().any(|t| t[si].is_finite());
+            sizes[si] < least && sizes[si].saturating_mul(CARRY_SPAN) >= least && !ran
         };
-        let here = winner_at(costed, si, np).map_or(f64::INFINITY, |w| w.0);
-        let candidate = &costed[c].candidate;
-        let below = sizes[si] < candidate.min_bytes;
-        if below && sizes[si].saturating_mul(CARRY_SPAN) < candidate.min_bytes {
-            continue;
+        let mut wanted: Vec<(f64, usize)> = Vec::new();
+        if let Some((above, c, _)) = winner_at(costed, si + 1, np)
+            && here(costed) > above + above.abs() * TIE
+            && (below(&costed[c]) || !costed[c].exact[si])
+        {
+            wanted.push((f64::NEG_INFINITY, c));
         }
-        let unknown = below || !costed[c].exact[si];
-        if here <= above + above.abs() * TIE || !unknown {
-            continue;
-        }
-        let Ok(prepared) = Ready::new(sim, candidate) else {
-            continue;
-        };
-        simulated += 1;
-        let mut limit = here;
-        for p in 0..np {
-            if costed[c].times[p].is_none() {
-                continue;
-            }
-            let run = prepared.run_within(sim, (sizes[si], options.protocols[p]), limit, false);
-            let t = match run {
-                Ok(Some(e)) => e.time_us,
-                Ok(None) => {
-                    costed[c].cut.push((si, p));
-                    f64::INFINITY
+        let limit = here(costed) * REFINE_FACTOR;
+        for (c, costed) in costed.iter().enumerate() {
+            if costed.selectable && below(costed) && !wanted.iter().any(|w| w.1 == c) {
+                let guess = extended(costed, sizes, si);
+                if guess <= limit {
+                    wanted.push((guess, c));
                 }
-                Err(_) => f64::INFINITY,
-            };
-            limit = limit.min(t);
-            if let Some(times) = costed[c].times[p].as_mut() {
-                times[si] = t;
             }
         }
-        costed[c].exact[si] = true;
+        wanted.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        for (guess, c) in wanted {
+            let cost = costed[c].candidate.work_steps().max(1) as usize * np;
+            if guess.is_finite() {
+                // The next size's winner is always carried; the others within the budget.
+                if cost > steps_left {
+                    continue;
+                }
+                steps_left -= cost;
+            }
+            if ready[c].is_none() {
+                ready[c] = Ready::new(sim, &costed[c].candidate).ok();
+            }
+            let Some(prepared) = &ready[c] else {
+                continue;
+            };
+            simulated += 1;
+            let mut limit = here(costed);
+            for p in 0..np {
+                if costed[c].times[p].is_none() {
+                    continue;
+                }
+                let run = prepared.run_within(sim, (sizes[si], options.protocols[p]), limit, false);
+                let t = match run {
+                    Ok(Some(e)) => e.time_us,
+                    Ok(None) => {
+                        costed[c].cut.push((si, p));
+                        f64::INFINITY
+                    }
+                    Err(_) => f64::INFINITY,
+                };
+                limit = limit.min(t);
+                if let Some(times) = costed[c].times[p].as_mut() {
+                    times[si] = t;
+                }
+            }
+            costed[c].exact[si] = true;
+        }
     }
     simulated
+}
+
+/// A candidate's time at size index `si` on the line through its two smallest sizes above
+/// `si` with a finite time (at its best protocol at each), never below 0; infinite with
+/// fewer than two.
+fn extended(c: &Costed, sizes: &[u64], si: usize) -> f64 {
+    let best = |sj: usize| {
+        c.times
+            .iter()
+            .flatten()
+            .map(|t| t[sj])
+            .fold(f64::INFINITY, f64::min)
+    };
+    let mut known = (si + 1..sizes.len())
+        .filter(|&sj| c.exact[sj])
+        .map(|sj| (sizes[sj] as f64, best(sj)))
+        .filter(|&(_, t)| t.is_finite());
+    let (Some((x0, t0)), Some((x1, t1))) = (known.next(), known.next()) else {
+        return f64::INFINITY;
+    };
+    let slope = (t1 - t0) / (x1 - x0);
+    (t0 - slope * (x0 - sizes[si] as f64)).max(0.0)
 }
 
 /// Runs to their end the runs [`refine`] stopped past their size's best ([`Costed::cut`]) of
