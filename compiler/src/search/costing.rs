@@ -453,7 +453,8 @@ fn cost_size(
 ) -> bool {
     let bytes = sizes[si];
     let mut best = f64::INFINITY;
-    // Whether a run at this size came in within the limit (its resource loads then prune).
+    // Whether a run at this size came in within the limit, ours or the screen's (the
+    // resource loads then prune).
     let mut loaded = false;
     let mut limited = false;
     for &pi in order {
@@ -462,6 +463,8 @@ fn cost_size(
             continue;
         };
         let t = if let Some(k) = known.iter().find(|&&(ks, kp, _)| ks == si && kp == pi) {
+            // The screen's run of this size: its time prunes like one of ours.
+            loaded |= k.2.is_finite();
             k.2
         } else if prune
             && loaded
