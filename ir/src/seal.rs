@@ -52,9 +52,19 @@ pub fn rank_digest(program: &RankProgram) -> [u8; RANK_DIGEST_BYTES] {
     out
 }
 
-/// Streams `value`'s RON into `hasher`.
+/// Streams `value`'s RON into `hasher`, through a buffer: the serialiser writes token by
+/// token, and the hash is the same however its input is split.
 fn hash_ron<T: Serialize>(hasher: &mut blake3::Hasher, value: &T) {
-    if let Err(e) = ron::Options::default().to_io_writer(&mut *hasher, value) {
+    let mut buffered = std::io::BufWriter::with_capacity(1 << 16, &mut *hasher);
+    let written = ron::Options::default()
+        .to_io_writer(&mut buffered, value)
+        .map_err(|e| e.to_string())
+        .and_then(|()| {
+            use std::io::Write;
+            buffered.flush().map_err(|e| e.to_string())
+        });
+    drop(buffered);
+    if let Err(e) = written {
         // Schedules always serialise; an error still hashes to something no seal holds.
         hasher.update(format!("unserialisable: {e}").as_bytes());
     }
@@ -245,11 +255,7 @@ pub(crate) fn upgrade_seals<'a>(
 }
 
 fn digests(schedule: &Schedule) -> Vec<u8> {
-    schedule
-        .ranks
-        .iter()
-        .flat_map(|p| rank_digest(p).into_iter())
-        .collect()
+    crate::par::par_map(&schedule.ranks, rank_digest).concat()
 }
 
 /// Hex hash of an entry's schedule as the plan file writes it: of the symmetric form when
