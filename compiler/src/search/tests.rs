@@ -248,7 +248,7 @@ fn costed_on<'a>(
     (search, costed, budget)
 }
 
-/// The default options with synthesis on for the shipped `machine`.
+/// The default options for `topo`, with synthesis on.
 fn synth_options(topo: &hccl_topologies::Topology) -> Options {
     use super::context::offered_options;
     use super::registry::families_for;
