@@ -157,29 +157,9 @@ pub(super) fn refine(
             };
             let mut out = Vec::new();
             for &si in list {
-                let mut limit = if stops { limits[si] } else { f64::INFINITY };
-                for p in 0..np {
-                    if c.times[p].is_none() {
-                        continue;
-                    }
-                    let protocol = options.protocols[p];
-                    let t = if stops {
-                        match prepared.run_within(sim, (sizes[si], protocol), limit, false) {
-                            Ok(Some(e)) => e.time_us,
-                            Ok(None) => {
-                                out.push((si, p, f64::INFINITY, true));
-                                continue;
-                            }
-                            Err(_) => f64::INFINITY,
-                        }
-                    } else {
-                        prepared
-                            .run(sim, sizes[si], protocol)
-                            .map_or(f64::INFINITY, |e| e.time_us)
-                    };
-                    limit = limit.min(t);
-                    out.push((si, p, t, false));
-                }
+                let limit = stops.then_some(limits[si]);
+                let runs = run_protocols(sim, (&prepared, c), (sizes[si], options), limit);
+                out.extend(runs.into_iter().map(|(p, t, cut)| (si, p, t, cut)));
             }
             out
         });
@@ -277,29 +257,55 @@ pub(super) fn carry_down(
                 continue;
             };
             simulated += 1;
-            let mut limit = here(costed);
-            for p in 0..np {
-                if costed[c].times[p].is_none() {
-                    continue;
-                }
-                let run = prepared.run_within(sim, (sizes[si], options.protocols[p]), limit, false);
-                let t = match run {
-                    Ok(Some(e)) => e.time_us,
-                    Ok(None) => {
-                        costed[c].cut.push((si, p));
-                        f64::INFINITY
-                    }
-                    Err(_) => f64::INFINITY,
-                };
-                limit = limit.min(t);
+            let limit = Some(here(costed));
+            let runs = run_protocols(sim, (prepared, &costed[c]), (sizes[si], options), limit);
+            for (p, t, cut) in runs {
                 if let Some(times) = costed[c].times[p].as_mut() {
                     times[si] = t;
+                }
+                if cut {
+                    costed[c].cut.push((si, p));
                 }
             }
             costed[c].exact[si] = true;
         }
     }
     simulated
+}
+
+/// Runs candidate `c` (prepared as `prepared`) at `bytes` under every protocol it has times
+/// for, in the options' order: `(protocol index, µs, stopped)`. With a `limit`, each run is
+/// given up past the best time so far (the limit, then the earlier protocols' times) and
+/// its time is infinite, `stopped`; without one, every run goes to its end. A run that fails
+/// is infinite.
+fn run_protocols(
+    sim: &Simulator,
+    (prepared, c): (&Ready, &Costed),
+    (bytes, options): (u64, &Options),
+    mut limit: Option<f64>,
+) -> Vec<(usize, f64, bool)> {
+    let mut out = Vec::new();
+    for (p, &protocol) in options.protocols.iter().enumerate() {
+        if c.times[p].is_none() {
+            continue;
+        }
+        let t = match limit {
+            Some(l) => match prepared.run_within(sim, (bytes, protocol), l, false) {
+                Ok(Some(e)) => e.time_us,
+                Ok(None) => {
+                    out.push((p, f64::INFINITY, true));
+                    continue;
+                }
+                Err(_) => f64::INFINITY,
+            },
+            None => prepared
+                .run(sim, bytes, protocol)
+                .map_or(f64::INFINITY, |e| e.time_us),
+        };
+        limit = limit.map(|l| l.min(t));
+        out.push((p, t, false));
+    }
+    out
 }
 
 /// A candidate's time at size index `si` on the line through its two smallest sizes above
