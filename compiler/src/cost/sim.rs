@@ -249,29 +249,8 @@ impl Simulator {
         if limit.is_nan() {
             return self.run(prepared, bytes, protocol).map(Some);
         }
-        // The busiest link alone already past the limit: no need to run (a schedule that
-        // would deadlock then reads as past the limit too).
-        if limit_us.is_finite()
-            && self
-                .lower_bound_us(&self.resource_loads(prepared, bytes), bytes, protocol)
-                .is_some_and(|lb| lb > limit_us)
-        {
+        if self.bound_past(prepared, (bytes, protocol), limit_us, None) {
             return Ok(None);
-        }
-        // Nor when a connection's messages alone are: at most `CONNECTION_SLOTS` of them are
-        // in flight, so every that many-th takes its transfer and latency in turn.
-        if limit_us.is_finite() && self.slots_bound_us(prepared, bytes, protocol) > limit_us {
-            return Ok(None);
-        }
-        // Nor when its critical path over its routes is: every message at its route's
-        // bottleneck and latency, without contention. The margin keeps a run whose time
-        // rounding might put a few ulps either side of a limit it ties; a schedule that
-        // would deadlock (an infinite bound) runs, to say so.
-        if limit_us.is_finite() {
-            let bound = self.routed_bound_us(prepared, bytes, protocol);
-            if bound.is_finite() && bound > limit_us * (1.0 + 1e-9) {
-                return Ok(None);
-            }
         }
         match run_flows(
             self.parts(),
@@ -284,6 +263,43 @@ impl Simulator {
             Err(CostError::PastLimit { .. }) => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// Whether a lower bound on a run of `prepared` at `bytes` under `protocol` is already
+    /// past `limit_us`, so that [`Simulator::run_limited`] would give it up without running:
+    ///
+    /// - the busiest link at its capacity ([`Simulator::lower_bound_us`]; a schedule that
+    ///   would deadlock reads as past too); `loads` are the resource loads of the run when
+    ///   the caller has them ([`Simulator::resource_loads`]), else they are counted here;
+    /// - a connection's messages alone ([`Simulator::slots_bound_us`]);
+    /// - the critical path over the routes ([`Simulator::routed_bound_us`]), with a margin
+    ///   that keeps a run whose time rounding might put a few ulps either side of a limit it
+    ///   ties; a schedule that would deadlock (an infinite path) is not past by this one, so
+    ///   that its run says so.
+    ///
+    /// Never past an infinite or NaN limit, nor on a CPU host model (its own runner).
+    pub fn bound_past(
+        &self,
+        prepared: &Prepared,
+        (bytes, protocol): (u64, Protocol),
+        limit_us: f64,
+        loads: Option<&[f64]>,
+    ) -> bool {
+        if self.model.cpu.is_some() || !limit_us.is_finite() {
+            return false;
+        }
+        let busiest = match loads {
+            Some(l) => self.lower_bound_us(l, bytes, protocol),
+            None => self.lower_bound_us(&self.resource_loads(prepared, bytes), bytes, protocol),
+        };
+        if busiest.is_some_and(|lb| lb > limit_us) {
+            return true;
+        }
+        if self.slots_bound_us(prepared, bytes, protocol) > limit_us {
+            return true;
+        }
+        let path = self.routed_bound_us(prepared, bytes, protocol);
+        path.is_finite() && path > limit_us * (1.0 + 1e-9)
     }
 
     /// A lower bound on [`Simulator::run`]'s time (µs) for `bytes` under `protocol`, from

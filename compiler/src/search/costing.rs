@@ -34,7 +34,9 @@ pub(super) struct Tick<'p> {
 /// [`SECOND_WAVE_BATCH`], those whose probes came closest to their size's limit first, and
 /// lowers the limits to the simulated times of each batch before the next: the rail and
 /// tree schedules of a cluster beat the baseline's ring by 2.5× at large sizes, and the
-/// candidates after them stop that much earlier. What the
+/// candidates after them stop that much earlier. The candidates too large to simulate at
+/// every size run last, sampled only among the sizes where no lower bound puts them past
+/// the limits (see [`cost_sampled`]). What the
 /// winners' cost fits read of their neighbouring sizes is filled in afterwards
 /// ([`complete`]), and a collective whose winner fails verification is costed again
 /// without limits; so the plan is the one costing every candidate in full gives.
@@ -190,8 +192,9 @@ fn class_budget(budget: usize, options: &Options, template: bool) -> usize {
 /// The second wave of [`run`] in the order it is costed: the candidates simulated at every
 /// size, the most promising first (the least ratio of a screen probe's time to its size's
 /// limit), so that the others run under limits that are tight early; and apart, those too
-/// large to simulate at every size, interpolated between samples and never stopped by a
-/// limit (see [`cost_sampled`]), which wait for no batch and run last.
+/// large to simulate at every size, interpolated between samples whose runs are never
+/// stopped by a limit (the limits only choose the sizes they are sampled among, see
+/// [`cost_sampled`]), which wait for no batch and run last.
 fn second_wave_order(
     search: &Search<'_>,
     (candidates, probes): (&[(Candidate, bool)], &[Probe]),
@@ -247,7 +250,7 @@ pub(super) fn complete(
                 Some(&probes[c]),
                 (true, None),
             );
-            return Some(out.times);
+            return Some((out.times, Some(out.exact)));
         };
         let owned;
         let ready = match &probes[c].ready {
@@ -276,11 +279,15 @@ pub(super) fn complete(
                 }
             }
         }
-        Some(times)
+        Some((times, None))
     });
-    for (&c, times) in todo.iter().zip(found) {
-        if let Some(times) = times {
+    for (&c, found) in todo.iter().zip(found) {
+        if let Some((times, exact)) = found {
             costed[c].times = times;
+            if let Some(exact) = exact {
+                // Sizes out of its reach are costed now (or interpolated).
+                costed[c].exact = exact;
+            }
         }
         if at.is_none() {
             costed[c].limited = false;
@@ -319,9 +326,10 @@ pub(super) struct Sampled {
     /// failed to simulate).
     pub(super) times: Vec<Option<Vec<f64>>>,
     /// Per size, whether its times were simulated (or are known, or cannot be had: below the
-    /// candidate's least size) rather than interpolated.
+    /// candidate's least size, or out of its reach) rather than interpolated.
     pub(super) exact: Vec<bool>,
-    /// Whether some time was left infinite for being past its size's limit.
+    /// Whether some time was left infinite for being past its size's limit, or out of reach
+    /// of it.
     pub(super) limited: bool,
 }
 
@@ -344,7 +352,9 @@ impl Sampled {
 /// protocol that cannot be the candidate's best at a size is not simulated there
 /// ([`cost_size`]; never for the baseline families, whose per-protocol times NCCL's choice
 /// reads). With `limits` (a time per size) and every size simulated, a run past its size's
-/// limit stops there and its time is infinite.
+/// limit stops there and its time is infinite. With `limits` and too many steps to simulate
+/// every size, the samples are taken among the sizes within its reach ([`in_reach`]) and
+/// run to their end; the others are infinite (and `limited`).
 ///
 /// The sampled sizes are costed ends first, then midpoints ([`bisection_order`]); a size
 /// between two full runs of a protocol that took the same course takes its time from them
@@ -378,13 +388,23 @@ pub(super) fn cost_sampled(
         },
     };
     let budget = class_budget(budget, options, matches!(prepared, Ready::Template(_)));
-    let samples: Vec<usize> = sample_indices(sizes.len() - first, prepared.step_count(), budget)
+    let every = sample_indices(sizes.len() - first, prepared.step_count(), budget).len()
+        == sizes.len() - first;
+    // The sizes it is costed at: from its least size, those where it might win (every one
+    // when it is simulated at every size, each run then stopped past its limit).
+    let reach: Vec<usize> = match (limits, prepared) {
+        (Some(limits), Ready::Full(p)) if !every => {
+            in_reach(sim, p, (first, sizes), &options.protocols, limits)
+        }
+        _ => (first..sizes.len()).collect(),
+    };
+    let samples: Vec<usize> = sample_indices(reach.len(), prepared.step_count(), budget)
         .into_iter()
-        .map(|i| i + first)
+        .map(|i| reach[i])
         .collect();
     // Limits only where every size is simulated: an interpolated candidate's samples stay
     // what they are (refine reads them).
-    let limits = limits.filter(|_| samples.len() == sizes.len() - first);
+    let limits = limits.filter(|_| every);
     let order = protocol_order(sim, options);
     // Times at the sampled sizes, per protocol; `None` once a protocol fails to simulate.
     let mut at: Vec<Option<SizeTimes>> = vec![Some(Vec::new()); np];
@@ -411,15 +431,60 @@ pub(super) fn cost_sampled(
     for &i in &samples {
         exact[i] = true;
     }
+    // Out of reach: it cannot win there, and the time is not had (see `complete`).
+    let mut out_of_reach = vec![false; sizes.len()];
+    if reach.len() < sizes.len() - first {
+        out_of_reach[first..].fill(true);
+        for &si in &reach {
+            out_of_reach[si] = false;
+        }
+        limited = true;
+    }
     let times = at
         .into_iter()
-        .map(|list| list.map(|list| interpolate(sizes, &list)))
+        .map(|list| {
+            list.map(|list| {
+                let mut times = interpolate(sizes, &list);
+                for (t, _) in times.iter_mut().zip(&out_of_reach).filter(|(_, o)| **o) {
+                    *t = f64::INFINITY;
+                }
+                times
+            })
+        })
         .collect();
+    for (e, _) in exact.iter_mut().zip(&out_of_reach).filter(|(_, o)| **o) {
+        *e = true;
+    }
     Sampled {
         times,
         exact,
         limited,
     }
+}
+
+/// The size indices from `first` at which a run of `prepared` under some protocol might come
+/// in within its size's limit: those where no lower bound puts every protocol past it
+/// ([`Simulator::bound_past`]). At the others it cannot win (the limits are times other
+/// candidates reach), so a candidate interpolated between samples is sampled among these
+/// only: on the 4-node H100 cluster, half the packed trees' schedules (100k steps a run)
+/// are out of reach at every size of Broadcast and Reduce.
+fn in_reach(
+    sim: &Simulator,
+    prepared: &crate::cost::Prepared,
+    (first, sizes): (usize, &[u64]),
+    protocols: &[hccl_ir::Protocol],
+    limits: &[f64],
+) -> Vec<usize> {
+    (first..sizes.len())
+        .filter(|&si| {
+            let bytes = sizes[si];
+            // The same at every protocol: counted once.
+            let loads = sim.resource_loads(prepared, bytes);
+            protocols
+                .iter()
+                .any(|&p| !sim.bound_past(prepared, (bytes, p), limits[si], Some(&loads)))
+        })
+        .collect()
 }
 
 /// Protocols by falling efficiency.

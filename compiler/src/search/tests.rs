@@ -211,11 +211,13 @@ fn repeated_schedules_are_dropped_but_the_first() {
 }
 
 /// The cost phase's output for `collective` on `topo` under `options`, with the search it
-/// ran in and the per-candidate budget.
+/// ran in and the per-candidate budget; with `unlimited`, every candidate the cost phase's
+/// limits stopped or left out of reach costed again without them (as when a winner fails
+/// verification, [`costing::complete`](super::costing::complete)).
 fn costed_on<'a>(
     topo: &'a hccl_topologies::Topology,
     options: &'a Options,
-    collective: Collective,
+    (collective, unlimited): (Collective, bool),
 ) -> (
     super::context::Search<'a>,
     Vec<super::context::Costed>,
@@ -236,7 +238,7 @@ fn costed_on<'a>(
         index: 0,
         progress: &mut progress,
     };
-    let (costed, _) = costing::run(
+    let (mut costed, _) = costing::run(
         &search,
         generation.candidates,
         &probes,
@@ -245,6 +247,10 @@ fn costed_on<'a>(
         tick,
     )
     .expect("costed");
+    if unlimited {
+        let all: Vec<usize> = (0..costed.len()).collect();
+        costing::complete(&search, (&mut costed, &probes), &all, None, budget);
+    }
     (search, costed, budget)
 }
 
@@ -264,9 +270,10 @@ fn synth_options(topo: &hccl_topologies::Topology) -> Options {
 }
 
 /// The refine phase's runs stop past their size's best time, and that changes nothing: on the
-/// 2-node H100 cluster's AllGather, refining with stops and refining every pair to its end
-/// give the same winner and time at every size, and the stopped runs, run to their end by
-/// `uncut`, give the times the full runs gave.
+/// 2-node H100 cluster's AllGather costed without the cost phase's limits (with them, no
+/// interpolated candidate is left for refine near the best), refining with stops and
+/// refining every pair to its end give the same winner and time at every size, and the
+/// stopped runs, run to their end by `uncut`, give the times the full runs gave.
 #[test]
 fn refine_runs_stopped_past_the_best_change_no_winner() {
     use super::context::Costed;
@@ -274,7 +281,7 @@ fn refine_runs_stopped_past_the_best_change_no_winner() {
     let topo = hccl_topologies::shipped_by_name("h100-cluster-2node").expect("shipped");
     let options = &synth_options(&topo);
     let simulated = ["ring", "tree", "pairwise"];
-    let (search, costed, budget) = costed_on(&topo, options, Collective::AllGather);
+    let (search, costed, budget) = costed_on(&topo, options, (Collective::AllGather, true));
     let np = options.protocols.len();
     let run = |whole: &dyn Fn(&Costed) -> bool| {
         let mut costed = costed.clone();
@@ -466,7 +473,7 @@ fn carry_down_simulates_just_below_the_least_sizes() {
     use super::select::winner_at;
     let topo = hccl_topologies::shipped_by_name("dgx1-v100").expect("shipped");
     let options = &synth_options(&topo);
-    let (search, mut costed, budget) = costed_on(&topo, options, Collective::AllToAll);
+    let (search, mut costed, budget) = costed_on(&topo, options, (Collective::AllToAll, false));
     let sizes = &search.sizes;
     let np = options.protocols.len();
     let half = sizes.iter().position(|&s| s == 512 << 10).expect("a size");
@@ -507,4 +514,80 @@ fn carry_down_simulates_just_below_the_least_sizes() {
         carry_down(&search.sim, &mut costed, sizes, options, budget),
         0
     );
+}
+
+/// The cost phase samples an interpolated candidate only at the sizes a lower bound leaves
+/// within its limit (`in_reach`), and that changes no winner: on the 2-node H100 cluster's
+/// AllGather, the winners after refine and `carry_down` are those of costing every
+/// candidate at every size without limits, at the same times; and interpolated candidates
+/// were left out of reach at some size (else the check would prove nothing).
+#[test]
+fn sizes_out_of_reach_change_no_winner() {
+    use super::costing::sample_indices;
+    use super::refine::{CARRY_BUDGET, REFINE_BUDGET, carry_down, refine};
+    use super::select::winner_at;
+    let topo = hccl_topologies::shipped_by_name("h100-cluster-2node").expect("shipped");
+    let options = &synth_options(&topo);
+    let np = options.protocols.len();
+    let collective = Collective::AllGather;
+    let winners = |unlimited: bool| {
+        let (search, mut costed, budget) = costed_on(&topo, options, (collective, unlimited));
+        // Interpolated candidates (whole schedules sampled at fewer sizes than they have)
+        // infinite at a size from their least one on.
+        let left_out = costed
+            .iter()
+            .filter(|c| {
+                let least = c.candidate.min_bytes;
+                let from = search.sizes.partition_point(|&s| s < least);
+                let n = search.sizes.len() - from;
+                let steps = c.candidate.work_steps() as usize;
+                c.candidate.template.is_none()
+                    && sample_indices(n, steps, budget).len() < n
+                    && (from..search.sizes.len())
+                        .any(|si| c.times.iter().flatten().all(|t| t[si].is_infinite()))
+            })
+            .count();
+        let whole = |_: &super::context::Costed| false;
+        refine(
+            &search.sim,
+            &mut costed,
+            &search.sizes,
+            options,
+            (REFINE_BUDGET * budget, &whole),
+            &mut |_| 0.0,
+        );
+        carry_down(
+            &search.sim,
+            &mut costed,
+            &search.sizes,
+            options,
+            CARRY_BUDGET * budget,
+        );
+        let winners: Vec<_> = (0..search.sizes.len())
+            .map(|si| {
+                winner_at(&costed, si, np).map(|(t, c, p)| {
+                    let c = &costed[c].candidate;
+                    (t, c.algorithm.clone(), c.params, p)
+                })
+            })
+            .collect();
+        (left_out, winners)
+    };
+    let (left_out, limited) = winners(false);
+    let (unlimited_left_out, full) = winners(true);
+    assert!(
+        left_out > 0,
+        "no interpolated candidate was left out of reach"
+    );
+    assert_eq!(unlimited_left_out, 0);
+    for (si, (a, b)) in limited.iter().zip(&full).enumerate() {
+        let (Some(a), Some(b)) = (a, b) else {
+            assert_eq!(a.is_some(), b.is_some(), "size {si}");
+            continue;
+        };
+        assert!(
+            (a.0 - b.0).abs() <= 1e-9 * b.0 && a.1 == b.1 && a.2 == b.2 && a.3 == b.3,
+            "size {si}: {a:?} with limits, {b:?} without"
+        );
+    }
 }
