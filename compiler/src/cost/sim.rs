@@ -285,6 +285,18 @@ impl Simulator {
         limit_us: f64,
         loads: Option<&[f64]>,
     ) -> bool {
+        self.cheap_bound_past(prepared, (bytes, protocol), limit_us, loads)
+            || self.path_bound_past(prepared, (bytes, protocol), limit_us)
+    }
+
+    /// The first two of [`Simulator::bound_past`]'s bounds (a pass over the messages each).
+    pub fn cheap_bound_past(
+        &self,
+        prepared: &Prepared,
+        (bytes, protocol): (u64, Protocol),
+        limit_us: f64,
+        loads: Option<&[f64]>,
+    ) -> bool {
         if self.model.cpu.is_some() || !limit_us.is_finite() {
             return false;
         }
@@ -292,11 +304,20 @@ impl Simulator {
             Some(l) => self.lower_bound_us(l, bytes, protocol),
             None => self.lower_bound_us(&self.resource_loads(prepared, bytes), bytes, protocol),
         };
-        if busiest.is_some_and(|lb| lb > limit_us) {
-            return true;
-        }
-        if self.slots_bound_us(prepared, bytes, protocol) > limit_us {
-            return true;
+        busiest.is_some_and(|lb| lb > limit_us)
+            || self.slots_bound_us(prepared, bytes, protocol) > limit_us
+    }
+
+    /// The last of [`Simulator::bound_past`]'s bounds, the critical path (a walk of every
+    /// step).
+    pub fn path_bound_past(
+        &self,
+        prepared: &Prepared,
+        (bytes, protocol): (u64, Protocol),
+        limit_us: f64,
+    ) -> bool {
+        if self.model.cpu.is_some() || !limit_us.is_finite() {
+            return false;
         }
         let path = self.routed_bound_us(prepared, bytes, protocol);
         path.is_finite() && path > limit_us * (1.0 + 1e-9)

@@ -393,9 +393,13 @@ pub(super) fn cost_sampled(
     // The sizes it is costed at: from its least size, those where it might win (every one
     // when it is simulated at every size, each run then stopped past its limit).
     let reach: Vec<usize> = match (limits, prepared) {
-        (Some(limits), Ready::Full(p)) if !every => {
-            in_reach(sim, p, (first, sizes), &options.protocols, limits)
-        }
+        (Some(limits), Ready::Full(p)) if !every => in_reach(
+            sim,
+            p,
+            (first, sizes),
+            (&options.protocols, &protocol_order(sim, options)),
+            limits,
+        ),
         _ => (first..sizes.len()).collect(),
     };
     let samples: Vec<usize> = sample_indices(reach.len(), prepared.step_count(), budget)
@@ -467,22 +471,31 @@ pub(super) fn cost_sampled(
 /// ([`Simulator::bound_past`]). At the others it cannot win (the limits are times other
 /// candidates reach), so a candidate interpolated between samples is sampled among these
 /// only: on the 4-node H100 cluster, half the packed trees' schedules (100k steps a run)
-/// are out of reach at every size of Broadcast and Reduce.
+/// are out of reach at every size of Broadcast and Reduce. The busiest link's and the
+/// connections' bounds, cheap, are asked of every protocol first; the critical path, a walk
+/// of every step, only of the protocols they leave, the most efficient first.
 fn in_reach(
     sim: &Simulator,
     prepared: &crate::cost::Prepared,
     (first, sizes): (usize, &[u64]),
-    protocols: &[hccl_ir::Protocol],
+    (protocols, order): (&[hccl_ir::Protocol], &[usize]),
     limits: &[f64],
 ) -> Vec<usize> {
     (first..sizes.len())
         .filter(|&si| {
-            let bytes = sizes[si];
+            let (bytes, limit) = (sizes[si], limits[si]);
+            if !limit.is_finite() {
+                return true;
+            }
             // The same at every protocol: counted once.
             let loads = sim.resource_loads(prepared, bytes);
-            protocols
+            let left: Vec<hccl_ir::Protocol> = order
                 .iter()
-                .any(|&p| !sim.bound_past(prepared, (bytes, p), limits[si], Some(&loads)))
+                .map(|&pi| protocols[pi])
+                .filter(|&p| !sim.cheap_bound_past(prepared, (bytes, p), limit, Some(&loads)))
+                .collect();
+            left.into_iter()
+                .any(|p| !sim.path_bound_past(prepared, (bytes, p), limit))
         })
         .collect()
 }
