@@ -144,6 +144,10 @@ pub struct Prepared {
     pub(super) conn_route: Vec<Arc<Route>>,
     /// The routes as the flow simulator shares bandwidth over them, built on its first run.
     pub(super) flow_routes: std::sync::OnceLock<Arc<FlowRoutes>>,
+    /// The steps in the order the critical-path bounds walk them, each after its
+    /// predecessors and its message's sender (`None`: some step never becomes ready), found
+    /// on the first walk ([`super::reach`]).
+    pub(super) walk_order: std::sync::OnceLock<Option<Arc<[u32]>>>,
     pub(super) chunks: u32,
     /// The collective, the largest message (in chunks) and the most scratch chunks of any
     /// rank: how the executor segments a call.

@@ -36,6 +36,7 @@ use super::model::LinkClass;
 use super::network::Network;
 use super::prepared::{Kind, NONE, Prepared};
 use hccl_ir::Protocol;
+use std::sync::Arc;
 
 /// What the bound needs to know of each rank, computed once per network.
 #[derive(Debug, Clone)]
@@ -289,12 +290,67 @@ fn scale(model: &CostModel, p: &Prepared, bytes: u64, protocol: Protocol) -> Opt
 /// The latest end of any step when every send takes `streaming(message)` from its start,
 /// its message arrives `latency(message)` after that, and a receive ends no earlier than its
 /// message's arrival (a relaying one streams its outgoing message from there); `None` when
-/// some step never becomes ready (the simulator's deadlock).
+/// some step never becomes ready (the simulator's deadlock). The steps are taken in
+/// [`walk_order`] (found once per schedule): each one's start is the latest of its
+/// predecessors' ends, which no order changes.
 fn latest_step(
     p: &Prepared,
     latency: impl Fn(usize) -> f64,
     streaming: impl Fn(usize) -> f64,
 ) -> Option<f64> {
+    let order = p.walk_order.get_or_init(|| walk_order(p)).clone()?;
+    let n = p.steps.len();
+    SCRATCH.with_borrow_mut(|scratch| {
+        // Per step: the latest end of a predecessor, and its message's arrival.
+        scratch.clear();
+        scratch.resize(n, (0.0, 0.0));
+        let mut last = 0.0f64;
+        for &s in order.iter() {
+            let si = s as usize;
+            let (start, arrival) = scratch[si];
+            // The end of the step and the message it puts on the wire, if any (a walk that
+            // finds every step ready has no send or receive without its message).
+            let (end, sent) = match p.steps[si].kind {
+                Kind::Nop | Kind::Local { .. } => (start, NONE),
+                Kind::Send { msg } => (start + streaming(msg as usize), msg),
+                Kind::Recv { out, .. } => {
+                    let consumed = start.max(arrival);
+                    if out == NONE {
+                        (consumed, NONE)
+                    } else {
+                        (consumed + streaming(out as usize), out)
+                    }
+                }
+            };
+            last = last.max(end);
+            if sent != NONE {
+                let r = p.msg_recv[sent as usize];
+                if r != NONE {
+                    let a = &mut scratch[r as usize].1;
+                    *a = a.max(end + latency(sent as usize));
+                }
+            }
+            for &t in &p.succ[p.succ_start[si] as usize..p.succ_start[si + 1] as usize] {
+                let ready = &mut scratch[t as usize].0;
+                *ready = ready.max(end);
+            }
+        }
+        if scratch.capacity() > super::buffers::KEEP_ELEMENTS {
+            *scratch = Vec::new();
+        }
+        Some(last)
+    })
+}
+
+thread_local! {
+    /// [`latest_step`]'s per-step times, kept for this thread's next walk.
+    static SCRATCH: std::cell::RefCell<Vec<(f64, f64)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The order [`latest_step`] takes the steps in: each after its predecessors and after the
+/// sender of its message; `None` when some step never becomes ready (a send or receive
+/// without its message, or a cycle), as the simulator would find it deadlocked.
+fn walk_order(p: &Prepared) -> Option<Arc<[u32]>> {
     let n = p.steps.len();
     let mut pending = p.pending.clone();
     for (m, &r) in p.msg_recv.iter().enumerate() {
@@ -302,39 +358,24 @@ fn latest_step(
             pending[r as usize] += 1;
         }
     }
-    let mut ready = vec![0.0f64; n];
-    let mut arrival = vec![0.0f64; n];
     let mut work: Vec<u32> = (0..n as u32)
         .filter(|&s| pending[s as usize] == 0)
         .collect();
-    let mut done = 0usize;
-    let mut last = 0.0f64;
+    let mut order = Vec::with_capacity(n);
     while let Some(s) = work.pop() {
         let si = s as usize;
-        let start = ready[si];
-        // The end of the step and the message it puts on the wire, if any.
-        let (end, sent) = match p.steps[si].kind {
-            Kind::Nop | Kind::Local { .. } => (start, NONE),
-            // Never completes in the simulator (no receiver paired it): deadlock.
+        let sent = match p.steps[si].kind {
+            Kind::Nop | Kind::Local { .. } => NONE,
             Kind::Send { msg } if msg == NONE => continue,
-            Kind::Send { msg } => (start + streaming(msg as usize), msg),
+            Kind::Send { msg } => msg,
             Kind::Recv { msg, .. } if msg == NONE => continue,
-            Kind::Recv { out, .. } => {
-                let consumed = start.max(arrival[si]);
-                if out == NONE {
-                    (consumed, NONE)
-                } else {
-                    (consumed + streaming(out as usize), out)
-                }
-            }
+            Kind::Recv { out, .. } => out,
         };
-        done += 1;
-        last = last.max(end);
+        order.push(s);
         if sent != NONE {
             let r = p.msg_recv[sent as usize];
             if r != NONE {
                 let ri = r as usize;
-                arrival[ri] = arrival[ri].max(end + latency(sent as usize));
                 pending[ri] -= 1;
                 if pending[ri] == 0 {
                     work.push(r);
@@ -343,12 +384,11 @@ fn latest_step(
         }
         for &t in &p.succ[p.succ_start[si] as usize..p.succ_start[si + 1] as usize] {
             let ti = t as usize;
-            ready[ti] = ready[ti].max(end);
             pending[ti] -= 1;
             if pending[ti] == 0 {
                 work.push(t);
             }
         }
     }
-    (done == n).then_some(last)
+    (order.len() == n).then(|| order.into())
 }

@@ -182,6 +182,7 @@ impl Simulator {
                 conn_len,
                 conn_route: Vec::new(),
                 flow_routes: Default::default(),
+                walk_order: Default::default(),
                 chunks: schedule.chunks,
                 collective: schedule.collective,
                 max_count,

@@ -244,6 +244,7 @@ impl Simulator {
             conn_len,
             conn_route,
             flow_routes: Default::default(),
+            walk_order: Default::default(),
             chunks: s.chunks,
             collective: s.collective,
             max_scratch: prog.scratch_chunks,

@@ -298,6 +298,24 @@ fn errors_are_reported_not_panicked() {
         simulate(&t, &cyc, MIB, Protocol::Simple, &bare()),
         Err(CostError::Deadlock { .. })
     ));
+    // The critical-path bound of a schedule that deadlocks is infinite, its second walk (of
+    // the order the first one found) as much as its first, and it does not put a run past a
+    // limit: the run is made, and says it deadlocks.
+    let sim = Simulator::new(Network::new(&t), bare());
+    for deadlocked in [&s, &cyc] {
+        let prepared = sim.prepare(deadlocked).expect("prepares");
+        for _ in 0..2 {
+            assert_eq!(
+                sim.routed_bound_us(&prepared, MIB, Protocol::Simple),
+                f64::INFINITY
+            );
+        }
+        assert!(!sim.path_bound_past(&prepared, (MIB, Protocol::Simple), 1.0));
+        assert!(matches!(
+            sim.run_within(&prepared, MIB, Protocol::Simple, 1.0),
+            Err(CostError::Deadlock { .. })
+        ));
+    }
 }
 
 #[test]
