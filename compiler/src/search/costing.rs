@@ -154,14 +154,15 @@ pub(super) fn run(
         .map(|(c, _)| c)
         .collect();
     let interpolated = kept.iter().filter(|c| c.exact.contains(&false)).count();
-    let not_costable = kept
-        .iter()
-        .filter(|c| !c.times.iter().flatten().flatten().any(|t| t.is_finite()))
-        .count();
+    // No time anywhere: for want of one, or (limited) past the limits at every size.
+    let timeless = |c: &Costed| !c.times.iter().flatten().flatten().any(|t| t.is_finite());
+    let not_costable = kept.iter().filter(|c| timeless(c) && !c.limited).count();
+    let hopeless = kept.iter().filter(|c| timeless(c) && c.limited).count();
     let stops = vec![
         (StopReason::SimBudget, interpolated),
         (StopReason::NotCostable, not_costable),
         (StopReason::PastBaseline, limited),
+        (StopReason::PastEverywhere, hopeless),
     ];
     Some((costed, stops))
 }

@@ -246,7 +246,13 @@ fn compile_collective(
     let (mut costed, cost_stops) =
         costing::run(search, candidates, &probes, &simulated, budget, tick)
             .ok_or(SearchError::Cancelled)?;
-    let costable = kept - cost_stops[1].1;
+    // Candidates with a time somewhere go on.
+    let timeless: usize = cost_stops
+        .iter()
+        .filter(|(r, _)| matches!(r, StopReason::NotCostable | StopReason::PastEverywhere))
+        .map(|(_, n)| n)
+        .sum();
+    let costable = kept - timeless;
     clock.done(Phase::Cost, kept, costable, stops(&cost_stops));
 
     let mut bounds = Bounds::new(search, collective);

@@ -117,6 +117,9 @@ pub enum StopReason {
     /// Cost: no time at any size and protocol (the simulation failed or every size is below
     /// the candidate's least).
     NotCostable,
+    /// Cost: no time at any size, every one past its size's limit or out of the candidate's
+    /// reach (it cannot win anywhere; also counted in [`StopReason::PastBaseline`]).
+    PastEverywhere,
     /// Cost: candidates some of whose runs stopped past the best time of NCCL's families at
     /// their size (they could not win there; counted per candidate).
     PastBaseline,
@@ -147,6 +150,7 @@ impl StopReason {
             StopReason::ScreenedOut => "screened out",
             StopReason::SimBudget => "interpolated (simulation budget reached)",
             StopReason::NotCostable => "not costable",
+            StopReason::PastEverywhere => "past the best time at every size",
             StopReason::PastBaseline => "stopped past the baseline's time at some sizes",
             StopReason::RefineBudget => "left (refine budget reached)",
             StopReason::NearBound => "sizes within 1% of the bound",

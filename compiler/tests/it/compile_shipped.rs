@@ -344,6 +344,21 @@ fn the_report_follows_the_phases() {
                 .iter()
                 .any(|s| s.reason == StopReason::ScreenedOut)
         );
+        // Candidates left without a time because the limits stopped them at every size are
+        // counted apart from those that cannot be costed, and neither goes on.
+        let count = |r: StopReason| {
+            cost.stops
+                .iter()
+                .filter(|s| s.reason == r)
+                .map(|s| s.count)
+                .sum::<usize>()
+        };
+        let hopeless = count(StopReason::PastEverywhere);
+        assert!(hopeless > 0 && hopeless <= count(StopReason::PastBaseline));
+        assert_eq!(
+            cost.candidates_out,
+            cost.candidates_in - hopeless - count(StopReason::NotCostable)
+        );
     }
     assert!(report.wall_s >= report.collectives[0].phases[0].wall_s);
     // Its text has a heading per collective and a line per phase.
