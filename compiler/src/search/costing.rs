@@ -389,18 +389,15 @@ pub(super) fn cost_sampled(
         },
     };
     let budget = class_budget(budget, options, matches!(prepared, Ready::Template(_)));
+    let order = protocol_order(sim, options);
     let every = sample_indices(sizes.len() - first, prepared.step_count(), budget).len()
         == sizes.len() - first;
     // The sizes it is costed at: from its least size, those where it might win (every one
     // when it is simulated at every size, each run then stopped past its limit).
     let reach: Vec<usize> = match (limits, prepared) {
-        (Some(limits), Ready::Full(p)) if !every => in_reach(
-            sim,
-            p,
-            (first, sizes),
-            (&options.protocols, &protocol_order(sim, options)),
-            limits,
-        ),
+        (Some(limits), Ready::Full(p)) if !every => {
+            in_reach(sim, p, (first, sizes), (&options.protocols, &order), limits)
+        }
         _ => (first..sizes.len()).collect(),
     };
     let samples: Vec<usize> = sample_indices(reach.len(), prepared.step_count(), budget)
@@ -410,7 +407,6 @@ pub(super) fn cost_sampled(
     // Limits only where every size is simulated: an interpolated candidate's samples stay
     // what they are (refine reads them).
     let limits = limits.filter(|_| every);
-    let order = protocol_order(sim, options);
     // Times at the sampled sizes, per protocol; `None` once a protocol fails to simulate.
     let mut at: Vec<Option<SizeTimes>> = vec![Some(Vec::new()); np];
     let mut limited = false;
