@@ -250,7 +250,7 @@ impl Simulator {
         if limit.is_nan() {
             return self.run(prepared, bytes, protocol).map(Some);
         }
-        if self.bound_past(prepared, (bytes, protocol), limit_us, None) {
+        if self.bound_past(prepared, (bytes, protocol), limit_us) {
             return Ok(None);
         }
         match run_flows(
@@ -270,8 +270,7 @@ impl Simulator {
     /// past `limit_us`, so that [`Simulator::run_limited`] would give it up without running:
     ///
     /// - the busiest link at its capacity ([`Simulator::lower_bound_us`]; a schedule that
-    ///   would deadlock reads as past too); `loads` are the resource loads of the run when
-    ///   the caller has them ([`Simulator::resource_loads`]), else they are counted here;
+    ///   would deadlock reads as past too);
     /// - a connection's messages alone ([`Simulator::slots_bound_us`]);
     /// - the critical path over the routes ([`Simulator::routed_bound_us`]), with a margin
     ///   that keeps a run whose time rounding might put a few ulps either side of a limit it
@@ -284,13 +283,15 @@ impl Simulator {
         prepared: &Prepared,
         (bytes, protocol): (u64, Protocol),
         limit_us: f64,
-        loads: Option<&[f64]>,
     ) -> bool {
-        self.cheap_bound_past(prepared, (bytes, protocol), limit_us, loads)
+        self.cheap_bound_past(prepared, (bytes, protocol), limit_us, None)
             || self.path_bound_past(prepared, (bytes, protocol), limit_us)
     }
 
-    /// The first two of [`Simulator::bound_past`]'s bounds (a pass over the messages each).
+    /// The first two of [`Simulator::bound_past`]'s bounds (a pass over the messages each);
+    /// `loads` are the run's resource loads when the caller has them
+    /// ([`Simulator::resource_loads`]: the same at every protocol), else they are counted
+    /// here.
     pub fn cheap_bound_past(
         &self,
         prepared: &Prepared,

@@ -427,35 +427,29 @@ pub(super) fn cost_sampled(
     for list in at.iter_mut().flatten() {
         list.sort_unstable_by_key(|&(si, _)| si);
     }
-    let mut exact = vec![false; sizes.len()];
-    exact[..first].fill(true);
+    let mut reached = vec![false; sizes.len()];
+    for &si in &reach {
+        reached[si] = true;
+    }
+    // Below its least size or out of its reach (it cannot win there): decided, with no time
+    // (see `complete`); within reach, simulated where sampled.
+    let mut exact: Vec<bool> = reached.iter().map(|r| !r).collect();
     for &i in &samples {
         exact[i] = true;
     }
-    // Out of reach: it cannot win there, and the time is not had (see `complete`).
-    let mut out_of_reach = vec![false; sizes.len()];
-    if reach.len() < sizes.len() - first {
-        out_of_reach[first..].fill(true);
-        for &si in &reach {
-            out_of_reach[si] = false;
-        }
-        limited = true;
-    }
+    limited |= reach.len() < sizes.len() - first;
     let times = at
         .into_iter()
         .map(|list| {
             list.map(|list| {
                 let mut times = interpolate(sizes, &list);
-                for (t, _) in times.iter_mut().zip(&out_of_reach).filter(|(_, o)| **o) {
+                for (t, _) in times.iter_mut().zip(&reached).filter(|(_, r)| !**r) {
                     *t = f64::INFINITY;
                 }
                 times
             })
         })
         .collect();
-    for (e, _) in exact.iter_mut().zip(&out_of_reach).filter(|(_, o)| **o) {
-        *e = true;
-    }
     Sampled {
         times,
         exact,
