@@ -52,14 +52,6 @@ impl Buffers {
         v
     }
 
-    /// A copy of `from`, in a kept array where there is one.
-    pub(super) fn copied<T: Element + Copy>(&mut self, from: &[T]) -> Vec<T> {
-        let mut v = self.shelf::<T>().pop().unwrap_or_default();
-        v.clear();
-        v.extend_from_slice(from);
-        v
-    }
-
     /// An empty array, in a kept one where there is one.
     pub(super) fn empty<T: Element>(&mut self) -> Vec<T> {
         let mut v = self.shelf::<T>().pop().unwrap_or_default();

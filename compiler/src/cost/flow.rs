@@ -36,12 +36,25 @@ struct Shares {
     sorted: Vec<Share>,
     cursor: usize,
     later: BinaryHeap<Reverse<Share>>,
-    /// Per resource: the stamp and key of its representative entry.
-    rep_stamp: Vec<u32>,
-    rep_key: Vec<u64>,
+    /// Per resource, its state in the filling (one entry: a frozen flow's resources are
+    /// each updated in one place).
+    res: Vec<FillRes>,
     /// Per flow: the first of its single-flow resources (scratch of one filling).
     solo: Vec<Option<Share>>,
     solo_flows: Vec<u32>,
+}
+
+/// One resource in a progressive filling.
+#[derive(Debug, Default, Clone, Copy)]
+struct FillRes {
+    /// Capacity not yet given to frozen flows.
+    rem: f64,
+    /// The key of its representative entry.
+    rep_key: u64,
+    /// Its flows not yet frozen.
+    cnt: u32,
+    /// The stamp of its representative entry.
+    rep_stamp: u32,
 }
 
 thread_local! {
@@ -57,10 +70,8 @@ impl Shares {
         s.sorted.clear();
         s.cursor = 0;
         s.later.clear();
-        s.rep_stamp.clear();
-        s.rep_stamp.resize(resources, 0);
-        s.rep_key.clear();
-        s.rep_key.resize(resources, 0);
+        s.res.clear();
+        s.res.resize(resources, FillRes::default());
         s.solo.clear();
         s.solo.resize(flows, None);
         s.solo_flows.clear();
@@ -77,8 +88,9 @@ impl Shares {
     /// Makes `share` the representative entry of its resource.
     #[inline]
     fn represent(&mut self, share: Share) {
-        self.rep_stamp[share.res as usize] = share.stamp;
-        self.rep_key[share.res as usize] = share.key;
+        let r = &mut self.res[share.res as usize];
+        r.rep_stamp = share.stamp;
+        r.rep_key = share.key;
     }
 
     /// Takes the smallest entry.
@@ -184,12 +196,16 @@ pub(super) fn resource_uses(p: &Prepared, log: Vec<(f64, u32, f64)>) -> Vec<Reso
     out
 }
 
-/// What the rate recomputation reads and writes of one flow (indexed by message), together:
-/// a component's flows are scattered over the schedule's messages, and one cache line per
-/// flow is what a recomputation then touches instead of one per array.
+/// Everything a run reads and writes of one flow (indexed by message), in one cache line: a
+/// component's flows are scattered over the schedule's messages, and one line per flow is
+/// what a recomputation, a rate change or a flow's end then touches instead of one per array.
 #[derive(Clone, Copy, Default)]
+#[repr(align(64))]
 pub(super) struct Flow {
     rate: f64,
+    /// Bytes left to send as of `last` (µs).
+    remaining: f64,
+    last: f64,
     /// The rate the filling gives it (scratch).
     new_rate: f64,
     /// Epoch in which the component search met it.
@@ -200,6 +216,10 @@ pub(super) struct Flow {
     /// starts).
     at: u32,
     len: u32,
+    /// The push order of its live end event (0: none).
+    end_seq: u32,
+    /// Whether it is streaming.
+    active: bool,
 }
 
 impl Flow {
@@ -219,11 +239,6 @@ struct FlowRates<'a> {
     log: RateLog,
     // flows (indexed by message)
     flow: Vec<Flow>,
-    remaining: Vec<f64>,
-    last: Vec<f64>,
-    /// Per flow: the push order of its live end event (0: none).
-    end_seq: Vec<u32>,
-    active: Vec<bool>,
     res_flows: Vec<Vec<u32>>,
     /// Where each active flow sits in the flow list of each resource on its route:
     /// `slot[routes.slot_base[m] + j]` for the `j`-th resource of message `m`'s route (a
@@ -244,8 +259,6 @@ struct FlowRates<'a> {
     // scratch for rate recomputation
     res_stamp: Vec<u32>,
     epoch: u32,
-    rem: Vec<f64>,
-    cnt: Vec<u32>,
     shares: Shares,
     /// Scratch: the resources and flows of the component being recomputed.
     comp_res: Vec<u32>,
@@ -275,10 +288,6 @@ impl<'a> FlowRates<'a> {
             p,
             routes,
             flow: b.filled(nmsg, Flow::default()),
-            remaining: b.filled(nmsg, 0.0),
-            last: b.filled(nmsg, 0.0),
-            end_seq: b.filled(nmsg, 0),
-            active: b.filled(nmsg, false),
             res_flows: b.lists(nres),
             slot: b.filled(slots, 0),
             cap,
@@ -291,8 +300,6 @@ impl<'a> FlowRates<'a> {
             pending_changes: 0,
             res_stamp: b.filled(nres, 0),
             epoch: 0,
-            rem: b.filled(nres, 0.0),
-            cnt: b.filled(nres, 0),
             shares: Shares::new(nres, nmsg),
             comp_res: b.empty(),
             comp_flows: b.empty(),
@@ -304,22 +311,19 @@ impl<'a> FlowRates<'a> {
     /// the estimate keeps).
     fn recycle(self, b: &mut Buffers) {
         b.keep_lists(self.res_flows);
-        for v in [self.remaining, self.last, self.cap, self.used, self.rem] {
+        for v in [self.cap, self.used] {
             b.keep(v);
         }
         for v in [
-            self.end_seq,
             self.slot,
             self.dirty,
             self.fresh,
             self.res_stamp,
-            self.cnt,
             self.comp_res,
             self.comp_flows,
         ] {
             b.keep(v);
         }
-        b.keep(self.active);
         b.keep(self.flow);
         self.shares.keep();
     }
@@ -340,16 +344,16 @@ impl Rates for FlowRates<'_> {
             self.slot[base + j] = list.len() as u32;
             list.push(m);
         }
-        self.active[mi] = true;
         self.active_count += 1;
         self.fresh.push(m);
-        self.remaining[mi] = bytes;
         let (at, len) = self.routes.span(c);
         let flow = &mut self.flow[mi];
+        flow.active = true;
+        flow.remaining = bytes;
         flow.rate = 0.0;
         flow.at = at;
         flow.len = len;
-        self.last[mi] = st.now;
+        flow.last = st.now;
         self.dirty.extend_from_slice(route);
     }
 
@@ -358,7 +362,7 @@ impl Rates for FlowRates<'_> {
         if let Some(log) = &mut self.log {
             log.push((st.now, m, 0.0));
         }
-        self.active[mi] = false;
+        self.flow[mi].active = false;
         self.active_count -= 1;
         self.released += 1;
         let (p, routes) = (self.p, self.routes);
@@ -387,7 +391,8 @@ impl Rates for FlowRates<'_> {
     }
 
     fn current(&self, m: u32, seq: u32) -> bool {
-        self.active[m as usize] && self.end_seq[m as usize] == seq
+        let flow = &self.flow[m as usize];
+        flow.active && flow.end_seq == seq
     }
 
     fn dirty(&self) -> bool {
@@ -472,7 +477,7 @@ impl<'a> FlowRates<'a> {
         let mut changes = self.released;
         self.released = 0;
         for &f in &fresh {
-            if !self.active[f as usize] || self.flow[f as usize].rate > 0.0 {
+            if !self.flow[f as usize].active || self.flow[f as usize].rate > 0.0 {
                 continue;
             }
             changes += 1;
@@ -540,16 +545,17 @@ impl<'a> FlowRates<'a> {
 
     /// Sets a flow's rate, settling its progress and scheduling its end.
     fn set_rate(&mut self, st: &mut Steps<'_>, f: u32, new: f64) {
-        let fi = f as usize;
-        let elapsed = st.now - self.last[fi];
-        self.remaining[fi] = (self.remaining[fi] - self.flow[fi].rate * elapsed).max(0.0);
-        self.last[fi] = st.now;
-        self.flow[fi].rate = new;
+        let flow = &mut self.flow[f as usize];
+        let elapsed = st.now - flow.last;
+        flow.remaining = (flow.remaining - flow.rate * elapsed).max(0.0);
+        flow.last = st.now;
+        flow.rate = new;
+        let finish = (new > 0.0).then(|| st.now + flow.remaining / new);
+        let live = flow.end_seq;
         if let Some(log) = &mut self.log {
             log.push((st.now, f, new));
         }
-        let finish = (new > 0.0).then(|| st.now + self.remaining[fi] / new);
-        self.end_seq[fi] = st.replace_flow_end(f, self.end_seq[fi], finish);
+        self.flow[f as usize].end_seq = st.replace_flow_end(f, live, finish);
     }
 
     /// Progressive filling over a closed set of resources and the flows on them.
@@ -583,8 +589,6 @@ impl<'a> FlowRates<'a> {
         {
             let FlowRates {
                 shares,
-                rem,
-                cnt,
                 cap,
                 res_flows,
                 flow,
@@ -597,20 +601,27 @@ impl<'a> FlowRates<'a> {
             let mut live: u64 = 0;
             for &r in comp_res {
                 let ri = r as usize;
-                rem[ri] = cap[ri];
-                cnt[ri] = res_flows[ri].len() as u32;
-                live += u64::from(cnt[ri]);
-                if cnt[ri] > 0 {
-                    let e = Share {
-                        key: total_order_key(rem[ri] / f64::from(cnt[ri])),
-                        res: r,
-                        stamp: cnt[ri],
-                    };
-                    shares.represent(e);
-                    if cnt[ri] == 1 {
+                let flows = &res_flows[ri];
+                let cnt = flows.len() as u32;
+                let rem = cap[ri];
+                live += u64::from(cnt);
+                let e = Share {
+                    key: total_order_key(rem / f64::from(cnt)),
+                    res: r,
+                    stamp: cnt,
+                };
+                shares.res[ri] = FillRes {
+                    rem,
+                    rep_key: e.key,
+                    cnt,
+                    rep_stamp: cnt,
+                };
+                match cnt {
+                    0 => {}
+                    1 => {
                         // Of the resources a flow has to itself, only the first in filling
                         // order can freeze it: the others keep their share until it does.
-                        let f = res_flows[ri][0] as usize;
+                        let f = flows[0] as usize;
                         match shares.solo[f] {
                             Some(b) if b <= e => {}
                             Some(_) => shares.solo[f] = Some(e),
@@ -619,9 +630,8 @@ impl<'a> FlowRates<'a> {
                                 shares.solo_flows.push(f as u32);
                             }
                         }
-                    } else {
-                        shares.sorted.push(e);
                     }
+                    _ => shares.sorted.push(e),
                 }
             }
             for i in 0..shares.solo_flows.len() {
@@ -639,16 +649,22 @@ impl<'a> FlowRates<'a> {
             {
                 let res = e.res;
                 let ri = res as usize;
-                if cnt[ri] == 0 || e.stamp != shares.rep_stamp[ri] {
+                let FillRes {
+                    rem,
+                    cnt,
+                    rep_stamp,
+                    ..
+                } = shares.res[ri];
+                if cnt == 0 || e.stamp != rep_stamp {
                     continue; // all its flows are frozen, or superseded
                 }
-                let share = rem[ri] / f64::from(cnt[ri]);
-                if cnt[ri] != e.stamp {
+                let share = rem / f64::from(cnt);
+                if cnt != e.stamp {
                     // Raised since it was stored: put back at its current share.
                     let e = Share {
                         key: total_order_key(share),
                         res,
-                        stamp: cnt[ri],
+                        stamp: cnt,
                     };
                     shares.represent(e);
                     shares.later.push(Reverse(e));
@@ -663,22 +679,22 @@ impl<'a> FlowRates<'a> {
                     fl.frozen = epoch;
                     fl.new_rate = share;
                     for &r2 in fl.route(all) {
-                        let r2i = r2 as usize;
-                        rem[r2i] = (rem[r2i] - share).max(0.0);
-                        cnt[r2i] -= 1;
+                        let r2s = &mut shares.res[r2 as usize];
+                        r2s.rem = (r2s.rem - share).max(0.0);
+                        r2s.cnt -= 1;
                         live -= 1;
-                        if cnt[r2i] > 0 && r2 != res {
-                            let key = total_order_key(rem[r2i] / f64::from(cnt[r2i]));
+                        if r2s.cnt > 0 && r2 != res {
+                            let key = total_order_key(r2s.rem / f64::from(r2s.cnt));
                             // A lowered share (rounding) is queued now; raised ones wait
                             // until their representative reaches the front.
-                            if key < shares.rep_key[r2i] {
-                                let e = Share {
+                            if key < r2s.rep_key {
+                                r2s.rep_key = key;
+                                r2s.rep_stamp = r2s.cnt;
+                                shares.later.push(Reverse(Share {
                                     key,
                                     res: r2,
-                                    stamp: cnt[r2i],
-                                };
-                                shares.represent(e);
-                                shares.later.push(Reverse(e));
+                                    stamp: r2s.cnt,
+                                }));
                             }
                         }
                     }

@@ -155,7 +155,6 @@ pub(super) struct Steps<'a> {
     pub(super) network: &'a Network,
     pub(super) model: &'a CostModel,
     pub(super) p: &'a Prepared,
-    pub(super) protocol: Protocol,
     chunk_bytes: f64,
     /// Bandwidth factor of the calibration at this size (local memory work).
     mem_scale: f64,
@@ -169,21 +168,18 @@ pub(super) struct Steps<'a> {
     events: BinaryHeap<Timed>,
     /// Flow ends in `events` that a rate change superseded (see [`Steps::replace_flow_end`]).
     stale: usize,
-    pending: Vec<u32>,
-    ready_at: Vec<f64>,
-    /// When a relaying step's fused local work ends.
-    local_until: Vec<f64>,
-    recv_ready: Vec<bool>,
-    done: Vec<bool>,
+    /// Per step, its state (one entry, so that a step's readiness touches one cache line).
+    step: Vec<StepState>,
     completed: usize,
     worklist: Vec<u32>,
-    // messages
-    msg_ready: Vec<bool>,
-    msg_arrived: Vec<bool>,
-    data_start: Vec<f64>,
-    // connections
+    /// Per message, its state.
+    msg: Vec<MsgState>,
+    /// Per connection: the messages started and consumed, and what a message's arrival
+    /// takes after its last byte left (the protocol's per-message latency on the route's
+    /// class and the route's own).
     next_start: Vec<u32>,
     consumed: Vec<u32>,
+    conn_latency: Vec<f64>,
     /// Per rank, when its engine may start its next network message
     /// ([`CostModel::net_gap_us`]); empty when the model has no such gap.
     net_free: Vec<f64>,
@@ -200,6 +196,30 @@ pub(super) struct Steps<'a> {
     group_at: f64,
     /// Whether the course is wanted ([`Steps::note`] does nothing otherwise).
     pub(super) tracking: bool,
+}
+
+/// What a run knows of one step.
+#[derive(Clone, Copy, Default)]
+struct StepState {
+    /// When it became ready.
+    ready_at: f64,
+    /// When a relaying step's fused local work ends.
+    local_until: f64,
+    /// Predecessors not yet done.
+    pending: u32,
+    /// A receive ready for its message that has not taken it yet.
+    recv_ready: bool,
+    done: bool,
+}
+
+/// What a run knows of one message.
+#[derive(Clone, Copy, Default)]
+struct MsgState {
+    /// When its data started streaming.
+    data_start: f64,
+    /// Its send is ready.
+    ready: bool,
+    arrived: bool,
 }
 
 /// How a run shares bandwidth among its flows (one flow per message in transit).
@@ -235,7 +255,6 @@ impl<'a> Steps<'a> {
             network,
             model,
             p,
-            protocol,
             chunk_bytes: bytes as f64 / f64::from(p.chunks),
             mem_scale: model.bandwidth_factor(bytes),
             now: 0.0,
@@ -243,18 +262,28 @@ impl<'a> Steps<'a> {
             seq: 0,
             events: BinaryHeap::new(),
             stale: 0,
-            pending: b.copied(&p.pending),
-            ready_at: b.filled(nsteps, 0.0),
-            local_until: b.filled(nsteps, 0.0),
-            recv_ready: b.filled(nsteps, false),
-            done: b.filled(nsteps, false),
+            step: {
+                let mut v = b.empty();
+                v.extend(p.pending.iter().map(|&pending| StepState {
+                    pending,
+                    ..StepState::default()
+                }));
+                v
+            },
             completed: 0,
             worklist: b.empty(),
-            msg_ready: b.filled(nmsg, false),
-            msg_arrived: b.filled(nmsg, false),
-            data_start: b.filled(nmsg, 0.0),
+            msg: b.filled(nmsg, MsgState::default()),
             next_start: b.filled(nconn, 0),
             consumed: b.filled(nconn, 0),
+            conn_latency: {
+                let mut v = b.empty();
+                v.extend(
+                    p.conn_route
+                        .iter()
+                        .map(|r| model.message_us(r.class, protocol) + r.latency_us),
+                );
+                v
+            },
             net_free: if model.net_gap_us > 0.0 {
                 b.filled(network.mem_bw.len(), 0.0)
             } else {
@@ -272,20 +301,14 @@ impl<'a> Steps<'a> {
 
     /// Hands this run's arrays to `b` for a later run.
     pub(super) fn recycle(self, b: &mut Buffers) {
-        for v in [self.pending, self.worklist, self.next_start, self.consumed] {
+        for v in [self.worklist, self.next_start, self.consumed] {
             b.keep(v);
         }
-        for v in [
-            self.ready_at,
-            self.local_until,
-            self.data_start,
-            self.net_free,
-        ] {
+        for v in [self.conn_latency, self.net_free] {
             b.keep(v);
         }
-        for v in [self.recv_ready, self.done, self.msg_ready, self.msg_arrived] {
-            b.keep(v);
-        }
+        b.keep(self.step);
+        b.keep(self.msg);
     }
 
     /// Queues step `s`'s end at `time`.
@@ -367,7 +390,7 @@ impl<'a> Steps<'a> {
             return Err(CostError::TooLarge { steps });
         }
         for id in 0..self.p.steps.len() as u32 {
-            if self.pending[id as usize] == 0 {
+            if self.step[id as usize].pending == 0 {
                 self.worklist.push(id);
             }
         }
@@ -415,9 +438,9 @@ impl<'a> Steps<'a> {
                     self.flow_finished(m);
                 }
                 EventKind::Arrive(m) => {
-                    self.msg_arrived[m as usize] = true;
+                    self.msg[m as usize].arrived = true;
                     let r = self.p.msg_recv[m as usize];
-                    if r != NONE && self.recv_ready[r as usize] {
+                    if r != NONE && self.step[r as usize].recv_ready {
                         self.consume(rates, r);
                     }
                 }
@@ -428,7 +451,7 @@ impl<'a> Steps<'a> {
         self.end_group();
         if self.completed < self.p.steps.len() {
             let stuck = (0..self.p.steps.len())
-                .find(|&i| !self.done[i])
+                .find(|&i| !self.step[i].done)
                 .map(|i| self.p.step_ref[i]);
             return Err(CostError::Deadlock {
                 at: stuck.unwrap_or(StepRef {
@@ -449,7 +472,7 @@ impl<'a> Steps<'a> {
     }
 
     fn ready<R: Rates>(&mut self, rates: &mut R, s: u32) {
-        self.ready_at[s as usize] = self.now;
+        self.step[s as usize].ready_at = self.now;
         if let Some(spans) = &mut self.spans {
             spans[s as usize].0 = self.now;
         }
@@ -465,8 +488,8 @@ impl<'a> Steps<'a> {
             }
             Kind::Send { msg } => self.send_ready(rates, msg),
             Kind::Recv { msg, .. } => {
-                self.recv_ready[s as usize] = true;
-                if msg != NONE && self.msg_arrived[msg as usize] {
+                self.step[s as usize].recv_ready = true;
+                if msg != NONE && self.msg[msg as usize].arrived {
                     self.consume(rates, s);
                 }
             }
@@ -474,10 +497,10 @@ impl<'a> Steps<'a> {
     }
 
     fn complete(&mut self, s: u32) {
-        if self.done[s as usize] {
+        if self.step[s as usize].done {
             return;
         }
-        self.done[s as usize] = true;
+        self.step[s as usize].done = true;
         self.completed += 1;
         if let Some(spans) = &mut self.spans {
             spans[s as usize].1 = self.now;
@@ -488,8 +511,9 @@ impl<'a> Steps<'a> {
         );
         for i in a..b {
             let t = self.p.succ[i];
-            self.pending[t as usize] -= 1;
-            if self.pending[t as usize] == 0 {
+            let pending = &mut self.step[t as usize].pending;
+            *pending -= 1;
+            if *pending == 0 {
                 self.worklist.push(t);
             }
         }
@@ -499,7 +523,7 @@ impl<'a> Steps<'a> {
         if msg == NONE {
             return;
         }
-        self.msg_ready[msg as usize] = true;
+        self.msg[msg as usize].ready = true;
         self.try_start(rates, self.p.msg_conn[msg as usize]);
     }
 
@@ -509,7 +533,7 @@ impl<'a> Steps<'a> {
             && (self.next_start[ci] as usize) < self.consumed[ci] as usize + CONNECTION_SLOTS
         {
             let msg = self.p.conn_base[ci] + self.next_start[ci];
-            if !self.msg_ready[msg as usize] {
+            if !self.msg[msg as usize].ready {
                 break;
             }
             self.next_start[ci] += 1;
@@ -538,7 +562,7 @@ impl<'a> Steps<'a> {
 
     fn start_flow_now<R: Rates>(&mut self, rates: &mut R, m: u32) {
         let mi = m as usize;
-        self.data_start[mi] = self.now;
+        self.msg[mi].data_start = self.now;
         let bytes = f64::from(self.p.msg_count[mi]) * self.chunk_bytes;
         self.messages += 1;
         self.payload += bytes;
@@ -554,9 +578,8 @@ impl<'a> Steps<'a> {
     fn flow_finished(&mut self, m: u32) {
         let mi = m as usize;
         let s = self.p.msg_send[mi];
-        let end = self.local_until[s as usize];
-        let route = &self.p.conn_route[self.p.msg_conn[mi] as usize];
-        let latency = self.model.message_us(route.class, self.protocol) + route.latency_us;
+        let end = self.step[s as usize].local_until;
+        let latency = self.conn_latency[self.p.msg_conn[mi] as usize];
         if end > self.now {
             self.step_done_at(end, s);
             self.arrival_at(end + latency, m);
@@ -574,12 +597,15 @@ impl<'a> Steps<'a> {
         else {
             return;
         };
-        self.recv_ready[s as usize] = false;
+        self.step[s as usize].recv_ready = false;
         let c = self.p.msg_conn[msg as usize];
         self.consumed[c as usize] += 1;
         self.try_start(rates, c);
         let work = self.mem_us(s, passes);
-        let (data, ready) = (self.data_start[msg as usize], self.ready_at[s as usize]);
+        let (data, ready) = (
+            self.msg[msg as usize].data_start,
+            self.step[s as usize].ready_at,
+        );
         let start = data.max(ready);
         let finish = self.now.max(start + work);
         // Which time each choice took: a course that takes both ways is not affine.
@@ -590,7 +616,7 @@ impl<'a> Steps<'a> {
         if out != NONE {
             // Relays stream the result on as it is produced: the outgoing message starts
             // now; the step (and the message's arrival) cannot end before the local work.
-            self.local_until[s as usize] = finish;
+            self.step[s as usize].local_until = finish;
             self.send_ready(rates, out);
         } else if finish > self.now {
             self.step_done_at(finish, s);
