@@ -7,7 +7,7 @@ use super::error::CostError;
 use super::model::CostModel;
 use super::network::Network;
 use super::prepared::{Estimate, FlowRoutes, Prepared, ResourceUse, Spans};
-use super::steps::{Rates, Steps, total_order_key};
+use super::steps::{Rates, Steps, from_order_key, total_order_key};
 use hccl_ir::Protocol;
 use rustc_hash::FxHashMap;
 use std::cmp::Reverse;
@@ -49,12 +49,25 @@ struct Shares {
 struct FillRes {
     /// Capacity not yet given to frozen flows.
     rem: f64,
-    /// The key of its representative entry.
+    /// The key of its representative entry, and that share itself.
     rep_key: u64,
+    rep_share: f64,
     /// Its flows not yet frozen.
     cnt: u32,
     /// The stamp of its representative entry.
     rep_stamp: u32,
+}
+
+/// Whether `r`'s fair share `rem / cnt` (rounded) is sure to be above its representative's
+/// without dividing: freezing a flow at the smallest share raises the others' shares, and
+/// only rounding can lower one, so the division is wanted only where the two are within a
+/// few ulps. If `rem ≥ rep × cnt × (1 + 4ε)` in floating point (each rounding off by at most
+/// u = ε/2), then the exact quotient is at least `rep × (1 + 5u)` and its rounding above
+/// `rep`. Shares are byte rates far from the subnormals; below 1e-200 it divides.
+#[inline]
+fn surely_not_below(r: &FillRes) -> bool {
+    let rep = r.rep_share;
+    rep >= 1e-200 && r.rem >= rep * f64::from(r.cnt) * (1.0 + 4.0 * f64::EPSILON)
 }
 
 thread_local! {
@@ -91,6 +104,7 @@ impl Shares {
         let r = &mut self.res[share.res as usize];
         r.rep_stamp = share.stamp;
         r.rep_key = share.key;
+        r.rep_share = from_order_key(share.key);
     }
 
     /// Takes the smallest entry.
@@ -605,14 +619,16 @@ impl<'a> FlowRates<'a> {
                 let cnt = flows.len() as u32;
                 let rem = cap[ri];
                 live += u64::from(cnt);
+                let first = rem / f64::from(cnt);
                 let e = Share {
-                    key: total_order_key(rem / f64::from(cnt)),
+                    key: total_order_key(first),
                     res: r,
                     stamp: cnt,
                 };
                 shares.res[ri] = FillRes {
                     rem,
                     rep_key: e.key,
+                    rep_share: first,
                     cnt,
                     rep_stamp: cnt,
                 };
@@ -683,12 +699,14 @@ impl<'a> FlowRates<'a> {
                         r2s.rem = (r2s.rem - share).max(0.0);
                         r2s.cnt -= 1;
                         live -= 1;
-                        if r2s.cnt > 0 && r2 != res {
-                            let key = total_order_key(r2s.rem / f64::from(r2s.cnt));
+                        if r2s.cnt > 0 && r2 != res && !surely_not_below(r2s) {
+                            let share = r2s.rem / f64::from(r2s.cnt);
+                            let key = total_order_key(share);
                             // A lowered share (rounding) is queued now; raised ones wait
                             // until their representative reaches the front.
                             if key < r2s.rep_key {
                                 r2s.rep_key = key;
+                                r2s.rep_share = share;
                                 r2s.rep_stamp = r2s.cnt;
                                 shares.later.push(Reverse(Share {
                                     key,

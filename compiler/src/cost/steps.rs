@@ -67,7 +67,7 @@ pub(super) fn total_order_key(x: f64) -> u64 {
 
 /// `total_order_key`'s inverse.
 #[inline]
-fn from_order_key(k: u64) -> f64 {
+pub(super) fn from_order_key(k: u64) -> f64 {
     let b = (k ^ (1 << 63)) as i64;
     f64::from_bits((b ^ ((((b >> 63) as u64) >> 1) as i64)) as u64)
 }
