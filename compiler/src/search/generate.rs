@@ -3,7 +3,7 @@
 
 use super::context::Search;
 use super::par::par_map;
-use super::report::{StopReason, tracing};
+use super::report::{StopReason, traced_since, tracing};
 use crate::families::{Candidate, Family, TEMPLATE_RANKS};
 use hccl_ir::{Collective, CollectiveKind};
 use hccl_topologies::Topology;
@@ -232,7 +232,8 @@ pub(super) fn generate_smallest(
         .collect();
     if tracing() {
         eprintln!(
-            "trace: fallback {} {collective} {params:?}: {} candidates",
+            "trace [{:7.3} s]: fallback {} {collective} {params:?}: {} candidates",
+            traced_since(),
             family.name(),
             out.len()
         );
@@ -311,7 +312,8 @@ pub(super) fn generate_capped(
     if tracing() {
         let steps: u64 = out.candidates.iter().map(Candidate::step_count).sum();
         eprintln!(
-            "trace: generate {} {}: {} candidates, {steps} steps, {:.3} s{}",
+            "trace [{:7.3} s]: generate {} {}: {} candidates, {steps} steps, {:.3} s{}",
+            traced_since(),
             family.name(),
             collective,
             out.candidates.len(),

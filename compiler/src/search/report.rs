@@ -212,7 +212,21 @@ impl fmt::Display for SearchReport {
 /// compile time goes; the plan is unaffected).
 pub(super) fn tracing() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("HCCL_SEARCH_TRACE").is_some())
+    *ON.get_or_init(|| {
+        let on = std::env::var_os("HCCL_SEARCH_TRACE").is_some();
+        if on {
+            traced_since();
+        }
+        on
+    })
+}
+
+/// Seconds since the first [`tracing`] check (the start of the first compile of the
+/// process): each trace line says when it was printed, so that the phases of collectives
+/// compiled side by side can be laid out in time.
+pub(super) fn traced_since() -> f64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_secs_f64()
 }
 
 /// Prints one candidate's screening or costing time when [`tracing`].
@@ -224,7 +238,8 @@ pub(super) fn trace_candidate(
 ) {
     if tracing() {
         eprintln!(
-            "trace: {what} {} (channels {}, pipeline {}): {} steps, {:.3} s{extra}",
+            "trace [{:7.3} s]: {what} {} (channels {}, pipeline {}): {} steps, {:.3} s{extra}",
+            traced_since(),
             c.algorithm,
             c.params.channels,
             c.params.pipeline,
@@ -265,7 +280,8 @@ impl PhaseClock {
         let wall_s = self.since.elapsed().as_secs_f64();
         if tracing() {
             eprintln!(
-                "trace: {} phase {}: {wall_s:.3} s wall",
+                "trace [{:7.3} s]: {} phase {}: {wall_s:.3} s wall",
+                traced_since(),
                 self.report.collective,
                 phase.name()
             );
