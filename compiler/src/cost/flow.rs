@@ -63,7 +63,8 @@ struct FillRes {
 /// only rounding can lower one, so the division is wanted only where the two are within a
 /// few ulps. If `rem ≥ rep × cnt × (1 + 4ε)` in floating point (each rounding off by at most
 /// u = ε/2), then the exact quotient is at least `rep × (1 + 5u)` and its rounding above
-/// `rep`. Shares are byte rates far from the subnormals; below 1e-200 it divides.
+/// `rep` (equal to it only where both are infinite). Shares are byte rates far from the
+/// subnormals; below 1e-200 it divides.
 #[inline]
 fn surely_not_below(r: &FillRes) -> bool {
     let rep = r.rep_share;
@@ -739,5 +740,74 @@ impl<'a> FlowRates<'a> {
                 self.set_rate(st, f, new);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{FillRes, surely_not_below, total_order_key};
+    use proptest::prelude::*;
+
+    /// `surely_not_below` never skips a division that would have found a lowered share: where
+    /// it says "sure", the rounded quotient's key is not below the representative's (above
+    /// it, but for an infinite representative and remainder, which it equals).
+    fn check(rep: f64, cnt: u32, rem: f64) {
+        let r = FillRes {
+            rem,
+            rep_key: total_order_key(rep),
+            rep_share: rep,
+            cnt,
+            rep_stamp: cnt,
+        };
+        if surely_not_below(&r) {
+            let q = rem / f64::from(cnt);
+            let above = total_order_key(q) > r.rep_key;
+            assert!(
+                above || (q == rep && rep.is_infinite()),
+                "rem {rem:e} / cnt {cnt} = {q:e} is not above rep {rep:e}"
+            );
+        }
+    }
+
+    proptest! {
+        /// Near the boundary, a few ulps either side of `rep × cnt`, where rounding decides.
+        #[test]
+        fn sure_shares_are_above_near_the_boundary(
+            rep in 1e-12f64..1e12,
+            cnt in 1u32..100_000,
+            ulps in -64i64..64,
+        ) {
+            let exact = rep * f64::from(cnt);
+            let rem = f64::from_bits((exact.to_bits() as i64 + ulps) as u64);
+            check(rep, cnt, rem);
+        }
+
+        /// Anywhere, over many magnitudes, including a representative of zero and infinity.
+        #[test]
+        fn sure_shares_are_above_anywhere(
+            rep in prop_oneof![Just(0.0), Just(f64::INFINITY), 1e-300f64..1e300],
+            cnt in 1u32..1_000_000,
+            rem in prop_oneof![Just(0.0), Just(f64::INFINITY), 0.0f64..1e300],
+        ) {
+            check(rep, cnt, rem);
+        }
+    }
+
+    /// The filter does skip the common case: a share well above its representative.
+    #[test]
+    fn raised_shares_need_no_division() {
+        let r = FillRes {
+            rem: 300.0,
+            rep_key: total_order_key(100.0),
+            rep_share: 100.0,
+            cnt: 2,
+            rep_stamp: 3,
+        };
+        assert!(surely_not_below(&r));
+        let tie = FillRes { rem: 200.0, ..r };
+        assert!(
+            !surely_not_below(&tie),
+            "a share equal to its representative divides"
+        );
     }
 }
