@@ -48,6 +48,8 @@ pub(super) struct Probe {
     pub(super) known: Vec<(usize, usize, f64)>,
     /// The schedule as the screen prepared it (flattened and routed), when it was kept.
     pub(super) ready: Option<Ready>,
+    /// Seconds its probes took (0 unscreened): how dear its runs are, for ordering work.
+    pub(super) secs: f64,
 }
 
 /// Which candidates to cost at every size and protocol. On more than [`SCREEN_RANKS`] ranks
@@ -80,6 +82,7 @@ pub(super) fn screen(
                 pruned: false,
                 known: Vec::new(),
                 ready: None,
+                secs: 0.0,
             })
             .collect()
     };
@@ -98,9 +101,10 @@ pub(super) fn screen(
     let first_wave = |c: &Candidate| c.template.is_some() || kept_anyway(c);
     // Both probes of one candidate, each run given up past its limit; the prepared schedule
     // when a probe came in within its limit (costing then starts from it).
-    let probe = |c: &Candidate, limits: [f64; 2]| -> ([f64; 2], Option<Ready>, bool) {
+    let probe = |c: &Candidate, limits: [f64; 2]| -> ([f64; 2], Option<Ready>, bool, f64) {
         let started = std::time::Instant::now();
-        let lost = ([f64::INFINITY; 2], None, false);
+        let secs = || started.elapsed().as_secs_f64();
+        let lost = ([f64::INFINITY; 2], None, false, 0.0);
         // Probes a route-free lower bound already puts past their limit are not run (the run
         // would stop past the limit all the same).
         let mut past = [false; 2];
@@ -124,7 +128,7 @@ pub(super) fn screen(
                     bound[0], bound[1]
                 );
                 trace_candidate("screen", c, started, &shown);
-                return ([f64::INFINITY; 2], None, true);
+                return ([f64::INFINITY; 2], None, true, secs());
             }
             match unrouted.route(sim) {
                 Ok(p) => Ready::Full(Box::new(p)),
@@ -156,7 +160,7 @@ pub(super) fn screen(
         let shown = format!(" ({:.1} µs, {:.1} µs at the probes)", times[0], times[1]);
         trace_candidate("screen", c, started, &shown);
         let keep_ready = times.iter().any(|t| t.is_finite());
-        (times, keep_ready.then_some(prep), false)
+        (times, keep_ready.then_some(prep), false, secs())
     };
     let wave = |first: bool| -> Vec<usize> {
         (0..n)
@@ -166,13 +170,15 @@ pub(super) fn screen(
     let mut probes = vec![[f64::INFINITY; 2]; n];
     let mut readies: Vec<Option<Ready>> = (0..n).map(|_| None).collect();
     let mut pruned = vec![false; n];
+    let mut took = vec![0.0; n];
     let first = wave(true);
-    for (&i, (times, ready, by_bound)) in first.iter().zip(par_map(&first, |&i| {
+    for (&i, (times, ready, by_bound, secs)) in first.iter().zip(par_map(&first, |&i| {
         probe(&candidates[i].0, [f64::INFINITY; 2])
     })) {
         probes[i] = times;
         readies[i] = ready;
         pruned[i] = by_bound;
+        took[i] = secs;
     }
     let best =
         |probes: &[[f64; 2]], k: usize| probes.iter().map(|p| p[k]).fold(f64::INFINITY, f64::min);
@@ -181,13 +187,14 @@ pub(super) fn screen(
         best(&probes, 1) * SCREEN_FACTOR,
     ];
     let second = wave(false);
-    for (&i, (times, ready, by_bound)) in second
+    for (&i, (times, ready, by_bound, secs)) in second
         .iter()
         .zip(par_map(&second, |&i| probe(&candidates[i].0, limits)))
     {
         probes[i] = times;
         readies[i] = ready;
         pruned[i] = by_bound;
+        took[i] = secs;
     }
     let (b0, b1) = (best(&probes, 0), best(&probes, 1));
     candidates
@@ -195,7 +202,8 @@ pub(super) fn screen(
         .zip(&probes)
         .zip(readies)
         .zip(pruned)
-        .map(|((((c, _), p), ready), pruned)| {
+        .zip(took)
+        .map(|(((((c, _), p), ready), pruned), secs)| {
             let keep = kept_anyway(c) || p[0] <= b0 * SCREEN_FACTOR || p[1] <= b1 * SCREEN_FACTOR;
             Probe {
                 keep,
@@ -205,6 +213,7 @@ pub(super) fn screen(
                     .filter(|k| k.2.is_finite())
                     .collect(),
                 ready: if keep { ready } else { None },
+                secs,
             }
         })
         .collect()
