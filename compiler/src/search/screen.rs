@@ -52,6 +52,10 @@ pub(super) struct Probe {
     pub(super) secs: f64,
 }
 
+/// One candidate's probes: their times, its prepared schedule (when one came in within its
+/// limit), whether a bound pruned it before routing, and the seconds they took.
+type Probed = ([f64; 2], Option<Ready>, bool, f64);
+
 /// Which candidates to cost at every size and protocol. On more than [`SCREEN_RANKS`] ranks
 /// every candidate is first simulated at two probes (the smallest size under the first
 /// protocol, the largest under the last: LL and Simple by default), and only those within
@@ -101,7 +105,7 @@ pub(super) fn screen(
     let first_wave = |c: &Candidate| c.template.is_some() || kept_anyway(c);
     // Both probes of one candidate, each run given up past its limit; the prepared schedule
     // when a probe came in within its limit (costing then starts from it).
-    let probe = |c: &Candidate, limits: [f64; 2]| -> ([f64; 2], Option<Ready>, bool, f64) {
+    let probe = |c: &Candidate, limits: [f64; 2]| -> Probed {
         let started = std::time::Instant::now();
         let secs = || started.elapsed().as_secs_f64();
         let lost = ([f64::INFINITY; 2], None, false, 0.0);
@@ -167,43 +171,29 @@ pub(super) fn screen(
             .filter(|&i| first_wave(&candidates[i].0) == first)
             .collect()
     };
-    let mut probes = vec![[f64::INFINITY; 2]; n];
-    let mut readies: Vec<Option<Ready>> = (0..n).map(|_| None).collect();
-    let mut pruned = vec![false; n];
-    let mut took = vec![0.0; n];
+    let mut got: Vec<Probed> = (0..n)
+        .map(|_| ([f64::INFINITY; 2], None, false, 0.0))
+        .collect();
     let first = wave(true);
-    for (&i, (times, ready, by_bound, secs)) in first.iter().zip(par_map(&first, |&i| {
+    for (&i, out) in first.iter().zip(par_map(&first, |&i| {
         probe(&candidates[i].0, [f64::INFINITY; 2])
     })) {
-        probes[i] = times;
-        readies[i] = ready;
-        pruned[i] = by_bound;
-        took[i] = secs;
+        got[i] = out;
     }
-    let best =
-        |probes: &[[f64; 2]], k: usize| probes.iter().map(|p| p[k]).fold(f64::INFINITY, f64::min);
-    let limits = [
-        best(&probes, 0) * SCREEN_FACTOR,
-        best(&probes, 1) * SCREEN_FACTOR,
-    ];
+    let best = |got: &[Probed], k: usize| got.iter().map(|g| g.0[k]).fold(f64::INFINITY, f64::min);
+    let limits = [best(&got, 0) * SCREEN_FACTOR, best(&got, 1) * SCREEN_FACTOR];
     let second = wave(false);
-    for (&i, (times, ready, by_bound, secs)) in second
+    for (&i, out) in second
         .iter()
         .zip(par_map(&second, |&i| probe(&candidates[i].0, limits)))
     {
-        probes[i] = times;
-        readies[i] = ready;
-        pruned[i] = by_bound;
-        took[i] = secs;
+        got[i] = out;
     }
-    let (b0, b1) = (best(&probes, 0), best(&probes, 1));
+    let (b0, b1) = (best(&got, 0), best(&got, 1));
     candidates
         .iter()
-        .zip(&probes)
-        .zip(readies)
-        .zip(pruned)
-        .zip(took)
-        .map(|(((((c, _), p), ready), pruned), secs)| {
+        .zip(got)
+        .map(|((c, _), (p, ready, pruned, secs))| {
             let keep = kept_anyway(c) || p[0] <= b0 * SCREEN_FACTOR || p[1] <= b1 * SCREEN_FACTOR;
             Probe {
                 keep,
