@@ -43,6 +43,8 @@ pub fn compile_with_progress(
     progress: &mut dyn FnMut(Progress),
 ) -> Result<CompiledPlan, SearchError> {
     let started = std::time::Instant::now();
+    // Starts the trace's clock (its lines say when they were printed) with the compile.
+    super::report::tracing();
     let families = families_for(options.synth);
     let owned = offered_options(options, &families)?;
     let options = owned.as_ref().unwrap_or(options);

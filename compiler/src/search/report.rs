@@ -221,8 +221,8 @@ pub(super) fn tracing() -> bool {
     })
 }
 
-/// Seconds since the first [`tracing`] check (the start of the first compile of the
-/// process): each trace line says when it was printed, so that the phases of collectives
+/// Seconds since the first [`tracing`] check, which the start of a process's first compile
+/// makes: each trace line says when it was printed, so that the phases of collectives
 /// compiled side by side can be laid out in time.
 pub(super) fn traced_since() -> f64 {
     static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
