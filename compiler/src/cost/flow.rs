@@ -49,9 +49,8 @@ struct Shares {
 struct FillRes {
     /// Capacity not yet given to frozen flows.
     rem: f64,
-    /// The key of its representative entry, and that share itself.
+    /// The key of its representative entry.
     rep_key: u64,
-    rep_share: f64,
     /// Its flows not yet frozen.
     cnt: u32,
     /// The stamp of its representative entry.
@@ -67,7 +66,7 @@ struct FillRes {
 /// subnormals; below 1e-200 it divides.
 #[inline]
 fn surely_not_below(r: &FillRes) -> bool {
-    let rep = r.rep_share;
+    let rep = from_order_key(r.rep_key);
     rep >= 1e-200 && r.rem >= rep * f64::from(r.cnt) * (1.0 + 4.0 * f64::EPSILON)
 }
 
@@ -105,7 +104,6 @@ impl Shares {
         let r = &mut self.res[share.res as usize];
         r.rep_stamp = share.stamp;
         r.rep_key = share.key;
-        r.rep_share = from_order_key(share.key);
     }
 
     /// Takes the smallest entry.
@@ -620,16 +618,14 @@ impl<'a> FlowRates<'a> {
                 let cnt = flows.len() as u32;
                 let rem = cap[ri];
                 live += u64::from(cnt);
-                let first = rem / f64::from(cnt);
                 let e = Share {
-                    key: total_order_key(first),
+                    key: total_order_key(rem / f64::from(cnt)),
                     res: r,
                     stamp: cnt,
                 };
                 shares.res[ri] = FillRes {
                     rem,
                     rep_key: e.key,
-                    rep_share: first,
                     cnt,
                     rep_stamp: cnt,
                 };
@@ -701,13 +697,11 @@ impl<'a> FlowRates<'a> {
                         r2s.cnt -= 1;
                         live -= 1;
                         if r2s.cnt > 0 && r2 != res && !surely_not_below(r2s) {
-                            let share = r2s.rem / f64::from(r2s.cnt);
-                            let key = total_order_key(share);
+                            let key = total_order_key(r2s.rem / f64::from(r2s.cnt));
                             // A lowered share (rounding) is queued now; raised ones wait
                             // until their representative reaches the front.
                             if key < r2s.rep_key {
                                 r2s.rep_key = key;
-                                r2s.rep_share = share;
                                 r2s.rep_stamp = r2s.cnt;
                                 shares.later.push(Reverse(Share {
                                     key,
@@ -755,7 +749,6 @@ mod tests {
         let r = FillRes {
             rem,
             rep_key: total_order_key(rep),
-            rep_share: rep,
             cnt,
             rep_stamp: cnt,
         };
@@ -799,7 +792,6 @@ mod tests {
         let r = FillRes {
             rem: 300.0,
             rep_key: total_order_key(100.0),
-            rep_share: 100.0,
             cnt: 2,
             rep_stamp: 3,
         };
