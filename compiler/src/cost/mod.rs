@@ -36,6 +36,7 @@ pub mod reach;
 pub mod sim;
 mod steps;
 pub mod symmetric;
+pub mod tally;
 
 pub use baseline::{Baseline, NcclAlgo, NcclChoice, NcclTopo};
 pub use bounds::Bound;
@@ -48,6 +49,7 @@ pub use network::{Network, Route};
 pub use prepared::{Estimate, Prepared, ResourceUse, StepSpan, Timeline, Unrouted};
 pub use sim::Simulator;
 pub use symmetric::PreparedSymmetric;
+pub use tally::{RunCounts, runs_for};
 
 use hccl_ir::{Collective, Protocol, Schedule};
 use hccl_topologies::Topology;

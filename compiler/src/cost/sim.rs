@@ -34,6 +34,7 @@ use super::prepared::{
     Estimate, FlatStep, Messages, Prepared, StepSpan, Timeline, Unrouted, number_messages,
     step_kind,
 };
+use super::tally::{Outcome, RunCounts, RunTally};
 use hccl_ir::{Protocol, Schedule, StepRef};
 
 pub use super::flow::EXACT_COMPONENT;
@@ -50,6 +51,8 @@ pub struct Simulator {
     pub(super) symmetric_cache: super::contention::ContentionCache,
     /// What [`Unrouted::bound_us`] knows of the ranks, computed on first use.
     reach: std::sync::OnceLock<super::reach::RankReach>,
+    /// What its flow runs cost, by purpose and outcome ([`Simulator::run_counts`]).
+    tally: RunTally,
 }
 
 impl Unrouted {
@@ -84,6 +87,7 @@ impl Simulator {
             model,
             symmetric_cache: Default::default(),
             reach: std::sync::OnceLock::new(),
+            tally: RunTally::default(),
         }
     }
 
@@ -198,8 +202,9 @@ impl Simulator {
         bytes: u64,
         protocol: Protocol,
     ) -> Result<Estimate, CostError> {
-        if let Some(cpu) = &self.model.cpu {
-            return super::cpu::run(
+        let since = std::time::Instant::now();
+        let out = if let Some(cpu) = &self.model.cpu {
+            super::cpu::run(
                 (&self.network, &self.model),
                 cpu,
                 prepared,
@@ -207,16 +212,30 @@ impl Simulator {
                 protocol,
                 false,
             )
-            .map(|r| r.0);
-        }
-        run_flows(
-            self.parts(),
-            prepared,
-            (bytes, protocol),
-            &mut None,
-            (f64::INFINITY, false),
-        )
-        .map(|r| r.0)
+            .map(|r| r.0)
+        } else {
+            run_flows(
+                self.parts(),
+                prepared,
+                (bytes, protocol),
+                &mut None,
+                (f64::INFINITY, false),
+            )
+            .map(|r| r.0)
+        };
+        let outcome = if out.is_ok() {
+            Outcome::Whole
+        } else {
+            Outcome::Failed
+        };
+        self.tally.add(Some(since), outcome);
+        out
+    }
+
+    /// What this simulator's runs ([`Simulator::run`], [`Simulator::run_within`]) cost so
+    /// far, per purpose ([`runs_for`](super::runs_for)), in order of first use.
+    pub fn run_counts(&self) -> Vec<RunCounts> {
+        self.tally.counts()
     }
 
     /// [`Simulator::run`], given up as soon as the collective is sure to take longer than
@@ -251,9 +270,11 @@ impl Simulator {
             return self.run(prepared, bytes, protocol).map(Some);
         }
         if self.bound_past(prepared, (bytes, protocol), limit_us) {
+            self.tally.add(None, Outcome::Bounded);
             return Ok(None);
         }
-        match run_flows(
+        let since = std::time::Instant::now();
+        let out = match run_flows(
             self.parts(),
             prepared,
             (bytes, protocol),
@@ -263,7 +284,15 @@ impl Simulator {
             Ok((estimate, _)) => Ok((estimate.time_us <= limit_us).then_some(estimate)),
             Err(CostError::PastLimit { .. }) => Ok(None),
             Err(e) => Err(e),
-        }
+        };
+        let outcome = match &out {
+            Ok(Some(_)) if limit_us == f64::INFINITY => Outcome::Whole,
+            Ok(Some(_)) => Outcome::Within,
+            Ok(None) => Outcome::Stopped,
+            Err(_) => Outcome::Failed,
+        };
+        self.tally.add(Some(since), outcome);
+        out
     }
 
     /// Whether a lower bound on a run of `prepared` at `bytes` under `protocol` is already

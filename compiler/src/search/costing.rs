@@ -8,7 +8,7 @@ use super::par::par_map;
 use super::ready::Ready;
 use super::report::{Counts, StopReason, trace_candidate, tracing};
 use super::screen::Probe;
-use crate::cost::Simulator;
+use crate::cost::{Simulator, runs_for};
 use crate::families::Candidate;
 use hccl_ir::CollectiveKind;
 
@@ -88,7 +88,11 @@ pub(super) fn run(
     let (first, second): (Vec<usize>, Vec<usize>) =
         (0..candidates.len()).partition(|&i| baseline(&candidates[i].0));
     let mut all: Vec<Option<Sampled>> = (0..candidates.len()).map(|_| None).collect();
-    for (&i, out) in first.iter().zip(par_map(&first, |&i| cost(i, None))) {
+    let first_wave = |&i: &usize| {
+        runs_for(COST_BASELINE);
+        cost(i, None)
+    };
+    for (&i, out) in first.iter().zip(par_map(&first, first_wave)) {
         all[i] = Some(out);
     }
     // The limit at each size: the best time of a selectable candidate so far (the first
@@ -109,12 +113,14 @@ pub(super) fn run(
         second_wave_order(search, (&candidates, probes), &limits, second, budget);
     let batches = second
         .chunks(SECOND_WAVE_BATCH)
-        .chain(std::iter::once(&sampled[..]));
-    for batch in batches {
-        for (&i, out) in batch
-            .iter()
-            .zip(par_map(batch, |&i| cost(i, Some(&limits))))
-        {
+        .map(|b| (b, COST_WHOLE))
+        .chain(std::iter::once((&sampled[..], COST_SAMPLED)));
+    for (batch, purpose) in batches {
+        let second_wave = |&i: &usize| {
+            runs_for(purpose);
+            cost(i, Some(&limits))
+        };
+        for (&i, out) in batch.iter().zip(par_map(batch, second_wave)) {
             if selectable(i) {
                 lower_limits(&mut limits, &out, true);
             }
@@ -246,6 +252,7 @@ pub(super) fn complete(
         .filter(|&c| costed[c].limited)
         .collect();
     let found = par_map(&todo, |&c| {
+        runs_for(COMPLETE);
         let candidate = &costed[c].candidate;
         let Some(at) = at else {
             let out = cost_sampled(
@@ -306,6 +313,14 @@ pub(super) fn complete(
     }
     todo.len()
 }
+
+/// What the cost phase's runs are tallied under ([`runs_for`]; `HCCL_SEARCH_TRACE` prints the
+/// tally): the first wave, the second's candidates simulated at every size, its sampled
+/// ones, and the runs [`complete`] makes.
+pub(super) const COST_BASELINE: &str = "cost: NCCL's families";
+pub(super) const COST_WHOLE: &str = "cost: every size, within limits";
+pub(super) const COST_SAMPLED: &str = "cost: sampled sizes";
+pub(super) const COMPLETE: &str = "complete: runs without limits";
 
 /// Candidates of the cost phase's second wave costed between two updates of its limits (a
 /// fixed number, so that the plan does not depend on the thread count).

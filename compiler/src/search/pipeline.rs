@@ -18,6 +18,7 @@ use super::row::{CompiledPlan, Row};
 use super::screen;
 use super::screen::Probe;
 use super::select::{Selection, select_and_verify};
+use crate::cost::runs_for;
 use hccl_ir::{CollectiveKind, PlanFile, PlanMeta};
 use hccl_topologies::Topology;
 
@@ -61,7 +62,9 @@ pub fn compile_with_progress(
                 .collect();
             crate::synth::milp::prime_in(scope, topo, wanted, options.cache_dir.as_deref());
         }
-        compile_collectives(topo, options, &search, progress, started)
+        let compiled = compile_collectives(topo, options, &search, progress, started);
+        super::report::trace_runs(&search.sim.run_counts());
+        compiled
     })
 }
 
@@ -211,6 +214,7 @@ fn compile_collective(
     let collective = collective_of(kind);
     let mut clock = PhaseClock::start(kind);
 
+    runs_for("generate");
     let generation = generate::generate(search, collective).ok_or(SearchError::Cancelled)?;
     let total = generation.candidates.len();
     clock.done(
@@ -286,6 +290,7 @@ fn compile_collective(
         ]),
     );
 
+    runs_for("select and verify");
     let mut selection = select_and_verify(search, kind, &mut costed)?;
     if selection.failed > 0 && costed.iter().any(|c| c.limited || !c.cut.is_empty()) {
         // A winner failed verification: the sizes it won are decided again among every
@@ -326,6 +331,7 @@ fn compile_collective(
         }
     };
 
+    runs_for("emit");
     complete_neighbours(search, (&mut costed, &probes), &winners, budget);
     let rows: &mut Vec<Row> = &mut compiled.rows;
     emit::rows(

@@ -5,7 +5,7 @@ use super::options::Options;
 use super::par::par_map;
 use super::ready::Ready;
 use super::select::{TIE, winner_at};
-use crate::cost::Simulator;
+use crate::cost::{Simulator, runs_for};
 
 /// What [`refine`] did, for the report.
 #[derive(Debug, Default)]
@@ -150,6 +150,7 @@ pub(super) fn refine(
             }
         }
         let results = par_map(&by, |&(c, ref list)| {
+            runs_for("refine");
             let stops = !whole_of[c];
             let c = &costed[c];
             let Ok(prepared) = Ready::new(sim, &c.candidate) else {
@@ -212,6 +213,7 @@ pub(super) fn carry_down(
     options: &Options,
     mut steps_left: usize,
 ) -> usize {
+    runs_for("carry down");
     let np = options.protocols.len();
     let mut simulated = 0;
     let mut ready: Vec<Option<Ready>> = (0..costed.len()).map(|_| None).collect();
@@ -344,6 +346,7 @@ pub(super) fn uncut(
     let wanted = |&(si, p): &(usize, usize)| {
         at.is_none_or(|at| at.contains(&si)) && protocol.is_none_or(|q| q == p)
     };
+    runs_for("uncut: stopped runs to their end");
     let todo: Vec<(usize, usize)> = costed.cut.iter().copied().filter(wanted).collect();
     if todo.is_empty() {
         return 0;

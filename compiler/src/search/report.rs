@@ -229,6 +229,37 @@ pub(super) fn traced_since() -> f64 {
     START.get_or_init(Instant::now).elapsed().as_secs_f64()
 }
 
+/// Prints, when [`tracing`], what a compile's simulation runs cost by purpose
+/// ([`runs_for`](crate::cost::runs_for)), the dearest first: runs and thread seconds, and how
+/// the runs ended. Thread seconds exceed CPU seconds when more threads run than cores.
+pub(super) fn trace_runs(counts: &[crate::cost::RunCounts]) {
+    if !tracing() {
+        return;
+    }
+    let mut counts = counts.to_vec();
+    counts.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+    let total: f64 = counts.iter().map(|c| c.seconds).sum();
+    let at = traced_since();
+    eprintln!(
+        "trace [{at:7.3} s]: simulation runs: {total:.3} thread seconds; per purpose, runs \
+         (to their end / within a limit / stopped past it / failed), seconds, runs a bound spared"
+    );
+    for c in &counts {
+        eprintln!(
+            "trace [{at:7.3} s]:   {}: {} ({} / {} / {} / {}), {:.3} s ({:.0}%), {} spared",
+            c.purpose,
+            c.runs(),
+            c.whole,
+            c.within,
+            c.stopped,
+            c.failed,
+            c.seconds,
+            100.0 * c.seconds / total.max(f64::MIN_POSITIVE),
+            c.bounded
+        );
+    }
+}
+
 /// Prints one candidate's screening or costing time when [`tracing`].
 pub(super) fn trace_candidate(
     what: &str,

@@ -6,7 +6,7 @@ use super::options::Options;
 use super::par::par_map;
 use super::ready::Ready;
 use super::report::{StopReason, trace_candidate};
-use crate::cost::Simulator;
+use crate::cost::{Simulator, runs_for};
 use crate::families::Candidate;
 
 /// The screen phase: which of `candidates` to cost in full (see [`screen`]); the NCCL
@@ -106,6 +106,7 @@ pub(super) fn screen(
     // Both probes of one candidate, each run given up past its limit; the prepared schedule
     // when a probe came in within its limit (costing then starts from it).
     let probe = |c: &Candidate, limits: [f64; 2]| -> Probed {
+        runs_for("screen");
         let started = std::time::Instant::now();
         let secs = || started.elapsed().as_secs_f64();
         let lost = ([f64::INFINITY; 2], None, false, 0.0);
