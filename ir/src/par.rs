@@ -1,19 +1,37 @@
 //! Work spread over the cores: [`par_map`] (every phase of the compiler's search runs its
 //! work through it; a plan's text is written with it).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
 
-/// Helper threads of every [`par_map`] of this process running at once: with the threads
-/// that called them, at most the cores ([`std::thread::available_parallelism`]).
-static HELPERS: AtomicUsize = AtomicUsize::new(0);
+/// Cores taken by the helper threads of every [`par_map`] of this process running at once,
+/// less those lent by callers left waiting for their helpers: with the first caller, at
+/// most the cores ([`std::thread::available_parallelism`]).
+static TAKEN: AtomicIsize = AtomicIsize::new(0);
 
-/// Takes a helper's place if fewer than `most` are taken.
+/// Takes a core for a helper if fewer than `most` are taken.
 fn take_helper(most: usize) -> bool {
-    HELPERS
+    let most = isize::try_from(most).unwrap_or(isize::MAX);
+    TAKEN
         .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
             (n < most).then_some(n + 1)
         })
         .is_ok()
+}
+
+/// Lends this thread's core ([`TAKEN`]) until dropped: its caller waits for its helpers.
+struct Waiting;
+
+impl Waiting {
+    fn start() -> Waiting {
+        TAKEN.fetch_sub(1, Ordering::AcqRel);
+        Waiting
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        TAKEN.fetch_add(1, Ordering::AcqRel);
+    }
 }
 
 /// Gives a helper's place back when dropped (also when its work panics).
@@ -21,7 +39,7 @@ struct Helper;
 
 impl Drop for Helper {
     fn drop(&mut self) {
-        HELPERS.fetch_sub(1, Ordering::AcqRel);
+        TAKEN.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -31,7 +49,8 @@ impl Drop for Helper {
 /// The calling thread works through the items, and before each one it starts a helper
 /// thread (one fewer than the cores per call) if the process has a core free for it: the
 /// helpers of every `par_map` running at once, nested ones too, stay below the cores, the
-/// calling thread counting as the first. Work nested inside a `par_map` item (a compile's
+/// calling thread counting as the first, and a caller left waiting for its helpers lends
+/// its core to the others meanwhile. Work nested inside a `par_map` item (a compile's
 /// collectives side by side, each costing candidates side by side) then runs on the threads
 /// already busy instead of oversubscribing the cores, and joins freed cores item by item.
 /// Threads that are not `par_map`'s (a background solve) are not counted.
@@ -69,6 +88,9 @@ pub fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec
             let Some(item) = items.get(i) else { break };
             mine.push((i, f(item)));
         }
+        // Nothing left to take: this thread's core is free for other calls' helpers until its
+        // own helpers are done.
+        let _waiting = (!helpers.is_empty()).then(Waiting::start);
         helpers
             .into_iter()
             .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
@@ -81,7 +103,7 @@ pub fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec
 
 #[cfg(test)]
 mod tests {
-    use super::{HELPERS, par_map};
+    use super::{TAKEN, par_map};
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[test]
@@ -100,7 +122,9 @@ mod tests {
     }
 
     /// However deep the nesting, no more threads run items at once than the cores (the
-    /// helpers' count, with the calling thread, never passes them).
+    /// helpers' count, with the calling thread, never passes them); one more at most when
+    /// another test's call, waiting for its helpers, lends its core meanwhile. Unbounded
+    /// nesting would run the cores squared (4 threads on 2 cores).
     #[test]
     fn nested_calls_stay_within_the_cores() {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -115,9 +139,11 @@ mod tests {
                 running.fetch_sub(1, Ordering::SeqCst);
             })
         });
-        // Other tests' calls share the budget, so this one can only be below it.
-        assert!(peak.load(Ordering::SeqCst) <= cores, "{peak:?} > {cores}");
-        assert!(HELPERS.load(Ordering::SeqCst) < cores);
+        assert!(
+            peak.load(Ordering::SeqCst) <= cores + 1,
+            "{peak:?} > {cores} + 1"
+        );
+        assert!(TAKEN.load(Ordering::SeqCst) < cores as isize);
     }
 
     #[test]
