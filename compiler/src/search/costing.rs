@@ -317,10 +317,10 @@ pub(super) fn complete(
 /// What the cost phase's runs are tallied under ([`runs_for`]; `HCCL_SEARCH_TRACE` prints the
 /// tally): the first wave, the second's candidates simulated at every size, its sampled
 /// ones, and the runs [`complete`] makes.
-pub(super) const COST_BASELINE: &str = "cost: NCCL's families";
-pub(super) const COST_WHOLE: &str = "cost: every size, within limits";
-pub(super) const COST_SAMPLED: &str = "cost: sampled sizes";
-pub(super) const COMPLETE: &str = "complete: runs without limits";
+const COST_BASELINE: &str = "cost: NCCL's families";
+const COST_WHOLE: &str = "cost: every size, within limits";
+const COST_SAMPLED: &str = "cost: sampled sizes";
+const COMPLETE: &str = "complete: runs without limits";
 
 /// Candidates of the cost phase's second wave costed between two updates of its limits (a
 /// fixed number, so that the plan does not depend on the thread count).
