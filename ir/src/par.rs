@@ -78,11 +78,15 @@ pub fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec
             // Items left beside the one this thread takes next: one helper for each at most.
             let left = items.len().saturating_sub(next.load(Ordering::Relaxed) + 1);
             if helpers.len() < most.min(left) && take_helper(most) {
-                let work = &work;
-                helpers.push(scope.spawn(move || {
-                    let _place = Helper;
+                let (work, place) = (&work, Helper);
+                // A thread the system will not start gives its place back with the closure
+                // that holds it, and this thread carries on alone.
+                if let Ok(h) = std::thread::Builder::new().spawn_scoped(scope, move || {
+                    let _place = place;
                     work()
-                }));
+                }) {
+                    helpers.push(h);
+                }
             }
             let i = next.fetch_add(1, Ordering::Relaxed);
             let Some(item) = items.get(i) else { break };
