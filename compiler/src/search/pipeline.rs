@@ -214,6 +214,9 @@ fn compile_collective(
     let collective = collective_of(kind);
     let mut clock = PhaseClock::start(kind);
 
+    // Each stretch of this thread names what its simulation runs are for (the tally that
+    // `HCCL_SEARCH_TRACE` prints); the phases that run candidates side by side, carry down
+    // and uncut name their own, so a name set here also keeps an earlier one from lingering.
     runs_for("generate");
     let generation = generate::generate(search, collective).ok_or(SearchError::Cancelled)?;
     let total = generation.candidates.len();
