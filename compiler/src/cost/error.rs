@@ -30,7 +30,9 @@ pub enum CostError {
     /// schedule run on another network or kind of model.
     #[error("symmetric schedule: {0}")]
     BadSymmetry(String),
-    /// A run given a time limit ([`Simulator::run_within`]) passed it.
-    #[error("the collective takes longer than {limit_us} µs")]
-    PastLimit { limit_us: f64 },
+    /// A run given a time limit ([`Simulator::run_within`]) passed it, or was sure to: its
+    /// clock was at `at_us` when it stopped (below the limit when what was left to carry
+    /// over its busiest resources could not make it in time).
+    #[error("the collective takes longer than {limit_us} µs (stopped at {at_us} µs)")]
+    PastLimit { limit_us: f64, at_us: f64 },
 }

@@ -142,6 +142,9 @@ pub(super) fn run_flows(
         )
     });
     st.limit = limit;
+    if limit.is_finite() {
+        rates.watch_busiest(p, bytes);
+    }
     st.tracking = course && model.affine_in_size();
     rates.log = log.take();
     let result = st.execute(&mut rates);
@@ -276,7 +279,35 @@ struct FlowRates<'a> {
     /// Scratch: the resources and flows of the component being recomputed.
     comp_res: Vec<u32>,
     comp_flows: Vec<u32>,
+    /// The busiest resources of a run given a limit, which stops once one of them could
+    /// not carry what is left to start on it before the limit ([`Rates::past`]).
+    watch: Vec<Watched>,
+    /// Times the clock moved on (the watch looks every [`WATCH_EVERY`]-th).
+    advances: u32,
 }
+
+/// A resource a run given a limit watches: whatever has not started on it by time `t`
+/// crosses it after `t`, at no more than its capacity (rates never exceed a resource's
+/// capacity, exactly nor approximately allocated), so the run cannot end before
+/// `t + (load − started) / capacity`.
+#[derive(Clone, Copy)]
+struct Watched {
+    res: u32,
+    /// The bytes the whole run carries over it.
+    load: f64,
+    /// µs per byte at its capacity.
+    per_byte: f64,
+    /// µs its whole load takes at its capacity.
+    span: f64,
+}
+
+/// How often a run given a limit looks at its watched resources: every this many times its
+/// clock moves on.
+const WATCH_EVERY: u32 = 4;
+/// How far past its limit a watched resource's bound must be to stop the run (relative):
+/// far above the rounding of a run's times, so that a run the bound stops would never have
+/// come in within its limit.
+const WATCH_MARGIN: f64 = 1e-7;
 
 impl<'a> FlowRates<'a> {
     fn new(
@@ -316,6 +347,8 @@ impl<'a> FlowRates<'a> {
             shares: Shares::new(nres, nmsg),
             comp_res: b.empty(),
             comp_flows: b.empty(),
+            watch: Vec::new(),
+            advances: 0,
             log: None,
         }
     }
@@ -403,6 +436,24 @@ impl Rates for FlowRates<'_> {
         self.dirty.extend_from_slice(route);
     }
 
+    fn past(&mut self, now: f64, limit: f64) -> bool {
+        self.advances = self.advances.wrapping_add(1);
+        if !self.advances.is_multiple_of(WATCH_EVERY) {
+            return false;
+        }
+        let slack = limit * (1.0 + WATCH_MARGIN) - now;
+        for w in &self.watch {
+            if w.span <= slack {
+                // Nor can any after it: their whole load takes no longer.
+                return false;
+            }
+            if (w.load - self.resource_bytes[w.res as usize]) * w.per_byte > slack {
+                return true;
+            }
+        }
+        false
+    }
+
     fn current(&self, m: u32, seq: u32) -> bool {
         let flow = &self.flow[m as usize];
         flow.active && flow.end_seq == seq
@@ -428,6 +479,27 @@ impl Rates for FlowRates<'_> {
 }
 
 impl<'a> FlowRates<'a> {
+    /// Watches every resource a run of `p` (a collective of `bytes`) given a limit loads
+    /// ([`Watched`]), the longest its load takes at its capacity first: [`Rates::past`]
+    /// goes down the list until the resources left could carry their whole load in time.
+    fn watch_busiest(&mut self, p: &Prepared, bytes: u64) {
+        let loads = p.resource_loads(bytes, self.cap.len());
+        let mut busiest: Vec<Watched> = loads
+            .iter()
+            .zip(&self.cap)
+            .enumerate()
+            .filter(|&(_, (&load, &cap))| load > 0.0 && cap > 0.0 && cap.is_finite())
+            .map(|(r, (&load, &cap))| Watched {
+                res: r as u32,
+                load,
+                per_byte: 1.0 / cap,
+                span: load / cap,
+            })
+            .collect();
+        busiest.sort_by(|a, b| b.span.total_cmp(&a.span).then(a.res.cmp(&b.res)));
+        self.watch = busiest;
+    }
+
     /// Max-min fair rates for the flows connected to the dirty resources. Components of at
     /// most [`EXACT_COMPONENT`] flows are recomputed exactly at every change. In larger ones
     /// (all-to-all traffic through shared switches) a new flow takes the capacity its route
@@ -739,8 +811,69 @@ impl<'a> FlowRates<'a> {
 
 #[cfg(test)]
 mod tests {
-    use super::{FillRes, surely_not_below, total_order_key};
+    use super::{FillRes, run_flows, surely_not_below, total_order_key};
+    use crate::cost::{CostError, CostModel, Network, Simulator};
+    use crate::families::FamilyParams;
+    use crate::search::all_families;
+    use hccl_ir::{Collective, Protocol};
     use proptest::prelude::*;
+
+    /// A run given a limit stops before its clock reaches it once what is left to start on
+    /// its busiest resources cannot cross them by then, and never stops a run that makes it
+    /// (given its own end as the limit, it runs to that end). DGX-1's ring and tree
+    /// AllReduce, 1 and 64 MiB, both protocols, limits of 50% to 99.9% of the run.
+    #[test]
+    fn a_losing_run_stops_before_its_clock_reaches_the_limit() {
+        let topo = hccl_topologies::shipped_by_name("dgx1-v100").expect("shipped");
+        let sim = Simulator::new(Network::new(&topo), CostModel::for_topology(&topo));
+        let one = FamilyParams {
+            channels: 1,
+            pipeline: 1,
+        };
+        let (mut stopped, mut early) = (0, 0);
+        for name in ["ring", "tree"] {
+            let family = all_families()
+                .into_iter()
+                .find(|f| f.name() == name)
+                .expect("registered");
+            let cand = family
+                .generate(&topo, Collective::AllReduce, one)
+                .into_iter()
+                .next()
+                .expect("a candidate");
+            let p = sim.prepare(&cand.schedule).expect("prepares");
+            for bytes in [1u64 << 20, 64 << 20] {
+                for protocol in [Protocol::LL, Protocol::Simple] {
+                    let what = format!("{name} at {bytes} B under {protocol:?}");
+                    let run = |limit: f64| {
+                        run_flows(
+                            sim.parts(),
+                            &p,
+                            (bytes, protocol),
+                            &mut None,
+                            (limit, false),
+                        )
+                    };
+                    let (full, _) = run(f64::INFINITY).expect("runs");
+                    let end = full.time_us - full.base_us;
+                    let (within, _) = run(end).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    assert_eq!(within, full, "{what}");
+                    for share in [0.5, 0.9, 0.99, 0.999] {
+                        let limit = end * share;
+                        match run(limit) {
+                            Err(CostError::PastLimit { at_us, .. }) => {
+                                stopped += 1;
+                                early += usize::from(at_us <= limit);
+                            }
+                            other => panic!("{what}, limit {limit} µs: {other:?}"),
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(stopped, 32);
+        assert!(early > 8, "only {early} of {stopped} runs stopped early");
+    }
 
     /// `surely_not_below` never skips a division that would have found a lowered share: where
     /// it says "sure", the rounded quotient's key is not below the representative's (above

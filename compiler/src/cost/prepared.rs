@@ -162,6 +162,22 @@ impl Prepared {
         self.steps.len()
     }
 
+    /// The payload bytes each of `resources` resources carries when this schedule runs a
+    /// collective of `bytes`: what a full run's [`Estimate::resource_bytes`] adds up to.
+    pub(super) fn resource_loads(&self, bytes: u64, resources: usize) -> Vec<f64> {
+        let chunk_bytes = bytes as f64 / f64::from(self.chunks);
+        let mut loads = vec![0.0; resources];
+        for (&c, &count) in self.msg_conn.iter().zip(&self.msg_count) {
+            let b = f64::from(count) * chunk_bytes;
+            if b > 0.0 {
+                for &r in &self.conn_route[c as usize].resources {
+                    loads[r as usize] += b;
+                }
+            }
+        }
+        loads
+    }
+
     /// Whether some message of the schedule travels a route whose slowest link is of `class`.
     pub fn uses_class(&self, class: LinkClass) -> bool {
         self.conn_route

@@ -92,7 +92,7 @@ impl Simulator {
     }
 
     /// The network and the model, as the runs of `flow.rs` and `cpu.rs` take them.
-    fn parts(&self) -> (&Network, &CostModel) {
+    pub(super) fn parts(&self) -> (&Network, &CostModel) {
         (&self.network, &self.model)
     }
 
@@ -392,17 +392,7 @@ impl Simulator {
     /// The payload bytes each resource carries when `prepared` runs a collective of `bytes`:
     /// what a full run's [`Estimate::resource_bytes`] adds up to, without running it.
     pub fn resource_loads(&self, prepared: &Prepared, bytes: u64) -> Vec<f64> {
-        let chunk_bytes = bytes as f64 / f64::from(prepared.chunks);
-        let mut loads = vec![0.0; self.network.capacity.len()];
-        for (&c, &count) in prepared.msg_conn.iter().zip(&prepared.msg_count) {
-            let b = f64::from(count) * chunk_bytes;
-            if b > 0.0 {
-                for &r in &prepared.conn_route[c as usize].resources {
-                    loads[r as usize] += b;
-                }
-            }
-        }
-        loads
+        prepared.resource_loads(bytes, self.network.capacity.len())
     }
 
     /// [`Simulator::run`], recording when every step ran.

@@ -160,7 +160,8 @@ pub(super) struct Steps<'a> {
     mem_scale: f64,
     pub(super) now: f64,
     /// The run stops (see [`Steps::execute`]) once the clock passes this (µs, without the
-    /// protocol's base latency); infinite for a full run.
+    /// protocol's base latency), or once its [`Rates`] are sure it will ([`Rates::past`]);
+    /// infinite for a full run.
     pub(super) limit: f64,
     /// Events pushed so far: the next one's push order. At `u32::MAX` the run stops
     /// ([`CostError::TooLarge`]: billions of events, far past any budget).
@@ -228,6 +229,11 @@ pub(super) trait Rates {
     fn start(&mut self, st: &mut Steps<'_>, m: u32, bytes: f64);
     /// Flow `m` ended (its current `FlowDone` fired): it releases what it held.
     fn finish(&mut self, st: &mut Steps<'_>, m: u32);
+    /// Whether a run given `limit` (µs, without the base latency) is sure to end past it,
+    /// at `now`, from what is left to carry.
+    fn past(&mut self, _now: f64, _limit: f64) -> bool {
+        false
+    }
     /// Whether a `FlowDone(m, seq)` event (`seq`: its push order) is still current.
     fn current(&self, m: u32, seq: u32) -> bool;
     /// Whether rates must be recomputed before time moves on.
@@ -383,7 +389,8 @@ impl<'a> Steps<'a> {
     ///
     /// With a [`Steps::limit`], the run stops at the first event past it (events are taken
     /// in time order and the clock never goes back, so the full run would end later still)
-    /// and returns [`CostError::PastLimit`].
+    /// and returns [`CostError::PastLimit`]; also earlier, at a time its rates say the run
+    /// cannot end by the limit ([`Rates::past`], asked whenever the clock moves on).
     pub(super) fn execute<R: Rates>(&mut self, rates: &mut R) -> Result<Spans, CostError> {
         let steps = self.p.steps.len();
         if steps >= 1 << INDEX_BITS || self.p.msg_conn.len() >= 1 << INDEX_BITS {
@@ -425,10 +432,12 @@ impl<'a> Steps<'a> {
                 continue; // superseded by a rate change
             }
             self.note(ev.time(), ev.tag());
+            let advanced = ev.time() > self.now;
             self.now = self.now.max(ev.time());
-            if self.now > self.limit {
+            if self.now > self.limit || (advanced && rates.past(self.now, self.limit)) {
                 return Err(CostError::PastLimit {
                     limit_us: self.limit,
+                    at_us: self.now,
                 });
             }
             match kind {

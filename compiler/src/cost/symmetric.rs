@@ -669,6 +669,7 @@ impl Simulator {
                 .and_then(|e| {
                     e.ok_or(CostError::PastLimit {
                         limit_us: f64::INFINITY,
+                        at_us: f64::INFINITY,
                     })
                 }),
             Form::Full(prepared) => self.run(prepared, bytes, protocol),
