@@ -126,13 +126,16 @@ pub(super) type RateLog = Option<Vec<(f64, u32, f64)>>;
 
 /// Runs a prepared schedule with max-min fair flows ([`FlowRates`]). With a `log`, the run
 /// is traced: step spans are returned and every flow's rate changes are appended to it.
-/// With `course`, the estimate holds the run's course ([`Estimate::course`]).
+/// With `course`, the estimate holds the run's course ([`Estimate::course`]). A finite
+/// `limit` stops the run past it ([`Steps::limit`], [`Rates::past`]); `loads` are then the
+/// run's resource loads if the caller has them ([`Prepared::resource_loads`]), else they are
+/// counted here.
 pub(super) fn run_flows(
     (network, model): (&Network, &CostModel),
     p: &Prepared,
     (bytes, protocol): (u64, Protocol),
     log: &mut RateLog,
-    (limit, course): (f64, bool),
+    (limit, loads, course): (f64, Option<&[f64]>, bool),
 ) -> Result<(Estimate, Spans), CostError> {
     let (mut st, mut rates) = buffers::with(|b| {
         let st = Steps::new(network, model, p, (bytes, protocol), log.is_some(), b);
@@ -143,7 +146,10 @@ pub(super) fn run_flows(
     });
     st.limit = limit;
     if limit.is_finite() {
-        rates.watch_busiest(p, bytes);
+        match loads {
+            Some(loads) => rates.watch_busiest(loads),
+            None => rates.watch_busiest(&p.resource_loads(bytes, network.capacity.len())),
+        }
     }
     st.tracking = course && model.affine_in_size();
     rates.log = log.take();
@@ -288,7 +294,7 @@ struct FlowRates<'a> {
 
 /// A resource a run given a limit watches: whatever has not started on it by time `t`
 /// crosses it after `t`, at no more than its capacity (rates never exceed a resource's
-/// capacity, exactly nor approximately allocated), so the run cannot end before
+/// capacity, whether allocated exactly or approximately), so the run cannot end before
 /// `t + (load − started) / capacity`.
 #[derive(Clone, Copy)]
 struct Watched {
@@ -479,11 +485,10 @@ impl Rates for FlowRates<'_> {
 }
 
 impl<'a> FlowRates<'a> {
-    /// Watches every resource a run of `p` (a collective of `bytes`) given a limit loads
-    /// ([`Watched`]), the longest its load takes at its capacity first: [`Rates::past`]
-    /// goes down the list until the resources left could carry their whole load in time.
-    fn watch_busiest(&mut self, p: &Prepared, bytes: u64) {
-        let loads = p.resource_loads(bytes, self.cap.len());
+    /// Watches every resource a run given a limit loads ([`Watched`]; `loads`: bytes per
+    /// resource), the longest its load takes at its capacity first: [`Rates::past`] goes
+    /// down the list until the resources left could carry their whole load in time.
+    fn watch_busiest(&mut self, loads: &[f64]) {
         let mut busiest: Vec<Watched> = loads
             .iter()
             .zip(&self.cap)
@@ -851,7 +856,7 @@ mod tests {
                             &p,
                             (bytes, protocol),
                             &mut None,
-                            (limit, false),
+                            (limit, None, false),
                         )
                     };
                     let (full, _) = run(f64::INFINITY).expect("runs");

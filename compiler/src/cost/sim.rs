@@ -219,7 +219,7 @@ impl Simulator {
                 prepared,
                 (bytes, protocol),
                 &mut None,
-                (f64::INFINITY, false),
+                (f64::INFINITY, None, false),
             )
             .map(|r| r.0)
         };
@@ -269,7 +269,11 @@ impl Simulator {
         if limit.is_nan() {
             return self.run(prepared, bytes, protocol).map(Some);
         }
-        if self.bound_past(prepared, (bytes, protocol), limit_us) {
+        // The busiest resource's bound and the run's watch (`flow.rs`) read the same loads.
+        let loads = limit_us
+            .is_finite()
+            .then(|| prepared.resource_loads(bytes, self.network.capacity.len()));
+        if self.bound_past(prepared, (bytes, protocol), limit_us, loads.as_deref()) {
             self.tally.add(None, Outcome::Bounded);
             return Ok(None);
         }
@@ -279,7 +283,7 @@ impl Simulator {
             prepared,
             (bytes, protocol),
             &mut None,
-            (limit, course),
+            (limit, loads.as_deref(), course),
         ) {
             Ok((estimate, _)) => Ok((estimate.time_us <= limit_us).then_some(estimate)),
             Err(CostError::PastLimit { .. }) => Ok(None),
@@ -307,13 +311,16 @@ impl Simulator {
     ///   that its run says so.
     ///
     /// Never past an infinite or NaN limit, nor on a CPU host model (its own runner).
+    /// `loads`: the run's resource loads when the caller has them (as for
+    /// [`Simulator::cheap_bound_past`]).
     pub fn bound_past(
         &self,
         prepared: &Prepared,
         (bytes, protocol): (u64, Protocol),
         limit_us: f64,
+        loads: Option<&[f64]>,
     ) -> bool {
-        self.cheap_bound_past(prepared, (bytes, protocol), limit_us, None)
+        self.cheap_bound_past(prepared, (bytes, protocol), limit_us, loads)
             || self.path_bound_past(prepared, (bytes, protocol), limit_us)
     }
 
@@ -421,7 +428,7 @@ impl Simulator {
                     prepared,
                     (bytes, protocol),
                     &mut log,
-                    (f64::INFINITY, false),
+                    (f64::INFINITY, None, false),
                 )?;
                 let uses = resource_uses(prepared, log.unwrap_or_default());
                 (e, spans, 1, uses)
