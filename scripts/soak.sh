@@ -10,7 +10,8 @@
 #   scripts/soak.sh 10                        # 10 minutes, optimised build
 #   scripts/soak.sh 0.5 --max-bytes 1M        # arguments after MINUTES go to the driver
 #   scripts/soak.sh 1 --seed 1234 --json      # replay a run's calls; JSON report on stdout
-#   SOAK_PROFILE=dev scripts/soak.sh 0.5      # the dev build (what `cargo test` built)
+#   SOAK_PROFILE=test scripts/soak.sh 0.5     # the build `cargo test --workspace` made (CI)
+#   SOAK_PROFILE=dev scripts/soak.sh 0.5      # the dev build (`cargo build`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,8 +31,20 @@ case "${SOAK_PROFILE:-release}" in
     cargo build -q -p hccl --example soak
     bin=target/debug/examples/soak
     ;;
+  test)
+    # `cargo test --workspace` builds the examples too, with the test profile and every
+    # dev-dependency's features; asking it for the same units finds them built (a
+    # `cargo build` of the example would compile the workspace's crates again, a minute on 2
+    # cores). Its JSON messages name the executable.
+    bin=$(cargo test --workspace --no-run -q --message-format=json |
+      grep -o '"executable":"[^"]*/examples/soak"' | head -n 1 | cut -d'"' -f4)
+    if [[ -z "$bin" ]]; then
+      echo "soak: cargo test --workspace --no-run built no soak example" >&2
+      exit 1
+    fi
+    ;;
   *)
-    echo "SOAK_PROFILE=${SOAK_PROFILE}: expected release or dev" >&2
+    echo "SOAK_PROFILE=${SOAK_PROFILE}: expected release, dev or test" >&2
     exit 2
     ;;
 esac
