@@ -4,11 +4,11 @@
 # (`pip install ./python`) and its pytest suite (with PyTorch when HCCL_TEST_TORCH=1).
 # Arguments go to `cargo test`.
 #
-# The package is built with the test profile here (HCCL_PY_PROFILE=release or dev to change it),
-# so it reuses what `cargo test` just compiled (hccl-ir, -topologies, -compiler; the executor
-# is built again, without the fault injection its tests turn on) instead of building every
-# crate again; the Python tests need correctness, not speed. Users' `pip install ./python`
-# builds release.
+# The package is built with the dev profile here (HCCL_PY_PROFILE=release to change it): the
+# dev and test profiles have the same settings (Cargo.toml), so it reuses hccl-ir, -topologies
+# and -compiler as `cargo test` just compiled them (the executor is built again, without the
+# fault injection its tests turn on) instead of building every crate again; the Python tests
+# need correctness, not speed. Users' `pip install ./python` builds release.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,7 +19,7 @@ cargo test --workspace --no-run "$@"
 
 python=${PYTHON:-python3}
 venv=target/py-test-venv
-profile=${HCCL_PY_PROFILE:-test}
+profile=${HCCL_PY_PROFILE:-dev}
 extras=test
 # PyTorch (for hccl.torch's tests) is large: installed when HCCL_TEST_TORCH=1 (CI sets it),
 # from pip's cache after the first time; without it those tests say they skipped.
