@@ -225,30 +225,34 @@ def fsdp():
 
 
 def bad():
-    case = os.environ["CASE"]
+    # CASE: one bad input, or several separated by commas, tried in turn in one job (one
+    # launch of PyTorch instead of one per case); each prints "CASE: Error: message".
     dist.init_process_group("hccl_aot")
     r = dist.get_rank()
-    try:
-        if case == "noncontiguous":
-            dist.all_reduce(torch.zeros(4, 4).t())
-        elif case == "dtype":
-            dist.all_reduce(torch.zeros(4, dtype=torch.uint16))
-        elif case == "bool":
-            dist.all_reduce(torch.zeros(4, dtype=torch.bool))
-        elif case == "mismatch":
-            dist.all_reduce(torch.zeros(100 + r))
-        elif case == "send":
-            dist.send(torch.zeros(1), dst=1 - r)
-        elif case == "killed":
-            dist.all_reduce(torch.zeros(8))
-            if r == 1:
-                os._exit(7)
-            for _ in range(50):
-                dist.all_reduce(torch.zeros(1 << 16))
-        print("no error")
-    except Exception as e:
-        print(f"{type(e).__name__}: {e}")
-    sys.stdout.flush()
+    for case in os.environ["CASE"].split(","):
+        try:
+            if case == "noncontiguous":
+                dist.all_reduce(torch.zeros(4, 4).t())
+            elif case == "dtype":
+                dist.all_reduce(torch.zeros(4, dtype=torch.uint16))
+            elif case == "bool":
+                dist.all_reduce(torch.zeros(4, dtype=torch.bool))
+            elif case == "mismatch":
+                dist.all_reduce(torch.zeros(100 + r))
+            elif case == "send":
+                dist.send(torch.zeros(1), dst=1 - r)
+            elif case == "killed":
+                dist.all_reduce(torch.zeros(8))
+                if r == 1:
+                    os._exit(7)
+                for _ in range(50):
+                    dist.all_reduce(torch.zeros(1 << 16))
+            else:
+                raise SystemExit(f"unknown CASE {case!r}")
+            print(f"{case}: no error")
+        except Exception as e:
+            print(f"{case}: {type(e).__name__}: {e}")
+        sys.stdout.flush()
     os._exit(0)
 
 
