@@ -35,9 +35,9 @@ case "${SOAK_PROFILE:-release}" in
     # `cargo test --workspace` builds the examples too, with the test profile and every
     # dev-dependency's features; asking it for the same units finds them built (a
     # `cargo build` of the example would compile the workspace's crates again, a minute on 2
-    # cores). Its JSON messages name the executable.
-    bin=$(cargo test --workspace --no-run -q --message-format=json |
-      grep -o '"executable":"[^"]*/examples/soak"' | head -n 1 | cut -d'"' -f4)
+    # cores). Its JSON messages name the executable (compiler errors still print, on stderr).
+    bin=$(cargo test --workspace --no-run -q --message-format=json-render-diagnostics |
+      { grep -o '"executable":"[^"]*/examples/soak"' || true; } | head -n 1 | cut -d'"' -f4)
     if [[ -z "$bin" ]]; then
       echo "soak: cargo test --workspace --no-run built no soak example" >&2
       exit 1
