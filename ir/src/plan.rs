@@ -653,7 +653,7 @@ impl PlanFile {
     /// [`crate::plan_index::INDEX_MIN_BYTES`] or more with explicit entries gets a rank index
     /// (see [`PlanFile::to_ron_indexed`]).
     pub fn to_ron(&self) -> String {
-        index_if_large(self.to_ron_plain())
+        self.render(false)
     }
 
     /// [`PlanFile::to_ron`] with a rank index whatever the size, when the plan has explicit
@@ -661,8 +661,7 @@ impl PlanFile {
     /// explicit entry starts, so that [`PlanFile::load_for_ranks`] reads a rank's programs
     /// and the text around them instead of the whole file (see the crate's `plan_index`).
     pub fn to_ron_indexed(&self) -> String {
-        let text = self.to_ron_plain();
-        crate::plan_index::insert(&text).unwrap_or(text)
+        self.render(true)
     }
 
     /// [`PlanFile::to_ron`]'s text made in one pass on this thread, where `to_ron` writes
@@ -672,15 +671,22 @@ impl PlanFile {
         index_if_large(pretty_ron(self, PLAN_DEPTH))
     }
 
-    /// The pretty text of the plan, its entries written on up to
+    /// The pretty text of the plan, with a rank index when `always_index` or when it is
+    /// long enough ([`PlanFile::to_ron`]), its entries written on up to
     /// [`std::thread::available_parallelism`] threads (a compiled plan is tens of megabytes
     /// of text, and writing it is the compile's last step: a tenth of a DGX-1 compile, a
     /// second of the 4-node cluster's). The text is the one-pass text
     /// ([`PlanFile::to_ron_one_pass`]): the plan's own fields are written around an empty
     /// entry list, each entry is written alone one level shallower (so with a depth limit one
     /// less) and indented one level, and the entries go between the brackets joined as the
-    /// writer joins the elements of a compact array (`), (`).
-    fn to_ron_plain(&self) -> String {
+    /// writer joins the elements of a compact array (`), (`). The thread that writes an
+    /// entry also finds its rank lists, so the index needs no pass over the whole text, and
+    /// the text is put together once, index included.
+    fn render(&self, always_index: bool) -> String {
+        let one_pass = |text: String| match always_index {
+            true => crate::plan_index::insert(&text).unwrap_or(text),
+            false => index_if_large(text),
+        };
         let shell = PlanFile {
             format_version: self.format_version,
             meta: self.meta.clone(),
@@ -694,7 +700,7 @@ impl PlanFile {
             return shell_text;
         }
         let Some(at) = shell_text.find(marker) else {
-            return pretty_ron(self, PLAN_DEPTH);
+            return one_pass(pretty_ron(self, PLAN_DEPTH));
         };
         // Entries differ a hundredfold in size: each thread takes the next entry left.
         let parts = crate::par::par_map(&self.entries, |entry| {
@@ -706,21 +712,50 @@ impl PlanFile {
                 out.push_str("\n  ");
                 out.push_str(line);
             }
-            out
+            let lists = crate::plan_scan::entry_rank_lists(&out);
+            (out, lists)
         });
-        let mut text = String::with_capacity(
-            shell_text.len() + parts.iter().map(|p| p.len() + 2).sum::<usize>(),
-        );
-        text.push_str(&shell_text[..at]);
-        text.push_str("\n  entries: [");
-        for (i, part) in parts.iter().enumerate() {
+        let (open, close, tail) = ("\n  entries: [", "],\n", &shell_text[at + marker.len()..]);
+        let len = at
+            + open.len()
+            + parts.iter().map(|p| p.0.len() + 2).sum::<usize>()
+            + close.len()
+            + tail.len()
+            - 2;
+        // Every entry's rank lists at their offsets in the text without an index (`None`
+        // when an entry's text looked unexpected: the text then goes without one, as a
+        // scan of the whole would find).
+        let lists = (always_index || len >= crate::plan_index::INDEX_MIN_BYTES)
+            .then(|| {
+                let mut lists = Vec::new();
+                let mut base = at + open.len();
+                for (part, found) in &parts {
+                    lists.extend(found.as_ref()?.iter().map(|l| crate::plan_scan::RankList {
+                        open: l.open + base,
+                        close: l.close + base,
+                        elems: l.elems.iter().map(|&(a, b)| (a + base, b + base)).collect(),
+                    }));
+                    base += part.len() + 2;
+                }
+                Some(lists)
+            })
+            .flatten();
+        let (index_at, index) = lists
+            .and_then(|lists| crate::plan_index::placed(&shell_text[..at], &lists))
+            .unwrap_or((0, String::new()));
+        let mut text = String::with_capacity(len + index.len());
+        text.push_str(&shell_text[..index_at]);
+        text.push_str(&index);
+        text.push_str(&shell_text[index_at..at]);
+        text.push_str(open);
+        for (i, (part, _)) in parts.iter().enumerate() {
             if i > 0 {
                 text.push_str(", ");
             }
             text.push_str(part);
         }
-        text.push_str("],\n");
-        text.push_str(&shell_text[at + marker.len()..]);
+        text.push_str(close);
+        text.push_str(tail);
         text
     }
 
@@ -1389,13 +1424,22 @@ mod tests {
     }
 
     /// The entries written side by side and spliced in give the one-pass text, with no
-    /// entry, one, and more entries than threads, with and without seals.
+    /// entry, one, and more entries than threads, with and without seals; and so does the
+    /// rank index their writers found, against one found by scanning the one-pass text.
     #[test]
     fn plan_text_is_the_one_pass_text() {
         let mut plan = plan();
         let two = plan.entries.clone();
         for round in 0..4 {
             assert_eq!(plan.to_ron(), plan.to_ron_one_pass(), "round {round}");
+            let one_pass = pretty_ron(&plan, PLAN_DEPTH);
+            let scanned = crate::plan_index::insert(&one_pass).unwrap_or(one_pass);
+            assert_eq!(plan.to_ron_indexed(), scanned, "round {round}");
+            assert_eq!(
+                plan.to_ron_indexed().contains("rank_index"),
+                !plan.entries.is_empty(),
+                "round {round}"
+            );
             match round {
                 0 => plan.entries.truncate(1),
                 1 => plan.entries.clear(),

@@ -17,7 +17,7 @@
 //! else, such as a file edited by hand after it was written, falls back to scanning the
 //! whole text, and the seals still vouch for every program a rank loads.
 
-use crate::plan_scan::rank_lists;
+use crate::plan_scan::{RankList, rank_lists};
 use std::ops::Range;
 
 /// The field's name.
@@ -48,35 +48,45 @@ const SUFFIX: &str = "\",\n";
 /// rank list or looks unexpected.
 pub(crate) fn insert(text: &str) -> Option<String> {
     let lists = rank_lists(text)?;
-    if lists.is_empty() {
-        return None;
-    }
+    let (at, line) = placed(text, &lists)?;
+    let mut out = String::with_capacity(text.len() + line.len());
+    out.push_str(&text[..at]);
+    out.push_str(&line);
+    out.push_str(&text[at..]);
+    Some(out)
+}
+
+/// Where the index of `text`'s rank lists `lists` (all of them, at their offsets in `text`)
+/// goes and its line, its offsets those of the text with the line inserted there; `None`
+/// when there is no list or the text looks unexpected.
+pub(crate) fn placed(text: &str, lists: &[RankList]) -> Option<(usize, String)> {
     let at = insertion_point(text)?;
-    if lists[0].open < at {
+    if lists.first()?.open < at {
         return None;
     }
+    Some((at, line(lists)))
+}
+
+/// The index line of `lists`, every offset moved past the line itself.
+fn line(lists: &[RankList]) -> String {
     let numbers = 1 + 3 * lists.len() + lists.iter().map(|l| l.elems.len()).sum::<usize>();
     let prefix = prefix();
     let added = prefix.len() + numbers * DIGITS + SUFFIX.len();
-    let mut index = String::with_capacity(numbers * DIGITS);
-    push(&mut index, lists.len());
-    for l in &lists {
-        push(&mut index, l.open + added);
-        push(&mut index, l.close + added);
-        push(&mut index, l.elems.len());
+    let mut out = String::with_capacity(added);
+    out.push_str(&prefix);
+    push(&mut out, lists.len());
+    for l in lists {
+        push(&mut out, l.open + added);
+        push(&mut out, l.close + added);
+        push(&mut out, l.elems.len());
     }
-    for l in &lists {
+    for l in lists {
         for &(start, _) in &l.elems {
-            push(&mut index, start + added);
+            push(&mut out, start + added);
         }
     }
-    let mut out = String::with_capacity(text.len() + added);
-    out.push_str(&text[..at]);
-    out.push_str(&prefix);
-    out.push_str(&index);
     out.push_str(SUFFIX);
-    out.push_str(&text[at..]);
-    Some(out)
+    out
 }
 
 /// Byte ranges of a plan file (or text).

@@ -80,10 +80,24 @@ pub(crate) struct RankList {
 /// Every explicit entry's rank list, in the order of the text; `None` when the text looks
 /// unexpected (see the module docs).
 pub(crate) fn rank_lists(text: &str) -> Option<Vec<RankList>> {
+    scan(text, Vec::new())
+}
+
+/// The rank lists of one plan entry's text alone (as the plan's writer makes it: from its
+/// `(` to its `)`), at the offsets of that text: what [`rank_lists`] finds of that entry in
+/// the whole plan. `None` when the text looks unexpected or is not one whole value.
+pub(crate) fn entry_rank_lists(text: &str) -> Option<Vec<RankList>> {
+    scan(text, vec![(b'(', None), (b'[', Some(b"entries"))])
+}
+
+/// [`rank_lists`] of a text that starts inside the brackets `outer` (outermost first) and
+/// ends there too.
+fn scan<'t>(text: &'t str, outer: Vec<(u8, Option<&'t [u8]>)>) -> Option<Vec<RankList>> {
     let bytes = text.as_bytes();
     let mut lists = Vec::new();
+    let depth = outer.len();
     // (opening bracket, field name the bracket is the value of)
-    let mut frames: Vec<(u8, Option<&[u8]>)> = Vec::new();
+    let mut frames: Vec<(u8, Option<&[u8]>)> = outer;
     let mut pending: Option<&[u8]> = None;
     let mut last_ident: Option<&[u8]> = None;
     let mut i = 0usize;
@@ -124,6 +138,9 @@ pub(crate) fn rank_lists(text: &str) -> Option<Vec<RankList>> {
                 }
             }
             b')' | b']' | b'}' => {
+                if frames.len() == depth {
+                    return None;
+                }
                 let (open, _) = frames.pop()?;
                 if closer(open) != b {
                     return None;
@@ -146,7 +163,7 @@ pub(crate) fn rank_lists(text: &str) -> Option<Vec<RankList>> {
             _ => return None,
         }
     }
-    if !frames.is_empty() {
+    if frames.len() != depth {
         return None;
     }
     Some(lists)
@@ -379,7 +396,44 @@ fn skip_char(bytes: &[u8], i: usize) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::{may_have_explicit, shrink};
+    use super::{entry_rank_lists, may_have_explicit, rank_lists, shrink};
+
+    /// An entry's text alone gives the lists the whole plan's scan finds of it, moved by
+    /// where the entry starts; text that is not one whole entry gives none.
+    #[test]
+    fn an_entry_alone_gives_its_lists_of_the_whole() {
+        let entries = [
+            "(algorithm: \"ranks: [\", schedule: (ranks: [(a: [1]), RankProgram(b: \")\")]))",
+            "(schedule: (ranks: []), symmetry: (ranks: [0, 1]))",
+            "(symmetric: (ranks: [()]))",
+            "(schedule: (ranks: [ (c: 2) , ]))",
+        ];
+        let head = "(format_version: 4, meta: (x: \"ranks: [\"), entries: [";
+        let whole = format!("{head}{}])", entries.join(", "));
+        let all = rank_lists(&whole).expect("whole scans");
+        let mut base = head.len();
+        let mut from_entries = Vec::new();
+        for e in entries {
+            for mut l in entry_rank_lists(e).expect("entry scans") {
+                l.open += base;
+                l.close += base;
+                l.elems
+                    .iter_mut()
+                    .for_each(|x| *x = (x.0 + base, x.1 + base));
+                from_entries.push(l);
+            }
+            base += e.len() + 2;
+        }
+        assert_eq!(from_entries, all);
+        assert_eq!(all.len(), 3);
+        for bad in [
+            "(schedule: (ranks: [()]))]",
+            "(schedule: (ranks: [()])",
+            ")(",
+        ] {
+            assert_eq!(entry_rank_lists(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn shrinks_only_explicit_rank_lists() {
