@@ -108,6 +108,10 @@ pub(super) fn offered_options(
     }))
 }
 
+/// Whether a candidate is one of NCCL's simulated families (costed at every protocol, every
+/// time read: the baseline is their best under NCCL's protocol).
+pub(super) type Whole<'a> = dyn Fn(&Costed) -> bool + 'a;
+
 /// A costed candidate.
 #[derive(Clone)]
 pub(super) struct Costed {

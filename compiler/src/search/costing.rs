@@ -2,7 +2,8 @@
 //! per-candidate simulation budget ([`sim_budget`]), interpolated between sampled sizes
 //! beyond it.
 
-use super::context::{Costed, Search};
+use super::context::{Costed, Search, Whole};
+use super::nccl::NcclAt;
 use super::options::{Options, Progress};
 use super::par::par_map;
 use super::ready::Ready;
@@ -26,9 +27,11 @@ pub(super) struct Tick<'p> {
 /// each. `None` when cancelled. Also returns what stopped candidates.
 ///
 /// It runs in two waves. The first costs the baseline's simulated families (kept and costed
-/// at every protocol whatever their times); the best time of its selectable candidates at
-/// each size is then a time the winner there cannot exceed, and so are the screen's probes
-/// of selectable candidates. The second wave costs every other candidate simulated at every
+/// at every protocol whatever their times), the cheapest first in batches of
+/// [`FIRST_WAVE_BATCH`], each run stopped where it could be neither the baseline nor a
+/// winner ([`BaselineLimits`]); `nccl_at` is NCCL's choice at each size. The best time of
+/// its selectable candidates at each size is then a time the winner there cannot exceed,
+/// and so are the screen's probes of selectable candidates. The second wave costs every other candidate simulated at every
 /// size with that limit ([`Simulator::run_within`]): a run past it stops there and the time
 /// is left infinite (it could not have won). It takes the candidates in batches of
 /// [`SECOND_WAVE_BATCH`], those whose probes came closest to their size's limit first, and
@@ -44,14 +47,14 @@ pub(super) fn run(
     search: &Search<'_>,
     candidates: Vec<(Candidate, bool)>,
     probes: &[Probe],
-    simulated: &[&str],
+    (simulated, nccl_at): (&[&str], &NcclAt<'_>),
     budget: usize,
     tick: Tick<'_>,
 ) -> Option<(Vec<Costed>, Counts)> {
     let options = search.options;
     let sizes = &search.sizes;
     let baseline = |c: &Candidate| simulated.iter().any(|b| c.algorithm == *b);
-    let cost = |i: usize, limits: Option<&[f64]>| {
+    let cost = |i: usize, limits: Limits<'_>| {
         let candidate = &candidates[i].0;
         if probes[i].keep && !options.cancelled() {
             let started = std::time::Instant::now();
@@ -62,11 +65,7 @@ pub(super) fn run(
                 options,
                 budget,
                 Some(&probes[i]),
-                if baseline(candidate) {
-                    (false, None)
-                } else {
-                    (true, limits)
-                },
+                (!baseline(candidate), limits),
             );
             let shown = if tracing() {
                 let best = out
@@ -85,20 +84,32 @@ pub(super) fn run(
             Sampled::none(options.protocols.len(), sizes.len())
         }
     };
-    let (first, second): (Vec<usize>, Vec<usize>) =
+    let (mut first, second): (Vec<usize>, Vec<usize>) =
         (0..candidates.len()).partition(|&i| baseline(&candidates[i].0));
     let mut all: Vec<Option<Sampled>> = (0..candidates.len()).map(|_| None).collect();
-    let first_wave = |&i: &usize| {
-        runs_for(COST_BASELINE);
-        cost(i, None)
-    };
-    for (&i, out) in first.iter().zip(par_map(&first, first_wave)) {
-        all[i] = Some(out);
+    let selectable = |i: usize| candidates[i].1;
+    // The first wave, cheapest first, in batches under limits from the batches before it
+    // ([`BaselineLimits`]).
+    first.sort_by_key(|&i| (candidates[i].0.work_steps(), i));
+    let mut first_limits = BaselineLimits::new(options.protocols.len(), sizes.len());
+    for batch in first.chunks(FIRST_WAVE_BATCH) {
+        let tables: Vec<Vec<Vec<f64>>> = batch
+            .iter()
+            .map(|&i| first_limits.of(&candidates[i].0.algorithm, nccl_at))
+            .collect();
+        let jobs: Vec<(usize, &Vec<Vec<f64>>)> = batch.iter().copied().zip(&tables).collect();
+        let first_wave = |&(i, table): &(usize, &Vec<Vec<f64>>)| {
+            runs_for(COST_BASELINE);
+            cost(i, Limits::Runs(table))
+        };
+        for (&i, out) in batch.iter().zip(par_map(&jobs, first_wave)) {
+            first_limits.lower(&candidates[i].0.algorithm, selectable(i), &out);
+            all[i] = Some(out);
+        }
     }
     // The limit at each size: the best time of a selectable candidate so far (the first
     // wave's, the screen's probes, then the simulated ones of each batch of the second).
     let mut limits = vec![f64::INFINITY; sizes.len()];
-    let selectable = |i: usize| candidates[i].1;
     for &i in first.iter().filter(|&&i| selectable(i)) {
         if let Some(out) = &all[i] {
             lower_limits(&mut limits, out, false);
@@ -118,7 +129,7 @@ pub(super) fn run(
     for (batch, purpose) in batches {
         let second_wave = |&i: &usize| {
             runs_for(purpose);
-            cost(i, Some(&limits))
+            cost(i, Limits::Sizes(&limits))
         };
         for (&i, out) in batch.iter().zip(par_map(batch, second_wave)) {
             if selectable(i) {
@@ -171,6 +182,102 @@ pub(super) fn run(
         (StopReason::PastEverywhere, hopeless),
     ];
     Some((costed, stops))
+}
+
+/// What stops the runs of a candidate costed by [`cost_sampled`].
+#[derive(Clone, Copy)]
+pub(super) enum Limits<'a> {
+    /// Every run to its end.
+    None,
+    /// A time per size: a run past its size's stops there (infinite), and a candidate too
+    /// large to simulate at every size is sampled among the sizes within their reach
+    /// ([`in_reach`]), its runs not stopped.
+    Sizes(&'a [f64]),
+    /// A time per protocol and size (`[protocol][size]`) where the candidate is simulated at
+    /// every size; else every run to its end, at every size (the first wave's, whose
+    /// families NCCL's choice reads).
+    Runs(&'a [Vec<f64>]),
+}
+
+/// Candidates of the cost phase's first wave (NCCL's families) costed between two updates
+/// of their limits (a fixed number, so that the plan does not depend on the thread count).
+const FIRST_WAVE_BATCH: usize = 4;
+
+/// The limits of the first wave's runs (NCCL's families: every one of their schedules that
+/// is simulated at every size, costed at every protocol), from the simulated times of its
+/// batches so far. A run of a family's schedule under a protocol at a size stops once it is
+/// past
+/// - where NCCL's choice at that size is this family and protocol: the family's best time
+///   there so far, since the baseline is the family's best time under NCCL's protocol;
+/// - elsewhere: the best time of a selectable candidate there so far, under any protocol.
+///
+/// A run stopped so could neither be the baseline nor win its size: what it would have
+/// given is not read, as no stopped run of the second wave is (a winner's neighbouring
+/// sizes are costed again, [`complete`], and so is everything when a winner fails
+/// verification). Only simulated times lower a limit: an interpolated one may be replaced
+/// later by a slower simulated one, and the winner or the baseline with it.
+struct BaselineLimits {
+    /// Protocols costed.
+    protocols: usize,
+    /// Per family seen: its best simulated time, `[protocol][size]`.
+    family: Vec<(String, Vec<Vec<f64>>)>,
+    /// Per size: the best simulated time of a selectable candidate.
+    selectable: Vec<f64>,
+}
+
+impl BaselineLimits {
+    fn new(protocols: usize, sizes: usize) -> BaselineLimits {
+        BaselineLimits {
+            protocols,
+            family: Vec::new(),
+            selectable: vec![f64::INFINITY; sizes],
+        }
+    }
+
+    /// The limits of a schedule of `family`, `[protocol][size]`; `nccl_at` is NCCL's
+    /// choice at each size (family, protocol index).
+    fn of(&self, family: &str, nccl_at: &NcclAt<'_>) -> Vec<Vec<f64>> {
+        let own = self.family.iter().find(|(f, _)| f == family).map(|f| &f.1);
+        (0..self.protocols)
+            .map(|p| {
+                (0..self.selectable.len())
+                    .map(|si| match nccl_at.get(si).copied().flatten() {
+                        Some((f, q)) if f == family && q == p => {
+                            own.map_or(f64::INFINITY, |own| own[p][si])
+                        }
+                        _ => self.selectable[si],
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Lowers the limits to the simulated times of a schedule of `family` (`selectable`:
+    /// whether it may win).
+    fn lower(&mut self, family: &str, selectable: bool, out: &Sampled) {
+        let (np, sizes) = (self.protocols, self.selectable.len());
+        let k = match self.family.iter().position(|(f, _)| f == family) {
+            Some(k) => k,
+            None => {
+                self.family
+                    .push((family.to_string(), vec![vec![f64::INFINITY; sizes]; np]));
+                self.family.len() - 1
+            }
+        };
+        for (p, times) in out.times.iter().enumerate() {
+            let Some(times) = times else { continue };
+            for (si, &t) in times.iter().enumerate() {
+                if !out.exact[si] {
+                    continue;
+                }
+                let best = &mut self.family[k].1[p][si];
+                *best = best.min(t);
+                if selectable {
+                    self.selectable[si] = self.selectable[si].min(t);
+                }
+            }
+        }
+    }
 }
 
 /// Lowers `limits` to the times of `out` at each size: only its simulated ones with
@@ -234,14 +341,15 @@ fn second_wave_order(
     (whole, sampled)
 }
 
-/// Costs again, without limits, what the second wave of [`run`] left out: for the
-/// candidates `which` that it limited, at the size indices `at` (every size when `None`),
-/// every protocol as costing them in full would have (with what the screen found,
-/// `probes`). Returns how many candidates it costed.
+/// Costs again, without limits, what the waves of [`run`] left out: for the candidates
+/// `which` that they limited, at the size indices `at` (every size when `None`), every
+/// protocol as costing them in full would have (with what the screen found, `probes`; no
+/// protocol pruned for those `whole` holds of, NCCL's families). Returns how many
+/// candidates it costed.
 pub(super) fn complete(
     search: &Search<'_>,
     (costed, probes): (&mut [Costed], &[Probe]),
-    which: &[usize],
+    (which, whole): (&[usize], &Whole<'_>),
     at: Option<&[usize]>,
     budget: usize,
 ) -> usize {
@@ -251,7 +359,10 @@ pub(super) fn complete(
         .copied()
         .filter(|&c| costed[c].limited)
         .collect();
-    let found = par_map(&todo, |&c| {
+    // NCCL's families at every protocol (NCCL's choice reads them), as the first wave.
+    let prunes: Vec<bool> = todo.iter().map(|&c| !whole(&costed[c])).collect();
+    let jobs: Vec<(usize, bool)> = todo.iter().copied().zip(prunes).collect();
+    let found = par_map(&jobs, |&(c, prune)| {
         runs_for(COMPLETE);
         let candidate = &costed[c].candidate;
         let Some(at) = at else {
@@ -262,7 +373,7 @@ pub(super) fn complete(
                 options,
                 budget,
                 Some(&probes[c]),
-                (true, None),
+                (prune, Limits::None),
             );
             return Some((out.times, Some(out.exact)));
         };
@@ -282,7 +393,7 @@ pub(super) fn complete(
                 (&search.sim, ready, options),
                 (si, sizes),
                 &order,
-                (&probes[c].known, true, f64::INFINITY),
+                (&probes[c].known, prune, &|_| f64::INFINITY),
                 (&mut lists, &mut Courses::new(times.len())),
             );
             for (list, times) in lists.into_iter().zip(times.iter_mut()) {
@@ -389,7 +500,7 @@ pub(super) fn cost_sampled(
     options: &Options,
     budget: usize,
     screened: Option<&Probe>,
-    (prune, limits): (bool, Option<&[f64]>),
+    (prune, limits): (bool, Limits<'_>),
 ) -> Sampled {
     let known: &[(usize, usize, f64)] = screened.map_or(&[], |p| &p.known);
     let ready = screened.and_then(|p| p.ready.as_ref());
@@ -416,7 +527,7 @@ pub(super) fn cost_sampled(
     // The sizes it is costed at: from its least size, those where it might win (every one
     // when it is simulated at every size, each run then stopped past its limit).
     let reach: Vec<usize> = match (limits, prepared) {
-        (Some(limits), Ready::Full(p)) if !every => {
+        (Limits::Sizes(limits), Ready::Full(p)) if !every => {
             in_reach(sim, p, (first, sizes), (&options.protocols, &order), limits)
         }
         _ => (first..sizes.len()).collect(),
@@ -427,7 +538,7 @@ pub(super) fn cost_sampled(
         .collect();
     // Limits only where every size is simulated: an interpolated candidate's samples stay
     // what they are (refine reads them).
-    let limits = limits.filter(|_| every);
+    let limits = if every { limits } else { Limits::None };
     // Times at the sampled sizes, per protocol; `None` once a protocol fails to simulate.
     let mut at: Vec<Option<SizeTimes>> = vec![Some(Vec::new()); np];
     let mut limited = false;
@@ -436,12 +547,16 @@ pub(super) fn cost_sampled(
     let mut courses = Courses::new(np);
     for k in bisection_order(samples.len()) {
         let si = samples[k];
-        let limit = limits.map_or(f64::INFINITY, |l| l[si]);
+        let limit = |p: usize| match limits {
+            Limits::None => f64::INFINITY,
+            Limits::Sizes(l) => l[si],
+            Limits::Runs(l) => l[p][si],
+        };
         limited |= cost_size(
             (sim, prepared, options),
             (si, sizes),
             &order,
-            (known, prune, limit),
+            (known, prune, &limit),
             (&mut at, &mut courses),
         );
     }
@@ -523,6 +638,9 @@ fn protocol_order(sim: &Simulator, options: &Options) -> Vec<usize> {
     order
 }
 
+/// A run's limit at one size, by protocol index.
+type ProtocolLimit<'a> = dyn Fn(usize) -> f64 + 'a;
+
 /// One protocol's times at the sizes costed so far: `(size index, µs)`.
 type SizeTimes = Vec<(usize, f64)>;
 
@@ -538,7 +656,7 @@ fn cost_size(
     (sim, prepared, options): (&Simulator, &Ready, &Options),
     (si, sizes): (usize, &[u64]),
     order: &[usize],
-    (known, prune, limit): (&[(usize, usize, f64)], bool, f64),
+    (known, prune, limit): (&[(usize, usize, f64)], bool, &ProtocolLimit<'_>),
     (at, courses): (&mut [Option<SizeTimes>], &mut Courses),
 ) -> bool {
     let bytes = sizes[si];
@@ -549,6 +667,7 @@ fn cost_size(
     let mut limited = false;
     for &pi in order {
         let p = options.protocols[pi];
+        let limit = limit(pi);
         let Some(list) = at[pi].as_mut() else {
             continue;
         };

@@ -2,7 +2,7 @@
 //! `hcclc explain`) or one schedule's ([`evaluate_schedule`], the Python `Algorithm.cost`),
 //! from the same simulator, NCCL baseline and lower bound as a compile.
 
-use super::costing::{cost_sampled, sim_budget};
+use super::costing::{Limits, cost_sampled, sim_budget};
 use super::generate::{BASELINE_FAMILIES, generate_capped};
 use super::nccl::{baseline_time, modelled_baselines};
 use super::options::{Options, SearchError};
@@ -187,8 +187,16 @@ fn evaluate_with(
                 continue;
             }
             for c in generated.candidates {
-                let times =
-                    cost_sampled(&sim, &c, &sizes, options, budget, None, (false, None)).times;
+                let times = cost_sampled(
+                    &sim,
+                    &c,
+                    &sizes,
+                    options,
+                    budget,
+                    None,
+                    (false, Limits::None),
+                )
+                .times;
                 base.push((c.algorithm, times));
             }
         }

@@ -3,6 +3,7 @@
 //! which time a search's rows give for it (simulated, or NCCL's own formula).
 //! [`crate::cost::baseline`] holds NCCL's tuning formula itself.
 
+use super::context::Search;
 use super::costing::sample_indices;
 use super::generate::BASELINE_FAMILIES;
 use super::options::Options;
@@ -11,7 +12,7 @@ use crate::cost::{
     Baseline, CostError, CostModel, NcclChoice, NcclTopo, Network, Simulator, device_models,
 };
 use crate::families::Candidate;
-use hccl_ir::Collective;
+use hccl_ir::{Collective, CollectiveKind};
 use hccl_topologies::Topology;
 
 /// The channel count NCCL would use: the most channels the `ring` family offers.
@@ -65,6 +66,36 @@ pub fn baseline(
         protocol: choice.protocol,
         time_us,
     }))
+}
+
+/// NCCL's choice at each size: its family and its protocol's index in the options.
+pub(super) type NcclAt<'a> = [Option<(&'a str, usize)>];
+
+/// NCCL's choice at each of the search's sizes for `kind`, as the rows ask for it
+/// (`emit::rows`): its family and its protocol's index in the options, whose family's best
+/// time under that protocol is the baseline; `None` where NCCL has no choice or its protocol
+/// is not costed. `channels` and `capped` are what the generate phase found.
+pub(super) fn nccl_choices(
+    search: &Search<'_>,
+    kind: CollectiveKind,
+    (channels, capped): (u32, &[&str]),
+    candidates: &[(Candidate, bool)],
+) -> Vec<Option<(&'static str, usize)>> {
+    let available =
+        |name: &str| capped.contains(&name) || candidates.iter().any(|(c, _)| c.algorithm == name);
+    search
+        .sizes
+        .iter()
+        .map(|&bytes| {
+            let choice = search.nccl.choose(kind, bytes, channels, available)?;
+            let p = search
+                .options
+                .protocols
+                .iter()
+                .position(|&q| q == choice.protocol)?;
+            Some((choice.algo.family(), p))
+        })
+        .collect()
 }
 
 /// The baseline's time for NCCL's `choice` and whether it is NCCL's own predicted time:

@@ -4,11 +4,11 @@
 //! module with its own inputs and outputs; this module runs them and gathers the
 //! [`SearchReport`].
 
-use super::context::{Costed, Search, offered_options};
+use super::context::{Costed, Search, Whole, offered_options};
 use super::costing::{self, Tick, sim_budget};
 use super::emit::{self, Bounds};
 use super::generate::{self, BASELINE_FAMILIES, Generation};
-use super::nccl::modelled_baselines;
+use super::nccl::{modelled_baselines, nccl_choices};
 use super::options::{Options, Progress, SearchError, collective_of};
 use super::par::par_map;
 use super::refine::{CARRY_BUDGET, REFINE_BUDGET, carry_down, refine, uncut};
@@ -252,9 +252,16 @@ fn compile_collective(
     let kept = probes.iter().filter(|p| p.keep).count();
     clock.done(Phase::Screen, total, kept, stops(&screen_stops));
 
-    let (mut costed, cost_stops) =
-        costing::run(search, candidates, &probes, &simulated, budget, tick)
-            .ok_or(SearchError::Cancelled)?;
+    let nccl_at = nccl_choices(search, kind, (channels_hint, &capped), &candidates);
+    let (mut costed, cost_stops) = costing::run(
+        search,
+        candidates,
+        &probes,
+        (&simulated, &nccl_at),
+        budget,
+        tick,
+    )
+    .ok_or(SearchError::Cancelled)?;
     // Candidates with a time somewhere go on.
     let timeless: usize = cost_stops
         .iter()
@@ -299,7 +306,7 @@ fn compile_collective(
         // A winner failed verification: the sizes it won are decided again among every
         // candidate's full times, as costing them without limits would have.
         let all: Vec<usize> = (0..costed.len()).collect();
-        costing::complete(search, (&mut costed, &probes), &all, None, budget);
+        costing::complete(search, (&mut costed, &probes), (&all, &whole), None, budget);
         for c in costed.iter_mut() {
             uncut(&search.sim, c, &search.sizes, options, (None, None));
         }
@@ -335,7 +342,7 @@ fn compile_collective(
     };
 
     runs_for("emit");
-    complete_neighbours(search, (&mut costed, &probes), &winners, budget);
+    complete_neighbours(search, (&mut costed, &probes), (&winners, &whole), budget);
     let rows: &mut Vec<Row> = &mut compiled.rows;
     emit::rows(
         search,
@@ -355,7 +362,7 @@ fn compile_collective(
 fn complete_neighbours(
     search: &Search<'_>,
     (costed, probes): (&mut [Costed], &[Probe]),
-    winners: &[(usize, usize)],
+    (winners, whole): (&[(usize, usize)], &Whole<'_>),
     budget: usize,
 ) {
     let mut wanted: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
@@ -393,6 +400,6 @@ fn complete_neighbours(
         start = end;
     }
     for (c, at) in wanted {
-        costing::complete(search, (costed, probes), &[c], Some(&at), budget);
+        costing::complete(search, (costed, probes), (&[c], whole), Some(&at), budget);
     }
 }

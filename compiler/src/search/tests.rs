@@ -238,18 +238,32 @@ fn costed_on<'a>(
         index: 0,
         progress: &mut progress,
     };
+    let nccl_at = super::nccl::nccl_choices(
+        &search,
+        collective.kind(),
+        (generation.channels_hint, &generation.capped),
+        &generation.candidates,
+    );
     let (mut costed, _) = costing::run(
         &search,
         generation.candidates,
         &probes,
-        &simulated,
+        (&simulated, &nccl_at),
         budget,
         tick,
     )
     .expect("costed");
     if unlimited {
         let all: Vec<usize> = (0..costed.len()).collect();
-        costing::complete(&search, (&mut costed, &probes), &all, None, budget);
+        let whole =
+            |c: &super::context::Costed| simulated.contains(&c.candidate.algorithm.as_str());
+        costing::complete(
+            &search,
+            (&mut costed, &probes),
+            (&all, &whole),
+            None,
+            budget,
+        );
     }
     (search, costed, budget)
 }
@@ -440,7 +454,7 @@ fn costing_between_runs_of_one_course_gives_the_runs_times() {
                     &options,
                     budget,
                     None,
-                    (false, None),
+                    (false, super::costing::Limits::None),
                 );
                 let ready = Ready::new(&sim, &c).expect("prepares");
                 for (p, &protocol) in options.protocols.iter().enumerate() {
@@ -589,5 +603,70 @@ fn sizes_out_of_reach_change_no_winner() {
             (a.0 - b.0).abs() <= 1e-9 * b.0 && a.1 == b.1 && a.2 == b.2 && a.3 == b.3,
             "size {si}: {a:?} with limits, {b:?} without"
         );
+    }
+}
+
+/// The first wave's limits (NCCL's families, [`costing::run`](super::costing::run)) change
+/// neither the baseline nor a winner: on DGX-1's AllReduce (NCCL's choice moves between the
+/// ring and the tree and across protocols) and the 2-node H100 cluster's AllGather, the
+/// family's best time under NCCL's protocol and the best time at every size are those of
+/// costing without limits (to rounding), and some of the first wave's runs were stopped (else the check
+/// would prove nothing).
+#[test]
+fn first_wave_limits_change_no_baseline_and_no_winner() {
+    use super::select::winner_at;
+    for (machine, collective) in [
+        ("dgx1-v100", Collective::AllReduce),
+        ("h100-cluster-2node", Collective::AllGather),
+    ] {
+        let topo = hccl_topologies::shipped_by_name(machine).expect("shipped");
+        let options = &synth_options(&topo);
+        let np = options.protocols.len();
+        let simulated = ["ring", "tree", "pairwise"];
+        let outcome = |unlimited: bool| {
+            let (search, costed, _) = costed_on(&topo, options, (collective, unlimited));
+            let generation = super::generate::generate(&search, collective).expect("generated");
+            let nccl_at = super::nccl::nccl_choices(
+                &search,
+                collective.kind(),
+                (generation.channels_hint, &generation.capped),
+                &generation.candidates,
+            );
+            let stopped = costed
+                .iter()
+                .filter(|c| simulated.contains(&c.candidate.algorithm.as_str()) && c.limited)
+                .count();
+            let per_size: Vec<(f64, f64)> = (0..search.sizes.len())
+                .map(|si| {
+                    let baseline = nccl_at[si].map_or(f64::INFINITY, |(family, p)| {
+                        costed
+                            .iter()
+                            .filter(|c| c.candidate.algorithm == family)
+                            .filter_map(|c| c.times[p].as_ref().map(|t| t[si]))
+                            .fold(f64::INFINITY, f64::min)
+                    });
+                    let best = winner_at(&costed, si, np).map_or(f64::INFINITY, |w| w.0);
+                    (baseline, best)
+                })
+                .collect();
+            (stopped, per_size, nccl_at.iter().flatten().count())
+        };
+        let (stopped, limited, chosen) = outcome(false);
+        let (unstopped, full, _) = outcome(true);
+        assert!(
+            stopped > 0,
+            "{machine}: no run of NCCL's families was stopped"
+        );
+        assert_eq!(unstopped, 0, "{machine}");
+        assert!(chosen > 0, "{machine}: NCCL made no choice");
+        // To rounding: a size between two runs of one course takes its time from them
+        // (`Courses`), and stopped runs leave other pairs.
+        let same = |a: f64, b: f64| a == b || (a - b).abs() <= 1e-9 * b;
+        for (si, (a, b)) in limited.iter().zip(&full).enumerate() {
+            assert!(
+                same(a.0, b.0) && same(a.1, b.1),
+                "{machine}, size {si}: {a:?} with limits, {b:?} without"
+            );
+        }
     }
 }
