@@ -201,7 +201,7 @@ pub(super) enum Limits<'a> {
 
 /// Candidates of the cost phase's first wave (NCCL's families) costed between two updates
 /// of their limits (a fixed number, so that the plan does not depend on the thread count).
-const FIRST_WAVE_BATCH: usize = 4;
+const FIRST_WAVE_BATCH: usize = 2;
 
 /// The limits of the first wave's runs (NCCL's families: every one of their schedules that
 /// is simulated at every size, costed at every protocol), from the simulated times of its
