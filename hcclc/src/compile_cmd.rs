@@ -357,16 +357,21 @@ pub fn compile(args: CompileArgs) -> Result<(), CliError> {
             ));
         }
     };
-    let result = search::compile_with_progress(&topo, &options, &mut on_progress);
+    // The plan's text comes with it: each collective's entries are written beside the
+    // search of the others.
+    let result = search::compile_to_text(&topo, &options, &mut on_progress);
     if let Some(bar) = &bar {
         bar.finish_and_clear();
     }
-    let CompiledPlan {
-        plan,
-        rows,
-        skipped,
-        report: search_report,
-    } = result.map_err(search_error)?;
+    let (
+        CompiledPlan {
+            plan,
+            rows,
+            skipped,
+            report: search_report,
+        },
+        plan_text,
+    ) = result.map_err(search_error)?;
     if args.verbose {
         eprint!("{search_report}");
     }
@@ -375,7 +380,6 @@ pub fn compile(args: CompileArgs) -> Result<(), CliError> {
     {
         return Err(search_error(first.clone()));
     }
-    let plan_text = plan.to_ron();
     write_plan(&plan_text)?;
     // The plan and its text take hundreds of megabytes on a cluster, and freeing them took a
     // tenth of a second there: this command is the process's last work, and its end hands

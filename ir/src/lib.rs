@@ -40,7 +40,8 @@ pub mod verify;
 pub use dag::{DagError, DagParts, StepDag, StepNumbering};
 pub use error::{Located, PlanError};
 pub use plan::{
-    CostFit, FORMAT_VERSION, MIN_FORMAT_VERSION, PlanEntry, PlanFile, PlanMeta, Protocol, Synthesis,
+    CostFit, EntryText, FORMAT_VERSION, MIN_FORMAT_VERSION, PlanEntry, PlanFile, PlanMeta,
+    Protocol, Synthesis,
 };
 pub use schedule::{
     Buf, CONNECTION_SLOTS, Collective, CollectiveKind, Dep, Loc, Op, Rank, RankProgram, Schedule,

@@ -545,6 +545,33 @@ thread_local! {
     static COMPACT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// One plan entry's text as the plan's writer puts it in ([`PlanFile::to_ron`]), with where
+/// its rank programs are (for the rank index): made on its own, so that a compiler writes a
+/// collective's entries while it searches the others ([`PlanFile::to_ron_with`]).
+#[derive(Debug, Clone)]
+pub struct EntryText {
+    text: String,
+    /// Its rank lists, at offsets into `text`; `None` when the text looked unexpected.
+    lists: Option<Vec<crate::plan_scan::RankList>>,
+}
+
+impl EntryText {
+    /// `entry`'s text: written alone one level shallower than in the plan (so with a depth
+    /// limit one less) and indented one level.
+    pub fn of(entry: &PlanEntry) -> EntryText {
+        let written = pretty_ron(entry, PLAN_DEPTH - 1);
+        let mut text = String::with_capacity(written.len() + written.len() / 16);
+        let mut lines = written.split('\n');
+        text.push_str(lines.next().unwrap_or_default());
+        for line in lines {
+            text.push_str("\n  ");
+            text.push_str(line);
+        }
+        let lists = crate::plan_scan::entry_rank_lists(&text);
+        EntryText { text, lists }
+    }
+}
+
 /// The contents of a plan file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -671,18 +698,36 @@ impl PlanFile {
         index_if_large(pretty_ron(self, PLAN_DEPTH))
     }
 
+    /// [`PlanFile::to_ron`] from its entries' texts made beforehand ([`EntryText::of`], one
+    /// per entry, in order): a compiler writes each collective's entries beside the search of
+    /// the others, and only puts the text together at the end. Texts that are not as many as
+    /// the entries are not used (the entries are written again).
+    pub fn to_ron_with(&self, texts: Vec<EntryText>) -> String {
+        if texts.len() != self.entries.len() {
+            return self.to_ron();
+        }
+        self.assemble(texts, false)
+    }
+
     /// The pretty text of the plan, with a rank index when `always_index` or when it is
     /// long enough ([`PlanFile::to_ron`]), its entries written on up to
     /// [`std::thread::available_parallelism`] threads (a compiled plan is tens of megabytes
     /// of text, and writing it is the compile's last step: a tenth of a DGX-1 compile, a
-    /// second of the 4-node cluster's). The text is the one-pass text
+    /// second of the 4-node cluster's) and put together by [`PlanFile::assemble`].
+    fn render(&self, always_index: bool) -> String {
+        // Entries differ a hundredfold in size: each thread takes the next entry left.
+        let texts = crate::par::par_map(&self.entries, EntryText::of);
+        self.assemble(texts, always_index)
+    }
+
+    /// The plan's text from its entries' `texts`. The text is the one-pass text
     /// ([`PlanFile::to_ron_one_pass`]): the plan's own fields are written around an empty
     /// entry list, each entry is written alone one level shallower (so with a depth limit one
-    /// less) and indented one level, and the entries go between the brackets joined as the
-    /// writer joins the elements of a compact array (`), (`). The thread that writes an
-    /// entry also finds its rank lists, so the index needs no pass over the whole text, and
-    /// the text is put together once, index included.
-    fn render(&self, always_index: bool) -> String {
+    /// less) and indented one level ([`EntryText::of`]), and the entries go between the
+    /// brackets joined as the writer joins the elements of a compact array (`), (`). The rank
+    /// index comes from the rank lists each entry's writer found, with no pass over the whole
+    /// text, and the text is put together once, index included.
+    fn assemble(&self, texts: Vec<EntryText>, always_index: bool) -> String {
         let one_pass = |text: String| match always_index {
             true => crate::plan_index::insert(&text).unwrap_or(text),
             false => index_if_large(text),
@@ -702,44 +747,34 @@ impl PlanFile {
         let Some(at) = shell_text.find(marker) else {
             return one_pass(pretty_ron(self, PLAN_DEPTH));
         };
-        // Entries differ a hundredfold in size: each thread takes the next entry left.
-        let parts = crate::par::par_map(&self.entries, |entry| {
-            let text = pretty_ron(entry, PLAN_DEPTH - 1);
-            let mut out = String::with_capacity(text.len() + text.len() / 16);
-            let mut lines = text.split('\n');
-            out.push_str(lines.next().unwrap_or_default());
-            for line in lines {
-                out.push_str("\n  ");
-                out.push_str(line);
-            }
-            let lists = crate::plan_scan::entry_rank_lists(&out);
-            (out, lists)
-        });
         let (open, close, tail) = ("\n  entries: [", "],\n", &shell_text[at + marker.len()..]);
         let len = at
             + open.len()
-            + parts.iter().map(|p| p.0.len() + 2).sum::<usize>()
+            + texts.iter().map(|p| p.text.len() + 2).sum::<usize>()
             + close.len()
             + tail.len()
             - 2;
         // Every entry's rank lists at their offsets in the text without an index (`None`
         // when an entry's text looked unexpected: the text then goes without one, as a
         // scan of the whole would find).
-        let lists = (always_index || len >= crate::plan_index::INDEX_MIN_BYTES)
-            .then(|| {
-                let mut lists = Vec::new();
-                let mut base = at + open.len();
-                for (part, found) in &parts {
-                    lists.extend(found.as_ref()?.iter().map(|l| crate::plan_scan::RankList {
-                        open: l.open + base,
-                        close: l.close + base,
-                        elems: l.elems.iter().map(|&(a, b)| (a + base, b + base)).collect(),
-                    }));
-                    base += part.len() + 2;
-                }
-                Some(lists)
-            })
-            .flatten();
+        let lists =
+            (always_index || len >= crate::plan_index::INDEX_MIN_BYTES)
+                .then(|| {
+                    let mut lists = Vec::new();
+                    let mut base = at + open.len();
+                    for part in &texts {
+                        lists.extend(part.lists.as_ref()?.iter().map(|l| {
+                            crate::plan_scan::RankList {
+                                open: l.open + base,
+                                close: l.close + base,
+                                elems: l.elems.iter().map(|&(a, b)| (a + base, b + base)).collect(),
+                            }
+                        }));
+                        base += part.text.len() + 2;
+                    }
+                    Some(lists)
+                })
+                .flatten();
         let (index_at, index) = lists
             .and_then(|lists| crate::plan_index::placed(&shell_text[..at], &lists))
             .unwrap_or((0, String::new()));
@@ -748,11 +783,11 @@ impl PlanFile {
         text.push_str(&index);
         text.push_str(&shell_text[index_at..at]);
         text.push_str(open);
-        for (i, (part, _)) in parts.iter().enumerate() {
+        for (i, part) in texts.iter().enumerate() {
             if i > 0 {
                 text.push_str(", ");
             }
-            text.push_str(part);
+            text.push_str(&part.text);
         }
         text.push_str(close);
         text.push_str(tail);
@@ -1435,6 +1470,20 @@ mod tests {
             let one_pass = pretty_ron(&plan, PLAN_DEPTH);
             let scanned = crate::plan_index::insert(&one_pass).unwrap_or(one_pass);
             assert_eq!(plan.to_ron_indexed(), scanned, "round {round}");
+            // From entry texts made beforehand; too few are not used.
+            let texts: Vec<EntryText> = plan.entries.iter().map(EntryText::of).collect();
+            assert_eq!(
+                plan.to_ron_with(texts.clone()),
+                plan.to_ron(),
+                "round {round}"
+            );
+            if let Some((_, fewer)) = texts.split_last() {
+                assert_eq!(
+                    plan.to_ron_with(fewer.to_vec()),
+                    plan.to_ron(),
+                    "round {round}"
+                );
+            }
             assert_eq!(
                 plan.to_ron_indexed().contains("rank_index"),
                 !plan.entries.is_empty(),

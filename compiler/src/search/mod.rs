@@ -71,7 +71,7 @@ pub use options::{
     geometric_sizes,
 };
 pub use par::par_map;
-pub use pipeline::{compile, compile_with_progress};
+pub use pipeline::{compile, compile_to_text, compile_with_progress};
 pub use registry::{all_families, families_for, generate_with};
 pub use report::{CollectiveReport, Phase, PhaseReport, SearchReport, Stop, StopReason};
 pub use row::{CompiledPlan, Row};

@@ -125,7 +125,8 @@ fn compiling_twice_gives_identical_plans() {
 
 /// On a small machine the collectives compile side by side on the cores: the plan, rows and
 /// report's collectives are those of compiling each collective alone, in the options' order,
-/// and progress counts the collectives finished.
+/// progress counts the collectives finished, and the text written beside the search is the
+/// plan's text.
 #[test]
 fn collectives_side_by_side_give_the_plan_of_one_at_a_time() {
     let topo = hccl_topologies::shipped_by_name("dgx1-v100").unwrap();
@@ -138,7 +139,7 @@ fn collectives_side_by_side_give_the_plan_of_one_at_a_time() {
         ..options()
     };
     let mut seen = Vec::new();
-    let together = search::compile_with_progress(&topo, &opts, &mut |p| seen.push(p)).unwrap();
+    let (together, text) = search::compile_to_text(&topo, &opts, &mut |p| seen.push(p)).unwrap();
     let mut alone = hccl_ir::PlanFile::new(together.plan.meta.clone());
     let mut rows = Vec::new();
     for &kind in &opts.collectives {
@@ -157,6 +158,10 @@ fn collectives_side_by_side_give_the_plan_of_one_at_a_time() {
         rows.extend(one.rows);
     }
     assert_eq!(together.plan.to_ron(), alone.to_ron());
+    assert!(
+        text == alone.to_ron(),
+        "the text written beside the search differs"
+    );
     assert_eq!(format!("{:?}", together.rows), format!("{rows:?}"));
     let kinds: Vec<_> = together
         .report
