@@ -610,8 +610,8 @@ fn sizes_out_of_reach_change_no_winner() {
 /// neither the baseline nor a winner: on DGX-1's AllReduce (NCCL's choice moves between the
 /// ring and the tree and across protocols) and the 2-node H100 cluster's AllGather, the
 /// family's best time under NCCL's protocol and the best time at every size are those of
-/// costing without limits (to rounding), and some of the first wave's runs were stopped (else the check
-/// would prove nothing).
+/// costing without limits (to rounding), and some of the first wave's runs were stopped
+/// (else the check would prove nothing).
 #[test]
 fn first_wave_limits_change_no_baseline_and_no_winner() {
     use super::select::winner_at;
