@@ -2,8 +2,7 @@
 //! per-candidate simulation budget ([`sim_budget`]), interpolated between sampled sizes
 //! beyond it.
 
-use super::context::{Costed, Search, Whole};
-use super::nccl::NcclAt;
+use super::context::{Costed, NcclAt, Search, Whole};
 use super::options::{Options, Progress};
 use super::par::par_map;
 use super::ready::Ready;

@@ -68,9 +68,6 @@ pub fn baseline(
     }))
 }
 
-/// NCCL's choice at each size: its family and its protocol's index in the options.
-pub(super) type NcclAt<'a> = [Option<(&'a str, usize)>];
-
 /// NCCL's choice at each of the search's sizes for `kind`, as the rows ask for it
 /// (`emit::rows`): its family and its protocol's index in the options, whose family's best
 /// time under that protocol is the baseline; `None` where NCCL has no choice or its protocol

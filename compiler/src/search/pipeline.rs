@@ -288,15 +288,10 @@ fn compile_collective(
     clock.done(Phase::Screen, total, kept, stops(&screen_stops));
 
     let nccl_at = nccl_choices(search, kind, (channels_hint, &capped), &candidates);
-    let (mut costed, cost_stops) = costing::run(
-        search,
-        candidates,
-        &probes,
-        (&simulated, &nccl_at),
-        budget,
-        tick,
-    )
-    .ok_or(SearchError::Cancelled)?;
+    let baseline = (&simulated[..], &nccl_at[..]);
+    let (mut costed, cost_stops) =
+        costing::run(search, candidates, &probes, baseline, budget, tick)
+            .ok_or(SearchError::Cancelled)?;
     // Candidates with a time somewhere go on.
     let timeless: usize = cost_stops
         .iter()
