@@ -108,10 +108,6 @@ pub(super) fn offered_options(
     }))
 }
 
-/// NCCL's choice at each size: its family and its protocol's index in the options (see
-/// [`nccl_choices`](super::nccl::nccl_choices)).
-pub(super) type NcclAt<'a> = [Option<(&'a str, usize)>];
-
 /// Whether a candidate is one of NCCL's simulated families (costed at every protocol, every
 /// time read: the baseline is their best under NCCL's protocol).
 pub(super) type Whole<'a> = dyn Fn(&Costed) -> bool + 'a;

@@ -2,15 +2,15 @@
 //! per-candidate simulation budget ([`sim_budget`]), interpolated between sampled sizes
 //! beyond it.
 
-use super::context::{Costed, NcclAt, Search, Whole};
+use super::context::{Costed, Search, Whole};
 use super::options::{Options, Progress};
 use super::par::par_map;
 use super::ready::Ready;
 use super::report::{Counts, StopReason, trace_candidate, tracing};
 use super::screen::Probe;
-use crate::cost::{Simulator, runs_for};
+use crate::cost::{NcclChoice, Simulator, runs_for};
 use crate::families::Candidate;
-use hccl_ir::CollectiveKind;
+use hccl_ir::{CollectiveKind, Protocol};
 
 /// Where the cost phase reports progress: after each costed candidate, as
 /// `(candidates done, candidates in all)` of the collective `kind`, the `index`-th of the
@@ -28,7 +28,7 @@ pub(super) struct Tick<'p> {
 /// It runs in two waves. The first costs the baseline's simulated families (kept and costed
 /// at every protocol whatever their times), the cheapest first in batches of
 /// [`FIRST_WAVE_BATCH`], each run stopped where it could be neither the baseline nor a
-/// winner ([`BaselineLimits`]); `nccl_at` is NCCL's choice at each size. The best time of
+/// winner ([`BaselineLimits`]); `nccl` is NCCL's choice at each size. The best time of
 /// its selectable candidates at each size is then a time the winner there cannot exceed,
 /// and so are the screen's probes of selectable candidates. The second wave costs every
 /// other candidate simulated at every size with that limit ([`Simulator::run_within`]): a
@@ -46,7 +46,7 @@ pub(super) fn run(
     search: &Search<'_>,
     candidates: Vec<(Candidate, bool)>,
     probes: &[Probe],
-    (simulated, nccl_at): (&[&str], &NcclAt<'_>),
+    (simulated, nccl): (&[&str], &[Option<NcclChoice>]),
     budget: usize,
     tick: Tick<'_>,
 ) -> Option<(Vec<Costed>, Counts)> {
@@ -90,11 +90,11 @@ pub(super) fn run(
     // The first wave, cheapest first, in batches under limits from the batches before it
     // ([`BaselineLimits`]).
     first.sort_by_key(|&i| (candidates[i].0.work_steps(), i));
-    let mut first_limits = BaselineLimits::new(options.protocols.len(), sizes.len());
+    let mut first_limits = BaselineLimits::new(&options.protocols, sizes.len());
     for batch in first.chunks(FIRST_WAVE_BATCH) {
         let tables: Vec<Vec<Vec<f64>>> = batch
             .iter()
-            .map(|&i| first_limits.of(&candidates[i].0.algorithm, nccl_at))
+            .map(|&i| first_limits.of(&candidates[i].0.algorithm, nccl))
             .collect();
         let jobs: Vec<(usize, &Vec<Vec<f64>>)> = batch.iter().copied().zip(&tables).collect();
         let first_wave = |&(i, table): &(usize, &Vec<Vec<f64>>)| {
@@ -215,17 +215,17 @@ const FIRST_WAVE_BATCH: usize = 2;
 /// sizes are costed again, [`complete`], and so is everything when a winner fails
 /// verification). Only simulated times lower a limit: an interpolated one may be replaced
 /// later by a slower simulated one, and the winner or the baseline with it.
-struct BaselineLimits {
+struct BaselineLimits<'a> {
     /// Protocols costed.
-    protocols: usize,
+    protocols: &'a [Protocol],
     /// Per family seen: its best simulated time, `[protocol][size]`.
     family: Vec<(String, Vec<Vec<f64>>)>,
     /// Per size: the best simulated time of a selectable candidate.
     selectable: Vec<f64>,
 }
 
-impl BaselineLimits {
-    fn new(protocols: usize, sizes: usize) -> BaselineLimits {
+impl<'a> BaselineLimits<'a> {
+    fn new(protocols: &'a [Protocol], sizes: usize) -> BaselineLimits<'a> {
         BaselineLimits {
             protocols,
             family: Vec::new(),
@@ -233,15 +233,15 @@ impl BaselineLimits {
         }
     }
 
-    /// The limits of a schedule of `family`, `[protocol][size]`; `nccl_at` is NCCL's
-    /// choice at each size (family, protocol index).
-    fn of(&self, family: &str, nccl_at: &NcclAt<'_>) -> Vec<Vec<f64>> {
+    /// The limits of a schedule of `family`, `[protocol][size]`; `nccl` is NCCL's choice at
+    /// each size.
+    fn of(&self, family: &str, nccl: &[Option<NcclChoice>]) -> Vec<Vec<f64>> {
         let own = self.family.iter().find(|(f, _)| f == family).map(|f| &f.1);
-        (0..self.protocols)
-            .map(|p| {
+        (self.protocols.iter().enumerate())
+            .map(|(p, &protocol)| {
                 (0..self.selectable.len())
-                    .map(|si| match nccl_at.get(si).copied().flatten() {
-                        Some((f, q)) if f == family && q == p => {
+                    .map(|si| match nccl.get(si).copied().flatten() {
+                        Some(ch) if ch.algo.family() == family && ch.protocol == protocol => {
                             own.map_or(f64::INFINITY, |own| own[p][si])
                         }
                         _ => self.selectable[si],
@@ -254,7 +254,7 @@ impl BaselineLimits {
     /// Lowers the limits to the simulated times of a schedule of `family` (`selectable`:
     /// whether it may win).
     fn lower(&mut self, family: &str, selectable: bool, out: &Sampled) {
-        let (np, sizes) = (self.protocols, self.selectable.len());
+        let (np, sizes) = (self.protocols.len(), self.selectable.len());
         let k = match self.family.iter().position(|(f, _)| f == family) {
             Some(k) => k,
             None => {

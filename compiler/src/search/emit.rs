@@ -6,8 +6,8 @@ use super::context::{Costed, Search};
 use super::nccl::baseline_time;
 use super::par::par_map;
 use super::row::Row;
-use crate::cost::Bound;
 use crate::cost::bounds::bound;
+use crate::cost::{Bound, NcclChoice};
 use hccl_ir::{Collective, CostFit, PlanEntry, PlanFile};
 
 /// The lower bound at every size of one collective, computed where refining or the rows
@@ -57,15 +57,15 @@ impl Bounds {
 }
 
 /// The emit phase's rows: at every size the winner, NCCL's choice (its time ours or its
-/// own formula, see [`baseline_time`]) and the lower bound; appended to `rows`. `baseline`
-/// is what the generate phase found of NCCL's families: its channel count, the families
-/// over the step cap, and those whose time is NCCL's formula
+/// own formula, see [`baseline_time`]) and the lower bound; appended to `rows`. The third
+/// argument is NCCL's choice at each size ([`nccl_choices`](super::nccl::nccl_choices)),
+/// the families over the step cap, and those whose time is NCCL's formula
 /// ([`modelled_baselines`](super::modelled_baselines)).
 pub(super) fn rows(
     search: &Search<'_>,
     costed: &[Costed],
     winners: &[(usize, usize)],
-    (channels_hint, capped, modelled): (u32, &[&str], &[&str]),
+    (nccl, capped, modelled): (&[Option<NcclChoice>], &[&str], &[&str]),
     bounds: &mut Bounds,
     rows: &mut Vec<Row>,
 ) {
@@ -77,10 +77,7 @@ pub(super) fn rows(
         let (c, p) = winners[si];
         let cand = &costed[c].candidate;
         let predicted_us = costed[c].times[p].as_ref().map_or(f64::NAN, |t| t[si]);
-        let choice = search.nccl.choose(kind, bytes, channels_hint, |name| {
-            capped.contains(&name) || costed.iter().any(|c| c.candidate.algorithm == name)
-        });
-        let baseline = choice.and_then(|ch| {
+        let baseline = nccl[si].and_then(|ch| {
             let best = options
                 .protocols
                 .iter()

@@ -68,30 +68,22 @@ pub fn baseline(
     }))
 }
 
-/// NCCL's choice at each of the search's sizes for `kind`, as the rows ask for it
-/// (`emit::rows`): its family and its protocol's index in the options, whose family's best
-/// time under that protocol is the baseline; `None` where NCCL has no choice or its protocol
-/// is not costed. `channels` and `capped` are what the generate phase found.
+/// NCCL's choice at each of the search's sizes for `kind` (`None` where it has none), made
+/// once for the cost phase (whose limits keep the baseline, [`NcclChoice::algo`]'s best time
+/// under its protocol) and the rows (`emit::rows`). `channels` and `capped` are what the
+/// generate phase found; a family is available when it is capped or has a candidate.
 pub(super) fn nccl_choices(
     search: &Search<'_>,
     kind: CollectiveKind,
     (channels, capped): (u32, &[&str]),
     candidates: &[(Candidate, bool)],
-) -> Vec<Option<(&'static str, usize)>> {
+) -> Vec<Option<NcclChoice>> {
     let available =
         |name: &str| capped.contains(&name) || candidates.iter().any(|(c, _)| c.algorithm == name);
     search
         .sizes
         .iter()
-        .map(|&bytes| {
-            let choice = search.nccl.choose(kind, bytes, channels, available)?;
-            let p = search
-                .options
-                .protocols
-                .iter()
-                .position(|&q| q == choice.protocol)?;
-            Some((choice.algo.family(), p))
-        })
+        .map(|&bytes| search.nccl.choose(kind, bytes, channels, available))
         .collect()
 }
 

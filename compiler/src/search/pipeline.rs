@@ -287,8 +287,8 @@ fn compile_collective(
     let kept = probes.iter().filter(|p| p.keep).count();
     clock.done(Phase::Screen, total, kept, stops(&screen_stops));
 
-    let nccl_at = nccl_choices(search, kind, (channels_hint, &capped), &candidates);
-    let baseline = (&simulated[..], &nccl_at[..]);
+    let nccl = nccl_choices(search, kind, (channels_hint, &capped), &candidates);
+    let baseline = (&simulated[..], &nccl[..]);
     let (mut costed, cost_stops) =
         costing::run(search, candidates, &probes, baseline, budget, tick)
             .ok_or(SearchError::Cancelled)?;
@@ -378,7 +378,7 @@ fn compile_collective(
         search,
         &costed,
         &winners,
-        (channels_hint, &capped, &modelled),
+        (&nccl, &capped, &modelled),
         &mut bounds,
         rows,
     );

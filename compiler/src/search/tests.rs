@@ -238,7 +238,7 @@ fn costed_on<'a>(
         index: 0,
         progress: &mut progress,
     };
-    let nccl_at = super::nccl::nccl_choices(
+    let nccl = super::nccl::nccl_choices(
         &search,
         collective.kind(),
         (generation.channels_hint, &generation.capped),
@@ -248,7 +248,7 @@ fn costed_on<'a>(
         &search,
         generation.candidates,
         &probes,
-        (&simulated, &nccl_at),
+        (&simulated, &nccl),
         budget,
         tick,
     )
@@ -626,7 +626,7 @@ fn first_wave_limits_change_no_baseline_and_no_winner() {
         let outcome = |unlimited: bool| {
             let (search, costed, _) = costed_on(&topo, options, (collective, unlimited));
             let generation = super::generate::generate(&search, collective).expect("generated");
-            let nccl_at = super::nccl::nccl_choices(
+            let nccl = super::nccl::nccl_choices(
                 &search,
                 collective.kind(),
                 (generation.channels_hint, &generation.capped),
@@ -638,7 +638,11 @@ fn first_wave_limits_change_no_baseline_and_no_winner() {
                 .count();
             let per_size: Vec<(f64, f64)> = (0..search.sizes.len())
                 .map(|si| {
-                    let baseline = nccl_at[si].map_or(f64::INFINITY, |(family, p)| {
+                    let chosen = nccl[si].and_then(|ch| {
+                        let p = options.protocols.iter().position(|&q| q == ch.protocol)?;
+                        Some((ch.algo.family(), p))
+                    });
+                    let baseline = chosen.map_or(f64::INFINITY, |(family, p)| {
                         costed
                             .iter()
                             .filter(|c| c.candidate.algorithm == family)
@@ -649,7 +653,7 @@ fn first_wave_limits_change_no_baseline_and_no_winner() {
                     (baseline, best)
                 })
                 .collect();
-            (stopped, per_size, nccl_at.iter().flatten().count())
+            (stopped, per_size, nccl.iter().flatten().count())
         };
         let (stopped, limited, chosen) = outcome(false);
         let (unstopped, full, _) = outcome(true);
