@@ -269,6 +269,10 @@ struct FlowRates<'a> {
     cap: Vec<f64>,
     resource_bytes: Vec<f64>,
     dirty: Vec<u32>,
+    /// Resources a finished flow left without flows since the last recomputation: nothing
+    /// to share there, so they are not searched; an exact recomputation zeroes their
+    /// allocation, as filling them would (a large component's keeps what is left).
+    emptied: Vec<u32>,
     /// Flows started since the last recomputation.
     fresh: Vec<u32>,
     /// Capacity currently allocated on each resource (bytes/µs).
@@ -343,6 +347,7 @@ impl<'a> FlowRates<'a> {
             cap,
             resource_bytes: vec![0.0; nres],
             dirty: b.empty(),
+            emptied: b.empty(),
             fresh: b.empty(),
             used: b.filled(nres, 0.0),
             active_count: 0,
@@ -369,6 +374,7 @@ impl<'a> FlowRates<'a> {
         for v in [
             self.slot,
             self.dirty,
+            self.emptied,
             self.fresh,
             self.res_stamp,
             self.comp_res,
@@ -395,6 +401,8 @@ impl Rates for FlowRates<'_> {
             let list = &mut self.res_flows[r as usize];
             self.slot[base + j] = list.len() as u32;
             list.push(m);
+            // (One at a time: routes are a few resources, which a copy call would cost more.)
+            self.dirty.push(r);
         }
         self.active_count += 1;
         self.fresh.push(m);
@@ -406,7 +414,6 @@ impl Rates for FlowRates<'_> {
         flow.at = at;
         flow.len = len;
         flow.last = st.now;
-        self.dirty.extend_from_slice(route);
     }
 
     fn finish(&mut self, st: &mut Steps<'_>, m: u32) {
@@ -426,6 +433,11 @@ impl Rates for FlowRates<'_> {
             let pos = self.slot[base + j] as usize;
             let last = list.len() - 1;
             list.swap_remove(pos);
+            if last == 0 {
+                self.emptied.push(r);
+            } else {
+                self.dirty.push(r);
+            }
             if pos < last {
                 // The flow that was last now sits at `pos`: find its entry for `r` (the one
                 // that pointed at the end of the list).
@@ -439,7 +451,6 @@ impl Rates for FlowRates<'_> {
                 }
             }
         }
-        self.dirty.extend_from_slice(route);
     }
 
     fn past(&mut self, now: f64, limit: f64) -> bool {
@@ -466,7 +477,7 @@ impl Rates for FlowRates<'_> {
     }
 
     fn dirty(&self) -> bool {
-        !self.dirty.is_empty()
+        !self.dirty.is_empty() || !self.emptied.is_empty()
     }
 
     fn recompute(&mut self, st: &mut Steps<'_>) {
@@ -554,8 +565,18 @@ impl<'a> FlowRates<'a> {
         stack.clear();
         self.dirty = stack;
         if !big {
-            self.fill(st, &comp_res, &comp_flows);
+            for &r in &self.emptied {
+                self.used[r as usize] = 0.0;
+            }
+            if comp_flows.is_empty() {
+                for &r in &comp_res {
+                    self.used[r as usize] = 0.0;
+                }
+            } else {
+                self.fill(st, &comp_res, &comp_flows);
+            }
         }
+        self.emptied.clear();
         self.comp_res = comp_res;
         self.comp_flows = comp_flows;
         if !big {
@@ -611,6 +632,7 @@ impl<'a> FlowRates<'a> {
         self.released = 0;
         self.fresh.clear();
         self.dirty.clear();
+        self.emptied.clear();
         let epoch = self.next_epoch();
         let mut comp_res = std::mem::take(&mut self.comp_res);
         let mut comp_flows = std::mem::take(&mut self.comp_flows);

@@ -199,13 +199,20 @@ pub(super) struct Steps<'a> {
     pub(super) tracking: bool,
 }
 
-/// What a run knows of one step.
-#[derive(Clone, Copy, Default)]
+/// What a run knows of one step, and what it reads of the step's definition while it runs
+/// (its kind and where its dependents are), in one cache line: a large schedule's steps are
+/// taken in an order that jumps between ranks, and one line per step is what a step's
+/// readiness, its work and its end then touch instead of one per array.
+#[derive(Clone, Copy)]
+#[repr(align(64))]
 struct StepState {
     /// When it became ready.
     ready_at: f64,
     /// When a relaying step's fused local work ends.
     local_until: f64,
+    kind: Kind,
+    /// Its dependents: `p.succ[succ.0..succ.1]`.
+    succ: (u32, u32),
     /// Predecessors not yet done.
     pending: u32,
     /// A receive ready for its message that has not taken it yet.
@@ -270,10 +277,21 @@ impl<'a> Steps<'a> {
             stale: 0,
             step: {
                 let mut v = b.empty();
-                v.extend(p.pending.iter().map(|&pending| StepState {
-                    pending,
-                    ..StepState::default()
-                }));
+                v.extend(
+                    p.steps
+                        .iter()
+                        .zip(&p.pending)
+                        .zip(p.succ_start.windows(2))
+                        .map(|((step, &pending), succ)| StepState {
+                            ready_at: 0.0,
+                            local_until: 0.0,
+                            kind: step.kind,
+                            succ: (succ[0], succ[1]),
+                            pending,
+                            recv_ready: false,
+                            done: false,
+                        }),
+                );
                 v
             },
             completed: 0,
@@ -376,9 +394,12 @@ impl<'a> Steps<'a> {
     }
 
     fn mem_us(&self, step: u32, passes: f64) -> f64 {
+        if passes <= 0.0 {
+            return 0.0;
+        }
         let s = &self.p.steps[step as usize];
         let bw = self.network.mem_bw[s.rank as usize] * self.mem_scale;
-        if passes <= 0.0 || bw.is_nan() || bw <= 0.0 {
+        if bw.is_nan() || bw <= 0.0 {
             return 0.0;
         }
         passes * f64::from(s.count) * self.chunk_bytes / (bw * 1e3)
@@ -434,7 +455,9 @@ impl<'a> Steps<'a> {
             self.note(ev.time(), ev.tag());
             let advanced = ev.time() > self.now;
             self.now = self.now.max(ev.time());
-            if self.now > self.limit || (advanced && rates.past(self.now, self.limit)) {
+            if self.now > self.limit
+                || (advanced && self.limit.is_finite() && rates.past(self.now, self.limit))
+            {
                 return Err(CostError::PastLimit {
                     limit_us: self.limit,
                     at_us: self.now,
@@ -485,7 +508,7 @@ impl<'a> Steps<'a> {
         if let Some(spans) = &mut self.spans {
             spans[s as usize].0 = self.now;
         }
-        match self.p.steps[s as usize].kind {
+        match self.step[s as usize].kind {
             Kind::Nop => self.complete(s),
             Kind::Local { passes } => {
                 let t = self.mem_us(s, passes);
@@ -514,11 +537,8 @@ impl<'a> Steps<'a> {
         if let Some(spans) = &mut self.spans {
             spans[s as usize].1 = self.now;
         }
-        let (a, b) = (
-            self.p.succ_start[s as usize] as usize,
-            self.p.succ_start[s as usize + 1] as usize,
-        );
-        for i in a..b {
+        let (a, b) = self.step[s as usize].succ;
+        for i in a as usize..b as usize {
             let t = self.p.succ[i];
             let pending = &mut self.step[t as usize].pending;
             *pending -= 1;
@@ -602,7 +622,7 @@ impl<'a> Steps<'a> {
     fn consume<R: Rates>(&mut self, rates: &mut R, s: u32) {
         let Kind::Recv {
             msg, passes, out, ..
-        } = self.p.steps[s as usize].kind
+        } = self.step[s as usize].kind
         else {
             return;
         };
