@@ -275,8 +275,11 @@ struct FlowRates<'a> {
     emptied: Vec<u32>,
     /// Flows started since the last recomputation.
     fresh: Vec<u32>,
-    /// Capacity currently allocated on each resource (bytes/µs).
+    /// Capacity currently allocated on each resource (bytes/µs): what a large component's
+    /// new flows take theirs from. Kept only where one can form ([`FlowRoutes::exact_only`]).
     used: Vec<f64>,
+    /// Whether `used` and `fresh` are kept.
+    approximating: bool,
     active_count: usize,
     /// Flows finished since the last recomputation.
     released: usize,
@@ -350,6 +353,7 @@ impl<'a> FlowRates<'a> {
             emptied: b.empty(),
             fresh: b.empty(),
             used: b.filled(nres, 0.0),
+            approximating: !routes.exact_only,
             active_count: 0,
             released: 0,
             pending_changes: 0,
@@ -405,7 +409,9 @@ impl Rates for FlowRates<'_> {
             self.dirty.push(r);
         }
         self.active_count += 1;
-        self.fresh.push(m);
+        if self.approximating {
+            self.fresh.push(m);
+        }
         let (at, len) = self.routes.span(c);
         let flow = &mut self.flow[mi];
         flow.active = true;
@@ -428,7 +434,9 @@ impl Rates for FlowRates<'_> {
         let route = routes.of(p.msg_conn[mi]);
         let base = self.routes.slot_base[mi] as usize;
         for (j, &r) in route.iter().enumerate() {
-            self.used[r as usize] = (self.used[r as usize] - self.flow[mi].rate).max(0.0);
+            if self.approximating {
+                self.used[r as usize] = (self.used[r as usize] - self.flow[mi].rate).max(0.0);
+            }
             let list = &mut self.res_flows[r as usize];
             let pos = self.slot[base + j] as usize;
             let last = list.len() - 1;
@@ -565,14 +573,18 @@ impl<'a> FlowRates<'a> {
         stack.clear();
         self.dirty = stack;
         if !big {
-            for &r in &self.emptied {
-                self.used[r as usize] = 0.0;
-            }
-            if comp_flows.is_empty() {
-                for &r in &comp_res {
+            if self.approximating {
+                for &r in self.emptied.iter().chain(
+                    comp_flows
+                        .is_empty()
+                        .then_some(&comp_res)
+                        .into_iter()
+                        .flatten(),
+                ) {
                     self.used[r as usize] = 0.0;
                 }
-            } else {
+            }
+            if !comp_flows.is_empty() {
                 self.fill(st, &comp_res, &comp_flows);
             }
         }
@@ -684,11 +696,13 @@ impl<'a> FlowRates<'a> {
             // A flow alone on its resources (most changes on rings and trees): the filling
             // below would freeze it at its narrowest resource's capacity, the first share.
             let share = self.cap[narrowest as usize].max(0.0);
-            for &r in comp_res {
-                self.used[r as usize] = 0.0;
-            }
-            for &r in route {
-                self.used[r as usize] = share;
+            if self.approximating {
+                for &r in comp_res {
+                    self.used[r as usize] = 0.0;
+                }
+                for &r in route {
+                    self.used[r as usize] = share;
+                }
             }
             let rate = self.flow[f as usize].rate;
             if share != rate || rate == 0.0 {
@@ -820,14 +834,18 @@ impl<'a> FlowRates<'a> {
     /// changed, in component order), and its resources' allocated capacity is summed again.
     fn take_new_rates(&mut self, st: &mut Steps<'_>, comp_res: &[u32], comp_flows: &[u32]) {
         let all: &'a [u32] = self.routes.all();
-        for &r in comp_res {
-            self.used[r as usize] = 0.0;
+        if self.approximating {
+            for &r in comp_res {
+                self.used[r as usize] = 0.0;
+            }
         }
         for &f in comp_flows {
             let flow = self.flow[f as usize];
             let (rate, new) = (flow.rate, flow.new_rate);
-            for &r in flow.route(all) {
-                self.used[r as usize] += new;
+            if self.approximating {
+                for &r in flow.route(all) {
+                    self.used[r as usize] += new;
+                }
             }
             if new != rate || rate == 0.0 {
                 self.set_rate(st, f, new);

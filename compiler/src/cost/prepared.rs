@@ -4,7 +4,7 @@
 
 use super::model::{CostModel, LinkClass};
 use super::network::{Network, Route};
-use hccl_ir::{Collective, Op, StepRef};
+use hccl_ir::{CONNECTION_SLOTS, Collective, Op, StepRef};
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
@@ -206,6 +206,12 @@ pub(super) struct FlowRoutes {
     /// route's entries start in an array of one entry per (message, representative); one
     /// past the last message, the size of that array.
     pub(super) slot_base: Vec<u32>,
+    /// Whether every component of interacting flows is small enough to be shared exactly
+    /// at every change (at most [`EXACT_COMPONENT`](super::flow::EXACT_COMPONENT) flows):
+    /// a connection has at most [`CONNECTION_SLOTS`] messages started and not yet taken by
+    /// their receive, so no more flows than that, summed over connections, are ever active
+    /// at once.
+    pub(super) exact_only: bool,
 }
 
 impl FlowRoutes {
@@ -261,10 +267,16 @@ impl FlowRoutes {
             slots += start[c as usize + 1] - start[c as usize];
         }
         slot_base.push(slots);
+        let most_active: usize = p
+            .conn_len
+            .iter()
+            .map(|&len| (len as usize).min(CONNECTION_SLOTS))
+            .sum();
         FlowRoutes {
             start,
             res,
             slot_base,
+            exact_only: most_active <= super::flow::EXACT_COMPONENT,
         }
     }
 
