@@ -573,15 +573,16 @@ impl<'a> FlowRates<'a> {
         stack.clear();
         self.dirty = stack;
         if !big {
+            // What filling the emptied resources (and a component left without flows)
+            // would do.
             if self.approximating {
-                for &r in self.emptied.iter().chain(
-                    comp_flows
-                        .is_empty()
-                        .then_some(&comp_res)
-                        .into_iter()
-                        .flatten(),
-                ) {
+                for &r in &self.emptied {
                     self.used[r as usize] = 0.0;
+                }
+                if comp_flows.is_empty() {
+                    for &r in &comp_res {
+                        self.used[r as usize] = 0.0;
+                    }
                 }
             }
             if !comp_flows.is_empty() {
