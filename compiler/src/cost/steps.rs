@@ -147,6 +147,120 @@ impl Timed {
     }
 }
 
+/// How many in-order lanes [`Queue`] keeps for arrivals.
+const LANES: usize = 2;
+
+/// A run's pending events, taken earliest first (time, then push order): a heap, and
+/// beside it a few *lanes*, lists already in that order. An arrival is its flow's end plus
+/// its connection's latency, and flow ends are taken in time order, so arrivals over routes
+/// of one latency are queued in order: such an arrival joins the lane whose last event is
+/// not after it, and costs no sifting in the heap. Anything else goes to the heap. The
+/// events come out in exactly the order one heap would give.
+struct Queue {
+    heap: BinaryHeap<Timed>,
+    lanes: [Lane; LANES],
+}
+
+/// Events in the order they are taken: `events[head..]` are still queued.
+#[derive(Default)]
+struct Lane {
+    events: Vec<Timed>,
+    head: usize,
+}
+
+impl Lane {
+    #[inline]
+    fn front(&self) -> Option<&Timed> {
+        self.events.get(self.head)
+    }
+
+    #[inline]
+    fn back(&self) -> Option<&Timed> {
+        self.events[self.head..].last()
+    }
+
+    #[inline]
+    fn push_back(&mut self, e: Timed) {
+        self.events.push(e);
+    }
+
+    #[inline]
+    fn pop_front(&mut self) {
+        self.head += 1;
+        if self.head == self.events.len() {
+            self.events.clear();
+            self.head = 0;
+        }
+    }
+}
+
+impl Queue {
+    fn new(b: &mut Buffers) -> Queue {
+        Queue {
+            heap: BinaryHeap::from(b.empty::<Timed>()),
+            lanes: std::array::from_fn(|_| Lane {
+                events: b.empty(),
+                head: 0,
+            }),
+        }
+    }
+
+    fn recycle(self, b: &mut Buffers) {
+        b.keep(self.heap.into_vec());
+        for lane in self.lanes {
+            b.keep(lane.events);
+        }
+    }
+
+    #[inline]
+    fn push(&mut self, e: Timed) {
+        self.heap.push(e);
+    }
+
+    /// Queues an event that may join a lane (an arrival).
+    #[inline]
+    fn push_in_order(&mut self, e: Timed) {
+        // (`Timed` is complemented: the later event is the smaller.)
+        match self
+            .lanes
+            .iter_mut()
+            .find(|lane| lane.back().is_none_or(|&last| e < last))
+        {
+            Some(lane) => lane.push_back(e),
+            None => self.heap.push(e),
+        }
+    }
+
+    /// The next event, and where it is (`LANES`: the heap).
+    #[inline]
+    fn peek(&self) -> Option<(Timed, usize)> {
+        let mut best = self.heap.peek().map(|&e| (e, LANES));
+        for (i, lane) in self.lanes.iter().enumerate() {
+            if let Some(&e) = lane.front()
+                && best.is_none_or(|(b, _)| e > b)
+            {
+                best = Some((e, i));
+            }
+        }
+        best
+    }
+
+    /// Takes the event [`Queue::peek`] found at `at`.
+    #[inline]
+    fn take(&mut self, at: usize) {
+        if at == LANES {
+            self.heap.pop();
+        } else {
+            self.lanes[at].pop_front();
+        }
+    }
+
+    /// Events in the heap (where superseded flow ends wait).
+    fn heap_len(&self) -> usize {
+        self.heap.len()
+    }
+}
+
 /// The step and message state of one run, shared by the flow simulator and the template
 /// run ([`super::symmetric`]): which steps are ready and done, which messages started and
 /// arrived, connection slots, the event queue. How flows share bandwidth is the [`Rates`]
@@ -166,7 +280,7 @@ pub(super) struct Steps<'a> {
     /// Events pushed so far: the next one's push order. At `u32::MAX` the run stops
     /// ([`CostError::TooLarge`]: billions of events, far past any budget).
     seq: u32,
-    events: BinaryHeap<Timed>,
+    events: Queue,
     /// Flow ends in `events` that a rate change superseded (see [`Steps::replace_flow_end`]).
     stale: usize,
     /// Per step, its state (one entry, so that a step's readiness touches one cache line).
@@ -273,7 +387,7 @@ impl<'a> Steps<'a> {
             now: 0.0,
             limit: f64::INFINITY,
             seq: 0,
-            events: BinaryHeap::new(),
+            events: Queue::new(b),
             stale: 0,
             step: {
                 let mut v = b.empty();
@@ -325,6 +439,7 @@ impl<'a> Steps<'a> {
 
     /// Hands this run's arrays to `b` for a later run.
     pub(super) fn recycle(self, b: &mut Buffers) {
+        self.events.recycle(b);
         for v in [self.worklist, self.next_start, self.consumed] {
             b.keep(v);
         }
@@ -342,7 +457,9 @@ impl<'a> Steps<'a> {
 
     /// Queues message `m`'s arrival at `time`.
     fn arrival_at(&mut self, time: f64, m: u32) {
-        self.queue(time, ARRIVE, m);
+        self.seq = self.seq.saturating_add(1);
+        self.events
+            .push_in_order(Timed::new(time, self.seq, ARRIVE, m));
     }
 
     /// Replaces flow `m`'s end: the one pushed as `live` (0: none) is superseded, and the new
@@ -424,27 +541,28 @@ impl<'a> Steps<'a> {
         }
         self.drain_ready(rates);
         loop {
-            if self.stale >= STALE_PURGE && 2 * self.stale > self.events.len() {
-                self.events.retain(|e| match e.kind() {
+            if self.stale >= STALE_PURGE && 2 * self.stale > self.events.heap_len() {
+                self.events.heap.retain(|e| match e.kind() {
                     EventKind::FlowDone(m, v) => rates.current(m, v),
                     _ => true,
                 });
                 self.stale = 0;
             }
-            let next_time = self.events.peek().map(|e| e.time());
-            if rates.dirty() && next_time.is_none_or(|t| t > self.now) {
+            let next = self.events.peek();
+            if rates.dirty() && next.is_none_or(|(e, _)| e.time() > self.now) {
                 rates.recompute(self);
                 continue;
             }
             if self.seq == u32::MAX {
                 return Err(CostError::TooLarge { steps });
             }
-            let Some(ev) = self.events.pop() else {
+            let Some((ev, at)) = next else {
                 if rates.revive(self) {
                     continue;
                 }
                 break;
             };
+            self.events.take(at);
             let kind = ev.kind();
             if let EventKind::FlowDone(m, v) = kind
                 && !rates.current(m, v)
@@ -657,7 +775,11 @@ impl<'a> Steps<'a> {
 
 #[cfg(test)]
 mod tests {
-    use super::{EventKind, FLOW_DONE, STEP_DONE, Timed, from_order_key, total_order_key};
+    use super::{
+        ARRIVE, EventKind, FLOW_DONE, Queue, STEP_DONE, Timed, from_order_key, total_order_key,
+    };
+    use crate::cost::buffers::Buffers;
+    use proptest::prelude::*;
 
     const TIMES: [f64; 9] = [
         f64::NEG_INFINITY,
@@ -693,6 +815,50 @@ mod tests {
                     assert_eq!(ea.cmp(&eb), want, "{a} (push {sa}) against {b} (push {sb})");
                 }
             }
+        }
+    }
+
+    proptest! {
+        /// The queue gives its events in exactly the order one heap would, whichever of them
+        /// went to a lane: arrivals pushed in and out of time order, other events, and takes
+        /// in between.
+        #[test]
+        fn the_queue_takes_events_in_heap_order(
+            ops in prop::collection::vec((0u8..4, 0u32..40), 1..300),
+        ) {
+            let mut b = Buffers::default();
+            let mut q = Queue::new(&mut b);
+            let mut reference = std::collections::BinaryHeap::new();
+            let mut seq = 0u32;
+            for (op, t) in ops {
+                let time = f64::from(t) * 0.5;
+                seq += 1;
+                match op {
+                    0 => {
+                        let e = Timed::new(time, seq, ARRIVE, seq);
+                        q.push_in_order(e);
+                        reference.push(e);
+                    }
+                    1 => {
+                        let e = Timed::new(time, seq, STEP_DONE, seq);
+                        q.push(e);
+                        reference.push(e);
+                    }
+                    _ => {
+                        let next = q.peek();
+                        prop_assert_eq!(next.map(|(e, _)| e), reference.pop());
+                        if let Some((_, at)) = next {
+                            q.take(at);
+                        }
+                    }
+                }
+            }
+            while let Some(want) = reference.pop() {
+                let (e, at) = q.peek().expect("the queue holds as many events");
+                prop_assert_eq!(e, want);
+                q.take(at);
+            }
+            prop_assert!(q.peek().is_none());
         }
     }
 }
