@@ -344,6 +344,11 @@ struct MsgState {
     arrived: bool,
 }
 
+const _: () = assert!(
+    std::mem::size_of::<StepState>() == 64,
+    "a step's state is one line"
+);
+
 /// How a run shares bandwidth among its flows (one flow per message in transit).
 pub(super) trait Rates {
     /// A flow of `bytes` (positive) starts on message `m`, whose route crosses resources.
