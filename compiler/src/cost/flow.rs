@@ -276,7 +276,8 @@ struct FlowRates<'a> {
     /// Flows started since the last recomputation.
     fresh: Vec<u32>,
     /// Capacity currently allocated on each resource (bytes/µs): what a large component's
-    /// new flows take theirs from. Kept only where one can form ([`FlowRoutes::exact_only`]).
+    /// new flows take theirs from. Kept only where one can form: where more than
+    /// [`EXACT_COMPONENT`] flows can be active at once ([`FlowRoutes::most_active`]).
     used: Vec<f64>,
     /// Whether `used` and `fresh` are kept.
     approximating: bool,
@@ -353,7 +354,7 @@ impl<'a> FlowRates<'a> {
             emptied: b.empty(),
             fresh: b.empty(),
             used: b.filled(nres, 0.0),
-            approximating: !routes.exact_only,
+            approximating: routes.most_active > EXACT_COMPONENT,
             active_count: 0,
             released: 0,
             pending_changes: 0,

@@ -206,12 +206,9 @@ pub(super) struct FlowRoutes {
     /// route's entries start in an array of one entry per (message, representative); one
     /// past the last message, the size of that array.
     pub(super) slot_base: Vec<u32>,
-    /// Whether every component of interacting flows is small enough to be shared exactly
-    /// at every change (at most [`EXACT_COMPONENT`](super::flow::EXACT_COMPONENT) flows):
-    /// a connection has at most [`CONNECTION_SLOTS`] messages started and not yet taken by
-    /// their receive, so no more flows than that, summed over connections, are ever active
-    /// at once.
-    pub(super) exact_only: bool,
+    /// The most flows ever active at once: a connection has at most [`CONNECTION_SLOTS`]
+    /// messages started and not yet taken by their receive, summed over connections.
+    pub(super) most_active: usize,
 }
 
 impl FlowRoutes {
@@ -276,7 +273,7 @@ impl FlowRoutes {
             start,
             res,
             slot_base,
-            exact_only: most_active <= super::flow::EXACT_COMPONENT,
+            most_active,
         }
     }
 
