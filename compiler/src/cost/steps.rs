@@ -457,7 +457,9 @@ impl<'a> Steps<'a> {
 
     /// Queues step `s`'s end at `time`.
     fn step_done_at(&mut self, time: f64, s: u32) {
-        self.queue(time, STEP_DONE, s);
+        self.seq = self.seq.saturating_add(1);
+        self.events
+            .push_in_order(Timed::new(time, self.seq, STEP_DONE, s));
     }
 
     /// Queues message `m`'s arrival at `time`.
