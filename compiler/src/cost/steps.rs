@@ -153,9 +153,10 @@ const LANES: usize = 2;
 /// A run's pending events, taken earliest first (time, then push order): a heap, and
 /// beside it a few *lanes*, lists already in that order. An arrival is its flow's end plus
 /// its connection's latency, and flow ends are taken in time order, so arrivals over routes
-/// of one latency are queued in order: such an arrival joins the lane whose last event is
-/// not after it, and costs no sifting in the heap. Anything else goes to the heap. The
-/// events come out in exactly the order one heap would give.
+/// of one latency are queued in order; so are the ends of local steps of one size (a
+/// pipeline's). Such an event joins the lane whose last event is not after it, and costs no
+/// sifting in the heap; one that fits no lane, and every flow end (rate changes move them),
+/// goes to the heap. The events come out in exactly the order one heap would give.
 struct Queue {
     heap: BinaryHeap<Timed>,
     lanes: [Lane; LANES],
@@ -217,7 +218,7 @@ impl Queue {
         self.heap.push(e);
     }
 
-    /// Queues an event that may join a lane (an arrival).
+    /// Queues an event that may join a lane (an arrival, a local step's end).
     #[inline]
     fn push_in_order(&mut self, e: Timed) {
         // (`Timed` is complemented: the later event is the smaller.)
