@@ -458,16 +458,12 @@ impl<'a> Steps<'a> {
 
     /// Queues step `s`'s end at `time`.
     fn step_done_at(&mut self, time: f64, s: u32) {
-        self.seq = self.seq.saturating_add(1);
-        self.events
-            .push_in_order(Timed::new(time, self.seq, STEP_DONE, s));
+        self.queue_in_order(time, STEP_DONE, s);
     }
 
     /// Queues message `m`'s arrival at `time`.
     fn arrival_at(&mut self, time: f64, m: u32) {
-        self.seq = self.seq.saturating_add(1);
-        self.events
-            .push_in_order(Timed::new(time, self.seq, ARRIVE, m));
+        self.queue_in_order(time, ARRIVE, m);
     }
 
     /// Replaces flow `m`'s end: the one pushed as `live` (0: none) is superseded, and the new
@@ -516,6 +512,14 @@ impl<'a> Steps<'a> {
         self.seq = self.seq.saturating_add(1);
         self.events.push(Timed::new(time, self.seq, code, index));
         self.seq
+    }
+
+    /// [`Steps::queue`], for an event that may join an in-order lane ([`Queue`]).
+    #[inline]
+    fn queue_in_order(&mut self, time: f64, code: u64, index: u32) {
+        self.seq = self.seq.saturating_add(1);
+        self.events
+            .push_in_order(Timed::new(time, self.seq, code, index));
     }
 
     fn mem_us(&self, step: u32, passes: f64) -> f64 {
