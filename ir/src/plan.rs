@@ -572,6 +572,17 @@ impl EntryText {
     }
 }
 
+/// The rank lists of `texts`' entries in a plan's text whose entries start at byte `base`,
+/// joined by `", "`; `None` when an entry's text looked unexpected.
+fn lists_in_plan(texts: &[EntryText], mut base: usize) -> Option<Vec<crate::plan_scan::RankList>> {
+    let mut lists = Vec::new();
+    for part in texts {
+        lists.extend(part.lists.as_ref()?.iter().map(|l| l.moved(base)));
+        base += part.text.len() + 2;
+    }
+    Some(lists)
+}
+
 /// The contents of a plan file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -757,24 +768,11 @@ impl PlanFile {
         // Every entry's rank lists at their offsets in the text without an index (`None`
         // when an entry's text looked unexpected: the text then goes without one, as a
         // scan of the whole would find).
-        let lists =
-            (always_index || len >= crate::plan_index::INDEX_MIN_BYTES)
-                .then(|| {
-                    let mut lists = Vec::new();
-                    let mut base = at + open.len();
-                    for part in &texts {
-                        lists.extend(part.lists.as_ref()?.iter().map(|l| {
-                            crate::plan_scan::RankList {
-                                open: l.open + base,
-                                close: l.close + base,
-                                elems: l.elems.iter().map(|&(a, b)| (a + base, b + base)).collect(),
-                            }
-                        }));
-                        base += part.text.len() + 2;
-                    }
-                    Some(lists)
-                })
-                .flatten();
+        let lists = if always_index || len >= crate::plan_index::INDEX_MIN_BYTES {
+            lists_in_plan(&texts, at + open.len())
+        } else {
+            None
+        };
         let (index_at, index) = lists
             .and_then(|lists| crate::plan_index::placed(&shell_text[..at], &lists))
             .unwrap_or((0, String::new()));

@@ -77,6 +77,17 @@ pub(crate) struct RankList {
     pub elems: Vec<(usize, usize)>,
 }
 
+impl RankList {
+    /// The same list `by` bytes further on (its text's place in a larger one).
+    pub(crate) fn moved(&self, by: usize) -> RankList {
+        RankList {
+            open: self.open + by,
+            close: self.close + by,
+            elems: self.elems.iter().map(|&(a, b)| (a + by, b + by)).collect(),
+        }
+    }
+}
+
 /// Every explicit entry's rank list, in the order of the text; `None` when the text looks
 /// unexpected (see the module docs).
 pub(crate) fn rank_lists(text: &str) -> Option<Vec<RankList>> {
@@ -414,13 +425,8 @@ mod tests {
         let mut base = head.len();
         let mut from_entries = Vec::new();
         for e in entries {
-            for mut l in entry_rank_lists(e).expect("entry scans") {
-                l.open += base;
-                l.close += base;
-                l.elems
-                    .iter_mut()
-                    .for_each(|x| *x = (x.0 + base, x.1 + base));
-                from_entries.push(l);
+            for l in entry_rank_lists(e).expect("entry scans") {
+                from_entries.push(l.moved(base));
             }
             base += e.len() + 2;
         }

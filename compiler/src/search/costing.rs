@@ -32,11 +32,11 @@ pub(super) struct Tick<'p> {
 /// its selectable candidates at each size is then a time the winner there cannot exceed,
 /// and so are the screen's probes of selectable candidates. The second wave costs every
 /// other candidate simulated at every size with that limit ([`Simulator::run_within`]): a
-/// run past it stops there and the time is left infinite (it could not have won). It takes the candidates in batches of
-/// [`SECOND_WAVE_BATCH`], those whose probes came closest to their size's limit first, and
-/// lowers the limits to the simulated times of each batch before the next: the rail and
-/// tree schedules of a cluster beat the baseline's ring by 2.5× at large sizes, and the
-/// candidates after them stop that much earlier. The candidates too large to simulate at
+/// run past it stops there and the time is left infinite (it could not have won). It takes
+/// the candidates in batches of [`SECOND_WAVE_BATCH`], those whose probes came closest to
+/// their size's limit first, and lowers the limits to the simulated times of each batch
+/// before the next: the rail and tree schedules of a cluster beat the baseline's ring by
+/// 2.5× at large sizes, and the candidates after them stop that much earlier. The candidates too large to simulate at
 /// every size run last, sampled only among the sizes where no lower bound puts them past
 /// the limits (see [`cost_sampled`]). What the
 /// winners' cost fits read of their neighbouring sizes is filled in afterwards
