@@ -576,7 +576,7 @@ impl ScheduleBuilder {
                 schedule.ranks[r].scratch_chunks = self.scratch[r];
                 continue;
             }
-            let space = AddrSpace::new(&self, r as Rank);
+            let space = AddrSpace::new(&self, r as Rank, &list, &mut bufs);
             if self.fusion {
                 list = fuse(list, &space, &mut bufs);
             }
@@ -585,15 +585,21 @@ impl ScheduleBuilder {
                 scratch_chunks: self.scratch[r],
                 streams: assign_streams(&list, &space, &mut bufs, slot),
             };
+            space.recycle(&mut bufs);
         }
         Ok(schedule)
     }
 }
 
-/// Per-address work arrays, reused from rank to rank (allocating them per rank dominated
-/// the build time of large schedules).
+/// Per-segment work arrays (see [`AddrSpace`]), reused from rank to rank.
 #[derive(Debug, Default)]
 struct Buffers {
+    /// [`AddrSpace::new`]'s cuts, one bit per canonical address.
+    marks: Vec<u64>,
+    /// [`AddrSpace::bounds`]' allocation.
+    bounds: Vec<u32>,
+    /// [`AddrSpace::segment_at`]'s allocation.
+    segment_at: Vec<u32>,
     cover: Vec<u32>,
     live: Vec<bool>,
     last_writer_stream: Vec<u32>,
@@ -611,16 +617,28 @@ fn reset<T: Clone>(v: &mut Vec<T>, len: u32, val: T) {
     v.resize(len as usize, val);
 }
 
-/// Canonical per-rank chunk addresses with in-place aliasing resolved.
+/// Canonical per-rank chunk addresses with in-place aliasing resolved, numbered by
+/// *segment*: the rank's ops' ranges cut the canonical space at their ends (and at the
+/// scratch buffer's start), and every address of one segment is read and written by the
+/// same ops. So the passes below keep one entry per segment instead of one per chunk,
+/// with the same results: a schedule of 150k chunks per rank in a few thousand ranges
+/// (packed trees) costs its ranges, not its chunks.
 struct AddrSpace {
     input_base: u32,
     output_base: u32,
     scratch_base: u32,
+    /// Segments.
     len: u32,
+    /// Each segment's first canonical address, then the end of the space.
+    bounds: Vec<u32>,
+    /// The segment starting at each address of `bounds` (other entries are stale).
+    segment_at: Vec<u32>,
 }
 
 impl AddrSpace {
-    fn new(b: &ScheduleBuilder, rank: Rank) -> AddrSpace {
+    /// The space of `rank`'s `ops`, in the allocations of `bufs`' `marks`, `bounds` and
+    /// `segment_at`.
+    fn new(b: &ScheduleBuilder, rank: Rank, ops: &[BOp], bufs: &mut Buffers) -> AddrSpace {
         let (i, o, s) = (b.input_chunks, b.output_chunks, b.scratch[rank as usize]);
         let (input_base, output_base, data) = match (b.in_place, b.collective) {
             (false, _) => (0, i, i + o),
@@ -628,15 +646,62 @@ impl AddrSpace {
             (true, Collective::ReduceScatter) => (0, rank * o, i),
             (true, _) => (0, 0, i.max(o)),
         };
+        let canonical = |loc: Loc| {
+            let base = match loc.buf {
+                Buf::Input => input_base,
+                Buf::Output => output_base,
+                Buf::Scratch => data,
+            };
+            base + loc.off
+        };
+        // The cuts, as bits over the canonical space (and its end), read out in order.
+        let end = data + s;
+        let marks = &mut bufs.marks;
+        reset(marks, end / 64 + 1, 0u64);
+        let mut mark = |a: u32| marks[(a / 64) as usize] |= 1 << (a % 64);
+        mark(0);
+        mark(data);
+        mark(end);
+        for op in ops.iter().filter(|b| b.channel != FENCE) {
+            for loc in [op.op.src(), op.op.dst()].into_iter().flatten() {
+                let a = canonical(loc);
+                mark(a);
+                mark(a + op.count);
+            }
+        }
+        let mut bounds = std::mem::take(&mut bufs.bounds);
+        let mut segment_at = std::mem::take(&mut bufs.segment_at);
+        bounds.clear();
+        if segment_at.len() <= end as usize {
+            segment_at.resize(end as usize + 1, 0);
+        }
+        for (w, &word) in marks.iter().enumerate() {
+            let mut bits = word;
+            while bits != 0 {
+                let a = w as u32 * 64 + bits.trailing_zeros();
+                segment_at[a as usize] = bounds.len() as u32;
+                bounds.push(a);
+                bits &= bits - 1;
+            }
+        }
         AddrSpace {
             input_base,
             output_base,
             scratch_base: data,
-            len: data + s,
+            len: bounds.len() as u32 - 1,
+            bounds,
+            segment_at,
         }
     }
 
-    fn addr(&self, loc: Loc) -> u32 {
+    /// Hands the allocations back to `bufs`.
+    fn recycle(self, bufs: &mut Buffers) {
+        bufs.bounds = self.bounds;
+        bufs.segment_at = self.segment_at;
+    }
+
+    /// The canonical address of `loc`.
+    fn canonical(&self, loc: Loc) -> u32 {
         let base = match loc.buf {
             Buf::Input => self.input_base,
             Buf::Output => self.output_base,
@@ -645,17 +710,28 @@ impl AddrSpace {
         base + loc.off
     }
 
-    fn is_scratch(&self, addr: u32) -> bool {
-        addr >= self.scratch_base
+    /// The segment that starts at `loc` (every op's locations start one, see [`Self::new`]).
+    fn addr(&self, loc: Loc) -> u32 {
+        self.segment_at[self.canonical(loc) as usize]
+    }
+
+    /// `loc` and the `count` chunks after it, as segments.
+    fn range(&self, loc: Loc, count: u32) -> Range {
+        let a = self.canonical(loc);
+        let first = self.segment_at[a as usize];
+        (first, self.segment_at[(a + count) as usize] - first)
+    }
+
+    fn is_scratch(&self, segment: u32) -> bool {
+        self.bounds[segment as usize] >= self.scratch_base
     }
 }
 
-/// Canonical ranges an op reads and writes (besides messages).
-/// A canonical address range `(start, count)`.
+/// A range of segments `(first, count)`.
 type Range = (u32, u32);
 
 fn reads_writes(b: &BOp, space: &AddrSpace) -> ([Option<Range>; 2], Option<Range>) {
-    let range = |loc: Loc| (space.addr(loc), b.count);
+    let range = |loc: Loc| space.range(loc, b.count);
     let mut reads = [b.op.src().map(range), None];
     if let Op::Reduce { dst, .. } = b.op {
         reads[1] = Some(range(dst));
@@ -749,8 +825,8 @@ fn fuse(list: Vec<BOp>, space: &AddrSpace, bufs: &mut Buffers) -> Vec<BOp> {
     live.extend((0..space.len).map(|a| !space.is_scratch(a)));
     for b in list.iter_mut().rev() {
         if let Op::RecvReduceCopySend { from, to, src, dst } = b.op {
-            let d = space.addr(dst);
-            if (d..d + b.count).all(|a| !live[a as usize]) {
+            let (d, c) = space.range(dst, b.count);
+            if (d..d + c).all(|a| !live[a as usize]) {
                 b.op = Op::RecvReduceSend { from, to, src };
             }
         }
