@@ -591,7 +591,7 @@ impl ScheduleBuilder {
     }
 }
 
-/// Per-segment work arrays (see [`AddrSpace`]), reused from rank to rank.
+/// Work arrays, per segment (see [`AddrSpace`]) but for the cuts', reused from rank to rank.
 #[derive(Debug, Default)]
 struct Buffers {
     /// [`AddrSpace::new`]'s cuts, one bit per canonical address.
@@ -646,13 +646,13 @@ impl AddrSpace {
             (true, Collective::ReduceScatter) => (0, rank * o, i),
             (true, _) => (0, 0, i.max(o)),
         };
-        let canonical = |loc: Loc| {
-            let base = match loc.buf {
-                Buf::Input => input_base,
-                Buf::Output => output_base,
-                Buf::Scratch => data,
-            };
-            base + loc.off
+        let mut space = AddrSpace {
+            input_base,
+            output_base,
+            scratch_base: data,
+            len: 0,
+            bounds: std::mem::take(&mut bufs.bounds),
+            segment_at: std::mem::take(&mut bufs.segment_at),
         };
         // The cuts, as bits over the canonical space (and its end), read out in order.
         let end = data + s;
@@ -664,13 +664,12 @@ impl AddrSpace {
         mark(end);
         for op in ops.iter().filter(|b| b.channel != FENCE) {
             for loc in [op.op.src(), op.op.dst()].into_iter().flatten() {
-                let a = canonical(loc);
+                let a = space.canonical(loc);
                 mark(a);
                 mark(a + op.count);
             }
         }
-        let mut bounds = std::mem::take(&mut bufs.bounds);
-        let mut segment_at = std::mem::take(&mut bufs.segment_at);
+        let (bounds, segment_at) = (&mut space.bounds, &mut space.segment_at);
         bounds.clear();
         if segment_at.len() <= end as usize {
             segment_at.resize(end as usize + 1, 0);
@@ -684,14 +683,8 @@ impl AddrSpace {
                 bits &= bits - 1;
             }
         }
-        AddrSpace {
-            input_base,
-            output_base,
-            scratch_base: data,
-            len: bounds.len() as u32 - 1,
-            bounds,
-            segment_at,
-        }
+        space.len = bounds.len() as u32 - 1;
+        space
     }
 
     /// Hands the allocations back to `bufs`.
