@@ -87,7 +87,7 @@ const FENCE: u32 = u32::MAX;
 /// No op (an [`Origins`] slot a step does not use).
 const NO_OP: u32 = u32::MAX;
 
-/// The end of an address's readers' list (`Buffers::reads`).
+/// The end of a segment's readers' list (`Buffers::reads`).
 const NO_READ: u32 = u32::MAX;
 
 /// One recorded op.
@@ -572,7 +572,7 @@ impl ScheduleBuilder {
         for (r, mut list) in ops.into_iter().enumerate() {
             if list.is_empty() {
                 // Nothing to fuse or order (every rank but one of a template): skip the
-                // per-address work arrays, which cost the whole buffer per rank.
+                // work arrays, whose cuts cost the whole buffer per rank.
                 schedule.ranks[r].scratch_chunks = self.scratch[r];
                 continue;
             }
@@ -604,10 +604,10 @@ struct Buffers {
     live: Vec<bool>,
     last_writer_stream: Vec<u32>,
     writer: Vec<Option<(u32, u32)>>,
-    /// Per address, the newest entry of its readers' list in `reads` ([`NO_READ`]: none).
+    /// Per segment, the newest entry of its readers' list in `reads` ([`NO_READ`]: none).
     readers: Vec<u32>,
     /// The readers' lists, newest first: `(stream, step, older entry)`. One arena for all
-    /// addresses (a `Vec` per address cost one allocation per address per schedule).
+    /// segments (a `Vec` per segment cost one allocation per segment per schedule).
     reads: Vec<(u32, u32, u32)>,
 }
 
@@ -736,7 +736,7 @@ fn reads_writes(b: &BOp, space: &AddrSpace) -> ([Option<Range>; 2], Option<Range
 fn fuse(list: Vec<BOp>, space: &AddrSpace, bufs: &mut Buffers) -> Vec<BOp> {
     let n = list.len();
     let mut out: Vec<Option<BOp>> = list.into_iter().map(Some).collect();
-    // Candidate receive op covering each address.
+    // Candidate receive op covering each segment.
     let cover = &mut bufs.cover;
     reset(cover, space.len, u32::MAX);
     // Whether a candidate's stored data is still intact, and the fence epoch it was made

@@ -260,6 +260,12 @@ impl Queue {
     fn heap_len(&self) -> usize {
         self.heap.len()
     }
+
+    /// Drops the heap's events that `keep` refuses (superseded flow ends; the lanes hold
+    /// none).
+    fn purge(&mut self, keep: impl FnMut(&Timed) -> bool) {
+        self.heap.retain(keep);
+    }
 }
 
 /// The step and message state of one run, shared by the flow simulator and the template
@@ -554,7 +560,7 @@ impl<'a> Steps<'a> {
         self.drain_ready(rates);
         loop {
             if self.stale >= STALE_PURGE && 2 * self.stale > self.events.heap_len() {
-                self.events.heap.retain(|e| match e.kind() {
+                self.events.purge(|e| match e.kind() {
                     EventKind::FlowDone(m, v) => rates.current(m, v),
                     _ => true,
                 });

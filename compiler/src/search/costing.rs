@@ -36,9 +36,9 @@ pub(super) struct Tick<'p> {
 /// the candidates in batches of [`SECOND_WAVE_BATCH`], those whose probes came closest to
 /// their size's limit first, and lowers the limits to the simulated times of each batch
 /// before the next: the rail and tree schedules of a cluster beat the baseline's ring by
-/// 2.5× at large sizes, and the candidates after them stop that much earlier. The candidates too large to simulate at
-/// every size run last, sampled only among the sizes where no lower bound puts them past
-/// the limits (see [`cost_sampled`]). What the
+/// 2.5× at large sizes, and the candidates after them stop that much earlier. The
+/// candidates too large to simulate at every size run last, sampled only among the sizes
+/// where no lower bound puts them past the limits (see [`cost_sampled`]). What the
 /// winners' cost fits read of their neighbouring sizes is filled in afterwards
 /// ([`complete`]), and a collective whose winner fails verification is costed again
 /// without limits; so the plan is the one costing every candidate in full gives.
