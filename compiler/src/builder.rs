@@ -73,6 +73,13 @@ pub enum BuildError {
         count: u32,
         len: u32,
     },
+    /// More chunks on one rank (input, output and scratch together) than a schedule may
+    /// have: [`MAX_CHUNKS`], what the verifier models at most.
+    #[error(
+        "rank {rank}: {chunks} chunks of input, output and scratch, more than the {} a schedule may have (the most the verifier models)",
+        MAX_CHUNKS
+    )]
+    TooLarge { rank: Rank, chunks: u64 },
     /// An op that moves no data.
     #[error("op #{index} on rank {rank}: count must be at least 1")]
     ZeroCount { rank: Rank, index: usize },
@@ -80,6 +87,10 @@ pub enum BuildError {
     #[error("op #{index} on rank {rank}: sends to or receives from itself")]
     SelfPeer { rank: Rank, index: usize },
 }
+
+/// The most chunks of one rank's buffers together: the verifier's limit
+/// ([`hccl_ir::verify::MAX_SLOTS`]), which also keeps every canonical address within `u32`.
+pub const MAX_CHUNKS: u64 = hccl_ir::verify::MAX_SLOTS;
 
 /// Channel marker of a fence (a `Nop` that is not emitted).
 const FENCE: u32 = u32::MAX;
@@ -229,7 +240,7 @@ impl ScheduleBuilder {
         match self.scratch.get_mut(rank as usize) {
             Some(top) => {
                 let off = *top;
-                *top += count;
+                *top = top.saturating_add(count);
                 Loc::scratch(off)
             }
             None => {
@@ -249,7 +260,7 @@ impl ScheduleBuilder {
     pub fn scratch_all(&mut self, count: u32) -> u32 {
         let off = self.scratch.iter().copied().max().unwrap_or(0);
         for top in &mut self.scratch {
-            *top = off + count;
+            *top = off.saturating_add(count);
         }
         off
     }
@@ -486,6 +497,18 @@ impl ScheduleBuilder {
         }
     }
 
+    /// Where `rank`'s input and output start in its canonical address space, and how many
+    /// chunks they take together (in-place aliasing resolved; the scratch buffer follows).
+    fn data_chunks(&self, rank: Rank) -> (u32, u32, u64) {
+        let (i, o) = (self.input_chunks, self.output_chunks);
+        match (self.in_place, self.collective) {
+            (false, _) => (0, i, u64::from(i) + u64::from(o)),
+            (true, Collective::AllGather) => (rank * i, 0, u64::from(o)),
+            (true, Collective::ReduceScatter) => (0, rank * o, u64::from(i)),
+            (true, _) => (0, 0, u64::from(i.max(o))),
+        }
+    }
+
     fn extent(&self, rank: Rank, buf: Buf) -> u32 {
         match buf {
             Buf::Input => self.input_chunks,
@@ -512,11 +535,11 @@ impl ScheduleBuilder {
             }
         }
         for loc in [op.src(), op.dst()].into_iter().flatten() {
-            // Scratch grows on demand: bounds are checked against the final extent below.
-            if loc.buf == Buf::Scratch {
-                continue;
-            }
-            let len = self.extent(rank, loc.buf);
+            // Scratch grows on demand, up to the most a schedule may have.
+            let len = match loc.buf {
+                Buf::Scratch => MAX_CHUNKS as u32,
+                _ => self.extent(rank, loc.buf),
+            };
             if u64::from(loc.off) + u64::from(count) > u64::from(len) {
                 return Some(BuildError::OutOfBounds {
                     rank,
@@ -567,6 +590,12 @@ impl ScheduleBuilder {
                     chunks: self.chunks,
                 },
             )?;
+        for rank in 0..self.nranks {
+            let chunks = self.data_chunks(rank).2 + u64::from(self.scratch[rank as usize]);
+            if chunks > MAX_CHUNKS {
+                return Err(BuildError::TooLarge { rank, chunks });
+            }
+        }
         let ops = std::mem::take(&mut self.ops);
         let mut bufs = Buffers::default();
         for (r, mut list) in ops.into_iter().enumerate() {
@@ -639,13 +668,9 @@ impl AddrSpace {
     /// The space of `rank`'s `ops`, in the allocations of `bufs`' `marks`, `bounds` and
     /// `segment_at`.
     fn new(b: &ScheduleBuilder, rank: Rank, ops: &[BOp], bufs: &mut Buffers) -> AddrSpace {
-        let (i, o, s) = (b.input_chunks, b.output_chunks, b.scratch[rank as usize]);
-        let (input_base, output_base, data) = match (b.in_place, b.collective) {
-            (false, _) => (0, i, i + o),
-            (true, Collective::AllGather) => (rank * i, 0, o),
-            (true, Collective::ReduceScatter) => (0, rank * o, i),
-            (true, _) => (0, 0, i.max(o)),
-        };
+        // (At most `MAX_CHUNKS` in all: `finish` checked.)
+        let (input_base, output_base, data) = b.data_chunks(rank);
+        let (data, s) = (data as u32, b.scratch[rank as usize]);
         let mut space = AddrSpace {
             input_base,
             output_base,

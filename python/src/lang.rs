@@ -151,6 +151,7 @@ fn build_algorithm(
             | BuildError::OutOfBounds { rank, index, .. }
             | BuildError::ZeroCount { rank, index }
             | BuildError::SelfPeer { rank, index } => (Some(*rank), Some(*index)),
+            BuildError::TooLarge { rank, .. } => (Some(*rank), None),
             BuildError::BadChunks { .. } => (None, None),
         };
         let id = rank

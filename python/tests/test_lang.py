@@ -111,6 +111,7 @@ def test_missing_data_points_at_the_algorithm():
     [
         (lambda a: a.chunk(0, "input", 0).copy(9, "input", 0), "out of range"),
         (lambda a: a.chunk(0, "input", 7).copy(1, "input", 0), "exceeds"),
+        (lambda a: a.chunk(0, "input", 0).copy(1, "scratch", 4_000_000_000), "exceeds"),
         (lambda a: a.chunk(0, "input", 0).copy(1, "input", 0, ch=-1), "negative"),
         (lambda a: a.send(a.input(0, 0), 0), "itself"),
     ],

@@ -116,6 +116,36 @@ fn builder_reports_bad_ops() {
     ));
 }
 
+#[test]
+fn builder_refuses_buffers_past_what_the_verifier_models() {
+    use hccl_compiler::builder::MAX_CHUNKS;
+    // Scratch at the far end of `u32`: the op is refused where it is recorded.
+    let mut b = ScheduleBuilder::new(Collective::AllReduce, 2, 2, false);
+    b.copy((0, Loc::input(0)), (1, Loc::scratch(u32::MAX - 3)), 2, 0);
+    assert!(matches!(
+        b.error(),
+        Some(BuildError::OutOfBounds { rank: 1, index: 0, len, .. }) if u64::from(*len) == MAX_CHUNKS
+    ));
+    // Scratch allocated past it, and buffers cut into more chunks than that.
+    let mut b = ScheduleBuilder::new(Collective::AllReduce, 2, 2, false);
+    let far = b.scratch(1, u32::MAX);
+    b.scratch(1, u32::MAX);
+    b.copy((0, Loc::input(0)), (1, Loc::output(0)), 1, 0);
+    assert_eq!(far, Loc::scratch(0));
+    assert!(matches!(
+        b.build(),
+        Err(BuildError::TooLarge { rank: 1, chunks }) if chunks == 4 + u64::from(u32::MAX)
+    ));
+    let mut b = ScheduleBuilder::new(Collective::AllReduce, 2, u32::MAX, false);
+    b.copy((0, Loc::input(0)), (1, Loc::output(0)), 1, 0);
+    let err = b.build().unwrap_err();
+    assert!(matches!(err, BuildError::TooLarge { rank: 0, .. }), "{err}");
+    assert!(
+        err.to_string().contains("the most the verifier models"),
+        "{err}"
+    );
+}
+
 fn random_loc((buf, off): (u8, u32)) -> Loc {
     match buf {
         0 => Loc::input(off),
