@@ -43,6 +43,14 @@ impl Drop for Helper {
     }
 }
 
+/// The cores this process may use ([`std::thread::available_parallelism`], at least 1), read
+/// once: on Linux each reading opens the process's cgroup files, which a compile's thousands
+/// of [`par_map`] calls would otherwise repeat.
+pub fn cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 /// `f` applied to every item, results in item order: the outcome does not depend on how the
 /// work was spread. A panic in `f` is propagated.
 ///
@@ -55,8 +63,7 @@ impl Drop for Helper {
 /// already busy instead of oversubscribing the cores, and joins freed cores item by item.
 /// Threads that are not `par_map`'s (a background solve) are not counted.
 pub fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let most = cores.saturating_sub(1);
+    let most = cores().saturating_sub(1);
     if most == 0 || items.len() <= 1 {
         return items.iter().map(f).collect();
     }

@@ -4,7 +4,7 @@
 //!
 //! ```ron
 //! (
-//!     format_version: 5,
+//!     format_version: 6,
 //!     meta: (topology: "dgx1", topology_hash: "…", compiler: "hcclc 0.1.0"),
 //!     entries: [
 //!         (min_bytes: 0, max_bytes: Some(262144), algorithm: "ring", …, schedule: (…)),
@@ -46,7 +46,7 @@
 //! - 3: seals of the verified schedules (`verified`, see [`Seal`]);
 //! - 4: large plans carry a rank index (`rank_index`, see [`PlanFile::to_ron`]) for one-rank
 //!   loads;
-//! - 5 (written by this build): strided runs in templates. A symmetric entry's template
+//! - 5: strided runs in templates. A symmetric entry's template
 //!   writes a run of steps of a stream that differ only by constant strides (peers, offsets,
 //!   dependencies) as its first step with `repeat: (times: …, src: …, …)`, and a run of
 //!   streams likewise (`repeat: (times: …, every: …, channel: …, steps: [ … ])`); see
@@ -54,6 +54,12 @@
 //!   explicit entries are unchanged. Seals name a symmetric schedule by the hash of this
 //!   written form ([`crate::seal`]); the seals of older files (the expanded template's hash)
 //!   are checked as they were written and held under the current hash.
+//! - 6 (written by this build): strided runs in explicit programs too, written as in
+//!   templates: deep pipelines on machines without a usable symmetry (packed trees, routed
+//!   rings, flow AllToAll) are written 10 to 40 times shorter. A seal's rank digests are of
+//!   a binary encoding of each program ([`crate::seal::rank_digest`]) instead of its RON;
+//!   the explicit seals of older files are checked as they were written (a one-rank load
+//!   checks its programs' old digests) and, on a full load, held under the current digests.
 //!
 //! Readers accept versions [`MIN_FORMAT_VERSION`]`..=`[`FORMAT_VERSION`] and refuse others
 //! with [`PlanError::Version`]; a plan read from an older version is held (and written back)
@@ -69,11 +75,15 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// The plan format this build writes (and the newest it reads).
-pub const FORMAT_VERSION: u32 = 5;
+pub const FORMAT_VERSION: u32 = 6;
 
 /// The first format whose templates may hold strided runs, and whose seals name symmetric
 /// schedules by the hash of their written form (see [`crate::runs`], [`crate::seal`]).
 pub const RUNS_VERSION: u32 = 5;
+
+/// The first format whose explicit programs may hold strided runs, and whose seals list rank
+/// digests of a binary encoding (see [`crate::runs`], [`crate::seal::rank_digest`]).
+pub const DIGESTS_VERSION: u32 = 6;
 
 /// The oldest plan format this build reads.
 pub const MIN_FORMAT_VERSION: u32 = 1;
@@ -298,7 +308,7 @@ mod wire {
         pub cost: Option<CostFit>,
         #[serde(skip_serializing_if = "Option::is_none")]
         pub synthesis: Option<&'a Synthesis>,
-        #[serde(skip_serializing_if = "Option::is_none", serialize_with = "bare")]
+        #[serde(skip_serializing_if = "Option::is_none", serialize_with = "explicit")]
         pub schedule: Option<&'a Schedule>,
         #[serde(skip_serializing_if = "Option::is_none", serialize_with = "written")]
         pub symmetric: Option<SymmetricSchedule>,
@@ -327,6 +337,23 @@ mod wire {
         pub symmetric: Option<SymmetricSchedule>,
     }
 
+    /// Writes an explicit schedule (format 6): the fields of [`Schedule`] in its order, every
+    /// rank program in the written form of [`crate::runs`] (read back through
+    /// [`crate::RankProgram`]'s reader, which expands it).
+    fn explicit<S: Serializer>(value: &Option<&Schedule>, s: S) -> Result<S::Ok, S::Error> {
+        use crate::schedule::ScheduleHeader;
+        use serde::ser::SerializeStruct;
+        let Some(schedule) = value else {
+            return s.serialize_none();
+        };
+        let ranks: Vec<crate::runs::WProgram> =
+            schedule.ranks.iter().map(crate::runs::encode).collect();
+        let mut st = s.serialize_struct("Schedule", ScheduleHeader::FIELDS + 1)?;
+        schedule.header().serialize_fields(&mut st)?;
+        st.serialize_field("ranks", &ranks)?;
+        st.end()
+    }
+
     /// Writes a symmetric schedule with its template's runs compressed (see [`crate::runs`]).
     fn written<S: Serializer>(value: &Option<SymmetricSchedule>, s: S) -> Result<S::Ok, S::Error> {
         match value {
@@ -344,14 +371,6 @@ mod wire {
 
     fn none<S>() -> Option<S> {
         None
-    }
-
-    /// Writes the value of a present optional field without RON's `Some(…)`.
-    fn bare<T: Serialize, S: Serializer>(value: &Option<T>, s: S) -> Result<S::Ok, S::Error> {
-        match value {
-            Some(v) => v.serialize(s),
-            None => s.serialize_none(),
-        }
     }
 
     /// Reads a present optional field written without `Some(…)`.
@@ -722,9 +741,8 @@ impl PlanFile {
 
     /// The pretty text of the plan, with a rank index when `always_index` or when it is
     /// long enough ([`PlanFile::to_ron`]), its entries written on up to
-    /// [`std::thread::available_parallelism`] threads (a compiled plan is tens of megabytes
-    /// of text, and writing it is the compile's last step: a tenth of a DGX-1 compile, a
-    /// second of the 4-node cluster's) and put together by [`PlanFile::assemble`].
+    /// [`crate::par::cores`] threads (a compiled plan is megabytes of text, and writing it is
+    /// the compile's last step) and put together by [`PlanFile::assemble`].
     fn render(&self, always_index: bool) -> String {
         // Entries differ a hundredfold in size: each thread takes the next entry left.
         let texts = crate::par::par_map(&self.entries, EntryText::of);
@@ -840,6 +858,10 @@ impl PlanFile {
             let compact: Vec<SymmetricSchedule> =
                 plan.entries.iter().filter_map(PlanEntry::compact).collect();
             crate::seal::upgrade_seals(&mut plan.verified, &compact);
+        }
+        if plan.format_version < DIGESTS_VERSION && plan.has_own_seals() {
+            let explicit = plan.entries.iter().filter(|e| !e.is_compact());
+            crate::seal::upgrade_explicit_seals(&mut plan.verified, explicit.map(|e| &e.schedule));
         }
         let mut plan = upgrade(plan, origin)?;
         plan.check_seals(origin)?;
@@ -985,7 +1007,7 @@ impl PlanFile {
         check_version(text, origin)?;
         let (plan, templates) = parse_ranks(text, &wanted)
             .map_err(|err| PlanError::Parse(Located::from_ron(origin, &err)))?;
-        PlanPart::new(upgrade(plan, origin)?, wanted, templates, origin)
+        part_of(plan, wanted, templates, origin)
     }
 
     /// Reads a plan file keeping only `rank`'s part (see [`PlanFile::from_ron_for_rank`]).
@@ -1135,9 +1157,24 @@ fn part_of_blanked(
         return Some(Err(e));
     }
     let (plan, templates) = parse_ranks(shrunk, wanted).ok()?;
-    Some(
-        upgrade(plan, origin)
-            .and_then(|plan| PlanPart::new(plan, wanted.to_vec(), templates, origin)),
+    Some(part_of(plan, wanted.to_vec(), templates, origin))
+}
+
+/// The part of a plan parsed for `wanted` ([`parse_ranks`]), as the current format and
+/// checked against its seals (by the digests its own format lists).
+fn part_of(
+    plan: PlanFile,
+    wanted: Vec<u32>,
+    templates: Vec<Option<String>>,
+    origin: &str,
+) -> Result<PlanPart, PlanError> {
+    let legacy_digests = plan.format_version < DIGESTS_VERSION;
+    PlanPart::new(
+        upgrade(plan, origin)?,
+        wanted,
+        templates,
+        legacy_digests,
+        origin,
     )
 }
 
@@ -1509,7 +1546,8 @@ mod tests {
         assert_eq!(p.verified.len(), 2);
         assert!(p.sealed().iter().all(|s| *s));
         let text = p.to_ron();
-        assert!(text.contains("format_version: 5") && text.contains("verified:"));
+        assert!(text.contains(&format!("format_version: {FORMAT_VERSION}")));
+        assert!(text.contains("verified:"));
         let back = PlanFile::from_ron(&text, "p").expect("a sealed plan loads");
         assert_eq!(back, p);
         assert!(back.sealed().iter().all(|s| *s));
@@ -1568,7 +1606,9 @@ mod tests {
         let bad = text.replacen("in_place", "in_placed", 1);
         assert!(PlanFile::from_ron(&bad, "p").is_err());
         assert!(PlanFile::from_ron_for_rank(&bad, "p", 0).is_err());
-        let newer = text.replacen("format_version: 5", "format_version: 9", 1);
+        let version = format!("format_version: {FORMAT_VERSION}");
+        let newer = text.replacen(&version, "format_version: 9", 1);
+        assert_ne!(newer, text);
         assert!(matches!(
             PlanFile::from_ron_for_rank(&newer, "p", 0),
             Err(PlanError::Version { found: 9, .. })

@@ -1,4 +1,5 @@
-//! Strided runs: the compact form of a symmetric entry's template in plan files (format 5).
+//! Strided runs: the compact form of rank programs in plan files, a symmetric entry's
+//! template (from format 5) and an explicit entry's programs (from format 6).
 //!
 //! Deep pipelined templates are regular: inside a stream, consecutive steps are often the same
 //! op on the same peers with the same count, their offsets (and dependencies) advancing by a
@@ -674,6 +675,12 @@ fn move_stream(w: &WStream, k: u32) -> Result<WStream, String> {
 impl WProgram {
     /// The template this written form stands for; errors say which repeat is malformed.
     pub fn expand(&self) -> Result<RankProgram, String> {
+        self.expand_as("the template's steps")
+    }
+
+    /// The program this written form stands for, its steps charged to the reading thread's
+    /// budget ([`with_budget`]) as `what`.
+    pub(crate) fn expand_as(&self, what: &str) -> Result<RankProgram, String> {
         let mut reps = Vec::with_capacity(self.streams.len());
         let mut steps_total = 0u64;
         for (i, s) in self.streams.iter().enumerate() {
@@ -701,7 +708,7 @@ impl WProgram {
         // refuses nothing the expansion limit allows; streams are charged too when more
         // (empty streams cost memory as well).
         let streams_total: u64 = reps.iter().map(|&(t, _)| u64::from(t)).sum();
-        charge(steps_total.max(streams_total), "the template's steps")?;
+        charge(steps_total.max(streams_total), what)?;
         let streams = place(&reps, "stream", |i, k| {
             let w = &self.streams[i];
             if let Some(r) = &w.repeat

@@ -398,12 +398,24 @@ pub struct Stream {
 }
 
 /// Everything one rank runs.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+///
+/// It reads in the written form of [`crate::runs`] (steps and streams with or without
+/// `repeat`, expanded as they are read; plan files write explicit programs so from format 6)
+/// and serialises plainly, every step written out.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 pub struct RankProgram {
     /// Scratch buffer size, in chunks.
     #[serde(default)]
     pub scratch_chunks: u32,
     pub streams: Vec<Stream>,
+}
+
+impl<'de> Deserialize<'de> for RankProgram {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<RankProgram, D::Error> {
+        crate::runs::WProgram::deserialize(d)?
+            .expand_as("the rank program's steps")
+            .map_err(|e| serde::de::Error::custom(format!("rank program: {e}")))
+    }
 }
 
 /// The fields of a schedule besides its programs: what [`Schedule`] and

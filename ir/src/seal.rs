@@ -43,10 +43,26 @@ pub struct Seal {
     pub ranks: Option<String>,
 }
 
-/// Digest of one rank program: blake3 of its RON, truncated to [`RANK_DIGEST_BYTES`].
+/// Digest of one rank program (format 6): blake3 of a fixed binary encoding of it (every
+/// step, in order; see `Feed`), truncated to [`RANK_DIGEST_BYTES`]. Like [`symmetric_hash`],
+/// far cheaper than the program's RON and independent of how the file wrote it.
 pub fn rank_digest(program: &RankProgram) -> [u8; RANK_DIGEST_BYTES] {
+    let mut feed = Feed(Vec::with_capacity(Feed::BUFFER + 64), blake3::Hasher::new());
+    feed.0.extend_from_slice(b"hccl rank program, format 6\n");
+    feed.program(program);
+    feed.flush();
+    truncated(&feed.1)
+}
+
+/// Digest of one rank program as the seals of files before format 6 hold it: blake3 of its
+/// RON, truncated to [`RANK_DIGEST_BYTES`].
+pub fn rank_digest_v5(program: &RankProgram) -> [u8; RANK_DIGEST_BYTES] {
     let mut hasher = blake3::Hasher::new();
     hash_ron(&mut hasher, program);
+    truncated(&hasher)
+}
+
+fn truncated(hasher: &blake3::Hasher) -> [u8; RANK_DIGEST_BYTES] {
     let mut out = [0u8; RANK_DIGEST_BYTES];
     out.copy_from_slice(&hasher.finalize().as_bytes()[..RANK_DIGEST_BYTES]);
     out
@@ -143,7 +159,6 @@ impl Feed {
     }
 
     fn symmetric(&mut self, s: &SymmetricSchedule) {
-        use crate::schedule::Op;
         use crate::symmetric::{BlockLabel, BlockLayout};
         self.0
             .extend_from_slice(b"hccl symmetric schedule, format 5\n");
@@ -186,7 +201,12 @@ impl Feed {
                 }
             }
         }
-        let t = &s.template;
+        self.program(&s.template);
+    }
+
+    /// A rank program: its scratch extent, then every stream and step in order.
+    fn program(&mut self, t: &RankProgram) {
+        use crate::schedule::Op;
         self.u32(t.scratch_chunks);
         self.len(t.streams.len());
         for stream in &t.streams {
@@ -258,6 +278,33 @@ fn digests(schedule: &Schedule) -> Vec<u8> {
     crate::par::par_map(&schedule.ranks, rank_digest).concat()
 }
 
+/// Rewrites the seals of a plan read from a format before 6, whose explicit seals list the
+/// rank digests of [`rank_digest_v5`]: a seal of this build's verifier that covers one of
+/// `explicit` (its root and digests those of the schedule) covers it by the current digests
+/// instead ([`rank_digest`]), so the plan is held (and checked, and written back) as the
+/// current format. Seals that match nothing are left as they are (and then cover nothing).
+pub(crate) fn upgrade_explicit_seals<'a>(
+    seals: &mut [Seal],
+    explicit: impl IntoIterator<Item = &'a Schedule>,
+) {
+    let own = |s: &Seal| s.verifier == crate::verify::VERIFIER && s.ranks.is_some();
+    if !seals.iter().any(own) {
+        return;
+    }
+    for schedule in explicit {
+        let old: Vec<u8> = crate::par::par_map(&schedule.ranks, rank_digest_v5).concat();
+        let (old_root, old_hex) = (explicit_root(&schedule.header(), &old), hex(&old));
+        let mut new = None;
+        for s in seals.iter_mut() {
+            if own(s) && s.schedule == old_root && s.ranks.as_deref() == Some(old_hex.as_str()) {
+                let d = new.get_or_insert_with(|| digests(schedule));
+                s.schedule = explicit_root(&schedule.header(), d);
+                s.ranks = Some(hex(d));
+            }
+        }
+    }
+}
+
 /// Hex hash of an entry's schedule as the plan file writes it: of the symmetric form when
 /// [`PlanEntry::compact`], else the root over the header and every rank's [`rank_digest`]
 /// (see the module docs). What a [`Seal`] names.
@@ -326,6 +373,9 @@ pub struct PlanPart {
     templates: Vec<Option<String>>,
     /// Per entry: how it stands against the seals.
     matches: Vec<Match>,
+    /// Whether the file's explicit seals list [`rank_digest_v5`] digests (a file before
+    /// format 6: a part cannot upgrade them, since that needs every rank's program).
+    legacy_digests: bool,
 }
 
 /// How one entry of a part stands against the seals.
@@ -340,11 +390,13 @@ enum Match {
 
 impl PlanPart {
     /// The part of `plan` holding `ranks`' programs (sorted, distinct), checked against the
-    /// seals ([`PlanPart::check_seals`]); `templates` as read.
+    /// seals ([`PlanPart::check_seals`]); `templates` as read; `legacy_digests` for a file
+    /// before format 6.
     pub(crate) fn new(
         plan: PlanFile,
         ranks: Vec<u32>,
         templates: Vec<Option<String>>,
+        legacy_digests: bool,
         origin: &str,
     ) -> Result<PlanPart, PlanError> {
         let mut part = PlanPart {
@@ -352,6 +404,7 @@ impl PlanPart {
             ranks,
             templates,
             matches: Vec::new(),
+            legacy_digests,
         };
         part.matches = part.compute_matches();
         part.check_seals(origin)?;
@@ -387,13 +440,21 @@ impl PlanPart {
             .collect()
     }
 
+    /// A loaded program's digest as the file's seals list it.
+    fn digest(&self, program: &RankProgram) -> [u8; RANK_DIGEST_BYTES] {
+        match self.legacy_digests {
+            true => rank_digest_v5(program),
+            false => rank_digest(program),
+        }
+    }
+
     fn match_explicit(&self, s: &Schedule, seals: &[(&str, Option<Vec<u8>>)]) -> Match {
         let header = s.header();
         let n = s.nranks as usize;
         let mine: Vec<(u32, [u8; RANK_DIGEST_BYTES])> = self
             .ranks
             .iter()
-            .filter_map(|&r| Some((r, rank_digest(s.ranks.get(r as usize)?))))
+            .filter_map(|&r| Some((r, self.digest(s.ranks.get(r as usize)?))))
             .collect();
         let mut first_missing = None;
         for (root, d) in seals {
@@ -446,7 +507,7 @@ impl PlanPart {
                         collective: e.schedule.collective,
                         algorithm: e.algorithm.clone(),
                         rank,
-                        hash: hex(&rank_digest(&e.schedule.ranks[rank as usize])),
+                        hash: hex(&self.digest(&e.schedule.ranks[rank as usize])),
                     },
                     _ => PlanError::Edited {
                         path: origin.to_string(),

@@ -869,7 +869,7 @@ impl Network {
                 })
                 .collect()
         };
-        let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+        let threads = hccl_ir::par::cores();
         if batches.len() <= PARALLEL_ROUTE_SOURCES || threads <= 1 {
             return batches.iter().map(search).collect();
         }

@@ -7,6 +7,7 @@
 mod common;
 
 mod msccl_corpus;
+mod plan_formats;
 mod plan_one_rank;
 mod plan_robustness;
 mod relabel;

@@ -112,13 +112,13 @@ fn version_rejection_says_what_to_do() {
         err,
         PlanError::Version {
             found: 7,
-            supported: 5,
+            supported: hccl_ir::FORMAT_VERSION,
             ..
         }
     ));
     assert_eq!(
         err.to_string(),
-        "newer_version.ron: plan format version 7 is not supported by this build (it reads versions 1 to 5); recompile the plan with a matching hcclc"
+        "newer_version.ron: plan format version 7 is not supported by this build (it reads versions 1 to 6); recompile the plan with a matching hcclc"
     );
 }
 
