@@ -50,9 +50,10 @@ fn main() {
         }
         let explicit = explicit.to_ron();
         assert!(!explicit.contains("symmetric:"));
-        for version in 1..=5 {
+        let current = format!("format_version: {}", hccl_ir::FORMAT_VERSION);
+        for version in 1..=hccl_ir::FORMAT_VERSION {
             let old = explicit.replacen(
-                "format_version: 5",
+                &current,
                 &format!("format_version: {version}"),
                 1,
             );
