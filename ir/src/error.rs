@@ -74,7 +74,7 @@ pub enum PlanError {
     /// limit on expanded steps ([`crate::plan::expansion_limit`]): refused before anything
     /// of it is allocated (a small file can stand for billions of steps).
     #[error(
-        "{path}: entry {entry} ({collective}): its {nranks} ranks × {template_steps} template steps expand to {expanded} steps, which with the {before} steps of the entries before it exceed the plan's limit of {limit} steps ({why}); set HCCL_PLAN_MAX_STEPS to raise the limit, or load the plan as templates (hcclc verify, HCCL_VERIFY=full)"
+        "{path}: entry {entry} ({collective}): its {nranks} ranks × {template_steps} template steps expand to {expanded} steps, which with the {before} steps of the plan's explicit entries and of the symmetric entries before it exceed the plan's limit of {limit} steps ({why}); set HCCL_PLAN_MAX_STEPS to raise the limit, or load the plan as templates (hcclc verify, HCCL_VERIFY=full)"
     )]
     TooLarge {
         path: String,
@@ -84,7 +84,7 @@ pub enum PlanError {
         template_steps: u64,
         /// `nranks × template_steps`.
         expanded: u64,
-        /// Steps the plan's earlier entries expanded to.
+        /// Steps of the plan's explicit entries and of the symmetric entries before it.
         before: u64,
         limit: u64,
         /// Where the limit comes from.

@@ -875,7 +875,14 @@ impl PlanFile {
     /// allocated, the first whose expansion takes the plan's expanded steps past
     /// `limit` ([`PlanError::TooLarge`] naming the entry and the numbers).
     fn expand_templates(&mut self, limit: ExpansionLimit, origin: &str) -> Result<(), PlanError> {
-        let mut total = 0u64;
+        // The explicit programs count too: from format 6 they are written as runs, so a
+        // small file can stand for many of their steps as well.
+        let mut total: u64 = self
+            .entries
+            .iter()
+            .filter(|e| e.template.is_none())
+            .map(|e| e.schedule.step_count() as u64)
+            .sum();
         for (i, entry) in self.entries.iter_mut().enumerate() {
             let Some(t) = entry.template.take() else {
                 continue;

@@ -903,3 +903,28 @@ fn shipped_plans_load_in_full() {
     }
     assert!(loaded >= 3, "{loaded} plans in {}", dir.display());
 }
+
+/// A full load's limit on expanded steps covers the explicit entries too (from format 6 they
+/// are written as runs, so they may stand for many steps): a symmetric entry that fits the
+/// limit alone is refused once the explicit entries' steps take the plan past it.
+#[test]
+fn explicit_steps_count_toward_the_expansion_limit() {
+    let (schedule, symmetry) = ring_allgather(&[0, 3, 1, 5, 2, 4], 2, false);
+    let symmetric_steps = schedule.step_count() as u64;
+    let mut plan = plan_of(common::ring_allgather(6, 8, 2, false), None);
+    let explicit_steps = plan.entries[0].schedule.step_count() as u64;
+    plan.entries
+        .extend(plan_of(schedule, Some(symmetry)).entries);
+    assert!(plan.entries[1].is_compact() && !plan.entries[0].is_compact());
+    let text = plan.to_ron();
+    let enough = explicit_steps + symmetric_steps;
+    assert!(PlanFile::from_ron_within(&text, "p", enough).is_ok());
+    match PlanFile::from_ron_within(&text, "p", enough - 1) {
+        Err(PlanError::TooLarge {
+            entry: 1, before, ..
+        }) => assert_eq!(before, explicit_steps),
+        other => panic!("expected TooLarge at entry 1, got {other:?}"),
+    }
+    // Alone, the symmetric entry fits the smaller limit.
+    assert!(symmetric_steps < enough - 1);
+}
