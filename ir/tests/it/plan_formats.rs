@@ -2,10 +2,7 @@
 //! files of format 5 (written by an earlier hcclc) read, checked against their seals and held
 //! as the current format.
 
-use hccl_ir::{
-    Collective, Loc, Op, PlanEntry, PlanError, PlanFile, PlanMeta, Protocol, RankProgram, Schedule,
-    Stream, seal_of,
-};
+use hccl_ir::{Collective, Loc, Op, PlanError, PlanFile, RankProgram, Schedule, Stream, seal_of};
 use std::path::Path;
 
 /// A pipelined Broadcast down the chain 0 → 1 → 2 → 3 in `pieces` chunks: deep, regular
@@ -43,30 +40,16 @@ fn chain_broadcast(pieces: u32) -> Schedule {
     s
 }
 
-fn plan_of(schedule: Schedule) -> PlanFile {
-    let mut plan = PlanFile::new(PlanMeta {
-        topology: "chain".into(),
-        topology_hash: String::new(),
-        compiler: "test".into(),
-    });
-    plan.entries.push(PlanEntry {
-        min_bytes: 0,
-        max_bytes: None,
-        algorithm: "chain".into(),
-        protocol: Protocol::Simple,
-        cost: None,
-        schedule,
-        symmetry: None,
-        synthesis: None,
-        template: None,
-    });
+/// A sealed plan of `schedule` alone.
+fn sealed(schedule: Schedule) -> PlanFile {
+    let mut plan = crate::common::plan_of(schedule, None);
     plan.seal();
     plan
 }
 
 #[test]
 fn explicit_programs_are_written_as_runs_and_read_back_whole() {
-    let plan = plan_of(chain_broadcast(4096));
+    let plan = sealed(chain_broadcast(4096));
     let text = plan.to_ron();
     // One written step per rank stands for its 4096.
     assert_eq!(text.matches("op:").count(), 4, "{text}");
@@ -92,7 +75,7 @@ fn explicit_programs_are_written_as_runs_and_read_back_whole() {
 
 #[test]
 fn runs_in_explicit_programs_are_held_to_the_expansion_limit() {
-    let text = plan_of(chain_broadcast(8)).to_ron();
+    let text = sealed(chain_broadcast(8)).to_ron();
     let huge = text.replacen("times: 8", "times: 4000000000", 1);
     assert_ne!(huge, text);
     let err = PlanFile::from_ron(&huge, "h").expect_err("past every limit");

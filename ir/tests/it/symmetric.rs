@@ -5,10 +5,11 @@
 use crate::common;
 
 use common::mutate::{Edit, apply};
+use common::plan_of;
 use hccl_ir::verify::{verify, verify_plan};
 use hccl_ir::{
-    Action, BlockLabel, BlockLayout, ChunkMap, Collective, Loc, Op, PlanEntry, PlanError, PlanFile,
-    PlanMeta, Protocol, Rank, RankProgram, Schedule, Step, Stream, Symmetry,
+    Action, BlockLabel, BlockLayout, ChunkMap, Collective, Loc, Op, PlanError, PlanFile, Rank,
+    RankProgram, Schedule, Step, Stream, Symmetry,
 };
 use proptest::prelude::*;
 
@@ -358,26 +359,6 @@ fn cases() -> Vec<(&'static str, Schedule, Symmetry)> {
     let (s, y) = halving_doubling_allreduce(3);
     out.push(("halving_doubling_allreduce_8", s, y));
     out
-}
-
-fn plan_of(schedule: Schedule, symmetry: Option<Symmetry>) -> PlanFile {
-    let mut plan = PlanFile::new(PlanMeta {
-        topology: "t".into(),
-        topology_hash: String::new(),
-        compiler: "test".into(),
-    });
-    plan.entries.push(PlanEntry {
-        min_bytes: 0,
-        max_bytes: None,
-        algorithm: "hand".into(),
-        protocol: Protocol::Simple,
-        cost: None,
-        schedule,
-        symmetry,
-        synthesis: None,
-        template: None,
-    });
-    plan
 }
 
 fn empty_program() -> RankProgram {

@@ -4,7 +4,32 @@
 
 pub mod mutate;
 
-use hccl_ir::{Buf, Collective, Dep, Loc, Op, Schedule, Step, Stream};
+use hccl_ir::{
+    Buf, Collective, Dep, Loc, Op, PlanEntry, PlanFile, PlanMeta, Protocol, Schedule, Step, Stream,
+    Symmetry,
+};
+
+/// A plan of one entry (every size, algorithm `hand`, Simple) holding `schedule`, with
+/// `symmetry` claimed.
+pub fn plan_of(schedule: Schedule, symmetry: Option<Symmetry>) -> PlanFile {
+    let mut plan = PlanFile::new(PlanMeta {
+        topology: "t".into(),
+        topology_hash: String::new(),
+        compiler: "test".into(),
+    });
+    plan.entries.push(PlanEntry {
+        min_bytes: 0,
+        max_bytes: None,
+        algorithm: "hand".into(),
+        protocol: Protocol::Simple,
+        cost: None,
+        schedule,
+        symmetry,
+        synthesis: None,
+        template: None,
+    });
+    plan
+}
 
 /// Builds schedules stream by stream: one stream per (rank, channel).
 pub struct Builder {
