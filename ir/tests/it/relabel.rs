@@ -2,8 +2,8 @@
 
 use crate::common;
 
+use hccl_ir::Collective;
 use hccl_ir::verify::verify;
-use hccl_ir::{Collective, PlanEntry, PlanFile, PlanMeta, Protocol};
 
 #[test]
 fn every_root_derived_from_root_zero_verifies() {
@@ -37,22 +37,7 @@ fn every_root_derived_from_root_zero_verifies() {
 
 #[test]
 fn ensure_root_adds_entries_only_when_missing() {
-    let mut plan = PlanFile::new(PlanMeta {
-        topology: "t".into(),
-        topology_hash: String::new(),
-        compiler: "test".into(),
-    });
-    plan.entries.push(PlanEntry {
-        min_bytes: 0,
-        max_bytes: None,
-        algorithm: "ring".into(),
-        protocol: Protocol::Simple,
-        cost: None,
-        symmetry: None,
-        synthesis: None,
-        schedule: common::ring_broadcast(4, 0, 2, 1, 2, false),
-        template: None,
-    });
+    let mut plan = common::plan_of(common::ring_broadcast(4, 0, 2, 1, 2, false), None);
     assert_eq!(plan.ensure_root(Collective::Broadcast { root: 3 }), 1);
     assert_eq!(plan.ensure_root(Collective::Broadcast { root: 3 }), 0);
     assert_eq!(plan.ensure_root(Collective::Reduce { root: 1 }), 0);
