@@ -860,7 +860,8 @@ impl PlanFile {
             crate::seal::upgrade_seals(&mut plan.verified, &compact);
         }
         if plan.format_version < DIGESTS_VERSION && plan.has_own_seals() {
-            let explicit = plan.entries.iter().filter(|e| !e.is_compact());
+            // (Symmetric entries are still templates here.)
+            let explicit = plan.entries.iter().filter(|e| e.template.is_none());
             crate::seal::upgrade_explicit_seals(&mut plan.verified, explicit.map(|e| &e.schedule));
         }
         let mut plan = upgrade(plan, origin)?;

@@ -524,7 +524,10 @@ impl PlanPart {
 
     /// The plan's identity ([`PlanFile::identity`]), computed from this part: `Some` when every
     /// entry is sealed for the loaded ranks (it names the seal each entry matched, so ranks
-    /// that matched different seals disagree), `None` otherwise.
+    /// that matched different seals disagree), `None` otherwise. Of a file before format 6
+    /// with explicit entries, a part names those by their old roots where a full load holds
+    /// the upgraded ones, so the two differ: a job's ranks read such a file alike (each its
+    /// part, where the file is sealed throughout) or recompile it.
     pub fn identity(&self) -> Option<String> {
         let roots: Option<Vec<String>> = self
             .matches
