@@ -79,21 +79,25 @@ fn compile_inner(
     let owned = offered_options(options, &families)?;
     let options = owned.as_ref().unwrap_or(options);
     let search = Search::new(topo, options, families);
-    std::thread::scope(|scope| {
-        // The MILP frontiers the collectives need, read from the synthesis cache (or solved
-        // and written there) into this process's memo, where the family finds them: on a
-        // thread of their own, while the collectives that need none compile.
-        if search.families.iter().any(|f| f.name() == "milp") && search.allowed("milp") {
-            let wanted: Vec<_> = options
-                .collectives
-                .iter()
-                .map(|&k| collective_of(k))
-                .collect();
-            crate::synth::milp::prime_in(scope, topo, wanted, options.cache_dir.as_deref());
-        }
-        let compiled = compile_collectives(topo, options, &search, progress, (started, texts));
-        super::report::trace_runs(&search.sim.run_counts());
-        compiled
+    // The winners are verified one after another, some of them 100k+ chunks a rank: each
+    // verification reuses the last one's arrays instead of faulting in fresh pages.
+    hccl_ir::verify::keep_buffers(|| {
+        std::thread::scope(|scope| {
+            // The MILP frontiers the collectives need, read from the synthesis cache (or solved
+            // and written there) into this process's memo, where the family finds them: on a
+            // thread of their own, while the collectives that need none compile.
+            if search.families.iter().any(|f| f.name() == "milp") && search.allowed("milp") {
+                let wanted: Vec<_> = options
+                    .collectives
+                    .iter()
+                    .map(|&k| collective_of(k))
+                    .collect();
+                crate::synth::milp::prime_in(scope, topo, wanted, options.cache_dir.as_deref());
+            }
+            let compiled = compile_collectives(topo, options, &search, progress, (started, texts));
+            super::report::trace_runs(&search.sim.run_counts());
+            compiled
+        })
     })
 }
 

@@ -84,6 +84,7 @@
 //! # Not checked
 //! - Scratch contents at the end, and whether outputs of non-root ranks of Reduce are touched.
 
+mod kept;
 mod quotient;
 mod sim;
 mod structure;
@@ -93,6 +94,7 @@ pub use quotient::{
     MAX_LANE_WORK, check_limits_symmetric, verify_symmetric, verify_symmetric_by_orbits,
 };
 
+pub use kept::keep_buffers;
 pub use structure::{MAX_CLOCKS, MAX_SET_WORDS, MAX_SLOTS, MAX_WORK};
 
 use crate::plan::{PlanEntry, PlanFile};

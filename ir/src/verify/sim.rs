@@ -56,7 +56,7 @@ struct Mem {
 /// Who touched a slot last, as global step indices: the last write and the reads since
 /// (the latest read of each stream, in the order the streams last read).
 #[derive(Debug, Clone, Copy)]
-struct Access {
+pub(super) struct Access {
     /// The last write, or [`NONE`].
     write: u32,
     /// [`NONE`] (no read since the write), the step of the only stream that read since, or
@@ -196,7 +196,7 @@ pub(crate) fn simulate(
             let tracked = s.ranks[r as usize].streams.len() > 1;
             let acc = |len: u32| {
                 if tracked {
-                    vec![Access::default(); len as usize]
+                    super::kept::accesses(len as usize, Access::default())
                 } else {
                     Vec::new()
                 }
@@ -204,7 +204,7 @@ pub(crate) fn simulate(
             let lens = [ni, no, ns];
             let mut m = Mem {
                 acc: [acc(ni), acc(no), acc(ns)],
-                vals: lens.map(|len| vec![Value::UNINIT; len as usize]),
+                vals: lens.map(|len| super::kept::values(len as usize, Value::UNINIT)),
                 writer: [IN, OUT, SCRATCH].map(|store| {
                     if store == out_store && !tracked {
                         vec![NONE; lens[store] as usize]
@@ -291,12 +291,17 @@ pub(crate) fn simulate(
         sim.streams[gs].queued = false;
         sim.run_stream(gs, sink);
         if sim.aborted {
-            return sim.stats;
+            break;
         }
     }
-    if !sim.report_deadlock(sink) {
+    if !sim.aborted && !sim.report_deadlock(sink) {
         sim.check_postcondition(sink);
     }
+    let (values, accesses): (Vec<_>, Vec<_>) = std::mem::take(&mut sim.mem)
+        .into_iter()
+        .map(|m| (m.vals, m.acc))
+        .unzip();
+    super::kept::give_back(values.into_iter().flatten(), accesses.into_iter().flatten());
     sim.stats
 }
 
