@@ -3,6 +3,7 @@
 //! as the current format.
 
 use hccl_ir::{Collective, Loc, Op, PlanError, PlanFile, RankProgram, Schedule, Stream, seal_of};
+use proptest::prelude::*;
 use std::path::Path;
 
 /// A pipelined Broadcast down the chain 0 → 1 → 2 → 3 in `pieces` chunks: deep, regular
@@ -37,6 +38,87 @@ fn chain_broadcast(pieces: u32) -> Schedule {
             streams: vec![Stream { channel: 0, steps }],
         };
     }
+    s
+}
+
+/// A Broadcast from rank 0 relayed down the chain 0 → 1 → 2 in `pieces` chunks, the
+/// middle rank on two streams: one receives each piece into scratch, the other forwards it
+/// once received (a dependency that advances with the piece), then copies it out. The
+/// piece at `odd` goes to the end of the scratch buffer, which breaks the runs there.
+fn relay(pieces: u32, odd: u32) -> Schedule {
+    use hccl_ir::{Buf, Dep, Step};
+    let mut s = Schedule::empty(Collective::Broadcast { root: 0 }, 3, pieces, false).expect("fits");
+    let at = |buf, off| Loc { buf, off };
+    let slot = |k: u32| if k == odd { pieces + k } else { k };
+    let stream = |channel, steps| Stream { channel, steps };
+    s.ranks[0].streams = vec![stream(
+        0,
+        (0..pieces)
+            .map(|k| {
+                Step::new(
+                    Op::Send {
+                        to: 1,
+                        src: at(Buf::Input, k),
+                    },
+                    1,
+                )
+            })
+            .collect(),
+    )];
+    s.ranks[1].scratch_chunks = 2 * pieces;
+    s.ranks[1].streams = vec![
+        stream(
+            0,
+            (0..pieces)
+                .map(|k| {
+                    Step::new(
+                        Op::Recv {
+                            from: 0,
+                            dst: at(Buf::Scratch, slot(k)),
+                        },
+                        1,
+                    )
+                })
+                .collect(),
+        ),
+        stream(
+            1,
+            (0..pieces)
+                .map(|k| {
+                    let mut step = Step::new(
+                        Op::Send {
+                            to: 2,
+                            src: at(Buf::Scratch, slot(k)),
+                        },
+                        1,
+                    );
+                    step.deps.push(Dep { stream: 0, step: k });
+                    step
+                })
+                .chain((0..pieces).map(|k| {
+                    let copy = Op::Copy {
+                        src: at(Buf::Scratch, slot(k)),
+                        dst: at(Buf::Output, k),
+                    };
+                    Step::new(copy, 1)
+                }))
+                .collect(),
+        ),
+    ];
+    s.ranks[2].streams = vec![stream(
+        1,
+        (0..pieces)
+            .map(|k| {
+                Step::new(
+                    Op::Recv {
+                        from: 1,
+                        dst: at(Buf::Output, k),
+                    },
+                    1,
+                )
+            })
+            .collect(),
+    )];
     s
 }
 
@@ -142,4 +224,69 @@ fn edits_of_format_5_plans_are_still_caught() {
         matches!(part, Err(PlanError::EditedRank { rank: 0, .. })),
         "{part:?}"
     );
+}
+
+/// Parameters of [`crate::common::generate`]'s schedules, deeper than the verifier's tests
+/// take them: pipelines of up to 8 pieces on up to 3 channels, whose long runs of steps
+/// (dependencies included) the writer compresses.
+fn deep_params() -> impl Strategy<Value = crate::common::Params> {
+    (
+        0..crate::common::FAMILIES,
+        2u32..7,
+        1u32..5,
+        1u32..4,
+        1u32..9,
+        0u32..8,
+        any::<bool>(),
+    )
+        .prop_map(
+            |(family, n, q, nch, pieces, root, in_place)| crate::common::Params {
+                family,
+                n,
+                q,
+                nch,
+                pieces,
+                root,
+                in_place,
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Every generated schedule, and its mutants (runs broken at random places), travels
+    /// through format-6 text as it was: runs found and expanded, seals kept.
+    #[test]
+    fn explicit_programs_round_trip_through_runs(
+        p in deep_params(),
+        kind in 0..crate::common::MUTATIONS.len(),
+        seed in any::<u64>(),
+        (pieces, odd) in (3u32..40).prop_flat_map(|n| (Just(n), 0..n + 1)),
+    ) {
+        let mut schedule = crate::common::generate(p);
+        if seed % 2 == 1 {
+            let mut rng = crate::common::Rng(seed);
+            let _ = crate::common::mutate(&mut schedule, kind, &mut rng);
+        }
+        let mut plan = sealed(schedule);
+        plan.entries.extend(sealed(relay(pieces, odd)).entries);
+        plan.seal();
+        let text = plan.to_ron();
+        let back = PlanFile::from_ron(&text, "p").map_err(|e| e.to_string());
+        prop_assert_eq!(back.as_ref(), Ok(&plan));
+        prop_assert!(plan.sealed().iter().all(|&s| s));
+        // A rank both entries have (one generator family is a single rank).
+        let ranks = plan.entries.iter().map(|e| e.schedule.nranks).min().unwrap_or(1);
+        let rank = (seed % u64::from(ranks)) as u32;
+        let part = PlanFile::from_ron_for_ranks(&text, "p", &[rank]).map_err(|e| e.to_string());
+        let part = part.expect("a rank's part loads");
+        prop_assert!(part.sealed().iter().all(|&s| s));
+        for (e, want) in part.plan.entries.iter().zip(&plan.entries) {
+            prop_assert_eq!(
+                &e.schedule.ranks[rank as usize],
+                &want.schedule.ranks[rank as usize]
+            );
+        }
+    }
 }
