@@ -226,32 +226,6 @@ fn edits_of_format_5_plans_are_still_caught() {
     );
 }
 
-/// Parameters of [`crate::common::generate`]'s schedules, deeper than the verifier's tests
-/// take them: pipelines of up to 8 pieces on up to 3 channels, whose long runs of steps
-/// (dependencies included) the writer compresses.
-fn deep_params() -> impl Strategy<Value = crate::common::Params> {
-    (
-        0..crate::common::FAMILIES,
-        2u32..7,
-        1u32..5,
-        1u32..4,
-        1u32..9,
-        0u32..8,
-        any::<bool>(),
-    )
-        .prop_map(
-            |(family, n, q, nch, pieces, root, in_place)| crate::common::Params {
-                family,
-                n,
-                q,
-                nch,
-                pieces,
-                root,
-                in_place,
-            },
-        )
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
 
@@ -259,7 +233,9 @@ proptest! {
     /// through format-6 text as it was: runs found and expanded, seals kept.
     #[test]
     fn explicit_programs_round_trip_through_runs(
-        p in deep_params(),
+        // Deeper than the verifier's tests take them: pipelines of up to 8 pieces on up to
+        // 3 channels, whose long runs the writer compresses.
+        p in crate::verifier_gen::params_below(5, 4, 9),
         kind in 0..crate::common::MUTATIONS.len(),
         seed in any::<u64>(),
         (pieces, odd) in (3u32..40).prop_flat_map(|n| (Just(n), 0..n + 1)),

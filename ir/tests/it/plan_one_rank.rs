@@ -4,25 +4,8 @@
 
 use crate::common;
 
-use hccl_ir::{
-    BlockLabel, BlockLayout, ChunkMap, PlanEntry, PlanFile, PlanMeta, Protocol, RankProgram,
-    Schedule, Symmetry,
-};
+use hccl_ir::{BlockLabel, BlockLayout, ChunkMap, PlanFile, PlanMeta, RankProgram, Symmetry};
 use proptest::prelude::*;
-
-fn entry(schedule: Schedule, symmetry: Option<Symmetry>) -> PlanEntry {
-    PlanEntry {
-        min_bytes: 0,
-        max_bytes: None,
-        algorithm: "a".to_string(),
-        protocol: Protocol::Simple,
-        cost: None,
-        schedule,
-        symmetry,
-        synthesis: None,
-        template: None,
-    }
-}
 
 /// An explicit chain Broadcast, a symmetric ring AllReduce and an explicit AllToAll.
 fn mixed(n: u32) -> PlanFile {
@@ -38,14 +21,16 @@ fn mixed(n: u32) -> PlanFile {
             label: BlockLabel::Rank,
         }),
     );
-    plan.entries
-        .push(entry(common::ring_broadcast(n, 0, 1, 2, 2, false), None));
-    plan.entries.push(entry(
+    plan.entries.push(common::entry(
+        common::ring_broadcast(n, 0, 1, 2, 2, false),
+        None,
+    ));
+    plan.entries.push(common::entry(
         common::ring_allreduce(n, 1, 1, false),
         Some(symmetry),
     ));
     plan.entries
-        .push(entry(common::direct_alltoall(n, 1, 1, true), None));
+        .push(common::entry(common::direct_alltoall(n, 1, 1, true), None));
     assert!(
         plan.entries[1].is_compact(),
         "the ring is written symmetric"
@@ -173,7 +158,7 @@ proptest! {
 /// schedule has the same header as the first but other programs.
 fn sealed_mixed(n: u32) -> PlanFile {
     let mut plan = mixed(n);
-    let mut other = entry(common::direct_alltoall(n, 1, 1, true), None);
+    let mut other = common::entry(common::direct_alltoall(n, 1, 1, true), None);
     other.min_bytes = 1 << 20;
     // The same exchange on channel 1: another schedule.
     for prog in &mut other.schedule.ranks {

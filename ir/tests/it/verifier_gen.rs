@@ -8,12 +8,18 @@ use hccl_ir::verify::{verify, verify_report};
 use proptest::prelude::*;
 
 fn params() -> impl Strategy<Value = Params> {
+    params_below(3, 4, 3)
+}
+
+/// Parameters of [`generate`]'s schedules: every family, 2 to 6 ranks, `q`, channels and
+/// pieces below the given bounds.
+pub(crate) fn params_below(q: u32, nch: u32, pieces: u32) -> impl Strategy<Value = Params> {
     (
         0..FAMILIES,
         2u32..7,
-        1u32..3,
-        1u32..4,
-        1u32..3,
+        1u32..q,
+        1u32..nch,
+        1u32..pieces,
         0u32..8,
         any::<bool>(),
     )

@@ -9,15 +9,10 @@ use hccl_ir::{
     Symmetry,
 };
 
-/// A plan of one entry (every size, algorithm `hand`, Simple) holding `schedule`, with
-/// `symmetry` claimed.
-pub fn plan_of(schedule: Schedule, symmetry: Option<Symmetry>) -> PlanFile {
-    let mut plan = PlanFile::new(PlanMeta {
-        topology: "t".into(),
-        topology_hash: String::new(),
-        compiler: "test".into(),
-    });
-    plan.entries.push(PlanEntry {
+/// An entry for every size (algorithm `hand`, Simple) holding `schedule`, with `symmetry`
+/// claimed.
+pub fn entry(schedule: Schedule, symmetry: Option<Symmetry>) -> PlanEntry {
+    PlanEntry {
         min_bytes: 0,
         max_bytes: None,
         algorithm: "hand".into(),
@@ -27,7 +22,17 @@ pub fn plan_of(schedule: Schedule, symmetry: Option<Symmetry>) -> PlanFile {
         symmetry,
         synthesis: None,
         template: None,
+    }
+}
+
+/// A plan of one [`entry`].
+pub fn plan_of(schedule: Schedule, symmetry: Option<Symmetry>) -> PlanFile {
+    let mut plan = PlanFile::new(PlanMeta {
+        topology: "t".into(),
+        topology_hash: String::new(),
+        compiler: "test".into(),
     });
+    plan.entries.push(entry(schedule, symmetry));
     plan
 }
 
