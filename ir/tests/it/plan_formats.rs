@@ -2,7 +2,10 @@
 //! files of format 5 (written by an earlier hcclc) read, checked against their seals and held
 //! as the current format.
 
-use hccl_ir::{Collective, Loc, Op, PlanError, PlanFile, RankProgram, Schedule, Stream, seal_of};
+use hccl_ir::{
+    Buf, Collective, Dep, Loc, Op, PlanError, PlanFile, RankProgram, Schedule, Step, Stream,
+    seal_of,
+};
 use proptest::prelude::*;
 use std::path::Path;
 
@@ -18,19 +21,19 @@ fn chain_broadcast(pieces: u32) -> Schedule {
                 let op = match r {
                     0 => Op::Send {
                         to: 1,
-                        src: at(hccl_ir::Buf::Input),
+                        src: at(Buf::Input),
                     },
                     3 => Op::Recv {
                         from: 2,
-                        dst: at(hccl_ir::Buf::Output),
+                        dst: at(Buf::Output),
                     },
                     _ => Op::RecvCopySend {
                         from: r - 1,
                         to: r + 1,
-                        dst: at(hccl_ir::Buf::Output),
+                        dst: at(Buf::Output),
                     },
                 };
-                hccl_ir::Step::new(op, 1)
+                Step::new(op, 1)
             })
             .collect();
         *prog = RankProgram {
@@ -44,9 +47,9 @@ fn chain_broadcast(pieces: u32) -> Schedule {
 /// A Broadcast from rank 0 relayed down the chain 0 → 1 → 2 in `pieces` chunks, the
 /// middle rank on two streams: one receives each piece into scratch, the other forwards it
 /// once received (a dependency that advances with the piece), then copies it out. The
-/// piece at `odd` goes to the end of the scratch buffer, which breaks the runs there.
+/// piece at `odd` (none when `odd == pieces`) goes to the end of the scratch buffer, which
+/// breaks the runs there.
 fn relay(pieces: u32, odd: u32) -> Schedule {
-    use hccl_ir::{Buf, Dep, Step};
     let mut s = Schedule::empty(Collective::Broadcast { root: 0 }, 3, pieces, false).expect("fits");
     let at = |buf, off| Loc { buf, off };
     let slot = |k: u32| if k == odd { pieces + k } else { k };
@@ -229,8 +232,8 @@ fn edits_of_format_5_plans_are_still_caught() {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
 
-    /// Every generated schedule, and its mutants (runs broken at random places), travels
-    /// through format-6 text as it was: runs found and expanded, seals kept.
+    /// Generated schedules (half of them mutated) and a relay with advancing dependencies
+    /// travel through format-6 text as they were: runs found and expanded, seals kept.
     #[test]
     fn explicit_programs_round_trip_through_runs(
         // Deeper than the verifier's tests take them: pipelines of up to 8 pieces on up to
@@ -245,8 +248,8 @@ proptest! {
             let mut rng = crate::common::Rng(seed);
             let _ = crate::common::mutate(&mut schedule, kind, &mut rng);
         }
-        let mut plan = sealed(schedule);
-        plan.entries.extend(sealed(relay(pieces, odd)).entries);
+        let mut plan = crate::common::plan_of(schedule, None);
+        plan.entries.push(crate::common::entry(relay(pieces, odd), None));
         plan.seal();
         let text = plan.to_ron();
         let back = PlanFile::from_ron(&text, "p").map_err(|e| e.to_string());
