@@ -6,7 +6,7 @@ use super::buffers::{self, Buffers};
 use super::error::CostError;
 use super::model::CostModel;
 use super::network::Network;
-use super::prepared::{Estimate, FlowRoutes, Prepared, ResourceUse, Spans};
+use super::prepared::{Estimate, FlowRoutes, NONE, Prepared, ResourceUse, Spans};
 use super::steps::{Rates, Steps, from_order_key, total_order_key};
 use hccl_ir::Protocol;
 use rustc_hash::FxHashMap;
@@ -39,7 +39,7 @@ struct Shares {
     /// Per resource, its state in the filling (one entry: a frozen flow's resources are
     /// each updated in one place).
     res: Vec<FillRes>,
-    /// Per flow: the first of its single-flow resources (scratch of one filling).
+    /// Per flow (by seat): the first of its single-flow resources (scratch of one filling).
     solo: Vec<Option<Share>>,
     solo_flows: Vec<u32>,
 }
@@ -76,9 +76,10 @@ thread_local! {
 }
 
 impl Shares {
-    /// Shares for a run of `flows` flows over `resources` resources: the ones this thread's
-    /// previous run kept ([`Shares::keep`]), emptied and resized, or new ones.
-    fn new(resources: usize, flows: usize) -> Shares {
+    /// Shares for a run over `resources` resources, with room for no flow yet (see
+    /// [`FlowRates::seat`]): the ones this thread's previous run kept ([`Shares::keep`]),
+    /// emptied and resized, or new ones.
+    fn new(resources: usize) -> Shares {
         let mut s = KEPT_SHARES.take().unwrap_or_default();
         s.sorted.clear();
         s.cursor = 0;
@@ -86,7 +87,6 @@ impl Shares {
         s.res.clear();
         s.res.resize(resources, FillRes::default());
         s.solo.clear();
-        s.solo.resize(flows, None);
         s.solo_flows.clear();
         s
     }
@@ -218,9 +218,10 @@ pub(super) fn resource_uses(p: &Prepared, log: Vec<(f64, u32, f64)>) -> Vec<Reso
     out
 }
 
-/// Everything a run reads and writes of one flow (indexed by message), in one cache line: a
-/// component's flows are scattered over the schedule's messages, and one line per flow is
-/// what a recomputation, a rate change or a flow's end then touches instead of one per array.
+/// Everything a run reads and writes of one streaming flow, in one cache line, indexed by
+/// its *seat*: flows take free seats when they start and leave them when they end, so the few hundred flows streaming at once sit in a few hundred lines wherever their
+/// messages are in the schedule. (Indexed by message, a 100k-step schedule's flows were 4 MB
+/// apart, and its component searches and fillings waited on the last-level cache.)
 #[derive(Clone, Copy, Default)]
 #[repr(align(64))]
 pub(super) struct Flow {
@@ -240,6 +241,8 @@ pub(super) struct Flow {
     len: u32,
     /// The push order of its live end event (0: none).
     end_seq: u32,
+    /// The message it carries.
+    msg: u32,
     /// Whether it is streaming.
     active: bool,
 }
@@ -259,8 +262,14 @@ struct FlowRates<'a> {
     routes: &'a FlowRoutes,
     /// Rate changes, when the run is traced.
     log: RateLog,
-    // flows (indexed by message)
+    /// Streaming flows by seat ([`Flow`]; the others are free, in `free`).
     flow: Vec<Flow>,
+    /// Per message, the seat of its flow while it streams, else [`NONE`].
+    seat_of: Vec<u32>,
+    /// Seats free for the next flows: the last freed is taken first (its line is the likeliest
+    /// to be in cache).
+    free: Vec<u32>,
+    /// Per resource, the seats of the flows on it.
     res_flows: Vec<Vec<u32>>,
     /// Where each active flow sits in the flow list of each resource on its route:
     /// `slot[routes.slot_base[m] + j]` for the `j`-th resource of message `m`'s route (a
@@ -273,7 +282,7 @@ struct FlowRates<'a> {
     /// to share there, so they are not searched; an exact recomputation zeroes their
     /// allocation, as filling them would (a large component's keeps what is left).
     emptied: Vec<u32>,
-    /// Flows started since the last recomputation.
+    /// Flows (seats) started since the last recomputation.
     fresh: Vec<u32>,
     /// Capacity currently allocated on each resource (bytes/µs): what a large component's
     /// new flows take theirs from. Kept only where one can form: where more than
@@ -345,7 +354,9 @@ impl<'a> FlowRates<'a> {
         FlowRates {
             p,
             routes,
-            flow: b.filled(nmsg, Flow::default()),
+            flow: b.empty(),
+            seat_of: b.filled(nmsg, NONE),
+            free: b.empty(),
             res_flows: b.lists(nres),
             slot: b.filled(slots, 0),
             cap,
@@ -360,7 +371,7 @@ impl<'a> FlowRates<'a> {
             pending_changes: 0,
             res_stamp: b.filled(nres, 0),
             epoch: 0,
-            shares: Shares::new(nres, nmsg),
+            shares: Shares::new(nres),
             comp_res: b.empty(),
             comp_flows: b.empty(),
             watch: Vec::new(),
@@ -378,6 +389,8 @@ impl<'a> FlowRates<'a> {
         }
         for v in [
             self.slot,
+            self.seat_of,
+            self.free,
             self.dirty,
             self.emptied,
             self.fresh,
@@ -400,27 +413,31 @@ impl Rates for FlowRates<'_> {
         for &r in &p.conn_route[c as usize].resources {
             self.resource_bytes[r as usize] += bytes;
         }
+        let f = self.seat(m);
         let route = self.routes.of(c);
         let base = self.routes.slot_base[mi] as usize;
         for (j, &r) in route.iter().enumerate() {
             let list = &mut self.res_flows[r as usize];
             self.slot[base + j] = list.len() as u32;
-            list.push(m);
+            list.push(f);
             // (One at a time: routes are a few resources, which a copy call would cost more.)
             self.dirty.push(r);
         }
         self.active_count += 1;
         if self.approximating {
-            self.fresh.push(m);
+            self.fresh.push(f);
         }
         let (at, len) = self.routes.span(c);
-        let flow = &mut self.flow[mi];
-        flow.active = true;
-        flow.remaining = bytes;
-        flow.rate = 0.0;
-        flow.at = at;
-        flow.len = len;
-        flow.last = st.now;
+        // As a flow that never streamed: nothing of the seat's last flow carries over.
+        self.flow[f as usize] = Flow {
+            remaining: bytes,
+            last: st.now,
+            at,
+            len,
+            msg: m,
+            active: true,
+            ..Flow::default()
+        };
     }
 
     fn finish(&mut self, st: &mut Steps<'_>, m: u32) {
@@ -428,7 +445,9 @@ impl Rates for FlowRates<'_> {
         if let Some(log) = &mut self.log {
             log.push((st.now, m, 0.0));
         }
-        self.flow[mi].active = false;
+        let f = std::mem::replace(&mut self.seat_of[mi], NONE);
+        self.flow[f as usize].active = false;
+        self.free.push(f);
         self.active_count -= 1;
         self.released += 1;
         let (p, routes) = (self.p, self.routes);
@@ -436,7 +455,8 @@ impl Rates for FlowRates<'_> {
         let base = self.routes.slot_base[mi] as usize;
         for (j, &r) in route.iter().enumerate() {
             if self.approximating {
-                self.used[r as usize] = (self.used[r as usize] - self.flow[mi].rate).max(0.0);
+                self.used[r as usize] =
+                    (self.used[r as usize] - self.flow[f as usize].rate).max(0.0);
             }
             let list = &mut self.res_flows[r as usize];
             let pos = self.slot[base + j] as usize;
@@ -450,7 +470,7 @@ impl Rates for FlowRates<'_> {
             if pos < last {
                 // The flow that was last now sits at `pos`: find its entry for `r` (the one
                 // that pointed at the end of the list).
-                let moved = list[pos] as usize;
+                let moved = self.flow[list[pos] as usize].msg as usize;
                 let mbase = self.routes.slot_base[moved] as usize;
                 let mroute = routes.of(p.msg_conn[moved]);
                 if let Some(k) = (0..mroute.len())
@@ -481,8 +501,8 @@ impl Rates for FlowRates<'_> {
     }
 
     fn current(&self, m: u32, seq: u32) -> bool {
-        let flow = &self.flow[m as usize];
-        flow.active && flow.end_seq == seq
+        let f = self.seat_of[m as usize];
+        f != NONE && self.flow[f as usize].end_seq == seq
     }
 
     fn dirty(&self) -> bool {
@@ -606,7 +626,7 @@ impl<'a> FlowRates<'a> {
                 continue;
             }
             changes += 1;
-            let route: &'a [u32] = self.routes.of(self.p.msg_conn[f as usize]);
+            let route: &'a [u32] = self.flow[f as usize].route(all);
             let rate = route
                 .iter()
                 .map(|&r| (self.cap[r as usize] - self.used[r as usize]).max(0.0))
@@ -669,7 +689,21 @@ impl<'a> FlowRates<'a> {
         self.comp_flows = comp_flows;
     }
 
-    /// Sets a flow's rate, settling its progress and scheduling its end.
+    /// Seats the flow of message `m` (see [`Flow`]): a free seat, or a new one.
+    fn seat(&mut self, m: u32) -> u32 {
+        let f = match self.free.pop() {
+            Some(f) => f,
+            None => {
+                self.flow.push(Flow::default());
+                self.shares.solo.push(None);
+                self.flow.len() as u32 - 1
+            }
+        };
+        self.seat_of[m as usize] = f;
+        f
+    }
+
+    /// Sets a flow's rate (`f`: its seat), settling its progress and scheduling its end.
     fn set_rate(&mut self, st: &mut Steps<'_>, f: u32, new: f64) {
         let flow = &mut self.flow[f as usize];
         let elapsed = st.now - flow.last;
@@ -678,19 +712,19 @@ impl<'a> FlowRates<'a> {
         flow.rate = new;
         let finish = (new > 0.0).then(|| st.now + flow.remaining / new);
         let live = flow.end_seq;
+        let m = flow.msg;
         if let Some(log) = &mut self.log {
-            log.push((st.now, f, new));
+            log.push((st.now, m, new));
         }
-        self.flow[f as usize].end_seq = st.replace_flow_end(f, live, finish);
+        self.flow[f as usize].end_seq = st.replace_flow_end(m, live, finish);
     }
 
     /// Progressive filling over a closed set of resources and the flows on them.
     fn fill(&mut self, st: &mut Steps<'_>, comp_res: &[u32], comp_flows: &[u32]) {
         let epoch = self.epoch;
-        let (routes, msg_conn): (&'a FlowRoutes, &'a [u32]) = (self.routes, &self.p.msg_conn);
-        let all: &'a [u32] = routes.all();
+        let all: &'a [u32] = self.routes.all();
         if let [f] = *comp_flows
-            && let route = routes.of(msg_conn[f as usize])
+            && let route = self.flow[f as usize].route(all)
             && let Some(&narrowest) = route
                 .iter()
                 .min_by_key(|&&r| (total_order_key(self.cap[r as usize]), r))
