@@ -271,9 +271,10 @@ struct FlowRates<'a> {
     free: Vec<u32>,
     /// Per resource, the seats of the flows on it.
     res_flows: Vec<Vec<u32>>,
-    /// Where each active flow sits in the flow list of each resource on its route:
-    /// `slot[routes.slot_base[m] + j]` for the `j`-th resource of message `m`'s route (a
-    /// finished flow leaves every list in O(1), not by searching lists of thousands of flows).
+    /// Where each flow sits in the flow list of each resource on its route: `slot[f × w +
+    /// j]` for the `j`-th resource of the route of the flow in seat `f`, `w` the most
+    /// resources on a route ([`FlowRoutes::widest`]); a finished flow leaves every list in
+    /// O(1), not by searching lists of thousands of flows.
     slot: Vec<u32>,
     cap: Vec<f64>,
     resource_bytes: Vec<f64>,
@@ -350,7 +351,6 @@ impl<'a> FlowRates<'a> {
         // GB/s × 1e3 = bytes per µs.
         let mut cap = b.empty();
         cap.extend(network.capacity.iter().map(|c| c * eff * 1e3));
-        let slots = routes.slot_base.last().copied().unwrap_or(0) as usize;
         FlowRates {
             p,
             routes,
@@ -358,7 +358,7 @@ impl<'a> FlowRates<'a> {
             seat_of: b.filled(nmsg, NONE),
             free: b.empty(),
             res_flows: b.lists(nres),
-            slot: b.filled(slots, 0),
+            slot: b.empty(),
             cap,
             resource_bytes: vec![0.0; nres],
             dirty: b.empty(),
@@ -415,7 +415,7 @@ impl Rates for FlowRates<'_> {
         }
         let f = self.seat(m);
         let route = self.routes.of(c);
-        let base = self.routes.slot_base[mi] as usize;
+        let base = f as usize * self.routes.widest;
         for (j, &r) in route.iter().enumerate() {
             let list = &mut self.res_flows[r as usize];
             self.slot[base + j] = list.len() as u32;
@@ -450,9 +450,10 @@ impl Rates for FlowRates<'_> {
         self.free.push(f);
         self.active_count -= 1;
         self.released += 1;
-        let (p, routes) = (self.p, self.routes);
-        let route = routes.of(p.msg_conn[mi]);
-        let base = self.routes.slot_base[mi] as usize;
+        let all: &[u32] = self.routes.all();
+        let route = self.flow[f as usize].route(all);
+        let w = self.routes.widest;
+        let base = f as usize * w;
         for (j, &r) in route.iter().enumerate() {
             if self.approximating {
                 self.used[r as usize] =
@@ -468,15 +469,12 @@ impl Rates for FlowRates<'_> {
                 self.dirty.push(r);
             }
             if pos < last {
-                // The flow that was last now sits at `pos`: find its entry for `r` (the one
-                // that pointed at the end of the list).
-                let moved = self.flow[list[pos] as usize].msg as usize;
-                let mbase = self.routes.slot_base[moved] as usize;
-                let mroute = routes.of(p.msg_conn[moved]);
-                if let Some(k) = (0..mroute.len())
-                    .find(|&k| mroute[k] == r && self.slot[mbase + k] as usize == last)
-                {
-                    self.slot[mbase + k] = pos as u32;
+                // The flow that was last now sits at `pos`: its entry for `r` (a route
+                // lists each resource once) points there.
+                let moved = list[pos] as usize;
+                let mroute = self.flow[moved].route(all);
+                if let Some(k) = mroute.iter().position(|&x| x == r) {
+                    self.slot[moved * w + k] = pos as u32;
                 }
             }
         }
@@ -696,6 +694,7 @@ impl<'a> FlowRates<'a> {
             None => {
                 self.flow.push(Flow::default());
                 self.shares.solo.push(None);
+                self.slot.extend(std::iter::repeat_n(0, self.routes.widest));
                 self.flow.len() as u32 - 1
             }
         };

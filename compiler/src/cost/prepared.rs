@@ -202,10 +202,8 @@ pub(super) struct FlowRoutes {
     /// Per connection, where its representatives start in `res` (and one past the last).
     start: Vec<u32>,
     res: Vec<u32>,
-    /// Per message, the sum of the route lengths of the messages before it: where its
-    /// route's entries start in an array of one entry per (message, representative); one
-    /// past the last message, the size of that array.
-    pub(super) slot_base: Vec<u32>,
+    /// The most representatives on one route.
+    pub(super) widest: usize,
     /// The most flows ever active at once: a connection has at most [`CONNECTION_SLOTS`]
     /// messages started and not yet taken by their receive, summed over connections.
     pub(super) most_active: usize,
@@ -257,13 +255,11 @@ impl FlowRoutes {
             }
             start.push(res.len() as u32);
         }
-        let mut slot_base = Vec::with_capacity(p.msg_conn.len() + 1);
-        let mut slots = 0u32;
-        for &c in &p.msg_conn {
-            slot_base.push(slots);
-            slots += start[c as usize + 1] - start[c as usize];
-        }
-        slot_base.push(slots);
+        let widest = start
+            .windows(2)
+            .map(|w| (w[1] - w[0]) as usize)
+            .max()
+            .unwrap_or(0);
         let most_active: usize = p
             .conn_len
             .iter()
@@ -272,7 +268,7 @@ impl FlowRoutes {
         FlowRoutes {
             start,
             res,
-            slot_base,
+            widest,
             most_active,
         }
     }
