@@ -206,9 +206,12 @@ def test_the_gil_is_released_during_compiles(dgx1):
 
 # A compile of several seconds (the 2-node cluster, 3.5 s here), never read from a cache:
 # a DGX-1 compile found in the tests' plan cache, or cold in 0.6 s, could end before the
-# signal came.
+# signal came. Python's own SIGINT handler is installed first: a process started in the
+# background without job control (`./.ci/run &` from a script) inherits SIGINT ignored, and
+# Python then installs none.
 CTRL_C = r"""
 import signal, sys, threading, time, hccl
+signal.signal(signal.SIGINT, signal.default_int_handler)
 topo = hccl.topology("h100-cluster-2node")
 threading.Timer(0.3, lambda: signal.raise_signal(signal.SIGINT)).start()
 start = time.perf_counter()
