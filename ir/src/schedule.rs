@@ -600,6 +600,54 @@ impl Op {
             Op::Copy { .. } | Op::Reduce { .. } | Op::Nop => self,
         }
     }
+
+    /// The same op with its source location mapped through `src` and its destination
+    /// through `dst`.
+    pub fn map_locs(self, src: impl Fn(Loc) -> Loc, dst: impl Fn(Loc) -> Loc) -> Op {
+        match self {
+            Op::Send { to, src: s } => Op::Send { to, src: src(s) },
+            Op::Recv { from, dst: d } => Op::Recv { from, dst: dst(d) },
+            Op::RecvReduceCopy {
+                from,
+                src: s,
+                dst: d,
+            } => Op::RecvReduceCopy {
+                from,
+                src: src(s),
+                dst: dst(d),
+            },
+            Op::RecvReduceSend { from, to, src: s } => Op::RecvReduceSend {
+                from,
+                to,
+                src: src(s),
+            },
+            Op::RecvReduceCopySend {
+                from,
+                to,
+                src: s,
+                dst: d,
+            } => Op::RecvReduceCopySend {
+                from,
+                to,
+                src: src(s),
+                dst: dst(d),
+            },
+            Op::RecvCopySend { from, to, dst: d } => Op::RecvCopySend {
+                from,
+                to,
+                dst: dst(d),
+            },
+            Op::Copy { src: s, dst: d } => Op::Copy {
+                src: src(s),
+                dst: dst(d),
+            },
+            Op::Reduce { src: s, dst: d } => Op::Reduce {
+                src: src(s),
+                dst: dst(d),
+            },
+            Op::Nop => Op::Nop,
+        }
+    }
 }
 
 impl Schedule {

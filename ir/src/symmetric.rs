@@ -868,40 +868,7 @@ impl Translation<'_> {
     /// The op translated: peers renamed, mapped locations moved.
     pub fn op(&self, op: Op, count: u32) -> Op {
         let l = |loc: Loc| self.loc(loc, count);
-        match op.map_peers(|r| self.rank(r)) {
-            Op::Send { to, src } => Op::Send { to, src: l(src) },
-            Op::Recv { from, dst } => Op::Recv { from, dst: l(dst) },
-            Op::RecvReduceCopy { from, src, dst } => Op::RecvReduceCopy {
-                from,
-                src: l(src),
-                dst: l(dst),
-            },
-            Op::RecvReduceSend { from, to, src } => Op::RecvReduceSend {
-                from,
-                to,
-                src: l(src),
-            },
-            Op::RecvReduceCopySend { from, to, src, dst } => Op::RecvReduceCopySend {
-                from,
-                to,
-                src: l(src),
-                dst: l(dst),
-            },
-            Op::RecvCopySend { from, to, dst } => Op::RecvCopySend {
-                from,
-                to,
-                dst: l(dst),
-            },
-            Op::Copy { src, dst } => Op::Copy {
-                src: l(src),
-                dst: l(dst),
-            },
-            Op::Reduce { src, dst } => Op::Reduce {
-                src: l(src),
-                dst: l(dst),
-            },
-            Op::Nop => Op::Nop,
-        }
+        op.map_peers(|r| self.rank(r)).map_locs(l, l)
     }
 
     /// The step translated (count and dependencies unchanged).

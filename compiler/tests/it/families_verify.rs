@@ -7,7 +7,7 @@ use cost_common::par_each;
 use hccl_compiler::families::FamilyParams;
 use hccl_compiler::families::common::uniform_hosts;
 use hccl_compiler::search::{all_families, generate_with};
-use hccl_ir::verify::verify;
+use hccl_ir::verify::{merged_chunks, verify, verify_report, verify_report_unmerged};
 use hccl_ir::{Collective, CollectiveKind};
 use hccl_topologies::{Topology, from_ron, generate};
 
@@ -82,6 +82,7 @@ fn collectives(n: u32) -> Vec<Collective> {
 fn every_family_schedule_verifies() {
     let failures = std::sync::Mutex::new(Vec::new());
     let checked = std::sync::atomic::AtomicUsize::new(0);
+    let merged = std::sync::atomic::AtomicUsize::new(0);
     let families = all_families();
     // One case per topology, family and collective, spread over the cores; the largest
     // first (the tree packings of the 8- and 16-rank machines solve LPs and MILPs), so that
@@ -180,7 +181,19 @@ fn every_family_schedule_verifies() {
                     assert_eq!(s.in_place, in_place);
                     assert_eq!(s.collective, coll);
                     assert_eq!(s.nranks, n);
-                    if let Err(errs) = verify(s) {
+                    let report = verify_report(s);
+                    // Verified on merged chunks: the same as modelling every chunk.
+                    if merged_chunks(s).is_some() {
+                        merged.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if report != verify_report_unmerged(s) {
+                            failures.lock().unwrap().push(format!(
+                                "{} {tname} {coll} {params:?} in_place={in_place}: merged \
+                                 and unmerged verification differ",
+                                fam.name()
+                            ));
+                        }
+                    }
+                    if let Err(errs) = report {
                         failures.lock().unwrap().push(format!(
                             "{} {tname} {coll} {params:?} in_place={in_place}: {}",
                             fam.name(),
@@ -198,6 +211,11 @@ fn every_family_schedule_verifies() {
     let checked = checked.into_inner();
     let failures = failures.into_inner().unwrap();
     assert!(checked > 500, "only {checked} schedules checked");
+    let merged = merged.into_inner();
+    assert!(
+        merged > 50,
+        "only {merged} schedules verified on merged chunks"
+    );
     assert!(
         failures.is_empty(),
         "{} failures:\n{}",

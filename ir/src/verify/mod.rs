@@ -84,6 +84,7 @@
 //! # Not checked
 //! - Scratch contents at the end, and whether outputs of non-root ranks of Reduce are touched.
 
+mod coarse;
 mod kept;
 mod quotient;
 mod sim;
@@ -312,12 +313,47 @@ fn header_and_limits(schedule: &Schedule, sink: &mut Sink) {
 
 /// Like [`verify`], returning statistics of the run on success.
 pub fn verify_report(schedule: &Schedule) -> Result<Report, Vec<VerifyError>> {
-    run(schedule, false)
+    run(schedule, Run::default())
 }
 
-/// [`verify_report`]; `eager` collects unreferenced contributor sets as soon as their arena
-/// doubles (tests use it to show collection changes no verdict).
-fn run(schedule: &Schedule, eager: bool) -> Result<Report, Vec<VerifyError>> {
+/// [`verify_report`] modelling every chunk of the schedule: never on merged chunks (see
+/// `coarse.rs`), which gives the same verdict and report; the tests compare the two.
+pub fn verify_report_unmerged(schedule: &Schedule) -> Result<Report, Vec<VerifyError>> {
+    run(
+        schedule,
+        Run {
+            unmerged: true,
+            ..Run::default()
+        },
+    )
+}
+
+/// The chunks [`verify_report`] models `schedule` with when it merges the chunks no op
+/// separates (see `coarse.rs`: collectives and ops that keep chunk positions), or `None` when
+/// it models every chunk (or the schedule fails its header, limits or structure checks).
+pub fn merged_chunks(schedule: &Schedule) -> Option<u32> {
+    let mut sink = Sink::default();
+    header_and_limits(schedule, &mut sink);
+    if sink.total() != 0 {
+        return None;
+    }
+    structure::check_structure(schedule, &mut sink)?;
+    coarse::merge(schedule).map(|(merged, _)| merged.chunks)
+}
+
+/// How [`run`] simulates.
+#[derive(Debug, Clone, Copy, Default)]
+struct Run {
+    /// Collect unreferenced contributor sets as soon as their arena doubles (tests use it to
+    /// show collection changes no verdict).
+    eager: bool,
+    /// Model every chunk, never merged ones.
+    unmerged: bool,
+}
+
+/// [`verify_report`] as `how` says: on merged chunks where that applies and finds no error
+/// (`coarse.rs`), else on every chunk.
+fn run(schedule: &Schedule, how: Run) -> Result<Report, Vec<VerifyError>> {
     let mut sink = Sink::default();
     header_and_limits(schedule, &mut sink);
     let layout = if sink.total() == 0 {
@@ -328,7 +364,13 @@ fn run(schedule: &Schedule, eager: bool) -> Result<Report, Vec<VerifyError>> {
     let Some(layout) = layout else {
         return Err(sink.finish().err().unwrap_or_default());
     };
-    let stats = sim::simulate(schedule, &layout, &mut sink, eager, None);
+    if !how.eager
+        && !how.unmerged
+        && let Some(report) = coarse::verified(schedule, &layout)
+    {
+        return Ok(report);
+    }
+    let stats = sim::simulate(schedule, &layout, &mut sink, how.eager, None);
     sink.finish()?;
     Ok(Report {
         ranks: schedule.nranks,
@@ -464,9 +506,13 @@ mod tests {
         assert!(schedules.len() > 100, "{}", schedules.len());
         let mut failing = 0;
         for s in &schedules {
-            let lazy = run(s, false);
+            let lazy = run(s, Run::default());
             failing += usize::from(lazy.is_err());
-            assert_eq!(run(s, true), lazy);
+            let eager = Run {
+                eager: true,
+                ..Run::default()
+            };
+            assert_eq!(run(s, eager), lazy);
         }
         assert!(failing > 20, "only {failing} variants fail");
         let collections = sim::COLLECTIONS.load(std::sync::atomic::Ordering::Relaxed);

@@ -15,4 +15,5 @@ mod symmetric;
 mod verifier_cases;
 mod verifier_equiv;
 mod verifier_gen;
+mod verifier_merged;
 mod verifier_ring;
