@@ -1,25 +1,30 @@
 //! Verification on merged chunks: a schedule is run with each *segment* of chunks that no
-//! op ever splits as one chunk, when its collective lets chunk positions carry over.
+//! op ever splits as one chunk.
 //!
 //! # Segments
-//! Chunk positions live in *spaces*: the collective buffer (every rank's input and output:
-//! input chunk `j` holds original chunk `j`, and output chunk `j` must end up holding it), and
-//! each rank's scratch buffer. An op that reads `count` chunks at `src` and writes them at
-//! `dst` ties position `src.off + t` of one space to `dst.off + t` of the other, for every
-//! `t < count`; a message ties the position it left from to the one it lands at, the same way.
-//! A set of *cut points* per space, holding both ends of every range and closed under these
-//! ties (a cut strictly inside a tied range is carried to the other side, until nothing
-//! changes), splits every space into segments such that every op and message maps whole
-//! segments onto whole segments, chunk `t` of a segment onto chunk `t` of its image.
+//! Chunk positions live in *spaces*: the origins (the chunks of the collective buffer, which
+//! the symbolic values name), and each rank's input, output and scratch buffers. Positions
+//! are *tied* where the run must treat them alike: an op that reads `count` chunks at `src`
+//! and writes them at `dst` ties `src.off + t` to `dst.off + t` for every `t < count`; a
+//! message ties the position it leaves from to the one it lands at; the collective ties each
+//! input chunk to the origin it holds and each output chunk to the origin it must end up
+//! holding (AllGather: rank `r`'s input to origins `r·k..`; ReduceScatter: its output to
+//! origins `r·k..`; AllToAll: its output block `q` to origins `r·k..`; the others: chunk `j`
+//! to origin `j`), an in-place schedule ties the aliased buffers, and where ranks hold blocks
+//! of `k` chunks every block of origins is tied to the first. A set of *cut points* per space,
+//! holding both ends of every tied or addressed range and closed under the ties (a cut
+//! strictly inside a tied range is carried to the other side, until nothing changes), splits
+//! every space into segments such that every tie maps whole segments onto whole segments,
+//! chunk `t` of a segment onto chunk `t` of its image, and all blocks alike.
 //!
 //! # Why the verdict is the same
 //! Fix `t` and look at chunk `t` of every segment (those long enough to have one): the full
 //! run moves, reduces and checks these chunks exactly as the merged run, in which each segment
 //! is one chunk, moves its segments: the same steps touch them in the same order, with the
-//! same messages and contributor sets, and original chunk `k + t` of the collective buffer
-//! (`k` a segment's first chunk) plays the part of the merged run's original chunk "that
-//! segment". So the full run reads uninitialised data, reduces mismatched or overlapping
-//! contributions, races, overlaps a copy's source and destination, or misses the
+//! same messages and contributor sets, and origin `k + t` (`k` the first chunk of an origin
+//! segment) plays the part of the merged run's origin "that segment", in the inputs as in
+//! the outputs' postcondition. So the full run reads uninitialised data, reduces mismatched or
+//! overlapping contributions, races, overlaps a copy's source and destination, or misses the
 //! postcondition at some chunk exactly where the merged run does at its segment; deadlock
 //! depends on steps and connections alone, which merging keeps as they are. The header, the
 //! size limits and the structure are checked on the schedule itself first; a merged run that
@@ -27,11 +32,11 @@
 //! chunks. (A run over fewer chunks holds fewer contributor sets: a schedule so large that
 //! its full run would stop at [`super::MAX_SET_WORDS`] can verify merged.)
 //!
-//! It applies to AllReduce, Broadcast and Reduce, whose output chunk `j` is made of input
-//! chunk `j` (in AllGather, ReduceScatter and AllToAll a rank's chunks are other ranks'
-//! shifted, which this does not model). The packed trees that win Broadcast and Reduce at
-//! large sizes move pieces of dozens of chunks (DGX-1: 131k to 161k chunks a buffer, a few
-//! thousand segments), which the verifier would otherwise model chunk by chunk.
+//! The packed trees that win Broadcast and Reduce at large sizes move pieces of dozens of
+//! chunks (DGX-1: 131k to 161k chunks a buffer, one or two thousand segments), as does the
+//! flow AllToAll (131k chunks, 6k segments); the verifier would otherwise model them chunk by
+//! chunk. Pipelines that move one chunk per step (the rail schedules) gain nothing and are
+//! run whole.
 
 use super::Report;
 use super::Sink;
@@ -78,25 +83,80 @@ struct Tie {
 }
 
 /// `schedule` (structurally valid) with every segment merged into one chunk (see the module
-/// docs), and the chunks its messages carry; `None` where merging does not apply, does not
-/// settle, or would not halve the chunks modelled.
+/// docs), and the chunks its messages carry; `None` where merging does not settle, would not
+/// halve the chunks modelled, or leaves blocks of unequal length.
 pub(super) fn merge(schedule: &Schedule) -> Option<(Schedule, u64)> {
-    match schedule.collective {
-        Collective::AllReduce | Collective::Broadcast { .. } | Collective::Reduce { .. } => {}
-        Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => return None,
-    }
-    let chunks = schedule.chunks;
-    if schedule.input_chunks != chunks || schedule.output_chunks != chunks {
-        return None;
-    }
-    // Space 0: the collective buffer; space 1 + r: rank r's scratch.
-    let space = |r: usize, l: Loc| match l.buf {
-        Buf::Input | Buf::Output => 0,
-        Buf::Scratch => 1 + r,
+    let (n, chunks) = (schedule.nranks, schedule.chunks);
+    let (input, output) = (schedule.input_chunks, schedule.output_chunks);
+    // Space 0: the origins (chunks of the collective buffer); rank r's input, output and
+    // scratch: 1 + 3r, 2 + 3r, 3 + 3r.
+    let space = |r: usize, buf: Buf| {
+        1 + 3 * r
+            + match buf {
+                Buf::Input => 0,
+                Buf::Output => 1,
+                Buf::Scratch => 2,
+            }
     };
-    let mut extent = vec![0u32; 1 + schedule.ranks.len()];
+    let at = |r: usize, l: Loc| space(r, l.buf);
+    let mut extent = vec![0u32; 1 + 3 * schedule.ranks.len()];
     extent[0] = chunks;
     let mut ties: Vec<Tie> = Vec::new();
+    let mut tie = |sa: usize, a: u32, sb: usize, b: u32, count: u32| {
+        if (sa, a) != (sb, b) && count > 0 {
+            ties.push(Tie {
+                sa,
+                a,
+                sb,
+                b,
+                count,
+            });
+        }
+    };
+    // What the collective ties: where inputs come from and outputs must end up (in origins),
+    // the in-place aliases, and (where ranks hold blocks of `k` chunks) every block to the
+    // first, so that all blocks merge alike.
+    let k = chunks / n.max(1);
+    for r in 0..schedule.ranks.len() {
+        let (i, o, rk) = (space(r, Buf::Input), space(r, Buf::Output), r as u32 * k);
+        extent[i] = input;
+        extent[o] = output;
+        match schedule.collective {
+            Collective::AllGather => {
+                tie(i, 0, 0, rk, k);
+                tie(o, 0, 0, 0, chunks);
+            }
+            Collective::ReduceScatter => {
+                tie(i, 0, 0, 0, chunks);
+                tie(o, 0, 0, rk, k);
+            }
+            Collective::AllToAll => {
+                tie(i, 0, 0, 0, chunks);
+                for q in 0..n {
+                    tie(o, q * k, 0, rk, k);
+                }
+            }
+            Collective::AllReduce | Collective::Broadcast { .. } | Collective::Reduce { .. } => {
+                tie(i, 0, 0, 0, chunks);
+                tie(o, 0, 0, 0, chunks);
+            }
+        }
+        if schedule.in_place {
+            match schedule.collective {
+                Collective::AllGather => tie(i, 0, o, rk, k),
+                Collective::ReduceScatter => tie(o, 0, i, rk, k),
+                _ => tie(o, 0, i, 0, output),
+            }
+        }
+    }
+    if matches!(
+        schedule.collective,
+        Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll
+    ) {
+        for q in 1..n {
+            tie(0, q * k, 0, 0, k);
+        }
+    }
     // Per connection, where its messages leave and land (space, offset, count), in order.
     type End = (usize, u32, u32);
     let mut ends: FxHashMap<ConnKey, (Vec<End>, Vec<End>)> = FxHashMap::default();
@@ -105,22 +165,18 @@ pub(super) fn merge(schedule: &Schedule) -> Option<(Schedule, u64)> {
         for stream in &prog.streams {
             for step in &stream.steps {
                 let (src, dst) = (step.op.src(), step.op.dst());
-                let Some(at) = src.or(dst) else { continue };
-                for l in [src, dst].into_iter().flatten() {
-                    let s = space(r, l);
-                    // Inside its buffer: the structure check has seen to it.
-                    extent[s] = extent[s].max(l.off + step.count);
+                let Some(l) = src.or(dst) else { continue };
+                for s in [src, dst].into_iter().flatten() {
+                    if s.buf == Buf::Scratch {
+                        // Inside its buffer: the structure check has seen to it.
+                        let x = &mut extent[space(r, Buf::Scratch)];
+                        *x = (*x).max(s.off + step.count);
+                    }
                 }
                 if let (Some(s), Some(d)) = (src, dst) {
-                    ties.push(Tie {
-                        sa: space(r, s),
-                        a: s.off,
-                        sb: space(r, d),
-                        b: d.off,
-                        count: step.count,
-                    });
+                    tie(at(r, s), s.off, at(r, d), d.off, step.count);
                 }
-                let end = (space(r, at), at.off, step.count);
+                let end = (at(r, l), l.off, step.count);
                 if let Some(to) = step.op.send_peer() {
                     let key = (r as u32, to, stream.channel);
                     ends.entry(key).or_default().0.push(end);
@@ -136,52 +192,60 @@ pub(super) fn merge(schedule: &Schedule) -> Option<(Schedule, u64)> {
     for (sent, received) in ends.values() {
         // The structure check paired them one to one with equal counts.
         for (&(sa, a, count), &(sb, b, _)) in sent.iter().zip(received) {
-            ties.push(Tie {
-                sa,
-                a,
-                sb,
-                b,
-                count,
-            });
+            tie(sa, a, sb, b, count);
         }
     }
-    ties.retain(|t| (t.sa, t.a) != (t.sb, t.b));
+    // Both ends of every tied range and of every op's range.
     let mut cuts: Vec<Cuts> = extent.iter().map(|&e| Cuts::new(e)).collect();
+    for t in &ties {
+        for (s, p) in [(t.sa, t.a), (t.sb, t.b)] {
+            cuts[s].set(p);
+            cuts[s].set(p + t.count);
+        }
+    }
     for (r, prog) in schedule.ranks.iter().enumerate() {
         for step in prog.streams.iter().flat_map(|st| &st.steps) {
             for l in [step.op.src(), step.op.dst()].into_iter().flatten() {
-                let c = &mut cuts[space(r, l)];
+                let c = &mut cuts[at(r, l)];
                 c.set(l.off);
                 c.set(l.off + step.count);
             }
         }
     }
     settle(&mut cuts, &ties)?;
-    let index: Vec<Vec<u32>> = cuts.iter().map(Cuts::index).collect();
-    let before: u64 = extent.iter().map(|&e| u64::from(e)).sum();
-    let after: u64 = index
-        .iter()
-        .zip(&extent)
-        .map(|(ix, &e)| u64::from(ix[e as usize]))
+    for c in &mut cuts {
+        c.rank_words();
+    }
+    let index = |s: usize, p: u32| cuts[s].rank(p);
+    let before: u64 = extent.iter().skip(1).map(|&e| u64::from(e)).sum();
+    let after: u64 = (1..extent.len())
+        .map(|s| u64::from(index(s, extent[s])))
         .sum();
     if after * LEAST_GAIN > before {
         return None;
     }
+    let merged_chunks = index(0, chunks);
+    let (merged_input, merged_output) = schedule.collective.buffer_chunks(n, merged_chunks)?;
     let mut merged = schedule.clone();
-    let merged_chunks = index[0][chunks as usize];
     merged.chunks = merged_chunks;
-    merged.input_chunks = merged_chunks;
-    merged.output_chunks = merged_chunks;
+    merged.input_chunks = merged_input;
+    merged.output_chunks = merged_output;
     for (r, prog) in merged.ranks.iter_mut().enumerate() {
+        let length = |buf: Buf, e: u32| index(space(r, buf), e);
+        if (length(Buf::Input, input), length(Buf::Output, output)) != (merged_input, merged_output)
+        {
+            return None;
+        }
         // What it addresses of its scratch (the rest is never touched).
-        prog.scratch_chunks = index[1 + r][extent[1 + r] as usize];
+        let scratch = space(r, Buf::Scratch);
+        prog.scratch_chunks = index(scratch, extent[scratch]);
         for step in prog.streams.iter_mut().flat_map(|st| &mut st.steps) {
-            let Some(at) = step.op.src().or(step.op.dst()) else {
+            let Some(l) = step.op.src().or(step.op.dst()) else {
                 continue;
             };
-            let ix = &index[space(r, at)];
-            step.count = ix[(at.off + step.count) as usize] - ix[at.off as usize];
-            let moved = |l: Loc| Loc::new(l.buf, index[space(r, l)][l.off as usize]);
+            let s = at(r, l);
+            step.count = index(s, l.off + step.count) - index(s, l.off);
+            let moved = |l: Loc| Loc::new(l.buf, index(at(r, l), l.off));
             step.op = step.op.map_locs(moved, moved);
         }
     }
@@ -221,6 +285,8 @@ fn settle(cuts: &mut [Cuts], ties: &[Tie]) -> Option<()> {
 struct Cuts {
     words: Vec<u64>,
     extent: u32,
+    /// Per word, the cuts in the words before it ([`Cuts::rank_words`]).
+    before: Vec<u32>,
 }
 
 impl Cuts {
@@ -228,6 +294,7 @@ impl Cuts {
         let mut c = Cuts {
             words: vec![0; extent as usize / 64 + 1],
             extent,
+            before: Vec::new(),
         };
         c.set(0);
         c.set(extent);
@@ -269,18 +336,25 @@ impl Cuts {
         }
     }
 
-    /// Per position `p` in `0..=extent`: the segments that start before it (at a cut `p` is
-    /// the index of the segment it starts).
-    fn index(&self) -> Vec<u32> {
-        let mut ix = Vec::with_capacity(self.extent as usize + 1);
-        let mut segments = 0u32;
-        for p in 0..=self.extent {
-            ix.push(segments);
-            if p < self.extent && self.words[(p / 64) as usize] & (1 << (p % 64)) != 0 {
-                segments += 1;
-            }
-        }
-        ix
+    /// Counts the cuts before each word, for [`Cuts::rank`] (once the cuts are final).
+    fn rank_words(&mut self) {
+        let mut before = 0u32;
+        self.before = self
+            .words
+            .iter()
+            .map(|w| {
+                let b = before;
+                before += w.count_ones();
+                b
+            })
+            .collect();
+    }
+
+    /// The segments that start before position `p` (at a cut: the index of the segment it
+    /// starts; at the extent: every segment).
+    fn rank(&self, p: u32) -> u32 {
+        let (w, bit) = ((p / 64) as usize, p % 64);
+        self.before[w] + (self.words[w] & ((1u64 << bit) - 1)).count_ones()
     }
 }
 
@@ -421,8 +495,58 @@ mod tests {
     }
 
     #[test]
-    fn collectives_that_move_chunks_between_ranks_are_not_merged() {
-        let s = Schedule::empty(Collective::AllGather, 2, 4, false).unwrap();
-        assert!(merge(&s).is_none());
+    fn blocks_merge_alike() {
+        // An AllGather of 2 ranks × 6 chunks whose rank 1 sends its block in pieces of 2 and
+        // 4 and rank 0 in one: every block is cut like rank 1's (origins 0, 2, 6, 8, 12).
+        let (i, o) = (Loc::new(Buf::Input, 0), Loc::new(Buf::Output, 0));
+        let at = |l: Loc, off: u32| Loc::new(l.buf, off);
+        let zero = vec![
+            step(Op::Copy { src: i, dst: o }, 6),
+            step(Op::Send { to: 1, src: i }, 6),
+            step(
+                Op::Recv {
+                    from: 1,
+                    dst: at(o, 6),
+                },
+                2,
+            ),
+            step(
+                Op::Recv {
+                    from: 1,
+                    dst: at(o, 8),
+                },
+                4,
+            ),
+        ];
+        let one = vec![
+            step(
+                Op::Copy {
+                    src: i,
+                    dst: at(o, 6),
+                },
+                6,
+            ),
+            step(Op::Send { to: 0, src: i }, 2),
+            step(
+                Op::Send {
+                    to: 0,
+                    src: at(i, 2),
+                },
+                4,
+            ),
+            step(Op::Recv { from: 0, dst: o }, 6),
+        ];
+        let mut s = Schedule::empty(Collective::AllGather, 2, 12, false).unwrap();
+        s.ranks = [zero, one]
+            .into_iter()
+            .map(|steps| RankProgram {
+                scratch_chunks: 0,
+                streams: vec![Stream { channel: 0, steps }],
+            })
+            .collect();
+        let (merged, _) = merge(&s).expect("merges");
+        assert_eq!((merged.chunks, merged.input_chunks), (4, 2));
+        assert!(verify_report(&s).is_ok());
+        assert_eq!(verify_report(&s), verify_report_unmerged(&s));
     }
 }
