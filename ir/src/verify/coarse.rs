@@ -82,29 +82,27 @@ struct Tie {
     count: u32,
 }
 
-/// `schedule` (structurally valid) with every segment merged into one chunk (see the module
-/// docs), and the chunks its messages carry; `None` where merging does not settle, would not
-/// halve the chunks modelled, or leaves blocks of unequal length.
-pub(super) fn merge(schedule: &Schedule) -> Option<(Schedule, u64)> {
-    let (n, chunks) = (schedule.nranks, schedule.chunks);
-    let (input, output) = (schedule.input_chunks, schedule.output_chunks);
-    // Space 0: the origins (chunks of the collective buffer); rank r's input, output and
-    // scratch: 1 + 3r, 2 + 3r, 3 + 3r.
-    let space = |r: usize, buf: Buf| {
-        1 + 3 * r
-            + match buf {
-                Buf::Input => 0,
-                Buf::Output => 1,
-                Buf::Scratch => 2,
-            }
-    };
-    let at = |r: usize, l: Loc| space(r, l.buf);
-    let mut extent = vec![0u32; 1 + 3 * schedule.ranks.len()];
-    extent[0] = chunks;
-    let mut ties: Vec<Tie> = Vec::new();
-    let mut tie = |sa: usize, a: u32, sb: usize, b: u32, count: u32| {
+/// Space 0: the origins (chunks of the collective buffer); rank `r`'s input, output and
+/// scratch: `1 + 3r`, `2 + 3r`, `3 + 3r`.
+fn space(r: usize, buf: Buf) -> usize {
+    1 + 3 * r
+        + match buf {
+            Buf::Input => 0,
+            Buf::Output => 1,
+            Buf::Scratch => 2,
+        }
+}
+
+/// The spaces of a schedule: each one's extent, and the ties between them.
+struct Spaces {
+    extent: Vec<u32>,
+    ties: Vec<Tie>,
+}
+
+impl Spaces {
+    fn tie(&mut self, (sa, a): (usize, u32), (sb, b): (usize, u32), count: u32) {
         if (sa, a) != (sb, b) && count > 0 {
-            ties.push(Tie {
+            self.ties.push(Tie {
                 sa,
                 a,
                 sb,
@@ -112,110 +110,151 @@ pub(super) fn merge(schedule: &Schedule) -> Option<(Schedule, u64)> {
                 count,
             });
         }
-    };
-    // What the collective ties: where inputs come from and outputs must end up (in origins),
-    // the in-place aliases, and (where ranks hold blocks of `k` chunks) every block to the
-    // first, so that all blocks merge alike.
-    let k = chunks / n.max(1);
-    for r in 0..schedule.ranks.len() {
-        let (i, o, rk) = (space(r, Buf::Input), space(r, Buf::Output), r as u32 * k);
-        extent[i] = input;
-        extent[o] = output;
-        match schedule.collective {
-            Collective::AllGather => {
-                tie(i, 0, 0, rk, k);
-                tie(o, 0, 0, 0, chunks);
-            }
-            Collective::ReduceScatter => {
-                tie(i, 0, 0, 0, chunks);
-                tie(o, 0, 0, rk, k);
-            }
-            Collective::AllToAll => {
-                tie(i, 0, 0, 0, chunks);
-                for q in 0..n {
-                    tie(o, q * k, 0, rk, k);
+    }
+
+    /// The spaces with what the collective ties: where inputs come from and outputs must end
+    /// up (in origins), the in-place aliases, and (where ranks hold blocks of `k` chunks)
+    /// every block of origins to the first, so that all blocks merge alike.
+    fn of_collective(s: &Schedule) -> Spaces {
+        let (n, chunks) = (s.nranks, s.chunks);
+        let mut sp = Spaces {
+            extent: vec![0; 1 + 3 * s.ranks.len()],
+            ties: Vec::new(),
+        };
+        sp.extent[0] = chunks;
+        let k = chunks / n.max(1);
+        for r in 0..s.ranks.len() {
+            let (i, o, rk) = (space(r, Buf::Input), space(r, Buf::Output), r as u32 * k);
+            sp.extent[i] = s.input_chunks;
+            sp.extent[o] = s.output_chunks;
+            match s.collective {
+                Collective::AllGather => {
+                    sp.tie((i, 0), (0, rk), k);
+                    sp.tie((o, 0), (0, 0), chunks);
                 }
-            }
-            Collective::AllReduce | Collective::Broadcast { .. } | Collective::Reduce { .. } => {
-                tie(i, 0, 0, 0, chunks);
-                tie(o, 0, 0, 0, chunks);
-            }
-        }
-        if schedule.in_place {
-            match schedule.collective {
-                Collective::AllGather => tie(i, 0, o, rk, k),
-                Collective::ReduceScatter => tie(o, 0, i, rk, k),
-                _ => tie(o, 0, i, 0, output),
-            }
-        }
-    }
-    if matches!(
-        schedule.collective,
-        Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll
-    ) {
-        for q in 1..n {
-            tie(0, q * k, 0, 0, k);
-        }
-    }
-    // Per connection, where its messages leave and land (space, offset, count), in order.
-    type End = (usize, u32, u32);
-    let mut ends: FxHashMap<ConnKey, (Vec<End>, Vec<End>)> = FxHashMap::default();
-    let mut chunks_sent = 0u64;
-    for (r, prog) in schedule.ranks.iter().enumerate() {
-        for stream in &prog.streams {
-            for step in &stream.steps {
-                let (src, dst) = (step.op.src(), step.op.dst());
-                let Some(l) = src.or(dst) else { continue };
-                for s in [src, dst].into_iter().flatten() {
-                    if s.buf == Buf::Scratch {
-                        // Inside its buffer: the structure check has seen to it.
-                        let x = &mut extent[space(r, Buf::Scratch)];
-                        *x = (*x).max(s.off + step.count);
+                Collective::ReduceScatter => {
+                    sp.tie((i, 0), (0, 0), chunks);
+                    sp.tie((o, 0), (0, rk), k);
+                }
+                Collective::AllToAll => {
+                    sp.tie((i, 0), (0, 0), chunks);
+                    for q in 0..n {
+                        sp.tie((o, q * k), (0, rk), k);
                     }
                 }
-                if let (Some(s), Some(d)) = (src, dst) {
-                    tie(at(r, s), s.off, at(r, d), d.off, step.count);
+                Collective::AllReduce
+                | Collective::Broadcast { .. }
+                | Collective::Reduce { .. } => {
+                    sp.tie((i, 0), (0, 0), chunks);
+                    sp.tie((o, 0), (0, 0), chunks);
                 }
-                let end = (at(r, l), l.off, step.count);
-                if let Some(to) = step.op.send_peer() {
-                    let key = (r as u32, to, stream.channel);
-                    ends.entry(key).or_default().0.push(end);
-                    chunks_sent += u64::from(step.count);
-                }
-                if let Some(from) = step.op.recv_peer() {
-                    let key = (from, r as u32, stream.channel);
-                    ends.entry(key).or_default().1.push(end);
+            }
+            if s.in_place {
+                match s.collective {
+                    Collective::AllGather => sp.tie((i, 0), (o, rk), k),
+                    Collective::ReduceScatter => sp.tie((o, 0), (i, rk), k),
+                    _ => sp.tie((o, 0), (i, 0), s.output_chunks),
                 }
             }
         }
-    }
-    for (sent, received) in ends.values() {
-        // The structure check paired them one to one with equal counts.
-        for (&(sa, a, count), &(sb, b, _)) in sent.iter().zip(received) {
-            tie(sa, a, sb, b, count);
-        }
-    }
-    // Both ends of every tied range and of every op's range.
-    let mut cuts: Vec<Cuts> = extent.iter().map(|&e| Cuts::new(e)).collect();
-    for t in &ties {
-        for (s, p) in [(t.sa, t.a), (t.sb, t.b)] {
-            cuts[s].set(p);
-            cuts[s].set(p + t.count);
-        }
-    }
-    for (r, prog) in schedule.ranks.iter().enumerate() {
-        for step in prog.streams.iter().flat_map(|st| &st.steps) {
-            for l in [step.op.src(), step.op.dst()].into_iter().flatten() {
-                let c = &mut cuts[at(r, l)];
-                c.set(l.off);
-                c.set(l.off + step.count);
+        if matches!(
+            s.collective,
+            Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll
+        ) {
+            for q in 1..n {
+                sp.tie((0, q * k), (0, 0), k);
             }
         }
+        sp
     }
-    settle(&mut cuts, &ties)?;
-    for c in &mut cuts {
-        c.rank_words();
+
+    /// Adds what the ops tie (each op's source and destination; each message's two ends) and
+    /// the scratch each rank addresses; returns the chunks the messages carry.
+    fn add_ops(&mut self, s: &Schedule) -> u64 {
+        // Per connection, where its messages leave and land (space, offset, count), in order.
+        type End = (usize, u32, u32);
+        let mut ends: FxHashMap<ConnKey, (Vec<End>, Vec<End>)> = FxHashMap::default();
+        let mut chunks_sent = 0u64;
+        for (r, prog) in s.ranks.iter().enumerate() {
+            for stream in &prog.streams {
+                for step in &stream.steps {
+                    let (src, dst) = (step.op.src(), step.op.dst());
+                    let Some(l) = src.or(dst) else { continue };
+                    for x in [src, dst].into_iter().flatten() {
+                        if x.buf == Buf::Scratch {
+                            // Inside its buffer: the structure check has seen to it.
+                            let e = &mut self.extent[space(r, Buf::Scratch)];
+                            *e = (*e).max(x.off + step.count);
+                        }
+                    }
+                    if let (Some(a), Some(b)) = (src, dst) {
+                        self.tie(
+                            (space(r, a.buf), a.off),
+                            (space(r, b.buf), b.off),
+                            step.count,
+                        );
+                    }
+                    let end = (space(r, l.buf), l.off, step.count);
+                    if let Some(to) = step.op.send_peer() {
+                        ends.entry((r as u32, to, stream.channel))
+                            .or_default()
+                            .0
+                            .push(end);
+                        chunks_sent += u64::from(step.count);
+                    }
+                    if let Some(from) = step.op.recv_peer() {
+                        ends.entry((from, r as u32, stream.channel))
+                            .or_default()
+                            .1
+                            .push(end);
+                    }
+                }
+            }
+        }
+        for (sent, received) in ends.values() {
+            // The structure check paired them one to one with equal counts.
+            for (&(sa, a, count), &(sb, b, _)) in sent.iter().zip(received) {
+                self.tie((sa, a), (sb, b), count);
+            }
+        }
+        chunks_sent
     }
+
+    /// The cut points: both ends of every tied range and of every op's range, closed under
+    /// the ties ([`settle`]); `None` where they do not settle.
+    fn cuts(&self, s: &Schedule) -> Option<Vec<Cuts>> {
+        let mut cuts: Vec<Cuts> = self.extent.iter().map(|&e| Cuts::new(e)).collect();
+        for t in &self.ties {
+            for (x, p) in [(t.sa, t.a), (t.sb, t.b)] {
+                cuts[x].set(p);
+                cuts[x].set(p + t.count);
+            }
+        }
+        for (r, prog) in s.ranks.iter().enumerate() {
+            for step in prog.streams.iter().flat_map(|st| &st.steps) {
+                for l in [step.op.src(), step.op.dst()].into_iter().flatten() {
+                    let c = &mut cuts[space(r, l.buf)];
+                    c.set(l.off);
+                    c.set(l.off + step.count);
+                }
+            }
+        }
+        settle(&mut cuts, &self.ties)?;
+        for c in &mut cuts {
+            c.rank_words();
+        }
+        Some(cuts)
+    }
+}
+
+/// `schedule` (structurally valid) with every segment merged into one chunk (see the module
+/// docs), and the chunks its messages carry; `None` where merging does not settle, would not
+/// halve the chunks modelled, or leaves blocks of unequal length.
+pub(super) fn merge(schedule: &Schedule) -> Option<(Schedule, u64)> {
+    let mut spaces = Spaces::of_collective(schedule);
+    let chunks_sent = spaces.add_ops(schedule);
+    let cuts = spaces.cuts(schedule)?;
+    let extent = &spaces.extent;
     let index = |s: usize, p: u32| cuts[s].rank(p);
     let before: u64 = extent.iter().skip(1).map(|&e| u64::from(e)).sum();
     let after: u64 = (1..extent.len())
@@ -224,28 +263,28 @@ pub(super) fn merge(schedule: &Schedule) -> Option<(Schedule, u64)> {
     if after * LEAST_GAIN > before {
         return None;
     }
-    let merged_chunks = index(0, chunks);
-    let (merged_input, merged_output) = schedule.collective.buffer_chunks(n, merged_chunks)?;
+    let merged_chunks = index(0, schedule.chunks);
+    let (input, output) = schedule
+        .collective
+        .buffer_chunks(schedule.nranks, merged_chunks)?;
     let mut merged = schedule.clone();
     merged.chunks = merged_chunks;
-    merged.input_chunks = merged_input;
-    merged.output_chunks = merged_output;
+    merged.input_chunks = input;
+    merged.output_chunks = output;
     for (r, prog) in merged.ranks.iter_mut().enumerate() {
-        let length = |buf: Buf, e: u32| index(space(r, buf), e);
-        if (length(Buf::Input, input), length(Buf::Output, output)) != (merged_input, merged_output)
-        {
+        let length = |buf: Buf| index(space(r, buf), extent[space(r, buf)]);
+        if (length(Buf::Input), length(Buf::Output)) != (input, output) {
             return None;
         }
         // What it addresses of its scratch (the rest is never touched).
-        let scratch = space(r, Buf::Scratch);
-        prog.scratch_chunks = index(scratch, extent[scratch]);
+        prog.scratch_chunks = length(Buf::Scratch);
         for step in prog.streams.iter_mut().flat_map(|st| &mut st.steps) {
             let Some(l) = step.op.src().or(step.op.dst()) else {
                 continue;
             };
-            let s = at(r, l);
+            let s = space(r, l.buf);
             step.count = index(s, l.off + step.count) - index(s, l.off);
-            let moved = |l: Loc| Loc::new(l.buf, index(at(r, l), l.off));
+            let moved = |l: Loc| Loc::new(l.buf, index(space(r, l.buf), l.off));
             step.op = step.op.map_locs(moved, moved);
         }
     }
