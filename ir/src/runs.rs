@@ -297,42 +297,9 @@ fn move_op(op: Op, k: u32, s: &Stride) -> Result<Op, String> {
         }
     }
     let [to, from, so, d] = new;
-    let src = |l: Loc| Loc { off: so, ..l };
-    let dst = |l: Loc| Loc { off: d, ..l };
-    Ok(match op {
-        Op::Send { src: s, .. } => Op::Send { to, src: src(s) },
-        Op::Recv { dst: t, .. } => Op::Recv { from, dst: dst(t) },
-        Op::RecvReduceCopy { src: s, dst: t, .. } => Op::RecvReduceCopy {
-            from,
-            src: src(s),
-            dst: dst(t),
-        },
-        Op::RecvReduceSend { src: s, .. } => Op::RecvReduceSend {
-            from,
-            to,
-            src: src(s),
-        },
-        Op::RecvReduceCopySend { src: s, dst: t, .. } => Op::RecvReduceCopySend {
-            from,
-            to,
-            src: src(s),
-            dst: dst(t),
-        },
-        Op::RecvCopySend { dst: t, .. } => Op::RecvCopySend {
-            from,
-            to,
-            dst: dst(t),
-        },
-        Op::Copy { src: s, dst: t } => Op::Copy {
-            src: src(s),
-            dst: dst(t),
-        },
-        Op::Reduce { src: s, dst: t } => Op::Reduce {
-            src: src(s),
-            dst: dst(t),
-        },
-        Op::Nop => Op::Nop,
-    })
+    Ok(op
+        .map_ends(|_| from, |_| to)
+        .map_locs(|l| Loc { off: so, ..l }, |l| Loc { off: d, ..l }))
 }
 
 fn move_deps(deps: &[Dep], k: u32, s: &[DepStride]) -> Result<Vec<Dep>, String> {

@@ -570,31 +570,47 @@ impl Schedule {
 impl Op {
     /// The same op with every peer rank mapped through `map`.
     pub fn map_peers(self, map: impl Fn(Rank) -> Rank) -> Op {
+        self.map_ends(&map, &map)
+    }
+
+    /// The same op with the peer it receives from mapped through `from` and the one it
+    /// sends to through `to`.
+    pub fn map_ends(self, from: impl Fn(Rank) -> Rank, to: impl Fn(Rank) -> Rank) -> Op {
         match self {
-            Op::Send { to, src } => Op::Send { to: map(to), src },
-            Op::Recv { from, dst } => Op::Recv {
-                from: map(from),
-                dst,
-            },
-            Op::RecvReduceCopy { from, src, dst } => Op::RecvReduceCopy {
-                from: map(from),
+            Op::Send { to: t, src } => Op::Send { to: to(t), src },
+            Op::Recv { from: f, dst } => Op::Recv { from: from(f), dst },
+            Op::RecvReduceCopy { from: f, src, dst } => Op::RecvReduceCopy {
+                from: from(f),
                 src,
                 dst,
             },
-            Op::RecvReduceSend { from, to, src } => Op::RecvReduceSend {
-                from: map(from),
-                to: map(to),
+            Op::RecvReduceSend {
+                from: f,
+                to: t,
+                src,
+            } => Op::RecvReduceSend {
+                from: from(f),
+                to: to(t),
                 src,
             },
-            Op::RecvReduceCopySend { from, to, src, dst } => Op::RecvReduceCopySend {
-                from: map(from),
-                to: map(to),
+            Op::RecvReduceCopySend {
+                from: f,
+                to: t,
+                src,
+                dst,
+            } => Op::RecvReduceCopySend {
+                from: from(f),
+                to: to(t),
                 src,
                 dst,
             },
-            Op::RecvCopySend { from, to, dst } => Op::RecvCopySend {
-                from: map(from),
-                to: map(to),
+            Op::RecvCopySend {
+                from: f,
+                to: t,
+                dst,
+            } => Op::RecvCopySend {
+                from: from(f),
+                to: to(t),
                 dst,
             },
             Op::Copy { .. } | Op::Reduce { .. } | Op::Nop => self,
