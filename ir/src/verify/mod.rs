@@ -317,7 +317,8 @@ pub fn verify_report(schedule: &Schedule) -> Result<Report, Vec<VerifyError>> {
 }
 
 /// [`verify_report`] modelling every chunk of the schedule: never on merged chunks (see
-/// `coarse.rs`), which gives the same verdict and report; the tests compare the two.
+/// `coarse.rs`), which give the same verdict and report (but for [`MAX_SET_WORDS`], which
+/// a merged run, holding fewer contributor sets, reaches later); the tests compare the two.
 pub fn verify_report_unmerged(schedule: &Schedule) -> Result<Report, Vec<VerifyError>> {
     run(
         schedule,
