@@ -34,7 +34,9 @@
 //! receiving stream, the network is a bounded Kahn process network: whether it deadlocks
 //! does not depend on the interleaving, so one run decides it. The run is a worklist: only
 //! streams whose blocker changed (a message arrived, a slot freed, a dependency completed)
-//! are retried, so the cost is linear in steps plus chunks moved.
+//! are retried, so the cost is linear in steps plus chunks moved. Where no op ever splits a
+//! run of chunks, the run is on one chunk per such segment instead (`coarse.rs`, which proves
+//! the verdict the same; a merged run that finds an error is redone on every chunk).
 //!
 //! If streams remain blocked, the verifier follows the wait-for graph (each blocked step waits
 //! on exactly one stream: the other end of its connection or the target of its dependency)
@@ -330,8 +332,8 @@ pub fn verify_report_unmerged(schedule: &Schedule) -> Result<Report, Vec<VerifyE
 }
 
 /// The chunks [`verify_report`] models `schedule` with when it merges the chunks no op
-/// separates (see `coarse.rs`: collectives and ops that keep chunk positions), or `None` when
-/// it models every chunk (or the schedule fails its header, limits or structure checks).
+/// separates (see `coarse.rs`), or `None` when it models every chunk (merging would not
+/// halve them) or the schedule fails its header, limits or structure checks.
 pub fn merged_chunks(schedule: &Schedule) -> Option<u32> {
     let mut sink = Sink::default();
     header_and_limits(schedule, &mut sink);
