@@ -43,7 +43,7 @@ use super::Sink;
 use super::sim;
 use super::structure::Layout;
 use crate::dag::ConnKey;
-use crate::schedule::{Buf, Collective, Loc, Schedule};
+use crate::schedule::{Buf, Collective, Loc, Schedule, Step};
 use rustc_hash::FxHashMap;
 
 /// Whether merging must at least halve the chunks modelled to be worth a copy of the schedule.
@@ -168,8 +168,8 @@ impl Spaces {
         sp
     }
 
-    /// Adds what the ops tie (each op's source and destination; each message's two ends) and
-    /// the scratch each rank addresses; returns the chunks the messages carry.
+    /// Adds what the ops tie (each op's source and destination; each message's two ends);
+    /// returns the chunks the messages carry.
     fn add_ops(&mut self, s: &Schedule) -> u64 {
         // Per connection, where its messages leave and land (space, offset, count), in order.
         type End = (usize, u32, u32);
@@ -180,13 +180,6 @@ impl Spaces {
                 for step in &stream.steps {
                     let (src, dst) = (step.op.src(), step.op.dst());
                     let Some(l) = src.or(dst) else { continue };
-                    for x in [src, dst].into_iter().flatten() {
-                        if x.buf == Buf::Scratch {
-                            // Inside its buffer: the structure check has seen to it.
-                            let e = &mut self.extent[space(r, Buf::Scratch)];
-                            *e = (*e).max(x.off + step.count);
-                        }
-                    }
                     if let (Some(a), Some(b)) = (src, dst) {
                         self.tie(
                             (space(r, a.buf), a.off),
@@ -220,23 +213,35 @@ impl Spaces {
         chunks_sent
     }
 
-    /// The cut points: both ends of every tied range and of every op's range, closed under
-    /// the ties ([`settle`]); `None` where they do not settle.
-    fn cuts(&self, s: &Schedule) -> Option<Vec<Cuts>> {
+    /// The scratch each rank addresses, and the cut points at both ends of every op's range;
+    /// `None` where these alone leave too many segments to pay ([`pays`]): cuts only grow, so
+    /// pipelines that move one chunk per step are given up before any tie is built.
+    fn op_cuts(&mut self, s: &Schedule) -> Option<Vec<Cuts>> {
+        for (r, step) in steps(s) {
+            for (x, _, end) in ranges(r, step) {
+                if x == space(r, Buf::Scratch) {
+                    // Inside its buffer: the structure check has seen to it.
+                    self.extent[x] = self.extent[x].max(end);
+                }
+            }
+        }
         let mut cuts: Vec<Cuts> = self.extent.iter().map(|&e| Cuts::new(e)).collect();
+        for (r, step) in steps(s) {
+            for (x, a, z) in ranges(r, step) {
+                cuts[x].set(a);
+                cuts[x].set(z);
+            }
+        }
+        pays(&cuts).then_some(cuts)
+    }
+
+    /// `cuts` with both ends of every tied range, closed under the ties ([`settle`]), ready
+    /// for [`Cuts::rank`]; `None` where they do not settle or stop paying.
+    fn settle_cuts(&self, mut cuts: Vec<Cuts>) -> Option<Vec<Cuts>> {
         for t in &self.ties {
             for (x, p) in [(t.sa, t.a), (t.sb, t.b)] {
                 cuts[x].set(p);
                 cuts[x].set(p + t.count);
-            }
-        }
-        for (r, prog) in s.ranks.iter().enumerate() {
-            for step in prog.streams.iter().flat_map(|st| &st.steps) {
-                for l in [step.op.src(), step.op.dst()].into_iter().flatten() {
-                    let c = &mut cuts[space(r, l.buf)];
-                    c.set(l.off);
-                    c.set(l.off + step.count);
-                }
             }
         }
         settle(&mut cuts, &self.ties)?;
@@ -247,22 +252,46 @@ impl Spaces {
     }
 }
 
+/// Every step of `s` with its rank.
+fn steps(s: &Schedule) -> impl Iterator<Item = (usize, &Step)> {
+    s.ranks.iter().enumerate().flat_map(|(r, prog)| {
+        prog.streams
+            .iter()
+            .flat_map(|st| &st.steps)
+            .map(move |step| (r, step))
+    })
+}
+
+/// The ranges `step` of rank `r` addresses: (space, first position, end).
+fn ranges(r: usize, step: &Step) -> impl Iterator<Item = (usize, u32, u32)> + '_ {
+    [step.op.src(), step.op.dst()]
+        .into_iter()
+        .flatten()
+        .map(move |l| (space(r, l.buf), l.off, l.off + step.count))
+}
+
+/// Whether the segments of `cuts` at least halve ([`LEAST_GAIN`]) the chunks a run models
+/// (every rank's buffers; the origins are not modelled).
+fn pays(cuts: &[Cuts]) -> bool {
+    let (before, after) = cuts[1..].iter().fold((0u64, 0u64), |(b, a), c| {
+        (b + u64::from(c.extent), a + c.count())
+    });
+    after * LEAST_GAIN <= before
+}
+
 /// `schedule` (structurally valid) with every segment merged into one chunk (see the module
 /// docs), and the chunks its messages carry; `None` where merging does not settle, would not
 /// halve the chunks modelled, or leaves blocks of unequal length.
 pub(super) fn merge(schedule: &Schedule) -> Option<(Schedule, u64)> {
     let mut spaces = Spaces::of_collective(schedule);
+    let cuts = spaces.op_cuts(schedule)?;
     let chunks_sent = spaces.add_ops(schedule);
-    let cuts = spaces.cuts(schedule)?;
-    let extent = &spaces.extent;
-    let index = |s: usize, p: u32| cuts[s].rank(p);
-    let before: u64 = extent.iter().skip(1).map(|&e| u64::from(e)).sum();
-    let after: u64 = (1..extent.len())
-        .map(|s| u64::from(index(s, extent[s])))
-        .sum();
-    if after * LEAST_GAIN > before {
+    let cuts = spaces.settle_cuts(cuts)?;
+    if !pays(&cuts) {
         return None;
     }
+    let extent = &spaces.extent;
+    let index = |s: usize, p: u32| cuts[s].rank(p);
     let merged_chunks = index(0, schedule.chunks);
     let (input, output) = schedule
         .collective
@@ -292,11 +321,10 @@ pub(super) fn merge(schedule: &Schedule) -> Option<(Schedule, u64)> {
 }
 
 /// Carries cuts across `ties` until none adds one. `None` (merging given up) once the cuts
-/// are too many to merge by [`LEAST_GAIN`] (they only grow), or after [`MAX_ROUNDS`]: so it
+/// stop paying ([`pays`]; they only grow), or after [`MAX_ROUNDS`]: so it
 /// costs at most that many passes over the ties' ranges, a word of 64 positions at a time,
 /// plus the cuts it finds, each below half the positions.
 fn settle(cuts: &mut [Cuts], ties: &[Tie]) -> Option<()> {
-    let positions: u64 = cuts.iter().map(|c| u64::from(c.extent)).sum();
     let mut inside: Vec<u32> = Vec::new();
     for _ in 0..MAX_ROUNDS {
         let mut changed = false;
@@ -312,8 +340,7 @@ fn settle(cuts: &mut [Cuts], ties: &[Tie]) -> Option<()> {
         if !changed {
             return Some(());
         }
-        let segments: u64 = cuts.iter().map(Cuts::count).sum();
-        if segments * LEAST_GAIN > positions {
+        if !pays(cuts) {
             return None;
         }
     }
