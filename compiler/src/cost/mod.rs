@@ -31,6 +31,7 @@ pub(crate) mod memo;
 pub mod model;
 pub mod network;
 pub mod packing;
+mod path_points;
 pub mod prepared;
 pub mod reach;
 pub mod sim;

@@ -148,6 +148,9 @@ pub struct Prepared {
     /// predecessors and its message's sender (`None`: some step never becomes ready), found
     /// on the first walk ([`super::reach`]).
     pub(super) walk_order: std::sync::OnceLock<Option<Arc<[u32]>>>,
+    /// The routed critical path's walks so far ([`super::path_points`]): most questions
+    /// whether it is past a limit are settled from them without a walk.
+    pub(super) path_points: super::path_points::PathPoints,
     pub(super) chunks: u32,
     /// The collective, the largest message (in chunks) and the most scratch chunks of any
     /// rank: how the executor segments a call.
@@ -157,6 +160,13 @@ pub struct Prepared {
 }
 
 impl Prepared {
+    /// How many times [`Simulator::path_bound_past`](super::Simulator::path_bound_past) has
+    /// walked this schedule's critical path (the other questions were settled from those
+    /// walks).
+    pub fn path_walks(&self) -> usize {
+        self.path_points.walks()
+    }
+
     /// Number of steps.
     pub fn step_count(&self) -> usize {
         self.steps.len()

@@ -34,6 +34,7 @@
 use super::model::CostModel;
 use super::model::LinkClass;
 use super::network::Network;
+use super::path_points::CurveKey;
 use super::prepared::{Kind, NONE, Prepared};
 use hccl_ir::Protocol;
 use std::sync::Arc;
@@ -242,6 +243,55 @@ pub(super) fn routed_path_us(
     let Some((eff, chunk_bytes)) = scale(model, p, bytes, protocol) else {
         return 0.0;
     };
+    match routed_last((model, capacity), p, (eff, chunk_bytes), protocol) {
+        Some(last) => model.base_us(protocol) + last,
+        None => f64::INFINITY,
+    }
+}
+
+/// Whether [`routed_path_us`] is finite and above `threshold`: the same answer, settled
+/// where it can be from the walks taken before at other sizes under the same protocol
+/// and model ([`super::path_points`]), else by a walk.
+pub(super) fn routed_path_past(
+    (model, capacity): (&CostModel, &[f64]),
+    p: &Prepared,
+    (bytes, protocol): (u64, Protocol),
+    threshold: f64,
+) -> bool {
+    let Some((eff, chunk_bytes)) = scale(model, p, bytes, protocol) else {
+        return 0.0 > threshold; // a CPU host model's path is 0
+    };
+    // The walks settle questions from each other only where every latency is at least 0
+    // (rounding then stays relative, `path_points.rs`).
+    let nonnegative = LinkClass::ALL
+        .iter()
+        .all(|&c| model.message_us(c, protocol) >= 0.0)
+        && p.conn_route.iter().all(|r| r.latency_us >= 0.0);
+    if !nonnegative {
+        let path = routed_path_us((model, capacity), p, bytes, protocol);
+        return path.is_finite() && path > threshold;
+    }
+    // The curve: the protocol, its per-message latencies and the resources' capacities
+    // (the schedule's own routes and counts are the prepared schedule's).
+    let mut tag = [proto_tag(protocol), 0, 0, 0];
+    for class in LinkClass::ALL {
+        tag[1 + class.index()] = model.message_us(class, protocol).to_bits();
+    }
+    p.path_points.settle_or_walk(
+        (CurveKey { tag, capacity }, p.steps.len(), chunk_bytes / eff),
+        (model.base_us(protocol), threshold),
+        || routed_last((model, capacity), p, (eff, chunk_bytes), protocol),
+    )
+}
+
+/// The last step's end in [`routed_path_us`]'s walk (without the protocol's base latency);
+/// `None` where the schedule would deadlock.
+fn routed_last(
+    (model, capacity): (&CostModel, &[f64]),
+    p: &Prepared,
+    (eff, chunk_bytes): (f64, f64),
+    protocol: Protocol,
+) -> Option<f64> {
     // Per connection: its route's latency as the simulator adds it, and the least capacity
     // of its resources (bytes per µs at this protocol and size).
     let conns: Vec<(f64, f64)> = p
@@ -269,10 +319,7 @@ pub(super) fn routed_path_us(
             0.0
         }
     };
-    match latest_step(p, latency, streaming) {
-        Some(last) => model.base_us(protocol) + last,
-        None => f64::INFINITY,
-    }
+    latest_step(p, latency, streaming)
 }
 
 /// Bytes per µs per GB/s of capacity at this protocol and size, and the bytes of a chunk;
@@ -391,4 +438,13 @@ fn walk_order(p: &Prepared) -> Option<Arc<[u32]>> {
         }
     }
     (order.len() == n).then(|| order.into())
+}
+
+/// A number per protocol, for [`CurveKey`].
+fn proto_tag(protocol: Protocol) -> u64 {
+    match protocol {
+        Protocol::LL => 1,
+        Protocol::LL128 => 2,
+        Protocol::Simple => 3,
+    }
 }

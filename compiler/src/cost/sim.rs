@@ -187,6 +187,7 @@ impl Simulator {
                 conn_route: Vec::new(),
                 flow_routes: Default::default(),
                 walk_order: Default::default(),
+                path_points: Default::default(),
                 chunks: schedule.chunks,
                 collective: schedule.collective,
                 max_count,
@@ -357,8 +358,12 @@ impl Simulator {
         if self.model.cpu.is_some() || !limit_us.is_finite() {
             return false;
         }
-        let path = self.routed_bound_us(prepared, bytes, protocol);
-        path.is_finite() && path > limit_us * (1.0 + 1e-9)
+        super::reach::routed_path_past(
+            (&self.model, &self.network.capacity),
+            prepared,
+            (bytes, protocol),
+            limit_us * (1.0 + 1e-9),
+        )
     }
 
     /// A lower bound on [`Simulator::run`]'s time (µs) for `bytes` under `protocol`, from

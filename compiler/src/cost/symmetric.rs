@@ -245,6 +245,7 @@ impl Simulator {
             conn_route,
             flow_routes: Default::default(),
             walk_order: Default::default(),
+            path_points: Default::default(),
             chunks: s.chunks,
             collective: s.collective,
             max_scratch: prog.scratch_chunks,

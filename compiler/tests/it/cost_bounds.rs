@@ -213,3 +213,80 @@ fn route_aware_bounds_on_shipped_machines() {
     let ar = cost::bounds(&dgx1, Collective::AllReduce, gib);
     assert!(close(ar.bandwidth_us, 14.0 * mf / 1263e3), "{ar:?}");
 }
+
+/// `Simulator::path_bound_past` settles most questions from the walks it took at other sizes
+/// (`cost/path_points.rs`), and every answer is the one a walk at that size gives: limits
+/// far from the path, a few ulps either side of the margin, and exactly on it, asked in an
+/// order that jumps between sizes, under every protocol.
+#[test]
+fn critical_path_questions_settled_from_walks_agree_with_walks() {
+    let model = CostModel::default();
+    let sizes: Vec<u64> = (0..24).map(|k| 1u64 << (8 + k)).collect();
+    // Sizes out of order: ends, the middle, then every other one down, then the rest.
+    let n = sizes.len();
+    let mut order: Vec<usize> = vec![n - 1, 0, n / 2];
+    let odd: Vec<usize> = (1..n - 1)
+        .rev()
+        .step_by(2)
+        .filter(|&i| i != n / 2)
+        .collect();
+    order.extend(&odd);
+    let rest: Vec<usize> = (0..n).filter(|i| !order.contains(i)).collect();
+    order.extend(rest);
+    let factors = [
+        0.5,
+        0.99,
+        1.0 - 1e-9,
+        1.0 - 1e-12,
+        1.0,
+        1.0 + 1e-12,
+        1.0 + 1e-9,
+        1.01,
+        2.0,
+    ];
+    let (mut asked, mut walked, mut schedules) = (0usize, 0usize, 0usize);
+    for name in ["dgx1-v100", "h100-cluster-2node"] {
+        let topo = hccl_topologies::shipped_by_name(name).unwrap();
+        let sim = Simulator::new(Network::new(&topo), model.clone());
+        for kind in [CollectiveKind::AllReduce, CollectiveKind::Broadcast] {
+            let collective = collective_of(kind);
+            for family in all_families().iter().filter(|f| f.supports(kind)) {
+                for params in family.param_space(&topo, collective).into_iter().take(3) {
+                    for cand in family.generate(&topo, collective, params) {
+                        if cand.schedule.step_count() > 20_000 {
+                            continue;
+                        }
+                        let Ok(prepared) = sim.prepare(&cand.schedule) else {
+                            continue;
+                        };
+                        schedules += 1;
+                        for p in Protocol::ALL {
+                            for &i in &order {
+                                let bytes = sizes[i];
+                                let path = sim.routed_bound_us(&prepared, bytes, p);
+                                for f in factors {
+                                    // Limits whose margin lands near the path, and the path.
+                                    let limit = path * f / (1.0 + 1e-9);
+                                    for limit in [limit, path * f] {
+                                        let want = path.is_finite() && path > limit * (1.0 + 1e-9);
+                                        let got = sim.path_bound_past(&prepared, (bytes, p), limit);
+                                        assert_eq!(
+                                            got, want,
+                                            "{name} {kind} {} {p} at {bytes} B: path {path} µs, limit {limit} µs",
+                                            cand.algorithm
+                                        );
+                                        asked += 1;
+                                    }
+                                }
+                            }
+                        }
+                        walked += prepared.path_walks();
+                    }
+                }
+            }
+        }
+    }
+    assert!(schedules > 20, "only {schedules} schedules");
+    // Each question near the path walks; most others are settled.
+    assert!(walked * 3 < asked, "{walked} walks for {asked} questions");
+}
