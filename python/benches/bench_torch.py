@@ -2,7 +2,7 @@
 back-to-back pairs of launches (alternating which goes first), the median of each pair's
 ratio per collective and size, for 2 and 4 processes; all_reduce against hccl-perf on the same
 plan in the same rounds (the overhead of PyTorch); and the DDP step of a 26M-parameter model.
-Usage: python bench_torch.py [--pairs 3] [--procs 2 4] [--colls ...] [--min-bytes B] [--max-bytes B]"""
+Usage: python bench_torch.py [--pairs 3] [--procs 2 4] [--colls ...|none] [--no-ddp] [--min-bytes B] [--max-bytes B]"""
 
 import argparse
 import json
@@ -55,7 +55,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--procs", type=int, nargs="+", default=[2, 4])
-    ap.add_argument("--colls", default="all_reduce,all_gather_into_tensor,reduce_scatter_tensor")
+    ap.add_argument("--colls", default="all_reduce,all_gather_into_tensor,reduce_scatter_tensor",
+                    help="collectives to time, comma-separated; 'none' for the DDP step alone")
     ap.add_argument("--no-ddp", action="store_true")
     ap.add_argument("--min-bytes", type=int, default=0, help="smallest size of the collectives (8 B .. 256 MiB by 4)")
     ap.add_argument("--max-bytes", type=int, default=256 << 20, help="largest size of the collectives")
@@ -83,7 +84,7 @@ def main():
         perf = []
         env = {"MODE": "collectives", "COLLS": a.colls, "MINB": str(a.min_bytes), "MAXB": str(a.max_bytes)}
         with_perf = a.hccl_perf and "all_reduce" in a.colls
-        for p in range(a.pairs):
+        for p in range(a.pairs if a.colls != "none" else 0):
             # One round: Gloo, hccl_aot and (for all_reduce) hccl-perf back to back, the order
             # rotating from round to round, so each ratio compares runs taken side by side.
             order = ["gloo", "hccl_aot"] + (["hccl-perf"] if with_perf else [])
@@ -93,7 +94,7 @@ def main():
                     perf.append(run_perf(a, n, plan))
                 else:
                     runs[b].append({(x["coll"], x["bytes"]): x for x in launch(b, n, env)})
-        keys = list(runs["gloo"][0])
+        keys = list(runs["gloo"][0]) if runs["gloo"] else []
         print(f"\n{n} processes, {a.pairs} back-to-back rounds; times are medians over rounds, ratio = median of per-round gloo/hccl_aot")
         print(f"{'collective':<24}{'size':>6}{'gloo us':>12}{'hccl us':>12}{'gloo busbw':>12}{'hccl busbw':>12}{'ratio':>8}")
         for k in keys:
@@ -117,16 +118,22 @@ def main():
                       f"{statistics.median(y - x for x, y in zip(rust, tor)):>13.2f}"
                       f"{statistics.median(y / x for x, y in zip(rust, tor)):>8.3f}   {rounds}")
         if not a.no_ddp:
-            g, h = [], []
+            # Gloo, hccl_aot, and DDP with a communication hook that returns the gradients as
+            # they are: the step with no communication at all, which no backend can beat. The
+            # order rotates from round to round.
+            names = ["gloo", "hccl_aot", "none"]
+            ms = {b: [] for b in names}
             for p in range(a.pairs):
-                order = ["gloo", "hccl_aot"] if p % 2 == 0 else ["hccl_aot", "gloo"]
-                for b in order:
-                    ms = launch(b, n, {"MODE": "ddp"})[0]["ms"]
-                    (g if b == "gloo" else h).append(ms)
+                for b in names[p % 3:] + names[:p % 3]:
+                    env = {"MODE": "ddp"} if b != "none" else {"MODE": "ddp", "DDP_NO_COMM": "1"}
+                    ms[b].append(launch(b if b != "none" else "gloo", n, env)[0]["ms"])
+            g, h, z = ms["gloo"], ms["hccl_aot"], ms["none"]
             print(f"DDP step, 26.2M parameters, {n} processes: gloo {statistics.median(g):.1f} ms, "
                   f"hccl_aot {statistics.median(h):.1f} ms, ratio {statistics.median(x / y for x, y in zip(g, h)):.2f} "
-                  f"(pairs: {', '.join(f'{x:.0f}/{y:.0f}' for x, y in zip(g, h))})")
-
+                  f"(rounds: {', '.join(f'{x:.0f}/{y:.0f}' for x, y in zip(g, h))})")
+            print(f"  no communication (DDP with a hook that returns the gradients): {statistics.median(z):.1f} ms; "
+                  f"the most any backend could gain over gloo: {statistics.median(x / y for x, y in zip(g, z)):.2f}x; "
+                  f"hccl_aot's step over it: {statistics.median(y / x for x, y in zip(z, h)):.3f}")
 
 if __name__ == "__main__":
     main()
