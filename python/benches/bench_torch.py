@@ -96,7 +96,8 @@ def main():
                     runs[b].append({(x["coll"], x["bytes"]): x for x in launch(b, n, env)})
         keys = list(runs["gloo"][0]) if runs["gloo"] else []
         print(f"\n{n} processes, {a.pairs} back-to-back rounds; times are medians over rounds, ratio = median of per-round gloo/hccl_aot")
-        print(f"{'collective':<24}{'size':>6}{'gloo us':>12}{'hccl us':>12}{'gloo busbw':>12}{'hccl busbw':>12}{'ratio':>8}")
+        if keys:
+            print(f"{'collective':<24}{'size':>6}{'gloo us':>12}{'hccl us':>12}{'gloo busbw':>12}{'hccl busbw':>12}{'ratio':>8}")
         for k in keys:
             g = [r[k]["us"] for r in runs["gloo"]]
             h = [r[k]["us"] for r in runs["hccl_aot"]]
