@@ -17,26 +17,27 @@
 //! walk: a walk over `n` steps sums at most `2n + 2` terms, each computed with a few
 //! roundings, so its value lies within a relative `(2n + 64) × ε` of `F` ([`Curve::settle`]).
 //! Otherwise it walks, and the walk joins the points. The answer is therefore the one a walk
-//! would give, to the bit: where the walk's own rounding could decide, it walks.
+//! would give, to the bit: where the walk's own rounding could decide, it walks. (Relative
+//! rounding needs every term ≥ 0: where a latency is negative the caller always walks.) A
+//! question at the very inputs of an earlier walk (the chunk's bytes and the bytes per µs
+//! per GB/s, to the bit) takes that walk's value as it is: the walk is deterministic.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// What a curve depends on besides the schedule: a tag (the protocol and its per-message
-/// latencies) and the resources' capacities.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct CurveKey<'a> {
-    pub(super) tag: [u64; 4],
-    pub(super) capacity: &'a [f64],
-}
+/// What a curve depends on besides the schedule and its network (a prepared schedule is
+/// run on the network it was prepared for, as its flow routes are): the protocol and its
+/// per-message latency on each link class.
+pub(super) type CurveKey = [u64; 4];
 
 /// Walked points of one curve: the path under one protocol and one model.
 #[derive(Debug)]
 struct Curve {
-    tag: [u64; 4],
-    capacity: Vec<f64>,
+    key: CurveKey,
     /// `(x, F(x) as walked)`, ascending in `x`, every value finite.
     points: Vec<(f64, f64)>,
+    /// Per point, the walk's inputs `(chunk bytes, bytes per µs per GB/s)` as bits.
+    inputs: Vec<(u64, u64)>,
 }
 
 /// The walks of one prepared schedule's routed critical path (the module docs); empty when
@@ -62,25 +63,21 @@ fn past(base: f64, last: f64, threshold: f64) -> bool {
 }
 
 impl Curve {
-    fn is(&self, key: CurveKey<'_>) -> bool {
-        self.tag == key.tag
-            && self.capacity.len() == key.capacity.len()
-            && self
-                .capacity
-                .iter()
-                .zip(key.capacity)
-                .all(|(a, b)| a.to_bits() == b.to_bits())
-    }
-
     /// Whether a walk at `x` would find `base + F(x) > threshold` (`Some`), when the walks
     /// so far decide it; `delta` bounds a walk's relative rounding.
-    fn settle(&self, x: f64, (base, threshold): (f64, f64), delta: f64) -> Option<bool> {
+    fn settle(
+        &self,
+        (x, inputs): (f64, (u64, u64)),
+        (base, threshold): (f64, f64),
+        delta: f64,
+    ) -> Option<bool> {
         let pts = &self.points;
         let i = pts.partition_point(|&(px, _)| px < x);
         if let Some(&(px, last)) = pts.get(i)
             && px == x
+            && self.inputs[i] == inputs
         {
-            // A walk here gave this value, and a walk gives the same value every time.
+            // A walk of these inputs gave this value, and gives it every time.
             return Some(past(base, last, threshold));
         }
         // Bounds on the exact F(x), each less (more) the most the walks' rounding could move
@@ -121,13 +118,14 @@ impl Curve {
     }
 
     /// Adds a walk's value at `x` (finite values only: the bounds need them).
-    fn add(&mut self, x: f64, last: f64) {
+    fn add(&mut self, (x, inputs): (f64, (u64, u64)), last: f64) {
         if !last.is_finite() {
             return;
         }
         let i = self.points.partition_point(|&(px, _)| px < x);
         if self.points.get(i).is_none_or(|&(px, _)| px != x) {
             self.points.insert(i, (x, last));
+            self.inputs.insert(i, inputs);
         }
     }
 }
@@ -139,10 +137,12 @@ impl PathPoints {
     /// would deadlock), whose value then joins them.
     pub(super) fn settle_or_walk(
         &self,
-        (key, steps, x): (CurveKey<'_>, usize, f64),
+        (key, steps, (chunk_bytes, per_gbps)): (CurveKey, usize, (f64, f64)),
         (base, threshold): (f64, f64),
         walk: impl FnOnce() -> Option<f64>,
     ) -> bool {
+        let x = chunk_bytes / per_gbps;
+        let at = (x, (chunk_bytes.to_bits(), per_gbps.to_bits()));
         // Rounding of one walk (module docs), with room to spare.
         let delta = (2.0 * steps as f64 + 64.0) * f64::EPSILON;
         let usable = x.is_finite() && x >= 0.0 && delta < 1e-6;
@@ -150,8 +150,8 @@ impl PathPoints {
             let curves = self.lock();
             if let Some(answer) = curves
                 .iter()
-                .find(|c| c.is(key))
-                .and_then(|c| c.settle(x, (base, threshold), delta))
+                .find(|c| c.key == key)
+                .and_then(|c| c.settle(at, (base, threshold), delta))
             {
                 return answer;
             }
@@ -162,15 +162,15 @@ impl PathPoints {
         };
         if usable {
             let mut curves = self.lock();
-            match curves.iter_mut().find(|c| c.is(key)) {
-                Some(c) => c.add(x, last),
+            match curves.iter_mut().find(|c| c.key == key) {
+                Some(c) => c.add(at, last),
                 None => {
                     let mut c = Curve {
-                        tag: key.tag,
-                        capacity: key.capacity.to_vec(),
+                        key,
                         points: Vec::new(),
+                        inputs: Vec::new(),
                     };
-                    c.add(x, last);
+                    c.add(at, last);
                     curves.push(c);
                 }
             }
@@ -192,11 +192,8 @@ impl PathPoints {
 mod tests {
     use super::*;
 
-    fn key(tag: u64) -> CurveKey<'static> {
-        CurveKey {
-            tag: [tag; 4],
-            capacity: &[1.0, 2.0],
-        }
+    fn key(tag: u64) -> CurveKey {
+        [tag; 4]
     }
 
     /// A convex nondecreasing curve: the largest of a few lines.
@@ -217,7 +214,7 @@ mod tests {
                 // Thresholds on both sides of the value, near and far.
                 for t in [0.5, 0.999, 1.0, 1.001, 2.0] {
                     let threshold = (1.0 + f(x)) * t;
-                    let got = pp.settle_or_walk((key(7), 10, x), (1.0, threshold), || {
+                    let got = pp.settle_or_walk((key(7), 10, (x, 1.0)), (1.0, threshold), || {
                         walks += 1;
                         Some(f(x))
                     });
@@ -237,20 +234,22 @@ mod tests {
     #[test]
     fn curves_apart_and_deadlocks() {
         let pp = PathPoints::default();
-        assert!(pp.settle_or_walk((key(1), 10, 1.0), (0.0, 1.0), || Some(2.0)));
+        assert!(pp.settle_or_walk((key(1), 10, (1.0, 1.0)), (0.0, 1.0), || Some(2.0)));
         // Another key walks on its own.
         let mut walked = false;
-        assert!(!pp.settle_or_walk((key(2), 10, 1.0), (0.0, 1.0), || {
-            walked = true;
-            Some(0.5)
-        }));
+        assert!(
+            !pp.settle_or_walk((key(2), 10, (1.0, 1.0)), (0.0, 1.0), || {
+                walked = true;
+                Some(0.5)
+            })
+        );
         assert!(walked);
         // A deadlocked walk is never past.
-        assert!(!pp.settle_or_walk((key(3), 10, 1.0), (0.0, 1.0), || None));
+        assert!(!pp.settle_or_walk((key(3), 10, (1.0, 1.0)), (0.0, 1.0), || None));
         // Clones start empty.
         let c = pp.clone();
         let mut walked = false;
-        c.settle_or_walk((key(1), 10, 1.0), (0.0, 1.0), || {
+        c.settle_or_walk((key(1), 10, (1.0, 1.0)), (0.0, 1.0), || {
             walked = true;
             Some(2.0)
         });

@@ -271,14 +271,14 @@ pub(super) fn routed_path_past(
         let path = routed_path_us((model, capacity), p, bytes, protocol);
         return path.is_finite() && path > threshold;
     }
-    // The curve: the protocol, its per-message latencies and the resources' capacities
-    // (the schedule's own routes and counts are the prepared schedule's).
-    let mut tag = [proto_tag(protocol), 0, 0, 0];
+    // The curve: the protocol and its per-message latencies (the routes, their capacities
+    // and the counts are the prepared schedule's).
+    let mut key: CurveKey = [proto_tag(protocol), 0, 0, 0];
     for class in LinkClass::ALL {
-        tag[1 + class.index()] = model.message_us(class, protocol).to_bits();
+        key[1 + class.index()] = model.message_us(class, protocol).to_bits();
     }
     p.path_points.settle_or_walk(
-        (CurveKey { tag, capacity }, p.steps.len(), chunk_bytes / eff),
+        (key, p.steps.len(), (chunk_bytes, eff)),
         (model.base_us(protocol), threshold),
         || routed_last((model, capacity), p, (eff, chunk_bytes), protocol),
     )
@@ -440,7 +440,7 @@ fn walk_order(p: &Prepared) -> Option<Arc<[u32]>> {
     (order.len() == n).then(|| order.into())
 }
 
-/// A number per protocol, for [`CurveKey`].
+/// A number per protocol, for a [`CurveKey`].
 fn proto_tag(protocol: Protocol) -> u64 {
     match protocol {
         Protocol::LL => 1,
