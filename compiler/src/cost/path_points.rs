@@ -34,10 +34,18 @@ pub(super) type CurveKey = [u64; 4];
 #[derive(Debug)]
 struct Curve {
     key: CurveKey,
-    /// `(x, F(x) as walked)`, ascending in `x`, every value finite.
-    points: Vec<(f64, f64)>,
-    /// Per point, the walk's inputs `(chunk bytes, bytes per µs per GB/s)` as bits.
-    inputs: Vec<(u64, u64)>,
+    /// Ascending in `x`.
+    points: Vec<Point>,
+}
+
+/// One walk of a curve.
+#[derive(Debug, Clone, Copy)]
+struct Point {
+    x: f64,
+    /// `F(x)` as walked: finite.
+    last: f64,
+    /// The walk's inputs `(chunk bytes, bytes per µs per GB/s)` as bits.
+    inputs: (u64, u64),
 }
 
 /// The walks of one prepared schedule's routed critical path (the module docs); empty when
@@ -72,13 +80,13 @@ impl Curve {
         delta: f64,
     ) -> Option<bool> {
         let pts = &self.points;
-        let i = pts.partition_point(|&(px, _)| px < x);
-        if let Some(&(px, last)) = pts.get(i)
-            && px == x
-            && self.inputs[i] == inputs
+        let i = pts.partition_point(|p| p.x < x);
+        if let Some(p) = pts.get(i)
+            && p.x == x
+            && p.inputs == inputs
         {
             // A walk of these inputs gave this value, and gives it every time.
-            return Some(past(base, last, threshold));
+            return Some(past(base, p.last, threshold));
         }
         // Bounds on the exact F(x), each less (more) the most the walks' rounding could move
         // it; `slack` covers the few roundings of the bound's own arithmetic.
@@ -86,10 +94,11 @@ impl Curve {
         let mut lo = f64::NEG_INFINITY;
         let mut hi = f64::INFINITY;
         if i > 0 {
-            lo = lo.max(pts[i - 1].1 * (1.0 - delta));
+            lo = lo.max(pts[i - 1].last * (1.0 - delta));
         }
-        let line = |(x1, t1): (f64, f64), (x2, t2): (f64, f64)| {
+        let line = |a: Point, b: Point| {
             // The line through two walks at x, and how far the walks' rounding could move it.
+            let (x1, t1, x2, t2) = (a.x, a.last, b.x, b.last);
             let k = (x - x1) / (x2 - x1);
             let at = t1 + k * (t2 - t1);
             let err = delta * (t1.abs() * (1.0 - k).abs() + t2.abs() * k.abs());
@@ -122,19 +131,18 @@ impl Curve {
         if !last.is_finite() {
             return;
         }
-        let i = self.points.partition_point(|&(px, _)| px < x);
-        if self.points.get(i).is_none_or(|&(px, _)| px != x) {
-            self.points.insert(i, (x, last));
-            self.inputs.insert(i, inputs);
+        let i = self.points.partition_point(|p| p.x < x);
+        if self.points.get(i).is_none_or(|p| p.x != x) {
+            self.points.insert(i, Point { x, last, inputs });
         }
     }
 }
 
 impl PathPoints {
     /// Whether `base + F(x)` is finite and past `threshold`, for the curve `key` of a
-    /// schedule of `steps` steps whose every latency is at least 0: settled from the walks so far where they can
-    /// ([`Curve::settle`]), else by `walk` (the last step's end, `None` where the schedule
-    /// would deadlock), whose value then joins them.
+    /// schedule of `steps` steps whose every latency is at least 0: settled from the walks
+    /// so far where they can ([`Curve::settle`]), else by `walk` (the last step's end,
+    /// `None` where the schedule would deadlock), whose value then joins them.
     pub(super) fn settle_or_walk(
         &self,
         (key, steps, (chunk_bytes, per_gbps)): (CurveKey, usize, (f64, f64)),
@@ -168,7 +176,6 @@ impl PathPoints {
                     let mut c = Curve {
                         key,
                         points: Vec::new(),
-                        inputs: Vec::new(),
                     };
                     c.add(at, last);
                     curves.push(c);
