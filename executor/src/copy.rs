@@ -11,6 +11,121 @@
 /// Below this many bytes `memcpy` does not use `rep movsb`; it is the fastest there.
 const SMALL: usize = 1024;
 
+/// Messages from this many bytes are written by [`PeerWrites`], which may bypass the cache.
+pub(crate) const STREAM_MIN: usize = 64 << 10;
+
+/// One in this many large messages is written the other way than the current one, to keep
+/// both ways' rates current.
+const EXPLORE_EVERY: u32 = 16;
+
+/// Cached writes are given up while they run below this fraction of streamed writes' rate.
+const SLOW_FRACTION: f64 = 0.5;
+
+/// How a rank writes large messages into the slots another core reads: through the cache
+/// (regular stores), or past it (non-temporal stores), whichever its own copies measure
+/// faster by far.
+///
+/// Why: a regular store to a slot needs the line back from the reader's cache. On the
+/// development VM (2 vCPUs, AMD EPYC) that costs little most of the time, but for seconds at
+/// a time it does not: a producer thread copying 256 KiB messages into two slots that a
+/// consumer thread copies out then writes at 1.7–2.3 GB/s, against 8–9 GB/s otherwise
+/// (whole processes at a time, with or without ASLR and core binding; prefetching the
+/// lines for writing does not help). Non-temporal stores write 7–19 GB/s in those periods.
+/// Otherwise they cost the reader, which then loads the message from memory instead of a
+/// cache: 2-rank AllReduce ran 1.3–2.2× slower with every large message streamed. So
+/// cached writes stay the default and a rank streams only while its cached writes run below
+/// [`SLOW_FRACTION`] of its streamed ones, timing every message from [`STREAM_MIN`] bytes
+/// (two clock reads against a copy of 5 µs or more) and writing one in [`EXPLORE_EVERY`]
+/// the other way.
+#[derive(Debug, Default)]
+pub(crate) struct PeerWrites {
+    /// Writing past the cache now.
+    streamed: bool,
+    /// Bytes per ns of cached and of streamed writes (moving averages; 0 until measured).
+    rate: [f64; 2],
+    /// Large messages written so far.
+    count: u32,
+}
+
+impl PeerWrites {
+    /// Copies `len` bytes from `src` into a slot another core reads, then makes them visible
+    /// before any later store (the publishing release store).
+    ///
+    /// # Safety
+    /// As [`copy`].
+    #[inline]
+    pub(crate) unsafe fn copy(&mut self, dst: *mut u8, src: *const u8, len: usize) {
+        if len < STREAM_MIN || !can_stream() {
+            // SAFETY: forwarded contract.
+            unsafe { copy(dst, src, len) };
+            return;
+        }
+        self.count = self.count.wrapping_add(1);
+        let streamed = self.streamed ^ (self.count % EXPLORE_EVERY == EXPLORE_EVERY - 1);
+        let start = std::time::Instant::now();
+        // SAFETY: forwarded contract; `can_stream` checked the CPU.
+        unsafe {
+            if streamed {
+                stream(dst, src, len);
+            } else {
+                copy(dst, src, len);
+            }
+        }
+        let rate = len as f64 / (start.elapsed().as_nanos() as f64).max(1.0);
+        self.record(streamed, rate);
+    }
+
+    /// Takes a measured rate (bytes per ns) of one way into account and picks the way.
+    fn record(&mut self, streamed: bool, rate: f64) {
+        let r = &mut self.rate[usize::from(streamed)];
+        *r = if *r == 0.0 {
+            rate
+        } else {
+            0.75 * *r + 0.25 * rate
+        };
+        let [cached, streamed] = self.rate;
+        if cached > 0.0 && streamed > 0.0 {
+            self.streamed = cached < SLOW_FRACTION * streamed;
+        }
+    }
+
+    /// Whether large messages are written past the cache now.
+    #[cfg(test)]
+    pub(crate) fn streaming(&self) -> bool {
+        self.streamed
+    }
+}
+
+/// Whether [`stream`] bypasses the cache on this CPU.
+#[inline]
+fn can_stream() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Copies `len` bytes with non-temporal stores where [`can_stream`], then fences them.
+///
+/// # Safety
+/// As [`copy`].
+unsafe fn stream(dst: *mut u8, src: *const u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if can_stream() {
+            // SAFETY: forwarded contract; AVX2 is present.
+            unsafe { x86::stream_avx2(dst, src, len) };
+            return;
+        }
+    }
+    // SAFETY: forwarded contract.
+    unsafe { copy(dst, src, len) }
+}
+
 /// Copies `len` bytes from `src` to `dst`.
 ///
 /// # Safety
@@ -58,9 +173,40 @@ pub(crate) unsafe fn copy_overlapping(dst: *mut u8, src: *const u8, len: usize) 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::{
-        __m128i, __m256i, _mm_loadu_si128, _mm_storeu_si128, _mm256_loadu_si256,
-        _mm256_storeu_si256,
+        __m128i, __m256i, _mm_loadu_si128, _mm_sfence, _mm_storeu_si128, _mm256_loadu_si256,
+        _mm256_storeu_si256, _mm256_stream_si256,
     };
+
+    /// # Safety
+    /// As [`super::copy`], and the CPU supports AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn stream_avx2(dst: *mut u8, src: *const u8, len: usize) {
+        const STEP: usize = 128;
+        // Regular stores up to dst's first 32-byte boundary: non-temporal stores need it.
+        let head = (dst.align_offset(32)).min(len);
+        // SAFETY: every access is inside [0, len) of both ranges; the streamed stores are
+        // 32-byte aligned (dst + head is), the loads unaligned.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src, dst, head);
+            let mut i = head;
+            while i + STEP <= len {
+                let s = src.add(i);
+                let d = dst.add(i);
+                let a = _mm256_loadu_si256(s.cast::<__m256i>());
+                let b = _mm256_loadu_si256(s.add(32).cast::<__m256i>());
+                let c = _mm256_loadu_si256(s.add(64).cast::<__m256i>());
+                let e = _mm256_loadu_si256(s.add(96).cast::<__m256i>());
+                _mm256_stream_si256(d.cast::<__m256i>(), a);
+                _mm256_stream_si256(d.add(32).cast::<__m256i>(), b);
+                _mm256_stream_si256(d.add(64).cast::<__m256i>(), c);
+                _mm256_stream_si256(d.add(96).cast::<__m256i>(), e);
+                i += STEP;
+            }
+            std::ptr::copy_nonoverlapping(src.add(i), dst.add(i), len - i);
+            // Non-temporal stores are weakly ordered: fence them before the publishing store.
+            _mm_sfence();
+        }
+    }
 
     /// # Safety
     /// As [`super::copy`], and the CPU supports AVX2.
@@ -138,6 +284,77 @@ mod tests {
                     "wrote past the range"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn streamed_copies_are_exact_at_every_length_and_offset() {
+        let src: Vec<u8> = (0..(STREAM_MIN as u32 * 3))
+            .map(|i| (i * 13 + 5) as u8)
+            .collect();
+        for &len in &[
+            0,
+            31,
+            100,
+            1000,
+            STREAM_MIN - 1,
+            STREAM_MIN,
+            STREAM_MIN * 2 + 77,
+        ] {
+            for (soff, doff) in [(0usize, 0usize), (1, 0), (0, 1), (16, 33), (31, 7)] {
+                let mut dst = vec![0xAAu8; len + 128];
+                // SAFETY: both ranges are in bounds and distinct allocations.
+                unsafe { stream(dst.as_mut_ptr().add(doff), src.as_ptr().add(soff), len) };
+                let what = format!("len {len} offsets {soff} {doff}");
+                assert_eq!(&dst[doff..doff + len], &src[soff..soff + len], "{what}");
+                assert!(
+                    dst[..doff].iter().all(|&b| b == 0xAA),
+                    "wrote before: {what}"
+                );
+                assert!(
+                    dst[doff + len..].iter().all(|&b| b == 0xAA),
+                    "wrote past: {what}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn peer_writes_stream_only_while_cached_writes_are_far_slower() {
+        let mut w = PeerWrites::default();
+        // Nothing known of streamed writes: cached, however slow.
+        w.record(false, 2.0);
+        assert!(!w.streaming());
+        // Streamed a little faster (the usual case): stay cached.
+        w.record(true, 3.0);
+        assert!(!w.streaming());
+        // Cached writes collapse (a slow period): stream.
+        for _ in 0..4 {
+            w.record(false, 0.5);
+        }
+        assert!(w.streaming());
+        // They recover: back to cached.
+        for _ in 0..4 {
+            w.record(false, 9.0);
+        }
+        assert!(!w.streaming());
+    }
+
+    #[test]
+    fn peer_writes_copy_exactly_in_either_way() {
+        let mut w = PeerWrites::default();
+        let src: Vec<u8> = (0..(STREAM_MIN as u32 * 2))
+            .map(|i| (i * 7 + 1) as u8)
+            .collect();
+        for round in 0..(2 * EXPLORE_EVERY as usize) {
+            let len = STREAM_MIN + round * 64 + round % 3;
+            let mut dst = vec![0u8; len];
+            // SAFETY: both ranges are in bounds and distinct allocations.
+            unsafe { w.copy(dst.as_mut_ptr(), src.as_ptr(), len) };
+            assert_eq!(dst, src[..len], "round {round}");
+        }
+        if can_stream() {
+            assert_eq!(w.count, 2 * EXPLORE_EVERY);
         }
     }
 }

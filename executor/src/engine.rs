@@ -191,6 +191,8 @@ pub(crate) struct EngineState {
     progressed: bool,
     /// Adaptive spin budget (polls before yielding), see [`Waiter`]; 0 until first used.
     spin: u32,
+    /// How large messages are written into slots: through the cache or past it.
+    peer: crate::copy::PeerWrites,
     /// Connections to and from ranks on other hosts (process backend across hosts).
     net: Option<std::sync::Arc<dyn Transport>>,
     /// Per connection: [`LOCAL`], [`NET_OUT`] or [`NET_IN`].
@@ -273,6 +275,7 @@ impl EngineState {
             outstanding: Vec::with_capacity(64),
             progressed: false,
             spin: 0,
+            peer: Default::default(),
             net: None,
             remote: vec![LOCAL; nconns],
             net_window: CONNECTION_SLOTS as u64,
@@ -686,7 +689,8 @@ impl EngineState {
                         return Some((ins.send_peer, SEND));
                     }
                     let slot = self.out_slot(arena, ins.sconn, ll_out);
-                    crate::copy::copy(slot, self.hold[s].ptr(), n as usize * stride);
+                    self.peer
+                        .copy(slot, self.hold[s].ptr(), n as usize * stride);
                     self.publish_slot(arena, sc, ins.sconn, ll_out, n as usize * stride);
                     None
                 }
@@ -757,7 +761,10 @@ impl EngineState {
         for i in 0..ins.count {
             let (p, l) = chunk(i);
             // SAFETY: per the caller's contract.
-            unsafe { crate::copy::copy(slot.add(i as usize * geo.maxc * es), p, l * es) };
+            unsafe {
+                self.peer
+                    .copy(slot.add(i as usize * geo.maxc * es), p, l * es)
+            };
         }
         self.publish_slot(arena, sc, c, ll, ins.count as usize * geo.maxc * es);
     }
