@@ -14,29 +14,38 @@ const SMALL: usize = 1024;
 /// Messages from this many bytes are written by [`PeerWrites`], which may bypass the cache.
 pub(crate) const STREAM_MIN: usize = 64 << 10;
 
-/// One in this many large messages is written the other way than the current one, to keep
-/// both ways' rates current.
+/// While a rank tries the other way (see [`PeerWrites`]), one in this many large messages
+/// is written that way.
 const EXPLORE_EVERY: u32 = 16;
 
-/// Cached writes are given up while they run below this fraction of streamed writes' rate.
-const SLOW_FRACTION: f64 = 0.5;
+/// Cached writes of large messages slower than this many bytes per ns (GB/s) have collapsed:
+/// a core of any current server writes 8 GB/s or more even out of cache (9 GB/s on the
+/// development VM in its usual state, 1.7–2.3 GB/s in its slow periods).
+const COLLAPSED: f64 = 4.0;
+
+/// Streamed writes are taken over collapsed cached ones when faster by more than this factor.
+const STREAM_GAIN: f64 = 2.0;
 
 /// How a rank writes large messages into the slots another core reads: through the cache
-/// (regular stores), or past it (non-temporal stores), whichever its own copies measure
-/// faster by far.
+/// (regular stores), or past it (non-temporal stores) while cached writes have collapsed.
 ///
 /// Why: a regular store to a slot needs the line back from the reader's cache. On the
 /// development VM (2 vCPUs, AMD EPYC) that costs little most of the time, but for seconds at
 /// a time it does not: a producer thread copying 256 KiB messages into two slots that a
 /// consumer thread copies out then writes at 1.7–2.3 GB/s, against 8–9 GB/s otherwise
 /// (whole processes at a time, with or without ASLR and core binding; prefetching the
-/// lines for writing does not help). Non-temporal stores write 7–19 GB/s in those periods.
+/// lines for writing does not help). Non-temporal stores write 6–19 GB/s in those periods.
 /// Otherwise they cost the reader, which then loads the message from memory instead of a
-/// cache: 2-rank AllReduce ran 1.3–2.2× slower with every large message streamed. So
-/// cached writes stay the default and a rank streams only while its cached writes run below
-/// [`SLOW_FRACTION`] of its streamed ones, timing every message from [`STREAM_MIN`] bytes
-/// (two clock reads against a copy of 5 µs or more) and writing one in [`EXPLORE_EVERY`]
-/// the other way.
+/// cache: 2-rank AllReduce ran 1.3–2.2× slower with every large message streamed. And the
+/// writer's own rates cannot tell that: at 256 KiB its streamed writes of 128 KiB messages
+/// ran 20–27 GB/s against 9 GB/s cached, while the call ran 15–25% slower streamed. Nor can
+/// its history: a slow period often covers a whole job of a few seconds.
+///
+/// So a rank times every message from [`STREAM_MIN`] bytes (two clock reads against a copy
+/// of 5 µs or more) and writes through the cache unless that has collapsed (below
+/// [`COLLAPSED`] on average): then it tries streamed writes, one message in
+/// [`EXPLORE_EVERY`], and streams while they are faster by more than [`STREAM_GAIN`],
+/// trying cached writes one message in [`EXPLORE_EVERY`] to see them recover.
 #[derive(Debug, Default)]
 pub(crate) struct PeerWrites {
     /// Writing past the cache now.
@@ -61,7 +70,7 @@ impl PeerWrites {
             return;
         }
         self.count = self.count.wrapping_add(1);
-        let streamed = self.streamed ^ (self.count % EXPLORE_EVERY == EXPLORE_EVERY - 1);
+        let streamed = self.streamed ^ (self.count % EXPLORE_EVERY == 0 && self.exploring());
         let start = std::time::Instant::now();
         // SAFETY: forwarded contract; `can_stream` checked the CPU.
         unsafe {
@@ -75,6 +84,12 @@ impl PeerWrites {
         self.record(streamed, rate);
     }
 
+    /// Whether the way not in use is tried now and then: always while streaming, and while
+    /// cached writes have collapsed.
+    fn exploring(&self) -> bool {
+        self.streamed || (self.rate[0] > 0.0 && self.rate[0] < COLLAPSED)
+    }
+
     /// Takes a measured rate (bytes per ns) of one way into account and picks the way.
     fn record(&mut self, streamed: bool, rate: f64) {
         let r = &mut self.rate[usize::from(streamed)];
@@ -84,9 +99,7 @@ impl PeerWrites {
             0.75 * *r + 0.25 * rate
         };
         let [cached, streamed] = self.rate;
-        if cached > 0.0 && streamed > 0.0 {
-            self.streamed = cached < SLOW_FRACTION * streamed;
-        }
+        self.streamed = cached < COLLAPSED && cached * STREAM_GAIN < streamed;
     }
 
     /// Whether large messages are written past the cache now.
@@ -320,24 +333,39 @@ mod tests {
     }
 
     #[test]
-    fn peer_writes_stream_only_while_cached_writes_are_far_slower() {
+    fn peer_writes_stream_only_while_cached_writes_have_collapsed() {
         let mut w = PeerWrites::default();
-        // Nothing known of streamed writes: cached, however slow.
-        w.record(false, 2.0);
-        assert!(!w.streaming());
-        // Streamed a little faster (the usual case): stay cached.
-        w.record(true, 3.0);
-        assert!(!w.streaming());
-        // Cached writes collapse (a slow period): stream.
-        for _ in 0..4 {
-            w.record(false, 0.5);
-        }
-        assert!(w.streaming());
-        // They recover: back to cached.
-        for _ in 0..4 {
+        // Nothing timed yet, and steady cached writes: nothing else is tried.
+        assert!(!w.exploring() && !w.streaming());
+        for _ in 0..20 {
             w.record(false, 9.0);
         }
+        assert!(!w.exploring() && !w.streaming());
+        // Streamed writes far faster for the writer while cached ones are healthy (the
+        // reader pays for them): cached.
+        w.record(true, 25.0);
         assert!(!w.streaming());
+        // Cached writes collapse (a slow period): streamed writes are tried...
+        for _ in 0..8 {
+            w.record(false, 2.0);
+        }
+        assert!(w.exploring());
+        // ...and streamed while they win by more than the gain (25 GB/s once, now 9).
+        assert!(w.streaming());
+        for _ in 0..8 {
+            w.record(true, 9.0);
+        }
+        assert!(w.streaming() && w.exploring());
+        // Not when they gain less.
+        let mut v = PeerWrites::default();
+        v.record(false, 2.0);
+        v.record(true, 3.0);
+        assert!(v.exploring() && !v.streaming());
+        // Cached writes recover: back to cached, and streamed ones are no longer tried.
+        for _ in 0..8 {
+            w.record(false, 9.0);
+        }
+        assert!(!w.streaming() && !w.exploring());
     }
 
     #[test]
@@ -346,6 +374,11 @@ mod tests {
         let src: Vec<u8> = (0..(STREAM_MIN as u32 * 2))
             .map(|i| (i * 7 + 1) as u8)
             .collect();
+        // Streaming (cached writes collapsed), so that both ways run.
+        w.record(false, 0.01);
+        w.record(true, 1000.0);
+        assert!(w.streaming());
+        let before = w.rate;
         for round in 0..(2 * EXPLORE_EVERY as usize) {
             let len = STREAM_MIN + round * 64 + round % 3;
             let mut dst = vec![0u8; len];
@@ -355,6 +388,8 @@ mod tests {
         }
         if can_stream() {
             assert_eq!(w.count, 2 * EXPLORE_EVERY);
+            assert!(w.rate[0] != before[0], "cached writes were timed");
+            assert!(w.rate[1] != before[1], "streamed writes were timed");
         }
     }
 }
