@@ -70,7 +70,8 @@ impl PeerWrites {
             return;
         }
         self.count = self.count.wrapping_add(1);
-        let streamed = self.streamed ^ (self.count % EXPLORE_EVERY == 0 && self.exploring());
+        let streamed =
+            self.streamed ^ (self.count.is_multiple_of(EXPLORE_EVERY) && self.exploring());
         let start = std::time::Instant::now();
         // SAFETY: forwarded contract; `can_stream` checked the CPU.
         unsafe {
