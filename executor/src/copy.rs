@@ -38,7 +38,7 @@ const STREAM_GAIN: f64 = 2.0;
 /// Otherwise they cost the reader, which then loads the message from memory instead of a
 /// cache: 2-rank AllReduce ran 1.3–2.2× slower with every large message streamed. And the
 /// writer's own rates cannot tell that: at 256 KiB its streamed writes of 128 KiB messages
-/// ran 20–27 GB/s against 9 GB/s cached, while the call ran 15–25% slower streamed. Nor can
+/// ran 20–27 GB/s against 9 GB/s cached, while the call ran 1.2–1.3× slower streamed. Nor can
 /// its history: a slow period often covers a whole job of a few seconds.
 ///
 /// So a rank times every message from [`STREAM_MIN`] bytes (two clock reads against a copy
