@@ -191,18 +191,14 @@ mod x86 {
         _mm256_storeu_si256, _mm256_stream_si256,
     };
 
-    /// # Safety
-    /// As [`super::copy`], and the CPU supports AVX2.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn stream_avx2(dst: *mut u8, src: *const u8, len: usize) {
-        const STEP: usize = 128;
-        // Regular stores up to dst's first 32-byte boundary: non-temporal stores need it.
-        let head = (dst.align_offset(32)).min(len);
-        // SAFETY: every access is inside [0, len) of both ranges; the streamed stores are
-        // 32-byte aligned (dst + head is), the loads unaligned.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src, dst, head);
-            let mut i = head;
+    /// The loop of the AVX2 copies: `$len` bytes from `$src` to `$dst`, 128 per iteration
+    /// by unaligned loads and `$store`, the tail by `memcpy`. Expanded in place (inside the
+    /// `avx2` target feature), as a function generic over the store would not be inlined.
+    macro_rules! avx2_loop {
+        ($dst:expr, $src:expr, $len:expr, $store:ident) => {{
+            const STEP: usize = 128;
+            let (dst, src, len): (*mut u8, *const u8, usize) = ($dst, $src, $len);
+            let mut i = 0;
             while i + STEP <= len {
                 let s = src.add(i);
                 let d = dst.add(i);
@@ -210,13 +206,32 @@ mod x86 {
                 let b = _mm256_loadu_si256(s.add(32).cast::<__m256i>());
                 let c = _mm256_loadu_si256(s.add(64).cast::<__m256i>());
                 let e = _mm256_loadu_si256(s.add(96).cast::<__m256i>());
-                _mm256_stream_si256(d.cast::<__m256i>(), a);
-                _mm256_stream_si256(d.add(32).cast::<__m256i>(), b);
-                _mm256_stream_si256(d.add(64).cast::<__m256i>(), c);
-                _mm256_stream_si256(d.add(96).cast::<__m256i>(), e);
+                $store(d.cast::<__m256i>(), a);
+                $store(d.add(32).cast::<__m256i>(), b);
+                $store(d.add(64).cast::<__m256i>(), c);
+                $store(d.add(96).cast::<__m256i>(), e);
                 i += STEP;
             }
             std::ptr::copy_nonoverlapping(src.add(i), dst.add(i), len - i);
+        }};
+    }
+
+    /// # Safety
+    /// As [`super::copy`], and the CPU supports AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn stream_avx2(dst: *mut u8, src: *const u8, len: usize) {
+        // Regular stores up to dst's first 32-byte boundary: non-temporal stores need it.
+        let head = dst.align_offset(32).min(len);
+        // SAFETY: every access is inside [0, len) of both ranges; the streamed stores are
+        // at 32-byte multiples from dst + head, which is 32-byte aligned.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src, dst, head);
+            avx2_loop!(
+                dst.add(head),
+                src.add(head),
+                len - head,
+                _mm256_stream_si256
+            );
             // Non-temporal stores are weakly ordered: fence them before the publishing store.
             _mm_sfence();
         }
@@ -226,25 +241,8 @@ mod x86 {
     /// As [`super::copy`], and the CPU supports AVX2.
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn copy_avx2(dst: *mut u8, src: *const u8, len: usize) {
-        const STEP: usize = 128;
-        let mut i = 0;
         // SAFETY: every access is inside [0, len) of both ranges; unaligned loads and stores.
-        unsafe {
-            while i + STEP <= len {
-                let s = src.add(i);
-                let d = dst.add(i);
-                let a = _mm256_loadu_si256(s.cast::<__m256i>());
-                let b = _mm256_loadu_si256(s.add(32).cast::<__m256i>());
-                let c = _mm256_loadu_si256(s.add(64).cast::<__m256i>());
-                let e = _mm256_loadu_si256(s.add(96).cast::<__m256i>());
-                _mm256_storeu_si256(d.cast::<__m256i>(), a);
-                _mm256_storeu_si256(d.add(32).cast::<__m256i>(), b);
-                _mm256_storeu_si256(d.add(64).cast::<__m256i>(), c);
-                _mm256_storeu_si256(d.add(96).cast::<__m256i>(), e);
-                i += STEP;
-            }
-            std::ptr::copy_nonoverlapping(src.add(i), dst.add(i), len - i);
-        }
+        unsafe { avx2_loop!(dst, src, len, _mm256_storeu_si256) }
     }
 
     /// # Safety
@@ -276,61 +274,44 @@ mod x86 {
 mod tests {
     use super::*;
 
-    #[test]
-    fn copies_every_length_and_offset_exactly() {
-        let src: Vec<u8> = (0..10_000u32).map(|i| (i * 7 + 3) as u8).collect();
-        for &len in &[0usize, 1, 63, 1023, 1024, 1025, 1151, 4096, 5000, 9000] {
-            for off in [0usize, 1, 16, 33] {
-                let mut dst = vec![0xAAu8; len + 64];
+    type CopyFn = unsafe fn(*mut u8, *const u8, usize);
+
+    /// Copies with `f` at every length of `lens` and (source, destination) offset pair, into
+    /// a guarded buffer: the bytes must arrive exactly, and nothing around them change.
+    fn exact(f: CopyFn, lens: &[usize], offsets: &[(usize, usize)]) {
+        let max = lens.iter().max().copied().unwrap_or(0) + 64;
+        let src: Vec<u8> = (0..max as u32).map(|i| (i * 13 + 5) as u8).collect();
+        for &len in lens {
+            for &(soff, doff) in offsets {
+                let mut dst = vec![0xAAu8; len + 128];
                 // SAFETY: both ranges are in bounds and distinct allocations.
-                unsafe { copy(dst.as_mut_ptr().add(off), src.as_ptr().add(off), len) };
-                assert_eq!(
-                    &dst[off..off + len],
-                    &src[off..off + len],
-                    "len {len} off {off}"
-                );
-                assert!(
-                    dst[..off].iter().all(|&b| b == 0xAA),
-                    "wrote before the range"
-                );
-                assert!(
-                    dst[off + len..].iter().all(|&b| b == 0xAA),
-                    "wrote past the range"
-                );
+                unsafe { f(dst.as_mut_ptr().add(doff), src.as_ptr().add(soff), len) };
+                let what = format!("len {len} offsets {soff} {doff}");
+                assert_eq!(&dst[doff..doff + len], &src[soff..soff + len], "{what}");
+                assert!(dst[..doff].iter().all(|&b| b == 0xAA), "before: {what}");
+                assert!(dst[doff + len..].iter().all(|&b| b == 0xAA), "past: {what}");
             }
         }
     }
 
     #[test]
+    fn copies_every_length_and_offset_exactly() {
+        let lens = [0, 1, 63, 1023, 1024, 1025, 1151, 4096, 5000, 9000];
+        exact(copy, &lens, &[(0, 0), (1, 1), (16, 16), (33, 33)]);
+    }
+
+    #[test]
     fn streamed_copies_are_exact_at_every_length_and_offset() {
-        let src: Vec<u8> = (0..(STREAM_MIN as u32 * 3))
-            .map(|i| (i * 13 + 5) as u8)
-            .collect();
-        for &len in &[
+        let lens = [
             0,
             31,
             100,
             1000,
             STREAM_MIN - 1,
             STREAM_MIN,
-            STREAM_MIN * 2 + 77,
-        ] {
-            for (soff, doff) in [(0usize, 0usize), (1, 0), (0, 1), (16, 33), (31, 7)] {
-                let mut dst = vec![0xAAu8; len + 128];
-                // SAFETY: both ranges are in bounds and distinct allocations.
-                unsafe { stream(dst.as_mut_ptr().add(doff), src.as_ptr().add(soff), len) };
-                let what = format!("len {len} offsets {soff} {doff}");
-                assert_eq!(&dst[doff..doff + len], &src[soff..soff + len], "{what}");
-                assert!(
-                    dst[..doff].iter().all(|&b| b == 0xAA),
-                    "wrote before: {what}"
-                );
-                assert!(
-                    dst[doff + len..].iter().all(|&b| b == 0xAA),
-                    "wrote past: {what}"
-                );
-            }
-        }
+            2 * STREAM_MIN + 77,
+        ];
+        exact(stream, &lens, &[(0, 0), (1, 0), (0, 1), (16, 33), (31, 7)]);
     }
 
     #[test]
