@@ -695,6 +695,7 @@ pub(crate) fn replay(
         spin_polls: shared.spin_polls,
         single_copy: !shared.check_pids && !shared.config.checksum,
         checksum: shared.config.checksum,
+        stream_writes: shared.config.stream_writes,
         call: print,
     };
     if let Some(net) = &shared.net {

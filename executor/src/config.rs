@@ -1,7 +1,7 @@
 //! Configuration: timeouts, slot size, entry filters, network settings, and where plans come
 //! from — with the environment overrides `HCCL_PLAN`, `HCCL_ALGO`, `HCCL_PROTO`,
 //! `HCCL_DEBUG`, `HCCL_TIMEOUT`, `HCCL_SLOT_BYTES`, `HCCL_VERIFY`, `HCCL_CHECK_CALLS`,
-//! `HCCL_CHECKSUM`, `HCCL_TRACE`, `HCCL_TRACE_CALLS`, `HCCL_SHM_DIR` and the network's (see [`NetConfig::from_env`]).
+//! `HCCL_CHECKSUM`, `HCCL_STREAM_WRITES`, `HCCL_TRACE`, `HCCL_TRACE_CALLS`, `HCCL_SHM_DIR` and the network's (see [`NetConfig::from_env`]).
 
 use crate::env_vars::env;
 use crate::error::{ExecError, Result};
@@ -51,6 +51,9 @@ pub struct Config {
     /// start). Messages then travel through slots only (no single copy in the threads
     /// backend); RDMA transfers are not covered.
     pub checksum: bool,
+    /// How large messages are written into the slots another core reads
+    /// (`HCCL_STREAM_WRITES`).
+    pub stream_writes: StreamWrites,
     /// Record every rank's steps and write `DIR/rank-<r>.json` (`HCCL_TRACE=DIR`,
     /// `HCCL_TRACE_CALLS`; see [`crate::trace`]); `None`: no tracing (the default).
     pub trace: Option<crate::trace::TraceConfig>,
@@ -59,6 +62,20 @@ pub struct Config {
     /// (containers with a `/dev/shm` of their own) share no region: they talk over the
     /// network, as ranks of different hosts do.
     pub shm_dir: PathBuf,
+}
+
+/// How a rank writes messages of 64 KiB and more into the slots another core reads
+/// (`HCCL_STREAM_WRITES`; see `copy.rs`, `PeerWrites`). Results are the same either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StreamWrites {
+    /// Through the cache, unless those writes have collapsed below 4 GB/s and non-temporal
+    /// ones measure more than twice as fast (`HCCL_STREAM_WRITES=auto`). The default.
+    #[default]
+    Auto,
+    /// Always with non-temporal stores, past the cache (`HCCL_STREAM_WRITES=1`).
+    Always,
+    /// Always through the cache (`HCCL_STREAM_WRITES=0`).
+    Never,
 }
 
 /// How ranks compare their calls (`HCCL_CHECK_CALLS`): every call a rank starts publishes
@@ -95,6 +112,7 @@ impl Default for Config {
             verify: VerifyMode::default(),
             check_calls: CallCheck::default(),
             checksum: false,
+            stream_writes: StreamWrites::Auto,
             trace: None,
             shm_dir: PathBuf::from(DEFAULT_SHM_DIR),
         }
@@ -104,7 +122,7 @@ impl Default for Config {
 impl Config {
     /// Defaults overridden by `HCCL_TIMEOUT` (seconds, fractional allowed), `HCCL_ALGO`,
     /// `HCCL_PROTO`, `HCCL_SLOT_BYTES`, `HCCL_VERIFY`, `HCCL_CHECK_CALLS`, `HCCL_CHECKSUM`,
-    /// `HCCL_TRACE`, `HCCL_TRACE_CALLS`, `HCCL_SHM_DIR` and the network's; also installs the `HCCL_DEBUG`
+    /// `HCCL_STREAM_WRITES`, `HCCL_TRACE`, `HCCL_TRACE_CALLS`, `HCCL_SHM_DIR` and the network's; also installs the `HCCL_DEBUG`
     /// log subscriber. A value a variable does not accept is [`ExecError::Env`] naming the
     /// variable, the value and the values accepted (an `HCCL_ALGO` no entry of the plan has
     /// is refused when the plan is checked); an `HCCL_*` variable that is not one the
@@ -198,6 +216,21 @@ impl Config {
                 }
             };
         }
+        if let Some(v) = env("HCCL_STREAM_WRITES") {
+            cfg.stream_writes = match v.trim().to_ascii_lowercase().as_str() {
+                "auto" => StreamWrites::Auto,
+                "1" => StreamWrites::Always,
+                "0" => StreamWrites::Never,
+                _ => {
+                    return Err(bad(
+                        "HCCL_STREAM_WRITES",
+                        &v,
+                        "auto (stream large messages past the cache while cached writes \
+                         have collapsed, the default), 1 (always) or 0 (never)",
+                    ));
+                }
+            };
+        }
         // Read by the plan reader (`hccl_ir::plan::expansion_limit`), checked here so that a
         // bad value fails every communicator's start, not only the loads that expand a plan.
         if let Some(v) = env("HCCL_PLAN_MAX_STEPS") {
@@ -239,6 +272,12 @@ impl Config {
     /// Sets how ranks compare their calls (`HCCL_CHECK_CALLS`).
     pub fn with_check_calls(mut self, check: CallCheck) -> Config {
         self.check_calls = check;
+        self
+    }
+
+    /// Sets how large messages are written into slots (`HCCL_STREAM_WRITES`).
+    pub fn with_stream_writes(mut self, how: StreamWrites) -> Config {
+        self.stream_writes = how;
         self
     }
 
@@ -652,6 +691,7 @@ mod tests {
             ("HCCL_VERIFY", "ful"),
             ("HCCL_CHECK_CALLS", "wait"),
             ("HCCL_CHECKSUM", "yes"),
+            ("HCCL_STREAM_WRITES", "always"),
             ("HCCL_TIMEOUT", "5s"),
             ("HCCL_SLOT_BYTES", "32"),
             ("HCCL_PLAN_MAX_STEPS", "0"),
@@ -679,10 +719,16 @@ mod tests {
             ("HCCL_VERIFY", "FULL"),
             ("HCCL_CHECK_CALLS", "1"),
             ("HCCL_CHECKSUM", "1"),
+            ("HCCL_STREAM_WRITES", "1"),
             ("HCCL_TIMEOUT", "2.5"),
             ("HCCL_SHM_DIR", "/tmp"),
         ])
         .unwrap();
+        assert_eq!(cfg.stream_writes, StreamWrites::Always);
+        for (v, how) in [("AUTO", StreamWrites::Auto), ("0", StreamWrites::Never)] {
+            let cfg = config_of(&[("HCCL_STREAM_WRITES", v)]).unwrap();
+            assert_eq!(cfg.stream_writes, how, "{v}");
+        }
         assert_eq!(cfg.shm_dir, Path::new("/tmp"));
         assert_eq!(cfg.proto, Some(Protocol::LL));
         assert_eq!(cfg.algo.as_deref(), Some("Ring"));
@@ -694,6 +740,7 @@ mod tests {
         assert_eq!(none.timeout, DEFAULT_TIMEOUT);
         assert!(none.algo.is_none() && none.proto.is_none() && none.trace.is_none());
         assert_eq!(none.shm_dir, Path::new(DEFAULT_SHM_DIR));
+        assert_eq!(none.stream_writes, StreamWrites::Auto);
     }
 
     #[test]

@@ -48,6 +48,8 @@ const STREAM_GAIN: f64 = 2.0;
 /// trying cached writes one message in [`EXPLORE_EVERY`] to see them recover.
 #[derive(Debug, Default)]
 pub(crate) struct PeerWrites {
+    /// The configured way (`HCCL_STREAM_WRITES`): chosen as below, or fixed.
+    pub(crate) how: crate::StreamWrites,
     /// Writing past the cache now.
     streamed: bool,
     /// Bytes per ns of cached and of streamed writes (moving averages; 0 until measured).
@@ -68,6 +70,12 @@ impl PeerWrites {
             // SAFETY: forwarded contract.
             unsafe { copy(dst, src, len) };
             return;
+        }
+        match self.how {
+            crate::StreamWrites::Auto => {}
+            // SAFETY (both): forwarded contract; `can_stream` checked the CPU.
+            crate::StreamWrites::Always => return unsafe { stream(dst, src, len) },
+            crate::StreamWrites::Never => return unsafe { copy(dst, src, len) },
         }
         self.count = self.count.wrapping_add(1);
         let streamed =

@@ -157,6 +157,8 @@ pub(crate) struct Ctx<'a> {
     pub call: Option<(u64, u64)>,
     /// Messages carry checksums (`HCCL_CHECKSUM=1`, see [`EngineState::seal`]).
     pub checksum: bool,
+    /// How large messages are written into slots (`HCCL_STREAM_WRITES`).
+    pub stream_writes: crate::StreamWrites,
 }
 
 /// Memory aligned for every element type.
@@ -426,6 +428,7 @@ impl EngineState {
             }
         }
         self.checksum = ctx.checksum;
+        self.peer.how = ctx.stream_writes;
         self.me = ctx.rank;
         self.call = ctx.call;
         if self.spin == 0 || (self.spin != SPIN_ONLY && self.spin > ctx.spin_polls) {

@@ -21,6 +21,7 @@ pub const KNOWN_VARS: &[&str] = &[
     "HCCL_VERIFY",
     "HCCL_CHECK_CALLS",
     "HCCL_CHECKSUM",
+    "HCCL_STREAM_WRITES",
     "HCCL_TRACE",
     "HCCL_TRACE_CALLS",
     "HCCL_DEBUG",

@@ -78,7 +78,7 @@ pub use backends::fuzz;
 pub use backends::{net, process, threads};
 
 pub use comm::{AbortHandle, Buffers, Communicator, EntryInfo, OwnedBuffers, Request};
-pub use config::{CallCheck, Config, PlanOrigin, PlanSource, VerifyMode};
+pub use config::{CallCheck, Config, PlanOrigin, PlanSource, StreamWrites, VerifyMode};
 pub use dtype::{DataType, Element, ReduceOp};
 pub use error::{ExecError, Result};
 pub use process::{Bootstrap, ProcessGroup};

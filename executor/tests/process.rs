@@ -95,6 +95,23 @@ fn four_processes_run_all_collectives() {
     }
 }
 
+/// Every large message streamed past the cache (`HCCL_STREAM_WRITES=1`): the store fence
+/// before each message's publishing store is what makes its bytes visible to the other
+/// process; every result is still checked against the reference.
+#[test]
+fn three_processes_with_every_large_message_streamed() {
+    let children = spawn_ranks(
+        "all",
+        3,
+        &[("HCCL_TIMEOUT", "60"), ("HCCL_STREAM_WRITES", "1")],
+    );
+    for (r, c) in children.into_iter().enumerate() {
+        let (code, out) = wait_output(c, Duration::from_secs(180));
+        assert_eq!(code, Some(0), "rank {r} failed:\n{out}");
+        assert!(out.contains(&format!("DONE rank {r}")), "rank {r}:\n{out}");
+    }
+}
+
 #[test]
 fn killed_rank_is_named_by_the_others() {
     let mut children = spawn_ranks("loop", 4, &[("HCCL_TIMEOUT", "30")]);
