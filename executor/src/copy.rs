@@ -1,4 +1,5 @@
-//! Bulk copies without `rep movsb`.
+//! Bulk copies without `rep movsb`, and how a rank writes large messages for another core
+//! ([`PeerWrites`]: through the cache, or past it while that has collapsed).
 //!
 //! glibc's `memcpy` copies between about 2 KiB and the non-temporal threshold with `rep
 //! movsb`, which on AMD Zen cores runs some 20× slower when source and destination sit at
@@ -19,8 +20,8 @@ pub(crate) const STREAM_MIN: usize = 64 << 10;
 const EXPLORE_EVERY: u32 = 16;
 
 /// Cached writes of large messages slower than this many bytes per ns (GB/s) have collapsed:
-/// a core of any current server writes 8 GB/s or more even out of cache (9 GB/s on the
-/// development VM in its usual state, 1.7–2.3 GB/s in its slow periods).
+/// on the development VM they run at about 9 GB/s in its usual state and 1.7–2.3 GB/s in its
+/// slow periods.
 const COLLAPSED: f64 = 4.0;
 
 /// Streamed writes are taken over collapsed cached ones when faster by more than this factor.
@@ -36,7 +37,7 @@ const STREAM_GAIN: f64 = 2.0;
 /// (whole processes at a time, with or without ASLR and core binding; prefetching the
 /// lines for writing does not help). Non-temporal stores write 6–19 GB/s in those periods.
 /// Otherwise they cost the reader, which then loads the message from memory instead of a
-/// cache: 2-rank AllReduce ran 1.3–2.2× slower with every large message streamed. And the
+/// cache: 2-rank AllReduce ran 1.2–2.3× slower with every large message streamed. And the
 /// writer's own rates cannot tell that: at 256 KiB its streamed writes of 128 KiB messages
 /// ran 20–27 GB/s against 9 GB/s cached, while the call ran 1.2–1.3× slower streamed. Nor can
 /// its history: a slow period often covers a whole job of a few seconds.
