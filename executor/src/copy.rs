@@ -13,7 +13,7 @@
 const SMALL: usize = 1024;
 
 /// Messages from this many bytes are written by [`PeerWrites`], which may bypass the cache.
-pub(crate) const STREAM_MIN: usize = 64 << 10;
+const STREAM_MIN: usize = 64 << 10;
 
 /// While a rank tries the other way (see [`PeerWrites`]), one in this many large messages
 /// is written that way.
@@ -110,12 +110,6 @@ impl PeerWrites {
         };
         let [cached, streamed] = self.rate;
         self.streamed = cached < COLLAPSED && cached * STREAM_GAIN < streamed;
-    }
-
-    /// Whether large messages are written past the cache now.
-    #[cfg(test)]
-    pub(crate) fn streaming(&self) -> bool {
-        self.streamed
     }
 }
 
@@ -327,36 +321,36 @@ mod tests {
     fn peer_writes_stream_only_while_cached_writes_have_collapsed() {
         let mut w = PeerWrites::default();
         // Nothing timed yet, and steady cached writes: nothing else is tried.
-        assert!(!w.exploring() && !w.streaming());
+        assert!(!w.exploring() && !w.streamed);
         for _ in 0..20 {
             w.record(false, 9.0);
         }
-        assert!(!w.exploring() && !w.streaming());
+        assert!(!w.exploring() && !w.streamed);
         // Streamed writes far faster for the writer while cached ones are healthy (the
         // reader pays for them): cached.
         w.record(true, 25.0);
-        assert!(!w.streaming());
+        assert!(!w.streamed);
         // Cached writes collapse (a slow period): streamed writes are tried...
         for _ in 0..8 {
             w.record(false, 2.0);
         }
         assert!(w.exploring());
         // ...and streamed while they win by more than the gain (25 GB/s once, now 9).
-        assert!(w.streaming());
+        assert!(w.streamed);
         for _ in 0..8 {
             w.record(true, 9.0);
         }
-        assert!(w.streaming() && w.exploring());
+        assert!(w.streamed && w.exploring());
         // Not when they gain less.
         let mut v = PeerWrites::default();
         v.record(false, 2.0);
         v.record(true, 3.0);
-        assert!(v.exploring() && !v.streaming());
+        assert!(v.exploring() && !v.streamed);
         // Cached writes recover: back to cached, and streamed ones are no longer tried.
         for _ in 0..8 {
             w.record(false, 9.0);
         }
-        assert!(!w.streaming() && !w.exploring());
+        assert!(!w.streamed && !w.exploring());
     }
 
     #[test]
@@ -368,7 +362,7 @@ mod tests {
         // Streaming (cached writes collapsed), so that both ways run.
         w.record(false, 0.01);
         w.record(true, 1000.0);
-        assert!(w.streaming());
+        assert!(w.streamed);
         let before = w.rate;
         for round in 0..(2 * EXPLORE_EVERY as usize) {
             let len = STREAM_MIN + round * 64 + round % 3;
