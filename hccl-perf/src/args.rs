@@ -94,8 +94,9 @@ pub(crate) struct Args {
     #[arg(long, value_name = "OUT.ron")]
     pub(crate) calibrate: Option<PathBuf>,
     /// With `--calibrate`: measure every family this many times (in turn, each time in a
-    /// different order) and fit the fastest time per size.
-    #[arg(long, default_value_t = 4, value_name = "N")]
+    /// different order) and fit the typical time per size (the median of the launches within
+    /// 2x of the fastest).
+    #[arg(long, default_value_t = 5, value_name = "N")]
     pub(crate) reps: u32,
     /// Timed iterations per size (ignored when -T is given).
     #[arg(short = 'n', long = "iters", default_value_t = 20)]
