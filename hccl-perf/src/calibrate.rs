@@ -336,8 +336,8 @@ fn today() -> String {
     format!("{year:04}-{month:02}-{day:02}")
 }
 
-/// Every launch's time per family, schedule and size, over both rounds (a schedule both
-/// rounds compiled counts the launches of both), in the order first measured.
+/// Every launch's time per family, schedule and size, over the rounds (a schedule that more
+/// than one round compiled counts the launches of each), in the order first measured.
 #[derive(Default)]
 struct Pool {
     rows: Vec<(String, hccl::ir::PlanEntry, u64, Vec<f64>)>,
@@ -399,7 +399,7 @@ impl Pool {
 /// optimistic from 8 KiB to 128 KiB. Launches further off are dropped: the shared
 /// development VM has spells, often tens of seconds long, in which whole launches run 1.9-4x
 /// slower (its two vCPUs' core-to-core traffic slows; docs/benchmarks.md), while its launches
-/// outside them spread by up to 1.5x. A spell can cover a whole round: that is why both
+/// outside them spread by up to 1.5x. A spell can cover a whole round: that is why the
 /// rounds' launches of a schedule are pooled.
 fn typical_time(mut times: Vec<f64>) -> f64 {
     times.sort_by(f64::total_cmp);
