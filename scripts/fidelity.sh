@@ -56,7 +56,8 @@ out, ranks, reps = sys.argv[1], sys.argv[2].split(), int(sys.argv[3])
 def us(t):
     return f"{t:.1f}" if t >= 10 else f"{t:.2f}"
 def typical(times):
-    # hccl-perf --calibrate's statistic: the median of the launches within 1.75x of the fastest.
+    # hccl-perf --calibrate's statistic (SPELL_FACTOR in hccl-perf/src/calibrate.rs): the
+    # median of the launches within 1.75x of the fastest.
     fastest = min(times)
     return statistics.median(t for t in times if t <= 1.75 * fastest)
 summary = []

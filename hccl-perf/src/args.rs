@@ -95,7 +95,7 @@ pub(crate) struct Args {
     pub(crate) calibrate: Option<PathBuf>,
     /// With `--calibrate`: measure every family this many times (in turn, each time in a
     /// different order) and fit the typical time per size (the median of the launches within
-    /// 2x of the fastest).
+    /// 1.75x of the fastest).
     #[arg(long, default_value_t = 5, value_name = "N")]
     pub(crate) reps: u32,
     /// Timed iterations per size (ignored when -T is given).

@@ -392,8 +392,12 @@ impl Pool {
     }
 }
 
-/// What a launch typically takes: the median of the launches that ran within 1.75x of the
-/// fastest (the mean of the middle two for an even count); `times` is not empty. Users
+/// Launches slower than this factor times the fastest of theirs fell in a slow spell of the
+/// machine and do not count (see [`typical_time`]; `scripts/fidelity.sh` judges by the same).
+const SPELL_FACTOR: f64 = 1.75;
+
+/// What a launch typically takes: the median of the launches that ran within
+/// [`SPELL_FACTOR`] of the fastest (the mean of the middle two for an even count); `times` is not empty. Users
 /// compare predictions with medians over launches (`hccl-perf` sweeps,
 /// `scripts/bench-vs-mpi.sh`), and the fastest launch alone made predictions 1.25-1.5x
 /// optimistic from 8 KiB to 128 KiB. Launches further off are dropped: the shared
@@ -404,7 +408,7 @@ impl Pool {
 fn typical_time(mut times: Vec<f64>) -> f64 {
     times.sort_by(f64::total_cmp);
     let fastest = times[0];
-    times.retain(|t| *t <= 1.75 * fastest);
+    times.retain(|t| *t <= SPELL_FACTOR * fastest);
     let n = times.len();
     if n % 2 == 1 {
         times[n / 2]
