@@ -1,7 +1,9 @@
 """hccl_aot against Gloo through the same torch.distributed calls, side by side in one run:
-back-to-back pairs of launches (alternating which goes first), the median of each pair's
-ratio per collective and size, for 2 and 4 processes; all_reduce against hccl-perf on the same
-plan in the same rounds (the overhead of PyTorch); and the DDP step of a 26M-parameter model.
+both backends in the same processes (python/benches/torch_job.py: hccl_aot the default group,
+Gloo a second one), timed alternately per collective and size, in back-to-back rounds (the
+median of the rounds' ratios per collective and size), for 2 and 4 processes; all_reduce
+against hccl-perf on the same plan in the same rounds (the overhead of PyTorch); and the DDP
+step of a 26M-parameter model over each backend and with no communication, alternating in one job.
 Usage: python bench_torch.py [--pairs 3] [--procs 2 4] [--colls ...|none] [--no-ddp] [--min-bytes B] [--max-bytes B]"""
 
 import argparse
@@ -15,18 +17,19 @@ from pathlib import Path
 JOB = Path(__file__).with_name("torch_job.py")
 
 
-def launch(backend, n, env):
+def launch(n, env):
+    """One torch_job.py job on n processes (both backends, see its docs): its JSON lines."""
     import hccl
 
-    e = dict(os.environ, BACKEND=backend, OMP_NUM_THREADS="1", **env)
+    e = dict(os.environ, BACKEND="hccl_aot", OMP_NUM_THREADS="1", **env)
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}",
            f"--master-port={hccl.Communicator.free_port()}", str(JOB)]
     try:
         r = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=1800)
     except subprocess.TimeoutExpired as t:
-        sys.exit(f"{backend} x{n} did not finish in {t.timeout:.0f} s:\n{t.stdout}\n{t.stderr}")
+        sys.exit(f"torch_job.py x{n} did not finish in {t.timeout:.0f} s:\n{t.stdout}\n{t.stderr}")
     if r.returncode:
-        sys.exit(f"{backend} x{n} failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
+        sys.exit(f"torch_job.py x{n} failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
     return [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
 
 
@@ -85,17 +88,20 @@ def main():
         env = {"MODE": "collectives", "COLLS": a.colls, "MINB": str(a.min_bytes), "MAXB": str(a.max_bytes)}
         with_perf = a.hccl_perf and "all_reduce" in a.colls
         for p in range(a.pairs if a.colls != "none" else 0):
-            # One round: Gloo, hccl_aot and (for all_reduce) hccl-perf back to back, the order
-            # rotating from round to round, so each ratio compares runs taken side by side.
-            order = ["gloo", "hccl_aot"] + (["hccl-perf"] if with_perf else [])
-            order = order[p % len(order):] + order[:p % len(order)]
-            for b in order:
+            # One round: a job timing Gloo and hccl_aot alternately (which goes first alternates
+            # from size to size and from round to round), and (for all_reduce) hccl-perf, the
+            # two in turn from round to round.
+            order = ["job"] + (["hccl-perf"] if with_perf else [])
+            for b in order[p % len(order):] + order[:p % len(order)]:
                 if b == "hccl-perf":
                     perf.append(run_perf(a, n, plan))
-                else:
-                    runs[b].append({(x["coll"], x["bytes"]): x for x in launch(b, n, env)})
+                    continue
+                rows = launch(n, dict(env, ORDER=str(p)))
+                for name in runs:
+                    runs[name].append({(x["coll"], x["bytes"]): x for x in rows if x["backend"] == name})
         keys = list(runs["gloo"][0]) if runs["gloo"] else []
-        print(f"\n{n} processes, {a.pairs} back-to-back rounds; times are medians over rounds, ratio = median of per-round gloo/hccl_aot")
+        print(f"\n{n} processes, {a.pairs} back-to-back rounds, both backends in each round's job; times are medians "
+              "over rounds, ratio = median of per-round gloo/hccl_aot")
         if keys:
             print(f"{'collective':<24}{'size':>6}{'gloo us':>12}{'hccl us':>12}{'gloo busbw':>12}{'hccl busbw':>12}{'ratio':>8}")
         for k in keys:
@@ -120,16 +126,13 @@ def main():
                       f"{statistics.median(y / x for x, y in zip(rust, tor)):>8.3f}   {rounds}")
         if not a.no_ddp:
             # Gloo, hccl_aot, and DDP with a communication hook that returns the gradients as
-            # they are: the step with no communication at all, which no backend can beat. The
-            # order rotates from round to round.
-            names = ["gloo", "hccl_aot", "none"]
-            ms = {b: [] for b in names}
-            for p in range(a.pairs):
-                for b in names[p % 3:] + names[:p % 3]:
-                    env = {"MODE": "ddp"} if b != "none" else {"MODE": "ddp", "DDP_NO_COMM": "1"}
-                    ms[b].append(launch(b if b != "none" else "gloo", n, env)[0]["ms"])
+            # they are (the step with no communication at all, which no backend can beat): one
+            # job, a.pairs rounds, the order rotating from round to round.
+            ms = {b: [] for b in ["gloo", "hccl_aot", "none"]}
+            for x in launch(n, {"MODE": "ddp", "ROUNDS": str(a.pairs)}):
+                ms[x["backend"]].append(x["ms"])
             g, h, z = ms["gloo"], ms["hccl_aot"], ms["none"]
-            print(f"DDP step, 26.2M parameters, {n} processes: gloo {statistics.median(g):.1f} ms, "
+            print(f"DDP step, 26.2M parameters, {n} processes, {a.pairs} rounds in one job: gloo {statistics.median(g):.1f} ms, "
                   f"hccl_aot {statistics.median(h):.1f} ms, ratio {statistics.median(x / y for x, y in zip(g, h)):.2f} "
                   f"(rounds: {', '.join(f'{x:.0f}/{y:.0f}' for x, y in zip(g, h))})")
             print(f"  no communication (DDP with a hook that returns the gradients): {statistics.median(z):.1f} ms; "

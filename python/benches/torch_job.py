@@ -1,9 +1,18 @@
-"""One job of scripts/bench-torch.sh: collectives or a DDP step through torch.distributed on
-BACKEND, printed as JSON lines by rank 0 (nccl-tests columns: size, time, algbw, busbw)."""
+"""One job of scripts/bench-torch.sh: hccl_aot and Gloo side by side in the same processes,
+printed as JSON lines by rank 0 (nccl-tests columns: size, time, algbw, busbw).
+
+The default process group is hccl_aot and a second group over the same ranks is Gloo, so
+both backends are timed within seconds of each other, alternating, on the same machine state
+(this VM has spells of tens of seconds in which everything runs 1.5-4x slower; timed in
+separate launches, a spell that covers one backend's launch and not the other's decides the
+ratio). MODE=collectives: per collective and size, one timing of each backend, the order
+alternating from size to size and from job to job (ORDER). MODE=ddp: ROUNDS rounds of the DDP
+step on three copies of one model (same seed): over Gloo, over hccl_aot, and with a
+communication hook that hands every bucket back at once (no communication: the floor no
+backend can beat), the order rotating from round to round."""
 
 import json
 import os
-import sys
 import time
 
 import torch
@@ -48,67 +57,92 @@ def timed(fn, nbytes):
     return (time.perf_counter() - t0) / iters
 
 
+def groups():
+    """The two backends' groups over all ranks: hccl_aot (the default group) and Gloo."""
+    if dist.get_backend() != "hccl_aot":
+        raise SystemExit("torch_job.py runs with BACKEND=hccl_aot (Gloo is its second group)")
+    return {"hccl_aot": None, "gloo": dist.new_group(backend="gloo")}
+
+
 def collectives():
     r, w = dist.get_rank(), dist.get_world_size()
+    pgs = groups()
+    names = ["gloo", "hccl_aot"]
+    turn = int(os.environ.get("ORDER", 0))
     for coll in os.environ.get("COLLS", "all_reduce,all_gather_into_tensor,reduce_scatter_tensor").split(","):
         for size in SIZES:
             n = max(1, size // 4)
             if coll == "all_reduce":
                 x = torch.ones(n)
-                fn, factor = (lambda: dist.all_reduce(x)), 2 * (w - 1) / w
+                call, factor = (lambda g: dist.all_reduce(x, group=g)), 2 * (w - 1) / w
+                size = n * 4
             elif coll == "all_gather_into_tensor":
                 n = max(1, n // w)
                 x, out = torch.ones(n), torch.empty(n * w)
-                fn, factor = (lambda: dist.all_gather_into_tensor(out, x)), (w - 1) / w
+                call, factor = (lambda g: dist.all_gather_into_tensor(out, x, group=g)), (w - 1) / w
                 size = n * w * 4
             else:
                 n = max(1, n // w)
                 x, out = torch.ones(n * w), torch.empty(n)
-                fn, factor = (lambda: dist.reduce_scatter_tensor(out, x)), (w - 1) / w
+                call, factor = (lambda g: dist.reduce_scatter_tensor(out, x, group=g)), (w - 1) / w
                 size = n * w * 4
-            t = timed(fn, size)
-            if r == 0:
-                algbw = size / t / 1e9
-                print(json.dumps({"coll": coll, "bytes": size, "us": t * 1e6, "algbw": algbw, "busbw": algbw * factor}), flush=True)
+            turn += 1
+            for b in names[turn % 2:] + names[:turn % 2]:
+                g = pgs[b]
+                t = timed(lambda: call(g), size)
+                if r == 0:
+                    algbw = size / t / 1e9
+                    print(json.dumps({"backend": b, "coll": coll, "bytes": size, "us": t * 1e6,
+                                      "algbw": algbw, "busbw": algbw * factor}), flush=True)
 
 
 def ddp():
-    torch.manual_seed(0)
     width = 2560
-    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(4)])  # 26.2M parameters
-    params = sum(p.numel() for p in model.parameters())
-    ddp_model = torch.nn.parallel.DistributedDataParallel(model)
-    if os.environ.get("DDP_NO_COMM"):
-        # The step without communication: every bucket comes back as it is, at once.
-        def no_comm(state, bucket):
-            done = torch.futures.Future()
-            done.set_result(bucket.buffer())
-            return done
+    pgs = groups()
 
-        ddp_model.register_comm_hook(None, no_comm)
-    opt = torch.optim.SGD(ddp_model.parameters(), lr=1e-3)
+    def no_comm(state, bucket):
+        # The step without communication: every bucket comes back as it is, at once.
+        done = torch.futures.Future()
+        done.set_result(bucket.buffer())
+        return done
+
+    def make(group, hook):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(4)])  # 26.2M parameters
+        wrapped = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
+        if hook:
+            wrapped.register_comm_hook(None, hook)
+        return wrapped, torch.optim.SGD(wrapped.parameters(), lr=1e-3)
+
+    models = {"gloo": make(pgs["gloo"], None), "hccl_aot": make(pgs["hccl_aot"], None),
+              "none": make(pgs["gloo"], no_comm)}
+    params = sum(p.numel() for p in models["none"][0].parameters())
     x = torch.randn(8, width)
-    times = []
-    for step in range(13):
-        dist.barrier()
-        t0 = time.perf_counter()
-        opt.zero_grad()
-        ddp_model(x).square().mean().backward()
-        opt.step()
-        times.append(time.perf_counter() - t0)
-    times = sorted(times[3:])
-    if dist.get_rank() == 0:
-        print(json.dumps({"coll": "ddp_step", "params": params, "ms": 1e3 * times[len(times) // 2]}), flush=True)
+    names = list(models)
+    # A first round untimed: the first steps of each copy fault in its gradients and buckets
+    # (measured: every backend's first round 1.2-1.5x slower than the rounds after it).
+    for rnd in range(-1, int(os.environ.get("ROUNDS", 3))):
+        for b in names[rnd % 3:] + names[:rnd % 3]:
+            model, opt = models[b]
+            times = []
+            for step in range(13 if rnd >= 0 else 5):
+                dist.barrier()
+                t0 = time.perf_counter()
+                opt.zero_grad()
+                model(x).square().mean().backward()
+                opt.step()
+                times.append(time.perf_counter() - t0)
+            # A step of the job ends when its slowest rank's does: each step's time is the
+            # largest over the ranks. (Without communication the ranks do not wait for each
+            # other, and on this VM one rank often runs its steps 1.5x slower than the other.)
+            slowest = torch.tensor(times, dtype=torch.float64)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            times = sorted(slowest.tolist()[3:])
+            if rnd >= 0 and dist.get_rank() == 0:
+                print(json.dumps({"coll": "ddp_step", "backend": b, "round": rnd, "params": params,
+                                  "ms": 1e3 * times[len(times) // 2]}), flush=True)
 
 
 if __name__ == "__main__":
-    dist.init_process_group(os.environ["BACKEND"])
+    dist.init_process_group(os.environ.get("BACKEND", "hccl_aot"))
     {"collectives": collectives, "ddp": ddp}[os.environ.get("MODE", "collectives")]()
-    if os.environ["BACKEND"] == "gloo":
-        # Gloo sometimes aborts in its teardown on this machine ("terminate called without an
-        # active exception", a joinable thread destroyed): the figures are printed, so leave
-        # without running its destructors once every rank is done.
-        dist.barrier()
-        sys.stdout.flush()
-        os._exit(0)
-    dist.destroy_process_group()
