@@ -7,9 +7,10 @@ both backends are timed within seconds of each other, alternating, on the same m
 separate launches, a spell that covers one backend's launch and not the other's decides the
 ratio). MODE=collectives: per collective and size, one timing of each backend, the order
 alternating from size to size and from job to job (ORDER). MODE=ddp: ROUNDS rounds of the DDP
-step on three copies of one model (same seed): over Gloo, over hccl_aot, and with a
-communication hook that hands every bucket back at once (no communication: the floor no
-backend can beat), the order rotating from round to round."""
+step on four copies of one model (same seed): over Gloo, over hccl_aot, with a communication
+hook that hands every bucket back at once (no communication: the floor no backend can beat),
+and with one that copies each bucket twice in memory first (no communication, the memory
+traffic of a two-rank all_reduce), the order rotating from round to round."""
 
 import json
 import os
@@ -106,6 +107,15 @@ def ddp():
         done.set_result(bucket.buffer())
         return done
 
+    def copy_twice(state, bucket):
+        # No communication, but each bucket read and written twice in memory: about the
+        # memory traffic an all_reduce of two ranks adds to the step on one host.
+        buf = bucket.buffer()
+        buf.copy_(buf.clone())
+        done = torch.futures.Future()
+        done.set_result(buf)
+        return done
+
     def make(group, hook):
         torch.manual_seed(0)
         model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(4)])  # 26.2M parameters
@@ -115,14 +125,14 @@ def ddp():
         return wrapped, torch.optim.SGD(wrapped.parameters(), lr=1e-3)
 
     models = {"gloo": make(pgs["gloo"], None), "hccl_aot": make(pgs["hccl_aot"], None),
-              "none": make(pgs["gloo"], no_comm)}
+              "none": make(pgs["gloo"], no_comm), "copy": make(pgs["gloo"], copy_twice)}
     params = sum(p.numel() for p in models["none"][0].parameters())
     x = torch.randn(8, width)
     names = list(models)
     # A first round untimed: the first steps of each copy fault in its gradients and buckets
     # (measured: every backend's first round 1.2-1.5x slower than the rounds after it).
     for rnd in range(-1, int(os.environ.get("ROUNDS", 3))):
-        for b in names[rnd % 3:] + names[:rnd % 3]:
+        for b in names[rnd % len(names):] + names[:rnd % len(names)]:
             model, opt = models[b]
             times = []
             for step in range(13 if rnd >= 0 else 5):
