@@ -2,8 +2,9 @@
 both backends in the same processes (python/benches/torch_job.py: hccl_aot the default group,
 Gloo a second one), timed alternately per collective and size, in back-to-back rounds (the
 median of the rounds' ratios per collective and size), for 2 and 4 processes; all_reduce
-against hccl-perf on the same plan in the same rounds (the overhead of PyTorch); and the DDP
-step of a 26M-parameter model over each backend and with no communication, alternating in one job.
+against hccl-perf on the same plan, each size right after the job timed it (the overhead of
+PyTorch); and the DDP step of a 26M-parameter model over each backend and with no
+communication, alternating in one job.
 Usage: python bench_torch.py [--pairs 3] [--procs 2 4] [--colls ...|none] [--no-ddp] [--min-bytes B] [--max-bytes B]"""
 
 import argparse
@@ -31,20 +32,6 @@ def launch(n, env):
     if r.returncode:
         sys.exit(f"torch_job.py x{n} failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
     return [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
-
-
-def run_perf(a, n, plan):
-    """hccl-perf's all_reduce on the same plan, in place, timed like the torch side."""
-    # The torch job's sizes: 8 B times powers of 4 (torch_job.SIZES); start on that grid.
-    start = next((8 << (2 * k) for k in range(14) if 8 << (2 * k) >= a.min_bytes), 256 << 20)
-    r = subprocess.run([a.hccl_perf, "--backend", "process", "-g", str(n), "-b", str(start),
-                        "-e", str(min(256 << 20, a.max_bytes)), "-f", "4", "--plan", plan, "--in-place",
-                        "-w", "20", "-T", "0.25", "--json"], capture_output=True, text=True)
-    if r.returncode:
-        sys.exit(f"hccl-perf failed: {r.stderr[-2000:]}")
-    doc = json.loads(r.stdout)
-    rows = doc["rows"] if isinstance(doc, dict) else doc
-    return {int(x["bytes"]): float(x["time_us"]) for x in rows}
 
 
 def human(b):
@@ -87,18 +74,17 @@ def main():
         perf = []
         env = {"MODE": "collectives", "COLLS": a.colls, "MINB": str(a.min_bytes), "MAXB": str(a.max_bytes)}
         with_perf = a.hccl_perf and "all_reduce" in a.colls
+        if with_perf:
+            env["BENCH_HCCL_PERF"] = str(Path(a.hccl_perf).resolve())
         for p in range(a.pairs if a.colls != "none" else 0):
-            # One round: a job timing Gloo and hccl_aot alternately (which goes first alternates
-            # from size to size and from round to round), and (for all_reduce) hccl-perf, the
-            # two in turn from round to round.
-            order = ["job"] + (["hccl-perf"] if with_perf else [])
-            for b in order[p % len(order):] + order[:p % len(order)]:
-                if b == "hccl-perf":
-                    perf.append(run_perf(a, n, plan))
-                    continue
-                rows = launch(n, dict(env, ORDER=str(p)))
-                for name in runs:
-                    runs[name].append({(x["coll"], x["bytes"]): x for x in rows if x["backend"] == name})
+            # One round: one job timing Gloo and hccl_aot alternately (which goes first
+            # alternates from size to size and from round to round) and, per all_reduce size,
+            # hccl-perf on the same plan right after them.
+            rows = launch(n, dict(env, ORDER=str(p)))
+            for name in runs:
+                runs[name].append({(x["coll"], x["bytes"]): x for x in rows if x["backend"] == name})
+            if with_perf:
+                perf.append({x["bytes"]: x["us"] for x in rows if x["backend"] == "hccl-perf"})
         keys = list(runs["gloo"][0]) if runs["gloo"] else []
         print(f"\n{n} processes, {a.pairs} back-to-back rounds, both backends in each round's job; times are medians "
               "over rounds, ratio = median of per-round gloo/hccl_aot")

@@ -6,7 +6,8 @@ both backends are timed within seconds of each other, alternating, on the same m
 (this VM has spells of tens of seconds in which everything runs 1.5-4x slower; timed in
 separate launches, a spell that covers one backend's launch and not the other's decides the
 ratio). MODE=collectives: per collective and size, one timing of each backend, the order
-alternating from size to size and from job to job (ORDER). MODE=ddp: ROUNDS rounds of the DDP
+alternating from size to size and from job to job (ORDER); with BENCH_HCCL_PERF (an hccl-perf
+binary), each all_reduce size also through hccl-perf on the same plan (HCCL_PLAN), right after. MODE=ddp: ROUNDS rounds of the DDP
 step on four copies of one model (same seed): over Gloo, over hccl_aot, with a communication
 hook that hands every bucket back at once (no communication: the floor no backend can beat),
 and with one that copies each bucket twice in memory first (no communication, the memory
@@ -95,6 +96,35 @@ def collectives():
                     algbw = size / t / 1e9
                     print(json.dumps({"backend": b, "coll": coll, "bytes": size, "us": t * 1e6,
                                       "algbw": algbw, "busbw": algbw * factor}), flush=True)
+            if coll == "all_reduce" and os.environ.get("BENCH_HCCL_PERF"):
+                perf_beside(size, turn)
+
+
+def perf_beside(size, turn):
+    """hccl-perf's all_reduce of `size` bytes on the same plan, in place, timed like the torch
+    side, run by rank 0 right after this job timed the size, while every rank of the job
+    waits in a blocking read of the job's store (idle, not polling)."""
+    import subprocess
+
+    store = dist.distributed_c10d._get_default_store()
+    key = f"hccl-perf-{turn}-{size}"
+    if dist.get_rank() == 0:
+        # Without this job's launcher variables, which would make hccl-perf one rank of it.
+        launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                    "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
+        env = {k: v for k, v in os.environ.items() if k not in launcher and not k.startswith("TORCHELASTIC_")}
+        out = subprocess.run([os.environ["BENCH_HCCL_PERF"], "--backend", "process", "-g", str(dist.get_world_size()),
+                              "-b", str(size), "-e", str(size), "--plan", os.environ["HCCL_PLAN"], "--in-place",
+                              "-w", "20", "-T", "0.25", "--json"], capture_output=True, text=True, env=env)
+        store.set(key, "done")
+        if out.returncode:
+            raise SystemExit(f"hccl-perf failed: {out.stderr[-2000:]}")
+        doc = json.loads(out.stdout)
+        for row in doc["rows"] if isinstance(doc, dict) else doc:
+            print(json.dumps({"backend": "hccl-perf", "coll": "all_reduce", "bytes": int(row["bytes"]),
+                              "us": float(row["time_us"])}), flush=True)
+    else:
+        store.wait([key])
 
 
 def ddp():
