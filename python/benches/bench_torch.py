@@ -111,9 +111,10 @@ def main():
                       f"{statistics.median(y - x for x, y in zip(rust, tor)):>13.2f}"
                       f"{statistics.median(y / x for x, y in zip(rust, tor)):>8.3f}   {rounds}")
         if not a.no_ddp:
-            # Gloo, hccl_aot, and DDP with a communication hook that returns the gradients as
-            # they are (the step with no communication at all, which no backend can beat): one
-            # job, a.pairs rounds, the order rotating from round to round.
+            # Gloo, hccl_aot, and DDP with communication hooks that return the gradients as
+            # they are (the step with no communication at all, which no backend can beat) or
+            # after copying each bucket twice in memory: one job, a.pairs rounds, the order
+            # rotating from round to round.
             ms = {b: [] for b in ["gloo", "hccl_aot", "none", "copy"]}
             for x in launch(n, {"MODE": "ddp", "ROUNDS": str(a.pairs)}):
                 ms[x["backend"]].append(x["ms"])
